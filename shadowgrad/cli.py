@@ -1,0 +1,71 @@
+"""The ``shadowgrad`` command line: one console script, one subcommand per job.
+
+Subcommands are listed in :data:`COMMANDS` as ``name -> (module, help)``; each module defines
+``configure(parser)`` and ``run(args) -> int`` and keeps heavy imports inside ``run``, so
+``shadowgrad --help`` stays fast and never imports grpc, torch or scapy. Later packages add
+their commands to the table. This is the only place that configures logging and turns
+:class:`~shadowgrad.errors.ShadowgradError` into an exit status.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+from collections.abc import Sequence
+
+from shadowgrad import __version__
+from shadowgrad._log import configure as configure_logging
+from shadowgrad.errors import ShadowgradError
+
+__all__ = ["COMMANDS", "build_parser", "main"]
+
+log = logging.getLogger(__name__)
+
+#: subcommand -> (module defining ``configure`` and ``run``, one-line help)
+COMMANDS: dict[str, tuple[str, str]] = {
+    "spec": ("shadowgrad._cmd_spec", "validate or show a job spec (TOML), env overrides applied"),
+    "layout": ("shadowgrad._cmd_layout", "compute the shard layout of a model and its digest"),
+    "wire": ("shadowgrad._cmd_wire", "decode shadowgrad datagrams (hex) and check them"),
+}
+
+#: exit status for a ShadowgradError (bad spec, bad input, ...); argparse uses 2 for usage
+EXIT_ERROR = 1
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="shadowgrad",
+        description="In-network per-iteration checkpointing for data-parallel training.",
+    )
+    parser.add_argument("--version", action="version", version=f"shadowgrad {__version__}")
+    parser.add_argument("--log-level", default="INFO",
+                        choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="default: INFO")
+    parser.add_argument("--log-json", action="store_true",
+                        help="write logs and events as one JSON object per line")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name, (module_name, help_text) in COMMANDS.items():
+        module = importlib.import_module(module_name)
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        module.configure(p)
+        p.set_defaults(_run=module.run)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    configure_logging(args.log_level, json_lines=args.log_json)
+    try:
+        status: int = args._run(args)
+    except ShadowgradError as e:
+        print(f"shadowgrad {args.command}: error: {e}", file=sys.stderr)
+        return EXIT_ERROR
+    except KeyboardInterrupt:
+        return 130
+    return status
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,123 @@
+"""The shadowgrad exception hierarchy (DESIGN §7).
+
+Every error the library raises on purpose derives from :class:`ShadowgradError`, so a caller can
+catch the family with one clause; the leaves say precisely what went wrong and carry the
+offending key or value as attributes as well as in the message. Library code never calls
+``sys.exit``; only ``shadowgrad.cli.main`` turns errors into exit codes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = [
+    "ShadowgradError",
+    "ConfigError",
+    "LayoutError",
+    "WireError",
+    "TruncatedError",
+    "OversizeError",
+    "LengthMismatchError",
+    "BadMagicError",
+    "VersionError",
+    "UnknownKindError",
+    "BadFieldError",
+    "ChecksumError",
+    "ForeignJobError",
+    "LayoutMismatchError",
+    "ShadowgradTimeout",
+]
+
+
+class ShadowgradError(Exception):
+    """Base class of every error shadowgrad raises on purpose."""
+
+
+class ConfigError(ShadowgradError, ValueError):
+    """A job spec (or an environment override) is invalid.
+
+    ``key`` is the dotted path of the offending key (``"shadows.replication"``), ``value`` the
+    bad value as found (``None`` when the key is missing).
+    """
+
+    def __init__(self, key: str, value: Any, reason: str) -> None:
+        self.key = key
+        self.value = value
+        self.reason = reason
+        shown = "<missing>" if value is None else repr(value)
+        super().__init__(f"{key} = {shown}: {reason}")
+
+
+class LayoutError(ShadowgradError, ValueError):
+    """A shard layout cannot be built from the given parameters, buckets or options."""
+
+
+class WireError(ShadowgradError, ValueError):
+    """A datagram failed to decode; the subclass says why. Nothing was applied from it."""
+
+    #: short machine-readable reason, used as a counter label by receivers
+    reason = "malformed"
+
+
+class TruncatedError(WireError):
+    """Fewer bytes than the fixed header, or than the header's ``length`` field announces."""
+
+    reason = "truncated"
+
+
+class OversizeError(WireError):
+    """A payload longer than the protocol maximum, or a datagram with bytes past its payload."""
+
+    reason = "oversize"
+
+
+class LengthMismatchError(WireError):
+    """The payload length disagrees with the message kind's own structure (e.g. a COMMIT body)."""
+
+    reason = "length"
+
+
+class BadMagicError(WireError):
+    """The first two bytes are not the shadowgrad magic: not our datagram at all."""
+
+    reason = "magic"
+
+
+class VersionError(WireError):
+    """A protocol version this build does not speak."""
+
+    reason = "version"
+
+
+class UnknownKindError(WireError):
+    """A message kind this protocol version does not define."""
+
+    reason = "kind"
+
+
+class BadFieldError(WireError):
+    """A header field holds a value its kind forbids (dtype, flags, alignment, ...)."""
+
+    reason = "field"
+
+
+class ChecksumError(WireError):
+    """The CRC over header and payload does not match: the datagram was corrupted."""
+
+    reason = "checksum"
+
+
+class ForeignJobError(WireError):
+    """A well-formed datagram that belongs to another job."""
+
+    reason = "foreign_job"
+
+
+class LayoutMismatchError(WireError):
+    """A well-formed datagram made under a different shard layout (digest mismatch)."""
+
+    reason = "layout"
+
+
+class ShadowgradTimeout(ShadowgradError, TimeoutError):  # noqa: N818 (reads as TimeoutError)
+    """A blocking call gave up after its timeout."""

@@ -1,0 +1,561 @@
+"""The shadowgrad wire protocol: one fixed 56-byte header, then a kind-specific payload.
+
+This module is the single definition of the format (``docs/protocol.md`` documents it, the P4
+parser in ``p4/include/headers.p4`` and the scapy layer in :mod:`shadowgrad.wire_scapy` are tested
+against :data:`HEADER_FIELDS`). It imports only the standard library.
+
+Fast path: :func:`encode_header` packs a header (checksum included) for a payload that stays
+where it is — send with ``sock.sendmsg([header, payload])`` — and :func:`decode` verifies a
+received datagram and returns its payload as a ``memoryview`` into the receive buffer. Neither
+copies payload bytes. The checksum is zlib's CRC-32 (computed in C) over the header bytes before
+the checksum field followed by the payload.
+"""
+
+from __future__ import annotations
+
+import enum
+import struct
+import zlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import NamedTuple
+
+from shadowgrad.errors import (
+    BadFieldError,
+    BadMagicError,
+    ChecksumError,
+    ForeignJobError,
+    LayoutMismatchError,
+    LengthMismatchError,
+    OversizeError,
+    TruncatedError,
+    UnknownKindError,
+    VersionError,
+)
+
+__all__ = [
+    "MAGIC",
+    "VERSION",
+    "HEADER_FIELDS",
+    "HEADER_SIZE",
+    "MAX_DATAGRAM",
+    "MAX_PAYLOAD",
+    "DEFAULT_UDP_PORT",
+    "DEFAULT_CHUNK_BYTES",
+    "Kind",
+    "Flag",
+    "DType",
+    "Header",
+    "Message",
+    "CommitRecord",
+    "ReadyState",
+    "ReadyRecord",
+    "AckRecord",
+    "NackRange",
+    "NackRecord",
+    "encode_header",
+    "encode",
+    "decode",
+    "peek_header",
+]
+
+#: ``b"SG"``: the first two bytes of every shadowgrad datagram.
+MAGIC = 0x5347
+#: Protocol version this build speaks. See docs/protocol.md for the version rule.
+VERSION = 1
+#: Default UDP port (source and destination) of shadowgrad traffic; the scapy layer binds to it.
+DEFAULT_UDP_PORT = 47474
+#: Largest UDP payload over IPv4 (65535 - 20 IP - 8 UDP).
+MAX_DATAGRAM = 65507
+#: Default DATA payload: fits one 1500-byte Ethernet MTU with IPv4 + UDP + header, and is a
+#: multiple of 64 bytes so chunk edges stay vector-aligned for every dtype.
+DEFAULT_CHUNK_BYTES = 1408
+
+#: The header, in wire order: (field, width in bits). Big-endian, fixed widths; the fields the
+#: switch matches on (magic, version, kind, flags, job, bucket) come first.
+HEADER_FIELDS: tuple[tuple[str, int], ...] = (
+    ("magic", 16),
+    ("version", 8),
+    ("kind", 8),
+    ("flags", 8),
+    ("dtype", 8),
+    ("sender", 16),
+    ("job", 32),
+    ("bucket", 32),
+    ("iteration", 64),
+    ("seq", 64),
+    ("offset", 64),
+    ("layout", 64),
+    ("length", 32),
+    ("checksum", 32),
+)
+
+_CODES = {8: "B", 16: "H", 32: "I", 64: "Q"}
+_STRUCT = struct.Struct("!" + "".join(_CODES[w] for _, w in HEADER_FIELDS))
+HEADER_SIZE = _STRUCT.size
+MAX_PAYLOAD = MAX_DATAGRAM - HEADER_SIZE
+#: Byte offset of the checksum field; the CRC covers ``header[:_CSUM_AT] + payload``.
+_CSUM_AT = HEADER_SIZE - 4
+_PREFIX = struct.Struct("!" + "".join(_CODES[w] for _, w in HEADER_FIELDS[:-1]))
+_LIMITS = {name: (1 << width) - 1 for name, width in HEADER_FIELDS}
+
+
+class Kind(enum.IntEnum):
+    """Message kinds (header field ``kind``)."""
+
+    DATA = 1  #: a chunk of gradient bytes of one bucket
+    COMMIT = 2  #: per-iteration commit/heartbeat record from trainer rank 0
+    READY = 3  #: a shadow reports its shard's state for an iteration
+    ACK = 4  #: transport acknowledgement (cumulative + selective)
+    NACK = 5  #: request to resend byte ranges of an iteration
+
+
+class Flag(enum.IntFlag):
+    """Header ``flags`` bits. Bits a kind does not allow must be zero."""
+
+    FINAL = 0x01  #: DATA: the bytes are the fully reduced values (the switch copies these)
+    RETX = 0x02  #: any kind: a retransmission of a message sent before
+    LAST = 0x04  #: DATA: the sender's last chunk of this bucket in this iteration
+    SKIPPED = 0x08  #: COMMIT: the optimizer step was skipped (loss scaler found inf/nan)
+    CLIP = 0x10  #: COMMIT: ``clip_coef`` is valid (gradients were clipped by it)
+    SCALER = 0x20  #: COMMIT: ``loss_scale`` is valid (a loss scaler was in use)
+
+
+_ALLOWED_FLAGS = {
+    Kind.DATA: Flag.FINAL | Flag.RETX | Flag.LAST,
+    Kind.COMMIT: Flag.RETX | Flag.SKIPPED | Flag.CLIP | Flag.SCALER,
+    Kind.READY: Flag.RETX,
+    Kind.ACK: Flag(0),
+    Kind.NACK: Flag.RETX,
+}
+
+
+class DType(enum.IntEnum):
+    """Element type of a DATA payload (header field ``dtype``); ``NONE`` for the other kinds."""
+
+    NONE = 0
+    FLOAT32 = 1
+    FLOAT16 = 2
+    BFLOAT16 = 3
+    FLOAT64 = 4
+    UINT8 = 5
+
+    @property
+    def itemsize(self) -> int:
+        return _ITEMSIZE[self]
+
+    @property
+    def torch_name(self) -> str:
+        """Name of the matching ``torch`` dtype attribute (``"float32"`` ...)."""
+        return self.name.lower()
+
+    @classmethod
+    def from_name(cls, name: str) -> DType:
+        """``"float32"``, ``"torch.float32"`` or ``"FLOAT32"`` → :class:`DType`."""
+        key = name.rsplit(".", 1)[-1].upper()
+        try:
+            return cls[key]
+        except KeyError:
+            raise BadFieldError(f"dtype {name!r} has no wire code") from None
+
+
+_ITEMSIZE = {
+    DType.NONE: 1,
+    DType.FLOAT32: 4,
+    DType.FLOAT16: 2,
+    DType.BFLOAT16: 2,
+    DType.FLOAT64: 8,
+    DType.UINT8: 1,
+}
+_DTYPE_CODES = frozenset(int(d) for d in DType)
+
+
+class Header(NamedTuple):
+    """A decoded header without magic and checksum (which decoding has verified)."""
+
+    kind: Kind
+    flags: Flag
+    dtype: DType
+    sender: int
+    job: int
+    bucket: int
+    iteration: int
+    seq: int
+    offset: int
+    layout: int
+    length: int
+    version: int = VERSION
+
+
+class Message(NamedTuple):
+    """A verified datagram: its header and a zero-copy view of its payload."""
+
+    header: Header
+    payload: memoryview
+
+
+def _check_range(name: str, value: int) -> None:
+    if not 0 <= value <= _LIMITS[name]:
+        raise BadFieldError(
+            f"header field {name} = {value!r} out of range 0..{_LIMITS[name]}"
+        )
+
+
+def encode_header(
+    kind: Kind,
+    *,
+    job: int,
+    sender: int,
+    iteration: int,
+    seq: int,
+    layout: int,
+    payload: bytes | bytearray | memoryview = b"",
+    flags: Flag | int = 0,
+    dtype: DType = DType.NONE,
+    bucket: int = 0,
+    offset: int = 0,
+    version: int = VERSION,
+) -> bytes:
+    """Pack the 56-byte header for ``payload`` (checksum included). Does not copy ``payload``.
+
+    Validates what the decoder would reject (ranges, flags, dtype alignment), so a sender never
+    emits a datagram its peers will drop.
+    """
+    kind = Kind(kind)
+    length = memoryview(payload).nbytes
+    if length > MAX_PAYLOAD:
+        raise OversizeError(f"payload of {length} bytes exceeds MAX_PAYLOAD={MAX_PAYLOAD}")
+    flags = int(flags)
+    if flags & ~int(_ALLOWED_FLAGS[kind]):
+        raise BadFieldError(f"flags 0x{flags:02x} not allowed for {kind.name}")
+    _check_data_fields(kind, DType(dtype), offset, length)
+    for name, value in (
+        ("version", version),
+        ("sender", sender),
+        ("job", job),
+        ("bucket", bucket),
+        ("iteration", iteration),
+        ("seq", seq),
+        ("offset", offset),
+        ("layout", layout),
+    ):
+        _check_range(name, value)
+    prefix = _PREFIX.pack(
+        MAGIC, version, kind, flags, dtype, sender, job, bucket, iteration, seq, offset,
+        layout, length,
+    )
+    return prefix + (zlib.crc32(payload, zlib.crc32(prefix))).to_bytes(4, "big")
+
+
+def encode(
+    kind: Kind,
+    *,
+    job: int,
+    sender: int,
+    iteration: int,
+    seq: int,
+    layout: int,
+    payload: bytes | bytearray | memoryview = b"",
+    flags: Flag | int = 0,
+    dtype: DType = DType.NONE,
+    bucket: int = 0,
+    offset: int = 0,
+) -> bytes:
+    """Header + payload as one ``bytes`` (a copy; for tests, pcaps and small control messages)."""
+    header = encode_header(
+        kind, job=job, sender=sender, iteration=iteration, seq=seq, layout=layout,
+        payload=payload, flags=flags, dtype=dtype, bucket=bucket, offset=offset,
+    )
+    return header + bytes(payload)
+
+
+def _check_data_fields(kind: Kind, dtype: DType, offset: int, length: int) -> None:
+    if kind is Kind.DATA:
+        if dtype is DType.NONE:
+            raise BadFieldError("DATA message without a dtype")
+        size = _ITEMSIZE[dtype]
+        if length == 0:
+            raise BadFieldError("DATA message with an empty payload")
+        if length % size or offset % size:
+            raise BadFieldError(
+                f"DATA offset {offset} / length {length} not multiples of "
+                f"{dtype.name} itemsize {size}"
+            )
+    elif dtype is not DType.NONE:
+        raise BadFieldError(f"{kind.name} message with dtype {dtype.name}; only DATA has one")
+
+
+def peek_header(buf: bytes | bytearray | memoryview) -> Header:
+    """Unpack a header *without* verifying anything but its size. For logging and pcaps only."""
+    mv = memoryview(buf)
+    if mv.nbytes < HEADER_SIZE:
+        raise TruncatedError(f"{mv.nbytes} bytes, header needs {HEADER_SIZE}")
+    (_, version, kind, flags, dtype, sender, job, bucket, iteration, seq, offset, layout, length,
+     _) = _STRUCT.unpack_from(mv)
+    return Header(kind, flags, dtype, sender, job, bucket, iteration, seq, offset, layout,
+                  length, version)
+
+
+def decode(
+    buf: bytes | bytearray | memoryview,
+    *,
+    job: int | None = None,
+    layout: int | None = None,
+) -> Message:
+    """Verify and decode one datagram. The payload is a view into ``buf`` (no copy).
+
+    Checks, in order: size, magic, version, kind, announced length, checksum, flags, dtype and
+    DATA alignment, kind-specific body structure, then job and layout when given. Each failure
+    raises its own :class:`~shadowgrad.errors.WireError` subclass; ``err.reason`` is a short label
+    for drop counters.
+    """
+    mv = memoryview(buf)
+    if mv.ndim != 1 or mv.itemsize != 1:
+        mv = mv.cast("B")
+    n = mv.nbytes
+    if n < HEADER_SIZE:
+        raise TruncatedError(f"{n} bytes, header needs {HEADER_SIZE}")
+    (magic, version, kind, flags, dtype, sender, job_, bucket, iteration, seq, offset, layout_,
+     length, checksum) = _STRUCT.unpack_from(mv)
+    if magic != MAGIC:
+        raise BadMagicError(f"magic 0x{magic:04x}, expected 0x{MAGIC:04x}")
+    if version != VERSION:
+        raise VersionError(f"protocol version {version}, this build speaks {VERSION}")
+    try:
+        kind = Kind(kind)
+    except ValueError:
+        raise UnknownKindError(f"message kind {kind} is not defined in version {VERSION}") from None
+    if length > MAX_PAYLOAD:
+        raise OversizeError(f"length field {length} exceeds MAX_PAYLOAD={MAX_PAYLOAD}")
+    if n < HEADER_SIZE + length:
+        raise TruncatedError(f"{n - HEADER_SIZE} payload bytes, header announces {length}")
+    if n > HEADER_SIZE + length:
+        raise OversizeError(f"{n - HEADER_SIZE - length} bytes past the announced payload")
+    payload = mv[HEADER_SIZE:]
+    if zlib.crc32(payload, zlib.crc32(mv[:_CSUM_AT])) != checksum:
+        raise ChecksumError(f"{kind.name} checksum mismatch (header says 0x{checksum:08x})")
+    if flags & ~_ALLOWED_FLAGS[kind]:
+        raise BadFieldError(f"flags 0x{flags:02x} not allowed for {kind.name}")
+    if dtype not in _DTYPE_CODES:
+        raise BadFieldError(f"dtype code {dtype} is not defined")
+    dtype = DType(dtype)
+    _check_data_fields(kind, dtype, offset, length)
+    checker = _BODY_CHECKS.get(kind)
+    if checker is not None:
+        checker(payload)
+    if job is not None and job_ != job:
+        raise ForeignJobError(f"datagram of job {job_}, this is job {job}")
+    if layout is not None and layout_ != layout:
+        raise LayoutMismatchError(
+            f"datagram made under layout {layout_:016x}, this side holds {layout:016x}"
+        )
+    return Message(
+        Header(kind, Flag(flags), dtype, sender, job_, bucket, iteration, seq, offset, layout_,
+               length, version),
+        payload,
+    )
+
+
+# --------------------------------------------------------------------------- bodies
+
+_COMMIT_FIXED = struct.Struct("!ddHHI")  # clip_coef, loss_scale, n_groups, reserved, user_len
+_F64 = struct.Struct("!d")
+
+
+@dataclass(frozen=True)
+class CommitRecord:
+    """The per-iteration COMMIT/heartbeat record sent by trainer rank 0 after its step decision.
+
+    ``lrs`` holds the learning rate each param group used *for this step* (so any scheduler
+    works); ``clip_coef`` is the exact (fp32-valued) factor gradients were multiplied by, or
+    ``None`` without clipping; ``loss_scale`` is the scale the gradients carried, or ``None``
+    without a loss scaler; ``skipped`` says the optimizer step was skipped; ``user_state`` is a
+    small opaque blob (dataloader position, RNG state).
+    """
+
+    lrs: tuple[float, ...]
+    clip_coef: float | None = None
+    loss_scale: float | None = None
+    skipped: bool = False
+    user_state: bytes = b""
+
+    @property
+    def flags(self) -> Flag:
+        f = Flag(0)
+        if self.skipped:
+            f |= Flag.SKIPPED
+        if self.clip_coef is not None:
+            f |= Flag.CLIP
+        if self.loss_scale is not None:
+            f |= Flag.SCALER
+        return f
+
+    def body(self) -> bytes:
+        if len(self.lrs) > 0xFFFF:
+            raise BadFieldError(f"{len(self.lrs)} param groups; at most 65535")
+        head = _COMMIT_FIXED.pack(
+            0.0 if self.clip_coef is None else float(self.clip_coef),
+            0.0 if self.loss_scale is None else float(self.loss_scale),
+            len(self.lrs),
+            0,
+            len(self.user_state),
+        )
+        lrs = struct.pack(f"!{len(self.lrs)}d", *self.lrs)
+        return head + lrs + bytes(self.user_state)
+
+    def encode(self, *, job: int, sender: int, iteration: int, seq: int, layout: int,
+               retx: bool = False) -> bytes:
+        flags = self.flags | (Flag.RETX if retx else Flag(0))
+        return encode(Kind.COMMIT, job=job, sender=sender, iteration=iteration, seq=seq,
+                      layout=layout, payload=self.body(), flags=flags)
+
+    @classmethod
+    def from_message(cls, msg: Message) -> CommitRecord:
+        if msg.header.kind is not Kind.COMMIT:
+            raise UnknownKindError(f"expected COMMIT, got {msg.header.kind.name}")
+        _check_commit(msg.payload)
+        clip, scale, n, _, _ = _COMMIT_FIXED.unpack_from(msg.payload)
+        lrs = struct.unpack_from(f"!{n}d", msg.payload, _COMMIT_FIXED.size)
+        user = bytes(msg.payload[_COMMIT_FIXED.size + 8 * n:])
+        f = msg.header.flags
+        return cls(
+            lrs=tuple(lrs),
+            clip_coef=clip if f & Flag.CLIP else None,
+            loss_scale=scale if f & Flag.SCALER else None,
+            skipped=bool(f & Flag.SKIPPED),
+            user_state=user,
+        )
+
+
+def _check_commit(payload: memoryview) -> None:
+    if payload.nbytes < _COMMIT_FIXED.size:
+        raise LengthMismatchError(
+            f"COMMIT body of {payload.nbytes} bytes, fixed part needs {_COMMIT_FIXED.size}"
+        )
+    _, _, n, reserved, user_len = _COMMIT_FIXED.unpack_from(payload)
+    if reserved:
+        raise BadFieldError(f"COMMIT reserved field = {reserved}, must be 0")
+    want = _COMMIT_FIXED.size + 8 * n + user_len
+    if payload.nbytes != want:
+        raise LengthMismatchError(
+            f"COMMIT body of {payload.nbytes} bytes; {n} groups + {user_len} user bytes need {want}"
+        )
+
+
+class ReadyState(enum.IntEnum):
+    READY = 1  #: all bytes of the iteration present and verified, COMMIT received
+    APPLIED = 2  #: the optimizer step of the iteration has been applied
+    DIVERGED = 3  #: a gap could not be repaired; the shard stopped advancing
+
+
+_READY = struct.Struct("!HHB3xQ")  # shard, replica, state, pad, last_applied
+
+
+@dataclass(frozen=True)
+class ReadyRecord:
+    """A shadow's report for ``header.iteration``: its shard, replica, state and last applied."""
+
+    shard: int
+    replica: int
+    state: ReadyState
+    last_applied: int
+
+    def body(self) -> bytes:
+        return _READY.pack(self.shard, self.replica, self.state, self.last_applied)
+
+    @classmethod
+    def from_message(cls, msg: Message) -> ReadyRecord:
+        _check_ready(msg.payload)
+        shard, replica, state, last = _READY.unpack_from(msg.payload)
+        return cls(shard, replica, ReadyState(state), last)
+
+
+def _check_ready(payload: memoryview) -> None:
+    if payload.nbytes != _READY.size:
+        raise LengthMismatchError(f"READY body of {payload.nbytes} bytes, expected {_READY.size}")
+    state = payload[4]
+    if state not in (1, 2, 3) or any(payload[5:8]):
+        raise BadFieldError(f"READY state byte {state} / padding invalid")
+
+
+_ACK = struct.Struct("!Q")
+
+
+@dataclass(frozen=True)
+class AckRecord:
+    """Transport ACK: header ``seq`` is cumulative (every seq < it received); ``sack`` bit k set
+    means ``seq + 1 + k`` was received too."""
+
+    sack: int = 0
+
+    def body(self) -> bytes:
+        return _ACK.pack(self.sack)
+
+    @classmethod
+    def from_message(cls, msg: Message) -> AckRecord:
+        _check_ack(msg.payload)
+        return cls(_ACK.unpack_from(msg.payload)[0])
+
+
+def _check_ack(payload: memoryview) -> None:
+    if payload.nbytes != _ACK.size:
+        raise LengthMismatchError(f"ACK body of {payload.nbytes} bytes, expected {_ACK.size}")
+
+
+_NACK_HEAD = struct.Struct("!HH")  # count, reserved
+_NACK_ENTRY = struct.Struct("!IQI")  # bucket, offset, length
+
+
+class NackRange(NamedTuple):
+    bucket: int
+    offset: int
+    length: int
+
+
+@dataclass(frozen=True)
+class NackRecord:
+    """Request to resend byte ranges ``(bucket, offset, length)`` of ``header.iteration``."""
+
+    ranges: tuple[NackRange, ...]
+
+    def body(self) -> bytes:
+        if len(self.ranges) > _MAX_NACK:
+            raise OversizeError(f"{len(self.ranges)} NACK ranges; at most {_MAX_NACK} fit")
+        parts = [_NACK_HEAD.pack(len(self.ranges), 0)]
+        parts += [_NACK_ENTRY.pack(*r) for r in self.ranges]
+        return b"".join(parts)
+
+    @classmethod
+    def from_message(cls, msg: Message) -> NackRecord:
+        _check_nack(msg.payload)
+        (n, _) = _NACK_HEAD.unpack_from(msg.payload)
+        return cls(tuple(
+            NackRange(*_NACK_ENTRY.unpack_from(msg.payload, _NACK_HEAD.size + i * _NACK_ENTRY.size))
+            for i in range(n)
+        ))
+
+    @classmethod
+    def of(cls, ranges: Sequence[tuple[int, int, int]]) -> NackRecord:
+        return cls(tuple(NackRange(*r) for r in ranges))
+
+
+_MAX_NACK = (MAX_PAYLOAD - _NACK_HEAD.size) // _NACK_ENTRY.size
+
+
+def _check_nack(payload: memoryview) -> None:
+    if payload.nbytes < _NACK_HEAD.size:
+        raise LengthMismatchError(f"NACK body of {payload.nbytes} bytes, too short")
+    n, reserved = _NACK_HEAD.unpack_from(payload)
+    if reserved:
+        raise BadFieldError(f"NACK reserved field = {reserved}, must be 0")
+    want = _NACK_HEAD.size + n * _NACK_ENTRY.size
+    if payload.nbytes != want:
+        raise LengthMismatchError(f"NACK body of {payload.nbytes} bytes; {n} ranges need {want}")
+
+
+_BODY_CHECKS = {
+    Kind.COMMIT: _check_commit,
+    Kind.READY: _check_ready,
+    Kind.ACK: _check_ack,
+    Kind.NACK: _check_nack,
+}

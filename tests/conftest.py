@@ -1,0 +1,86 @@
+"""Shared fixtures: child-process reaping, marker gating, free ports."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import time
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _children(pid: int) -> set[int]:
+    """Direct children of ``pid`` from /proc (Linux); empty where /proc is unavailable."""
+    out: set[int] = set()
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return out
+    for tid in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/children") as f:
+                out.update(int(c) for c in f.read().split())
+        except OSError:
+            continue
+    return out
+
+
+def _descendants(pid: int) -> set[int]:
+    seen: set[int] = set()
+    todo = [pid]
+    while todo:
+        for c in _children(todo.pop()):
+            if c not in seen:
+                seen.add(c)
+                todo.append(c)
+    return seen
+
+
+def _reap(pids: set[int], grace_s: float = 3.0) -> None:
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for p in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(p, sig)
+        deadline = time.monotonic() + grace_s
+        while time.monotonic() < deadline and any(os.path.exists(f"/proc/{p}") for p in pids):
+            for p in pids:
+                with contextlib.suppress(ChildProcessError):
+                    os.waitpid(p, os.WNOHANG)
+            time.sleep(0.05)
+
+
+@pytest.fixture(autouse=True)
+def reap_children() -> Iterator[None]:
+    """Every process a test starts is reaped: leftovers get SIGTERM, then SIGKILL, and a warning."""
+    before = _descendants(os.getpid())
+    yield
+    leaked = _descendants(os.getpid()) - before
+    if leaked:
+        warnings.warn(f"test left child processes {sorted(leaked)}; reaping them", stacklevel=1)
+        _reap(leaked)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    is_root = hasattr(os, "geteuid") and os.geteuid() == 0
+    have_bmv2 = bool(shutil.which("p4c") and shutil.which("simple_switch_grpc"))
+    for item in items:
+        if "netns" in item.keywords and not is_root:
+            item.add_marker(pytest.mark.skip(reason="netns tests need root"))
+        if "bmv2" in item.keywords and not have_bmv2:
+            item.add_marker(pytest.mark.skip(reason="p4c and simple_switch_grpc not on PATH"))
+
+
+@pytest.fixture
+def free_udp_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port

@@ -1,0 +1,325 @@
+"""Wire protocol: round trips, golden vectors, corruption detection, scapy and P4 agreement."""
+
+from __future__ import annotations
+
+import json
+import re
+import struct
+import zlib
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from shadowgrad import wire
+from shadowgrad.errors import (
+    BadFieldError,
+    BadMagicError,
+    ChecksumError,
+    ForeignJobError,
+    LayoutMismatchError,
+    LengthMismatchError,
+    OversizeError,
+    TruncatedError,
+    UnknownKindError,
+    VersionError,
+    WireError,
+)
+from shadowgrad.wire import DType, Flag, Kind
+
+ROOT = Path(__file__).resolve().parents[1]
+GOLDEN = Path(__file__).with_name("golden") / "wire_vectors.json"
+MANY = settings(max_examples=1000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+u16 = st.integers(0, 2**16 - 1)
+u32 = st.integers(0, 2**32 - 1)
+u64 = st.integers(0, 2**64 - 1)
+data_dtypes = st.sampled_from([d for d in DType if d is not DType.NONE])
+
+
+@st.composite
+def data_messages(draw: st.DrawFn, max_elems: int = 512) -> tuple[dict[str, object], bytes]:
+    dtype = draw(data_dtypes)
+    n = draw(st.integers(1, max_elems)) * dtype.itemsize
+    fields: dict[str, object] = dict(
+        job=draw(u32), sender=draw(u16), iteration=draw(u64), seq=draw(u64), layout=draw(u64),
+        bucket=draw(u32), offset=draw(st.integers(0, 2**40)) * dtype.itemsize, dtype=dtype,
+        flags=draw(st.sampled_from([Flag(0), Flag.FINAL, Flag.FINAL | Flag.RETX, Flag.LAST])),
+    )
+    payload = draw(st.binary(min_size=n, max_size=n))
+    return fields, payload
+
+
+def _data(fields: dict[str, object], payload: bytes) -> bytes:
+    return wire.encode(Kind.DATA, payload=payload, **fields)  # type: ignore[arg-type]
+
+
+# ----------------------------------------------------------------------------- round trips
+
+
+@MANY
+@given(data_messages())
+def test_data_round_trip(msg: tuple[dict[str, object], bytes]) -> None:
+    fields, payload = msg
+    buf = _data(fields, payload)
+    assert len(buf) == wire.HEADER_SIZE + len(payload)
+    out = wire.decode(buf, job=fields["job"], layout=fields["layout"])  # type: ignore[arg-type]
+    h = out.header
+    assert h.kind is Kind.DATA and h.length == len(payload) and h.version == wire.VERSION
+    for name, value in fields.items():
+        assert getattr(h, name) == value, name
+    assert bytes(out.payload) == payload
+
+
+def test_decode_is_zero_copy() -> None:
+    payload = bytes(range(64))
+    buf = bytearray(_data(dict(job=1, sender=0, iteration=0, seq=0, layout=0,
+                               dtype=DType.FLOAT32), payload))
+    msg = wire.decode(buf)
+    assert msg.payload.obj is buf  # a view into the receive buffer, not a copy
+    buf[wire.HEADER_SIZE] ^= 0xFF
+    assert msg.payload[0] == payload[0] ^ 0xFF
+
+
+def test_encode_header_scatter_gather_equals_encode() -> None:
+    payload = memoryview(bytearray(range(256)) * 4)
+    kw = dict(job=3, sender=2, iteration=10, seq=5, layout=99, dtype=DType.FLOAT16,
+              bucket=1, offset=512)
+    header = wire.encode_header(Kind.DATA, payload=payload, **kw)  # type: ignore[arg-type]
+    assert len(header) == wire.HEADER_SIZE
+    assert header + payload.tobytes() == wire.encode(Kind.DATA, payload=payload, **kw)  # type: ignore[arg-type]
+
+
+@MANY
+@given(
+    lrs=st.lists(st.floats(allow_nan=False), max_size=8),
+    clip=st.none() | st.floats(0, 1, width=32),
+    scale=st.none() | st.sampled_from([2.0**k for k in range(-4, 25)]),
+    skipped=st.booleans(),
+    user=st.binary(max_size=256),
+    iteration=u64,
+)
+def test_commit_round_trip(lrs: list[float], clip: float | None, scale: float | None,
+                           skipped: bool, user: bytes, iteration: int) -> None:
+    rec = wire.CommitRecord(tuple(lrs), clip, scale, skipped, user)
+    buf = rec.encode(job=9, sender=0, iteration=iteration, seq=1, layout=5)
+    msg = wire.decode(buf, job=9, layout=5)
+    assert msg.header.kind is Kind.COMMIT and msg.header.iteration == iteration
+    assert wire.CommitRecord.from_message(msg) == rec
+
+
+def test_ready_ack_nack_round_trip() -> None:
+    common = dict(job=1, sender=4, iteration=77, seq=3, layout=8)
+    ready = wire.ReadyRecord(shard=2, replica=1, state=wire.ReadyState.APPLIED, last_applied=76)
+    msg = wire.decode(wire.encode(Kind.READY, payload=ready.body(), **common))  # type: ignore[arg-type]
+    assert wire.ReadyRecord.from_message(msg) == ready
+    ack = wire.AckRecord(sack=0b1011)
+    msg = wire.decode(wire.encode(Kind.ACK, payload=ack.body(), **common))  # type: ignore[arg-type]
+    assert wire.AckRecord.from_message(msg) == ack and msg.header.seq == 3
+    nack = wire.NackRecord.of([(0, 0, 1408), (3, 2816, 64)])
+    msg = wire.decode(wire.encode(Kind.NACK, payload=nack.body(), **common))  # type: ignore[arg-type]
+    assert wire.NackRecord.from_message(msg) == nack
+
+
+# ----------------------------------------------------------------------------- corruption
+
+
+@MANY
+@given(data_messages(max_elems=64), st.data())
+def test_any_single_byte_flip_is_detected(msg: tuple[dict[str, object], bytes],
+                                          data: st.DataObject) -> None:
+    buf = bytearray(_data(*msg))
+    i = data.draw(st.integers(0, len(buf) - 1), label="index")
+    buf[i] ^= data.draw(st.integers(1, 255), label="xor")
+    with pytest.raises(WireError) as err:
+        wire.decode(buf)
+    # a specific subclass, never the generic base
+    assert type(err.value) is not WireError and err.value.reason != "malformed"
+
+
+@MANY
+@given(data_messages(max_elems=64), st.data())
+def test_truncation_is_detected(msg: tuple[dict[str, object], bytes], data: st.DataObject) -> None:
+    buf = _data(*msg)
+    cut = data.draw(st.integers(0, len(buf) - 1))
+    with pytest.raises(TruncatedError):
+        wire.decode(buf[:cut])
+
+
+@MANY
+@given(data_messages(max_elems=64), st.binary(min_size=1, max_size=128))
+def test_trailing_bytes_are_detected(msg: tuple[dict[str, object], bytes], extra: bytes) -> None:
+    with pytest.raises(OversizeError):
+        wire.decode(_data(*msg) + extra)
+
+
+@MANY
+@given(data_messages(max_elems=8), st.integers(wire.MAX_PAYLOAD + 1, 2**32 - 1))
+def test_huge_length_field_is_detected(msg: tuple[dict[str, object], bytes], length: int) -> None:
+    buf = bytearray(_data(*msg))
+    struct.pack_into("!I", buf, wire.HEADER_SIZE - 8, length)
+    with pytest.raises(OversizeError):
+        wire.decode(buf)
+
+
+def test_oversize_payload_refused_on_encode() -> None:
+    with pytest.raises(OversizeError):
+        wire.encode_header(Kind.DATA, job=1, sender=0, iteration=0, seq=0, layout=0,
+                           dtype=DType.UINT8, payload=bytes(wire.MAX_PAYLOAD + 1))
+
+
+@MANY
+@given(data_messages(max_elems=64), st.integers(0, 255).filter(lambda v: v != wire.VERSION))
+def test_wrong_version_is_detected(msg: tuple[dict[str, object], bytes], version: int) -> None:
+    fields, payload = msg
+    header = wire.encode_header(Kind.DATA, payload=payload, version=version, **fields)  # type: ignore[arg-type]
+    with pytest.raises(VersionError):
+        wire.decode(header + payload)
+
+
+@MANY
+@given(data_messages(max_elems=64), u32)
+def test_foreign_job_is_detected(msg: tuple[dict[str, object], bytes], other: int) -> None:
+    fields, payload = msg
+    buf = _data(fields, payload)
+    if other == fields["job"]:
+        wire.decode(buf, job=other)
+        return
+    with pytest.raises(ForeignJobError):
+        wire.decode(buf, job=other)
+
+
+@MANY
+@given(st.binary(max_size=200))
+def test_random_bytes_never_crash(buf: bytes) -> None:
+    try:
+        wire.decode(buf)
+    except WireError as e:
+        assert type(e) is not WireError
+    else:  # only a valid datagram may decode; random bytes essentially never are
+        assert buf[:2] == b"SG"
+
+
+def test_layout_mismatch_bad_fields_and_kinds() -> None:
+    kw = dict(job=1, sender=0, iteration=0, seq=0)
+    buf = wire.encode(Kind.DATA, layout=5, dtype=DType.FLOAT32, payload=bytes(8), **kw)  # type: ignore[arg-type]
+    with pytest.raises(LayoutMismatchError):
+        wire.decode(buf, layout=6)
+    with pytest.raises(BadFieldError):  # misaligned DATA
+        wire.encode(Kind.DATA, layout=5, dtype=DType.FLOAT32, payload=bytes(6), **kw)  # type: ignore[arg-type]
+    with pytest.raises(BadFieldError):  # FINAL on a COMMIT
+        wire.encode(Kind.COMMIT, layout=5, flags=Flag.FINAL, **kw)  # type: ignore[arg-type]
+    with pytest.raises(BadFieldError):  # out-of-range field names itself
+        wire.encode(Kind.ACK, layout=-1, payload=bytes(8), **kw)  # type: ignore[arg-type]
+    with pytest.raises(LengthMismatchError):  # a COMMIT without its body
+        wire.decode(wire.encode(Kind.COMMIT, layout=0, **kw))  # type: ignore[arg-type]
+    # an undefined kind with a *valid* checksum is still refused by kind
+    bad = bytearray(buf)
+    bad[3] = 99
+    prefix = bytes(bad[: wire.HEADER_SIZE - 4])
+    crc = zlib.crc32(bytes(bad[wire.HEADER_SIZE:]), zlib.crc32(prefix))
+    bad[wire.HEADER_SIZE - 4: wire.HEADER_SIZE] = crc.to_bytes(4, "big")
+    with pytest.raises(UnknownKindError):
+        wire.decode(bad)
+    with pytest.raises(BadMagicError):
+        wire.decode(b"XX" + buf[2:])
+    with pytest.raises(ChecksumError):
+        wire.decode(buf[:-1] + bytes([buf[-1] ^ 1]))
+
+
+# ----------------------------------------------------------------------------- golden vectors
+
+
+def _independent_header(v: dict[str, object], payload: bytes) -> bytes:
+    """Assemble a header with int.to_bytes, independent of the codec's struct format."""
+    out = b""
+    for name, width in wire.HEADER_FIELDS[:-1]:
+        value = wire.MAGIC if name == "magic" else (
+            len(payload) if name == "length" else v.get(name, wire.VERSION if name == "version"
+                                                         else 0))
+        out += int(value).to_bytes(width // 8, "big")  # type: ignore[call-overload]
+    return out + zlib.crc32(out + payload).to_bytes(4, "big")
+
+
+def test_golden_vectors() -> None:
+    vectors = json.loads(GOLDEN.read_text())
+    assert len(vectors) >= 5
+    for v in vectors:
+        raw = bytes.fromhex(v["hex"])
+        payload = bytes.fromhex(v["payload_hex"])
+        fields = dict(v["fields"])
+        kind = Kind[fields.pop("kind")]
+        fields["flags"] = Flag(fields["flags"])
+        fields["dtype"] = DType[fields["dtype"]]
+        assert wire.encode(kind, payload=payload, **fields) == raw, v["name"]
+        assert _independent_header({**fields, "kind": kind}, payload) + payload == raw, v["name"]
+        msg = wire.decode(raw)
+        assert msg.header.kind is kind and bytes(msg.payload) == payload
+        for name, value in fields.items():
+            assert getattr(msg.header, name) == value, (v["name"], name)
+
+
+# ----------------------------------------------------------------------------- scapy, P4, docs
+
+
+@MANY
+@given(data_messages(max_elems=32))
+def test_scapy_and_fast_codec_agree(msg: tuple[dict[str, object], bytes]) -> None:
+    scapy_layer = pytest.importorskip("shadowgrad.wire_scapy")
+    from scapy.packet import Raw
+
+    fields, payload = msg
+    fast = _data(fields, payload)
+    pkt = scapy_layer.ShadowGrad(
+        kind=int(Kind.DATA), flags=int(fields["flags"]), dtype=int(fields["dtype"]),  # type: ignore[call-overload]
+        **{k: v for k, v in fields.items() if k not in ("flags", "dtype")},
+    ) / Raw(payload)
+    assert bytes(pkt) == fast
+    parsed = scapy_layer.ShadowGrad(fast)
+    assert parsed.checksum == int.from_bytes(fast[wire.HEADER_SIZE - 4: wire.HEADER_SIZE], "big")
+    assert parsed.length == len(payload) and bytes(parsed.payload) == payload
+    for name in ("job", "sender", "iteration", "seq", "layout", "bucket", "offset"):
+        assert getattr(parsed, name) == fields[name]
+
+
+def test_scapy_dissects_udp_on_default_port() -> None:
+    scapy_layer = pytest.importorskip("shadowgrad.wire_scapy")
+    from scapy.layers.inet import IP, UDP
+
+    fast = wire.encode(Kind.DATA, job=7, sender=1, iteration=2, seq=3, layout=4,
+                       dtype=DType.FLOAT32, payload=bytes(16), flags=Flag.FINAL)
+    frame = IP(bytes(IP(dst="127.0.0.1") / UDP(sport=1234, dport=wire.DEFAULT_UDP_PORT) / fast))
+    layer = frame[scapy_layer.ShadowGrad]
+    assert layer.job == 7 and layer.flags.FINAL and bytes(layer) == fast
+
+
+def _p4_header_fields() -> list[tuple[str, int]]:
+    text = (ROOT / "p4" / "include" / "headers.p4").read_text()
+    body = re.search(r"header\s+shadowgrad_h\s*\{(.*?)\}", text, re.S)
+    assert body, "header shadowgrad_h not found in p4/include/headers.p4"
+    return [(n, int(w)) for w, n in re.findall(r"bit<(\d+)>\s+(\w+)\s*;", body.group(1))]
+
+
+def test_p4_header_matches_wire() -> None:
+    assert _p4_header_fields() == list(wire.HEADER_FIELDS)
+    assert sum(w for _, w in wire.HEADER_FIELDS) == 8 * wire.HEADER_SIZE
+    text = (ROOT / "p4" / "include" / "headers.p4").read_text()
+    consts = {n: int(v, 0) for n, v in re.findall(r"const\s+bit<\d+>\s+(\w+)\s*=\s*(\w+)\s*;",
+                                                  text)}
+    assert consts["SG_UDP_PORT"] == wire.DEFAULT_UDP_PORT
+    assert consts["SG_MAGIC"] == wire.MAGIC and consts["SG_VERSION"] == wire.VERSION
+    for k in Kind:
+        assert consts[f"SG_KIND_{k.name}"] == k
+    for f in Flag:
+        assert consts[f"SG_FLAG_{f.name}"] == f
+
+
+def test_protocol_doc_documents_every_field() -> None:
+    doc = (ROOT / "docs" / "protocol.md").read_text()
+    offset = 0
+    for name, width in wire.HEADER_FIELDS:
+        row = re.search(rf"^\|\s*{offset}\s*\|\s*{width // 8}\s*\|\s*`{name}`\s*\|", doc, re.M)
+        assert row, f"docs/protocol.md lacks the row for {name} at offset {offset}"
+        offset += width // 8
+    assert str(wire.DEFAULT_UDP_PORT) in doc
