@@ -1,8 +1,35 @@
-"""shadowgrad.bmv2_testbed: the P4 software target (a stand-in for ``simple_switch_grpc``),
-network-namespace and Mininet topologies, the scenario runner and failure injection. Needs the
-``shadowgrad[testbed]`` extra.
+"""shadowgrad.bmv2_testbed: the P4 software target, a stand-in for bmv2 ``simple_switch_grpc``.
 
-Nothing is exported yet; the P4-software-target issue fills this package.
+It takes P4_16 v1model *source*, checks and compiles it once into Python code
+(:class:`Pipeline`), executes packets with bmv2's v1model semantics (:class:`Dataplane`), emits a
+p4c-compatible P4Info, and is served over P4Runtime with ports on veths, loopback UDP or
+in-process. Needs the ``shadowgrad[testbed]`` extra; see docs/p4target.md and
+docs/switch-target.md.
 """
 
-__all__: list[str] = []
+from .dataplane import (
+    CloneSession,
+    Dataplane,
+    DataplaneError,
+    Exact,
+    Lpm,
+    OptionalMatch,
+    Range,
+    TableEntry,
+    Ternary,
+)
+from .pipeline import P4CompileError, Pipeline
+
+__all__ = [
+    "Pipeline",
+    "P4CompileError",
+    "Dataplane",
+    "DataplaneError",
+    "TableEntry",
+    "Exact",
+    "Lpm",
+    "Ternary",
+    "Range",
+    "OptionalMatch",
+    "CloneSession",
+]

@@ -13,7 +13,7 @@ import argparse
 import importlib
 import logging
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from shadowgrad import __version__
 from shadowgrad._log import configure as configure_logging
@@ -28,6 +28,9 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "spec": ("shadowgrad._cmd_spec", "validate or show a job spec (TOML), env overrides applied"),
     "layout": ("shadowgrad._cmd_layout", "compute the shard layout of a model and its digest"),
     "wire": ("shadowgrad._cmd_wire", "decode shadowgrad datagrams (hex) and check them"),
+    "shadow": ("shadowgrad.shadow._cmd", "run one shadow node"),
+    "p4c": ("shadowgrad.bmv2_testbed._compile_cmd",
+            "compile a P4_16 v1model program for the software target (p4c-like)"),
 }
 
 #: exit status for a ShadowgradError (bad spec, bad input, ...); argparse uses 2 for usage
@@ -46,11 +49,28 @@ def build_parser() -> argparse.ArgumentParser:
                         help="write logs and events as one JSON object per line")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name, (module_name, help_text) in COMMANDS.items():
-        module = importlib.import_module(module_name)
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError as e:  # an extra is not installed: say so when the command is used
+            p = sub.add_parser(name, help=f"{help_text} [unavailable: {e.name or e}]",
+                               description=help_text)
+            p.add_argument("rest", nargs=argparse.REMAINDER)
+            p.set_defaults(_run=_unavailable(name, e))
+            continue
         p = sub.add_parser(name, help=help_text, description=help_text)
         module.configure(p)
         p.set_defaults(_run=module.run)
     return parser
+
+
+def _unavailable(name: str, error: ImportError) -> Callable[[argparse.Namespace], int]:
+    def run(args: argparse.Namespace) -> int:
+        raise ShadowgradError(
+            f"'{name}' needs a package that is not installed ({error}); "
+            "install the extra it belongs to, e.g. pip install 'shadowgrad[all]'"
+        )
+
+    return run
 
 
 def main(argv: Sequence[str] | None = None) -> int:

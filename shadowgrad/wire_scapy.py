@@ -10,7 +10,6 @@ fast codec; ``length`` and ``checksum`` are filled in at build time when left un
 
 from __future__ import annotations
 
-import zlib
 from typing import Any
 
 from scapy.fields import (
@@ -65,7 +64,7 @@ class ShadowGrad(Packet):
         if self.length is None:
             pkt = pkt[:_LENGTH_AT] + len(pay).to_bytes(4, "big") + pkt[_LENGTH_AT + 4 :]
         if self.checksum is None:
-            crc = zlib.crc32(pay, zlib.crc32(pkt[: wire.HEADER_SIZE - 4]))
+            crc = wire.crc(pay, wire.crc(pkt[: wire.HEADER_SIZE - 4]))
             pkt = pkt[: wire.HEADER_SIZE - 4] + crc.to_bytes(4, "big")
         return pkt + pay
 

@@ -97,3 +97,21 @@ def test_base_install_in_a_fresh_venv(tmp_path: Path) -> None:
         assert pkg not in frozen, f"base install pulled {pkg}"
     out = _run(CHECK.format(heavy=HEAVY, lean=LEAN, block=False), python=py)
     assert out.returncode == 0, out.stderr
+    cli = subprocess.run([str(venv / "bin" / "shadowgrad"), "--help"], capture_output=True,
+                         text=True, timeout=120)
+    assert cli.returncode == 0, cli.stderr
+    assert "spec" in cli.stdout and "layout" in cli.stdout
+
+
+def test_every_python_folder_is_a_listed_package() -> None:
+    """A wheel (not only the editable install) must carry every subpackage."""
+    import tomllib
+
+    cfg = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    listed = set(cfg["packages"])
+    for package, folder in cfg["package-dir"].items():
+        for init_dir in {p.parent for p in (ROOT / folder).rglob("*.py")}:
+            rel = init_dir.relative_to(ROOT / folder)
+            name = ".".join([package, *rel.parts])
+            assert (init_dir / "__init__.py").exists(), f"{init_dir} has no __init__.py"
+            assert name in listed, f"{name} missing from [tool.setuptools] packages"

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import re
 import struct
-import zlib
 from pathlib import Path
 
 import pytest
@@ -218,7 +217,7 @@ def test_layout_mismatch_bad_fields_and_kinds() -> None:
     bad = bytearray(buf)
     bad[3] = 99
     prefix = bytes(bad[: wire.HEADER_SIZE - 4])
-    crc = zlib.crc32(bytes(bad[wire.HEADER_SIZE:]), zlib.crc32(prefix))
+    crc = wire.crc(bytes(bad[wire.HEADER_SIZE:]), wire.crc(prefix))
     bad[wire.HEADER_SIZE - 4: wire.HEADER_SIZE] = crc.to_bytes(4, "big")
     with pytest.raises(UnknownKindError):
         wire.decode(bad)
@@ -231,6 +230,22 @@ def test_layout_mismatch_bad_fields_and_kinds() -> None:
 # ----------------------------------------------------------------------------- golden vectors
 
 
+def _crc32c_reference(data: bytes) -> int:
+    """Bitwise CRC-32C (reflected polynomial 0x82F63B78), independent of the C package."""
+    crc = 0xFFFFFFFF
+    for byte in data:
+        crc ^= byte
+        for _ in range(8):
+            crc = (crc >> 1) ^ (0x82F63B78 if crc & 1 else 0)
+    return crc ^ 0xFFFFFFFF
+
+
+def test_crc_is_crc32c() -> None:
+    assert _crc32c_reference(b"123456789") == 0xE3069283  # the CRC-32C check value
+    assert wire.crc(b"123456789") == 0xE3069283
+    assert wire.crc(b"6789", wire.crc(b"12345")) == 0xE3069283  # chaining
+
+
 def _independent_header(v: dict[str, object], payload: bytes) -> bytes:
     """Assemble a header with int.to_bytes, independent of the codec's struct format."""
     out = b""
@@ -239,7 +254,7 @@ def _independent_header(v: dict[str, object], payload: bytes) -> bytes:
             len(payload) if name == "length" else v.get(name, wire.VERSION if name == "version"
                                                          else 0))
         out += int(value).to_bytes(width // 8, "big")  # type: ignore[call-overload]
-    return out + zlib.crc32(out + payload).to_bytes(4, "big")
+    return out + _crc32c_reference(out + payload).to_bytes(4, "big")
 
 
 def test_golden_vectors() -> None:

@@ -1,0 +1,428 @@
+"""Shadow ingest benchmark: ``ingest_bench()`` (meant for bench/shadow_bench.py).
+
+Run: ``.venv/bin/python bench/_ingest.py [--json out.json] [--params 100e6] [--optimizer sgd]``
+
+A. **Ingest vs bare receive.** A producer process (pre-encoded 64 KiB DATA datagrams, sent
+   flat out with ``sendto``) streams the same bytes twice: once at a bare ``recv_into`` loop,
+   once at a real :class:`~shadowgrad.shadow.node.ShadowNode` (decode + CRC-32 + placement +
+   coverage). Each side's MB/s is the bytes it *processed* over the time between its first and
+   last datagram; both see the same offered load (the producer's own rate is printed too), so
+   loss under overload shows up as a lower rate, not a wrong one.
+B. **Streaming a 100M-parameter gradient per iteration.** A producer process computes the
+   headers (CRC) of a fresh iteration's 64 KiB chunks while pacing them at ``--rate`` MB/s,
+   sends the COMMIT, and answers NACKs with RETX; one shadow owns the whole model and replays
+   an optimizer step per iteration. Paced at one iteration per second, does every iteration get
+   applied, and with how much delay? The report breaks each iteration down into receive time
+   (first -> last chunk), repair, and apply (ready -> applied), and names the limit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any
+
+CHUNK = 65280  # 64 KiB-ish DATA payload, a multiple of 64 bytes (fits MAX_PAYLOAD = 65451)
+TOKEN = "bench-token"
+JOB = 4242
+
+
+def _layout(n_params: int, num_shadows: int = 1) -> Any:
+    from shadowgrad.layout import Layout, ParamSpec
+
+    rows = 4096
+    per = max(1, n_params // 10 // rows)
+    params = [ParamSpec(f"w{i}", (per, rows), "float32") for i in range(10)]
+    bucket_cap = 25 * 2**20
+    buckets: list[list[str]] = []
+    size = 0
+    for p in params:
+        if not buckets or size >= bucket_cap:
+            buckets.append([])
+            size = 0
+        buckets[-1].append(p.name)
+        size += p.nbytes
+    return Layout.build(params, buckets, num_shadows)
+
+
+# --------------------------------------------------------------------------- producer process
+
+
+def _producer_main(argv: list[str]) -> None:
+    cfg = json.loads(argv[0])
+    import numpy as np
+
+    from shadowgrad import wire
+    from shadowgrad.errors import WireError
+    from shadowgrad.layout import Layout
+
+    layout = Layout.from_json(cfg["layout"])
+    dest = (cfg["host"], cfg["port"])
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    sock.bind(("127.0.0.1", cfg.get("bind_port", 0)))
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 8 * 2**20)
+    rng = np.random.default_rng(0)
+    grads = [rng.standard_normal(n // 4, dtype=np.float32).tobytes() for n in
+             layout.bucket_nbytes]
+    seq = 0
+
+    def header(it: int, b: int, off: int, payload: memoryview, retx: bool = False) -> bytes:
+        nonlocal seq
+        seq += 1
+        flags = wire.Flag.FINAL | (wire.Flag.RETX if retx else 0)
+        return wire.encode_header(wire.Kind.DATA, job=JOB, sender=0, iteration=it, seq=seq,
+                                  layout=layout.digest64, payload=payload, flags=flags,
+                                  dtype=wire.DType.FLOAT32, bucket=b, offset=off)
+
+    if cfg["mode"] == "burst":  # part A: pre-encoded, flat out
+        its = cfg["iterations"]
+        dgrams = [header(it, b, off, memoryview(g)[off:off + CHUNK]) + g[off:off + CHUNK]
+                  for it in range(its) for b, g in enumerate(grads)
+                  for off in range(0, len(g), CHUNK)]
+        print(json.dumps({"ready": len(dgrams)}), flush=True)
+        sys.stdin.readline()  # go
+        t0 = time.perf_counter()
+        nbytes = 0
+        for d in dgrams:
+            sock.sendto(d, dest)
+            nbytes += len(d)
+        dt = time.perf_counter() - t0
+        print(json.dumps({"sent": len(dgrams), "bytes": nbytes, "seconds": dt}), flush=True)
+        return
+
+    # part B: paced stream, COMMIT, NACK service
+    period, rate = cfg["period_s"], cfg["rate_mbps"] * 1e6
+    sock.settimeout(0.0005)
+    buf = bytearray(wire.MAX_DATAGRAM + 1)
+    stats = {"retx": 0, "nacks": 0, "send_s": []}
+
+    def serve_nacks() -> None:
+        while True:
+            try:
+                n, addr = sock.recvfrom_into(buf)
+            except (TimeoutError, BlockingIOError):
+                return
+            try:
+                msg = wire.decode(memoryview(buf)[:n], job=JOB)
+            except WireError:
+                continue
+            if msg.header.kind is not wire.Kind.NACK:
+                continue
+            stats["nacks"] += 1
+            it = msg.header.iteration
+            rec = wire.NackRecord.from_message(msg)
+            if not rec.ranges:
+                sock.sendto(commit.encode(job=JOB, sender=0, iteration=it, seq=0,
+                                          layout=layout.digest64, retx=True), addr)
+            t_r = time.perf_counter()
+            sent_r = 0
+            for r in rec.ranges:
+                mv = memoryview(grads[r.bucket])
+                for off in range(r.offset, r.offset + r.length, CHUNK):
+                    p = mv[off:min(off + CHUNK, r.offset + r.length)]
+                    sock.sendmsg([header(it, r.bucket, off, p, True), p], [], 0, addr)
+                    stats["retx"] += 1
+                    sent_r += len(p)
+                    ahead = t_r + sent_r / rate - time.perf_counter()
+                    if ahead > 0.002:
+                        time.sleep(ahead)
+
+    commit = wire.CommitRecord((1e-3,))
+    print(json.dumps({"ready": 1}), flush=True)
+    sys.stdin.readline()
+    t_start = time.perf_counter()
+    for it in range(cfg["iterations"]):
+        t_it = t_start + it * period
+        while time.perf_counter() < t_it:
+            serve_nacks()
+            time.sleep(0.0005)
+        t0 = time.perf_counter()
+        sent = 0
+        for b, g in enumerate(grads):
+            mv = memoryview(g)
+            for off in range(0, len(g), CHUNK):
+                p = mv[off:off + CHUNK]
+                sock.sendmsg([header(it, b, off, p), p], [], 0, dest)
+                sent += len(p)
+                ahead = t0 + sent / rate - time.perf_counter()
+                if ahead > 0.002:
+                    serve_nacks()
+                    time.sleep(ahead)
+        sock.sendto(commit.encode(job=JOB, sender=0, iteration=it, seq=0,
+                                  layout=layout.digest64), dest)
+        stats["send_s"].append(time.perf_counter() - t0)
+    t_end = time.perf_counter() + cfg["drain_s"]
+    while time.perf_counter() < t_end:
+        serve_nacks()
+        time.sleep(0.0005)
+    print(json.dumps(stats), flush=True)
+
+
+class _Producer:
+    def __init__(self, cfg: dict[str, Any]) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, os.path.abspath(__file__), "--producer", json.dumps(cfg)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        )
+        assert self.proc.stdout is not None and self.proc.stdin is not None
+        self.ready = json.loads(self.proc.stdout.readline())
+
+    def go(self) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write("go\n")
+        self.proc.stdin.flush()
+
+    def result(self, timeout_s: float) -> dict[str, Any]:
+        try:
+            out, _ = self.proc.communicate(timeout=timeout_s)
+        finally:
+            if self.proc.poll() is None:
+                self.proc.kill()
+                self.proc.wait(10)
+        res: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
+        return res
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _spec(shadow_port: int, trainer_port: int) -> Any:
+    from shadowgrad.config import parse_spec
+
+    return parse_spec({
+        "job": {"id": JOB, "name": "ingest-bench", "mode": "mirror"},
+        "trainers": {"world_size": 1, "addresses": [f"127.0.0.1:{trainer_port}"]},
+        "shadows": {"count": 1, "addresses": [f"127.0.0.1:{shadow_port}"]},
+        "switch": {"target": "none"},
+        "timeouts": {"gap_repair": "100ms", "heartbeat": "100ms", "rpc": "60s"},
+    }, env={})
+
+
+def _udp(rcvbuf: int = 64 * 2**20) -> socket.socket:
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        s.setsockopt(socket.SOL_SOCKET, 33, rcvbuf)  # SO_RCVBUFFORCE
+    except OSError:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+    s.bind(("127.0.0.1", 0))
+    return s
+
+
+def _free_udp_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def _node(layout: Any, optimizer: str, window: int, rx_threads: int = 1) -> tuple[Any, Any]:
+    import torch
+    from shadowgrad.shadow.control import ShadowClient
+    from shadowgrad.shadow.node import NodeOptions, ShadowNode
+
+    from shadowgrad.optspec import OptimizerSpec, ParamGroupSpec
+
+    sock = _udp()
+    spec = _spec(sock.getsockname()[1], _free_udp_port())
+    node = ShadowNode(spec, 0, token=TOKEN, sock=sock, control_bind="tcp://127.0.0.1:*",
+                      options=NodeOptions(window=window, rx_threads=rx_threads)).start()
+    names = tuple(p.name for p in layout.params)
+    if optimizer == "adamw":
+        hyper: dict[str, Any] = {"betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 0.01,
+                                 "amsgrad": False, "maximize": False, "foreach": False,
+                                 "fused": True, "capturable": False, "differentiable": False,
+                                 "decoupled_weight_decay": True}
+        opt = OptimizerSpec("AdamW", (ParamGroupSpec(names, hyper),))
+    else:
+        hyper = {"momentum": 0.9, "dampening": 0.0, "weight_decay": 0.0, "nesterov": False,
+                 "maximize": False, "foreach": True, "fused": False, "differentiable": False}
+        opt = OptimizerSpec("SGD", (ParamGroupSpec(names, hyper),))
+    states = [{"param": torch.zeros(b.lengths, dtype=torch.float32)}
+              for b in layout.shard_boxes(0)]
+    with ShadowClient(node.control_endpoint, TOKEN, timeout_s=120) as cl:
+        cl.load(-1, states, opt.to_json(), layout.to_json())
+    return node, sock
+
+
+# --------------------------------------------------------------------------- the bench
+
+
+def _part_a(n_params: int, iterations: int) -> dict[str, Any]:
+    layout = _layout(n_params)
+    # bare receive loop
+    bare = _udp()
+    prod = _Producer({"mode": "burst", "layout": layout.to_json(), "host": "127.0.0.1",
+                      "port": bare.getsockname()[1], "iterations": iterations})
+    expected = prod.ready["ready"]
+    buf = bytearray(65536)
+    bare.settimeout(0.5)
+    got = nbytes = 0
+    t_first = t_last = 0.0
+    prod.go()
+    while got < expected:
+        try:
+            n = bare.recv_into(buf)
+        except TimeoutError:
+            break
+        t_last = time.perf_counter()
+        if got == 0:
+            t_first = t_last
+        got += 1
+        nbytes += n
+    sent = prod.result(30)
+    bare.close()
+    bare_mbps = nbytes / max(1e-9, t_last - t_first) / 1e6
+    # the shadow's receive path, with one and with two receive threads
+    shadow: dict[int, dict[str, Any]] = {}
+    for rx_threads in (1, 2):
+        node, sock = _node(layout, "sgd", window=iterations, rx_threads=rx_threads)
+        try:
+            prod = _Producer({"mode": "burst", "layout": layout.to_json(), "host": "127.0.0.1",
+                              "port": sock.getsockname()[1], "iterations": iterations})
+            rx0 = sum(node.rx.values())
+            prod.go()
+            sent2 = prod.result(60)
+            deadline = time.monotonic() + 5
+            last = -1
+            while time.monotonic() < deadline:  # until the node stops counting
+                n_now = sum(node.rx.values())
+                if n_now == last:
+                    break
+                last = n_now
+                time.sleep(0.3)
+            st = node.status(timeline=iterations)
+            firsts = [p["first_chunk"] for p in st["pending"].values() if p["first_chunk"]]
+            lasts = [p["last_chunk"] for p in st["pending"].values() if p["last_chunk"]]
+            data_bytes = st["events"].get("data_bytes", 0)
+            shadow[rx_threads] = {
+                "mbps": data_bytes / max(1e-9, max(lasts) - min(firsts)) / 1e6,
+                "counted": sum(node.rx.values()) - rx0, "data_bytes": data_bytes,
+                "producer_mbps": sent2["bytes"] / sent2["seconds"] / 1e6,
+            }
+        finally:
+            node.stop()
+    best = max(shadow, key=lambda k: shadow[k]["mbps"])
+    shadow_mbps = shadow[best]["mbps"]
+    return {
+        "datagram_payload": CHUNK, "datagrams": expected,
+        "bytes_per_pass": sent["bytes"],
+        "producer_mbps_bare_run": sent["bytes"] / sent["seconds"] / 1e6,
+        "bare_recv_mbps": bare_mbps, "bare_received": got,
+        "shadow_ingest_mbps": shadow_mbps, "shadow_best_rx_threads": best,
+        "shadow_by_rx_threads": shadow,
+        "ratio": shadow_mbps / bare_mbps if bare_mbps else None,
+    }
+
+
+def _part_b(n_params: int, iterations: int, optimizer: str, rate_mbps: float,
+            period_s: float) -> dict[str, Any]:
+    layout = _layout(n_params)
+    node, sock = _node(layout, optimizer, window=2)
+    try:
+        prod = _Producer({"mode": "stream", "layout": layout.to_json(), "host": "127.0.0.1",
+                          "port": sock.getsockname()[1], "iterations": iterations,
+                          "period_s": period_s, "rate_mbps": rate_mbps, "drain_s": 120.0,
+                          "bind_port": node.spec.trainers.addresses[0].port})
+        t0 = time.time()
+        prod.go()
+        deadline = time.monotonic() + iterations * period_s + 30
+        while time.monotonic() < deadline:
+            now = node.status(timeline=0)
+            if now["last_applied"] >= iterations - 1 or now["diverged_at"] is not None:
+                break
+            time.sleep(0.05)
+        t_done = time.time()
+        prod.proc.kill()
+        prod.proc.wait(10)
+        st = node.status(timeline=iterations)
+    finally:
+        node.stop()
+    tl = st["timeline"]
+    per = [{
+        "iteration": t["iteration"],
+        "receive_s": t["last_chunk"] - t["first_chunk"],
+        "ready_after_commit_s": t["ready"] - t["commit"],
+        "apply_s": t["applied"] - t["ready"],
+        "applied_at_s": t["applied"] - t0,
+    } for t in tl]
+    applied = st["last_applied"] + 1
+    # delay of each iteration: applied time minus the time its first chunk was due
+    delays = [p["applied_at_s"] - p["iteration"] * period_s for p in per]
+    keeps_up = (applied == iterations and bool(delays) and max(delays) <= 2 * period_s
+                and delays[-1] - delays[0] < 0.5 * period_s)
+    med = {k: statistics.median(p[k] for p in per) if per else None
+           for k in ("receive_s", "ready_after_commit_s", "apply_s")}
+    limit = "keeps up" if keeps_up else "diverged: repair failed" if st["diverged_at"] is not None \
+        else (
+        "apply (optimizer step)" if med["apply_s"] and med["apply_s"] > period_s / 2 else
+        "receive path (recv + CRC-32 + copy)" if med["receive_s"] and med["receive_s"] >
+        period_s / 2 else "loss and repair (NACK/RETX)")
+    return {
+        "params": sum(p.numel for p in layout.params), "bytes_per_iteration": layout.total_bytes,
+        "optimizer": optimizer, "period_s": period_s, "producer_rate_mbps": rate_mbps,
+        "iterations": iterations, "applied": applied, "wall_s": t_done - t0,
+        "keeps_up_at_1_it_per_s": keeps_up, "limit": limit, "median": med,
+        "per_iteration": per, "delays_s": delays, "counters": st["counters"],
+        "nacks_sent": st["events"].get("nack_sent", 0), "diverged_at": st["diverged_at"],
+        "repaired_bytes": st["events"].get("repaired_bytes", 0),
+    }
+
+
+def ingest_bench(n_params: int = 100_000_000, optimizers: Sequence[str] = ("sgd", "adamw"),
+                 iterations: int = 5, *, rate_mbps: float = 800.0,
+                 burst_params: int = 25_000_000, burst_iterations: int = 3) -> dict[str, Any]:
+    """Run part A, then part B once per optimizer; print a summary; return JSON-able results."""
+    a = _part_a(burst_params, burst_iterations)
+    sh = a["shadow_by_rx_threads"]
+    print(f"[ingest] bare recv_into {a['bare_recv_mbps']:.0f} MB/s, shadow ingest "
+          f"{a['shadow_ingest_mbps']:.0f} MB/s -> {100 * (a['ratio'] or 0):.0f}% (target >= 60%)"
+          f" [1 rx thread {sh[1]['mbps']:.0f} MB/s, 2 rx threads {sh[2]['mbps']:.0f} MB/s];"
+          f" producer offered {a['producer_mbps_bare_run']:.0f} MB/s (bare run); bare got "
+          f"{a['bare_received']}/{a['datagrams']} datagrams, shadow counted "
+          f"{sh[1]['counted']}/{sh[2]['counted']}; {os.cpu_count()} CPUs, load "
+          f"{os.getloadavg()[0]:.1f}")
+    streams: dict[str, Any] = {}
+    for optimizer in optimizers:
+        b = _part_b(n_params, iterations, optimizer, rate_mbps, 1.0)
+        streams[optimizer] = b
+        m = b["median"]
+        fmt = {k: "n/a" if v is None else f"{v:.2f}s" for k, v in m.items()}
+        print(f"[stream] {b['params'] / 1e6:.0f}M params ({b['bytes_per_iteration'] / 1e6:.0f} MB)"
+              f" per iteration, {optimizer}, paced at 1 it/s ({rate_mbps:.0f} MB/s bursts): "
+              f"applied {b['applied']}/{b['iterations']}, keeps up: "
+              f"{b['keeps_up_at_1_it_per_s']}; median receive {fmt['receive_s']}, ready after "
+              f"COMMIT {fmt['ready_after_commit_s']}, apply {fmt['apply_s']}; limit: "
+              f"{b['limit']}; NACKs {b['nacks_sent']}; per-iteration delay (applied - due) "
+              f"{', '.join(f'{d:.2f}' for d in b['delays_s'])} s; load "
+              f"{os.getloadavg()[0]:.1f}")
+    return {"ingest_vs_bare": a, "stream": streams, "cpus": os.cpu_count()}
+
+
+def main() -> int:
+    if len(sys.argv) > 2 and sys.argv[1] == "--producer":
+        _producer_main(sys.argv[2:])
+        return 0
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--params", type=float, default=100e6)
+    ap.add_argument("--optimizer", choices=["sgd", "adamw"], action="append", default=None)
+    ap.add_argument("--iterations", type=int, default=5)
+    ap.add_argument("--rate", type=float, default=800.0, help="producer MB/s within a burst")
+    ap.add_argument("--json", default=None, help="write the results here")
+    args = ap.parse_args()
+    res = ingest_bench(int(args.params), args.optimizer or ("sgd", "adamw"), args.iterations,
+                       rate_mbps=args.rate)
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as f:
+            json.dump(res, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,2072 @@
+"""Type/semantic checker and code generator for the supported P4_16 subset on v1model.
+
+One pass over the AST checks names, types and widths (reporting ``file:line:col: message``) and,
+for code that checks, emits Python source: one function per parser state, action, table and
+control, plus a class per header/struct type. The source is compiled once when the pipeline is
+loaded; no AST is walked per packet.
+"""
+
+from __future__ import annotations
+
+import keyword
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from . import ast as A  # noqa: N812
+from .diagnostics import Diagnostic, Loc
+from .model import (
+    ActionInfo,
+    ConstEntry,
+    ControllerHeaderInfo,
+    CounterInfo,
+    DigestInfo,
+    KeyInfo,
+    ParamInfo,
+    ProgramModel,
+    RegisterInfo,
+    TableInfo,
+)
+from .types import (
+    ApplyT,
+    BitT,
+    BoolT,
+    EnumT,
+    ErrorT,
+    ExternT,
+    IntLitT,
+    ListT,
+    OtherT,
+    StrT,
+    StructT,
+    Ty,
+    VoidT,
+    bit_width,
+)
+
+INTLIT = IntLitT()
+BOOL = BoolT()
+ERROR = ErrorT()
+VOID = VoidT()
+STR = StrT()
+
+_RESERVED_ATTRS = {"_v_", "copy"}
+
+# extern functions whose semantics the target implements
+BUILTIN_FUNCS = {
+    "mark_to_drop", "hash", "random", "digest", "clone", "clone3",
+    "clone_preserving_field_list", "resubmit_preserving_field_list",
+    "recirculate_preserving_field_list", "truncate", "log_msg", "verify_checksum",
+    "update_checksum", "verify_checksum_with_payload", "update_checksum_with_payload", "verify",
+}
+SUPPORTED_EXTERNS = {"counter", "direct_counter", "register", "packet_in", "packet_out"}
+HASH_ALGOS = {"crc32", "crc16", "identity", "csum16", "xor16"}
+
+
+def attr(name: str) -> str:
+    """Python attribute name for a P4 field name."""
+    if keyword.iskeyword(name) or name in _RESERVED_ATTRS or name.startswith("__"):
+        return "f_" + name
+    return name
+
+
+@dataclass
+class V:
+    """A checked expression: Python source, type, compile-time value, assignability."""
+
+    py: str
+    ty: Ty
+    const: Any = None
+    lvalue: bool = False
+    readonly_why: str = ""
+
+
+@dataclass
+class Sym:
+    kind: str  # const var type table action extern_inst packet control parser func
+    ty: Ty | None = None
+    py: str = ""
+    value: Any = None
+    data: Any = None
+    readonly: str = ""  # why it cannot be assigned ("" = assignable)
+
+
+class Scope:
+    def __init__(self, parent: Scope | None = None) -> None:
+        self.parent = parent
+        self.syms: dict[str, Sym] = {}
+
+    def lookup(self, name: str) -> Sym | None:
+        s: Scope | None = self
+        while s is not None:
+            if name in s.syms:
+                return s.syms[name]
+            s = s.parent
+        return None
+
+    def add(self, name: str, sym: Sym) -> None:
+        self.syms[name] = sym
+
+
+@dataclass
+class TableCtx:
+    uid: str
+    info: TableInfo
+    action_syms: dict[str, ActionCtx]  # fq action name -> action
+    applied: bool = False
+    local_names: dict[str, str] = field(default_factory=dict)  # written name -> fq
+
+
+@dataclass
+class SubCtx:
+    """An instance of a control inside another control (``C() c; ... c.apply(args);``)."""
+
+    uid: str
+    name: str
+    params: list[tuple[str, Ty, str]]
+    applied: bool = False
+
+
+@dataclass
+class ActionCtx:
+    uid: str
+    name: str  # fully qualified
+    decl: A.ActionDecl
+    params: list[tuple[str, Ty, str]]  # (name, type, direction)
+    info: ActionInfo | None = None
+
+
+class Poisoned(Diagnostic):
+    """A use of a declaration that already failed; not reported again."""
+
+
+class Emitter:
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+        self.ind = 0
+
+    def __call__(self, s: str) -> None:
+        self.lines.append("    " * self.ind + s)
+
+    @contextmanager
+    def block(self, head: str) -> Iterator[None]:
+        self(head)
+        self.ind += 1
+        n = len(self.lines)
+        yield
+        if len(self.lines) == n:
+            self("pass")
+        self.ind -= 1
+
+
+class Checker:
+    def __init__(self, program: A.Program) -> None:
+        self.prog = program
+        self.diags: list[Diagnostic] = []
+        self.g = Scope()
+        self.out = Emitter()
+        self.model = ProgramModel()
+        self.uid = 0
+        self.errors: dict[str, int] = {}
+        self.structs: list[StructT] = []
+        self.actions_by_name: dict[str, ActionCtx] = {}
+        self.tables: list[TableCtx] = []
+        self.trailer: list[str] = []
+        self.ext_binds: list[tuple[str, str, Any]] = []
+        self.counters: dict[str, CounterInfo] = {}
+        self.registers: dict[str, RegisterInfo] = {}
+        self.digests: dict[str, DigestInfo] = {}
+        self.direct_counters: dict[str, CounterInfo] = {}
+        self.top_actions: dict[str, A.ActionDecl] = {}
+        self.roles: dict[str, A.Decl] = {}
+        self.ctl_name = ""
+        self.ctl_role = ""
+        self.frame_vars: list[tuple[str, str]] = []
+        self.headers_t: StructT | None = None
+        self.meta_t: StructT | None = None
+        self.std_t: StructT | None = None
+        self.used_action_uids: set[str] = set()
+        self.in_sub_apply = False
+
+    # ------------------------------------------------------------------ diagnostics
+    def err(self, loc: Loc, msg: str) -> None:
+        self.diags.append(Diagnostic(loc, msg))
+
+    def add_diag(self, d: Diagnostic) -> None:
+        if not isinstance(d, Poisoned):
+            self.diags.append(d)
+
+    def fresh(self, base: str) -> str:
+        self.uid += 1
+        return f"{base}{self.uid}"
+
+    # ------------------------------------------------------------------ top level
+    def run(self) -> None:
+        for d in self.prog.decls:
+            try:
+                self.top_decl(d)
+            except Diagnostic as e:
+                self.diags.append(e)
+        if self.diags:
+            return
+        main = self.g.lookup("main")
+        if main is None or main.kind != "main":
+            self.err(self.prog.decls[-1].loc if self.prog.decls else Loc("<input>", 1, 1),
+                     "no 'main' instantiation of V1Switch(...) found")
+            return
+        self.compile_pipeline(main.data)
+
+    def top_decl(self, d: A.Decl) -> None:
+        if isinstance(d, A.HeaderDecl):
+            self.declare_struct(d)
+        elif isinstance(d, A.TypedefDecl):
+            self.g.add(d.name, Sym("type", self.resolve_type(d.type, self.g)))
+        elif isinstance(d, A.EnumDecl):
+            self.declare_enum(d)
+        elif isinstance(d, A.ErrorDecl):
+            for n, loc in d.members:
+                if n in self.errors:
+                    self.err(loc, f"duplicate error member {n}")
+                self.errors.setdefault(n, len(self.errors))
+            self.g.add("error", Sym("type", ERROR))
+        elif isinstance(d, A.MatchKindDecl):
+            mk = self.g.lookup("$match_kind")
+            kinds: set[str] = mk.data if mk else set()
+            kinds |= {n for n, _ in d.members}
+            self.g.add("$match_kind", Sym("mk", data=kinds))
+        elif isinstance(d, A.ConstDecl):
+            ty = self.resolve_type(d.type, self.g)
+            v = self.coerce(self.expr(d.value, self.g), ty, d.value.loc)
+            if v.const is None:
+                self.err(d.value.loc, f"the value of constant {d.name} is not a compile-time "
+                                      "constant")
+            self.g.add(d.name, Sym("const", ty, py=v.py, value=v.const))
+        elif isinstance(d, A.ExternDecl):
+            self.g.add(d.name, Sym("type", ExternT(d.name), data=d))
+        elif isinstance(d, A.FunctionProto):
+            self.g.add(d.name, Sym("func", data=d))
+        elif isinstance(d, A.ActionDecl):
+            self.top_actions[d.name] = d
+            self.g.add(d.name, Sym("action", data=("top", d)))
+        elif isinstance(d, A.ParserDecl):
+            self.g.add(d.name, Sym("parser", data=d))
+        elif isinstance(d, A.ControlDecl):
+            self.g.add(d.name, Sym("control", data=d))
+        elif isinstance(d, A.PackageDecl):
+            self.g.add(d.name, Sym("package", data=d))
+        elif isinstance(d, A.InstanceDecl):
+            self.top_instance(d)
+        elif isinstance(d, A.FunctionDecl):
+            self.err(d.loc, "function declarations are not supported")
+        else:  # pragma: no cover
+            self.err(d.loc, f"unsupported declaration {type(d).__name__}")
+
+    def declare_struct(self, d: A.HeaderDecl) -> None:
+        t = StructT(d.name, d.is_header, annotations=d.annotations,
+                    pyname=("H_" if d.is_header else "S_") + d.name)
+        seen: set[str] = set()
+        for f in d.fields:
+            if f.name in seen:
+                self.err(f.loc, f"duplicate field {f.name} in {t}")
+            seen.add(f.name)
+            try:
+                ft = self.resolve_type(f.type, self.g)
+            except Diagnostic as e:
+                self.diags.append(e)
+                continue
+            if d.is_header:
+                if not (isinstance(ft, BitT) or (isinstance(ft, EnumT) and ft.underlying)):
+                    self.err(f.loc, f"header field {f.name} has type {ft}; only bit<W>, int<W> "
+                                    "and serializable enums are supported in headers")
+                    continue
+            elif isinstance(ft, (ExternT, IntLitT, StrT, VoidT)):
+                self.err(f.loc, f"struct field {f.name} cannot have type {ft}")
+                continue
+            t.fields.append((f.name, ft))
+            t.field_anns[f.name] = f.annotations
+        if d.is_header and t.width % 8:
+            self.err(d.loc, f"header {d.name} is {t.width} bits long, not a multiple of 8")
+        self.structs.append(t)
+        self.g.add(d.name, Sym("type", t))
+
+    def declare_enum(self, d: A.EnumDecl) -> None:
+        under: BitT | None = None
+        if d.underlying is not None:
+            u = self.resolve_type(d.underlying, self.g)
+            if not isinstance(u, BitT):
+                raise Diagnostic(d.underlying.loc, "enum underlying type must be bit<W> or int<W>")
+            under = u
+        members: dict[str, int] = {}
+        for i, (n, e, loc) in enumerate(d.members):
+            if n in members:
+                self.err(loc, f"duplicate enum member {n}")
+            if under is not None:
+                if e is None:
+                    self.err(loc, f"member {n} of serializable enum {d.name} needs a value")
+                    continue
+                v = self.coerce(self.expr(e, self.g), under, e.loc)
+                if v.const is None:
+                    self.err(e.loc, "enum member value must be a compile-time constant")
+                    continue
+                members[n] = int(v.const)
+            else:
+                members[n] = i
+        self.g.add(d.name, Sym("type", EnumT(d.name, members, under)))
+
+    def top_instance(self, d: A.InstanceDecl) -> None:
+        inst = d.inst
+        tn = inst.type.name
+        sym = self.g.lookup(tn)
+        if sym is None or sym.kind != "package":
+            if sym is not None and sym.kind == "type" and isinstance(sym.ty, ExternT):
+                self.err(d.loc, f"extern {tn} cannot be instantiated at top level on this target")
+            else:
+                self.err(inst.type.loc, f"unknown package type {tn}")
+            return
+        if tn != "V1Switch":
+            self.err(inst.type.loc, f"package {tn} is not supported; use V1Switch (v1model)")
+            return
+        if d.name != "main":
+            self.err(d.loc, "the V1Switch instance must be called 'main'")
+            return
+        roles = ["parser", "verify", "ingress", "egress", "compute", "deparser"]
+        if len(inst.args) != 6:
+            self.err(d.loc, f"V1Switch takes 6 arguments, {len(inst.args)} given")
+            return
+        blocks: dict[str, A.Decl] = {}
+        for role, a in zip(roles, inst.args, strict=True):
+            if not (isinstance(a, A.Call) and isinstance(a.func, A.Name) and not a.args):
+                self.err(a.loc, f"V1Switch argument for the {role} must be Name()")
+                return
+            s = self.g.lookup(a.func.name)
+            want = "parser" if role == "parser" else "control"
+            if s is None or s.kind != want:
+                self.err(a.loc, f"{a.func.name} is not a {want}")
+                return
+            blk = s.data
+            if blk.proto:
+                self.err(a.loc, f"{a.func.name} is only declared, not defined")
+                return
+            blocks[role] = blk
+        self.g.add("main", Sym("main", data=blocks))
+
+    # ------------------------------------------------------------------ types
+    def resolve_type(self, t: A.TypeRef, scope: Scope) -> Ty:
+        if t.stack is not None:
+            raise Diagnostic(t.loc, "header stacks are not supported")
+        if t.kind in ("bit", "int"):
+            if t.width is None:
+                if t.kind == "int":
+                    return INTLIT
+                return BitT(1)
+            w = self.expr(t.width, scope)
+            if w.const is None or isinstance(w.const, bool) or int(w.const) <= 0:
+                raise Diagnostic(t.width.loc, "the width of a bit/int type must be a positive "
+                                              "compile-time constant")
+            if int(w.const) > 2048:
+                raise Diagnostic(t.width.loc, "width too large (max 2048)")
+            return BitT(int(w.const), t.kind == "int")
+        if t.kind == "varbit":
+            raise Diagnostic(t.loc, "varbit is not supported")
+        if t.kind == "bool":
+            return BOOL
+        if t.kind == "error":
+            return ERROR
+        if t.kind == "void":
+            return VOID
+        if t.kind == "string":
+            return STR
+        if t.kind == "tuple":
+            raise Diagnostic(t.loc, "tuple types are not supported")
+        s = scope.lookup(t.name)
+        if s is None or s.kind != "type" or s.ty is None:
+            raise Diagnostic(t.loc, f"unknown type {t.name}")
+        if isinstance(s.ty, ExternT):
+            return ExternT(s.ty.name, [self.resolve_type(a, scope) for a in t.args])
+        if t.args:
+            raise Diagnostic(t.loc, f"type {t.name} takes no type arguments")
+        return s.ty
+
+    # ------------------------------------------------------------------ expressions
+    def coerce(self, v: V, ty: Ty, loc: Loc, what: str = "") -> V:
+        """Implicit conversion of ``v`` to ``ty`` (int literals only), else a type error."""
+        if v.ty == ty or v.ty is ty:
+            return v
+        if isinstance(v.ty, IntLitT) and isinstance(ty, BitT):
+            c = int(v.const)
+            w = ty.width
+            if ty.signed:
+                if not -(1 << (w - 1)) <= c < (1 << w):
+                    raise Diagnostic(loc, f"value {c} does not fit in {ty}")
+                c = ((c + (1 << (w - 1))) & ((1 << w) - 1)) - (1 << (w - 1))
+            else:
+                if c >> w and c > 0:
+                    raise Diagnostic(loc, f"value {c} does not fit in {ty}")
+                c &= (1 << w) - 1
+            return V(str(c), ty, c)
+        raise Diagnostic(loc, f"{what or 'expression'} has type {v.ty}, expected {ty}"
+                         + ("; an explicit cast is needed" if isinstance(v.ty, BitT)
+                            and isinstance(ty, BitT) else ""))
+
+    def cond(self, e: A.Expr, scope: Scope) -> V:
+        v = self.expr(e, scope)
+        if not isinstance(v.ty, BoolT):
+            raise Diagnostic(e.loc, f"condition must be bool, not {v.ty}")
+        return v
+
+    def expr(self, e: A.Expr, scope: Scope) -> V:
+        if isinstance(e, A.IntLit):
+            if e.width is None:
+                return V(str(e.value), INTLIT, e.value)
+            return V(str(e.value), BitT(e.width, e.signed), e.value)
+        if isinstance(e, A.BoolLit):
+            return V(str(e.value), BOOL, e.value)
+        if isinstance(e, A.StrLit):
+            return V(repr(e.value), STR, e.value)
+        if isinstance(e, A.Name):
+            return self.name_expr(e, scope)
+        if isinstance(e, A.Member):
+            return self.member_expr(e, scope)
+        if isinstance(e, A.Call):
+            return self.call(e, scope, stmt=False)
+        if isinstance(e, A.Slice):
+            return self.slice_expr(e, scope)
+        if isinstance(e, A.Index):
+            raise Diagnostic(e.loc, "array indexing (header stacks) is not supported")
+        if isinstance(e, A.Unary):
+            return self.unary_expr(e, scope)
+        if isinstance(e, A.Binary):
+            return self.binary_expr(e, scope)
+        if isinstance(e, A.Cond):
+            c = self.cond(e.cond, scope)
+            a = self.expr(e.then, scope)
+            b = self.expr(e.other, scope)
+            a, b = self.unify(a, b, e.loc, "?:")
+            if isinstance(a.ty, IntLitT):
+                raise Diagnostic(e.loc, "the branches of ?: need a width (cast one of them)")
+            if c.const is not None and a.const is not None and b.const is not None:
+                r = a if c.const else b
+                return V(r.py, r.ty, r.const)
+            return V(f"({a.py} if {c.py} else {b.py})", a.ty)
+        if isinstance(e, A.Cast):
+            return self.cast_expr(e, scope)
+        if isinstance(e, A.ListExpr):
+            items = [self.expr(i, scope) for i in e.items]
+            return V("(" + "".join(i.py + ", " for i in items) + ")",
+                     ListT([i.ty for i in items]), data_items(items))
+        if isinstance(e, (A.Mask, A.RangeKS, A.Default)):
+            raise Diagnostic(e.loc, "keyset expression outside select/entries")
+        raise Diagnostic(e.loc, f"unsupported expression {type(e).__name__}")
+
+    def name_expr(self, e: A.Name, scope: Scope) -> V:
+        s = (self.g if e.top else scope).lookup(e.name)
+        if s is None:
+            raise Diagnostic(e.loc, f"undeclared name {e.name}")
+        if s.kind == "poison":
+            raise Poisoned(e.loc, f"{e.name} has errors")
+        if s.kind == "const":
+            assert s.ty is not None
+            return V(s.py, s.ty, s.value)
+        if s.kind == "var":
+            assert s.ty is not None
+            return V(s.py, s.ty, None, lvalue=not s.readonly, readonly_why=s.readonly)
+        if s.kind == "type":
+            assert s.ty is not None
+            return V("", OtherT("type"), s.ty)
+        if s.kind in ("table", "extern_inst", "packet", "action", "func", "subctl"):
+            return V("", OtherT(s.kind), s)
+        raise Diagnostic(e.loc, f"{e.name} cannot be used in an expression")
+
+    def member_expr(self, e: A.Member, scope: Scope) -> V:
+        if isinstance(e.expr, A.Name) and e.expr.name == "error":
+            if e.name not in self.errors:
+                raise Diagnostic(e.name_loc or e.loc, f"unknown error {e.name}")
+            c = self.errors[e.name]
+            return V(str(c), ERROR, c)
+        base = self.expr(e.expr, scope)
+        if isinstance(base.ty, OtherT) and base.ty.what == "type":
+            t = base.const
+            if isinstance(t, EnumT):
+                if e.name not in t.members:
+                    raise Diagnostic(e.name_loc or e.loc, f"{t} has no member {e.name}")
+                c = t.members[e.name]
+                return V(str(c), t, c)
+            raise Diagnostic(e.name_loc or e.loc, f"cannot select member {e.name} of type {t}")
+        if isinstance(base.ty, StructT):
+            ft = base.ty.field(e.name)
+            if ft is None:
+                raise Diagnostic(e.name_loc or e.loc, f"{base.ty} has no field {e.name}")
+            return V(f"{base.py}.{attr(e.name)}", ft, None, lvalue=base.lvalue,
+                     readonly_why=base.readonly_why)
+        if isinstance(base.ty, ApplyT):
+            if e.name == "hit":
+                return V(f"{base.py}[1]", BOOL)
+            if e.name == "miss":
+                return V(f"(not {base.py}[1])", BOOL)
+            if e.name == "action_run":
+                return V(f"{base.py}[0]", OtherT("action_run"), base.ty.table)
+            raise Diagnostic(e.name_loc or e.loc, f"a table apply result has no member {e.name}")
+        raise Diagnostic(e.name_loc or e.loc, f"cannot select member {e.name} of {base.ty}")
+
+    def slice_expr(self, e: A.Slice, scope: Scope) -> V:
+        b = self.expr(e.expr, scope)
+        if not isinstance(b.ty, BitT):
+            raise Diagnostic(e.loc, f"cannot slice a value of type {b.ty}")
+        hi = self.expr(e.hi, scope).const
+        lo = self.expr(e.lo, scope).const
+        if not isinstance(hi, int) or not isinstance(lo, int) or isinstance(hi, bool):
+            raise Diagnostic(e.loc, "slice bounds must be compile-time constants")
+        if not 0 <= lo <= hi < b.ty.width:
+            raise Diagnostic(e.loc, f"slice [{hi}:{lo}] out of range for {b.ty}")
+        w = hi - lo + 1
+        m = (1 << w) - 1
+        src = b.py if not b.ty.signed else f"({b.py} & {(1 << b.ty.width) - 1})"
+        const = None if b.const is None else (int(b.const) >> lo) & m
+        return V(f"(({src} >> {lo}) & {m})", BitT(w), const, lvalue=b.lvalue,
+                 readonly_why=b.readonly_why)
+
+    def cast_expr(self, e: A.Cast, scope: Scope) -> V:
+        ty = self.resolve_type(e.type, scope)
+        v = self.expr(e.expr, scope)
+        src = v.ty
+        if src == ty or src is ty:
+            return v
+        if isinstance(ty, BitT):
+            w = ty.width
+            m = (1 << w) - 1
+            h = 1 << (w - 1)
+            if isinstance(src, EnumT) and src.underlying is not None:
+                src = src.underlying
+            if isinstance(src, (BitT, IntLitT)):
+                if v.const is not None:
+                    c = int(v.const) & m
+                    if ty.signed and c >= h:
+                        c -= 1 << w
+                    return V(str(c), ty, c)
+                if ty.signed:
+                    return V(f"((({v.py}) + {h} & {m}) - {h})", ty)
+                if isinstance(src, BitT) and not src.signed and src.width <= w:
+                    return V(v.py, ty)
+                return V(f"(({v.py}) & {m})", ty)
+            if isinstance(src, BoolT) and w == 1 and not ty.signed:
+                if v.const is not None:
+                    return V(str(int(v.const)), ty, int(v.const))
+                return V(f"(1 if {v.py} else 0)", ty)
+        if isinstance(ty, BoolT) and isinstance(src, BitT) and src.width == 1:
+            if v.const is not None:
+                return V(str(bool(v.const)), BOOL, bool(v.const))
+            return V(f"({v.py} == 1)", BOOL)
+        if isinstance(ty, BoolT) and isinstance(src, IntLitT) and v.const in (0, 1):
+            return V(str(bool(v.const)), BOOL, bool(v.const))
+        if isinstance(ty, EnumT) and ty.underlying is not None and (
+                src == ty.underlying or isinstance(src, IntLitT)):
+            return V(v.py, ty, v.const)
+        raise Diagnostic(e.loc, f"cannot cast {v.ty} to {ty}")
+
+    def unify(self, a: V, b: V, loc: Loc, op: str) -> tuple[V, V]:
+        if isinstance(a.ty, IntLitT) and not isinstance(b.ty, IntLitT):
+            return self.coerce(a, b.ty, loc), b
+        if isinstance(b.ty, IntLitT) and not isinstance(a.ty, IntLitT):
+            return a, self.coerce(b, a.ty, loc)
+        if a.ty != b.ty and a.ty is not b.ty:
+            raise Diagnostic(loc, f"operands of '{op}' have different types {a.ty} and {b.ty}"
+                             + ("; a cast is needed" if isinstance(a.ty, BitT) and
+                                isinstance(b.ty, BitT) else ""))
+        return a, b
+
+    def unary_expr(self, e: A.Unary, scope: Scope) -> V:
+        v = self.expr(e.expr, scope)
+        if e.op == "!":
+            if not isinstance(v.ty, BoolT):
+                raise Diagnostic(e.loc, f"operator '!' needs a bool, not {v.ty}")
+            if v.const is not None:
+                return V(str(not v.const), BOOL, not v.const)
+            return V(f"(not {v.py})", BOOL)
+        if isinstance(v.ty, IntLitT):
+            c = -int(v.const) if e.op == "-" else ~int(v.const)
+            if e.op == "~":
+                raise Diagnostic(e.loc, "operator '~' needs a value with a width")
+            return V(str(c), INTLIT, c)
+        if not isinstance(v.ty, BitT):
+            raise Diagnostic(e.loc, f"operator '{e.op}' needs bit<W> or int<W>, not {v.ty}")
+        return self.arith(e.op, v, None, e.loc)
+
+    def arith(self, op: str, a: V, b: V | None, loc: Loc) -> V:
+        """Arithmetic on fixed-width values (``a``, ``b`` of the same BitT)."""
+        t = a.ty
+        assert isinstance(t, BitT)
+        w = t.width
+        m = (1 << w) - 1
+        h = 1 << (w - 1)
+
+        def norm(x: str) -> str:
+            return f"((({x}) + {h} & {m}) - {h})" if t.signed else f"(({x}) & {m})"
+
+        def cnorm(x: int) -> int:
+            x &= m
+            return x - (1 << w) if t.signed and x >= h else x
+
+        if b is None:
+            if a.const is not None:
+                return V(str(cnorm(-int(a.const) if op == "-" else ~int(a.const))), t,
+                         cnorm(-int(a.const) if op == "-" else ~int(a.const)))
+            if op == "-":
+                return V(norm(f"-{a.py}"), t)
+            return V(f"({a.py} ^ {m})" if not t.signed else f"(~{a.py})", t)
+        ca, cb = a.const, b.const
+        if ca is not None and cb is not None:
+            x, y = int(ca), int(cb)
+            r: int
+            if op == "+":
+                r = x + y
+            elif op == "-":
+                r = x - y
+            elif op == "*":
+                r = x * y
+            elif op == "/":
+                if y == 0:
+                    raise Diagnostic(loc, "division by zero")
+                r = x // y
+            elif op == "%":
+                if y == 0:
+                    raise Diagnostic(loc, "division by zero")
+                r = x % y
+            elif op == "&":
+                r = x & y
+            elif op == "|":
+                r = x | y
+            elif op == "^":
+                r = x ^ y
+            elif op in ("|+|", "|-|"):
+                r = x + y if op == "|+|" else x - y
+                r = max(-h, min(h - 1, r)) if t.signed else max(0, min(m, r))
+            else:  # pragma: no cover
+                raise Diagnostic(loc, f"operator {op}")
+            r = cnorm(r)
+            return V(str(r), t, r)
+        px, py_ = a.py, b.py
+        if op in ("+", "-", "*"):
+            return V(norm(f"{px} {op} {py_}"), t)
+        if op in ("/", "%"):
+            if t.signed:
+                raise Diagnostic(loc, f"operator '{op}' on signed values is not supported")
+            return V(f"_{'div' if op == '/' else 'mod'}({px}, {py_})", t)
+        if op in ("&", "|", "^"):
+            return V(f"({px} {op} {py_})", t)
+        if op == "|+|":
+            if t.signed:
+                return V(f"max({-h}, min({px} + {py_}, {h - 1}))", t)
+            return V(f"min({px} + {py_}, {m})", t)
+        if op == "|-|":
+            if t.signed:
+                return V(f"max({-h}, min({px} - {py_}, {h - 1}))", t)
+            return V(f"max({px} - {py_}, 0)", t)
+        raise Diagnostic(loc, f"unsupported operator {op}")  # pragma: no cover
+
+    def binary_expr(self, e: A.Binary, scope: Scope) -> V:
+        op = e.op
+        a = self.expr(e.left, scope)
+        b = self.expr(e.right, scope)
+        if op in ("&&", "||"):
+            for v, side in ((a, e.left), (b, e.right)):
+                if not isinstance(v.ty, BoolT):
+                    raise Diagnostic(side.loc, f"operator '{op}' needs bool operands, not {v.ty}")
+            if a.const is not None and b.const is not None:
+                r = (a.const and b.const) if op == "&&" else (a.const or b.const)
+                return V(str(bool(r)), BOOL, bool(r))
+            return V(f"({a.py} {'and' if op == '&&' else 'or'} {b.py})", BOOL)
+        if op in ("<<", ">>"):
+            if not isinstance(b.ty, (BitT, IntLitT)) or (b.ty == BitT(b.ty.width, True)
+                                                          if isinstance(b.ty, BitT) else False):
+                raise Diagnostic(e.right.loc, f"shift amount must be unsigned, not {b.ty}")
+            if isinstance(b.ty, IntLitT) and int(b.const) < 0:
+                raise Diagnostic(e.right.loc, "negative shift amount")
+            if isinstance(a.ty, IntLitT):
+                if b.const is None:
+                    raise Diagnostic(e.left.loc, "shifting an int literal by a run-time amount "
+                                                 "needs a width (cast the literal)")
+                r = int(a.const) << int(b.const) if op == "<<" else int(a.const) >> int(b.const)
+                return V(str(r), INTLIT, r)
+            if not isinstance(a.ty, BitT):
+                raise Diagnostic(e.left.loc, f"cannot shift a value of type {a.ty}")
+            t = a.ty
+            m = (1 << t.width) - 1
+            if a.const is not None and b.const is not None:
+                x = int(a.const)
+                r = (x << int(b.const)) if op == "<<" else (x >> int(b.const))
+                r &= m
+                if t.signed and r >> (t.width - 1):
+                    r -= 1 << t.width
+                return V(str(r), t, r)
+            if op == "<<":
+                if t.signed:
+                    h = 1 << (t.width - 1)
+                    return V(f"((({a.py} << {b.py}) + {h} & {m}) - {h})", t)
+                return V(f"(({a.py} << {b.py}) & {m})", t)
+            return V(f"({a.py} >> {b.py})", t)
+        if op == "++":
+            for v, side in ((a, e.left), (b, e.right)):
+                if not isinstance(v.ty, BitT):
+                    raise Diagnostic(side.loc, f"operand of '++' must be bit<W> or int<W>, not "
+                                               f"{v.ty}")
+            assert isinstance(a.ty, BitT) and isinstance(b.ty, BitT)
+            wa, wb = a.ty.width, b.ty.width
+            t = BitT(wa + wb, a.ty.signed)
+            ua = a.py if not a.ty.signed else f"({a.py} & {(1 << wa) - 1})"
+            ub = b.py if not b.ty.signed else f"({b.py} & {(1 << wb) - 1})"
+            py = f"(({ua} << {wb}) | {ub})"
+            if t.signed:
+                h = 1 << (t.width - 1)
+                py = f"(({py} + {h} & {(1 << t.width) - 1}) - {h})"
+            c = None
+            if a.const is not None and b.const is not None:
+                c = ((int(a.const) & ((1 << wa) - 1)) << wb) | (int(b.const) & ((1 << wb) - 1))
+                if t.signed and c >> (t.width - 1):
+                    c -= 1 << t.width
+                py = str(c)
+            return V(py, t, c)
+        if op in ("==", "!=", "<", ">", "<=", ">="):
+            a, b = self.unify(a, b, e.loc, op)
+            if op in ("<", ">", "<=", ">=") and not isinstance(a.ty, (BitT, IntLitT)):
+                raise Diagnostic(e.loc, f"operator '{op}' needs numeric operands, not {a.ty}")
+            if isinstance(a.ty, (StructT, ListT, OtherT)):
+                raise Diagnostic(e.loc, f"cannot compare values of type {a.ty}")
+            if a.const is not None and b.const is not None:
+                r = bool(eval(f"{a.const!r} {op} {b.const!r}"))  # ints/bools only
+                return V(str(r), BOOL, r)
+            return V(f"({a.py} {op} {b.py})", BOOL)
+        if op in ("+", "-", "*", "/", "%", "&", "|", "^", "|+|", "|-|"):
+            if isinstance(a.ty, IntLitT) and isinstance(b.ty, IntLitT):
+                x, y = int(a.const), int(b.const)
+                if op in ("|+|", "|-|"):
+                    raise Diagnostic(e.loc, f"operator '{op}' needs a value with a width")
+                if op in ("/", "%") and y == 0:
+                    raise Diagnostic(e.loc, "division by zero")
+                r = {"+": x + y, "-": x - y, "*": x * y, "/": x // y if y else 0,
+                     "%": x % y if y else 0, "&": x & y, "|": x | y, "^": x ^ y}[op]
+                return V(str(r), INTLIT, r)
+            a, b = self.unify(a, b, e.loc, op)
+            if not isinstance(a.ty, BitT):
+                raise Diagnostic(e.loc, f"operator '{op}' needs bit<W> or int<W> operands, not "
+                                        f"{a.ty}")
+            return self.arith(op, a, b, e.loc)
+        raise Diagnostic(e.loc, f"unsupported operator '{op}'")
+
+    # ------------------------------------------------------------------ calls
+    def call(self, e: A.Call, scope: Scope, stmt: bool) -> V:
+        f = e.func
+        if isinstance(f, A.Member):
+            m = f.name
+            # header validity
+            if m in ("isValid", "setValid", "setInvalid"):
+                base = self.expr(f.expr, scope)
+                if not (isinstance(base.ty, StructT) and base.ty.is_header):
+                    raise Diagnostic(f.loc, f"{m}() needs a header, not {base.ty}")
+                if e.args:
+                    raise Diagnostic(e.loc, f"{m}() takes no arguments")
+                if m == "isValid":
+                    return V(f"{base.py}._v_", BOOL)
+                if not base.lvalue:
+                    raise Diagnostic(e.loc, f"cannot call {m}() on a read-only header")
+                return V(f"{base.py}._v_ = {m == 'setValid'}", VOID)
+            bs = self.expr(f.expr, scope)
+            if isinstance(bs.ty, OtherT) and isinstance(bs.const, Sym):
+                s: Sym = bs.const
+                if s.kind == "table":
+                    if m != "apply":
+                        raise Diagnostic(f.loc, f"table has no method {m}")
+                    if e.args:
+                        raise Diagnostic(e.loc, "apply() takes no arguments")
+                    tc: TableCtx = s.data
+                    if tc.applied:
+                        raise Diagnostic(e.loc, f"table {tc.info.name} is applied more than once "
+                                                "(bmv2 allows one apply per control)")
+                    tc.applied = True
+                    return V(f"{tc.uid}(C, F)", ApplyT(tc))
+                if s.kind == "packet":
+                    return self.packet_call(s, m, e, scope)
+                if s.kind == "subctl":
+                    if m != "apply":
+                        raise Diagnostic(f.loc, f"a control instance has no method {m}")
+                    if not stmt:
+                        raise Diagnostic(e.loc, "applying a control is a statement, not a value")
+                    return self.subctl_apply(s.data, e, scope)
+                if s.kind == "extern_inst":
+                    return self.extern_method(s, m, e, scope)
+            raise Diagnostic(f.loc, f"unknown method {m}")
+        if isinstance(f, A.Name):
+            s2 = scope.lookup(f.name)
+            if s2 is None:
+                raise Diagnostic(f.loc, f"undeclared function {f.name}")
+            if s2.kind == "action":
+                return self.direct_action_call(s2, e, scope)
+            if s2.kind == "func":
+                if f.name not in BUILTIN_FUNCS:
+                    raise Diagnostic(f.loc, f"extern function {f.name} is not supported by this "
+                                            "target")
+                return self.builtin_call(f.name, e, scope)
+            raise Diagnostic(f.loc, f"{f.name} is not a function or action")
+        raise Diagnostic(e.loc, "unsupported call")
+
+    def args_n(self, e: A.Call, n: int, name: str) -> None:
+        if len(e.args) != n:
+            raise Diagnostic(e.loc, f"{name} takes {n} argument{'s' if n != 1 else ''}, "
+                                    f"{len(e.args)} given")
+
+    def lvalue(self, e: A.Expr, scope: Scope) -> V:
+        v = self.expr(e, scope)
+        if not v.lvalue:
+            why = f" ({v.readonly_why})" if v.readonly_why else ""
+            raise Diagnostic(e.loc, f"expression is not assignable{why}")
+        return v
+
+    def assign_code(self, lhs_e: A.Expr, rhs: V, scope: Scope, loc: Loc) -> str:
+        if isinstance(lhs_e, A.Slice):
+            base = self.lvalue(lhs_e.expr, scope)
+            sl = self.slice_expr(lhs_e, scope)
+            assert isinstance(sl.ty, BitT) and isinstance(base.ty, BitT)
+            r = self.coerce(rhs, sl.ty, loc, "right-hand side")
+            lo = int(self.expr(lhs_e.lo, scope).const)
+            wm = (1 << sl.ty.width) - 1
+            full = (1 << base.ty.width) - 1
+            keep = full ^ (wm << lo)
+            if base.ty.signed:
+                h = 1 << (base.ty.width - 1)
+                return (f"{base.py} = ((({base.py} & {keep}) | (({r.py} & {wm}) << {lo})) + {h} "
+                        f"& {full}) - {h}")
+            return f"{base.py} = ({base.py} & {keep}) | ({r.py} << {lo})"
+        lv = self.lvalue(lhs_e, scope)
+        r = self.coerce(rhs, lv.ty, loc, "right-hand side")
+        if isinstance(lv.ty, StructT):
+            return f"{lv.py} = {r.py}.copy()"
+        return f"{lv.py} = {r.py}"
+
+    def packet_call(self, s: Sym, m: str, e: A.Call, scope: Scope) -> V:
+        kind = s.data
+        if kind == "in":
+            if self.ctl_role != "parser":
+                raise Diagnostic(e.loc, "packet_in methods are only allowed in the parser")
+            if m == "extract":
+                self.args_n(e, 1, "extract")
+                h = self.lvalue(e.args[0], scope)
+                if not (isinstance(h.ty, StructT) and h.ty.is_header):
+                    raise Diagnostic(e.args[0].loc, f"extract needs a header, not {h.ty}")
+                return V(f"_ext_{h.ty.name}(C, {h.py})", VOID)
+            if m == "lookahead":
+                if len(e.type_args) != 1 or e.args:
+                    raise Diagnostic(e.loc, "lookahead needs one type argument and no arguments")
+                t = self.resolve_type(e.type_args[0], scope)
+                if isinstance(t, BitT):
+                    return V(f"_peek(C, {t.width})", t)
+                if isinstance(t, StructT) and t.is_header:
+                    return V(f"_look_{t.name}(C)", t)
+                raise Diagnostic(e.loc, f"lookahead<{t}> is not supported")
+            if m == "advance":
+                self.args_n(e, 1, "advance")
+                a = self.coerce(self.expr(e.args[0], scope), BitT(32), e.args[0].loc)
+                return V(f"_advance(C, {a.py})", VOID)
+            raise Diagnostic(e.func.loc, f"packet_in has no method {m} on this target")
+        if self.ctl_role != "deparser":
+            raise Diagnostic(e.loc, "packet_out.emit is only allowed in the deparser")
+        if m != "emit":
+            raise Diagnostic(e.func.loc, f"packet_out has no method {m}")
+        self.args_n(e, 1, "emit")
+        v = self.expr(e.args[0], scope)
+        if not isinstance(v.ty, StructT):
+            raise Diagnostic(e.args[0].loc, f"emit needs a header or struct, not {v.ty}")
+        return V(self.emit_code(v.py, v.ty), VOID)
+
+    def emit_code(self, py: str, t: StructT) -> str:
+        if t.is_header:
+            return f"if {py}._v_: P.append(_pk_{t.name}({py}))"
+        parts = []
+        for n, ft in t.fields:
+            if not isinstance(ft, StructT):
+                raise Diagnostic(Loc("<emit>", 0, 0), f"cannot emit struct {t.name}: field {n} "
+                                                     "is not a header or struct")
+            parts.append(self.emit_code(f"{py}.{attr(n)}", ft))
+        return "\n".join(parts) if parts else "pass"
+
+    def extern_method(self, s: Sym, m: str, e: A.Call, scope: Scope) -> V:
+        kind, info, uid = s.data
+        if kind == "counter":
+            if m != "count":
+                raise Diagnostic(e.func.loc, f"counter has no method {m}")
+            self.args_n(e, 1, "count")
+            i = self.coerce(self.expr(e.args[0], scope), BitT(32), e.args[0].loc, "index")
+            return V(f"_count({uid}, {i.py}, C)", VOID)
+        if kind == "direct_counter":
+            if m != "count":
+                raise Diagnostic(e.func.loc, f"direct_counter has no method {m}")
+            self.args_n(e, 0, "count")
+            return V("pass", VOID)  # bmv2 counts every hit of the owning table
+        if kind == "register":
+            assert isinstance(info, RegisterInfo)
+            elt = s.ty
+            assert isinstance(elt, BitT)
+            if m == "read":
+                self.args_n(e, 2, "read")
+                dst = self.lvalue(e.args[0], scope)
+                if dst.ty != elt:
+                    raise Diagnostic(e.args[0].loc, f"register read into {dst.ty}, register "
+                                                    f"holds {elt}")
+                i = self.coerce(self.expr(e.args[1], scope), BitT(32), e.args[1].loc, "index")
+                return V(f"{dst.py} = _rread({uid}, {i.py})", VOID)
+            if m == "write":
+                self.args_n(e, 2, "write")
+                i = self.coerce(self.expr(e.args[0], scope), BitT(32), e.args[0].loc, "index")
+                v = self.coerce(self.expr(e.args[1], scope), elt, e.args[1].loc, "value")
+                return V(f"_rwrite({uid}, {i.py}, {v.py})", VOID)
+            raise Diagnostic(e.func.loc, f"register has no method {m}")
+        raise Diagnostic(e.func.loc, f"unsupported extern method {m}")
+
+    def fields_list(self, e: A.Expr, scope: Scope, what: str) -> list[tuple[str, int]]:
+        """A ``{a, b, ...}`` list (or a struct/header) as [(python expr, width)]."""
+        if isinstance(e, A.ListExpr):
+            vals = [(self.expr(i, scope), i.loc) for i in e.items]
+        else:
+            v = self.expr(e, scope)
+            if not isinstance(v.ty, StructT):
+                raise Diagnostic(e.loc, f"{what} must be a list {{...}} or a struct")
+            vals = [(V(f"{v.py}.{attr(n)}", ft), e.loc) for n, ft in v.ty.fields]
+        out: list[tuple[str, int]] = []
+        for v, loc in vals:
+            w = bit_width(v.ty)
+            if w is None or (isinstance(v.ty, BoolT) and False):
+                raise Diagnostic(loc, f"{what}: element of type {v.ty} has no fixed width")
+            py = v.py
+            if isinstance(v.ty, BoolT):
+                py = f"(1 if {py} else 0)"
+            elif isinstance(v.ty, BitT) and v.ty.signed:
+                py = f"({py} & {(1 << w) - 1})"
+            out.append((py, w))
+        return out
+
+    def algo(self, e: A.Expr, scope: Scope) -> str:
+        v = self.expr(e, scope)
+        if not (isinstance(v.ty, EnumT) and v.ty.name == "HashAlgorithm"):
+            raise Diagnostic(e.loc, f"expected a HashAlgorithm, not {v.ty}")
+        name = next(k for k, c in v.ty.members.items() if c == v.const)
+        if name not in HASH_ALGOS:
+            raise Diagnostic(e.loc, f"HashAlgorithm.{name} is not supported (supported: "
+                                    f"{', '.join(sorted(HASH_ALGOS))})")
+        return name
+
+    def builtin_call(self, name: str, e: A.Call, scope: Scope) -> V:
+        a = e.args
+        if name == "mark_to_drop":
+            self.args_n(e, 1, name)
+            v = self.expr(a[0], scope)
+            if not (isinstance(v.ty, StructT) and v.ty.name == "standard_metadata_t"):
+                raise Diagnostic(a[0].loc, "mark_to_drop needs standard_metadata")
+            return V(f"{v.py}.egress_spec = DROP_PORT; {v.py}.mcast_grp = 0", VOID)
+        if name == "verify":
+            if self.ctl_role != "parser":
+                raise Diagnostic(e.loc, "verify() is only allowed in the parser")
+            self.args_n(e, 2, name)
+            c = self.cond(a[0], scope)
+            er = self.expr(a[1], scope)
+            if not isinstance(er.ty, ErrorT):
+                raise Diagnostic(a[1].loc, f"verify needs an error, not {er.ty}")
+            return V(f"if not {c.py}: raise _ParserError({er.py})", VOID)
+        if name in ("verify_checksum", "update_checksum", "verify_checksum_with_payload",
+                    "update_checksum_with_payload"):
+            role = "verify" if name.startswith("verify") else "compute"
+            if self.ctl_role != role:
+                where = "VerifyChecksum" if role == "verify" else "ComputeChecksum"
+                raise Diagnostic(e.loc, f"{name} is only allowed in the {where} control")
+            self.args_n(e, 4, name)
+            c = self.cond(a[0], scope)
+            fl = self.fields_list(a[1], scope, "checksum data")
+            alg = self.algo(a[3], scope)
+            pay = " + C.buf[C.payload_off:]" if name.endswith("payload") else ""
+            data = packed_bytes(fl) + pay
+            if role == "verify":
+                ck = self.expr(a[2], scope)
+                w = bit_width(ck.ty)
+                if w is None:
+                    raise Diagnostic(a[2].loc, f"checksum field of type {ck.ty}")
+                return V(f"if {c.py} and _hash_{alg}({data}, {w}) != {ck.py}: "
+                         "C.std.checksum_error = 1", VOID)
+            ck = self.lvalue(a[2], scope)
+            w = bit_width(ck.ty)
+            if w is None or not isinstance(ck.ty, BitT):
+                raise Diagnostic(a[2].loc, f"checksum field of type {ck.ty}")
+            return V(f"if {c.py}: {ck.py} = _hash_{alg}({data}, {w})", VOID)
+        if name == "hash":
+            self.args_n(e, 5, name)
+            dst = self.lvalue(a[0], scope)
+            if not isinstance(dst.ty, BitT) or dst.ty.signed:
+                raise Diagnostic(a[0].loc, f"hash result must be bit<W>, not {dst.ty}")
+            alg = self.algo(a[1], scope)
+            base = self.expr(a[2], scope)
+            mx = self.expr(a[4], scope)
+            for v, x in ((base, a[2]), (mx, a[4])):
+                if not isinstance(v.ty, (BitT, IntLitT)):
+                    raise Diagnostic(x.loc, f"hash base/max must be bit<W>, not {v.ty}")
+            fl = self.fields_list(a[3], scope, "hash data")
+            data = packed_bytes(fl)
+            m = (1 << dst.ty.width) - 1
+            return V(f"{dst.py} = _hashmod(_hash_{alg}({data}, 64 if '{alg}' == 'identity' "
+                     f"else 32), {base.py}, {mx.py}) & {m}", VOID)
+        if name == "random":
+            self.args_n(e, 3, name)
+            dst = self.lvalue(a[0], scope)
+            lo = self.coerce(self.expr(a[1], scope), dst.ty, a[1].loc)
+            hi = self.coerce(self.expr(a[2], scope), dst.ty, a[2].loc)
+            return V(f"{dst.py} = _random({lo.py}, {hi.py})", VOID)
+        if name == "digest":
+            self.args_n(e, 2, name)
+            rcv = self.coerce(self.expr(a[0], scope), BitT(32), a[0].loc, "receiver")
+            del rcv
+            st: StructT | None = None
+            if e.type_args:
+                t = self.resolve_type(e.type_args[0], scope)
+                if not isinstance(t, StructT) or t.is_header:
+                    raise Diagnostic(e.loc, f"digest type must be a struct, not {t}")
+                st = t
+            else:
+                dv = self.expr(a[1], scope)
+                if not isinstance(dv.ty, StructT) or dv.ty.is_header:
+                    raise Diagnostic(a[1].loc, "digest data must be a struct (or give digest<T>)")
+                st = dv.ty
+            fl = self.fields_list(a[1], scope, "digest data")
+            if len(fl) != len(st.fields):
+                raise Diagnostic(a[1].loc, f"digest data has {len(fl)} elements, struct "
+                                           f"{st.name} has {len(st.fields)} fields")
+            for (_p, w), (fname, ft) in zip(fl, st.fields, strict=True):
+                if bit_width(ft) != w:
+                    raise Diagnostic(a[1].loc, f"digest element for {fname} is {w} bits, "
+                                               f"field is {ft}")
+            if st.name not in self.digests:
+                self.digests[st.name] = DigestInfo(st.name, [(n, bit_width(t) or 0)
+                                                             for n, t in st.fields])
+            did = f"DIG_{st.name}"
+            items = "".join(f"_be({p}, {w}), " for p, w in fl)
+            return V(f"C.digests.append(({did}, [{items}]))", VOID)
+        if name in ("clone", "clone3", "clone_preserving_field_list"):
+            n = {"clone": 2, "clone3": 3, "clone_preserving_field_list": 3}[name]
+            self.args_n(e, n, name)
+            ct = self.expr(a[0], scope)
+            if not (isinstance(ct.ty, EnumT) and ct.ty.name == "CloneType") or ct.const is None:
+                raise Diagnostic(a[0].loc, "expected CloneType.I2E or CloneType.E2E")
+            want = "ingress" if ct.const == 0 else "egress"
+            if self.ctl_role != want:
+                raise Diagnostic(e.loc, f"clone of type {'I2E' if ct.const == 0 else 'E2E'} is "
+                                        f"only allowed in the {want} control")
+            sess = self.coerce(self.expr(a[1], scope), BitT(32), a[1].loc, "session")
+            flist = "-1"
+            if name == "clone_preserving_field_list":
+                f = self.coerce(self.expr(a[2], scope), BitT(8), a[2].loc, "field list index")
+                if f.const is None:
+                    raise Diagnostic(a[2].loc, "field list index must be a constant")
+                flist = str(f.const)
+            elif name == "clone3":
+                self.expr(a[2], scope)
+            return V(f"C.clone_type = {int(ct.const) + 1}; C.clone_session = {sess.py}; "
+                     f"C.clone_fl = {flist}", VOID)
+        if name in ("resubmit_preserving_field_list", "recirculate_preserving_field_list"):
+            self.args_n(e, 1, name)
+            want = "ingress" if name.startswith("resubmit") else "egress"
+            if self.ctl_role != want:
+                raise Diagnostic(e.loc, f"{name} is only allowed in the {want} control")
+            f = self.coerce(self.expr(a[0], scope), BitT(8), a[0].loc, "field list index")
+            if f.const is None:
+                raise Diagnostic(a[0].loc, "field list index must be a constant")
+            attr_ = "resubmit_fl" if want == "ingress" else "recirc_fl"
+            return V(f"C.{attr_} = {f.const}", VOID)
+        if name == "truncate":
+            self.args_n(e, 1, name)
+            n_ = self.coerce(self.expr(a[0], scope), BitT(32), a[0].loc, "length")
+            return V(f"C.truncate_len = {n_.py}", VOID)
+        if name == "log_msg":
+            if not a:
+                raise Diagnostic(e.loc, "log_msg needs a message")
+            for x in a:
+                self.expr(x, scope)
+            return V("pass", VOID)
+        raise Diagnostic(e.loc, f"{name} is not supported")  # pragma: no cover
+
+    def direct_action_call(self, s: Sym, e: A.Call, scope: Scope) -> V:
+        ac = self.action_ctx(s)
+        if len(e.args) != len(ac.params):
+            raise Diagnostic(e.loc, f"action {ac.name} takes {len(ac.params)} argument(s), "
+                                    f"{len(e.args)} given")
+        args = []
+        for (pn, pt, _d), x in zip(ac.params, e.args, strict=True):
+            args.append(self.coerce(self.expr(x, scope), pt, x.loc, f"argument {pn}").py)
+        self.used_action_uids.add(ac.uid)
+        return V(f"{ac.uid}(C, F{''.join(', ' + x for x in args)})", VOID)
+
+    # ------------------------------------------------------------------ statements
+    def stmts(self, ss: list[A.Stmt], scope: Scope) -> None:
+        for s in ss:
+            try:
+                self.stmt(s, scope)
+            except Diagnostic as d:
+                self.add_diag(d)
+
+    def stmt(self, s: A.Stmt, scope: Scope) -> None:
+        o = self.out
+        if isinstance(s, A.Block):
+            inner = Scope(scope)
+            n = len(o.lines)
+            self.stmts(s.stmts, inner)
+            if len(o.lines) == n:
+                o("pass")
+        elif isinstance(s, A.Empty):
+            o("pass")
+        elif isinstance(s, A.Assign):
+            if self.ctl_role == "deparser":
+                raise Diagnostic(s.loc, "assignments are not allowed in the deparser")
+            rhs = self.expr(s.rhs, scope)
+            for line in self.assign_code(s.lhs, rhs, scope, s.rhs.loc).split("\n"):
+                o(line)
+        elif isinstance(s, A.CallStmt):
+            v = self.call(s.call, scope, stmt=True) if isinstance(s.call, A.Call) else None
+            if v is None:
+                raise Diagnostic(s.loc, "not a call")
+            for line in v.py.split("\n"):
+                o(line)
+        elif isinstance(s, A.If):
+            if self.ctl_role == "parser":
+                raise Diagnostic(s.loc, "'if' is not allowed in parser states; use select")
+            c = self.cond(s.cond, scope)
+            with o.block(f"if {c.py}:"):
+                self.stmt(s.then, Scope(scope))
+            if s.other is not None:
+                with o.block("else:"):
+                    self.stmt(s.other, Scope(scope))
+        elif isinstance(s, A.Switch):
+            self.switch_stmt(s, scope)
+        elif isinstance(s, A.Exit):
+            if self.ctl_role in ("parser", "deparser"):
+                raise Diagnostic(s.loc, f"'exit' is not allowed in the {self.ctl_role}")
+            o("raise _EXIT")
+        elif isinstance(s, A.Return):
+            if s.value is not None:
+                raise Diagnostic(s.loc, "return with a value is not supported")
+            if self.ctl_role in ("parser",):
+                raise Diagnostic(s.loc, "'return' is not allowed in the parser")
+            o("raise _RETURN" if self.in_sub_apply else "return None")
+        elif isinstance(s, A.VarDecl):
+            self.local_var(s, scope, frame=False)
+        elif isinstance(s, A.Instantiation):
+            raise Diagnostic(s.loc, "instantiations are only allowed at control level")
+        else:  # pragma: no cover
+            raise Diagnostic(s.loc, f"unsupported statement {type(s).__name__}")
+
+    def default_value(self, t: Ty) -> str:
+        if isinstance(t, StructT):
+            return f"{t.pyname}()"
+        if isinstance(t, BoolT):
+            return "False"
+        if isinstance(t, (BitT, ErrorT, EnumT)):
+            return "0"
+        raise Diagnostic(Loc("<type>", 0, 0), f"cannot declare a variable of type {t}")
+
+    def local_var(self, s: A.VarDecl, scope: Scope, frame: bool) -> None:
+        ty = self.resolve_type(s.type, scope)
+        if isinstance(ty, (ExternT, IntLitT, VoidT, StrT)):
+            raise Diagnostic(s.type.loc, f"cannot declare a variable of type {ty}")
+        if scope.syms.get(s.name) is not None:
+            raise Diagnostic(s.loc, f"{s.name} is already declared in this scope")
+        if s.const:
+            if s.init is None:
+                raise Diagnostic(s.loc, "a constant needs a value")
+            v = self.coerce(self.expr(s.init, scope), ty, s.init.loc)
+            if v.const is None:
+                raise Diagnostic(s.init.loc, f"the value of constant {s.name} is not a "
+                                             "compile-time constant")
+            scope.add(s.name, Sym("const", ty, py=v.py, value=v.const))
+            return
+        init = None
+        if s.init is not None:
+            init = self.coerce(self.expr(s.init, scope), ty, s.init.loc, "initializer")
+        py = f"F.{attr(s.name)}" if frame else self.fresh(f"l_{s.name}_")
+        if frame:
+            self.frame_vars.append((attr(s.name), self.default_value(ty)))
+        if init is not None:
+            self.out(f"{py} = {init.py}{'.copy()' if isinstance(ty, StructT) else ''}")
+        elif not frame:
+            self.out(f"{py} = {self.default_value(ty)}")
+        scope.add(s.name, Sym("var", ty, py=py))
+
+    def switch_stmt(self, s: A.Switch, scope: Scope) -> None:
+        v = self.expr(s.expr, scope)
+        if not (isinstance(v.ty, OtherT) and v.ty.what == "action_run"):
+            raise Diagnostic(s.expr.loc, "switch is only supported on t.apply().action_run")
+        tc: TableCtx = v.const
+        var = self.fresh("sw")
+        self.out(f"{var} = {v.py}")
+        pending: list[str] = []
+        first = True
+        seen: set[str] = set()
+        has_default = False
+        for c in s.cases:
+            if c.label is None:
+                has_default = True
+                if pending:
+                    raise Diagnostic(c.loc, "fall-through into default is not supported")
+                if c.body is None:
+                    raise Diagnostic(c.loc, "default label needs a body")
+                with self.out.block("else:" if not first else "if True:"):
+                    self.stmt(c.body, Scope(scope))
+                first = False
+                continue
+            if has_default:
+                raise Diagnostic(c.loc, "default must be the last switch label")
+            fq = tc.local_names.get(c.label)
+            if fq is None:
+                raise Diagnostic(c.loc, f"{c.label} is not an action of table {tc.info.name}")
+            if fq in seen:
+                raise Diagnostic(c.loc, f"duplicate switch label {c.label}")
+            seen.add(fq)
+            pending.append(f"{var} == AID[{fq!r}]")
+            if c.body is None:
+                continue
+            cond = " or ".join(pending)
+            pending = []
+            with self.out.block(f"{'if' if first else 'elif'} {cond}:"):
+                self.stmt(c.body, Scope(scope))
+            first = False
+        if pending:
+            with self.out.block(f"{'if' if first else 'elif'} {' or '.join(pending)}:"):
+                self.out("pass")
+
+    # ------------------------------------------------------------------ controls
+    def action_ctx(self, s: Sym) -> ActionCtx:
+        return s.data if isinstance(s.data, ActionCtx) else self.top_action_ctx(s.data[1])
+
+    def top_action_ctx(self, d: A.ActionDecl) -> ActionCtx:
+        if d.name in self.actions_by_name:
+            return self.actions_by_name[d.name]
+        return self.define_action(d, self.g, d.name, top=True)
+
+    def fq_name(self, local: str, anns: list[A.Annotation], top: bool = False) -> str:
+        a = A.ann_get(anns, "name")
+        if a is not None and a.args and isinstance(a.args[0], str):
+            n = a.args[0]
+            if n.startswith("."):
+                return n[1:]
+            return n if top or not self.ctl_name else f"{self.ctl_name}.{n}"
+        return local if top or not self.ctl_name else f"{self.ctl_name}.{local}"
+
+    def define_action(self, d: A.ActionDecl, scope: Scope, fq: str, top: bool) -> ActionCtx:
+        params: list[tuple[str, Ty, str]] = []
+        inner = Scope(scope)
+        pys: list[str] = []
+        for p in d.params:
+            t = self.resolve_type(p.type, scope)
+            if p.direction in ("out", "inout"):
+                raise Diagnostic(p.loc, f"{p.direction} action parameters are not supported")
+            if not isinstance(t, (BitT, BoolT)) and not (isinstance(t, EnumT) and t.underlying):
+                raise Diagnostic(p.type.loc, f"action parameter {p.name} has unsupported type "
+                                             f"{t}")
+            py = self.fresh(f"p_{p.name}_")
+            pys.append(py)
+            params.append((p.name, t, p.direction))
+            inner.add(p.name, Sym("var", t, py=py, readonly="action parameters are read-only"))
+        uid = self.fresh("a_")
+        ac = ActionCtx(uid, fq, d, params)
+        self.actions_by_name.setdefault(fq, ac)
+        saved = self.out
+        self.out = Emitter()
+        with self.out.block(f"def {uid}(C, F{''.join(', ' + p for p in pys)}):"):
+            self.stmts(d.body.stmts, inner)
+        self.action_code.extend(self.out.lines)
+        self.out = saved
+        return ac
+
+    action_code: list[str]
+
+    def compile_pipeline(self, blocks: dict[str, Any]) -> None:
+        self.action_code = []
+        parser = blocks["parser"]
+        ps = parser.params
+        if len(ps) != 4:
+            self.err(parser.loc, "the v1model parser takes 4 parameters")
+            return
+        try:
+            ht = self.resolve_type(ps[1].type, self.g)
+            mt = self.resolve_type(ps[2].type, self.g)
+            st = self.resolve_type(ps[3].type, self.g)
+        except Diagnostic as d:
+            self.diags.append(d)
+            return
+        if not (isinstance(ht, StructT) and not ht.is_header):
+            self.err(ps[1].loc, f"the parsed headers must be a struct, not {ht}")
+            return
+        if not (isinstance(mt, StructT) and not mt.is_header):
+            self.err(ps[2].loc, f"the metadata must be a struct, not {mt}")
+            return
+        if not (isinstance(st, StructT) and st.name == "standard_metadata_t"):
+            self.err(ps[3].loc, "the 4th parser parameter must be standard_metadata_t")
+            return
+        self.headers_t, self.meta_t, self.std_t = ht, mt, st
+        self.gen_types()
+        roles = [("parser", "parse"), ("verify", "verify"), ("ingress", "ingress"),
+                 ("egress", "egress"), ("compute", "compute"), ("deparser", "deparse")]
+        for role, fn in roles:
+            try:
+                self.compile_block(role, fn, blocks[role])
+            except Diagnostic as d:
+                self.diags.append(d)
+        self.controller_headers()
+        self.finish_model()
+
+    def bind_params(self, role: str, d: Any, scope: Scope) -> None:
+        want = {"parser": ["packet_in", "H", "M", "S"], "verify": ["H", "M"],
+                "ingress": ["H", "M", "S"], "egress": ["H", "M", "S"], "compute": ["H", "M"],
+                "deparser": ["packet_out", "H"]}[role]
+        if len(d.params) != len(want):
+            raise Diagnostic(d.loc, f"{d.name} must take {len(want)} parameters for the {role} "
+                                    "of V1Switch")
+        for p, w in zip(d.params, want, strict=True):
+            t = self.resolve_type(p.type, scope)
+            if w in ("packet_in", "packet_out"):
+                if not (isinstance(t, ExternT) and t.name == w):
+                    raise Diagnostic(p.loc, f"parameter {p.name} must be a {w}")
+                scope.add(p.name, Sym("packet", data="in" if w == "packet_in" else "out"))
+                continue
+            exp = {"H": self.headers_t, "M": self.meta_t, "S": self.std_t}[w]
+            if t is not exp:
+                raise Diagnostic(p.type.loc, f"parameter {p.name} has type {t}, expected {exp}")
+            py = {"H": "C.hdr", "M": "C.meta", "S": "C.std"}[w]
+            ro = "" if p.direction in ("inout", "out") else \
+                f"parameter {p.name} is '{p.direction or 'directionless'}'"
+            scope.add(p.name, Sym("var", t, py=py, readonly=ro))
+
+    def compile_block(self, role: str, fn: str, d: Any) -> None:
+        self.ctl_name = (A.ann_get(d.annotations, "name") and str(
+            A.ann_get(d.annotations, "name").args[0])) or d.name  # type: ignore[union-attr]
+        self.ctl_role = role
+        self.frame_vars = []
+        scope = Scope(self.g)
+        self.bind_params(role, d, scope)
+        body = Emitter()
+        saved = self.out
+        self.out = body
+        tables: list[TableCtx] = []
+        for loc_d in d.locals:
+            try:
+                self.control_local(loc_d, scope, tables)
+            except Diagnostic as e:
+                self.add_diag(e)
+                name = getattr(loc_d, "name", None)
+                if isinstance(name, str) and scope.syms.get(name) is None:
+                    scope.add(name, Sym("poison"))
+        self.out = saved
+        init_lines = body.lines
+        o = self.out
+        fcls = f"F_{fn}"
+        with o.block(f"class {fcls}:"):
+            o(f"__slots__ = {tuple(n for n, _ in self.frame_vars)!r}")
+            with o.block("def __init__(self):"):
+                for n, dv in self.frame_vars:
+                    o(f"self.{n} = {dv}")
+        if role == "parser":
+            self.compile_parser(d, scope, fcls, init_lines)
+            return
+        with o.block(f"def {fn}(C):"):
+            o(f"F = {fcls}()" if self.frame_vars else "F = None")
+            for ln in init_lines:
+                o(ln)
+            if role == "deparser":
+                o("P = []")
+                assert d.body is not None
+                self.stmts(d.body.stmts, Scope(scope))
+                o("P.append(C.buf[C.payload_off:])")
+                o("return b''.join(P)")
+            else:
+                with o.block("try:"):
+                    assert d.body is not None
+                    self.stmts(d.body.stmts, Scope(scope))
+                with o.block("except _ExitType:"):
+                    o("pass")
+
+    def define_subcontrol(self, decl: A.ControlDecl, inst: A.Instantiation,
+                          scope: Scope) -> None:
+        if decl.proto:
+            raise Diagnostic(inst.loc, f"control {decl.name} is only declared, not defined")
+        if inst.args or decl.ctor_params:
+            raise Diagnostic(inst.loc, "control constructor parameters are not supported")
+        if scope.syms.get(inst.name):
+            raise Diagnostic(inst.loc, f"{inst.name} is already declared")
+        name = self.fq_name(inst.name, inst.annotations)
+        uid = self.fresh("sub_")
+        saved = (self.ctl_name, self.frame_vars, self.out, self.in_sub_apply)
+        self.ctl_name, self.frame_vars, self.in_sub_apply = name, [], False
+        try:
+            sc = Scope(self.g)
+            params: list[tuple[str, Ty, str]] = []
+            for p in decl.params:
+                t = self.resolve_type(p.type, sc)
+                if isinstance(t, (ExternT, IntLitT, VoidT, StrT)):
+                    raise Diagnostic(p.loc, f"sub-control parameter {p.name} of type {t} is not "
+                                            "supported")
+                dv = self.default_value(t) if p.direction == "out" or not isinstance(
+                    t, StructT) else "None"
+                self.frame_vars.append((attr(p.name), dv))
+                ro = "" if p.direction in ("inout", "out") else \
+                    f"parameter {p.name} is '{p.direction or 'directionless'}'"
+                sc.add(p.name, Sym("var", t, py=f"F.{attr(p.name)}", readonly=ro))
+                params.append((p.name, t, p.direction))
+            body = Emitter()
+            self.out = body
+            tables: list[TableCtx] = []
+            for loc_d in decl.locals:
+                try:
+                    self.control_local(loc_d, sc, tables)
+                except Diagnostic as e:
+                    self.add_diag(e)
+                    lname = getattr(loc_d, "name", None)
+                    if isinstance(lname, str) and sc.syms.get(lname) is None:
+                        sc.add(lname, Sym("poison"))
+            o = Emitter()
+            self.out = o
+            fcls = f"F_{uid}"
+            with o.block(f"class {fcls}:"):
+                o(f"__slots__ = {tuple(n for n, _ in self.frame_vars)!r}")
+                with o.block("def __init__(self):"):
+                    for n, dv in self.frame_vars:
+                        o(f"self.{n} = {dv}")
+            args = [f"a{i}" for i in range(len(params))]
+            outs = [f"F.{attr(n)}" for n, t, d in params
+                    if d in ("out", "inout") and not isinstance(t, StructT)]
+            ret = "".join(x + ", " for x in outs)
+            with o.block(f"def {uid}(C{''.join(', ' + a for a in args)}):"):
+                o(f"F = {fcls}()")
+                for (n, _t, _d), a in zip(params, args, strict=True):
+                    o(f"F.{attr(n)} = {a}")
+                for ln in body.lines:
+                    o(ln)
+                self.in_sub_apply = True
+                with o.block("try:"):
+                    assert decl.body is not None
+                    self.stmts(decl.body.stmts, Scope(sc))
+                with o.block("except _ReturnType:"):
+                    o("pass")
+                with o.block("except _ExitType:"):
+                    o(f"return (True, {ret})")
+                o(f"return (False, {ret})")
+            self.action_code.extend(o.lines)
+        finally:
+            self.ctl_name, self.frame_vars, self.out, self.in_sub_apply = saved
+        scope.add(inst.name, Sym("subctl", data=SubCtx(uid, name, params)))
+
+    def subctl_apply(self, sub: SubCtx, e: A.Call, scope: Scope) -> V:
+        if sub.applied:
+            raise Diagnostic(e.loc, f"control instance {sub.name} is applied more than once")
+        sub.applied = True
+        if len(e.args) != len(sub.params):
+            raise Diagnostic(e.loc, f"{sub.name}.apply takes {len(sub.params)} argument(s), "
+                                    f"{len(e.args)} given")
+        args: list[str] = []
+        copy_out: list[str] = []
+        for (pn, pt, d), x in zip(sub.params, e.args, strict=True):
+            if d in ("out", "inout"):
+                lv = self.lvalue(x, scope)
+                if lv.ty != pt and lv.ty is not pt:
+                    raise Diagnostic(x.loc, f"argument for {d} parameter {pn} has type {lv.ty}, "
+                                            f"expected {pt}")
+                args.append(lv.py)
+                if not isinstance(pt, StructT):
+                    copy_out.append(lv.py)
+            else:
+                args.append(self.coerce(self.expr(x, scope), pt, x.loc, f"argument {pn}").py)
+        r = self.fresh("_r")
+        lines = [f"{r} = {sub.uid}(C{''.join(', ' + a for a in args)})"]
+        lines += [f"{lv} = {r}[{i + 1}]" for i, lv in enumerate(copy_out)]
+        lines.append(f"if {r}[0]: raise _EXIT")
+        return V("\n".join(lines), VOID)
+
+    def control_local(self, d: Any, scope: Scope, tables: list[TableCtx]) -> None:
+        if isinstance(d, A.ActionDecl):
+            if self.ctl_role in ("parser", "deparser", "verify", "compute"):
+                raise Diagnostic(d.loc, f"actions are not supported in the {self.ctl_role}")
+            if scope.syms.get(d.name):
+                raise Diagnostic(d.loc, f"{d.name} is already declared")
+            ac = self.define_action(d, scope, self.fq_name(d.name, d.annotations), top=False)
+            scope.add(d.name, Sym("action", data=ac))
+        elif isinstance(d, A.TableDecl):
+            if self.ctl_role not in ("ingress", "egress"):
+                raise Diagnostic(d.loc, f"tables are not allowed in the {self.ctl_role}")
+            tc = self.table(d, scope)
+            tables.append(tc)
+            scope.add(d.name, Sym("table", data=tc))
+        elif isinstance(d, A.Instantiation):
+            self.instantiate(d, scope)
+        elif isinstance(d, A.VarDecl):
+            self.local_var(d, scope, frame=True)
+        else:
+            raise Diagnostic(d.loc, f"unsupported declaration in {self.ctl_name}")
+
+    def instantiate(self, d: A.Instantiation, scope: Scope) -> None:
+        ts = scope.lookup(d.type.name) if d.type.kind == "name" else None
+        if ts is not None and ts.kind == "control" and self.ctl_role in (
+                "ingress", "egress", "verify", "compute"):
+            self.define_subcontrol(ts.data, d, scope)
+            return
+        if ts is not None and ts.kind in ("control", "parser"):
+            raise Diagnostic(d.loc, f"instantiating {ts.kind} {d.type.name} inside "
+                                    f"{self.ctl_name} is not supported (no sub-{ts.kind}s on "
+                                    "this target)")
+        t = self.resolve_type(d.type, scope)
+        if not isinstance(t, ExternT):
+            raise Diagnostic(d.loc, f"cannot instantiate {t}" + (
+                "; sub-parsers/sub-controls are not supported" if isinstance(t, OtherT) else ""))
+        if t.name not in ("counter", "direct_counter", "register"):
+            raise Diagnostic(d.type.loc, f"extern {t.name} is not supported by this target")
+        fq = self.fq_name(d.name, d.annotations)
+        fixed = self.fixed_id(d.annotations)
+        uid = self.fresh("X")
+        consts = []
+        for x in d.args:
+            consts.append(self.expr(x, scope))
+        if t.name == "counter":
+            if len(consts) != 2 or consts[0].const is None or not isinstance(
+                    consts[1].ty, EnumT) or consts[1].ty.name != "CounterType":
+                raise Diagnostic(d.loc, "counter(size, CounterType.x) expected")
+            unit = ["PACKETS", "BYTES", "BOTH"][int(consts[1].const)]
+            info = CounterInfo(fq, int(consts[0].const), unit, fixed_id=fixed)
+            self.model.counters.append(info)
+            self.ext_binds.append((uid, "counter", info))
+            scope.add(d.name, Sym("extern_inst", data=("counter", info, uid)))
+        elif t.name == "direct_counter":
+            if len(consts) != 1 or not isinstance(consts[0].ty, EnumT) or \
+                    consts[0].ty.name != "CounterType":
+                raise Diagnostic(d.loc, "direct_counter(CounterType.x) expected")
+            unit = ["PACKETS", "BYTES", "BOTH"][int(consts[0].const)]
+            info = CounterInfo(fq, 0, unit, fixed_id=fixed)
+            self.direct_counters[fq] = info
+            scope.add(d.name, Sym("extern_inst", data=("direct_counter", info, uid)))
+        else:
+            if len(t.args) != 1 or not isinstance(t.args[0], BitT):
+                raise Diagnostic(d.type.loc, "register<bit<W>> or register<int<W>> expected")
+            if len(consts) != 1 or consts[0].const is None:
+                raise Diagnostic(d.loc, "register(size) with a constant size expected")
+            rinfo = RegisterInfo(fq, int(consts[0].const), t.args[0].width, fixed_id=fixed)
+            self.model.registers.append(rinfo)
+            self.ext_binds.append((uid, "register", rinfo))
+            scope.add(d.name, Sym("extern_inst", t.args[0], data=("register", rinfo, uid)))
+
+    @staticmethod
+    def fixed_id(anns: list[A.Annotation]) -> int | None:
+        a = A.ann_get(anns, "id")
+        if a is not None and a.args and isinstance(a.args[0], int):
+            return a.args[0]
+        return None
+
+    # ------------------------------------------------------------------ tables
+    def table(self, d: A.TableDecl, scope: Scope) -> TableCtx:
+        fq = self.fq_name(d.name, d.annotations)
+        props = {p.name: p for p in d.properties}
+        for p in d.properties:
+            if p.name not in ("key", "actions", "default_action", "size", "entries", "counters",
+                              "support_timeout"):
+                raise Diagnostic(p.loc, f"table property {p.name} is not supported")
+        mk = self.g.lookup("$match_kind")
+        kinds_ok = {"exact", "lpm", "ternary", "range", "optional"}
+        keys: list[KeyInfo] = []
+        key_py: list[str] = []
+        if "key" in props:
+            for i, k in enumerate(props["key"].keys or []):
+                if mk is None or k.match_kind not in mk.data:
+                    raise Diagnostic(k.loc, f"unknown match kind {k.match_kind}")
+                if k.match_kind not in kinds_ok:
+                    raise Diagnostic(k.loc, f"match kind {k.match_kind} is not supported")
+                v = self.expr(k.expr, scope)
+                w = bit_width(v.ty)
+                if w is None:
+                    raise Diagnostic(k.expr.loc, f"key of type {v.ty} cannot be matched")
+                py = v.py
+                if isinstance(v.ty, BoolT):
+                    py = f"(1 if {py} else 0)"
+                elif isinstance(v.ty, BitT) and v.ty.signed:
+                    py = f"({py} & {(1 << w) - 1})"
+                kn = A.ann_get(k.annotations, "name")
+                name = str(kn.args[0]) if kn and kn.args else expr_text(k.expr)
+                keys.append(KeyInfo(i + 1, name, w, k.match_kind))
+                key_py.append(py)
+        if sum(1 for k in keys if k.match_kind == "lpm") > 1:
+            raise Diagnostic(d.loc, f"table {d.name} has more than one lpm key (bmv2 allows one)")
+        if "actions" not in props:
+            raise Diagnostic(d.loc, f"table {d.name} has no actions property")
+        acts: dict[str, ActionCtx] = {}
+        local_names: dict[str, str] = {}
+        scopes: dict[str, str] = {}
+        for ar in props["actions"].actions or []:
+            s = (self.g if ar.name.startswith(".") else scope).lookup(ar.name.lstrip("."))
+            if s is None or s.kind != "action":
+                raise Diagnostic(ar.loc, f"{ar.name} is not an action")
+            if ar.args:
+                raise Diagnostic(ar.loc, "action arguments bound in the actions list are not "
+                                         "supported")
+            ac = self.action_ctx(s)
+            if any(dd for _n, _t, dd in ac.params):
+                raise Diagnostic(ar.loc, f"action {ac.name} has directional parameters and "
+                                         "cannot be used in a table")
+            if ac.name in acts:
+                raise Diagnostic(ar.loc, f"action {ar.name} listed twice")
+            acts[ac.name] = ac
+            local_names[ar.name.lstrip(".")] = ac.name
+            local_names.setdefault(ac.name, ac.name)
+            if A.ann_get(ar.annotations, "defaultonly"):
+                scopes[ac.name] = "DEFAULT_ONLY"
+            elif A.ann_get(ar.annotations, "tableonly"):
+                scopes[ac.name] = "TABLE_ONLY"
+        const_default = False
+        if "default_action" in props:
+            p = props["default_action"]
+            const_default = p.const
+            de = p.value
+            assert de is not None
+            dcall = de if isinstance(de, A.Call) else A.Call(de.loc, de, [], [])
+            if not isinstance(dcall.func, A.Name):
+                raise Diagnostic(de.loc, "default_action must be an action call")
+            s = scope.lookup(dcall.func.name)
+            if s is None or s.kind != "action":
+                raise Diagnostic(de.loc, f"{dcall.func.name} is not an action")
+            dac = self.action_ctx(s)
+            if dac.name not in acts:
+                raise Diagnostic(de.loc, f"default action {dcall.func.name} is not in the "
+                                         f"actions of table {d.name}")
+            if scopes.get(dac.name) == "TABLE_ONLY":
+                raise Diagnostic(de.loc, f"action {dcall.func.name} is @tableonly")
+            dargs = self.const_args(dac, dcall.args, de.loc, scope)
+        else:
+            nas = self.g.lookup("NoAction")
+            if nas is None:
+                raise Diagnostic(d.loc, "NoAction is not declared (include <core.p4>)")
+            dac = self.action_ctx(nas)
+            if dac.name not in acts:
+                acts[dac.name] = dac
+                scopes[dac.name] = "DEFAULT_ONLY"
+            dargs = ()
+        size = 1024
+        if "size" in props:
+            sv = self.expr(props["size"].value, scope)  # type: ignore[arg-type]
+            if sv.const is None or int(sv.const) <= 0:
+                raise Diagnostic(props["size"].loc, "size must be a positive constant")
+            size = int(sv.const)
+        dc_name: str | None = None
+        if "counters" in props:
+            cv = props["counters"].value
+            s = scope.lookup(cv.name) if isinstance(cv, A.Name) else None
+            if s is None or s.kind != "extern_inst" or s.data[0] != "direct_counter":
+                raise Diagnostic(props["counters"].loc, "counters must name a direct_counter")
+            dci: CounterInfo = s.data[1]
+            if dci.direct_table:
+                raise Diagnostic(props["counters"].loc, f"direct counter {dci.name} is already "
+                                                        f"used by table {dci.direct_table}")
+            dci.direct_table = fq
+            dc_name = dci.name
+        entries: list[ConstEntry] = []
+        is_const = False
+        if "entries" in props:
+            p = props["entries"]
+            is_const = p.const
+            if not p.const:
+                raise Diagnostic(p.loc, "only 'const entries' are supported")
+            ents = p.entries or []
+            for idx, ent in enumerate(ents):
+                entries.append(self.const_entry(ent, keys, acts, local_names, scope,
+                                                len(ents) - idx))
+        uid = self.fresh("t_")
+        info = TableInfo(fq, keys, list(acts), scopes, dac.name, dargs, const_default, size,
+                         is_const, entries, dc_name, fixed_id=self.fixed_id(d.annotations))
+        tc = TableCtx(uid, info, acts, local_names=local_names)
+        self.tables.append(tc)
+        self.model.tables.append(info)
+        o = Emitter()
+        with o.block(f"def {uid}(C, F):"):
+            kt = "(" + "".join(k + ", " for k in key_py) + ")"
+            o(f"a, args, hit = T_{uid}.lookup({kt}, C.std.packet_length)")
+            o(f"ACT_{uid}[a](C, F, *args)")
+            o("return a, hit")
+        self.action_code.extend(o.lines)
+        return tc
+
+    def const_args(self, ac: ActionCtx, args: list[A.Expr], loc: Loc,
+                   scope: Scope) -> tuple[int, ...]:
+        if len(args) != len(ac.params):
+            raise Diagnostic(loc, f"action {ac.name} takes {len(ac.params)} argument(s), "
+                                  f"{len(args)} given")
+        out = []
+        for (pn, pt, _d), x in zip(ac.params, args, strict=True):
+            v = self.coerce(self.expr(x, scope), pt, x.loc, f"argument {pn}")
+            if v.const is None:
+                raise Diagnostic(x.loc, "action arguments here must be compile-time constants")
+            c = int(v.const)
+            if isinstance(pt, BitT) and pt.signed:
+                c &= (1 << pt.width) - 1
+            out.append(c)
+        return tuple(out)
+
+    def const_entry(self, ent: A.TableEntryDecl, keys: list[KeyInfo],  # noqa: PLR0917
+                    acts: dict[str, ActionCtx], local_names: dict[str, str], scope: Scope,
+                    prio: int) -> ConstEntry:
+        if len(ent.keys) != len(keys):
+            raise Diagnostic(ent.loc, f"entry has {len(ent.keys)} key values, table has "
+                                      f"{len(keys)} keys")
+        matches: dict[int, tuple[str, int, int]] = {}
+        for k, ks in zip(keys, ent.keys, strict=True):
+            full = (1 << k.bitwidth) - 1
+            t = BitT(k.bitwidth)
+
+            def cv(x: A.Expr, t: BitT = t) -> int:
+                v = self.expr(x, scope)
+                if isinstance(v.ty, BoolT) and t.width == 1:
+                    v = V(str(int(v.const)), t, None if v.const is None else int(v.const))
+                elif isinstance(v.ty, EnumT) and v.ty.underlying:
+                    v = V(v.py, v.ty.underlying, v.const)
+                v = self.coerce(v, t, x.loc, "key value")
+                if v.const is None:
+                    raise Diagnostic(x.loc, "entry key values must be compile-time constants")
+                return int(v.const)
+
+            if isinstance(ks, A.Default):
+                if k.match_kind == "exact":
+                    raise Diagnostic(ks.loc, f"exact key {k.name} cannot be a wildcard")
+                continue
+            if isinstance(ks, A.Mask):
+                v, m = cv(ks.value), cv(ks.mask)
+                if k.match_kind == "lpm":
+                    plen = bin(m).count("1")
+                    if m != (full ^ ((1 << (k.bitwidth - plen)) - 1)):
+                        raise Diagnostic(ks.loc, "lpm mask must be a prefix mask")
+                    matches[k.id] = ("lpm", v & m, plen)
+                elif k.match_kind == "ternary":
+                    matches[k.id] = ("ternary", v & m, m)
+                else:
+                    raise Diagnostic(ks.loc, f"a mask cannot be used with a {k.match_kind} key")
+            elif isinstance(ks, A.RangeKS):
+                if k.match_kind != "range":
+                    raise Diagnostic(ks.loc, f"a range cannot be used with a {k.match_kind} key")
+                matches[k.id] = ("range", cv(ks.lo), cv(ks.hi))
+            else:
+                v = cv(ks)
+                if k.match_kind == "exact":
+                    matches[k.id] = ("exact", v, 0)
+                elif k.match_kind == "lpm":
+                    matches[k.id] = ("lpm", v, k.bitwidth)
+                elif k.match_kind == "ternary":
+                    matches[k.id] = ("ternary", v, full)
+                elif k.match_kind == "range":
+                    matches[k.id] = ("range", v, v)
+                else:
+                    matches[k.id] = ("optional", v, 0)
+        an = ent.action.name.lstrip(".")
+        fq = local_names.get(an)
+        if fq is None:
+            raise Diagnostic(ent.action.loc, f"{an} is not an action of this table")
+        ac = acts[fq]
+        args = self.const_args(ac, ent.action.args, ent.action.loc, scope)
+        needs_prio = any(k.match_kind in ("ternary", "range", "optional") for k in keys)
+        if ent.priority is not None:
+            pv = self.expr(ent.priority, scope)
+            if pv.const is None:
+                raise Diagnostic(ent.priority.loc, "priority must be a constant")
+            prio = int(pv.const)
+        return ConstEntry(matches, fq, args, prio if needs_prio else 0)
+
+    # ------------------------------------------------------------------ parser
+    def compile_parser(self, d: A.ParserDecl, scope: Scope, fcls: str,
+                       init_lines: list[str]) -> None:
+        o = self.out
+        states = {s.name: s for s in d.states}
+        if "start" not in states:
+            raise Diagnostic(d.loc, f"parser {d.name} has no start state")
+        for s in d.states:
+            if s.name in ("accept", "reject"):
+                raise Diagnostic(s.loc, f"state {s.name} cannot be defined")
+        pyname = {n: f"ps_{n}" for n in states}
+
+        def target(name: str, loc: Loc) -> str:
+            if name == "accept":
+                return "None"
+            if name == "reject":
+                raise Diagnostic(loc, "explicit 'reject' is not supported on bmv2; use "
+                                      "verify(cond, error.X)")
+            if name not in states:
+                raise Diagnostic(loc, f"unknown parser state {name}")
+            return pyname[name]
+
+        for s in d.states:
+            try:
+                with o.block(f"def {pyname[s.name]}(C, F):"):
+                    sc = Scope(scope)
+                    self.stmts(s.stmts, sc)
+                    tr = s.transition
+                    if tr is None:
+                        raise Diagnostic(s.loc, f"state {s.name} has no transition")
+                    if tr.select is None:
+                        o(f"return {target(tr.state or '', tr.loc)}")
+                    else:
+                        self.select(tr, sc, target)
+            except Diagnostic as e:
+                self.diags.append(e)
+        with o.block("def parse(C):"):
+            o(f"F = {fcls}()" if self.frame_vars else "F = None")
+            for ln in init_lines:
+                o(ln)
+            o("s = ps_start")
+            o("n = 0")
+            with o.block("while s is not None:"):
+                o("s = s(C, F)")
+                o("n += 1")
+                with o.block("if n > 1000:"):
+                    o(f"raise _ParserError({self.errors.get('ParserTimeout', 5)})")
+
+    def select(self, tr: A.Transition, scope: Scope, target: Any) -> None:
+        o = self.out
+        assert tr.select is not None and tr.cases is not None
+        kv = [self.expr(x, scope) for x in tr.select]
+        kvars = []
+        for i, v in enumerate(kv):
+            if isinstance(v.ty, (IntLitT, StructT, ListT, OtherT)):
+                raise Diagnostic(tr.select[i].loc, f"cannot select on a value of type {v.ty}")
+            kvars.append(f"k{i}")
+            o(f"k{i} = {v.py}")
+        default_seen = False
+        for c in tr.cases:
+            tgt = target(c.state, c.loc)
+            ks = c.keyset
+            items = ks.items if isinstance(ks, A.ListExpr) else [ks]
+            if len(items) == 1 and isinstance(items[0], A.Default):
+                o(f"return {tgt}")
+                default_seen = True
+                break
+            if len(items) != len(kv):
+                raise Diagnostic(c.loc, f"keyset has {len(items)} elements, select has "
+                                        f"{len(kv)}")
+            conds: list[str] = []
+            for it, k, kvar in zip(items, kv, kvars, strict=True):
+                conds.extend(self.keyset_cond(it, k, kvar, scope))
+            o(f"if {' and '.join(conds) or 'True'}: return {tgt}")
+        if not default_seen:
+            o(f"raise _ParserError({self.errors['NoMatch']})")
+
+    def keyset_cond(self, it: A.Expr, k: V, kvar: str, scope: Scope) -> list[str]:
+        def const(x: A.Expr) -> int:
+            v = self.expr(x, scope)
+            if isinstance(k.ty, (BoolT, ErrorT, EnumT)):
+                if v.ty != k.ty and v.ty is not k.ty:
+                    raise Diagnostic(x.loc, f"keyset value has type {v.ty}, select key {k.ty}")
+            else:
+                v = self.coerce(v, k.ty, x.loc, "keyset value")
+            if v.const is None:
+                raise Diagnostic(x.loc, "keyset values must be compile-time constants")
+            return int(v.const)
+
+        if isinstance(it, A.Default):
+            return []
+        if isinstance(it, A.Mask):
+            if not isinstance(k.ty, BitT):
+                raise Diagnostic(it.loc, f"a mask needs a bit<W> key, not {k.ty}")
+            v, m = const(it.value), const(it.mask)
+            return [f"({kvar} & {m}) == {v & m}"]
+        if isinstance(it, A.RangeKS):
+            lo, hi = const(it.lo), const(it.hi)
+            return [f"{lo} <= {kvar} <= {hi}"]
+        v = const(it)
+        if isinstance(k.ty, BoolT):
+            return [f"{kvar} == {bool(v)}"]
+        return [f"{kvar} == {v}"]
+
+    # ------------------------------------------------------------------ types code
+    def gen_types(self) -> None:
+        o = self.out
+        for t in self.structs:
+            with o.block(f"class {t.pyname}:"):
+                slots = (["_v_"] if t.is_header else []) + [attr(n) for n, _ in t.fields]
+                o(f"__slots__ = {tuple(slots)!r}")
+                with o.block("def __init__(self):"):
+                    if t.is_header:
+                        o("self._v_ = False")
+                    for n, ft in t.fields:
+                        o(f"self.{attr(n)} = {self.default_value(ft)}")
+                with o.block("def copy(self):"):
+                    o(f"n = object.__new__({t.pyname})")
+                    if t.is_header:
+                        o("n._v_ = self._v_")
+                    for n, ft in t.fields:
+                        a = attr(n)
+                        o(f"n.{a} = self.{a}{'.copy()' if isinstance(ft, StructT) else ''}")
+                    o("return n")
+            if t.is_header:
+                self.gen_header_codec(t)
+
+    def gen_header_codec(self, t: StructT) -> None:
+        o = self.out
+        total = t.width
+        nb = total // 8
+        with o.block(f"def _unpack_{t.name}(h, v):"):
+            shift = total
+            for n, ft in t.fields:
+                w = bit_width(ft) or 0
+                shift -= w
+                m = (1 << w) - 1
+                ex = f"(v >> {shift}) & {m}" if shift else f"v & {m}"
+                if isinstance(ft, BitT) and ft.signed:
+                    h = 1 << (w - 1)
+                    ex = f"(({ex}) ^ {h}) - {h}"
+                o(f"h.{attr(n)} = {ex}")
+            o("h._v_ = True")
+        with o.block(f"def _ext_{t.name}(C, h):"):
+            o("o = C.off")
+            o(f"e = o + {nb}")
+            with o.block("if e > len(C.buf):"):
+                o(f"raise _ParserError({self.errors['PacketTooShort']})")
+            o("C.off = e")
+            o(f"_unpack_{t.name}(h, int.from_bytes(C.buf[o:e], 'big'))")
+        with o.block(f"def _look_{t.name}(C):"):
+            o(f"h = {t.pyname}()")
+            o(f"_unpack_{t.name}(h, _peek(C, {total}))")
+            o("return h")
+        with o.block(f"def _pk_{t.name}(h):"):
+            parts = []
+            shift = total
+            for n, ft in t.fields:
+                w = bit_width(ft) or 0
+                shift -= w
+                src = f"h.{attr(n)}"
+                if isinstance(ft, BitT) and ft.signed:
+                    src = f"({src} & {(1 << w) - 1})"
+                parts.append(f"({src} << {shift})" if shift else src)
+            o(f"return ({' | '.join(parts) or '0'}).to_bytes({nb}, 'big')")
+
+    def controller_headers(self) -> None:
+        for t in self.structs:
+            a = A.ann_get(t.annotations, "controller_header")
+            if a is None or not t.is_header:
+                continue
+            if not a.args or a.args[0] not in ("packet_in", "packet_out"):
+                self.err(a.loc, "@controller_header needs \"packet_in\" or \"packet_out\"")
+                continue
+            flds = [(i + 1, n, bit_width(ft) or 0) for i, (n, ft) in enumerate(t.fields)]
+            self.model.controller_headers.append(
+                ControllerHeaderInfo(str(a.args[0]), flds))
+
+    def finish_model(self) -> None:
+        if self.diags:
+            return
+        for name in [*dict.fromkeys(n for tc in self.tables for n in tc.info.action_names)]:
+            ac = self.actions_by_name[name]
+            ps = [ParamInfo(i + 1, n, bit_width(t) or 0) for i, (n, t, _d) in
+                  enumerate(ac.params)]
+            anns: list[str] = []
+            ac.info = ActionInfo(name, ps, anns, fixed_id=self.fixed_id(ac.decl.annotations))
+            self.model.actions.append(ac.info)
+        for dc in self.direct_counters.values():
+            if dc.direct_table is None:
+                continue  # unused direct counter: p4c omits it too
+            self.model.direct_counters.append(dc)
+        self.model.digests.extend(self.digests.values())
+        self.model.errors = list(self.errors)
+
+    # ------------------------------------------------------------------ output
+    def module_source(self) -> str:
+        """The generated module (call after ids are assigned)."""
+        o = self.out
+        lines = list(o.lines) + list(self.action_code)
+        tr = list(self.trailer)
+        aid = {a.name: a.id for a in self.model.actions}
+        for ac in self.actions_by_name.values():
+            if ac.name not in aid and ac.uid:
+                aid.setdefault(ac.name, -1)
+        tr.append(f"AID = {aid!r}")
+        for tc in self.tables:
+            tr.append(f"T_{tc.uid} = R.tables_by_name[{tc.info.name!r}]")
+            items = ", ".join(f"{aid[n]}: {self.actions_by_name[n].uid}"
+                              for n in tc.info.action_names)
+            tr.append(f"ACT_{tc.uid} = {{{items}}}")
+        for d in self.model.digests:
+            tr.append(f"DIG_{d.name} = {d.id}")
+        for uid, kind, info in self.ext_binds:
+            tr.append(f"{uid} = R.{'counters' if kind == 'counter' else 'registers'}[{info.id}]")
+        tr.append("DROP_PORT = R.drop_port")
+        return "\n".join(lines + self.runtime_code() + tr) + "\n"
+
+    def runtime_code(self) -> list[str]:
+        """new_ctx / copy_ctx / reset_meta / preserve for this program's types."""
+        assert self.headers_t and self.meta_t and self.std_t
+        o = Emitter()
+        ht, mt, st = self.headers_t.pyname, self.meta_t.pyname, self.std_t.pyname
+        with o.block("def new_ctx(frame):"):
+            o("C = PacketCtx()")
+            o(f"C.hdr = {ht}()")
+            o(f"C.meta = {mt}()")
+            o(f"C.std = {st}()")
+            o("C.buf = frame")
+            o("return C")
+        with o.block("def copy_ctx(C):"):
+            o("K = PacketCtx()")
+            o("K.hdr = C.hdr.copy()")
+            o("K.meta = C.meta.copy()")
+            o("K.std = C.std.copy()")
+            o("K.buf = C.buf")
+            o("K.off = C.off")
+            o("K.payload_off = C.payload_off")
+            o("K.truncate_len = C.truncate_len")
+            o("return K")
+        with o.block("def reset_meta(C):"):
+            o(f"C.meta = {mt}()")
+            o(f"C.std = {st}()")
+        lists: dict[int, list[str]] = {}
+        for n, ft in self.meta_t.fields:
+            a = A.ann_get(self.meta_t.field_anns.get(n, []), "field_list")
+            if a is None:
+                continue
+            for idx in a.args:
+                if isinstance(idx, int):
+                    cp = ".copy()" if isinstance(ft, StructT) else ""
+                    lists.setdefault(idx, []).append(f"D.meta.{attr(n)} = S.meta.{attr(n)}{cp}")
+        with o.block("def preserve(S, D, idx):"):
+            for idx, assigns in sorted(lists.items()):
+                with o.block(f"if idx == {idx}:"):
+                    for a_ in assigns:
+                        o(a_)
+        return o.lines
+
+
+def packed_bytes(fl: list[tuple[str, int]]) -> str:
+    """Python for the bytes of (value, width) fields packed MSB-first, zero-padded at the end
+    to whole bytes (how bmv2 serialises a field list for checksums and hashes)."""
+    total = sum(w for _, w in fl)
+    pad = (-total) % 8
+    if total == 0:
+        return "b''"
+    parts = []
+    shift = total + pad
+    for p, w in fl:
+        shift -= w
+        parts.append(f"({p} << {shift})" if shift else p)
+    return f"({' | '.join(parts)}).to_bytes({(total + pad) // 8}, 'big')"
+
+
+def data_items(items: list[V]) -> Any:
+    return None
+
+
+def expr_text(e: A.Expr) -> str:
+    """Source-like text of a key expression (P4Info match-field names)."""
+    if isinstance(e, A.Name):
+        return ("." if e.top else "") + e.name
+    if isinstance(e, A.Member):
+        return f"{expr_text(e.expr)}.{e.name}"
+    if isinstance(e, A.Call):
+        return f"{expr_text(e.func)}({', '.join(expr_text(a) for a in e.args)})"
+    if isinstance(e, A.Slice):
+        return f"{expr_text(e.expr)}[{expr_text(e.hi)}:{expr_text(e.lo)}]"
+    if isinstance(e, A.IntLit):
+        return e.text or str(e.value)
+    if isinstance(e, A.Index):
+        return f"{expr_text(e.expr)}[{expr_text(e.index)}]"
+    if isinstance(e, A.Cast):
+        return f"({e.type.kind}) {expr_text(e.expr)}"
+    if isinstance(e, A.Binary):
+        return f"{expr_text(e.left)} {e.op} {expr_text(e.right)}"
+    return "<expr>"

@@ -1,0 +1,122 @@
+"""The control-plane model of a checked program: what P4Info describes and the runtime needs.
+
+Ids are P4Runtime ids (assigned by :func:`shadowgrad.bmv2_testbed.p4info.assign_ids` with p4c's
+algorithm); ``0`` until assigned.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class ParamInfo:
+    id: int
+    name: str
+    bitwidth: int
+
+
+@dataclass
+class ActionInfo:
+    name: str  # fully qualified, e.g. "MyIngress.drop" or "NoAction"
+    params: list[ParamInfo]
+    annotations: list[str] = field(default_factory=list)
+    id: int = 0
+    fixed_id: int | None = None
+    alias: str = ""
+
+
+@dataclass
+class KeyInfo:
+    id: int
+    name: str
+    bitwidth: int
+    match_kind: str  # exact lpm ternary range optional
+
+
+@dataclass
+class ConstEntry:
+    """A ``const entries`` entry: matches[field_id] = (kind, a, b) with kind in
+    exact(v) lpm(v, plen) ternary(v, mask) range(lo, hi) optional(v)."""
+
+    matches: dict[int, tuple[str, int, int]]
+    action_name: str
+    args: tuple[int, ...]
+    priority: int
+
+
+@dataclass
+class TableInfo:
+    name: str
+    keys: list[KeyInfo]
+    action_names: list[str]
+    scopes: dict[str, str]  # action name -> TABLE_AND_DEFAULT | TABLE_ONLY | DEFAULT_ONLY
+    default_action_name: str
+    default_args: tuple[int, ...]
+    const_default: bool
+    size: int
+    is_const: bool
+    const_entries_src: list[ConstEntry]
+    direct_counter_name: str | None = None
+    id: int = 0
+    fixed_id: int | None = None
+    alias: str = ""
+    # filled after id assignment
+    action_ids: list[int] = field(default_factory=list)
+    scope_ids: dict[int, str] = field(default_factory=dict)
+    default_action: tuple[int, tuple[int, ...]] = (0, ())
+    direct_counter_id: int | None = None
+    const_entries: list[ConstEntry] = field(default_factory=list)
+    annotations: list[str] = field(default_factory=list)
+
+
+@dataclass
+class CounterInfo:
+    name: str
+    size: int
+    unit: str  # PACKETS BYTES BOTH
+    direct_table: str | None = None
+    id: int = 0
+    fixed_id: int | None = None
+    alias: str = ""
+    direct_table_id: int = 0
+
+
+@dataclass
+class RegisterInfo:
+    name: str
+    size: int
+    bitwidth: int
+    id: int = 0
+    fixed_id: int | None = None
+    alias: str = ""
+
+
+@dataclass
+class DigestInfo:
+    name: str  # the struct type name
+    members: list[tuple[str, int]]
+    id: int = 0
+    fixed_id: int | None = None
+    alias: str = ""
+
+
+@dataclass
+class ControllerHeaderInfo:
+    name: str  # "packet_in" / "packet_out"
+    fields: list[tuple[int, str, int]]  # (id, name, bitwidth)
+    id: int = 0
+    fixed_id: int | None = None
+    alias: str = ""
+
+
+@dataclass
+class ProgramModel:
+    actions: list[ActionInfo] = field(default_factory=list)
+    tables: list[TableInfo] = field(default_factory=list)
+    counters: list[CounterInfo] = field(default_factory=list)
+    direct_counters: list[CounterInfo] = field(default_factory=list)
+    registers: list[RegisterInfo] = field(default_factory=list)
+    digests: list[DigestInfo] = field(default_factory=list)
+    controller_headers: list[ControllerHeaderInfo] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)

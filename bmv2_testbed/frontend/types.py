@@ -1,0 +1,133 @@
+"""Semantic types of the checked subset."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from . import ast as A  # noqa: N812
+
+
+class Ty:
+    def __str__(self) -> str:  # pragma: no cover - overridden
+        return type(self).__name__
+
+
+@dataclass(frozen=True)
+class BitT(Ty):
+    width: int
+    signed: bool = False
+
+    def __str__(self) -> str:
+        return f"{'int' if self.signed else 'bit'}<{self.width}>"
+
+
+@dataclass(frozen=True)
+class IntLitT(Ty):
+    def __str__(self) -> str:
+        return "int"
+
+
+@dataclass(frozen=True)
+class BoolT(Ty):
+    def __str__(self) -> str:
+        return "bool"
+
+
+@dataclass(frozen=True)
+class StrT(Ty):
+    def __str__(self) -> str:
+        return "string"
+
+
+@dataclass(frozen=True)
+class VoidT(Ty):
+    def __str__(self) -> str:
+        return "void"
+
+
+@dataclass(frozen=True)
+class ErrorT(Ty):
+    def __str__(self) -> str:
+        return "error"
+
+
+@dataclass(eq=False)
+class EnumT(Ty):
+    name: str
+    members: dict[str, int]
+    underlying: BitT | None
+
+    def __str__(self) -> str:
+        return f"enum {self.name}"
+
+
+@dataclass(eq=False)
+class StructT(Ty):
+    """A header (``is_header``) or a struct."""
+
+    name: str
+    is_header: bool
+    fields: list[tuple[str, Ty]] = field(default_factory=list)
+    field_anns: dict[str, list[A.Annotation]] = field(default_factory=dict)
+    annotations: list[A.Annotation] = field(default_factory=list)
+    pyname: str = ""
+
+    def __str__(self) -> str:
+        return f"{'header' if self.is_header else 'struct'} {self.name}"
+
+    def field(self, name: str) -> Ty | None:
+        for n, t in self.fields:
+            if n == name:
+                return t
+        return None
+
+    @property
+    def width(self) -> int:
+        return sum(t.width for _, t in self.fields if isinstance(t, BitT)) + sum(
+            t.underlying.width for _, t in self.fields
+            if isinstance(t, EnumT) and t.underlying is not None)
+
+
+@dataclass(eq=False)
+class ExternT(Ty):
+    name: str
+    args: list[Ty] = field(default_factory=list)
+
+    def __str__(self) -> str:
+        return f"extern {self.name}"
+
+
+@dataclass(eq=False)
+class ListT(Ty):
+    items: list[Ty]
+
+    def __str__(self) -> str:
+        return "{" + ", ".join(map(str, self.items)) + "}"
+
+
+@dataclass(eq=False)
+class ApplyT(Ty):
+    """The result of ``t.apply()``."""
+
+    table: object
+
+    def __str__(self) -> str:
+        return "table apply result"
+
+
+@dataclass(eq=False)
+class OtherT(Ty):
+    what: str
+
+    def __str__(self) -> str:
+        return self.what
+
+
+def bit_width(t: Ty) -> int | None:
+    if isinstance(t, BitT):
+        return t.width
+    if isinstance(t, EnumT) and t.underlying is not None:
+        return t.underlying.width
+    if isinstance(t, BoolT):
+        return 1
+    return None

@@ -1,0 +1,414 @@
+"""A compiled P4 pipeline: front end → checked program → Python code + P4Info, and its artefact.
+
+``Pipeline.compile(path_or_source)`` preprocesses, parses and checks a v1model program, assigns
+P4Runtime ids the way p4c does, and generates one Python module (a class per header/struct, a
+function per parser state, action, table and control). The module's code object is compiled
+once here; each :class:`~shadowgrad.bmv2_testbed.dataplane.Dataplane` executes it once to bind
+its runtime state, so no AST is walked per packet.
+
+The **pipeline artefact** (``to_device_config()``; the P4Runtime ``p4_device_config``) is UTF-8
+JSON::
+
+    {"format": "shadowgrad-p4-pipeline", "version": 1, "main": "<display name of the program>",
+     "files": {"<display name>": "<source text>", ...}, "include_dirs": [...]}
+
+i.e. the program and every non-builtin file it included, so the target can rebuild the exact
+pipeline (``from_device_config``) without the files. bmv2's JSON starts with ``{"header_types"``
+and is refused with a clear error.
+"""
+
+from __future__ import annotations
+
+import json
+import random as _random_mod
+import sys
+import zlib
+from array import array
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from shadowgrad.errors import ShadowgradError
+
+from . import p4info as _p4info
+from .frontend.checker import Checker
+from .frontend.diagnostics import Diagnostic
+from .frontend.lexer import Preprocessor, lex
+from .frontend.model import (
+    ActionInfo,
+    ConstEntry,
+    ControllerHeaderInfo,
+    CounterInfo,
+    DigestInfo,
+    KeyInfo,
+    ParamInfo,
+    ProgramModel,
+    RegisterInfo,
+    TableInfo,
+)
+from .frontend.parser import parse_tokens
+
+__all__ = [
+    "ARTEFACT_FORMAT",
+    "ActionInfo",
+    "ConstEntry",
+    "ControllerHeaderInfo",
+    "CounterInfo",
+    "DigestInfo",
+    "KeyInfo",
+    "P4CompileError",
+    "PacketCtx",
+    "ParamInfo",
+    "Pipeline",
+    "RegisterInfo",
+    "TableInfo",
+]
+
+ARTEFACT_FORMAT = "shadowgrad-p4-pipeline"
+
+
+class P4CompileError(ShadowgradError, ValueError):
+    """The P4 source was rejected; ``diagnostics`` lists ``file:line:col: message`` lines."""
+
+    def __init__(self, diagnostics: list[str]) -> None:
+        self.diagnostics = diagnostics
+        super().__init__("\n".join(diagnostics))
+
+
+# ------------------------------------------------------------------------- runtime helpers
+class _ParserError(Exception):
+    def __init__(self, code: int) -> None:
+        self.code = code
+
+
+class _Exit(Exception):  # noqa: N818 - internal control flow
+    pass
+
+
+_EXIT = _Exit()
+
+
+class _Return(Exception):  # noqa: N818 - internal control flow
+    pass
+
+
+_RETURN = _Return()
+
+
+class PacketCtx:
+    """Per-packet state the generated code works on (headers, metadata, buffer, TM flags)."""
+
+    __slots__ = ("buf", "clone_fl", "clone_session", "clone_type", "digests", "hdr", "meta",
+                 "off", "payload_off", "recirc_fl", "resubmit_fl", "std", "truncate_len")
+
+    def __init__(self) -> None:
+        self.hdr: Any = None
+        self.meta: Any = None
+        self.std: Any = None
+        self.buf = b""
+        self.off = 0
+        self.payload_off = 0
+        self.clone_type = 0
+        self.clone_session = 0
+        self.clone_fl = -1
+        self.resubmit_fl = -1
+        self.recirc_fl = -1
+        self.digests: list[tuple[int, list[bytes]]] = []
+        self.truncate_len = 0
+
+
+def _peek(ctx: PacketCtx, bits: int) -> int:
+    nb = (bits + 7) // 8
+    o = ctx.off
+    if o + nb > len(ctx.buf):
+        raise _ParserError(1)  # PacketTooShort
+    v = int.from_bytes(ctx.buf[o:o + nb], "big")
+    return v >> (nb * 8 - bits)
+
+
+def _advance(ctx: PacketCtx, bits: int) -> None:
+    if bits % 8:
+        raise _ParserError(6)  # ParserInvalidArgument
+    o = ctx.off + bits // 8
+    if o > len(ctx.buf):
+        raise _ParserError(1)
+    ctx.off = o
+
+
+def _count(cells: list[list[int]], i: int, ctx: PacketCtx) -> None:
+    if i < len(cells):
+        c = cells[i]
+        c[0] += ctx.std.packet_length
+        c[1] += 1
+
+
+def _rread(reg: list[int], i: int) -> int:
+    return reg[i] if i < len(reg) else 0
+
+
+def _rwrite(reg: list[int], i: int, v: int) -> None:
+    if i < len(reg):
+        reg[i] = v
+
+
+def _bits(fields: tuple[tuple[int, int], ...], payload: bytes) -> bytes:
+    """Concatenate (value, width) MSB-first; pad to whole bytes at the end; append payload."""
+    v = 0
+    total = 0
+    for x, w in fields:
+        v = (v << w) | (x & ((1 << w) - 1))
+        total += w
+    pad = (-total) % 8
+    return (v << pad).to_bytes((total + pad) // 8, "big") + payload
+
+
+def _hash_csum16(data: bytes, width: int) -> int:
+    """Internet checksum (RFC 1071). The ones'-complement sum is byte-order independent, so
+    sum native 16-bit words and swap once at the end."""
+    if len(data) % 2:
+        data += b"\0"
+    s = sum(array("H", data))
+    while s >> 16:
+        s = (s & 0xFFFF) + (s >> 16)
+    if _LITTLE:
+        s = ((s & 0xFF) << 8) | (s >> 8)
+    return (~s & 0xFFFF) & ((1 << width) - 1)
+
+
+_LITTLE = sys.byteorder == "little"
+
+
+def _crc16_table() -> list[int]:
+    tab = []
+    for i in range(256):
+        c = i
+        for _ in range(8):
+            c = (c >> 1) ^ 0xA001 if c & 1 else c >> 1
+        tab.append(c)
+    return tab
+
+
+_CRC16 = _crc16_table()
+
+
+def _hash_crc16(data: bytes, width: int) -> int:
+    """CRC-16/ARC (poly 0x8005 reflected, init 0): bmv2's ``crc16``."""
+    c = 0
+    for b in data:
+        c = (c >> 8) ^ _CRC16[(c ^ b) & 0xFF]
+    return c & ((1 << width) - 1)
+
+
+def _hash_crc32(data: bytes, width: int) -> int:
+    return zlib.crc32(data) & ((1 << width) - 1)
+
+
+def _hash_identity(data: bytes, width: int) -> int:
+    return int.from_bytes(data, "big") if data else 0
+
+
+def _hash_xor16(data: bytes, width: int) -> int:
+    if len(data) % 2:
+        data += b"\0"
+    x = 0
+    for i in range(0, len(data), 2):
+        x ^= (data[i] << 8) | data[i + 1]
+    return x & ((1 << width) - 1)
+
+
+def _hashmod(h: int, base: int, mx: int) -> int:
+    return base + (h % mx if mx else h)
+
+
+def _be(v: int, w: int) -> bytes:
+    return (v & ((1 << w) - 1)).to_bytes((w + 7) // 8, "big")
+
+
+def _div(a: int, b: int) -> int:
+    return a // b if b else 0
+
+
+def _mod(a: int, b: int) -> int:
+    return a % b if b else 0
+
+
+def _rand(lo: int, hi: int) -> int:
+    return _random_mod.randint(lo, hi) if hi >= lo else lo
+
+
+_HELPERS: dict[str, Any] = {
+    "PacketCtx": PacketCtx, "_ParserError": _ParserError, "_EXIT": _EXIT, "_ExitType": _Exit,
+    "_RETURN": _RETURN, "_ReturnType": _Return,
+    "_peek": _peek, "_advance": _advance, "_count": _count, "_rread": _rread,
+    "_rwrite": _rwrite, "_bits": _bits, "_hash_csum16": _hash_csum16,
+    "_hash_crc16": _hash_crc16, "_hash_crc32": _hash_crc32, "_hash_identity": _hash_identity,
+    "_hash_xor16": _hash_xor16, "_hashmod": _hashmod, "_be": _be, "_div": _div, "_mod": _mod,
+    "_random": _rand,
+}
+
+
+@dataclass
+class Program:
+    """The bound, executable functions of one pipeline instance."""
+
+    new_ctx: Any
+    copy_ctx: Any
+    reset_meta: Any
+    preserve: Any
+    parse: Any
+    verify: Any
+    ingress: Any
+    egress: Any
+    compute: Any
+    deparse: Any
+
+
+class _Binding:
+    def __init__(self, runtime: Any) -> None:
+        self.tables_by_name = {t.info.name: t for t in runtime.tables.values()}
+        self.counters = {cid: c.cells for cid, c in runtime.counters.items()}
+        self.registers = runtime.registers
+        self.drop_port = runtime.drop_port
+
+
+# ------------------------------------------------------------------------- the pipeline
+class Pipeline:
+    """A checked, compiled P4 program plus its P4Info (see the module docstring)."""
+
+    def __init__(self, model: ProgramModel, source: str,  # noqa: PLR0917
+                 files: dict[str, str], main: str,
+                 include_dirs: list[str], defines: dict[str, str] | None = None) -> None:
+        self.model = model
+        self.defines = dict(defines or {})
+        self.source = source  # generated Python, kept for debugging (``--dump-python``)
+        self.files = files
+        self.main = main
+        self.include_dirs = include_dirs
+        self.code = compile(source, f"<p4:{main}>", "exec")
+        self.p4info = _p4info.build_p4info(model)
+        self.actions: dict[int, ActionInfo] = {a.id: a for a in model.actions}
+        self.action_ids: dict[str, int] = {a.name: a.id for a in model.actions}
+        self.tables: dict[int, TableInfo] = {t.id: t for t in model.tables}
+        self.counters: dict[int, CounterInfo] = {c.id: c for c in model.counters}
+        self.direct_counters: dict[int, CounterInfo] = {c.id: c for c in model.direct_counters}
+        self.registers: dict[int, RegisterInfo] = {r.id: r for r in model.registers}
+        self.digests: dict[int, DigestInfo] = {d.id: d for d in model.digests}
+        self.packet_in: ControllerHeaderInfo | None = None
+        self.packet_out: ControllerHeaderInfo | None = None
+        for ch in model.controller_headers:
+            if ch.name == "packet_in":
+                self.packet_in = ch
+            else:
+                self.packet_out = ch
+        self.errors = model.errors
+
+    # -- construction
+    @classmethod
+    def compile(cls, path_or_source: str | Path, include_dirs: list[str | Path] | tuple[
+            str | Path, ...] = (), *, filename: str | None = None,
+                defines: dict[str, str] | None = None) -> Pipeline:
+        """Compile a P4 file (a ``Path``, or a ``str`` naming an existing ``.p4`` file) or
+        P4 source text (any other ``str``; shown as ``filename`` or ``<string>``)."""
+        dirs = [Path(d) for d in include_dirs]
+        pp = Preprocessor(dirs)
+        pp.predefine(defines or {})
+        is_path = isinstance(path_or_source, Path) or (
+            "\n" not in path_or_source and path_or_source.endswith(".p4"))
+        try:
+            if is_path:
+                p = Path(path_or_source)
+                main = filename or str(path_or_source)
+                pp.run_file(p, main)
+            else:
+                main = filename or "<string>"
+                pp.run_text(str(path_or_source), main, None)
+            prog = parse_tokens(lex(pp))
+        except Diagnostic as d:
+            raise P4CompileError([str(d)]) from None
+        return cls._check(prog, dict(pp.files), main, [str(d) for d in dirs], defines)
+
+    def to_device_config(self) -> bytes:
+        doc = {"format": ARTEFACT_FORMAT, "version": 1, "main": self.main, "files": self.files,
+               "include_dirs": self.include_dirs, "defines": self.defines}
+        return json.dumps(doc, sort_keys=True).encode()
+
+    @classmethod
+    def from_device_config(cls, blob: bytes, p4info: Any = None) -> Pipeline:
+        """Rebuild from an artefact; if ``p4info`` is given, it must describe this program."""
+        try:
+            doc = json.loads(blob.decode())
+        except (UnicodeDecodeError, ValueError):
+            raise P4CompileError(["<device_config>:0:0: not a shadowgrad pipeline artefact "
+                                  "(expected JSON from `shadowgrad p4 compile`)"]) from None
+        if not isinstance(doc, dict) or doc.get("format") != ARTEFACT_FORMAT:
+            hint = " (this looks like bmv2 JSON from p4c)" if isinstance(doc, dict) and \
+                "header_types" in doc else ""
+            raise P4CompileError([f"<device_config>:0:0: not a shadowgrad pipeline "
+                                  f"artefact{hint}"])
+        files: dict[str, str] = doc["files"]
+        main: str = doc["main"]
+        pipe = cls._compile_files(main, files, doc.get("include_dirs", []),
+                                  doc.get("defines", {}))
+        if p4info is not None:
+            pipe.check_p4info(p4info)
+        return pipe
+
+    @classmethod
+    def _compile_files(cls, main: str, files: dict[str, str], include_dirs: list[str],
+                       defines: dict[str, str]) -> Pipeline:
+        pp = Preprocessor([Path(d) for d in include_dirs], virtual=files)
+        pp.predefine(defines)
+        try:
+            pp.run_text(files[main], main, Path(main).parent)
+            prog = parse_tokens(lex(pp))
+        except Diagnostic as d:
+            raise P4CompileError([str(d)]) from None
+        except KeyError:
+            raise P4CompileError([f"<device_config>:0:0: artefact lacks its main file {main}"]
+                                 ) from None
+        return cls._check(prog, files, main, include_dirs, defines)
+
+    @classmethod
+    def _check(cls, prog: Any, files: dict[str, str], main: str, include_dirs: list[str],
+               defines: dict[str, str] | None = None) -> Pipeline:
+        ck = Checker(prog)
+        try:
+            ck.run()
+        except Diagnostic as d:
+            ck.diags.append(d)
+        if ck.diags:
+            seen: list[str] = []
+            for diag in ck.diags:
+                if str(diag) not in seen:
+                    seen.append(str(diag))
+            raise P4CompileError(seen)
+        _p4info.assign_ids(ck.model)
+        return cls(ck.model, ck.module_source(), files, main, include_dirs, defines)
+
+    def check_p4info(self, p4info: Any) -> None:
+        """Raise P4CompileError unless ``p4info`` names the same objects with the same ids."""
+        def ids(p: Any) -> set[tuple[str, int, str]]:
+            out = set()
+            for kind in ("tables", "actions", "counters", "direct_counters", "registers",
+                         "digests", "controller_packet_metadata"):
+                for o in getattr(p, kind):
+                    out.add((kind, o.preamble.id, o.preamble.name))
+            return out
+
+        mine, theirs = ids(self.p4info), ids(p4info)
+        if mine != theirs:
+            diff = sorted(mine ^ theirs)[:5]
+            raise P4CompileError([f"<device_config>:0:0: the P4Info does not match the program "
+                                  f"(first differences: {diff})"])
+
+    def instantiate(self, runtime: Any) -> Program:
+        """Bind the generated code to ``runtime`` (a Dataplane); returns the entry points."""
+        ns: dict[str, Any] = dict(_HELPERS)
+        ns["R"] = _Binding(runtime)
+        exec(self.code, ns)  # our own generated code, compiled in Pipeline.compile
+        return Program(ns["new_ctx"], ns["copy_ctx"], ns["reset_meta"], ns["preserve"],
+                       ns["parse"], ns["verify"], ns["ingress"], ns["egress"], ns["compute"],
+                       ns["deparse"])
+
+    def write_p4info(self, path: str | Path) -> None:
+        _p4info.write_p4info(self.p4info, path)

@@ -1,0 +1,54 @@
+"""``shadowgrad shadow --spec job.toml --id K``: run one shadow node until SIGTERM/SIGINT."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def configure(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--spec", required=True, help="job spec (TOML)")
+    p.add_argument("--id", type=int, required=True, dest="shadow_id",
+                   help="this shadow's index in shadows.addresses")
+    p.add_argument("--layout", default=None,
+                   help="layout JSON (shadowgrad layout output); otherwise it comes with 'load'")
+    p.add_argument("--control-bind", default=None,
+                   help="zmq bind address of the control endpoint "
+                        "(default tcp://<host>:<control_port + id>)")
+
+
+def run(args: argparse.Namespace) -> int:
+    import signal
+    import threading
+    from pathlib import Path
+
+    from shadowgrad.shadow.node import ShadowNode
+
+    from shadowgrad.config import load_spec
+    from shadowgrad.errors import ShadowgradError
+    from shadowgrad.layout import Layout
+
+    spec = load_spec(args.spec)
+    layout = None
+    if args.layout is not None:
+        try:
+            text = Path(args.layout).read_text(encoding="utf-8")
+        except OSError as e:
+            raise ShadowgradError(f"cannot read layout {args.layout}: {e}") from None
+        layout = Layout.from_json(text)
+    node = ShadowNode(spec, args.shadow_id, layout=layout, control_bind=args.control_bind)
+    done = threading.Event()
+
+    def on_signal(signum: int, _frame: object) -> None:
+        done.set()
+
+    old = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+    node.start()
+    try:
+        while not done.wait(0.2):
+            if node.failed is not None:
+                raise ShadowgradError(f"shadow {args.shadow_id} failed: {node.failed!r}")
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+        node.stop()
+    return 0

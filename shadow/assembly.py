@@ -1,0 +1,267 @@
+"""Reassembly of one shard's gradient bytes: shard-local geometry, coverage, per-iteration buffers.
+
+A shard owns a list of boxes (``Layout.shard_boxes``), each a contiguous byte range of one DDP
+bucket. The shadow keeps, per iteration in flight, one preallocated shard-local byte buffer in
+which box ``k`` lives at ``ShardGeometry.local_offsets[k]`` (64-byte aligned, so every box can be
+viewed as its dtype without a copy). An incoming DATA chunk ``(bucket, offset, length)`` is
+intersected with the shard's segments of that bucket (bisect, O(log boxes)), and only the bytes
+not yet covered are copied (memoryview slice assignment = memcpy), so a duplicate never
+overwrites anything. Coverage is an exact interval set over shard-local byte coordinates.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+
+from shadowgrad.layout import Box, Layout
+
+__all__ = ["IntervalSet", "Segment", "ShardGeometry", "IterBuffer", "PlaceResult"]
+
+#: alignment of every box inside the shard-local buffer (bytes)
+LOCAL_ALIGN = 64
+
+
+class IntervalSet:
+    """A set of disjoint, non-adjacent half-open integer intervals ``[s, e)``, kept sorted.
+
+    :meth:`add` returns exactly the sub-intervals that were not covered before (so the caller
+    copies only new bytes) and merges. Exactness: the invariant ``starts[k] < ends[k] <
+    starts[k+1]`` holds after every call (intervals never touch), so :attr:`total` is the exact
+    number of covered integers.
+    """
+
+    __slots__ = ("_ends", "_starts", "total")
+
+    def __init__(self) -> None:
+        self._starts: list[int] = []
+        self._ends: list[int] = []
+        self.total = 0
+
+    def __len__(self) -> int:
+        return len(self._starts)
+
+    def __iter__(self) -> Iterator[tuple[int, int]]:
+        return iter(zip(self._starts, self._ends, strict=True))
+
+    def add(self, s: int, e: int) -> list[tuple[int, int]]:
+        """Cover ``[s, e)``; return the newly covered pieces in order."""
+        if e <= s:
+            return []
+        starts, ends = self._starts, self._ends
+        if not starts or s > ends[-1]:  # fast path: past everything (in-order arrival)
+            starts.append(s)
+            ends.append(e)
+            self.total += e - s
+            return [(s, e)]
+        if s == ends[-1]:
+            ends[-1] = e
+            self.total += e - s
+            return [(s, e)]
+        # first interval that could touch [s, e): the last one starting at or before s
+        i = bisect.bisect_right(starts, s) - 1
+        if i < 0 or ends[i] < s:
+            i += 1  # interval i-1 ends before s (no touch); start with the next one
+        j = i
+        new: list[tuple[int, int]] = []
+        cur = s
+        lo, hi = s, e
+        while j < len(starts) and starts[j] <= e:
+            if starts[j] > cur:
+                new.append((cur, starts[j]))
+            cur = max(cur, ends[j])
+            lo = min(lo, starts[j])
+            hi = max(hi, ends[j])
+            j += 1
+        if cur < e:
+            new.append((cur, e))
+        starts[i:j] = [lo]
+        ends[i:j] = [hi]
+        self.total += sum(b - a for a, b in new)
+        return new
+
+    def gaps(self, s: int, e: int) -> list[tuple[int, int]]:
+        """The sub-intervals of ``[s, e)`` that are not covered."""
+        out: list[tuple[int, int]] = []
+        starts, ends = self._starts, self._ends
+        i = max(0, bisect.bisect_right(starts, s) - 1)
+        cur = s
+        while i < len(starts) and starts[i] < e:
+            if ends[i] > cur:
+                if starts[i] > cur:
+                    out.append((cur, starts[i]))
+                cur = ends[i]
+            i += 1
+        if cur < e:
+            out.append((cur, e))
+        return out
+
+
+@dataclass(frozen=True)
+class Segment:
+    """Box ``index`` of the shard: bucket bytes ``[start, end)`` live at ``local`` onwards."""
+
+    index: int
+    bucket: int
+    start: int
+    end: int
+    local: int
+    itemsize: int
+
+
+@dataclass(frozen=True)
+class PlaceResult:
+    """Outcome of placing one chunk: bytes of it inside the shard, and of those the new ones."""
+
+    owned: int
+    new: int
+
+
+_TORCH_DTYPES = {
+    "float32": torch.float32,
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "float64": torch.float64,
+}
+_WIRE_ITEM = {"float32": 1, "float16": 2, "bfloat16": 3, "float64": 4}
+
+
+class ShardGeometry:
+    """Where the shard's boxes live in bucket coordinates and in the shard-local buffer."""
+
+    def __init__(self, layout: Layout, shard: int) -> None:
+        self.layout = layout
+        self.shard = shard
+        self.boxes: tuple[Box, ...] = layout.shard_boxes(shard)
+        offs: list[int] = []
+        pos = 0
+        for box in self.boxes:
+            pos = -(-pos // LOCAL_ALIGN) * LOCAL_ALIGN
+            offs.append(pos)
+            pos += box.nbytes
+        self.local_offsets = tuple(offs)
+        self.local_nbytes = max(pos, 1)
+        #: bytes the shard owns (what "complete" means)
+        self.owned_nbytes = sum(b.nbytes for b in self.boxes)
+        nb = len(layout.bucket_nbytes)
+        per_bucket: list[list[Segment]] = [[] for _ in range(nb)]
+        for k, box in enumerate(self.boxes):
+            if box.nbytes:
+                per_bucket[box.bucket].append(Segment(
+                    k, box.bucket, box.bucket_offset, box.bucket_end, offs[k],
+                    torch.empty((), dtype=_TORCH_DTYPES[box.dtype]).element_size(),
+                ))
+        for segs in per_bucket:
+            segs.sort(key=lambda s: s.start)
+        self.segments: tuple[tuple[Segment, ...], ...] = tuple(tuple(s) for s in per_bucket)
+        self._starts = [[s.start for s in segs] for segs in per_bucket]
+        #: wire dtype code of each bucket (DDP never mixes dtypes in a bucket)
+        self.bucket_dtype: list[int | None] = [None] * nb
+        for box in layout.boxes:
+            self.bucket_dtype[box.bucket] = _WIRE_ITEM[box.dtype]
+        self.bucket_nbytes = layout.bucket_nbytes
+
+    def overlaps(
+        self, bucket: int, offset: int, length: int
+    ) -> Iterator[tuple[Segment, int, int]]:
+        """Segments of ``bucket`` overlapping bucket bytes ``[offset, offset+length)``, with the
+        overlap ``[a, b)`` in bucket coordinates."""
+        segs = self.segments[bucket]
+        end = offset + length
+        i = max(0, bisect.bisect_right(self._starts[bucket], offset) - 1)
+        while i < len(segs):
+            seg = segs[i]
+            if seg.start >= end:
+                break
+            a = max(seg.start, offset)
+            b = min(seg.end, end)
+            if a < b:
+                yield seg, a, b
+            i += 1
+
+    def owns_any(self, bucket: int, offset: int, length: int) -> bool:
+        """Whether bucket bytes ``[offset, offset+length)`` hold any byte of this shard."""
+        return next(self.overlaps(bucket, offset, length), None) is not None
+
+    def local_to_bucket(self, s: int, e: int) -> list[tuple[int, int, int]]:
+        """A shard-local byte range (inside owned boxes) as ``(bucket, offset, length)``."""
+        out: list[tuple[int, int, int]] = []
+        k = max(0, bisect.bisect_right(self.local_offsets, s) - 1)
+        while k < len(self.boxes) and self.local_offsets[k] < e:
+            box = self.boxes[k]
+            lo = self.local_offsets[k]
+            a, b = max(s, lo), min(e, lo + box.nbytes)
+            if a < b:
+                out.append((box.bucket, box.bucket_offset + (a - lo), b - a))
+            k += 1
+        return out
+
+    def missing(self, cov: IntervalSet) -> list[tuple[int, int, int]]:
+        """Every owned byte range not in ``cov``, as ``(bucket, offset, length)``, merged."""
+        out: list[tuple[int, int, int]] = []
+        for k, box in enumerate(self.boxes):
+            lo = self.local_offsets[k]
+            for a, b in cov.gaps(lo, lo + box.nbytes):
+                bucket, off, n = box.bucket, box.bucket_offset + (a - lo), b - a
+                if out and out[-1][0] == bucket and out[-1][1] + out[-1][2] == off:
+                    out[-1] = (bucket, out[-1][1], out[-1][2] + n)
+                else:
+                    out.append((bucket, off, n))
+        return out
+
+    def box_views(self, buf: torch.Tensor) -> list[torch.Tensor]:
+        """Per-box tensors (box dtype, shape ``box.lengths``) viewing the uint8 ``buf``."""
+        out: list[torch.Tensor] = []
+        for k, box in enumerate(self.boxes):
+            lo = self.local_offsets[k]
+            t = buf[lo:lo + box.nbytes].view(_TORCH_DTYPES[box.dtype])
+            out.append(t.view(box.lengths))
+        return out
+
+
+class IterBuffer:
+    """One preallocated shard-local gradient buffer and its exact coverage."""
+
+    def __init__(self, geom: ShardGeometry) -> None:
+        self.geom = geom
+        self.tensor = torch.zeros(geom.local_nbytes, dtype=torch.uint8)
+        self.mv = self.tensor.numpy().data.cast("B")
+        self.cov = IntervalSet()
+
+    def reset(self) -> None:
+        self.cov = IntervalSet()
+
+    @property
+    def complete(self) -> bool:
+        return self.cov.total == self.geom.owned_nbytes
+
+    def place(self, bucket: int, offset: int, payload: memoryview) -> PlaceResult:
+        """Copy the not-yet-covered owned bytes of a chunk; the caller checked bucket bounds."""
+        owned = new = 0
+        mv = self.mv
+        n = payload.nbytes
+        geom = self.geom
+        starts = geom._starts[bucket]
+        i = bisect.bisect_right(starts, offset) - 1
+        if i >= 0:
+            seg = geom.segments[bucket][i]
+            if offset + n <= seg.end:  # fast path: the chunk lies inside one box
+                ls = seg.local + (offset - seg.start)
+                for x, y in self.cov.add(ls, ls + n):
+                    mv[x:y] = payload[x - ls:y - ls]
+                    new += y - x
+                return PlaceResult(n, new)
+        for seg, a, b in geom.overlaps(bucket, offset, n):
+            owned += b - a
+            ls = seg.local + (a - seg.start)
+            for x, y in self.cov.add(ls, ls + (b - a)):
+                src = a + (x - ls) - offset
+                mv[x:y] = payload[src:src + (y - x)]
+                new += y - x
+        return PlaceResult(owned, new)
+
+    def views(self) -> list[torch.Tensor]:
+        return self.geom.box_views(self.tensor)

@@ -1,0 +1,262 @@
+"""The shadow's control protocol (pyzmq) and :class:`ShadowClient`.
+
+Every request is one multipart message: a JSON header frame ``{"op": ..., "token": ..., ...}``
+followed by binary frames (``load`` only). Every reply is a JSON header frame
+``{"ok": true, ...}`` or ``{"ok": false, "code": ..., "error": ...}`` followed by binary frames
+(``fetch`` only). Tensors travel as *entries* in the header, each naming its box (index in
+``Layout.shard_boxes(shard)`` order, plus the box's tensor name and offsets as a check), its key
+(``"param"`` or an optimizer state key), dtype and shape, and the CRC-32C (``wire.crc``) of each
+of its chunk frames (at most :data:`CHUNK_BYTES` each). Receivers verify every chunk before use.
+
+Ops: ``status``, ``hold``, ``release``, ``fetch``, ``load``, ``snapshot`` (see docs/shadow.md).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import zmq
+
+from shadowgrad import wire
+from shadowgrad.errors import ShadowgradError, ShadowgradTimeout
+
+__all__ = [
+    "CHUNK_BYTES",
+    "ControlError",
+    "ShadowClient",
+    "FetchResult",
+    "encode_states",
+    "decode_states",
+]
+
+log = logging.getLogger(__name__)
+
+#: largest binary frame of a tensor stream
+CHUNK_BYTES = 4 * 2**20
+
+_DTYPES: Mapping[str, torch.dtype] = {
+    "float32": torch.float32,
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "float64": torch.float64,
+    "int64": torch.int64,
+    "int32": torch.int32,
+    "uint8": torch.uint8,
+    "bool": torch.bool,
+}
+
+
+class ControlError(ShadowgradError):
+    """A control request failed: bad token, bad request, unavailable state, corrupt stream.
+
+    ``code`` is a short machine-readable label (``bad_token``, ``bad_request``, ``unavailable``,
+    ``not_loaded``, ``checksum``, ``internal``).
+    """
+
+    def __init__(self, code: str, message: str) -> None:
+        self.code = code
+        super().__init__(f"{code}: {message}")
+
+
+def _dtype_name(t: torch.Tensor) -> str:
+    name = str(t.dtype).removeprefix("torch.")
+    if name not in _DTYPES:
+        raise ControlError("bad_request", f"tensor dtype {name} cannot be streamed")
+    return name
+
+
+def _raw(t: torch.Tensor) -> memoryview:
+    flat = t.detach().contiguous().reshape(-1)
+    return flat.view(torch.uint8).numpy().data.cast("B")
+
+
+def encode_states(
+    states: Sequence[tuple[int, Mapping[str, torch.Tensor]]],
+    box_ids: Mapping[int, tuple[str, tuple[int, ...]]] | None = None,
+) -> tuple[list[dict[str, Any]], list[memoryview]]:
+    """``[(box index, {key: tensor})]`` -> (entries for the JSON header, chunk frames)."""
+    entries: list[dict[str, Any]] = []
+    frames: list[memoryview] = []
+    for box, state in states:
+        for key in sorted(state):
+            t = state[key]
+            raw = _raw(t)
+            crcs: list[int] = []
+            for lo in range(0, raw.nbytes, CHUNK_BYTES):
+                chunk = raw[lo:lo + CHUNK_BYTES]
+                crcs.append(wire.crc(chunk))
+                frames.append(chunk)
+            entry: dict[str, Any] = {
+                "box": box, "key": key, "dtype": _dtype_name(t), "shape": list(t.shape),
+                "nbytes": raw.nbytes, "crc": crcs,
+            }
+            if box_ids is not None and box in box_ids:
+                entry["name"], offsets = box_ids[box]
+                entry["offsets"] = list(offsets)
+            entries.append(entry)
+    return entries, frames
+
+
+def decode_states(
+    entries: Sequence[Mapping[str, Any]], frames: Sequence[memoryview | bytes]
+) -> dict[int, dict[str, torch.Tensor]]:
+    """Reverse of :func:`encode_states`; verifies every chunk's CRC-32 (ControlError)."""
+    out: dict[int, dict[str, torch.Tensor]] = {}
+    pos = 0
+    for entry in entries:
+        try:
+            box = int(entry["box"])
+            key = str(entry["key"])
+            dtype = _DTYPES[str(entry["dtype"])]
+            shape = tuple(int(d) for d in entry["shape"])
+            nbytes = int(entry["nbytes"])
+            crcs = [int(c) for c in entry["crc"]]
+        except (KeyError, TypeError, ValueError) as e:
+            raise ControlError("bad_request", f"malformed tensor entry {entry!r}: {e}") from None
+        buf = torch.empty(nbytes, dtype=torch.uint8)
+        mv = buf.numpy().data.cast("B")
+        lo = 0
+        for k, crc in enumerate(crcs):
+            if pos >= len(frames):
+                raise ControlError("bad_request", f"tensor stream ends inside {key!r} of box {box}")
+            chunk = memoryview(frames[pos]).cast("B")
+            pos += 1
+            if wire.crc(chunk) != crc:
+                raise ControlError("checksum", f"chunk {k} of {key!r} (box {box}) fails CRC-32")
+            if lo + chunk.nbytes > nbytes:
+                raise ControlError("bad_request", f"{key!r} of box {box}: more bytes than nbytes")
+            mv[lo:lo + chunk.nbytes] = chunk
+            lo += chunk.nbytes
+        if lo != nbytes:
+            raise ControlError("bad_request", f"{key!r} of box {box}: {lo} of {nbytes} bytes")
+        itemsize = torch.empty((), dtype=dtype).element_size()
+        if nbytes % itemsize or nbytes // itemsize != _numel(shape):
+            raise ControlError("bad_request", f"{key!r} of box {box}: shape {shape} vs {nbytes} B")
+        out.setdefault(box, {})[key] = buf.view(dtype).reshape(shape)
+    if pos != len(frames):
+        raise ControlError("bad_request", f"{len(frames) - pos} unexpected trailing frames")
+    return out
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+@dataclass(frozen=True)
+class FetchResult:
+    """State of some boxes at ``iteration``: ``states[box index] = {key: tensor}``."""
+
+    iteration: int
+    states: dict[int, dict[str, torch.Tensor]]
+
+
+class ShadowClient:
+    """Blocking client of one shadow's control endpoint; every call has a deadline.
+
+    ``endpoint`` is a zmq address (``"tcp://127.0.0.1:47480"``). After a timeout the REQ socket
+    is discarded and a fresh one is made, so one lost reply never wedges the client.
+    """
+
+    def __init__(self, endpoint: str, token: str, *, timeout_s: float = 2.0,
+                 context: zmq.Context[zmq.Socket[bytes]] | None = None) -> None:
+        self.endpoint = endpoint
+        self._token = token
+        self.timeout_s = timeout_s
+        self._own_ctx = context is None
+        self._ctx: zmq.Context[zmq.Socket[bytes]] = context or zmq.Context()
+        self._sock: zmq.Socket[bytes] | None = None
+
+    def _socket(self) -> zmq.Socket[bytes]:
+        if self._sock is None:
+            s = self._ctx.socket(zmq.REQ)
+            s.setsockopt(zmq.LINGER, 0)
+            s.connect(self.endpoint)
+            self._sock = s
+        return self._sock
+
+    def close(self) -> None:
+        if self._sock is not None:
+            self._sock.close(linger=0)
+            self._sock = None
+        if self._own_ctx:
+            self._ctx.term()
+
+    def __enter__(self) -> ShadowClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def call(self, op: str, frames: Sequence[memoryview | bytes] = (),
+             timeout_s: float | None = None, **fields: Any) -> tuple[dict[str, Any], list[bytes]]:
+        """Send one request; return (reply header, reply frames) or raise ControlError/timeout."""
+        timeout = self.timeout_s if timeout_s is None else timeout_s
+        head = json.dumps({"op": op, "token": self._token, **fields}).encode()
+        s = self._socket()
+        ms = max(1, int(timeout * 1000))
+        try:
+            if not s.poll(ms, zmq.POLLOUT):
+                raise zmq.Again()
+            s.send_multipart([head, *frames], copy=False)
+            if not s.poll(ms, zmq.POLLIN):
+                raise zmq.Again()
+            reply = s.recv_multipart()
+        except zmq.Again:
+            self._sock = None
+            s.close(linger=0)
+            raise ShadowgradTimeout(
+                f"control {op!r} to {self.endpoint} got no reply within {timeout:g}s"
+            ) from None
+        try:
+            header = json.loads(reply[0])
+        except ValueError as e:
+            raise ControlError("bad_reply", f"{op!r}: reply header is not JSON: {e}") from None
+        if not header.get("ok"):
+            raise ControlError(str(header.get("code", "error")), str(header.get("error", "")))
+        return header, list(reply[1:])
+
+    # -- ops -----------------------------------------------------------------------------
+
+    def status(self, timeline: int = 16) -> dict[str, Any]:
+        header, _ = self.call("status", timeline=timeline)
+        return header
+
+    def hold(self, iteration: int) -> dict[str, Any]:
+        header, _ = self.call("hold", iteration=iteration)
+        return header
+
+    def release(self, iteration: int) -> dict[str, Any]:
+        header, _ = self.call("release", iteration=iteration)
+        return header
+
+    def fetch(self, iteration: int | None = None, boxes: Sequence[int] | None = None,
+              timeout_s: float | None = None) -> FetchResult:
+        """State at ``iteration`` (None: the newest applied) of ``boxes`` (None: all)."""
+        header, frames = self.call(
+            "fetch", iteration=iteration, boxes=None if boxes is None else list(boxes),
+            timeout_s=timeout_s,
+        )
+        return FetchResult(int(header["iteration"]), decode_states(header["entries"], frames))
+
+    def load(self, iteration: int, states: Sequence[Mapping[str, torch.Tensor]],
+             optimizer_json: str, layout_json: str | None = None,
+             timeout_s: float | None = None) -> dict[str, Any]:
+        """Bootstrap the shadow with its shard's state at ``iteration`` (per box, shard order)."""
+        entries, frames = encode_states(list(enumerate(states)))
+        header, _ = self.call(
+            "load", frames, iteration=iteration, optimizer=optimizer_json, layout=layout_json,
+            entries=entries, timeout_s=timeout_s,
+        )
+        return header
+
+    def snapshot(self, wait: bool = True, timeout_s: float | None = None) -> dict[str, Any]:
+        header, _ = self.call("snapshot", wait=wait, timeout_s=timeout_s)
+        return header

@@ -1,0 +1,1103 @@
+"""One shadow node: receive, verify, reassemble, consistently apply, repair, serve, persist.
+
+Threads (all stop within ``tick_s`` of :meth:`ShadowNode.stop`):
+
+* **rx** — ``recv_into`` a preallocated buffer (socket timeout ``tick_s``), :meth:`handle_datagram`
+  (decode + place bytes, no per-element Python), then the timers: gap repair (NACK with backoff,
+  divergence when it fails), READY refresh to the peer shadows.
+* **apply** — steps the :class:`~shadowgrad.shadow.replay.ShardReplayer` for iteration
+  ``last_applied + 1`` once the two-phase rule allows it (docs/shadow.md), keeps the state of the
+  consistent cut I* when it moves ahead of it, resynchronises from a replica when diverged, and
+  starts background disk snapshots.
+* **control** — the pyzmq ROUTER endpoint (``status``, ``hold``, ``release``, ``fetch``, ``load``,
+  ``snapshot``); every request carries the job token.
+* **snapshot writer** — one at a time, writes a cloned state (write, fsync, rename).
+
+Every received datagram increments exactly one ``rx`` counter (``wire.<reason>`` for decode
+failures, otherwise a semantic outcome), so ``sum(rx.values())`` is the number of datagrams
+handled.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hmac
+import json
+import logging
+import socket
+import threading
+import time
+import traceback
+from collections import Counter, OrderedDict
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import zmq
+from shadowgrad.shadow.assembly import IntervalSet, IterBuffer, ShardGeometry
+from shadowgrad.shadow.control import (
+    ControlError,
+    ShadowClient,
+    decode_states,
+    encode_states,
+)
+from shadowgrad.shadow.replay import ReplayError, ShardReplayer
+from shadowgrad.shadow.snapshot import write_snapshot
+
+from shadowgrad import wire
+from shadowgrad._log import event
+from shadowgrad.config import JobSpec
+from shadowgrad.errors import LayoutError, ShadowgradError, WireError
+from shadowgrad.layout import Layout
+
+__all__ = ["NodeOptions", "ShadowNode", "NONE_ITER"]
+
+log = logging.getLogger(__name__)
+
+#: wire encoding of "no iteration" (-1) in READY records' u64 fields
+NONE_ITER = (1 << 64) - 1
+_UNKNOWN = -2  # internal: nothing known
+
+
+def _enc(i: int) -> int:
+    return NONE_ITER if i < 0 else i
+
+
+def _dec(v: int) -> int:
+    return -1 if v == NONE_ITER else v
+
+
+@dataclass(frozen=True)
+class NodeOptions:
+    """Tunables of a shadow node (the job spec supplies the timeouts)."""
+
+    #: iterations with a gradient buffer at once: last_applied+1 .. last_applied+window
+    window: int = 4
+    #: COMMIT records are kept up to this many iterations ahead of last_applied
+    commit_horizon: int = 1024
+    #: NACK rounds without progress before the shard declares itself diverged
+    max_repair_rounds: int = 6
+    #: NACK retry interval multiplier per round (first retry after timeouts.gap_repair_s)
+    repair_backoff: float = 1.5
+    #: READY refresh period (soft state re-sent to every peer); None: min(heartbeat, 50 ms)
+    ready_refresh_s: float | None = None
+    #: granularity of the receive loop's timers and of thread shutdown
+    tick_s: float = 0.01
+    #: how often a diverged shard retries resynchronisation from a replica
+    resync_interval_s: float = 0.2
+    #: receive threads on the data socket: decoding (CRC-32) runs without the GIL, so a second
+    #: thread overlaps one datagram's CRC with the next one's receive on a multi-core host
+    rx_threads: int = 1
+    #: receive buffer asked for (SO_RCVBUFFORCE when permitted, else SO_RCVBUF)
+    rcvbuf_bytes: int = 64 * 2**20
+    #: iterations kept in the status timeline
+    timeline_len: int = 256
+    #: keep the state of I* when this shard applies ahead of it (invariant 2)
+    retain_cut: bool = True
+    #: at most this many NACK ranges per datagram
+    nack_ranges_per_datagram: int = 512
+
+
+@dataclass
+class _Iter:
+    """Bookkeeping of one iteration after last_applied."""
+
+    it: int
+    buf: IterBuffer | None = None
+    commit: wire.CommitRecord | None = None
+    t_first: float | None = None  # wall clock, for the timeline
+    t_last: float | None = None
+    t_commit: float | None = None
+    t_ready: float | None = None
+    activity: float = 0.0  # monotonic time of the last new bytes / COMMIT / creation
+    nack_rounds: int = 0
+    next_nack: float = 0.0
+    covered_at_nack: int = -1
+
+    def complete(self) -> bool:
+        return self.buf is not None and self.buf.complete
+
+    def ready(self) -> bool:
+        return self.commit is not None and self.complete()
+
+
+@dataclass
+class _Peer:
+    ready_through: int = _UNKNOWN
+    last_applied: int = _UNKNOWN
+    diverged: bool = False
+    seq: int = -1
+    seen: float = 0.0
+
+
+@dataclass
+class _Loaded:
+    """Everything that exists only after ``load``."""
+
+    layout: Layout
+    shard: int
+    replica: int
+    geom: ShardGeometry
+    replayer: ShardReplayer
+    optimizer_json: str
+    pool: list[IterBuffer] = field(default_factory=list)
+
+
+class ShadowNode:
+    """A shadow node for ``spec``'s shadow ``shadow_id``.
+
+    ``sock``: an already bound UDP socket (tests bind port 0 and put the port in the spec);
+    otherwise the node binds ``spec.shadows.addresses[shadow_id]``. ``control_bind``: zmq bind
+    address (default ``tcp://<host>:<control_port + id>``; ``tcp://127.0.0.1:*`` picks a free
+    port, see :attr:`control_endpoint`). ``peer_controls``: control endpoints of other shadows
+    by id (for resync), default from the spec. ``layout`` may be given now or with ``load``.
+    """
+
+    def __init__(
+        self,
+        spec: JobSpec,
+        shadow_id: int,
+        *,
+        token: str | None = None,
+        layout: Layout | None = None,
+        sock: socket.socket | None = None,
+        control_bind: str | None = None,
+        peer_controls: Mapping[int, str] | None = None,
+        options: NodeOptions | None = None,
+    ) -> None:
+        if not 0 <= shadow_id < spec.shadows.count:
+            raise ShadowgradError(f"shadow id {shadow_id} not in 0..{spec.shadows.count - 1}")
+        self.spec = spec
+        self.id = shadow_id
+        self.opts = options or NodeOptions()
+        self._token = token if token is not None else spec.token()
+        self._job = spec.job.id
+        self._layout_hint = layout
+        self._peer_controls = dict(peer_controls or {})
+        self._refresh_s = (self.opts.ready_refresh_s if self.opts.ready_refresh_s is not None
+                           else min(spec.timeouts.heartbeat_s, 0.05))
+        self._gap_s = spec.timeouts.gap_repair_s
+        # sockets
+        if sock is None:
+            ep = spec.shadows.addresses[shadow_id]
+            sock = socket.socket(socket.AF_INET6 if ":" in ep.host else socket.AF_INET,
+                                 socket.SOCK_DGRAM)
+            try:
+                sock.bind((ep.host, ep.port))
+            except OSError as e:
+                sock.close()
+                raise ShadowgradError(
+                    f"shadow {shadow_id}: cannot bind its data address "
+                    f"shadows.addresses[{shadow_id}] = {ep}: {e}") from None
+        self.sock = sock
+        self._set_rcvbuf()
+        self.sock.settimeout(self.opts.tick_s)
+        self._peer_addrs = [(a.host, a.port) for a in spec.shadows.addresses]
+        self._trainer_addrs = [(a.host, a.port) for a in spec.trainers.addresses]
+        self._ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+        self._rep = self._ctx.socket(zmq.ROUTER)
+        self._rep.setsockopt(zmq.LINGER, 0)
+        if control_bind is None:
+            ep = spec.shadows.control_endpoint(shadow_id)
+            control_bind = f"tcp://{ep}"
+        try:
+            self._rep.bind(control_bind)
+        except zmq.ZMQError as e:
+            self._rep.close(linger=0)
+            self._ctx.term()
+            self.sock.close()
+            raise ShadowgradError(
+                f"shadow {shadow_id}: cannot bind its control endpoint {control_bind}: {e}"
+            ) from None
+        last = self._rep.getsockopt(zmq.LAST_ENDPOINT)
+        self.control_endpoint: str = last.decode() if isinstance(last, bytes) else str(last)
+        # state
+        self._lock = threading.Lock()  # protocol state
+        self._state_lock = threading.Lock()  # the replayer's tensors
+        self._cond = threading.Condition(self._lock)
+        self._stop = threading.Event()
+        self._ld: _Loaded | None = None
+        self._iters: dict[int, _Iter] = {}
+        self._last_applied = -1
+        self._applying: int | None = None
+        self._gen = 0  # bumped by load/resync: a step chosen before one is discarded
+        self._diverged_at: int | None = None
+        self._istar = _UNKNOWN
+        self._newest_seen = -1
+        self._peers: dict[int, _Peer] = {}
+        self._holds: set[int] = set()
+        self._snaps: dict[int, list[dict[str, torch.Tensor]]] = {}
+        self._timeline: OrderedDict[int, dict[str, float | None]] = OrderedDict()
+        self._bucket_senders: dict[int, set[int]] = {}
+        self.rx: Counter[str] = Counter()
+        self.ev: Counter[str] = Counter()
+        self._next_refresh = 0.0
+        self._next_resync = 0.0
+        self._seq = 0
+        self._snap_thread: threading.Thread | None = None
+        self._snap_lock = threading.Lock()
+        self._snap_next = spec.shadows.snapshot_every
+        self._last_snapshot: dict[str, Any] | None = None
+        self._threads: list[threading.Thread] = []
+        self._error: BaseException | None = None
+
+    # ---------------------------------------------------------------- lifecycle
+
+    def _set_rcvbuf(self) -> None:
+        n = self.opts.rcvbuf_bytes
+        try:
+            self.sock.setsockopt(socket.SOL_SOCKET, 33, n)  # SO_RCVBUFFORCE (root)
+        except OSError:
+            with contextlib.suppress(OSError):
+                self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, n)
+
+    @property
+    def data_address(self) -> tuple[str, int]:
+        host, port = self.sock.getsockname()[:2]
+        return str(host), int(port)
+
+    def start(self) -> ShadowNode:
+        if self._layout_hint is not None:
+            self._check_layout(self._layout_hint)
+        loops: list[tuple[str, Any, tuple[int, ...]]] = [
+            (f"rx{k}", self._rx_loop, (k,)) for k in range(self.opts.rx_threads)]
+        loops += [("apply", self._apply_loop, ()), ("control", self._control_loop, ())]
+        for name, target, args in loops:
+            t = threading.Thread(target=self._guard, args=(target, *args),
+                                 name=f"shadow{self.id}-{name}", daemon=True)
+            t.start()
+            self._threads.append(t)
+        event(log, "shadow.start", shadow=self.id, data=f"{self.data_address}",
+              control=self.control_endpoint)
+        return self
+
+    def _guard(self, target: Any, *args: Any) -> None:
+        try:
+            target(*args)
+        except BaseException as e:  # a thread must not die silently
+            self._error = e
+            log.error("shadow %d thread %s died:\n%s", self.id, threading.current_thread().name,
+                      traceback.format_exc())
+            self._stop.set()
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        """Stop every thread (joined with a deadline) and close the sockets. Idempotent."""
+        self._stop.set()
+        with self._cond:
+            self._cond.notify_all()
+        deadline = time.monotonic() + timeout_s
+        for t in [*self._threads, self._snap_thread]:
+            if t is not None:
+                t.join(max(0.0, deadline - time.monotonic()))
+        alive = [t.name for t in self._threads if t.is_alive()]
+        self._threads = []
+        with contextlib.suppress(OSError):
+            self.sock.close()
+        self._rep.close(linger=0)
+        self._ctx.term()
+        if alive:
+            raise ShadowgradError(f"shadow {self.id}: threads {alive} did not stop in {timeout_s}s")
+        event(log, "shadow.stop", shadow=self.id)
+
+    def __enter__(self) -> ShadowNode:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    @property
+    def failed(self) -> BaseException | None:
+        """The exception that killed a node thread, if any."""
+        return self._error
+
+    # ---------------------------------------------------------------- receive path
+
+    def _rx_loop(self, index: int = 0) -> None:
+        """Receive thread ``index``; thread 0 also runs the timers."""
+        sock = self.sock
+        buf = bytearray(wire.MAX_DATAGRAM + 1)  # one byte more: oversize datagrams show up
+        mv = memoryview(buf)
+        next_timer = 0.0
+        while not self._stop.is_set():
+            try:
+                n = sock.recv_into(buf)
+            except TimeoutError:
+                n = -1
+            except OSError:
+                if self._stop.is_set():
+                    return
+                raise
+            if n >= 0:
+                self.handle_datagram(mv[:n])
+            if index == 0:
+                now = time.monotonic()
+                if now >= next_timer:
+                    self._timers(now)
+                    next_timer = now + self.opts.tick_s
+
+    def handle_datagram(self, data: memoryview | bytes | bytearray) -> str:
+        """Verify and handle one datagram; return the rx counter it was counted under."""
+        ld = self._ld
+        try:
+            msg = wire.decode(data, job=self._job,
+                              layout=None if ld is None else ld.layout.digest64)
+        except WireError as e:
+            reason = "wire." + e.reason
+            self.rx[reason] += 1
+            return reason
+        h = msg.header
+        with self._lock:
+            if self._ld is None:
+                reason = "not_loaded"
+            elif h.kind is wire.Kind.DATA:
+                reason = self._on_data(h, msg.payload)
+            elif h.kind is wire.Kind.COMMIT:
+                reason = self._on_commit(msg)
+            elif h.kind is wire.Kind.READY:
+                reason = self._on_ready(msg)
+            else:
+                reason = "unexpected_kind"
+            self.rx[reason] += 1
+        return reason
+
+    def _rec(self, it: int, now: float) -> _Iter:
+        rec = self._iters.get(it)
+        if rec is None:
+            rec = _Iter(it, activity=now)
+            self._iters[it] = rec
+            self._newest_seen = max(self._newest_seen, it)
+        return rec
+
+    def _on_data(self, h: wire.Header, payload: memoryview) -> str:
+        ld = self._ld
+        assert ld is not None
+        if not h.flags & wire.Flag.FINAL:
+            return "not_final"
+        it = h.iteration
+        if it <= self._last_applied:
+            return "stale"
+        if it > self._last_applied + self.opts.window:
+            return "ahead_of_window"
+        geom = ld.geom
+        if h.bucket >= len(geom.bucket_nbytes) or h.offset + h.length > geom.bucket_nbytes[
+                h.bucket]:
+            return "out_of_layout"
+        if h.dtype != geom.bucket_dtype[h.bucket]:
+            return "dtype_mismatch"
+        if not geom.owns_any(h.bucket, h.offset, h.length):
+            return "not_mine"
+        now = time.monotonic()
+        rec = self._rec(it, now)
+        if rec.buf is None:
+            if not ld.pool:  # cannot happen while the window bounds the buffers in use
+                return "no_buffer"
+            rec.buf = ld.pool.pop()
+            rec.buf.reset()
+        res = rec.buf.place(h.bucket, h.offset, payload)
+        if res.owned == 0:
+            return "not_mine"
+        senders = self._bucket_senders.get(h.bucket)
+        if senders is None:
+            senders = self._bucket_senders[h.bucket] = set()
+        senders.add(h.sender)
+        if res.new == 0:
+            self.ev["duplicate_bytes"] += res.owned
+            return "duplicate"
+        if res.new < res.owned:
+            self.ev["duplicate_bytes"] += res.owned - res.new
+        self.ev["data_bytes"] += res.new
+        wall = time.time()
+        if rec.t_first is None:
+            rec.t_first = wall
+        rec.t_last = wall
+        rec.activity = now
+        if h.flags & wire.Flag.RETX:
+            self.ev["repaired_bytes"] += res.new
+        if rec.buf.complete:
+            self._maybe_ready(rec)
+        return "retx" if h.flags & wire.Flag.RETX else "data"
+
+    def _on_commit(self, msg: wire.Message) -> str:
+        h = msg.header
+        if h.sender != 0:
+            return "commit_not_rank0"
+        it = h.iteration
+        if it <= self._last_applied:
+            return "commit_stale"
+        if it > self._last_applied + self.opts.commit_horizon:
+            return "commit_ahead"
+        now = time.monotonic()
+        rec = self._rec(it, now)
+        if rec.commit is not None:
+            return "commit_duplicate"
+        rec.commit = wire.CommitRecord.from_message(msg)
+        rec.t_commit = time.time()
+        rec.activity = now
+        self._maybe_ready(rec)
+        return "commit"
+
+    def _maybe_ready(self, rec: _Iter) -> None:
+        if rec.ready() and rec.t_ready is None:
+            rec.t_ready = time.time()
+            self._cond.notify_all()
+            self._send_ready(retx=False)
+
+    def _on_ready(self, msg: wire.Message) -> str:
+        ld = self._ld
+        assert ld is not None
+        h = msg.header
+        sender = h.sender
+        if sender >= self.spec.shadows.count or sender == self.id:
+            return "ready_bad_sender"
+        rec = wire.ReadyRecord.from_message(msg)
+        if (rec.shard, rec.replica) != ld.layout.shard_of_shadow(sender):
+            return "ready_bad_shard"
+        peer = self._peers.get(sender)
+        if peer is None:
+            peer = self._peers[sender] = _Peer()
+        if h.seq <= peer.seq:
+            return "ready_stale"
+        peer.seq = h.seq
+        peer.seen = time.monotonic()
+        peer.last_applied = _dec(rec.last_applied)
+        it = _dec(h.iteration)
+        if rec.state is wire.ReadyState.DIVERGED:
+            peer.diverged = True
+            peer.ready_through = max(peer.last_applied, it - 1)
+        else:
+            peer.diverged = False
+            peer.ready_through = max(peer.last_applied, it)
+        self._update_istar()
+        self._cond.notify_all()
+        return "ready"
+
+    # ---------------------------------------------------------------- consistent cut
+
+    def _ready_through(self) -> int:
+        i = self._last_applied
+        while True:
+            rec = self._iters.get(i + 1)
+            if rec is None or not rec.ready():
+                break
+            if self._diverged_at is not None and i + 1 >= self._diverged_at:
+                break
+            i += 1
+        return i
+
+    def _shard_view(self) -> list[tuple[int, int]]:
+        """Per shard: (best ready_through, best last_applied) over its replicas as seen here."""
+        ld = self._ld
+        assert ld is not None
+        out = []
+        for s in range(ld.layout.num_shards):
+            best_r = best_a = _UNKNOWN
+            for sid in ld.layout.shadows_of_shard(s):
+                if sid == self.id:
+                    r, a = self._ready_through(), self._last_applied
+                else:
+                    p = self._peers.get(sid)
+                    if p is None:
+                        continue
+                    r, a = p.ready_through, p.last_applied
+                best_r, best_a = max(best_r, r), max(best_a, a)
+            out.append((best_r, best_a))
+        return out
+
+    def _update_istar(self) -> None:
+        if self._ld is None:
+            return
+        cand = min(a for _, a in self._shard_view())
+        if cand > self._istar:
+            old = self._istar
+            self._istar = cand
+            if old != _UNKNOWN:
+                event(log, "shadow.istar", level=logging.DEBUG, shadow=self.id, istar=cand)
+            self._gc_snaps()
+
+    def _gc_snaps(self) -> None:
+        for it in list(self._snaps):
+            if it not in self._holds and not (it == self._istar < self._last_applied):
+                del self._snaps[it]
+
+    def _can_apply(self, i: int) -> bool:
+        """Two-phase rule: every shard has a replica ready(i), and one that applied i-1."""
+        if self._diverged_at is not None and i >= self._diverged_at:
+            return False
+        rec = self._iters.get(i)
+        if rec is None or not rec.ready():
+            return False
+        return all(r >= i and a >= i - 1 for r, a in self._shard_view())
+
+    def _send_ready(self, *, retx: bool) -> None:
+        ld = self._ld
+        if ld is None:
+            return
+        if self._diverged_at is not None:
+            state, it = wire.ReadyState.DIVERGED, self._diverged_at
+        else:
+            r = self._ready_through()
+            state = wire.ReadyState.APPLIED if r == self._last_applied else wire.ReadyState.READY
+            it = r
+        body = wire.ReadyRecord(ld.shard, ld.replica, state, _enc(self._last_applied)).body()
+        self._seq = max(self._seq + 1, time.time_ns())
+        data = wire.encode(
+            wire.Kind.READY, job=self._job, sender=self.id, iteration=_enc(it), seq=self._seq,
+            layout=ld.layout.digest64, payload=body, flags=wire.Flag.RETX if retx else 0,
+        )
+        for sid, addr in enumerate(self._peer_addrs):
+            if sid != self.id:
+                try:
+                    self.sock.sendto(data, addr)
+                    self.ev["ready_sent"] += 1
+                except OSError as e:
+                    self.ev["send_error"] += 1
+                    log.debug("READY to shadow %d %s failed: %s", sid, addr, e)
+
+    # ---------------------------------------------------------------- timers: repair, refresh
+
+    def _timers(self, now: float) -> None:
+        with self._lock:
+            if self._ld is None:
+                return
+            if now >= self._next_refresh:
+                self._send_ready(retx=True)
+                self._next_refresh = now + self._refresh_s
+            self._repair(now)
+
+    def _repair(self, now: float) -> None:
+        ld = self._ld
+        assert ld is not None
+        la = self._last_applied
+        top = min(self._newest_seen, la + self.opts.window)
+        # an iteration nothing arrived for, while later ones did, gets a record (a gap)
+        for i in range(la + 1, top):
+            self._rec(i, now)
+        for i in range(la + 1, top + 1):
+            rec = self._iters.get(i)
+            if rec is None or rec.ready() or i == self._applying:
+                continue
+            if rec.buf is None and ld.geom.owned_nbytes == 0 and ld.pool:
+                rec.buf = ld.pool.pop()
+                rec.buf.reset()
+                self._maybe_ready(rec)
+                continue
+            if self._diverged_at is not None and i >= self._diverged_at:
+                continue
+            later = self._newest_seen > i
+            if rec.commit is None and not later:
+                continue  # the trainer may still be sending: nothing says data is missing
+            if now - rec.activity < self._gap_s or now < rec.next_nack:
+                continue
+            covered = rec.buf.cov.total if rec.buf is not None else 0
+            if covered != rec.covered_at_nack:
+                rec.nack_rounds = 0  # progress since the last round
+            if rec.nack_rounds >= self.opts.max_repair_rounds:
+                self._diverge(i, covered)
+                continue
+            rec.nack_rounds += 1
+            rec.covered_at_nack = covered
+            rec.next_nack = now + self._gap_s * self.opts.repair_backoff ** rec.nack_rounds
+            if rec.buf is None and ld.pool:
+                rec.buf = ld.pool.pop()
+                rec.buf.reset()
+            cov = rec.buf.cov if rec.buf is not None else IntervalSet()
+            self._send_nack(i, ld.geom.missing(cov) if not rec.complete() else [],
+                            commit_missing=rec.commit is None)
+
+    def _send_nack(self, it: int, missing: list[tuple[int, int, int]], *,
+                   commit_missing: bool) -> None:
+        ld = self._ld
+        assert ld is not None
+        by_rank: dict[int, list[tuple[int, int, int]]] = {}
+        all_ranks = range(len(self._trainer_addrs))
+        for bucket, off, n in missing:
+            for r in self._bucket_senders.get(bucket) or all_ranks:
+                by_rank.setdefault(r, []).append((bucket, off, n))
+        if commit_missing:
+            by_rank.setdefault(0, [])  # zero ranges = "resend COMMIT(it)" (docs/shadow.md)
+        per = self.opts.nack_ranges_per_datagram
+        for rank, ranges in by_rank.items():
+            if rank >= len(self._trainer_addrs):
+                continue
+            for lo in range(0, max(1, len(ranges)), per):
+                body = wire.NackRecord.of(ranges[lo:lo + per]).body()
+                self._seq = max(self._seq + 1, time.time_ns())
+                data = wire.encode(wire.Kind.NACK, job=self._job, sender=self.id, iteration=it,
+                                   seq=self._seq, layout=ld.layout.digest64, payload=body)
+                try:
+                    self.sock.sendto(data, self._trainer_addrs[rank])
+                    self.ev["nack_sent"] += 1
+                    self.ev["nack_ranges"] += len(ranges[lo:lo + per])
+                except OSError as e:
+                    self.ev["send_error"] += 1
+                    log.debug("NACK to rank %d failed: %s", rank, e)
+        event(log, "shadow.repair", level=logging.DEBUG, shadow=self.id, iteration=it,
+              ranges=len(missing), commit_missing=commit_missing)
+
+    def _diverge(self, it: int, covered: int) -> None:
+        if self._diverged_at is not None and self._diverged_at <= it:
+            return
+        self._diverged_at = it
+        self.ev["diverged"] += 1
+        ld = self._ld
+        assert ld is not None
+        event(log, "shadow.diverged", level=logging.WARNING, shadow=self.id, shard=ld.shard,
+              iteration=it, last_applied=self._last_applied, covered=covered,
+              owned=ld.geom.owned_nbytes)
+        self._send_ready(retx=False)
+        self._cond.notify_all()
+
+    # ---------------------------------------------------------------- apply
+
+    def _apply_loop(self) -> None:
+        while not self._stop.is_set():
+            with self._cond:
+                job = self._next_job()
+                if job is None:
+                    self._cond.wait(self.opts.tick_s * 5)
+                    job = self._next_job()
+            if job is None:
+                self._maybe_resync()
+                self._maybe_snapshot()
+                continue
+            self._apply(*job)
+            self._maybe_snapshot()
+
+    def _next_job(self) -> tuple[int, _Iter, bool, int] | None:
+        if self._ld is None:
+            return None
+        i = self._last_applied + 1
+        if not self._can_apply(i):
+            return None
+        rec = self._iters[i]
+        # with one shard, I* is this shard's own progress: nothing to keep
+        multi = self._ld.layout.num_shards > 1
+        retain = (self.opts.retain_cut and multi and self._istar < i) or (i - 1) in self._holds
+        retain = retain and (i - 1) not in self._snaps
+        self._applying = i
+        return i, rec, retain, self._gen
+
+    def _apply(self, i: int, rec: _Iter, retain: bool, gen: int) -> None:
+        ld = self._ld
+        assert ld is not None and rec.buf is not None and rec.commit is not None
+        with self._state_lock:
+            with self._lock:
+                if gen != self._gen:  # a load replaced the state since this step was chosen
+                    return
+            if retain:
+                snap = ld.replayer.export()  # clones
+                with self._lock:
+                    self._snaps[i - 1] = snap
+                    self.ev["cut_copies"] += 1
+            try:
+                ld.replayer.step(i, rec.buf.views(), rec.commit)
+            except ReplayError as e:
+                failed: ReplayError | None = e
+            else:
+                failed = None
+        if failed is not None:
+            with self._lock:
+                self._applying = None
+                if gen != self._gen:
+                    return
+                self.ev["replay_failed"] += 1
+                event(log, "shadow.replay_failed", level=logging.ERROR, shadow=self.id,
+                      iteration=i, error=str(failed))
+                self._diverge(i, rec.buf.cov.total)
+            return
+        with self._lock:
+            if gen != self._gen:
+                return
+            self._last_applied = i
+            self._applying = None
+            self._iters.pop(i, None)
+            ld.pool.append(rec.buf)
+            rec.buf = None
+            self._timeline[i] = {
+                "first_chunk": rec.t_first, "last_chunk": rec.t_last, "commit": rec.t_commit,
+                "ready": rec.t_ready, "applied": time.time(),
+            }
+            while len(self._timeline) > self.opts.timeline_len:
+                self._timeline.popitem(last=False)
+            self.ev["applied"] += 1
+            self._update_istar()
+            self._gc_snaps()
+            self._send_ready(retx=False)
+            self._cond.notify_all()
+
+    # ---------------------------------------------------------------- resync
+
+    def _maybe_resync(self) -> None:
+        with self._lock:
+            if self._ld is None or self._diverged_at is None:
+                return
+            now = time.monotonic()
+            if now < self._next_resync:
+                return
+            self._next_resync = now + self.opts.resync_interval_s
+            d = self._diverged_at
+            replicas = [s for s in self._ld.layout.shadows_of_shard(self._ld.shard) if s != self.id]
+            # prefer replicas known to be past the hole
+            replicas.sort(key=lambda s: -(self._peers[s].last_applied if s in self._peers else -9))
+        for sid in replicas:
+            endpoint = self._peer_control(sid)
+            try:
+                with ShadowClient(endpoint, self._token,
+                                  timeout_s=self.spec.timeouts.rpc_s) as client:
+                    st = client.status(timeline=0)
+                    if st.get("diverged_at") is not None or int(st["last_applied"]) < d:
+                        continue
+                    res = client.fetch(None, timeout_s=max(self.spec.timeouts.rpc_s, 30.0))
+            except (ShadowgradError, zmq.ZMQError, KeyError, ValueError) as e:
+                self.ev["resync_failed"] += 1
+                event(log, "shadow.resync_failed", level=logging.WARNING, shadow=self.id,
+                      replica=sid, error=str(e))
+                continue
+            self._install(res.iteration, res.states, source=f"shadow {sid}")
+            return
+
+    def _peer_control(self, sid: int) -> str:
+        ep = self._peer_controls.get(sid)
+        return ep if ep is not None else f"tcp://{self.spec.shadows.control_endpoint(sid)}"
+
+    def set_peer_control(self, shadow_id: int, endpoint: str) -> None:
+        """Tell this node where shadow ``shadow_id`` serves its control endpoint."""
+        self._peer_controls[shadow_id] = endpoint
+
+    def _install(self, iteration: int, states: Mapping[int, Mapping[str, torch.Tensor]],
+                 source: str) -> None:
+        """Resync: load a replica's state of ``iteration`` and continue with buffered data."""
+        ld = self._ld
+        assert ld is not None
+        try:
+            boxes = [dict(states[k]) for k in range(len(ld.geom.boxes))]
+            with self._state_lock:
+                ld.replayer.load(iteration, boxes)
+        except (KeyError, ReplayError) as e:
+            self.ev["resync_failed"] += 1
+            event(log, "shadow.resync_failed", level=logging.WARNING, shadow=self.id,
+                  source=source, error=str(e))
+            return
+        with self._lock:
+            self._gen += 1
+            old = self._last_applied
+            self._last_applied = iteration
+            for it in [k for k in self._iters if k <= iteration]:
+                rec = self._iters.pop(it)
+                if rec.buf is not None:
+                    ld.pool.append(rec.buf)
+            self._diverged_at = None
+            self._snaps.clear()
+            self.ev["resynced"] += 1
+            event(log, "shadow.resync", level=logging.WARNING, shadow=self.id, shard=ld.shard,
+                  source=source, iteration=iteration, previous=old)
+            self._update_istar()
+            self._send_ready(retx=False)
+            self._cond.notify_all()
+
+    # ---------------------------------------------------------------- snapshots
+
+    def _maybe_snapshot(self, force: bool = False) -> dict[str, Any] | None:
+        every = self.spec.shadows.snapshot_every
+        root = self.spec.shadows.snapshot_dir
+        if root is None or (every <= 0 and not force):
+            return None
+        with self._snap_lock:
+            return self._snapshot_locked(force, every, root)
+
+    def _snapshot_locked(self, force: bool, every: int, root: Path) -> dict[str, Any] | None:
+        if self._snap_thread is not None and self._snap_thread.is_alive():
+            if force:
+                self._snap_thread.join(60.0)
+            else:
+                return None
+        with self._lock:
+            ld = self._ld
+            it = self._istar
+            if ld is None or it < 0 or (not force and it < self._snap_next):
+                return None
+            states = self._snaps.get(it)
+            current = it == self._last_applied
+        if states is None and not current:
+            return None
+        if states is None:
+            with self._state_lock:
+                with self._lock:
+                    if self._last_applied != it:
+                        return None
+                states = ld.replayer.export()  # clones
+        self._snap_next = (it // every + 1) * every if every > 0 else self._snap_next
+        info: dict[str, Any] = {"iteration": it}
+        kw: dict[str, Any] = {
+            "shadow_id": self.id, "shard": ld.shard, "replica": ld.replica, "iteration": it,
+            "layout_digest": ld.layout.digest, "optimizer_json": ld.optimizer_json,
+            "states": states,
+        }
+
+        def write() -> None:
+            t0 = time.monotonic()
+            try:
+                path = write_snapshot(Path(root), **kw)
+            except ShadowgradError as e:
+                self.ev["snapshot_failed"] += 1
+                info["error"] = str(e)
+                event(log, "shadow.snapshot_failed", level=logging.ERROR, shadow=self.id,
+                      iteration=it, error=str(e))
+                return
+            info["path"] = str(path)
+            info["seconds"] = time.monotonic() - t0
+            self.ev["snapshots"] += 1
+            self._last_snapshot = info
+            event(log, "shadow.snapshot", shadow=self.id, iteration=it, path=str(path))
+
+        self._snap_thread = threading.Thread(target=write, name=f"shadow{self.id}-snap",
+                                             daemon=True)
+        self._snap_thread.start()
+        if force:
+            self._snap_thread.join(120.0)
+        return info
+
+    # ---------------------------------------------------------------- control service
+
+    def _control_loop(self) -> None:
+        rep = self._rep
+        while not self._stop.is_set():
+            if not rep.poll(int(self.opts.tick_s * 10 * 1000), zmq.POLLIN):
+                continue
+            try:
+                parts = rep.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                continue
+            sep = next((k for k, p in enumerate(parts) if len(p.bytes) == 0), None)
+            if sep is None or sep + 1 >= len(parts):
+                self.ev["control_malformed"] += 1
+                continue
+            envelope = [p.bytes for p in parts[:sep + 1]]
+            head, frames = parts[sep + 1], [p.buffer for p in parts[sep + 2:]]
+            reply_head, reply_frames = self._serve(head.bytes, frames)
+            try:
+                rep.send_multipart([*envelope, json.dumps(reply_head).encode(), *reply_frames],
+                                   copy=False)
+            except zmq.ZMQError as e:
+                self.ev["control_send_error"] += 1
+                log.warning("control reply failed: %s", e)
+
+    def _serve(self, head: bytes, frames: list[memoryview]) -> tuple[dict[str, Any], list[Any]]:
+        try:
+            req = json.loads(head)
+            if not isinstance(req, dict):
+                raise ValueError("request is not an object")
+        except ValueError as e:
+            self.ev["control_bad_request"] += 1
+            return {"ok": False, "code": "bad_request", "error": f"not JSON: {e}"}, []
+        tok = req.get("token")
+        if not isinstance(tok, str) or not hmac.compare_digest(tok.encode(), self._token.encode()):
+            self.ev["control_bad_token"] += 1
+            event(log, "shadow.control_bad_token", level=logging.WARNING, shadow=self.id,
+                  op=str(req.get("op")))
+            return {"ok": False, "code": "bad_token", "error": "wrong or missing job token"}, []
+        op = req.get("op")
+        handler = {
+            "status": self._op_status, "hold": self._op_hold, "release": self._op_release,
+            "fetch": self._op_fetch, "load": self._op_load, "snapshot": self._op_snapshot,
+        }.get(op if isinstance(op, str) else "")
+        if handler is None:
+            self.ev["control_bad_request"] += 1
+            return {"ok": False, "code": "bad_request", "error": f"unknown op {op!r}"}, []
+        self.ev[f"control_{op}"] += 1
+        try:
+            return handler(req, frames)
+        except ControlError as e:
+            return {"ok": False, "code": e.code, "error": str(e)}, []
+        except (ShadowgradError, KeyError, TypeError, ValueError) as e:
+            return {"ok": False, "code": "bad_request", "error": f"{type(e).__name__}: {e}"}, []
+
+    def status(self, timeline: int = 16) -> dict[str, Any]:
+        """What ``status`` answers (also usable in-process)."""
+        with self._lock:
+            ld = self._ld
+            tl = list(self._timeline.items())[-timeline:] if timeline > 0 else []
+            pending = {
+                str(k): {"first_chunk": r.t_first, "last_chunk": r.t_last, "commit": r.t_commit,
+                         "ready": r.t_ready,
+                         "covered": r.buf.cov.total if r.buf is not None else 0,
+                         "nack_rounds": r.nack_rounds}
+                for k, r in sorted(self._iters.items())[:timeline] if timeline > 0
+            }
+            return {
+                "ok": True, "shadow": self.id, "loaded": ld is not None,
+                "shard": None if ld is None else ld.shard,
+                "replica": None if ld is None else ld.replica,
+                "layout": None if ld is None else ld.layout.digest,
+                "owned_bytes": None if ld is None else ld.geom.owned_nbytes,
+                "last_ready": self._ready_through() if ld is not None else None,
+                "last_applied": self._last_applied if ld is not None else None,
+                "istar": None if self._istar == _UNKNOWN else self._istar,
+                "newest_seen": self._newest_seen,
+                "lag": max(0, self._newest_seen - self._last_applied),
+                "diverged_at": self._diverged_at,
+                "holds": sorted(self._holds),
+                "available": sorted({*self._snaps, self._last_applied}) if ld is not None else [],
+                "counters": dict(self.rx), "events": dict(self.ev),
+                "peers": {str(k): {"ready_through": p.ready_through,
+                                   "last_applied": p.last_applied, "diverged": p.diverged}
+                          for k, p in sorted(self._peers.items())},
+                "timeline": [{"iteration": k, **v} for k, v in tl],
+                "pending": pending,
+                "last_snapshot": self._last_snapshot,
+            }
+
+    def _op_status(self, req: dict[str, Any], _f: list[memoryview]) -> tuple[dict[str, Any],
+                                                                             list[Any]]:
+        return self.status(int(req.get("timeline", 16))), []
+
+    def _op_hold(self, req: dict[str, Any], _f: list[memoryview]) -> tuple[dict[str, Any],
+                                                                           list[Any]]:
+        it = int(req["iteration"])
+        with self._lock:
+            if self._ld is None:
+                raise ControlError("not_loaded", "shadow not loaded")
+            if it != self._last_applied and it not in self._snaps:
+                raise ControlError("unavailable", f"iteration {it} not held here (available "
+                                   f"{sorted({*self._snaps, self._last_applied})})")
+            self._holds.add(it)
+        # a step of it+1 may have been chosen before the hold (and not retained it): wait for it
+        deadline = time.monotonic() + self.spec.timeouts.rpc_s
+        while time.monotonic() < deadline:
+            with self._lock:
+                if self._applying != it + 1:
+                    ok = it == self._last_applied or it in self._snaps
+                    if not ok:
+                        self._holds.discard(it)
+                        raise ControlError("unavailable", f"iteration {it} was replaced while "
+                                           "the hold was being placed")
+                    return {"ok": True, "iteration": it, "holds": sorted(self._holds)}, []
+            time.sleep(0.001)
+        raise ControlError("unavailable", f"hold({it}) raced with a step that did not finish")
+
+    def _op_release(self, req: dict[str, Any], _f: list[memoryview]) -> tuple[dict[str, Any],
+                                                                              list[Any]]:
+        it = int(req["iteration"])
+        with self._lock:
+            self._holds.discard(it)
+            self._gc_snaps()
+            return {"ok": True, "holds": sorted(self._holds)}, []
+
+    def _op_fetch(self, req: dict[str, Any], _f: list[memoryview]) -> tuple[dict[str, Any],
+                                                                            list[Any]]:
+        ld = self._ld
+        if ld is None:
+            raise ControlError("not_loaded", "shadow not loaded")
+        want = req.get("iteration")
+        nbox = len(ld.geom.boxes)
+        boxes = list(range(nbox)) if req.get("boxes") is None else [int(b) for b in req["boxes"]]
+        for b in boxes:
+            if not 0 <= b < nbox:
+                raise ControlError("bad_request", f"box {b} not in 0..{nbox - 1}")
+        with self._state_lock:
+            with self._lock:
+                it = self._last_applied if want is None else int(want)
+                snap = self._snaps.get(it)
+                current = it == self._last_applied
+                if self._diverged_at is not None and self._diverged_at <= it:
+                    raise ControlError("unavailable", f"diverged at {self._diverged_at}")
+            if snap is not None:
+                states = [(b, snap[b]) for b in boxes]
+            elif current:
+                live = ld.replayer.export(copy=False)
+                states = [(b, {k: v.clone() for k, v in live[b].items()}) for b in boxes]
+            else:
+                raise ControlError("unavailable", f"iteration {it} not available here")
+        ids = {k: (box.name, box.offsets) for k, box in enumerate(ld.geom.boxes)}
+        entries, frames = encode_states(states, ids)
+        return {"ok": True, "iteration": it, "shard": ld.shard, "entries": entries}, frames
+
+    def _check_layout(self, layout: Layout) -> None:
+        if (layout.num_shadows, layout.replication) != (self.spec.shadows.count,
+                                                        self.spec.shadows.replication):
+            raise LayoutError(
+                f"layout has {layout.num_shadows} shadows / replication {layout.replication}, "
+                f"the job spec {self.spec.shadows.count} / {self.spec.shadows.replication}"
+            )
+
+    def _op_load(self, req: dict[str, Any], frames: list[memoryview]) -> tuple[dict[str, Any],
+                                                                               list[Any]]:
+        from shadowgrad.shadow.replay import ShardReplayer
+
+        from shadowgrad.optspec import OptimizerSpec
+
+        layout_json = req.get("layout")
+        if layout_json is not None:
+            layout = Layout.from_json(layout_json)
+        elif self._ld is not None:
+            layout = self._ld.layout
+        elif self._layout_hint is not None:
+            layout = self._layout_hint
+        else:
+            raise ControlError("bad_request", "load without a layout, and none was given")
+        self._check_layout(layout)
+        shard, replica = layout.shard_of_shadow(self.id)
+        iteration = int(req["iteration"])
+        opt_json = str(req["optimizer"])
+        opt = OptimizerSpec.from_json(opt_json)
+        geom = ShardGeometry(layout, shard)
+        states = decode_states(req["entries"], frames)
+        if sorted(states) != list(range(len(geom.boxes))):
+            raise ControlError("bad_request", f"load has boxes {sorted(states)}, shard {shard} "
+                               f"has {len(geom.boxes)}")
+        replayer = ShardReplayer(layout, shard, opt)
+        replayer.load(iteration, [states[k] for k in range(len(geom.boxes))])
+        old = self._ld
+        same = old is not None and old.layout == layout and old.shard == shard
+        pool = old.pool if same and old is not None else [
+            IterBuffer(geom) for _ in range(self.opts.window)]
+        with self._state_lock, self._lock:
+            if same:
+                for rec in self._iters.values():
+                    if rec.buf is not None:
+                        pool.append(rec.buf)
+                geom = pool[0].geom
+            self._ld = _Loaded(layout, shard, replica, geom, replayer, opt_json, pool)
+            self._gen += 1
+            self._iters.clear()
+            self._last_applied = iteration
+            self._applying = None
+            self._diverged_at = None
+            self._istar = _UNKNOWN
+            self._peers.clear()
+            self._holds.clear()
+            self._snaps.clear()
+            self._newest_seen = iteration
+            self._snap_next = self.spec.shadows.snapshot_every
+            self.ev["loads"] += 1
+            event(log, "shadow.load", shadow=self.id, shard=shard, replica=replica,
+                  iteration=iteration, layout=layout.digest[:16], boxes=len(geom.boxes))
+            self._send_ready(retx=False)
+            self._cond.notify_all()
+        return {"ok": True, "shard": shard, "replica": replica, "iteration": iteration}, []
+
+    def _op_snapshot(self, req: dict[str, Any], _f: list[memoryview]) -> tuple[dict[str, Any],
+                                                                               list[Any]]:
+        if self.spec.shadows.snapshot_dir is None:
+            raise ControlError("bad_request", "shadows.snapshot_dir is not configured")
+        info = self._maybe_snapshot(force=bool(req.get("wait", True)))
+        if info is None:
+            raise ControlError("unavailable", "no consistent iteration available to snapshot")
+        if "error" in info:
+            raise ControlError("internal", str(info["error"]))
+        return {"ok": True, **info}, []
+
+    # ---------------------------------------------------------------- in-process helpers
+
+    def wait_for(self, predicate: Any, timeout_s: float) -> bool:
+        """Poll ``predicate(status_dict)`` until true or ``timeout_s`` (tests, tools)."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self._error is not None:
+                raise ShadowgradError(f"shadow {self.id} failed: {self._error!r}")
+            if predicate(self.status(timeline=0)):
+                return True
+            time.sleep(0.005)
+        return False

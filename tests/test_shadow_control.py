@@ -1,0 +1,237 @@
+"""The shadow's control service (token, status, hold/release, fetch, load, snapshot), on-disk
+snapshots, and the ``shadowgrad shadow`` command."""
+
+from __future__ import annotations
+
+import copy
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import zmq
+from shadowgrad.shadow.control import ControlError, ShadowClient, decode_states, encode_states
+from shadowgrad.shadow.snapshot import SnapshotError, list_snapshots, read_snapshot
+
+from shadowgrad.errors import ShadowgradTimeout
+from shadowgrad.layout import Layout
+from shadowgrad.optspec import state_by_name
+from tests._training import (
+    TOKEN,
+    Case,
+    Cluster,
+    RefTrainer,
+    bucket_bytes,
+    cluster,
+    compare_shard,
+    initial_states,
+)
+
+
+def _run(c: Cluster, trainer: RefTrainer, layout: Layout, its: range) -> None:
+    for it in its:
+        grads, commit = trainer.step(it)
+        c.producer.send_iteration(it, bucket_bytes(layout, grads), commit)
+        c.wait_applied(it)
+
+
+def test_token_status_hold_release_fetch() -> None:
+    trainer = RefTrainer(Case("ctl", "mlp", "adamw", iterations=10), seed=1)
+    layout = trainer.layout(num_shadows=2)
+    with cluster(layout) as c:
+        ep = c.nodes[0].control_endpoint
+        # nothing works before load, and says so
+        with pytest.raises(ControlError) as ei:
+            c.clients[0].fetch()
+        assert ei.value.code == "not_loaded"
+        with ShadowClient(ep, "wrong-token", timeout_s=2) as bad:
+            for op in ("status", "fetch", "load", "hold"):
+                with pytest.raises(ControlError) as ei:
+                    bad.call(op)
+                assert ei.value.code == "bad_token"
+        assert c.nodes[0].ev["control_bad_token"] == 4
+        with pytest.raises(ControlError) as ei:
+            c.clients[0].call("reboot")
+        assert ei.value.code == "bad_request"
+
+        c.load(trainer.named, trainer.optimizer_spec())
+        _run(c, trainer, layout, range(3))
+        at2 = ({k: v.detach().clone() for k, v in trainer.named.items()},
+               copy.deepcopy(state_by_name(trainer.opt, trainer.model.named_parameters())))
+        st = c.clients[0].status(timeline=8)
+        assert st["last_applied"] == 2 and st["last_ready"] == 2 and st["istar"] == 2
+        assert st["lag"] == 0 and st["counters"]["data"] > 0 and st["counters"]["commit"] == 3
+        assert [t["iteration"] for t in st["timeline"]] == [0, 1, 2]
+        assert st["peers"]["1"]["last_applied"] == 2
+        # hold(2) keeps the state of 2 available while replay continues
+        for cl in c.clients:
+            assert cl.hold(2)["holds"] == [2]
+        with pytest.raises(ControlError) as ei:
+            c.clients[0].hold(0)
+        assert ei.value.code == "unavailable"
+        _run(c, trainer, layout, range(3, 6))
+        for shard, cl in enumerate(c.clients):
+            res = cl.fetch(2)
+            assert res.iteration == 2
+            assert not compare_shard(layout, shard, res.states, *at2)
+            latest = cl.fetch(None, boxes=[0])
+            assert latest.iteration == 5 and list(latest.states) == [0]
+            cl.release(2)
+            with pytest.raises(ControlError) as ei:
+                cl.fetch(2)
+            assert ei.value.code == "unavailable"
+        # a bad load is refused precisely and changes nothing
+        with pytest.raises(ControlError) as ei:
+            c.clients[0].load(-1, [], trainer.optimizer_spec().to_json(), layout.to_json())
+        assert ei.value.code == "bad_request"
+        assert c.clients[0].status()["last_applied"] == 5
+
+
+def test_stream_checksums_and_client_timeout() -> None:
+    states = [(0, {"param": torch.arange(10.0), "step": torch.tensor(3.0)})]
+    entries, frames = encode_states(states)
+    out = decode_states(entries, [bytes(f) for f in frames])
+    assert torch.equal(out[0]["param"], torch.arange(10.0))
+    bad = [bytearray(f) for f in frames]
+    bad[0][3] ^= 1
+    with pytest.raises(ControlError) as ei:
+        decode_states(entries, [bytes(b) for b in bad])
+    assert ei.value.code == "checksum"
+    with pytest.raises(ControlError):
+        decode_states(entries, [bytes(f) for f in frames][:-1])
+    # nobody listens: the client gives up on time
+    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+    s = ctx.socket(zmq.ROUTER)
+    port = s.bind_to_random_port("tcp://127.0.0.1")
+    try:
+        with ShadowClient(f"tcp://127.0.0.1:{port}", TOKEN, timeout_s=0.2) as cl:
+            t0 = time.monotonic()
+            with pytest.raises(ShadowgradTimeout):
+                cl.status()
+            assert time.monotonic() - t0 < 2.0
+    finally:
+        s.close(linger=0)
+        ctx.term()
+
+
+def test_background_snapshots_are_atomic_and_verified(tmp_path: Path) -> None:
+    trainer = RefTrainer(Case("snap", "mlp", "sgd", iterations=10), seed=2)
+    layout = trainer.layout(num_shadows=2)
+    with cluster(layout, snapshot_every=2, snapshot_dir=str(tmp_path)) as c:
+        c.load(trainer.named, trainer.optimizer_spec())
+        _run(c, trainer, layout, range(5))
+        assert c.wait(lambda n, _s: n.ev["snapshots"] >= 2, 10.0)
+        for n in c.nodes:
+            snaps = list_snapshots(tmp_path, n.id)
+            assert [p.name for p in snaps] == ["iter000000000002", "iter000000000004"]
+            manifest, states = read_snapshot(snaps[-1])
+            assert manifest["iteration"] == 4 and manifest["layout_digest"] == layout.digest
+            shard = manifest["shard"]
+            opt_state = state_by_name(trainer.opt, trainer.model.named_parameters())
+            assert not compare_shard(layout, shard, dict(enumerate(states)), trainer.named,
+                                     opt_state)
+            assert not list((tmp_path / f"shadow{n.id}").glob(".tmp-*"))
+        # on demand
+        info = c.clients[0].snapshot(wait=True)
+        assert info["iteration"] == 4 and Path(info["path"]).is_dir()
+        # a corrupted snapshot is refused
+        state_bin = list_snapshots(tmp_path, 0)[-1] / "state.bin"
+        raw = bytearray(state_bin.read_bytes())
+        raw[7] ^= 0x40
+        state_bin.write_bytes(bytes(raw))
+        with pytest.raises(SnapshotError):
+            read_snapshot(state_bin.parent)
+
+
+def _free_port(kind: int) -> int:
+    with socket.socket(socket.AF_INET, kind) as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def test_cli_runs_a_shadow_until_sigterm(tmp_path: Path) -> None:
+    trainer = RefTrainer(Case("cli", "mlp", "adamw", iterations=1), seed=0)
+    layout = trainer.layout(num_shadows=1)
+    data_port, trainer_port, control = (_free_port(socket.SOCK_DGRAM),
+                                        _free_port(socket.SOCK_DGRAM),
+                                        _free_port(socket.SOCK_STREAM))
+    spec = tmp_path / "job.toml"
+    spec.write_text(f"""
+[job]
+id = 77
+name = "cli-test"
+mode = "mirror"
+[trainers]
+world_size = 1
+addresses = ["127.0.0.1:{trainer_port}"]
+[shadows]
+count = 1
+addresses = ["127.0.0.1:{data_port}"]
+control_port = {control}
+[switch]
+target = "none"
+""")
+    (tmp_path / "layout.json").write_text(layout.to_json())
+    env = {**os.environ, "SHADOWGRAD_TOKEN": TOKEN}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "shadowgrad.cli", "shadow", "--spec", str(spec), "--id", "0",
+         "--layout", str(tmp_path / "layout.json")],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+    )
+    try:
+        with ShadowClient(f"tcp://127.0.0.1:{control}", TOKEN, timeout_s=1.0) as cl:
+            deadline = time.monotonic() + 30
+            st = None
+            while time.monotonic() < deadline and st is None:
+                try:
+                    st = cl.status()
+                except ShadowgradTimeout:
+                    assert proc.poll() is None, proc.communicate(timeout=5)[0]
+            assert st is not None and st["loaded"] is False
+            cl.load(-1, initial_states(layout, 0, trainer.named),
+                    trainer.optimizer_spec().to_json(), timeout_s=30)
+            st = cl.status()
+            assert st["loaded"] is True and st["last_applied"] == -1
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=15)
+        assert proc.returncode == 0, out
+        assert b"shadow.stop" in out
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+
+
+def test_state_at_istar_is_kept_while_another_shard_lags() -> None:
+    """Invariant 2: a shard that applied i while another shard is still at i-1 can still
+    produce its state at I* = i-1, and drops that copy once every shard has applied i."""
+    trainer = RefTrainer(Case("cut", "mlp", "adamw", iterations=4), seed=5)
+    layout = trainer.layout(num_shadows=2)
+    with cluster(layout) as c:
+        c.load(trainer.named, trainer.optimizer_spec())
+        _run(c, trainer, layout, range(2))
+        at1 = ({k: v.detach().clone() for k, v in trainer.named.items()},
+               copy.deepcopy(state_by_name(trainer.opt, trainer.model.named_parameters())))
+        lagging = c.nodes[1]
+        with lagging._state_lock:  # shard 1 cannot step: it stays at 1, ready for 2
+            grads, commit = trainer.step(2)
+            c.producer.send_iteration(2, bucket_bytes(layout, grads), commit)
+            c.wait_applied(2, nodes=[0])
+            assert c.wait(lambda _n, st: st["peers"]["0"]["last_applied"] == 2, 5.0, nodes=[1])
+            st0 = c.clients[0].status()
+            assert st0["last_applied"] == 2 and st0["istar"] == 1
+            assert st0["available"] == [1, 2]
+            res = c.clients[0].fetch(1)
+            assert not compare_shard(layout, 0, res.states, *at1)
+            assert lagging.status(timeline=0)["last_applied"] == 1
+        c.wait_applied(2)
+        assert c.wait(lambda _n, st: st["istar"] == 2 and st["available"] == [2], 5.0)
+        with pytest.raises(ControlError):
+            c.clients[0].fetch(1)
+        assert c.nodes[0].ev["cut_copies"] >= 1

@@ -1,0 +1,154 @@
+"""Loss, duplication, reordering, a withheld chunk, divergence and resync (invariants 2, 3)."""
+
+from __future__ import annotations
+
+import copy
+import time
+
+import torch
+from shadowgrad.shadow.node import NodeOptions
+
+from shadowgrad.layout import Layout
+from shadowgrad.optspec import state_by_name
+from tests._training import Case, Faults, RefTrainer, bucket_bytes, cluster, compare_shard
+
+FAST_FAIL = NodeOptions(max_repair_rounds=3, repair_backoff=1.5, resync_interval_s=0.05)
+
+
+def test_drop_dup_reorder_repaired_bit_exact_with_iterations_in_flight() -> None:
+    case = Case("faults", "mlp", "adamw", scaler=True, skip_at=(7,), iterations=80)
+    trainer = RefTrainer(case, seed=11)
+    layout = trainer.layout(num_shadows=3)
+    faults = Faults(drop=0.01, dup=0.01, reorder=0.01, seed=5)
+    with cluster(layout, faults=faults, chunk_bytes=512) as c:
+        c.load(trainer.named, trainer.optimizer_spec())
+        for it in range(case.iterations):
+            grads, commit = trainer.step(it)
+            c.producer.send_iteration(it, bucket_bytes(layout, grads), commit)
+            if it >= 2:  # keep up to three iterations in flight
+                c.wait_applied(it - 2)
+        c.wait_applied(case.iterations - 1, timeout_s=30)
+        bad = c.check(case.iterations - 1, trainer)
+        assert not bad, bad[:4]
+        sent = c.producer.stats.sent
+        assert sent["dropped"] > 0 and sent["duplicated"] > 0 and sent["reordered"] > 0
+        assert sent["retx"] > 0
+        total: dict[str, int] = {}
+        for n in c.nodes:
+            st = n.status(timeline=0)
+            for k, v in st["counters"].items():
+                total[k] = total.get(k, 0) + v
+            assert st["diverged_at"] is None
+            assert st["istar"] == case.iterations - 1
+        assert total.get("duplicate", 0) > 0  # dropped and counted
+        assert total.get("retx", 0) > 0 and sum(n.ev["nack_sent"] for n in c.nodes) > 0
+
+
+def test_lost_commit_is_asked_for_and_a_producer_far_ahead_is_caught_up() -> None:
+    """A COMMIT lost on its way to one shadow is requested with a zero-range NACK; a producer
+    eight iterations ahead of a four-iteration window is rejected precisely (ahead_of_window)
+    and repaired by NACK once the window moves."""
+    case = Case("ahead", "mlp", "sgd", iterations=12)
+    trainer = RefTrainer(case, seed=6)
+    layout = trainer.layout(num_shadows=3)
+
+    def drop_commit(it: int, sid: int, retx: bool) -> bool:
+        # COMMIT(0) lost everywhere holds every shadow at -1 while the producer runs ahead
+        return not retx and (it == 0 or (it == 1 and sid == 2))
+
+    with cluster(layout, faults=Faults(drop_commit=drop_commit)) as c:
+        c.load(trainer.named, trainer.optimizer_spec())
+        steps = [trainer.step(it) for it in range(case.iterations)]
+        for it, (grads, commit) in enumerate(steps):  # back to back, no waiting at all
+            c.producer.send_iteration(it, bucket_bytes(layout, grads), commit)
+        c.wait_applied(case.iterations - 1, timeout_s=30)
+        assert not c.check(case.iterations - 1, trainer)
+        assert c.producer.stats.sent["commit_dropped"] == 3 + 1
+        assert c.producer.stats.sent["commit_retx"] >= 3 + 1
+        assert c.nodes[2].rx["commit"] == case.iterations
+        detail = [(n.id, n.rx["ahead_of_window"], n.ev["repaired_bytes"]) for n in c.nodes]
+        assert all(a > 0 and r > 0 for _, a, r in detail), detail
+
+
+def _chunk_of_shard(layout: Layout, shard: int, chunk: int = 1408) -> tuple[int, int]:
+    """(bucket, chunk offset) of a producer chunk carrying bytes of ``shard``."""
+    targets = {(b, r.start - r.start % chunk) for b, routes in enumerate(layout.bucket_routes)
+               for r in routes if r.shard == shard}
+    return sorted(targets)[0]
+
+
+def _snapshot(trainer: RefTrainer) -> tuple[dict[str, torch.Tensor],
+                                             dict[str, dict[str, torch.Tensor]]]:
+    named = {k: v.detach().clone() for k, v in trainer.named.items()}
+    st = copy.deepcopy(state_by_name(trainer.opt, trainer.model.named_parameters()))
+    return named, st
+
+
+def test_withheld_chunk_diverges_and_istar_stops_at_last_complete_iteration() -> None:
+    case = Case("withhold", "mlp", "adamw", iterations=9)
+    trainer = RefTrainer(case, seed=2)
+    layout = trainer.layout(num_shadows=3)
+    victim_shard = 1
+    bucket, off = _chunk_of_shard(layout, victim_shard)
+    hole = 4
+
+    def withhold(it: int, b: int, o: int, sid: int) -> bool:
+        return it == hole and b == bucket and o == off and sid == victim_shard
+
+    with cluster(layout, faults=Faults(withhold=withhold), options=FAST_FAIL) as c:
+        c.load(trainer.named, trainer.optimizer_spec())
+        at_cut = None
+        for it in range(case.iterations):
+            grads, commit = trainer.step(it)
+            c.producer.send_iteration(it, bucket_bytes(layout, grads), commit)
+            if it == hole - 1:
+                c.wait_applied(it)
+                at_cut = _snapshot(trainer)
+        assert at_cut is not None
+        assert c.wait(lambda _n, st: st["diverged_at"] == hole, 10.0, nodes=[victim_shard])
+        time.sleep(0.3)  # give every shard the chance to (wrongly) move on
+        for n in c.nodes:
+            st = n.status(timeline=0)
+            assert st["last_applied"] == hole - 1, st
+            assert st["istar"] == hole - 1
+        assert c.nodes[victim_shard].ev["diverged"] == 1
+        assert c.nodes[victim_shard].ev["nack_sent"] >= FAST_FAIL.max_repair_rounds
+        # every shard still serves the consistent cut, bit-exact
+        named, opt_state = at_cut
+        for shard in range(layout.num_shards):
+            res = c.clients[shard].fetch(hole - 1)
+            assert not compare_shard(layout, shard, res.states, named, opt_state)
+        # the diverged shard says so to its peers
+        peer = c.nodes[0].status(timeline=0)["peers"][str(victim_shard)]
+        assert peer["diverged"] is True
+
+
+def test_withheld_chunk_on_one_replica_resyncs_from_the_other_bit_exact() -> None:
+    case = Case("resync", "transformer", "adamw", clip=1.0, iterations=24)
+    trainer = RefTrainer(case, seed=4)
+    layout = trainer.layout(num_shadows=4, replication=2)
+    victim = 2 + 1  # shard 1, replica 1
+    assert layout.shard_of_shadow(victim) == (1, 1)
+    hole = 6
+    bucket, off = _chunk_of_shard(layout, 1)
+
+    def withhold(it: int, b: int, o: int, sid: int) -> bool:
+        return it == hole and b == bucket and o == off and sid == victim
+
+    with cluster(layout, faults=Faults(withhold=withhold), options=FAST_FAIL) as c:
+        c.load(trainer.named, trainer.optimizer_spec())
+        for it in range(case.iterations):
+            grads, commit = trainer.step(it)
+            c.producer.send_iteration(it, bucket_bytes(layout, grads), commit)
+            # the healthy shadows never wait for the diverged replica
+            c.wait_applied(it, nodes=[0, 1, 2])
+            if it == hole + 2:
+                assert c.nodes[victim].ev["diverged"] == 1 or c.wait(
+                    lambda n, _st: n.ev["diverged"] == 1, 5.0, nodes=[victim])
+        c.wait_applied(case.iterations - 1, nodes=[victim], timeout_s=20)
+        ev = c.nodes[victim].ev
+        assert ev["diverged"] == 1 and ev["resynced"] >= 1
+        bad = c.check(case.iterations - 1, trainer)  # every replica of every shard
+        assert not bad, bad[:4]
+        for n in c.nodes:
+            assert n.status(timeline=0)["istar"] == case.iterations - 1
