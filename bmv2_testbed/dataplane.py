@@ -901,8 +901,19 @@ class Dataplane:
             self._drop(port, "recirculation_limit")
             return
         prog = self.prog
-        ctx = self._new_ctx(port, frame, itype)
-        self._run_parser(ctx)
+        # _new_ctx and _run_parser, inlined (hot path)
+        ctx: PacketCtx = prog.new_ctx(frame)
+        std = ctx.std
+        std.ingress_port = port
+        std.instance_type = itype
+        std.packet_length = len(frame)
+        std.ingress_global_timestamp = self._now
+        try:
+            prog.parse(ctx)
+        except _ParserError as e:
+            std.parser_error = e.code
+        ctx.payload_off = ctx.off
+        prog.verify(ctx)
         if preserved is not None:
             prog.preserve(preserved[0], ctx, preserved[1])
         prog.ingress(ctx)  # the generated control catches its own exit

@@ -115,6 +115,7 @@ class EgressQueue:
         self._closed = False
         self._paused = False
         self._busy = False
+        self._drainers = 0  # threads in drain(): they wait for _busy to clear
         self._xon = self.config.xon if self.config.xon is not None else self.config.capacity // 2
         self._tokens = float(self.config.burst_bytes)
         self._last_refill = time.monotonic()
@@ -252,7 +253,10 @@ class EgressQueue:
                 else:
                     self._stats.drops[outcome] += 1
                 self._busy = False
-                self._cv.notify_all()
+                # wake the TX thread only if frames wait behind this one (or drain() waits):
+                # a wake-up per packet of an idle TX thread costs a GIL handoff each
+                if self._q or self._drainers:
+                    self._cv.notify_all()
 
     def _pace(self, nbytes: int) -> None:
         rate = self.config.rate_bps
@@ -301,11 +305,15 @@ class EgressQueue:
         """Wait until every queued frame has been handed to the port; False on timeout."""
         deadline = time.monotonic() + timeout
         with self._cv:
-            while self._q or self._busy:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return False
-                self._cv.wait(left)
+            self._drainers += 1
+            try:
+                while self._q or self._busy:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        return False
+                    self._cv.wait(left)
+            finally:
+                self._drainers -= 1
         return True
 
     def close(self, timeout: float = 2.0) -> None:

@@ -209,14 +209,17 @@ class Switch:
 
     # ---- packet path -----------------------------------------------------------------------
     def _deliver(self, port: int, frame: bytes) -> None:
-        w = self._pcap.get((port, "in"))
-        if w is not None:
-            w.write(frame)
+        if self._pcap:
+            w = self._pcap.get((port, "in"))
+            if w is not None:
+                w.write(frame)
         dpl = self._dataplane
         if dpl is None:
             self.drops["no_pipeline"] += 1
             return
-        self._enqueue(dpl.process(port, frame), ingress=port)
+        outs = dpl.process(port, frame)
+        if outs:
+            self._enqueue(outs, ingress=port)
 
     def _enqueue(self, outs: list[tuple[int, bytes]], ingress: int | None = None) -> None:
         for eport, data in outs:
@@ -248,6 +251,8 @@ class Switch:
 
     def _transmitter(self, port: Port) -> Callable[[bytes], None]:
         w_key = (port.number, "out")
+        if w_key not in self._pcap:  # no pcap: the port's send itself (hot path)
+            return port.send
 
         def tx(frame: bytes) -> None:
             w = self._pcap.get(w_key)

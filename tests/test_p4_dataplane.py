@@ -4,16 +4,18 @@ Every case talks to a *backend* through a name-based API (table/action/field nam
 P4Info, never ids), so the same cases run on
 
 * ``inproc``: the project's target in-process (:class:`InProcessBackend`, always);
-* ``bmv2``: real ``p4c`` + ``simple_switch_grpc`` (marker ``bmv2``), when both are on PATH and a
-  P4Runtime-driven backend exists. **Seam:** ``shadowgrad.bmv2_testbed.testing.RealBmv2Backend``
-  with the methods of :class:`Backend` (load, insert, set_default, mcast, clone_session, send,
-  counter, direct_counter, packet_out, packet_ins, digests). Until it exists the bmv2 runs skip.
+* ``bmv2``: real ``p4c`` + ``simple_switch_grpc`` (marker ``bmv2``), when both are on PATH,
+  through ``shadowgrad.bmv2_testbed.testing.RealBmv2Backend`` (P4Runtime, veths in a netns);
+* ``subprocess``: the same ``RealBmv2Backend`` against this project's ``shadowgrad-p4c`` +
+  ``sg-switch-grpc`` binaries (markers ``netns``, ``slow``; root), which proves the backend.
 """
 
 from __future__ import annotations
 
 import shutil
+import sys
 import zlib
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -182,22 +184,44 @@ def _bmv2_available() -> bool:
     return bool(shutil.which("p4c") and shutil.which("simple_switch_grpc"))
 
 
-@pytest.fixture(params=["inproc", pytest.param("bmv2", marks=pytest.mark.bmv2)])
-def sw(request: pytest.FixtureRequest) -> Any:
+def _own_tool(name: str) -> str:
+    """A console script of this project, next to the interpreter running the tests."""
+    return str(Path(sys.executable).parent / name)
+
+
+@pytest.fixture(scope="module", params=[
+    "inproc",
+    pytest.param("bmv2", marks=pytest.mark.bmv2),
+    # RealBmv2Backend against OUR target: shadowgrad-p4c + sg-switch-grpc as subprocesses,
+    # veths in a netns, P4Runtime; proves the backend that the bmv2 run uses
+    pytest.param("subprocess", marks=[pytest.mark.netns, pytest.mark.slow]),
+])
+def backend_kind(request: pytest.FixtureRequest) -> Iterator[Any]:
+    """One switch process per module and backend kind (started before any test's child-process
+    snapshot); ``load()`` pushes a fresh pipeline, which resets all switch state per case."""
     if request.param == "inproc":
-        yield InProcessBackend()
+        yield None
         return
-    if not _bmv2_available():
-        pytest.skip("p4c and simple_switch_grpc are not both on PATH")
+    if request.param == "bmv2":
+        if not _bmv2_available():
+            pytest.skip("p4c and simple_switch_grpc are not both on PATH")
+        p4c, switch = "p4c", "simple_switch_grpc"
+    else:
+        p4c, switch = _own_tool("shadowgrad-p4c"), _own_tool("sg-switch-grpc")
     try:
-        from shadowgrad.bmv2_testbed.testing import RealBmv2Backend  # type: ignore[attr-defined]
+        from shadowgrad.bmv2_testbed.testing import RealBmv2Backend
     except ImportError:
         pytest.skip("no P4Runtime-driven real-bmv2 backend (bmv2_testbed.testing) yet")
-    b = RealBmv2Backend()
+    b = RealBmv2Backend(p4c=p4c, switch=switch, prog_dir=PROGS, cpu_port=CPU_PORT)
     try:
         yield b
     finally:
         b.close()
+
+
+@pytest.fixture
+def sw(backend_kind: Any) -> Any:
+    return InProcessBackend() if backend_kind is None else backend_kind
 
 
 def only(outs: list[tuple[int, bytes]]) -> tuple[int, Ether]:

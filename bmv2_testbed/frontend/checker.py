@@ -1903,25 +1903,31 @@ class Checker:
         o = self.out
         total = t.width
         nb = total // 8
+        unpack: list[str] = []
+        shift = total
+        for n, ft in t.fields:
+            w = bit_width(ft) or 0
+            shift -= w
+            m = (1 << w) - 1
+            ex = f"(v >> {shift}) & {m}" if shift else f"v & {m}"
+            if isinstance(ft, BitT) and ft.signed:
+                h = 1 << (w - 1)
+                ex = f"(({ex}) ^ {h}) - {h}"
+            unpack.append(f"h.{attr(n)} = {ex}")
+        unpack.append("h._v_ = True")
         with o.block(f"def _unpack_{t.name}(h, v):"):
-            shift = total
-            for n, ft in t.fields:
-                w = bit_width(ft) or 0
-                shift -= w
-                m = (1 << w) - 1
-                ex = f"(v >> {shift}) & {m}" if shift else f"v & {m}"
-                if isinstance(ft, BitT) and ft.signed:
-                    h = 1 << (w - 1)
-                    ex = f"(({ex}) ^ {h}) - {h}"
-                o(f"h.{attr(n)} = {ex}")
-            o("h._v_ = True")
+            for line in unpack:
+                o(line)
         with o.block(f"def _ext_{t.name}(C, h):"):
             o("o = C.off")
             o(f"e = o + {nb}")
             with o.block("if e > len(C.buf):"):
                 o(f"raise _ParserError({self.errors['PacketTooShort']})")
             o("C.off = e")
-            o(f"_unpack_{t.name}(h, int.from_bytes(C.buf[o:e], 'big'))")
+            # the unpack inlined: one call less per extracted header (hot path)
+            o("v = int.from_bytes(C.buf[o:e], 'big')")
+            for line in unpack:
+                o(line)
         with o.block(f"def _look_{t.name}(C):"):
             o(f"h = {t.pyname}()")
             o(f"_unpack_{t.name}(h, _peek(C, {total}))")

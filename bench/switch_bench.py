@@ -1,0 +1,362 @@
+"""Software-switch benchmark (issue 5): packets/s of the target against a bare Python loop.
+
+Topology (root): three veth pairs; the forwarders' ends (``s1`` ingress, ``s2``/``s3``
+egress) in the root namespace, the host ends in a namespace of their own
+(:class:`shadowgrad.bmv2_testbed.testing.VethNamespace`), IPv6 off, MTU 9500.
+
+Forwarders, each a separate process:
+
+* ``bare``: a bare Python AF_PACKET loop, ``recv`` on ``s1`` and ``send`` to ``s2`` (and
+  ``s3`` for two copies), with the same socket options as the target's ports (64 MiB forced
+  receive buffer, ``PACKET_IGNORE_OUTGOING``);
+* ``target``: ``sg-switch-grpc`` running ``tests/p4progs/mcast.p4`` (table ``mc`` on the
+  destination MAC -> ``flood(grp)``; the PRE replicates, egress rewrites a tag per replica),
+  programmed over P4Runtime with a 1-copy group (port 2) and a 2-copy group (ports 2, 3).
+
+Method (so that the generator does not compete with the forwarder for the CPUs): the forwarder
+is stopped (SIGSTOP), ``N`` frames are written into ``s1`` from the host side, so they wait in
+the forwarder's socket buffer; then the forwarder is continued (SIGCONT) and the time until the
+egress interfaces' ``tx_packets`` have grown by ``N x copies`` is measured (sysfs, polled every
+2 ms). ``pps`` is ingress frames per second; ``copies_per_s`` is pps times copies. Every item
+runs ``--rounds`` times, interleaved, and the best round counts (the machine is shared). Frames
+are Ethernet/IPv4/UDP/tag with a 64 B or an 8 KiB UDP payload. Goal: target >= 50% of bare.
+
+Usage (root)::
+
+    .venv/bin/python bench/switch_bench.py            # 3 rounds
+    .venv/bin/python bench/switch_bench.py --rounds 1 --frames-small 10000
+    .venv/bin/python bench/switch_bench.py --profile 1:64   # cProfile of the target's hot path
+
+Results: ``bench/results/switch_bench.json`` (``--out``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from p4.v1 import p4runtime_pb2
+from shadowgrad.bmv2_testbed.dataplane import Pipeline
+from shadowgrad.bmv2_testbed.testing import P4RuntimeClient, VethNamespace
+
+ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_OUT = ROOT / "bench" / "results" / "switch_bench.json"
+PROG = ROOT / "tests" / "p4progs" / "mcast.p4"
+TARGET_RATIO = 0.50
+U = p4runtime_pb2.Update
+DST = {1: 0x020000000001, 2: 0x020000000002}  # destination MAC -> number of copies
+
+BARE = r"""
+import socket, sys
+ETH_P_ALL = 3
+def sock(iface):
+    s = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(ETH_P_ALL))
+    s.bind((iface, 0))
+    s.setsockopt(socket.SOL_SOCKET, 33, 64 << 20)   # SO_RCVBUFFORCE, as the target's ports
+    s.setsockopt(socket.SOL_SOCKET, 32, 4 << 20)    # SO_SNDBUFFORCE
+    s.setsockopt(263, 23, 1)                        # PACKET_IGNORE_OUTGOING
+    return s
+rx = sock(sys.argv[1])
+outs = [sock(i) for i in sys.argv[2:]]
+print("ready", flush=True)
+recv = rx.recv
+if len(outs) == 1:
+    send = outs[0].send
+    while True:
+        send(recv(65536))
+else:
+    sends = [o.send for o in outs]
+    while True:
+        f = recv(65536)
+        for s in sends:
+            s(f)
+"""
+
+
+def frame(dst: int, payload: int) -> bytes:
+    tag = bytes([0, 0, 0, 0, 0, 0])
+    body = tag + b"\xab" * (payload - len(tag))
+    udp = (1000).to_bytes(2, "big") + (0x1234).to_bytes(2, "big") \
+        + (8 + len(body)).to_bytes(2, "big") + b"\0\0" + body
+    ip = bytes([0x45, 0]) + (20 + len(udp)).to_bytes(2, "big") + b"\0\1\0\0\x40\x11\0\0" \
+        + bytes([10, 0, 0, 1, 10, 0, 0, 2])
+    return dst.to_bytes(6, "big") + bytes.fromhex("020000000009") + b"\x08\x00" + ip + udp
+
+
+def tx_packets(iface: str) -> int:
+    return int(Path(f"/sys/class/net/{iface}/statistics/tx_packets").read_text())
+
+
+class Forwarder:
+    """A forwarder process that can be paused and continued."""
+
+    def __init__(self, name: str, cmd: list[str], ready: str, log: Path) -> None:
+        self.name = name
+        self.log = log
+        self.logf = open(log, "w")  # noqa: SIM115 (closed in stop)
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=self.logf, text=True)
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        if not line.startswith(ready):
+            self.stop()
+            raise RuntimeError(f"{name} did not start: {line!r} {log.read_text()[-2000:]}")
+        self.ready_line = line
+
+    def pause(self) -> None:
+        os.kill(self.proc.pid, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        os.kill(self.proc.pid, signal.SIGCONT)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGCONT)
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+        self.logf.close()
+
+
+def program_target(addr: str) -> None:
+    pipe = Pipeline.compile(PROG)
+    info = pipe.p4info
+    c = P4RuntimeClient(addr)
+    try:
+        c.connect()
+        mc = next(t for t in info.tables if t.preamble.name.endswith(".mc"))
+        flood = next(a for a in info.actions if a.preamble.name.endswith(".flood"))
+        ups = []
+        for gid, ports in ((1, [2]), (2, [2, 3])):
+            e = p4runtime_pb2.Entity()
+            g = e.packet_replication_engine_entry.multicast_group_entry
+            g.multicast_group_id = gid
+            for i, p in enumerate(ports, 1):
+                g.replicas.add(egress_port=p, instance=i)
+            ups.append(U(type=U.INSERT, entity=e))
+            e = p4runtime_pb2.Entity()
+            te = e.table_entry
+            te.table_id = mc.preamble.id
+            te.match.add(field_id=mc.match_fields[0].id).exact.value = DST[gid].to_bytes(6, "big")
+            te.action.action.action_id = flood.preamble.id
+            te.action.action.params.add(param_id=flood.params[0].id,
+                                        value=gid.to_bytes(2, "big"))
+            ups.append(U(type=U.INSERT, entity=e))
+        c.write(*ups)
+    finally:
+        c.close()
+
+
+def measure(fw: Forwarder, veths: VethNamespace, *, copies: int, payload: int, n: int,
+            timeout: float) -> dict[str, Any]:
+    outs = [veths.switch_if[p] for p in (2, 3)[:copies]]
+    f = frame(DST[copies], payload)
+    fw.pause()
+    time.sleep(0.05)
+    before = [tx_packets(i) for i in outs]
+    for _ in range(n):
+        veths.send(1, f)
+    time.sleep(0.05)
+    want = n * copies
+    t0 = time.perf_counter()
+    fw.resume()
+    last_progress, last_total = t0, 0
+    while True:
+        total = sum(tx_packets(i) - b for i, b in zip(outs, before, strict=True))
+        now = time.perf_counter()
+        if total >= want:
+            t_done = now
+            break
+        if total != last_total:
+            last_progress, last_total = now, total
+        elif now - last_progress > 1.0 or now - t0 > timeout:
+            t_done = last_progress  # lost frames (kernel drops): rate over what came out
+            break
+        time.sleep(0.002)
+    elapsed = max(t_done - t0, 1e-9)
+    got = min(total, want)
+    return {"frames": n, "copies": copies, "payload": payload, "frame_bytes": len(f),
+            "delivered_copies": total, "lost_copies": want - got, "seconds": elapsed,
+            "pps": got / copies / elapsed, "copies_per_s": got / elapsed}
+
+
+def profile_target(copies: int, payload: int, n: int, top: int = 25) -> None:
+    """cProfile of the target's hot path: an in-process :class:`Switch` with AF_PACKET ports on
+    the same veths and program, ``n`` frames preloaded, the ingress port's RX loop run on this
+    thread until all are processed. Prints packets/s without and with the profiler."""
+    import cProfile
+    import pstats
+
+    from shadowgrad.bmv2_testbed.dataplane import Exact, TableEntry
+    from shadowgrad.bmv2_testbed.ports import AfPacketPort
+    from shadowgrad.bmv2_testbed.switch import Switch
+
+    veths = VethNamespace([1, 2, 3])
+    try:
+        for p in (2, 3):
+            veths.socks.pop(p).close()
+        pipe = Pipeline.compile(PROG)
+        info = pipe.p4info
+        mc = next(t for t in info.tables if t.preamble.name.endswith(".mc"))
+        flood = next(a for a in info.actions if a.preamble.name.endswith(".flood"))
+        for profiled in (False, True):
+            sw = Switch()
+            ports = {p: AfPacketPort(p, veths.switch_if[p]) for p in (1, 2, 3)}
+            for port in ports.values():
+                sw.add_port(port)
+            dpl = sw.load_pipeline(pipe)
+            dpl.insert_multicast_group(1, [(2, 1)])
+            dpl.insert_multicast_group(2, [(2, 1), (3, 2)])
+            for gid in (1, 2):
+                dpl.insert_entry(TableEntry(mc.preamble.id, {mc.match_fields[0].id:
+                                                             Exact(DST[gid])},
+                                            flood.preamble.id, {flood.params[0].id: gid}))
+            f = frame(DST[copies], payload)
+            for _ in range(n):
+                veths.send(1, f)
+            time.sleep(0.1)
+            rx = ports[1]
+
+            def deliver(pn: int, fr: bytes, rx: AfPacketPort = rx, sw: Switch = sw,
+                        seen: list[int] = [0]) -> None:  # noqa: B006 (one per loop)
+                sw._deliver(pn, fr)
+                seen[0] += 1
+                if seen[0] >= n:
+                    rx._stop.set()
+
+            rx._deliver = deliver
+            prof = cProfile.Profile() if profiled else None
+            t0 = time.perf_counter()
+            if prof is not None:
+                prof.enable()
+            rx._rx_loop()
+            if prof is not None:
+                prof.disable()
+            dt = time.perf_counter() - t0
+            print(f"{'profiled' if profiled else 'plain':8s} {copies} copies, {payload} B: "
+                  f"{n / dt:,.0f} pkt/s ({dt / n * 1e6:.1f} us/pkt)")
+            sw.stop()
+            if prof is not None:
+                pstats.Stats(prof).sort_stats("tottime").print_stats(top)
+    finally:
+        veths.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--frames-small", type=int, default=20000,
+                    help="frames per 64 B item (they must fit the 64 MiB socket buffer)")
+    ap.add_argument("--frames-large", type=int, default=3000, help="frames per 8 KiB item")
+    ap.add_argument("--timeout", type=float, default=60.0)
+    ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    ap.add_argument("--switch", default=str(Path(sys.executable).parent / "sg-switch-grpc"))
+    ap.add_argument("--profile", metavar="COPIES:PAYLOAD", default=None,
+                    help="instead of the benchmark, cProfile the target's hot path "
+                         "(e.g. 1:64) in-process")
+    args = ap.parse_args(argv)
+    if os.geteuid() != 0:
+        print("switch_bench needs root (veths, network namespaces)", file=sys.stderr)
+        return 2
+    if args.profile:
+        c, _, pl = args.profile.partition(":")
+        profile_target(int(c), int(pl or 64), args.frames_small)
+        return 0
+
+    veths = VethNamespace([1, 2, 3])
+    fws: dict[str, Forwarder] = {}
+    logdir = Path(tempfile.mkdtemp(prefix="switch_bench_"))  # removed unless a run fails
+    ok = False
+    results: dict[str, dict[str, Any]] = {}
+    try:
+        for p in (2, 3):  # nobody reads the host sides of the egress veths
+            veths.socks.pop(p).close()
+        s1, s2, s3 = (veths.switch_if[p] for p in (1, 2, 3))
+
+        def start(kind: str) -> Forwarder:
+            """Every AF_PACKET socket on s1 gets its own copy of each frame, so only the
+            forwarder being measured may exist."""
+            if kind == "target":
+                fw = Forwarder(
+                    "target", [args.switch, str(PROG), "--device-id", "0", "-L", "warn",
+                               "-i", f"1@{s1}", "-i", f"2@{s2}", "-i", f"3@{s3}", "--",
+                               "--grpc-server-addr", "127.0.0.1:0"],
+                    "sg-switch-grpc ready", logdir / f"switch_bench_target_{veths.tag}.log")
+                fws[kind] = fw
+                program_target(fw.ready_line.split("grpc=")[1].split()[0])
+            else:
+                copies = int(kind[-1])
+                fw = Forwarder(kind, [sys.executable, "-c", BARE, s1, s2, s3][:4 + copies],
+                               "ready", logdir / f"switch_bench_bare_{veths.tag}.log")
+                fws[kind] = fw
+            return fw
+
+        for _rnd in range(args.rounds):
+            for kind in ("bare1", "bare2", "target"):
+                fw = start(kind)
+                try:
+                    for payload, n in ((64, args.frames_small), (8192, args.frames_large)):
+                        for copies in (1, 2):
+                            if kind != "target" and copies != int(kind[-1]):
+                                continue
+                            r = measure(fw, veths, copies=copies, payload=payload, n=n,
+                                        timeout=args.timeout)
+                            key = f"{kind.rstrip('12')}/{copies}copy/{payload}B"
+                            if key not in results or r["pps"] > results[key]["pps"]:
+                                results[key] = r
+                            print(f"  {key:24s} {r['pps']:>12,.0f} pkt/s "
+                                  f"(lost {r['lost_copies']})", flush=True)
+                finally:
+                    fw.stop()
+                    del fws[kind]
+        ok = True
+    finally:
+        for fw in fws.values():
+            fw.stop()
+        veths.close()
+        if ok:
+            shutil.rmtree(logdir, ignore_errors=True)
+        else:
+            print(f"forwarder logs kept in {logdir}", file=sys.stderr)
+
+    rows = []
+    print(f"\n{'payload':>8} {'copies':>6} {'bare pkt/s':>12} {'target pkt/s':>13} "
+          f"{'ratio':>6}  goal >= {TARGET_RATIO:.0%}")
+    for payload in (64, 8192):
+        for copies in (1, 2):
+            b = results[f"bare/{copies}copy/{payload}B"]
+            t = results[f"target/{copies}copy/{payload}B"]
+            ratio = t["pps"] / b["pps"]
+            rows.append({"payload": payload, "copies": copies, "bare_pps": b["pps"],
+                         "target_pps": t["pps"], "ratio": ratio,
+                         "meets_goal": ratio >= TARGET_RATIO})
+            print(f"{payload:>8} {copies:>6} {b['pps']:>12,.0f} {t['pps']:>13,.0f} "
+                  f"{ratio:>6.0%}")
+    doc = {"benchmark": "switch_bench", "time": time.strftime("%Y-%m-%dT%H:%M:%SZ",
+                                                              time.gmtime()),
+           "command": " ".join([Path(sys.executable).name, *sys.argv]),
+           "method": "preloaded socket buffer, SIGSTOP/SIGCONT, egress tx_packets; best of "
+                     f"{args.rounds} rounds", "program": str(PROG.relative_to(ROOT)),
+           "host": {"machine": platform.machine(), "cpus": os.cpu_count(),
+                    "python": platform.python_version(), "kernel": platform.release()},
+           "goal_ratio": TARGET_RATIO, "summary": rows, "items": results}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
+    print(f"\nwrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

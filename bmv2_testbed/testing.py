@@ -1,0 +1,744 @@
+"""Drive a P4 switch *binary* the way the dataplane suite drives the in-process target.
+
+:class:`RealBmv2Backend` compiles a program with a p4c command line, starts a switch binary with
+``simple_switch_grpc``'s command line on veth pairs, programs it over P4Runtime with a small
+client of our own (:class:`P4RuntimeClient`, built on ``p4.v1.p4runtime_pb2``/``_grpc``; never
+p4runtime-shell, whose ``setup()`` calls ``sys.exit``), sends frames with AF_PACKET and collects
+what comes out of the other ports until the wire is quiet. The same code runs
+
+* real ``p4c`` + ``simple_switch_grpc`` (``p4c`` writes ``DIR/x.json``), and
+* this project's ``shadowgrad-p4c`` + ``sg-switch-grpc`` (``DIR/x.bin``).
+
+Topology (root is needed)::
+
+    switch binary (root netns)            netns sgbk<tag> (created here)
+      -i N@sb<tag>sN  <-- veth pair -->   sb<tag>hN   <- AF_PACKET socket of this process
+
+The switch side stays in the root namespace so that the gRPC server on ``127.0.0.1`` is
+reachable; the host sides live in a namespace of their own, with IPv6 off on every end so the
+kernel adds no traffic of its own. Host-side sockets are opened from a short-lived thread that
+``setns()``-es into the namespace (a socket keeps the namespace it was created in).
+Everything created is removed by :meth:`RealBmv2Backend.close` (also on a failed start, and
+by a finalizer at interpreter exit).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import ctypes.util
+import logging
+import os
+import queue
+import secrets
+import select
+import socket
+import subprocess
+import tempfile
+import threading
+import time
+import weakref
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import grpc
+from google.protobuf import text_format  # type: ignore[import-untyped]
+from google.rpc import status_pb2  # type: ignore[import-untyped]
+from p4.config.v1 import p4info_pb2
+from p4.v1 import p4runtime_pb2, p4runtime_pb2_grpc
+
+__all__ = ["RealBmv2Backend", "P4RuntimeClient", "VethNamespace", "P4RuntimeError",
+           "compile_program"]
+
+log = logging.getLogger(__name__)
+
+CLONE_NEWNET = 0x40000000
+ETH_P_ALL = 0x0003
+SOL_PACKET = 263
+PACKET_IGNORE_OUTGOING = 23
+U = p4runtime_pb2.Update
+
+
+class P4RuntimeError(RuntimeError):
+    """A failed P4Runtime RPC, with the per-update ``p4.v1.Error``s of a Write, if any."""
+
+    def __init__(self, message: str, code: grpc.StatusCode | None = None,
+                 errors: Sequence[p4runtime_pb2.Error] = ()) -> None:
+        super().__init__(message)
+        self.code = code
+        self.errors = list(errors)
+
+
+def _sh(*args: str, check: bool = True, timeout: float = 20) -> subprocess.CompletedProcess[str]:
+    r = subprocess.run(list(args), capture_output=True, text=True, timeout=timeout)
+    if check and r.returncode != 0:
+        raise RuntimeError(f"{' '.join(args)} failed ({r.returncode}): {r.stderr.strip()}")
+    return r
+
+
+# ----------------------------------------------------------------------------- compile
+def compile_program(p4c: str, source: Path, outdir: Path) -> tuple[p4info_pb2.P4Info, bytes]:
+    """``p4c --target bmv2 --arch v1model -o DIR --p4runtime-files DIR/x.p4info.txtpb x.p4``;
+    returns the P4Info and the device config (``DIR/x.json`` from real p4c, ``DIR/x.bin`` from
+    ``shadowgrad-p4c``, whichever exists)."""
+    outdir.mkdir(parents=True, exist_ok=True)
+    stem = source.stem
+    info_path = outdir / f"{stem}.p4info.txtpb"
+    r = subprocess.run([p4c, "--target", "bmv2", "--arch", "v1model", "-o", str(outdir),
+                        "--p4runtime-files", str(info_path), str(source)],
+                       capture_output=True, text=True, timeout=300)
+    if r.returncode != 0:
+        raise RuntimeError(f"{p4c} failed on {source} ({r.returncode}):\n{r.stderr[-4000:]}")
+    for name in (f"{stem}.json", f"{stem}.bin"):
+        if (outdir / name).exists():
+            config = (outdir / name).read_bytes()
+            break
+    else:
+        raise RuntimeError(f"{p4c} wrote neither {stem}.json nor {stem}.bin into {outdir}")
+    info = p4info_pb2.P4Info()
+    text_format.Merge(info_path.read_text(), info, allow_unknown_field=True)
+    return info, config
+
+
+# ----------------------------------------------------------------------------- netns + veths
+_libc: Any = None
+
+
+def _setns_thread(ns_path: str, fn: Any) -> Any:
+    """Run ``fn()`` on a new thread that has joined the network namespace at ``ns_path``."""
+    global _libc  # noqa: PLW0603
+    if _libc is None:
+        _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+    box: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            fd = os.open(ns_path, os.O_RDONLY)
+            try:
+                if _libc.setns(fd, CLONE_NEWNET) != 0:
+                    err = ctypes.get_errno()
+                    raise OSError(err, f"setns({ns_path}): {os.strerror(err)}")
+            finally:
+                os.close(fd)
+            box["value"] = fn()
+        except BaseException as e:
+            box["error"] = e
+
+    t = threading.Thread(target=run, name="setns", daemon=True)
+    t.start()
+    t.join()
+    if "error" in box:
+        raise box["error"]
+    return box.get("value")
+
+
+class VethNamespace:
+    """``n`` veth pairs: switch sides in the root namespace, host sides in a fresh netns, with
+    an AF_PACKET socket per host side. Unique names; :meth:`close` removes everything."""
+
+    def __init__(self, ports: Sequence[int], *, tag: str | None = None,
+                 rcvbuf: int = 8 << 20) -> None:
+        self.tag = tag or secrets.token_hex(3)
+        self.netns = f"sgbk{self.tag}"
+        self.ports = list(ports)
+        self.switch_if = {p: f"sb{self.tag}s{p}" for p in self.ports}
+        self.host_if = {p: f"sb{self.tag}h{p}" for p in self.ports}
+        self.socks: dict[int, socket.socket] = {}
+        self._by_fd: dict[int, int] = {}
+        self._created: list[str] = []
+        self._closed = False
+        try:
+            self._create(rcvbuf)
+        except BaseException:
+            self.close()
+            raise
+
+    def _create(self, rcvbuf: int) -> None:
+        ns = self.netns
+        _sh("ip", "netns", "add", ns)
+        self._created.append("netns")
+        _sh("ip", "netns", "exec", ns, "sysctl", "-qw", "net.ipv6.conf.all.disable_ipv6=1",
+            check=False)
+        _sh("ip", "netns", "exec", ns, "sysctl", "-qw",
+            "net.ipv6.conf.default.disable_ipv6=1", check=False)
+        for p in self.ports:
+            s, h = self.switch_if[p], self.host_if[p]
+            _sh("ip", "link", "add", s, "type", "veth", "peer", "name", h)
+            self._created.append(s)
+            _sh("ip", "link", "set", h, "netns", ns)
+            _sh("sysctl", "-qw", f"net.ipv6.conf.{s}.disable_ipv6=1", check=False)
+            _sh("ip", "netns", "exec", ns, "sysctl", "-qw",
+                f"net.ipv6.conf.{h}.disable_ipv6=1", check=False)
+            _sh("ip", "netns", "exec", ns, "ethtool", "-K", h, "rx", "off", "tx", "off",
+                "sg", "off", "tso", "off", "gso", "off", "gro", "off", check=False)
+            _sh("ip", "link", "set", s, "mtu", "9500", check=False)
+            _sh("ip", "-n", ns, "link", "set", h, "mtu", "9500", check=False)
+            _sh("ip", "link", "set", s, "up")
+            _sh("ip", "-n", ns, "link", "set", h, "up")
+
+        def open_socks() -> dict[int, socket.socket]:
+            out: dict[int, socket.socket] = {}
+            try:
+                for p in self.ports:
+                    sk = socket.socket(socket.AF_PACKET, socket.SOCK_RAW,
+                                       socket.htons(ETH_P_ALL))
+                    out[p] = sk
+                    sk.bind((self.host_if[p], 0))
+                    with contextlib.suppress(OSError):
+                        sk.setsockopt(socket.SOL_SOCKET, 33, rcvbuf)  # SO_RCVBUFFORCE
+                    with contextlib.suppress(OSError):
+                        sk.setsockopt(socket.SOL_SOCKET, 32, 4 << 20)  # SO_SNDBUFFORCE
+                    sk.setsockopt(SOL_PACKET, PACKET_IGNORE_OUTGOING, 1)
+                    sk.setblocking(False)
+            except BaseException:
+                for sk in out.values():
+                    sk.close()
+                raise
+            return out
+
+        self.socks = _setns_thread(f"/run/netns/{ns}", open_socks)
+        self._by_fd = {sk.fileno(): p for p, sk in self.socks.items()}
+
+    def send(self, port: int, frame: bytes) -> None:
+        sk = self.socks[port]
+        while True:
+            try:
+                sk.send(frame)
+                return
+            except BlockingIOError:
+                select.select([], [sk], [], 1.0)
+
+    def drain(self) -> int:
+        """Discard whatever is waiting on the host sockets; the number of frames dropped."""
+        n = 0
+        for sk in self.socks.values():
+            while True:
+                try:
+                    sk.recv(65536)
+                except (BlockingIOError, InterruptedError):
+                    break
+                n += 1
+        return n
+
+    def collect(self, first_timeout: float, quiet: float, limit: float = 10.0
+                ) -> list[tuple[int, bytes]]:
+        """Frames that come out of the host sides: wait up to ``first_timeout`` for the first,
+        then until none arrived for ``quiet`` seconds (at most ``limit`` in all)."""
+        out: list[tuple[int, bytes]] = []
+        socks = list(self.socks.values())
+        start = time.monotonic()
+        last = None
+        while True:
+            now = time.monotonic()
+            deadline = (start + first_timeout) if last is None else (last + quiet)
+            deadline = min(deadline, start + limit)
+            if now >= deadline:
+                return out
+            ready, _, _ = select.select(socks, [], [], deadline - now)
+            for sk in ready:
+                while True:
+                    try:
+                        data = sk.recv(65536)
+                    except (BlockingIOError, InterruptedError):
+                        break
+                    out.append((self._by_fd[sk.fileno()], data))
+                    last = time.monotonic()
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        for sk in self.socks.values():
+            with contextlib.suppress(OSError):
+                sk.close()
+        self.socks = {}
+        if "netns" in self._created:
+            _sh("ip", "netns", "del", self.netns, check=False)
+        for name in self._created:
+            if name != "netns" and Path(f"/sys/class/net/{name}").exists():
+                _sh("ip", "link", "del", name, check=False)
+
+
+# ----------------------------------------------------------------------------- P4Runtime
+def _status_errors(e: grpc.RpcError) -> list[p4runtime_pb2.Error]:
+    trailing = getattr(e, "trailing_metadata", None)
+    for key, value in (trailing() if callable(trailing) else None) or ():
+        if key == "grpc-status-details-bin":
+            st = status_pb2.Status()
+            st.ParseFromString(value)
+            out = []
+            for d in st.details:
+                err = p4runtime_pb2.Error()
+                d.Unpack(err)
+                out.append(err)
+            return out
+    return []
+
+
+class P4RuntimeClient:
+    """A minimal P4Runtime client: one StreamChannel (arbitration, packet-in/out, digests) with
+    a reader thread, pipeline push, Write and Read. Unary calls carry deadlines."""
+
+    def __init__(self, addr: str, device_id: int = 0, election_id: int = 1,
+                 timeout: float = 10.0) -> None:
+        self.addr = addr
+        self.device_id = device_id
+        self.election_id = election_id
+        self.timeout = timeout
+        self.channel = grpc.insecure_channel(addr)
+        self.stub = p4runtime_pb2_grpc.P4RuntimeStub(self.channel)
+        self._out: queue.Queue[p4runtime_pb2.StreamMessageRequest | None] = queue.Queue()
+        self.packet_ins: queue.Queue[p4runtime_pb2.PacketIn] = queue.Queue()
+        self.digests: queue.Queue[p4runtime_pb2.DigestList] = queue.Queue()
+        self.stream_errors: list[p4runtime_pb2.StreamError] = []
+        self._arb: queue.Queue[p4runtime_pb2.MasterArbitrationUpdate | None] = queue.Queue()
+        self._stream: Any = None
+        self._reader: threading.Thread | None = None
+
+    def connect(self, wait: float = 30.0) -> None:
+        """Wait for the server, open the stream and become primary."""
+        grpc.channel_ready_future(self.channel).result(timeout=wait)
+        self._stream = self.stub.StreamChannel(self._requests())
+        self._reader = threading.Thread(target=self._read, name="p4rt-stream", daemon=True)
+        self._reader.start()
+        r = p4runtime_pb2.StreamMessageRequest()
+        r.arbitration.device_id = self.device_id
+        r.arbitration.election_id.high = self.election_id >> 64
+        r.arbitration.election_id.low = self.election_id & ((1 << 64) - 1)
+        self._out.put(r)
+        try:
+            upd = self._arb.get(timeout=wait)
+        except queue.Empty:
+            raise P4RuntimeError("no arbitration response") from None
+        if upd is None:
+            raise P4RuntimeError("stream closed during arbitration")
+        if upd.status.code != 0:
+            raise P4RuntimeError(f"not primary: {upd.status.message!r}")
+
+    def _requests(self) -> Iterator[p4runtime_pb2.StreamMessageRequest]:
+        while (m := self._out.get()) is not None:
+            yield m
+
+    def _read(self) -> None:
+        try:
+            for m in self._stream:
+                kind = m.WhichOneof("update")
+                if kind == "arbitration":
+                    self._arb.put(m.arbitration)
+                elif kind == "packet":
+                    self.packet_ins.put(m.packet)
+                elif kind == "digest":
+                    self.digests.put(m.digest)
+                    ack = p4runtime_pb2.StreamMessageRequest()
+                    ack.digest_ack.digest_id = m.digest.digest_id
+                    ack.digest_ack.list_id = m.digest.list_id
+                    self._out.put(ack)
+                elif kind == "error":
+                    self.stream_errors.append(m.error)
+                    log.warning("P4Runtime stream error: %s", m.error)
+        except grpc.RpcError as e:
+            if e.code() != grpc.StatusCode.CANCELLED:
+                log.debug("stream ended: %s", e)
+        finally:
+            self._arb.put(None)
+
+    def _eid(self, msg: Any) -> None:
+        msg.election_id.high = self.election_id >> 64
+        msg.election_id.low = self.election_id & ((1 << 64) - 1)
+
+    def set_pipeline(self, p4info: p4info_pb2.P4Info, device_config: bytes,
+                     cookie: int = 0) -> None:
+        req = p4runtime_pb2.SetForwardingPipelineConfigRequest(
+            device_id=self.device_id,
+            action=p4runtime_pb2.SetForwardingPipelineConfigRequest.VERIFY_AND_COMMIT)
+        self._eid(req)
+        req.config.p4info.CopyFrom(p4info)
+        req.config.p4_device_config = device_config
+        req.config.cookie.cookie = cookie
+        try:
+            self.stub.SetForwardingPipelineConfig(req, timeout=max(self.timeout, 60))
+        except grpc.RpcError as e:
+            raise P4RuntimeError(f"SetForwardingPipelineConfig: {e.details()}",
+                                 e.code()) from None
+
+    def write(self, *updates: p4runtime_pb2.Update) -> None:
+        req = p4runtime_pb2.WriteRequest(device_id=self.device_id)
+        self._eid(req)
+        req.updates.extend(updates)
+        try:
+            self.stub.Write(req, timeout=self.timeout)
+        except grpc.RpcError as e:
+            errs = _status_errors(e)
+            msgs = [f"#{i}: {x.message}" for i, x in enumerate(errs) if x.canonical_code != 0]
+            raise P4RuntimeError(f"Write: {e.details()} {'; '.join(msgs)}", e.code(),
+                                 errs) from None
+
+    def read(self, *entities: p4runtime_pb2.Entity) -> list[p4runtime_pb2.Entity]:
+        req = p4runtime_pb2.ReadRequest(device_id=self.device_id)
+        req.entities.extend(entities)
+        out: list[p4runtime_pb2.Entity] = []
+        try:
+            for resp in self.stub.Read(req, timeout=self.timeout):
+                out.extend(resp.entities)
+        except grpc.RpcError as e:
+            raise P4RuntimeError(f"Read: {e.details()}", e.code()) from None
+        return out
+
+    def packet_out(self, payload: bytes, metadata: Sequence[tuple[int, bytes]]) -> None:
+        r = p4runtime_pb2.StreamMessageRequest()
+        r.packet.payload = payload
+        for mid, value in metadata:
+            r.packet.metadata.add(metadata_id=mid, value=value)
+        self._out.put(r)
+
+    def close(self) -> None:
+        self._out.put(None)
+        if self._stream is not None:
+            with contextlib.suppress(Exception):
+                self._stream.cancel()
+        if self._reader is not None:
+            self._reader.join(5)
+        self.channel.close()
+
+
+# ----------------------------------------------------------------------------- helpers
+def _width_bytes(bits: int) -> int:
+    return max(1, (bits + 7) // 8)
+
+
+def _enc(value: int, bits: int) -> bytes:
+    if value < 0 or value >> bits:
+        raise ValueError(f"{value:#x} does not fit in {bits} bits")
+    return value.to_bytes(_width_bytes(bits), "big")
+
+
+def _free_tcp_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def _cleanup(state: dict[str, Any]) -> None:
+    """Finalizer body: stop the switch process and remove the veths (idempotent)."""
+    client = state.pop("client", None)
+    if client is not None:
+        with contextlib.suppress(Exception):
+            client.close()
+    proc: subprocess.Popen[bytes] | None = state.pop("proc", None)
+    if proc is not None and proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
+    veths: VethNamespace | None = state.pop("veths", None)
+    if veths is not None:
+        veths.close()
+    tmp = state.pop("tmp", None)
+    if tmp is not None:
+        tmp.cleanup()
+
+
+# ----------------------------------------------------------------------------- backend
+class RealBmv2Backend:
+    """The dataplane suite's ``Backend`` over a switch binary, P4Runtime and veths.
+
+    ``p4c`` and ``switch`` are commands with p4c's and simple_switch_grpc's command lines (real
+    bmv2, or ``shadowgrad-p4c`` and ``sg-switch-grpc``). Ports ``ports`` (default 0..9) are
+    attached as ``-i N@veth``; ``cpu_port`` is given after ``--``. ``send`` waits up to
+    ``first_timeout`` for the first output frame and then until the wire has been quiet for
+    ``quiet`` seconds. ``load`` pushes a new pipeline, which resets all switch state, so one
+    backend serves many test cases.
+    """
+
+    def __init__(self, p4c: str = "p4c", switch: str = "simple_switch_grpc", *,
+                 ports: Sequence[int] = tuple(range(10)), cpu_port: int = 255,
+                 prog_dir: str | Path | None = None, first_timeout: float = 0.5,
+                 quiet: float = 0.1, switch_args: Sequence[str] = (),
+                 start_timeout: float = 60.0) -> None:
+        self.p4c = p4c
+        self.switch = switch
+        self.ports = list(ports)
+        self.cpu_port = cpu_port
+        self.prog_dir = Path(prog_dir) if prog_dir is not None else Path.cwd()
+        self.first_timeout = first_timeout
+        self.quiet = quiet
+        self.packet_ins: list[tuple[bytes, dict[str, int]]] = []
+        self.digests: list[tuple[str, list[bytes]]] = []
+        self.stale_frames = 0
+        self.info: p4info_pb2.P4Info | None = None
+        self._compiled: dict[Path, tuple[p4info_pb2.P4Info, bytes]] = {}
+        self._state: dict[str, Any] = {}
+        self._finalizer = weakref.finalize(self, _cleanup, self._state)
+        try:
+            self._start(list(switch_args), start_timeout)
+        except BaseException:
+            self.close()
+            raise
+
+    # ---- lifecycle ---------------------------------------------------------------------
+    def _start(self, switch_args: list[str], start_timeout: float) -> None:
+        tmp = tempfile.TemporaryDirectory(prefix="sg-bmv2-")
+        self._state["tmp"] = tmp
+        self.workdir = Path(tmp.name)
+        self.veths = VethNamespace(self.ports)
+        self._state["veths"] = self.veths
+        grpc_port = _free_tcp_port()
+        self.grpc_addr = f"127.0.0.1:{grpc_port}"
+        cmd = [self.switch, "--device-id", "0"]
+        for p in self.ports:
+            cmd += ["-i", f"{p}@{self.veths.switch_if[p]}"]
+        cmd += ["--no-p4", *switch_args, "--", "--grpc-server-addr", self.grpc_addr,
+                "--cpu-port", str(self.cpu_port)]
+        self.log_path = self.workdir / "switch.log"
+        with open(self.log_path, "wb") as logf:
+            proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.DEVNULL)
+        self._state["proc"] = proc
+        self.proc = proc
+        client = P4RuntimeClient(self.grpc_addr)
+        self._state["client"] = client
+        deadline = time.monotonic() + start_timeout
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"{self.switch} exited with {proc.returncode}:\n"
+                                   f"{self.switch_log()[-3000:]}")
+            try:
+                client.connect(wait=min(1.0, max(0.1, deadline - time.monotonic())))
+                break
+            except grpc.FutureTimeoutError:
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"{self.switch} did not serve P4Runtime on "
+                                       f"{self.grpc_addr}:\n{self.switch_log()[-3000:]}"
+                                       ) from None
+        self.client = client
+
+    def switch_log(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")
+        except OSError:
+            return ""
+
+    def close(self) -> None:
+        self._finalizer()
+
+    def __enter__(self) -> RealBmv2Backend:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ---- names -------------------------------------------------------------------------
+    def _p4info(self) -> p4info_pb2.P4Info:
+        if self.info is None:
+            raise RuntimeError("no program loaded")
+        return self.info
+
+    def _obj(self, kind: str, name: str) -> Any:
+        for o in getattr(self._p4info(), kind):
+            if name in (o.preamble.name, o.preamble.alias):
+                return o
+        raise KeyError(f"{kind[:-1]} {name!r} not in the P4Info")
+
+    def _table_entry(self, table: str, match: dict[str, Any], action: str | None,
+                     params: dict[str, int] | None, priority: int
+                     ) -> p4runtime_pb2.TableEntry:
+        t = self._obj("tables", table)
+        te = p4runtime_pb2.TableEntry(table_id=t.preamble.id, priority=priority)
+        known = {mf.name for mf in t.match_fields}
+        unknown = set(match) - known
+        if unknown:
+            raise KeyError(f"table {table!r} has no match field(s) {sorted(unknown)}")
+        mt = p4info_pb2.MatchField
+        for mf in t.match_fields:
+            if mf.name not in match:
+                continue
+            v = match[mf.name]
+            w = mf.bitwidth
+            full = (1 << w) - 1
+            fm = p4runtime_pb2.FieldMatch(field_id=mf.id)
+            if mf.match_type == mt.EXACT:
+                fm.exact.value = _enc(v[0] if isinstance(v, tuple) else v, w)
+            elif mf.match_type == mt.LPM:
+                value, plen = v if isinstance(v, tuple) else (v, w)
+                if plen == 0:
+                    continue  # don't-care: omitted (P4Runtime)
+                fm.lpm.value, fm.lpm.prefix_len = _enc(value, w), plen
+            elif mf.match_type == mt.TERNARY:
+                value, mask = v if isinstance(v, tuple) else (v, full)
+                if mask == 0:
+                    continue
+                fm.ternary.value, fm.ternary.mask = _enc(value & mask, w), _enc(mask, w)
+            elif mf.match_type == mt.RANGE:
+                lo, hi = v if isinstance(v, tuple) else (v, v)
+                if lo == 0 and hi == full:
+                    continue
+                fm.range.low, fm.range.high = _enc(lo, w), _enc(hi, w)
+            elif mf.match_type == mt.OPTIONAL:
+                fm.optional.value = _enc(v[0] if isinstance(v, tuple) else v, w)
+            else:
+                raise ValueError(f"unsupported match type {mf.match_type} for {mf.name}")
+            te.match.append(fm)
+        if action is not None:
+            te.action.action.CopyFrom(self._action(action, params))
+        return te
+
+    def _action(self, action: str, params: dict[str, int] | None) -> p4runtime_pb2.Action:
+        a = self._obj("actions", action)
+        out = p4runtime_pb2.Action(action_id=a.preamble.id)
+        by_name = {p.name: p for p in a.params}
+        for k, v in (params or {}).items():
+            p = by_name[k]
+            out.params.add(param_id=p.id, value=_enc(v, p.bitwidth))
+        return out
+
+    # ---- Backend API -------------------------------------------------------------------
+    def load(self, prog: str | Path) -> None:
+        """Compile (cached per source), push the pipeline (which resets all state) and enable
+        every digest, as a controller does with PI."""
+        src = Path(prog)
+        if not src.is_absolute():
+            src = self.prog_dir / src
+        if src not in self._compiled:
+            out = self.workdir / f"build{len(self._compiled)}"
+            self._compiled[src] = compile_program(self.p4c, src, out)
+        info, config = self._compiled[src]
+        self.client.set_pipeline(info, config)
+        self.info = info
+        self.packet_ins.clear()
+        self.digests.clear()
+        for q in (self.client.packet_ins, self.client.digests):
+            while not q.empty():
+                q.get_nowait()
+        ups = []
+        for d in info.digests:
+            e = p4runtime_pb2.Entity()
+            e.digest_entry.digest_id = d.preamble.id
+            e.digest_entry.config.max_timeout_ns = 0
+            e.digest_entry.config.max_list_size = 1
+            e.digest_entry.config.ack_timeout_ns = 1_000_000_000
+            ups.append(U(type=U.INSERT, entity=e))
+        if ups:
+            self.client.write(*ups)
+        self.stale_frames += self.veths.drain()
+
+    def _write_te(self, kind: Any, te: p4runtime_pb2.TableEntry) -> None:
+        e = p4runtime_pb2.Entity()
+        e.table_entry.CopyFrom(te)
+        self.client.write(U(type=kind, entity=e))
+
+    def insert(self, table: str, match: dict[str, Any], action: str,
+               params: dict[str, int] | None = None, priority: int = 0) -> None:
+        self._write_te(U.INSERT, self._table_entry(table, match, action, params, priority))
+
+    def delete(self, table: str, match: dict[str, Any], priority: int = 0) -> None:
+        self._write_te(U.DELETE, self._table_entry(table, match, None, None, priority))
+
+    def set_default(self, table: str, action: str, params: dict[str, int] | None = None
+                    ) -> None:
+        te = self._table_entry(table, {}, action, params, 0)
+        te.is_default_action = True
+        self._write_te(U.MODIFY, te)
+
+    @staticmethod
+    def _replicas(msg: Any, replicas: list[tuple[int, int]]) -> None:
+        for port, rid in replicas:
+            msg.replicas.add(egress_port=port, instance=rid)
+
+    def mcast(self, gid: int, replicas: list[tuple[int, int]]) -> None:
+        e = p4runtime_pb2.Entity()
+        g = e.packet_replication_engine_entry.multicast_group_entry
+        g.multicast_group_id = gid
+        self._replicas(g, replicas)
+        self.client.write(U(type=U.INSERT, entity=e))
+
+    def clone_session(self, sid: int, replicas: list[tuple[int, int]]) -> None:
+        e = p4runtime_pb2.Entity()
+        c = e.packet_replication_engine_entry.clone_session_entry
+        c.session_id = sid
+        self._replicas(c, replicas)
+        self.client.write(U(type=U.INSERT, entity=e))
+
+    def _gather_async(self) -> None:
+        names_in: dict[int, str] = {}
+        for cpm in self._p4info().controller_packet_metadata:
+            if cpm.preamble.name == "packet_in":
+                names_in = {m.id: m.name for m in cpm.metadata}
+        while True:
+            try:
+                pin = self.client.packet_ins.get_nowait()
+            except queue.Empty:
+                break
+            md = {names_in.get(m.metadata_id, str(m.metadata_id)): int.from_bytes(m.value, "big")
+                  for m in pin.metadata}
+            for name in names_in.values():
+                md.setdefault(name, 0)
+            self.packet_ins.append((pin.payload, md))
+        while True:
+            try:
+                dl = self.client.digests.get_nowait()
+            except queue.Empty:
+                break
+            d = next(x for x in self._p4info().digests if x.preamble.id == dl.digest_id)
+            widths = self._digest_widths(d)
+            for data in dl.data:
+                if data.WhichOneof("data") == "struct":
+                    members = [m.bitstring for m in data.struct.members]
+                else:
+                    members = [data.bitstring]
+                # canonical bitstrings (P4Runtime 1.3+) padded back to the member widths
+                members = [b.rjust(_width_bytes(widths[i]), b"\0") if i < len(widths) else b
+                           for i, b in enumerate(members)]
+                self.digests.append((d.preamble.name, members))
+
+    def _digest_widths(self, d: Any) -> list[int]:
+        spec = d.type_spec
+        if spec.WhichOneof("type_spec") == "struct":
+            st = self._p4info().type_info.structs[spec.struct.name]
+            return [m.type_spec.bitstring.bit.bitwidth or m.type_spec.bitstring.int.bitwidth
+                    for m in st.members]
+        if spec.WhichOneof("type_spec") == "bitstring":
+            return [spec.bitstring.bit.bitwidth]
+        return []
+
+    def _collect(self) -> list[tuple[int, bytes]]:
+        out = self.veths.collect(self.first_timeout, self.quiet)
+        self._gather_async()
+        return out
+
+    def send(self, port: int, data: bytes) -> list[tuple[int, bytes]]:
+        self.stale_frames += self.veths.drain()
+        self.veths.send(port, bytes(data))
+        return self._collect()
+
+    def packet_out(self, payload: bytes, **metadata: int) -> list[tuple[int, bytes]]:
+        cpm = next(c for c in self._p4info().controller_packet_metadata
+                   if c.preamble.name == "packet_out")
+        by_name = {m.name: m for m in cpm.metadata}
+        md = [(by_name[k].id, _enc(v, by_name[k].bitwidth)) for k, v in metadata.items()]
+        for m in cpm.metadata:  # bmv2 wants every field of the header
+            if m.name not in metadata:
+                md.append((m.id, _enc(0, m.bitwidth)))
+        self.stale_frames += self.veths.drain()
+        self.client.packet_out(bytes(payload), md)
+        return self._collect()
+
+    def counter(self, name: str, index: int) -> tuple[int, int]:
+        e = p4runtime_pb2.Entity()
+        e.counter_entry.counter_id = self._obj("counters", name).preamble.id
+        e.counter_entry.index.index = index
+        (r,) = self.client.read(e)
+        d = r.counter_entry.data
+        return d.byte_count, d.packet_count
+
+    def direct_counter(self, table: str, match: dict[str, Any], priority: int = 0
+                       ) -> tuple[int, int]:
+        e = p4runtime_pb2.Entity()
+        e.direct_counter_entry.table_entry.CopyFrom(
+            self._table_entry(table, match, None, None, priority))
+        (r,) = self.client.read(e)
+        d = r.direct_counter_entry.data
+        return d.byte_count, d.packet_count
