@@ -1,8 +1,18 @@
-"""shadowgrad.trainer_hooks: what a training script adds — DDP comm hooks, the gradient
-transport, COMMIT records and the restore API. Imports only torch, numpy and the standard
-library, never grpc, protobuf, scapy or mininet.
+"""shadowgrad.trainer_hooks: what a training script adds — per-iteration checkpointing of a DDP
+job into the shadows, the COMMIT records, the restore API, and the in-band ring all-reduce comm
+hook. Imports only torch, numpy, pyzmq and the standard library, never grpc, protobuf, scapy or
+mininet.
 
-Nothing is exported yet; the trainer-hooks issue fills this package.
+    sg = attach(ddp_model, optimizer, "job.toml", lr_scheduler=sched, grad_scaler=scaler,
+                max_grad_norm=1.0)
+    start = sg.restore_or_start()
+    for it in range(start.iteration, steps):
+        sg.backward(loss_fn(ddp_model(x), y))
+        sg.step(user_state={"it": it})
+
+See docs/trainer.md.
 """
 
-__all__: list[str] = []
+from ._session import Shadowgrad, Start, StepInfo, attach
+
+__all__ = ["attach", "Shadowgrad", "Start", "StepInfo"]

@@ -1,0 +1,163 @@
+"""Trainer hooks in one process (world size 1, no DDP) against real shadow nodes: repair of lost
+datagrams through NACK/RETX, and invariant 5 (training never waits for shadows)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+import torch
+from shadowgrad.trainer_hooks import attach
+from shadowgrad.trainer_hooks._testing import TOKEN, loopback_spec, shadow_cluster
+from torch import nn
+
+from shadowgrad.config import parse_spec
+from shadowgrad.optspec import state_by_name
+
+
+def _setup(spec: Any, *, scaler: bool = True, fused: bool = False) -> tuple[Any, ...]:
+    torch.manual_seed(1)
+    model = nn.Sequential(nn.Linear(16, 200), nn.ReLU(), nn.Linear(200, 200), nn.ReLU(),
+                          nn.Linear(200, 3))
+    opt = torch.optim.AdamW([
+        {"params": [p for n, p in model.named_parameters() if "weight" in n]},
+        {"params": [p for n, p in model.named_parameters() if "bias" in n],
+         "weight_decay": 0.0}], lr=1e-2, fused=fused)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=3, gamma=0.7)
+    gs = torch.amp.GradScaler("cpu", init_scale=2.0**126, growth_interval=4) if scaler else None
+    sg = attach(model, opt, spec, lr_scheduler=sched, grad_scaler=gs, max_grad_norm=0.3,
+                token=TOKEN)
+    return model, opt, sg
+
+
+def _train(model: nn.Module, sg: Any, steps: int, start: int = 0) -> list[float]:
+    times = []
+    for it in range(start, start + steps):
+        g = torch.Generator().manual_seed(it)
+        x, y = torch.randn(64, 16, generator=g), torch.randint(0, 3, (64,), generator=g)
+        t0 = time.perf_counter()
+        sg.backward(nn.functional.cross_entropy(model(x), y))
+        sg.step(user_state={"it": it})
+        times.append(time.perf_counter() - t0)
+    return times
+
+
+def _assert_shadows_equal(cluster: Any, sg: Any, model: nn.Module, opt: Any) -> None:
+    it, params, ostate = cluster.full_state(sg.layout)
+    assert it == sg.iteration - 1
+    for n, p in model.named_parameters():
+        assert torch.equal(params[n], p.detach()), n
+    for n, st in state_by_name(opt, model.named_parameters()).items():
+        for k, v in st.items():
+            assert torch.equal(ostate[n][k], v), (n, k)
+
+
+@pytest.mark.parametrize("fused", [False, True], ids=["foreach", "fused"])
+def test_lost_datagrams_are_repaired_bit_exact(fused: bool) -> None:
+    doc = loopback_spec(world=1, shadows=3, gap_repair="20ms")
+    spec = parse_spec(doc, env={})
+    with shadow_cluster(spec) as cluster:
+        model, opt, sg = _setup(spec, fused=fused)
+        with sg:
+            assert sg.restore_or_start().iteration == 0
+            assert sg._sender is not None
+            sg._sender.drop_first_sends = 0.05  # 5% of first sends lost, DATA and COMMIT
+            sg.chunk_bytes = 4096
+            sg._sender.chunk_bytes = 4096
+            _train(model, sg, 25)
+            assert sg.flush(10)
+            assert cluster.wait_applied(24, timeout_s=60), cluster.status()
+            _assert_shadows_equal(cluster, sg, model, opt)
+            stats = sg.stats()["mirror"]
+            assert stats["injected_drops"] > 0
+            assert stats["nacks"] > 0 and stats["retx_chunks"] > 0
+            assert not sg.degraded
+
+
+def test_no_shadow_running_never_stalls_training() -> None:
+    doc = loopback_spec(world=1, shadows=2, rpc="200ms")
+    spec = parse_spec(doc, env={})  # nothing listens on the shadows' addresses
+    model, _opt, sg = _setup(spec)
+    with sg:
+        t0 = time.monotonic()
+        start = sg.restore_or_start()
+        assert start == (0, None, False)
+        assert time.monotonic() - t0 < 5.0  # 2 status calls of 200 ms each, no retries
+        assert sg.degraded
+        times = _train(model, sg, 20)
+    assert max(times) < 1.0
+    assert sg.stats()["degraded_reason"] == "no_shadow_reachable"
+
+
+def test_slow_network_drops_iterations_not_training() -> None:
+    doc = loopback_spec(world=1, shadows=2)
+    spec = parse_spec(doc, env={})
+    with shadow_cluster(spec):
+        model, _opt, sg = _setup(spec, scaler=False)
+        with sg:
+            sg.restore_or_start()
+            sender = sg._sender
+            assert sender is not None
+            real = sender._sendto
+
+            def slow(*a: Any, **kw: Any) -> bool:
+                time.sleep(0.05)  # a congested path: 50 ms per datagram
+                return real(*a, **kw)
+
+            sender._sendto = slow  # type: ignore[method-assign]
+            times = _train(model, sg, 40)
+            st = sg.stats()
+            sender._sendto = real  # type: ignore[method-assign]
+    assert st["mirror"]["dropped_iterations"] > 0
+    assert sg.degraded
+    assert sorted(times)[len(times) // 2] < 0.05, times  # median step unaffected
+
+
+def test_restart_in_process_restores_model_and_optimizer() -> None:
+    """A second attach() against the same shadows restores the state of the last iteration."""
+    doc = loopback_spec(world=1, shadows=3)
+    spec = parse_spec(doc, env={})
+    with shadow_cluster(spec) as cluster:
+        torch.manual_seed(1)
+        model = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 3))
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+        with attach(model, opt, spec, max_grad_norm=0.3, token=TOKEN) as sg:
+            assert sg.restore_or_start() == (0, None, False)
+            _train(model, sg, 7)
+            assert sg.flush(10)
+        assert cluster.wait_applied(6, timeout_s=30)
+        torch.manual_seed(99)  # a different initialisation: everything must come back
+        model2 = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 3))
+        opt2 = torch.optim.AdamW(model2.parameters(), lr=1e-2)
+        with attach(model2, opt2, spec, max_grad_norm=0.3, token=TOKEN) as sg2:
+            start = sg2.restore_or_start()
+            assert (start.iteration, start.restored) == (7, True)
+            for (n, p), p2 in zip(model.named_parameters(), model2.parameters(), strict=True):
+                assert torch.equal(p, p2), n
+            a = state_by_name(opt, model.named_parameters())
+            b = state_by_name(opt2, model2.named_parameters())
+            for n in a:
+                for k in a[n]:
+                    assert torch.equal(a[n][k], b[n][k]), (n, k)
+            # both continue identically
+            _train(model, _Plain(opt), 2, start=7)
+            _train(model2, sg2, 2, start=7)
+        for p, p2 in zip(model.parameters(), model2.parameters(), strict=True):
+            assert torch.equal(p, p2)
+
+
+class _Plain:
+    """What sg.backward/sg.step do without a scaler or scheduler (clip 0.3), for comparison."""
+
+    def __init__(self, opt: Any) -> None:
+        self.opt = opt
+
+    def backward(self, loss: torch.Tensor) -> None:
+        loss.backward()
+
+    def step(self, user_state: Any = None) -> None:
+        params = [p for g in self.opt.param_groups for p in g["params"]]
+        torch.nn.utils.clip_grad_norm_(params, 0.3)
+        self.opt.step()
+        self.opt.zero_grad(set_to_none=True)

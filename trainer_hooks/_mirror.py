@@ -1,0 +1,449 @@
+"""Mirror mode's sender: a background thread that streams each rank's reduced-gradient slices and
+rank 0's COMMIT records to the shadows over UDP, and answers the shadows' NACKs.
+
+The training thread only copies its slice of the reduced gradients into a preallocated staging
+slot (:meth:`MirrorSender.capture`) and enqueues it; everything else happens on the thread.
+Memory is bounded by ``slots`` staging buffers: a slot is reused once sent, and the newest sent
+slots double as the retransmit buffer for NACKs. When every slot is still waiting to be sent
+(the network or a shadow is slower than training), the iteration is *dropped* for the shadows and
+the checkpoint is marked degraded (event ``trainer.mirror.degraded``): training never waits.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import random
+import select
+import socket
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from shadowgrad._log import event
+from shadowgrad.errors import WireError
+from shadowgrad.wire import (
+    MAX_DATAGRAM,
+    CommitRecord,
+    Flag,
+    Kind,
+    NackRecord,
+    decode,
+    encode_header,
+)
+
+from ._plan import RankPlan, Run, torch_dtype
+
+__all__ = ["CommitInfo", "MirrorSender"]
+
+log = logging.getLogger(__name__)
+
+_FREE, _QUEUED, _SENT = 0, 1, 2
+
+
+@dataclass
+class CommitInfo:
+    """A COMMIT record whose scalars may still be device tensors (read on the sender thread)."""
+
+    iteration: int
+    lrs: tuple[float, ...]
+    clip_coef: torch.Tensor | float | None
+    loss_scale: torch.Tensor | float | None
+    skipped: bool
+    user_state: bytes
+    ready: Any = None  # a CUDA event to wait for before reading tensors, or None
+
+    def record(self) -> CommitRecord:
+        if self.ready is not None:
+            self.ready.synchronize()
+        return CommitRecord(
+            lrs=self.lrs,
+            clip_coef=None if self.clip_coef is None else float(self.clip_coef),
+            loss_scale=None if self.loss_scale is None else float(self.loss_scale),
+            skipped=self.skipped,
+            user_state=self.user_state,
+        )
+
+
+@dataclass
+class _Slot:
+    buf: torch.Tensor
+    mv: memoryview
+    iteration: int = -1
+    state: int = _FREE
+    busy: bool = False
+    ready: Any = None
+
+
+@dataclass
+class _Counters:
+    data_chunks: int = 0
+    data_bytes: int = 0
+    retx_chunks: int = 0
+    commits: int = 0
+    heartbeats: int = 0
+    nacks: int = 0
+    nack_unavailable: int = 0
+    rx_rejected: int = 0
+    dropped_iterations: int = 0
+    send_errors: int = 0
+    injected_drops: int = 0
+    by_reason: dict[str, int] = field(default_factory=dict)
+
+
+def _bytes_view(t: torch.Tensor) -> memoryview:
+    """A writable byte memoryview of a contiguous CPU uint8 tensor (no copy)."""
+    arr: Any = t.numpy()
+    return memoryview(arr).cast("B")
+
+
+class MirrorSender:
+    """Background sender of one rank (see the module docstring).
+
+    ``shadow_addrs[k]`` is shadow ``k``'s UDP address; shard ``s`` goes to every shadow in
+    ``shadows_of_shard(s)``. ``sock`` is bound to this rank's trainer address (shadows send
+    NACKs there). ``commits=True`` on rank 0 only.
+    """
+
+    def __init__(
+        self,
+        plan: RankPlan,
+        *,
+        job: int,
+        sock: socket.socket,
+        shadow_addrs: Sequence[tuple[str, int]],
+        chunk_bytes: int,
+        slots: int = 4,
+        commits: bool = False,
+        heartbeat_s: float = 0.5,
+        pin_memory: bool = False,
+        max_queue: int = 64,
+        drop_first_sends: float = 0.0,
+        seed: int = 0,
+    ) -> None:
+        layout = plan.layout
+        if chunk_bytes < 64 or chunk_bytes % 8:
+            raise ValueError(f"chunk_bytes must be a multiple of 8 and >= 64, got {chunk_bytes}")
+        self.plan = plan
+        self.job = job
+        self.rank = plan.rank
+        self.digest = layout.digest64
+        self.sock = sock
+        self.shadow_addrs = list(shadow_addrs)
+        self.chunk_bytes = chunk_bytes
+        self.commits = commits
+        self.heartbeat_s = heartbeat_s
+        self.counters = _Counters()
+        #: fault injection for tests: probability of silently dropping a first (non-RETX) send
+        self.drop_first_sends = drop_first_sends
+        self._rng = random.Random(seed)
+        self.degraded = False
+        self._dest = [
+            [self.shadow_addrs[k] for k in layout.shadows_of_shard(s)]
+            for s in range(layout.num_shards)
+        ]
+        self._seq = collections.Counter[tuple[str, int]]()
+        n = max(1, plan.staging_nbytes)
+        self._slots = []
+        for _ in range(max(1, slots)):
+            buf = torch.empty(n, dtype=torch.uint8, pin_memory=pin_memory)
+            self._slots.append(_Slot(buf, _bytes_view(buf)))
+        self._lock = threading.Lock()
+        self._wake = threading.Condition(self._lock)
+        self._queue: collections.deque[tuple[str, Any]] = collections.deque()
+        self._max_queue = max_queue
+        self._commits_kept: collections.OrderedDict[int, CommitRecord] = collections.OrderedDict()
+        self._last_commit: tuple[int, CommitRecord] | None = None
+        self._last_send = time.monotonic()
+        self._stop = False
+        self._rx = bytearray(MAX_DATAGRAM)
+        self._thread = threading.Thread(target=self._run, name=f"shadowgrad-mirror-r{plan.rank}",
+                                        daemon=True)
+        self._thread.start()
+
+    # -- training thread ------------------------------------------------------------------
+
+    def capture(self, iteration: int, grads: Mapping[str, torch.Tensor | None]) -> bool:
+        """Copy this rank's slices of the reduced gradients and queue them. Never blocks.
+
+        Returns False (and marks the checkpoint degraded) when the iteration had to be dropped.
+        """
+        missing = [p.name for p in self.plan.pieces if grads.get(p.name) is None]
+        if missing:
+            self._degrade(iteration, "no_grad", param=missing[0])
+            return False
+        with self._lock:
+            slot = self._take_slot()
+            if slot is None or len(self._queue) >= self._max_queue:
+                self._degrade_locked(iteration, "backlog")
+                return False
+            slot.state = _QUEUED
+            slot.iteration = iteration
+        cuda = False
+        for piece in self.plan.pieces:
+            g = grads[piece.name]
+            assert g is not None
+            dst = slot.buf[piece.staging_offset:piece.staging_offset + piece.nbytes]
+            src = g.detach().reshape(-1)[piece.elem_start:piece.elem_start + piece.numel]
+            dst.view(torch_dtype(piece.dtype)).copy_(src, non_blocking=src.is_cuda)
+            cuda = cuda or src.is_cuda
+        slot.ready = None
+        if cuda:
+            ev = torch.cuda.Event()  # type: ignore[no-untyped-call]
+            ev.record()
+            slot.ready = ev
+        with self._lock:
+            self._queue.append(("data", slot))
+            self._wake.notify()
+        return True
+
+    def commit(self, info: CommitInfo) -> bool:
+        """Queue rank 0's COMMIT record (after the data of the same iteration). Never blocks."""
+        with self._lock:
+            if len(self._queue) >= self._max_queue:
+                self._degrade_locked(info.iteration, "backlog")
+                return False
+            self._queue.append(("commit", info))
+            self._wake.notify()
+        return True
+
+    def call_soon(self, fn: Callable[[], None]) -> None:
+        """Run ``fn`` on the sender thread, in queue order (errors degrade the checkpoint)."""
+        with self._lock:
+            self._queue.append(("call", fn))
+            self._wake.notify()
+
+    def request_commit(self, iteration: int, addr: tuple[str, int]) -> None:
+        """Re-send COMMIT(iteration) to ``addr`` if it is still kept (any thread)."""
+
+        def resend() -> None:
+            rec = self._commits_kept.get(iteration)
+            if rec is not None:
+                self._broadcast_commit(iteration, rec, retx=True, only=addr)
+
+        self.call_soon(resend)
+
+    def flush(self, timeout_s: float) -> bool:
+        """Wait until everything queued so far was sent (for tests and shutdown)."""
+        deadline = time.monotonic() + timeout_s
+        with self._lock:
+            while self._queue or self._sending:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._wake.wait(min(left, 0.05))
+        return True
+
+    def close(self, timeout_s: float = 5.0) -> None:
+        with self._lock:
+            self._stop = True
+            self._wake.notify_all()
+        self._thread.join(timeout_s)
+        if self._thread.is_alive():
+            log.warning("mirror sender thread of rank %d did not stop in %gs", self.rank,
+                        timeout_s)
+
+    def stats(self) -> dict[str, Any]:
+        c = self.counters
+        out = {k: v for k, v in vars(c).items() if k != "by_reason"}
+        out["degraded"] = self.degraded
+        out["rejected_by_reason"] = dict(c.by_reason)
+        return out
+
+    # -- internals -----------------------------------------------------------------------
+
+    _sending = False
+    _in_rx = False
+
+    def _take_slot(self) -> _Slot | None:
+        free = [s for s in self._slots if s.state == _FREE]
+        if free:
+            return free[0]
+        sent = [s for s in self._slots if s.state == _SENT and not s.busy]
+        if sent:
+            return min(sent, key=lambda s: s.iteration)
+        return None
+
+    def _degrade(self, iteration: int, reason: str, **fields: Any) -> None:
+        with self._lock:
+            self._degrade_locked(iteration, reason, **fields)
+
+    def _degrade_locked(self, iteration: int, reason: str, **fields: Any) -> None:
+        self.counters.dropped_iterations += 1
+        self.degraded = True
+        event(log, "trainer.mirror.degraded", logging.WARNING, rank=self.rank,
+              iteration=iteration, reason=reason, **fields)
+
+    def _run(self) -> None:
+        try:
+            while True:
+                with self._lock:
+                    if self._stop and not self._queue:
+                        return
+                    item = self._queue.popleft() if self._queue else None
+                    self._sending = item is not None
+                if item is None:
+                    self._poll_rx(0.02)
+                    self._maybe_heartbeat()
+                    continue
+                kind, obj = item
+                try:
+                    if kind == "data":
+                        self._send_slot(obj)
+                    elif kind == "commit":
+                        self._send_commit(obj)
+                    else:
+                        obj()
+                except Exception as exc:
+                    self._degrade(getattr(obj, "iteration", -1), "error", error=repr(exc))
+                    log.exception("mirror sender of rank %d", self.rank)
+                with self._lock:
+                    self._sending = False
+                    self._wake.notify_all()
+                self._poll_rx(0.0)
+        finally:
+            self.sock.close()
+
+    def _sendto(self, header: bytes, payload: memoryview | bytes, addr: tuple[str, int],
+                retx: bool = False) -> bool:
+        if not retx and self.drop_first_sends and self._rng.random() < self.drop_first_sends:
+            self.counters.injected_drops += 1
+            return True
+        try:
+            self.sock.sendmsg([header, payload], (), 0, addr)
+        except OSError as exc:
+            self.counters.send_errors += 1
+            if self.counters.send_errors in (1, 10, 100, 1000):
+                log.warning("rank %d: send to %s failed: %s", self.rank, addr, exc)
+            return False
+        return True
+
+    def _send_range(self, slot: _Slot, run: Run, *, retx: bool,
+                    only: tuple[str, int] | None = None) -> None:
+        bucket, start, end, staging, dtype = (run.bucket, run.start, run.end,
+                                              run.staging_offset, run.dtype)
+        step = self.chunk_bytes
+        flags_base = Flag.FINAL | (Flag.RETX if retx else Flag(0))
+        for off in range(start, end, step):
+            n = min(step, end - off)
+            payload = slot.mv[staging + (off - start):staging + (off - start) + n]
+            flags = flags_base | (Flag.LAST if off + n >= end else Flag(0))
+            for addr in ([only] if only is not None else self._dest[run.shard]):
+                seq = self._seq[addr]
+                self._seq[addr] = seq + 1
+                header = encode_header(
+                    Kind.DATA, job=self.job, sender=self.rank, iteration=slot.iteration,
+                    seq=seq, layout=self.digest, payload=payload, flags=flags, dtype=dtype,
+                    bucket=bucket, offset=off,
+                )
+                if self._sendto(header, payload, addr, retx):
+                    if retx:
+                        self.counters.retx_chunks += 1
+                    else:
+                        self.counters.data_chunks += 1
+                        self.counters.data_bytes += n
+            self._poll_rx(0.0)
+
+    def _send_slot(self, slot: _Slot) -> None:
+        if slot.ready is not None:
+            slot.ready.synchronize()
+        with self._lock:
+            slot.busy = True
+        try:
+            for run in self.plan.runs:
+                self._send_range(slot, run, retx=False)
+        finally:
+            with self._lock:
+                slot.busy = False
+                slot.state = _SENT
+        self._last_send = time.monotonic()
+
+    def _send_commit(self, info: CommitInfo) -> None:
+        rec = info.record()
+        self._commits_kept[info.iteration] = rec
+        while len(self._commits_kept) > max(8, 2 * len(self._slots)):
+            self._commits_kept.popitem(last=False)
+        self._last_commit = (info.iteration, rec)
+        self._broadcast_commit(info.iteration, rec, retx=False)
+        self.counters.commits += 1
+
+    def _broadcast_commit(self, iteration: int, rec: CommitRecord, *, retx: bool,
+                          only: tuple[str, int] | None = None) -> None:
+        for addr in ([only] if only is not None else self.shadow_addrs):
+            seq = self._seq[addr]
+            self._seq[addr] = seq + 1
+            data = rec.encode(job=self.job, sender=self.rank, iteration=iteration, seq=seq,
+                              layout=self.digest, retx=retx)
+            self._sendto(data, b"", addr, retx)
+        self._last_send = time.monotonic()
+
+    def _maybe_heartbeat(self) -> None:
+        if not self.commits or self._last_commit is None:
+            return
+        if time.monotonic() - self._last_send >= self.heartbeat_s:
+            it, rec = self._last_commit
+            self._broadcast_commit(it, rec, retx=True)
+            self.counters.heartbeats += 1
+
+    def _poll_rx(self, timeout_s: float) -> None:
+        if self._in_rx:
+            return
+        self._in_rx = True
+        try:
+            self._poll_rx_inner(timeout_s)
+        finally:
+            self._in_rx = False
+
+    def _poll_rx_inner(self, timeout_s: float) -> None:
+        try:
+            ready, _, _ = select.select([self.sock], [], [], timeout_s)
+        except (OSError, ValueError):
+            return
+        while ready:
+            try:
+                n, addr = self.sock.recvfrom_into(self._rx, MAX_DATAGRAM, socket.MSG_DONTWAIT)
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:
+                return
+            self._on_datagram(memoryview(self._rx)[:n], addr)
+
+    def _on_datagram(self, buf: memoryview, addr: tuple[str, int]) -> None:
+        try:
+            msg = decode(buf, job=self.job, layout=self.digest)
+        except WireError as exc:
+            self.counters.rx_rejected += 1
+            self.counters.by_reason[exc.reason] = self.counters.by_reason.get(exc.reason, 0) + 1
+            return
+        if msg.header.kind is not Kind.NACK:
+            self.counters.rx_rejected += 1
+            self.counters.by_reason["unexpected_kind"] = (
+                self.counters.by_reason.get("unexpected_kind", 0) + 1)
+            return
+        self.counters.nacks += 1
+        it = msg.header.iteration
+        nack = NackRecord.from_message(msg)
+        rec = self._commits_kept.get(it)
+        if rec is not None:
+            self._broadcast_commit(it, rec, retx=True, only=addr)
+        if not nack.ranges:
+            return
+        with self._lock:
+            slot = next((s for s in self._slots
+                         if s.iteration == it and s.state == _SENT and not s.busy), None)
+            if slot is not None:
+                slot.busy = True
+        if slot is None:
+            self.counters.nack_unavailable += 1
+            return
+        try:
+            for r in nack.ranges:
+                for run in self.plan.runs_in(r.bucket, r.offset, r.length):
+                    self._send_range(slot, run, retx=True, only=addr)
+        finally:
+            with self._lock:
+                slot.busy = False

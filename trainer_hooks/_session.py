@@ -1,0 +1,640 @@
+"""``attach``: the object a training script holds (see docs/trainer.md)."""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+import os
+import socket
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import torch
+
+from shadowgrad._log import event
+from shadowgrad.config import JobSpec, load_spec
+from shadowgrad.errors import ConfigError, ShadowgradError
+from shadowgrad.layout import Layout, from_module
+from shadowgrad.optspec import OptimizerSpec, load_state_by_name, state_by_name
+from shadowgrad.wire import DEFAULT_CHUNK_BYTES, MAX_PAYLOAD, peek_header
+
+from ._blob import pack_blob, unpack_blob
+from ._dist import Group
+from ._mirror import CommitInfo, MirrorSender
+from ._plan import RankPlan, param_map
+from .hooks import LayoutReducer, layout_hook
+from .ring import RingAllReduce
+
+__all__ = ["Start", "StepInfo", "Shadowgrad", "attach"]
+
+log = logging.getLogger(__name__)
+
+#: chunk size when every shadow is on the loopback interface (MTU 65536): the largest multiple
+#: of 64 bytes that fits a datagram
+LOOPBACK_CHUNK_BYTES = (MAX_PAYLOAD // 64) * 64
+#: default memory for staging + retransmit slots, per rank
+DEFAULT_BUFFER_BYTES = 256 * 2**20
+
+
+class Start(NamedTuple):
+    """Where training begins: the ``iteration`` to run next, the user state saved with the
+    iteration before it (``None`` on a fresh start), and whether state came from the shadows."""
+
+    iteration: int
+    user_state: Any
+    restored: bool
+
+
+@dataclass(frozen=True)
+class StepInfo:
+    """What :meth:`Shadowgrad.step` did for ``iteration``."""
+
+    iteration: int
+    skipped: bool
+    lrs: tuple[float, ...]
+    grad_norm: torch.Tensor | None
+    sent: bool
+
+
+def _is_loopback(host: str) -> bool:
+    return host.startswith("127.") or host in ("::1", "localhost")
+
+
+class Shadowgrad:
+    """Per-iteration checkpointing of one DDP rank into the shadows (create with :func:`attach`).
+
+    The object owns the end of every iteration: :meth:`step` captures the reduced gradients for
+    the shadows, unscales (GradScaler), clips (``max_grad_norm``), steps the optimizer through
+    the scaler, updates the scaler, steps the LR scheduler, zeroes the gradients and emits the
+    COMMIT record. Nothing in it waits for a shadow.
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        spec: JobSpec | str | os.PathLike[str],
+        *,
+        lr_scheduler: Any = None,
+        grad_scaler: Any = None,
+        max_grad_norm: float | None = None,
+        norm_type: float = 2.0,
+        process_group: Any = None,
+        token: str | None = None,
+        chunk_bytes: int | None = None,
+        buffer_bytes: int = DEFAULT_BUFFER_BYTES,
+        layout: Layout | None = None,
+        layout_reduce: bool = True,
+        software_tap: bool = False,
+    ) -> None:
+        self.spec = spec if isinstance(spec, JobSpec) else load_spec(Path(spec))
+        ddp = model if isinstance(model, torch.nn.parallel.DistributedDataParallel) else None
+        self.ddp = ddp
+        self.module: torch.nn.Module = ddp.module if ddp is not None else model
+        self.optimizer = optimizer
+        self.scheduler = lr_scheduler
+        self.scaler = grad_scaler if grad_scaler is not None and grad_scaler.is_enabled() else None
+        self.max_grad_norm = None if max_grad_norm is None else float(max_grad_norm)
+        self.norm_type = float(norm_type)
+        pg = process_group if process_group is not None else (
+            getattr(ddp, "process_group", None) if ddp is not None else None)
+        self.group = Group(pg)
+        if self.group.world != self.spec.trainers.world_size:
+            raise ConfigError("trainers.world_size", self.spec.trainers.world_size,
+                              f"the process group has {self.group.world} ranks")
+        self._token = token if token is not None else self.spec.token()
+        if layout is None:
+            cap_mb: float | None = None
+            if ddp is not None and not getattr(ddp, "bucket_bytes_cap_default", True):
+                cap_mb = ddp.bucket_bytes_cap / 2**20
+            params, buckets = from_module(self.module, cap_mb)
+            layout = Layout.build(params, buckets, self.spec.shadows.count,
+                                  self.spec.shadows.replication)
+        self.layout = layout
+        self.params = param_map(self.module, layout)
+        self._named = dict(self.module.named_parameters())
+        self.optspec = OptimizerSpec.from_optimizer(optimizer, self._named,
+                                                    scaler_unscale="explicit")
+        self._hyper = self._hyper_now()
+        self.plan = RankPlan(layout, self.group.rank, self.group.world)
+        if chunk_bytes is None:
+            hosts = [a.host for a in self.spec.shadows.addresses]
+            chunk_bytes = LOOPBACK_CHUNK_BYTES if all(map(_is_loopback, hosts)) \
+                else DEFAULT_CHUNK_BYTES
+        self.chunk_bytes = chunk_bytes
+        per_slot = max(1, self.plan.staging_nbytes)
+        self.slots = int(min(64, max(2, buffer_bytes // per_slot)))
+        self.mode = self.spec.job.mode
+        self._iteration: int | None = None
+        self._sender: MirrorSender | None = None
+        self._degraded_reason: str | None = None
+        self._restored_commit: dict[str, Any] | None = None
+        self._closed = False
+        self.software_tap = software_tap
+        self.ring: RingAllReduce | None = None
+        self.reducer: LayoutReducer | None = None
+        if self.mode == "in-band":
+            if ddp is None:
+                raise ConfigError("job.mode", self.mode, "in-band mode needs a DDP model")
+            self.reducer = LayoutReducer(layout, self.params, pg, reduce=self._ring_reduce)
+            ddp.register_comm_hook(self.reducer, layout_hook)
+        elif ddp is not None and layout_reduce:
+            self.reducer = LayoutReducer(layout, self.params, pg)
+            ddp.register_comm_hook(self.reducer, layout_hook)
+
+    def _ring_reduce(self, bucket: int, flat: torch.Tensor) -> torch.futures.Future[Any]:
+        if self.ring is None or self.reducer is None:
+            raise ShadowgradError("in-band mode: call restore_or_start() before training")
+        return self.ring.submit(self.reducer.iteration, bucket, flat)
+
+    # -- properties ----------------------------------------------------------------------
+
+    @property
+    def rank(self) -> int:
+        return self.group.rank
+
+    @property
+    def iteration(self) -> int:
+        """The iteration the next :meth:`step` commits."""
+        if self._iteration is None:
+            raise ShadowgradError("call restore_or_start() before training")
+        return self._iteration
+
+    @property
+    def degraded(self) -> bool:
+        """True when some iteration could not be given to the shadows (see :meth:`stats`)."""
+        return self._degraded_reason is not None or (
+            self._sender is not None and self._sender.degraded)
+
+    def stats(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"iteration": self._iteration, "degraded": self.degraded,
+                               "degraded_reason": self._degraded_reason, "slots": self.slots,
+                               "chunk_bytes": self.chunk_bytes}
+        if self._sender is not None:
+            out["mirror"] = self._sender.stats()
+        return out
+
+    # -- shadows --------------------------------------------------------------------------
+
+    def _client(self, k: int, timeout_s: float) -> Any:
+        from shadowgrad.shadow.control import ShadowClient
+
+        ep = self.spec.shadows.control_endpoint(k)
+        return ShadowClient(f"tcp://{ep}", self._token, timeout_s=timeout_s)
+
+    def _bulk_timeout(self, nbytes: int) -> float:
+        return self.spec.timeouts.connect_s + nbytes / (20 * 2**20)
+
+    def _degrade(self, reason: str, **fields: Any) -> None:
+        if self._degraded_reason is None:
+            self._degraded_reason = reason
+        event(log, "trainer.degraded", logging.WARNING, rank=self.rank, reason=reason, **fields)
+
+    def _statuses(self, *, report: bool) -> dict[int, dict[str, Any] | None]:
+        out: dict[int, dict[str, Any] | None] = {}
+        for k in range(self.spec.shadows.count):
+            try:
+                with self._client(k, self.spec.timeouts.rpc_s) as c:
+                    out[k] = c.status(timeline=0)
+            except Exception as exc:
+                out[k] = None
+                if report:
+                    event(log, "trainer.shadow_unreachable", logging.WARNING, shadow=k,
+                          error=str(exc))
+        return out
+
+    def _survey(self) -> dict[str, Any]:
+        """Rank 0: status of every shadow -> decision (fresh / restore at I*)."""
+        layout = self.layout
+        statuses = self._statuses(report=True)
+        # let the shadows finish what they can still apply (data of the iterations every rank
+        # completed may still be in flight or in repair): wait until no shadow advanced for
+        # three polls, at most timeouts.failure_detect
+        t = self.spec.timeouts
+        interval = max(0.05, t.gap_repair_s)
+        deadline = time.monotonic() + t.failure_detect_s
+        quiet = 0
+        while quiet < 3 and time.monotonic() < deadline and any(
+                s is not None and s.get("loaded") for s in statuses.values()):
+            time.sleep(interval)
+            now = self._statuses(report=False)
+            moved = any(
+                (now[k] or {}).get("last_applied") != (statuses[k] or {}).get("last_applied")
+                for k in now)
+            quiet = 0 if moved else quiet + 1
+            statuses = now
+        loaded = {k: s for k, s in statuses.items() if s is not None and s.get("loaded")}
+        if not loaded:
+            reachable = sum(s is not None for s in statuses.values())
+            return {"mode": "fresh", "reachable": reachable}
+        for k, s in loaded.items():
+            if s.get("layout") != layout.digest:
+                raise ShadowgradError(
+                    f"shadow {k} holds layout {str(s.get('layout'))[:16]}, this trainer uses "
+                    f"{layout.digest[:16]}: not this job's state (restart the shadows for a new "
+                    "job)")
+        best: list[tuple[int, int]] = []  # per shard: (last_applied, shadow)
+        for shard in range(layout.num_shards):
+            # a diverged shadow (typically: the crashed rank's data of the iteration in flight
+            # never came) still vouches for its state up to the iteration before the hole
+            cands = []
+            for k in layout.shadows_of_shard(shard):
+                if k not in loaded:
+                    continue
+                usable = int(loaded[k]["last_applied"])
+                hole = loaded[k].get("diverged_at")
+                if hole is not None:
+                    usable = min(usable, int(hole) - 1)
+                cands.append((usable, k))
+            if not cands:
+                raise ShadowgradError(f"cannot restore: no shadow holding shard {shard} answers")
+            best.append(max(cands))
+        istar = min(a for a, _ in best)
+        event(log, "trainer.restore_point", istar=istar,
+              shards=[{"shadow": k, "usable": a} for a, k in best])
+        return {"mode": "restore", "istar": istar, "source": [k for _, k in best]}
+
+    def _load_shadows(self, iteration: int, commit: dict[str, Any] | None = None) -> bool:
+        """Bootstrap the shadows this rank is responsible for (``k % world == rank``) with the
+        live model and optimizer state, as the state after ``iteration``."""
+        from shadowgrad.shadow.control import encode_states
+        from shadowgrad.shadow.replay import box_states_from_full
+
+        layout = self.layout
+        params = {n: p.detach().cpu() for n, p in self.params.items()}
+        opt_state = {n: {k: v.detach().cpu() for k, v in st.items()}
+                     for n, st in state_by_name(self.optimizer, self._named).items()}
+        ok = True
+        for k in range(self.spec.shadows.count):
+            if k % self.group.world != self.rank:
+                continue
+            shard, _ = layout.shard_of_shadow(k)
+            states = box_states_from_full(layout, shard, params, opt_state)
+            states = [{key: v.contiguous() for key, v in st.items()} for st in states]
+            try:
+                with self._client(k, self._bulk_timeout(3 * layout.shard_bytes(shard))) as c:
+                    if commit is None:
+                        c.load(iteration, states, self.optspec.to_json(), layout.to_json())
+                    else:  # keep COMMIT(iteration) with the state, for the next restore
+                        entries, frames = encode_states(list(enumerate(states)))
+                        c.call("load", frames, iteration=iteration,
+                               optimizer=self.optspec.to_json(), layout=layout.to_json(),
+                               entries=entries, commit=commit)
+            except Exception as exc:
+                ok = False
+                event(log, "trainer.load_failed", logging.WARNING, shadow=k, error=str(exc))
+        return ok
+
+    # -- start / restore ----------------------------------------------------------------
+
+    def restore_or_start(self, *, first_iteration: int = 0) -> Start:
+        """Restore from the shadows if they hold this job's state, else start fresh.
+
+        Collective: every rank calls it. A fresh start loads the current model and optimizer
+        state into the shadows as the state before ``first_iteration``; a restore fetches the
+        newest iteration I* every shard holds (each rank fetches a 1/N share of the shards, the
+        shares are exchanged over the process group), loads model, optimizer, scheduler, scaler,
+        re-seeds the shadows with it and returns ``Start(I* + 1, user_state, True)``.
+        """
+        if self._iteration is not None:
+            raise ShadowgradError("restore_or_start() was already called")
+        g = self.group
+        decision: dict[str, Any] | None = None
+        if g.rank == 0:
+            try:
+                decision = self._survey()
+            except ShadowgradError as exc:
+                decision = {"mode": "error", "error": str(exc)}
+        decision = g.broadcast_object(decision, src=0)
+        assert decision is not None
+        if decision["mode"] == "error":
+            raise ShadowgradError(decision["error"])
+        if decision["mode"] == "fresh":
+            start = Start(first_iteration, None, False)
+            if decision.get("reachable", 1) == 0:
+                self._degrade("no_shadow_reachable")
+                ok = False
+            else:
+                ok = self._load_shadows(first_iteration - 1)
+        else:
+            start = self._restore(int(decision["istar"]), list(decision["source"]))
+            ok = self._load_shadows(start.iteration - 1, self._restored_commit)
+        if g.all_min(int(ok)) == 0:
+            self._degrade("bootstrap_failed")
+        self._iteration = start.iteration
+        if self.reducer is not None:
+            self.reducer.iteration = start.iteration
+        self._start_sender()
+        event(log, "trainer.start", rank=self.rank, iteration=start.iteration,
+              restored=start.restored, degraded=self.degraded)
+        return start
+
+    def _restore(self, istar: int, source: list[int]) -> Start:
+        from shadowgrad.shadow.control import decode_states
+        from shadowgrad.shadow.replay import assemble_full
+
+        g = self.group
+        layout = self.layout
+        held: list[int] = []
+        if g.rank == 0:
+            for k in source:
+                try:
+                    with self._client(k, self.spec.timeouts.rpc_s) as c:
+                        c.hold(istar)
+                    held.append(k)
+                except Exception as exc:
+                    event(log, "trainer.hold_failed", logging.WARNING, shadow=k, iteration=istar,
+                          error=str(exc))
+        # each rank fetches the shards s with s % world == rank
+        mine: dict[int, tuple[list[dict[str, Any]], list[bytes], dict[str, Any] | None]] = {}
+        error: str | None = None
+        for shard in range(layout.num_shards):
+            if shard % g.world != g.rank:
+                continue
+            k = source[shard]
+            try:
+                with self._client(k, self._bulk_timeout(3 * layout.shard_bytes(shard))) as c:
+                    head, frames = c.call("fetch", iteration=istar, boxes=None)
+                if int(head["iteration"]) != istar:
+                    raise ShadowgradError(f"shadow {k} answered iteration {head['iteration']}")
+                mine[shard] = (head["entries"], frames, head.get("commit"))
+            except Exception as exc:
+                error = f"fetch of shard {shard} from shadow {k} failed: {exc}"
+                break
+        failed = g.all_min(0 if error else 1) == 0
+        if failed:
+            raise ShadowgradError(error or "restore failed on another rank")
+        exports: list[list[dict[str, torch.Tensor]]] = []
+        commit: dict[str, Any] | None = None
+        for shard in range(layout.num_shards):
+            owner = shard % g.world
+            data: bytes | None = None
+            if owner == g.rank:
+                entries, frames, com = mine[shard]
+                header = json.dumps({"entries": entries, "commit": com}).encode()
+                data = len(header).to_bytes(8, "big") + header + b"".join(
+                    bytes(f) for f in frames)
+            data = g.broadcast_bytes(data, src=owner)
+            hlen = int.from_bytes(data[:8], "big")
+            header_doc = json.loads(data[8:8 + hlen])
+            frames_mv: list[memoryview] = []
+            pos = 8 + hlen
+            mv = memoryview(data)
+            for e in header_doc["entries"]:
+                for _crc, size in _frame_sizes(e):
+                    frames_mv.append(mv[pos:pos + size])
+                    pos += size
+            states = decode_states(header_doc["entries"], frames_mv)
+            exports.append([states[b] for b in range(len(layout.shard_boxes(shard)))])
+            if shard == 0:
+                commit = header_doc["commit"]
+        if g.rank == 0:
+            for k in held:
+                try:
+                    with self._client(k, self.spec.timeouts.rpc_s) as c:
+                        c.release(istar)
+                except Exception as exc:
+                    event(log, "trainer.release_failed", logging.WARNING, shadow=k,
+                          error=str(exc))
+        params, opt_state = assemble_full(layout, exports)
+        with torch.no_grad():
+            for name, p in self.params.items():
+                p.copy_(params[name].to(p.device))
+        if opt_state:
+            load_state_by_name(self.optimizer, self._named, opt_state)
+        user: Any = None
+        self._restored_commit = commit
+        if istar >= 0 and (commit is None or "user_state" not in commit):
+            if self.scheduler is not None or self.scaler is not None:
+                raise ShadowgradError(
+                    f"the shadows' fetch reply carries no COMMIT record for iteration {istar}:"
+                    " the LR scheduler and grad scaler cannot be restored")
+            event(log, "trainer.restore_without_user_state", logging.WARNING, rank=self.rank,
+                  iteration=istar)
+        elif istar >= 0:
+            assert commit is not None
+            blob = unpack_blob(base64.b64decode(commit["user_state"]))
+            if self.scheduler is not None and blob.get("scheduler") is not None:
+                self.scheduler.load_state_dict(blob["scheduler"])
+                for group, lr in zip(self.optimizer.param_groups,
+                                     self.scheduler.get_last_lr(), strict=True):
+                    group["lr"] = lr
+            if self.scaler is not None and blob.get("scaler") is not None:
+                self.scaler.load_state_dict(blob["scaler"])
+            user = blob.get("user")
+        event(log, "trainer.restored", rank=self.rank, iteration=istar)
+        return Start(istar + 1, user, True)
+
+    def _start_sender(self) -> None:
+        ep = self.spec.trainers.addresses[self.rank]
+        inband = self.mode == "in-band"
+        fam = socket.AF_INET6 if ":" in ep.host else socket.AF_INET
+        sock = socket.socket(fam, socket.SOCK_DGRAM)
+        sock.settimeout(1.0)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 * 2**20)
+        # mirror mode: the trainer address is this socket's (DATA out, NACKs in); in-band mode
+        # it belongs to the ring, and COMMITs leave from an ephemeral port
+        bind = (ep.host, 0 if inband else ep.port)
+        try:
+            sock.bind(bind)
+        except OSError as exc:
+            sock.close()
+            raise ShadowgradError(f"rank {self.rank} cannot bind its trainer address {ep}: "
+                                  f"{exc}") from None
+        pin = any(p.is_cuda for p in self.params.values()) and torch.cuda.is_available()
+        shadow_addrs = [(a.host, a.port) for a in self.spec.shadows.addresses]
+        self._sender = MirrorSender(
+            RankPlan(self.layout, self.rank, self.group.world, empty=True) if inband
+            else self.plan,
+            job=self.spec.job.id, sock=sock, shadow_addrs=shadow_addrs,
+            chunk_bytes=self.chunk_bytes, slots=1 if inband else self.slots,
+            commits=self.rank == 0, heartbeat_s=self.spec.timeouts.heartbeat_s, pin_memory=pin,
+        )
+        if inband:
+            self._start_ring(shadow_addrs)
+
+    def _start_ring(self, shadow_addrs: list[tuple[str, int]]) -> None:
+        from .link import UdpLink
+        from .ring import RingConfig
+
+        t = self.spec.timeouts
+        addrs = [(a.host, a.port) for a in self.spec.trainers.addresses]
+        link = UdpLink(addrs[self.rank])
+        cfg = RingConfig(job=self.spec.job.id, layout=self.layout.digest64,
+                         chunk_bytes=self.chunk_bytes, rto_s=min(0.05, t.gap_repair_s / 2),
+                         timeout_s=max(30.0, 10 * t.failure_detect_s))
+        ring = RingAllReduce(self.rank, self.group.world, link, addrs, cfg)
+        sender = self._sender
+        assert sender is not None
+        ring.on_commit_nack = sender.request_commit
+        if self.software_tap:
+            layout = self.layout
+            dests = [[shadow_addrs[k] for k in layout.shadows_of_shard(s)]
+                     for s in range(layout.num_shards)]
+
+            def tap(header: bytes, payload: bytes) -> None:
+                h = peek_header(header)
+                shards = {r.shard for r in layout.bucket_routes[h.bucket]
+                          if r.start < h.offset + h.length and r.end > h.offset}
+                for shard in sorted(shards):
+                    for addr in dests[shard]:
+                        link.send([header, payload], addr)
+
+            ring.tap = tap
+        self.ring = ring.start()
+
+    # -- the iteration --------------------------------------------------------------------
+
+    def backward(self, loss: torch.Tensor) -> None:
+        """``loss.backward()``, through the grad scaler when there is one."""
+        if self.scaler is not None:
+            scaled: torch.Tensor = self.scaler.scale(loss)
+            scaled.backward()  # type: ignore[no-untyped-call]
+        else:
+            loss.backward()  # type: ignore[no-untyped-call]
+
+    def _hyper_now(self) -> list[dict[str, Any]]:
+        skip = ("params", "lr", "initial_lr")
+        return [{k: v for k, v in g.items() if k not in skip} for g in self.optimizer.param_groups]
+
+    def step(self, user_state: Any = None, *, zero_grad: bool = True) -> StepInfo:
+        """Finish the iteration: capture, unscale, clip, step, update, schedule, COMMIT.
+
+        ``user_state`` (rank 0's is kept) is any small object of dicts, lists, numbers, strings
+        and tensors (dataloader position, RNG state); it comes back from
+        :meth:`restore_or_start` after a restore.
+        """
+        it = self.iteration
+        opt = self.optimizer
+        sender = self._sender
+        sent = False
+        if sender is not None and self.mode == "mirror":
+            sent = sender.capture(it, {n: p.grad for n, p in self.params.items()})
+        lrs = tuple(float(g["lr"]) for g in opt.param_groups)
+        scale: torch.Tensor | None = None
+        scaler = self.scaler
+        if scaler is not None:
+            if scaler._scale is None:
+                raise ShadowgradError("the grad scaler has no scale: use sg.backward(loss) or "
+                                      "scaler.scale(loss).backward()")
+            scale = scaler._scale.detach().clone()
+            scaler.unscale_(opt)
+        norm: torch.Tensor | None = None
+        coef: torch.Tensor | None = None
+        if self.max_grad_norm is not None:
+            plist = [p for grp in opt.param_groups for p in grp["params"]]
+            grads = [p.grad for p in plist if p.grad is not None]
+            norm = torch.nn.utils.get_total_norm(grads, self.norm_type)
+            torch.nn.utils.clip_grads_with_norm_(plist, self.max_grad_norm, norm)
+            coef = torch.clamp(self.max_grad_norm / (norm + 1e-6), max=1.0)
+        if scaler is not None:
+            scaler.step(opt)
+            found = scaler._per_optimizer_states[id(opt)]["found_inf_per_device"]
+            skipped = bool(sum(v.item() for v in found.values()))
+            scaler.update()
+        else:
+            opt.step()
+            skipped = False
+        if self.scheduler is not None:
+            self.scheduler.step()
+        if self._hyper_now() != self._hyper:
+            self._degrade("hyperparameters_changed", iteration=it)
+            self._hyper = self._hyper_now()
+        if sender is not None and self.rank == 0:
+            blob = pack_blob(
+                it,
+                self.scheduler.state_dict() if self.scheduler is not None else None,
+                scaler.state_dict() if scaler is not None else None,
+                user_state,
+            )
+            ready = None
+            dev = [t for t in (coef, scale) if t is not None and t.is_cuda]
+            if dev:
+                ready = torch.cuda.Event()  # type: ignore[no-untyped-call]
+                ready.record()
+            coef_cpu = coef.to("cpu", non_blocking=True) if coef is not None else None
+            scale_cpu = scale.to("cpu", non_blocking=True) if scale is not None else None
+            sender.commit(CommitInfo(it, lrs, coef_cpu, scale_cpu, skipped, blob, ready))
+        if zero_grad:
+            opt.zero_grad(set_to_none=True)
+        self._iteration = it + 1
+        return StepInfo(it, skipped, lrs, norm, sent)
+
+    # -- shutdown -------------------------------------------------------------------------
+
+    def flush(self, timeout_s: float = 10.0) -> bool:
+        """Wait (at most ``timeout_s``) until everything queued was sent. For tests/shutdown."""
+        return self._sender.flush(timeout_s) if self._sender is not None else True
+
+    def close(self, timeout_s: float | None = None) -> None:
+        """Send what is queued, then keep answering the shadows' repair requests until they
+        applied the last iteration (or gave up on it, or ``timeout_s`` passed; default
+        ``max(5 s, timeouts.failure_detect)``), then stop. Training is over: this may wait."""
+        if self._closed:
+            return
+        self._closed = True
+        wait = max(5.0, self.spec.timeouts.failure_detect_s) if timeout_s is None else timeout_s
+        deadline = time.monotonic() + wait
+        if self._sender is not None:
+            self._sender.flush(wait)
+            if self._iteration is not None and self._iteration > 0 and not self.degraded:
+                self._wait_applied(self._iteration - 1, deadline)
+            self._sender.close(max(1.0, deadline - time.monotonic()))
+        if self.ring is not None:
+            self.ring.close(max(1.0, deadline - time.monotonic()))
+
+    def _wait_applied(self, iteration: int, deadline: float) -> bool:
+        while time.monotonic() < deadline:
+            sts = self._statuses(report=False)
+            if all(st is not None and st.get("loaded") and (
+                    _as_int(st.get("last_applied")) >= iteration
+                    or st.get("diverged_at") is not None) for st in sts.values()):
+                return True
+            time.sleep(0.05)
+        event(log, "trainer.close_unconfirmed", logging.WARNING, rank=self.rank,
+              iteration=iteration)
+        return False
+
+    def __enter__(self) -> Shadowgrad:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _as_int(value: Any, default: int = -1) -> int:
+    return default if value is None else int(value)
+
+
+def _frame_sizes(entry: Mapping[str, Any]) -> list[tuple[int, int]]:
+    """(crc, size) of each chunk frame of one tensor entry of the control stream."""
+    from shadowgrad.shadow.control import CHUNK_BYTES
+
+    nbytes = int(entry["nbytes"])
+    crcs = [int(c) for c in entry["crc"]]
+    sizes = [min(CHUNK_BYTES, nbytes - i * CHUNK_BYTES) for i in range(len(crcs))]
+    return list(zip(crcs, sizes, strict=True))
+
+
+def attach(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    spec: JobSpec | str | os.PathLike[str],
+    *,
+    lr_scheduler: Any = None,
+    grad_scaler: Any = None,
+    max_grad_norm: float | None = None,
+    **options: Any,
+) -> Shadowgrad:
+    """Attach shadowgrad to a (DDP-wrapped) model and its optimizer; see :class:`Shadowgrad`.
+
+    ``spec`` is a :class:`~shadowgrad.config.JobSpec` or the path of its TOML file. Then call
+    :meth:`Shadowgrad.restore_or_start` once and :meth:`Shadowgrad.step` every iteration.
+    """
+    return Shadowgrad(model, optimizer, spec, lr_scheduler=lr_scheduler,
+                      grad_scaler=grad_scaler, max_grad_norm=max_grad_norm, **options)
+

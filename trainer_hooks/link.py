@@ -1,0 +1,153 @@
+"""Pluggable link layer of the in-band transport: how datagrams leave and enter a rank.
+
+:class:`UdpLink` uses kernel UDP sockets (loopback, network namespaces, Mininet, real networks).
+:class:`FaultyLink` wraps any link and injects loss, duplication and reordering on the send path
+(for tests of the reliable transport); :class:`TapLink` hands every datagram sent to a callback
+(a software stand-in for the switch's copy to the shadows, and a probe for tests).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import random
+import select
+import socket
+from collections.abc import Callable, Sequence
+from typing import Protocol
+
+__all__ = ["Address", "Link", "UdpLink", "FaultyLink", "TapLink"]
+
+Address = tuple[str, int]
+Buffer = bytes | bytearray | memoryview
+
+
+class Link(Protocol):
+    """What the transport needs from a link."""
+
+    def send(self, parts: Sequence[Buffer], addr: Address) -> bool:
+        """Send one datagram made of ``parts`` (gather, no copy); False if it was not sent."""
+        ...
+
+    def recv_into(self, buf: bytearray, timeout_s: float) -> tuple[int, Address] | None:
+        """Receive one datagram into ``buf`` within ``timeout_s``; None on timeout."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class UdpLink:
+    """A kernel UDP socket bound to ``bind``; large socket buffers (forced when permitted)."""
+
+    def __init__(self, bind: Address, *, bufsize: int = 16 * 2**20) -> None:
+        fam = socket.AF_INET6 if ":" in bind[0] else socket.AF_INET
+        self.sock = socket.socket(fam, socket.SOCK_DGRAM)
+        for opt, force in ((socket.SO_RCVBUF, 33), (socket.SO_SNDBUF, 32)):  # *BUFFORCE
+            try:
+                self.sock.setsockopt(socket.SOL_SOCKET, force, bufsize)
+            except OSError:
+                with contextlib.suppress(OSError):
+                    self.sock.setsockopt(socket.SOL_SOCKET, opt, bufsize)
+        self.sock.setblocking(False)
+        try:
+            self.sock.bind(bind)
+        except OSError:
+            self.sock.close()
+            raise
+        self.send_errors = 0
+
+    @property
+    def address(self) -> Address:
+        host, port = self.sock.getsockname()[:2]
+        return str(host), int(port)
+
+    def send(self, parts: Sequence[Buffer], addr: Address) -> bool:
+        try:
+            self.sock.sendmsg(list(parts), (), 0, addr)
+        except (BlockingIOError, OSError):
+            self.send_errors += 1  # the transport retransmits
+            return False
+        return True
+
+    def recv_into(self, buf: bytearray, timeout_s: float) -> tuple[int, Address] | None:
+        try:
+            n, addr = self.sock.recvfrom_into(buf)
+            return n, addr
+        except BlockingIOError:
+            pass
+        if timeout_s <= 0:
+            return None
+        ready, _, _ = select.select([self.sock], [], [], timeout_s)
+        if not ready:
+            return None
+        try:
+            n, addr = self.sock.recvfrom_into(buf)
+        except BlockingIOError:
+            return None
+        return n, addr
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+class FaultyLink:
+    """Wraps a link; each sent datagram is dropped with probability ``drop``, sent twice with
+    probability ``dup``, or held back and sent after the next one with probability ``reorder``.
+    Deterministic for a given ``seed``."""
+
+    def __init__(self, inner: Link, *, drop: float = 0.0, dup: float = 0.0,
+                 reorder: float = 0.0, seed: int = 0) -> None:
+        self.inner = inner
+        self.drop, self.dup, self.reorder = drop, dup, reorder
+        self.rng = random.Random(seed)
+        self.held: tuple[bytes, Address] | None = None
+        self.counts = {"sent": 0, "dropped": 0, "duplicated": 0, "reordered": 0}
+
+    def send(self, parts: Sequence[Buffer], addr: Address) -> bool:
+        self.counts["sent"] += 1
+        r = self.rng.random()
+        if r < self.drop:
+            self.counts["dropped"] += 1
+            return True
+        data = b"".join(bytes(p) for p in parts)
+        if r < self.drop + self.reorder and self.held is None:
+            self.counts["reordered"] += 1
+            self.held = (data, addr)
+            return True
+        ok = self.inner.send([data], addr)
+        if r > 1.0 - self.dup:
+            self.counts["duplicated"] += 1
+            self.inner.send([data], addr)
+        self._release()
+        return ok
+
+    def _release(self) -> None:
+        if self.held is not None:
+            data, addr = self.held
+            self.held = None
+            self.inner.send([data], addr)
+
+    def recv_into(self, buf: bytearray, timeout_s: float) -> tuple[int, Address] | None:
+        self._release()  # a held datagram never waits for ever
+        return self.inner.recv_into(buf, timeout_s)
+
+    def close(self) -> None:
+        self._release()
+        self.inner.close()
+
+
+class TapLink:
+    """Wraps a link; ``tap(parts, addr)`` sees every datagram before it is sent."""
+
+    def __init__(self, inner: Link, tap: Callable[[Sequence[Buffer], Address], None]) -> None:
+        self.inner = inner
+        self.tap = tap
+
+    def send(self, parts: Sequence[Buffer], addr: Address) -> bool:
+        self.tap(parts, addr)
+        return self.inner.send(parts, addr)
+
+    def recv_into(self, buf: bytearray, timeout_s: float) -> tuple[int, Address] | None:
+        return self.inner.recv_into(buf, timeout_s)
+
+    def close(self) -> None:
+        self.inner.close()

@@ -1,0 +1,443 @@
+"""In-band mode: ring reduce-scatter + all-gather over a reliable datagram transport.
+
+Every rank talks to its two ring neighbours only: it sends DATA to ``next = (r+1) % N`` and
+receives DATA from ``prev = (r-1) % N``, over one :class:`~shadowgrad.trainer_hooks.link.Link`.
+
+**Transport.** One stream per direction, numbered by the header ``seq``. The sender keeps at most
+``window`` datagrams unacknowledged (flow control: the window times the datagram size stays below
+the receiver's socket buffer, so a slow receiver makes the sender wait instead of losing data),
+keeps a copy of each until acknowledged, and retransmits after ``rto_s`` (doubling per try, up to
+``max_rto_s``) with the RETX flag. The receiver delivers in sequence order (out-of-order datagrams
+are buffered, duplicates dropped) and acknowledges cumulatively plus a 64-bit SACK bitmap
+(``wire.AckRecord``). A stream that makes no progress for ``timeout_s`` raises
+:class:`~shadowgrad.errors.ShadowgradTimeout`.
+
+**Ring.** A flat buffer of ``n`` elements is cut into ``N`` chunks ``[n*k//N, n*(k+1)//N)``. Each
+rank first divides its buffer by ``N``. Reduce-scatter step ``s`` (``0..N-2``): rank ``r`` sends
+chunk ``(r-s) % N`` and adds the chunk ``(r-s-1) % N`` it receives into its own; afterwards rank
+``r`` holds the complete sum of chunk ``(r+1) % N``, added in the fixed order
+``((x_k + x_{k+1}) + x_{k+2}) + ...`` starting at rank ``k``. All-gather step ``s``: rank ``r``
+sends chunk ``(r+1-s) % N`` and stores the chunk ``(r-s) % N`` it receives. Every rank ends with
+the same bits, and the same inputs give the same bits in every run — the order never depends on
+timing, loss or retransmission. The first send of each fully reduced chunk (all-gather step 0)
+is tagged FINAL (its retransmissions FINAL|RETX); reduce-scatter traffic and later all-gather
+forwards are untagged, so each reduced byte is tagged exactly once per iteration.
+
+**Shadows.** The FINAL bytes this rank produced are kept for the last ``retain`` iterations, and
+a shadow's NACK for them is answered with FINAL|RETX DATA sent straight to the shadow.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from shadowgrad._log import event
+from shadowgrad.errors import ShadowgradError, ShadowgradTimeout, WireError
+from shadowgrad.wire import (
+    MAX_DATAGRAM,
+    MAX_PAYLOAD,
+    AckRecord,
+    DType,
+    Flag,
+    Kind,
+    NackRecord,
+    decode,
+    encode,
+    encode_header,
+)
+
+from .link import Address, Link
+
+__all__ = ["RingConfig", "RingAllReduce", "TransportError"]
+
+log = logging.getLogger(__name__)
+
+_WIRE_DTYPE = {torch.float32: DType.FLOAT32, torch.float16: DType.FLOAT16,
+               torch.bfloat16: DType.BFLOAT16, torch.float64: DType.FLOAT64}
+
+
+class TransportError(ShadowgradError):
+    """The ring received something it cannot place (a peer out of step or a bug)."""
+
+
+@dataclass(frozen=True)
+class RingConfig:
+    job: int
+    layout: int = 0  #: layout digest64 of every header
+    chunk_bytes: int = (MAX_PAYLOAD // 64) * 64
+    window: int = 64
+    rto_s: float = 0.02
+    max_rto_s: float = 0.5
+    timeout_s: float = 30.0
+    retain: int = 4  #: iterations of FINAL bytes kept for shadow NACKs
+
+
+@dataclass
+class _Out:
+    header: dict[str, Any]
+    payload: bytes
+    flags: int
+    sent: float
+    rto: float
+    first: float
+
+
+@dataclass
+class _Ctx:
+    """One bucket reduction in progress."""
+
+    iteration: int
+    bucket: int
+    host: torch.Tensor
+    raw: memoryview
+    dtype: DType
+    bounds: list[int]
+
+
+@dataclass
+class _Job:
+    iteration: int
+    bucket: int
+    flat: torch.Tensor
+    fut: torch.futures.Future[Any] = field(default_factory=torch.futures.Future)
+
+
+class RingAllReduce:
+    """Ring all-reduce of one rank over ``link`` (see the module docstring).
+
+    ``addrs[k]`` is rank ``k``'s link address. Use :meth:`allreduce` from one thread, or
+    :meth:`start` the engine thread and :meth:`submit` jobs (what the DDP hook does).
+    ``tap(header, payload)`` is called for every FINAL DATA send (tests, a software switch).
+    Shadows' NACKs are answered from the retained FINAL bytes; a NACK without ranges (a missing
+    COMMIT) goes to ``on_commit_nack``.
+    """
+
+    def __init__(self, rank: int, world: int, link: Link, addrs: Sequence[Address],
+                 config: RingConfig) -> None:
+        if world < 1 or not 0 <= rank < world or len(addrs) < world:
+            raise ShadowgradError(f"bad ring: rank {rank}, world {world}, {len(addrs)} addrs")
+        self.rank, self.world, self.link, self.cfg = rank, world, link, config
+        self.next: Address = (str(addrs[(rank + 1) % world][0]), int(addrs[(rank + 1) % world][1]))
+        self.prev_rank = (rank - 1) % world
+        self._prev_addr: Address = (str(addrs[self.prev_rank][0]), int(addrs[self.prev_rank][1]))
+        self.item_align = 8
+        # tx stream to next
+        self._tx_seq = 0
+        self._unacked: collections.OrderedDict[int, _Out] = collections.OrderedDict()
+        # rx stream from prev
+        self._rx_cum = 0
+        self._rx_ooo: dict[int, tuple[Any, bytearray]] = {}
+        self._inbox: collections.deque[tuple[Any, bytearray]] = collections.deque()
+        self._ack_due = False
+        self._rx = bytearray(MAX_DATAGRAM + 1)
+        # shadows
+        self._retained: collections.OrderedDict[int, list[tuple[int, int, DType, bytes]]] = \
+            collections.OrderedDict()
+        self._aux_seq = 0
+        #: ``tap(header, payload)`` for every FINAL DATA datagram sent (incl. retransmissions)
+        self.tap: Callable[[bytes, bytes], None] | None = None
+        #: ``on_commit_nack(iteration, addr)``: a shadow asked for COMMIT(iteration)
+        self.on_commit_nack: Callable[[int, Address], None] | None = None
+        self.stats = collections.Counter[str]()
+        # engine thread
+        self._jobs: collections.deque[_Job] = collections.deque()
+        self._cv = threading.Condition()
+        self._stop = False
+        self._thread: threading.Thread | None = None
+
+    # -- engine thread ---------------------------------------------------------------------
+
+    def start(self) -> RingAllReduce:
+        self._thread = threading.Thread(target=self._run, name=f"shadowgrad-ring-r{self.rank}",
+                                        daemon=True)
+        self._thread.start()
+        return self
+
+    def submit(self, iteration: int, bucket: int, flat: torch.Tensor) -> torch.futures.Future[Any]:
+        """Queue the all-reduce (average) of ``flat`` in place; the future completes after it."""
+        job = _Job(iteration, bucket, flat)
+        with self._cv:
+            if self._stop:
+                raise ShadowgradError("ring engine stopped")
+            self._jobs.append(job)
+            self._cv.notify()
+        return job.fut
+
+    def close(self, timeout_s: float = 5.0) -> None:
+        """Stop the engine after it drained its jobs and its unacknowledged data (bounded)."""
+        with self._cv:
+            self._stop = True
+            self._cv.notify_all()
+        if self._thread is not None:
+            self._thread.join(timeout_s + self.cfg.timeout_s)
+        else:
+            self._drain(timeout_s)
+        self.link.close()
+
+    def _run(self) -> None:
+        while True:
+            with self._cv:
+                job = self._jobs.popleft() if self._jobs else None
+                stop = self._stop
+            if job is None:
+                if stop:
+                    self._drain(2.0)
+                    return
+                try:
+                    self._pump(0.005)
+                except ShadowgradError as exc:  # a peer vanished between jobs
+                    log.warning("ring rank %d idle: %s", self.rank, exc)
+                    self._unacked.clear()
+                continue
+            try:
+                self.allreduce(job.iteration, job.bucket, job.flat)
+            except Exception as exc:
+                job.fut.set_exception(exc)
+                log.error("ring all-reduce of bucket %d failed on rank %d: %s", job.bucket,
+                          self.rank, exc)
+                continue
+            job.fut.set_result(job.flat)
+
+    def _drain(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while (self._unacked or self._ack_due) and time.monotonic() < deadline:
+            self._pump(0.005)
+        # linger a little so a lost final ACK of ours can be answered again
+        end = time.monotonic() + min(0.2, timeout_s)
+        while time.monotonic() < end:
+            self._pump(0.01)
+
+    # -- the ring --------------------------------------------------------------------------
+
+    def allreduce(self, iteration: int, bucket: int, flat: torch.Tensor) -> None:
+        """Average ``flat`` over the ranks, in place (blocking; deterministic result)."""
+        host = flat if flat.device.type == "cpu" else flat.detach().cpu()
+        if not host.is_contiguous():
+            raise TransportError("ring all-reduce needs a contiguous tensor")
+        dtype = _WIRE_DTYPE.get(host.dtype)
+        if dtype is None:
+            raise TransportError(f"dtype {host.dtype} cannot travel on the wire")
+        n, world = host.numel(), self.world
+        host.div_(world)
+        if world == 1:
+            self._retain(iteration, bucket, [(0, dtype, bytes(_bytes(host)))])
+            if flat is not host:
+                flat.copy_(host)
+            return
+        item = host.element_size()
+        raw = _bytes(host)
+        ctx = _Ctx(iteration, bucket, host, raw, dtype,
+                   [(n * k // world) * item for k in range(world + 1)])
+        r = self.rank
+        finals: list[tuple[int, DType, bytes]] = []
+        for s in range(world - 1):  # reduce-scatter
+            self._send_chunk(ctx, (r - s) % world, 0)
+            self._recv_chunk(ctx, (r - s - 1) % world, add=True)
+        for s in range(world - 1):  # all-gather
+            c = (r + 1 - s) % world
+            if s == 0:
+                lo, hi = ctx.bounds[c], ctx.bounds[c + 1]
+                finals.append((lo, dtype, bytes(raw[lo:hi])))
+            self._send_chunk(ctx, c, int(Flag.FINAL) if s == 0 else 0)
+            self._recv_chunk(ctx, (r - s) % world, add=False)
+        self._retain(iteration, bucket, finals)
+        if flat is not host:
+            flat.copy_(host)
+
+    def _send_chunk(self, ctx: _Ctx, c: int, flags: int) -> None:
+        lo, hi = ctx.bounds[c], ctx.bounds[c + 1]
+        step = self.cfg.chunk_bytes
+        for off in range(lo, hi, step):
+            end = min(hi, off + step)
+            f = flags | (int(Flag.LAST) if end >= hi else 0)
+            while len(self._unacked) >= self.cfg.window:
+                self._pump(self.cfg.rto_s / 4)
+            self._send_data(ctx, off, bytes(ctx.raw[off:end]), f)
+
+    def _recv_chunk(self, ctx: _Ctx, c: int, *, add: bool) -> None:
+        lo, hi = ctx.bounds[c], ctx.bounds[c + 1]
+        host = ctx.host
+        pos = lo
+        last_progress = time.monotonic()
+        while pos < hi:
+            if not self._inbox:
+                self._pump(self.cfg.rto_s / 4)
+                if not self._inbox:
+                    if time.monotonic() - last_progress > self.cfg.timeout_s:
+                        raise ShadowgradTimeout(
+                            f"rank {self.rank}: no data from rank {self.prev_rank} for "
+                            f"{self.cfg.timeout_s:g}s (iteration {ctx.iteration}, bucket "
+                            f"{ctx.bucket})")
+                    continue
+            h, payload = self._inbox.popleft()
+            if (h.iteration, h.bucket, h.offset) != (ctx.iteration, ctx.bucket, pos) or \
+                    pos + h.length > hi:
+                raise TransportError(
+                    f"rank {self.rank} expected iteration {ctx.iteration} bucket {ctx.bucket} "
+                    f"offset {pos}, got iteration {h.iteration} bucket {h.bucket} offset "
+                    f"{h.offset}")
+            n = h.length
+            if add:
+                item = host.element_size()
+                src = torch.frombuffer(payload, dtype=host.dtype)
+                host[pos // item:(pos + n) // item].add_(src)
+            else:
+                ctx.raw[pos:pos + n] = payload
+            pos += n
+            last_progress = time.monotonic()
+
+    # -- transport -------------------------------------------------------------------------
+
+    def _send_data(self, ctx: _Ctx, off: int, payload: bytes, flags: int) -> None:
+        seq = self._tx_seq
+        self._tx_seq += 1
+        hdr = {"job": self.cfg.job, "sender": self.rank, "iteration": ctx.iteration, "seq": seq,
+               "layout": self.cfg.layout, "dtype": ctx.dtype, "bucket": ctx.bucket,
+               "offset": off}
+        now = time.monotonic()
+        self._unacked[seq] = _Out(hdr, payload, flags, now, self.cfg.rto_s, now)
+        self._transmit(seq, retx=False)
+
+    def _transmit(self, seq: int, *, retx: bool) -> None:
+        out = self._unacked[seq]
+        flags = out.flags | (int(Flag.RETX) if retx else 0)
+        header = encode_header(Kind.DATA, payload=out.payload, flags=flags, **out.header)
+        if flags & Flag.FINAL and self.tap is not None:
+            self.tap(header, out.payload)
+        self.link.send([header, out.payload], self.next)
+        self.stats["retx" if retx else "data_sent"] += 1
+
+    def _pump(self, timeout_s: float) -> None:
+        """Receive what is there (waiting at most ``timeout_s`` for the first), ACK, retransmit."""
+        got = self.link.recv_into(self._rx, timeout_s)
+        budget = 256
+        while got is not None and budget:
+            n, addr = got
+            self._on_datagram(memoryview(self._rx)[:n], addr)
+            budget -= 1
+            got = self.link.recv_into(self._rx, 0.0) if budget else None
+        if self._ack_due:
+            self._send_ack()
+        self._retransmit_due()
+
+    def _on_datagram(self, buf: memoryview, addr: Address) -> None:
+        try:
+            msg = decode(buf, job=self.cfg.job, layout=self.cfg.layout)
+        except WireError as exc:
+            self.stats["rx_" + exc.reason] += 1
+            return
+        h = msg.header
+        if h.kind is Kind.DATA and h.sender == self.prev_rank:
+            self._on_data(h, msg.payload)
+        elif h.kind is Kind.ACK and h.sender == (self.rank + 1) % self.world:
+            self._on_ack(h.seq, AckRecord.from_message(msg).sack)
+        elif h.kind is Kind.NACK:
+            self._on_nack(h.iteration, NackRecord.from_message(msg), addr)
+        else:
+            self.stats["rx_unexpected"] += 1
+
+    def _on_data(self, h: Any, payload: memoryview) -> None:
+        seq = h.seq
+        self._ack_due = True
+        if seq < self._rx_cum or seq in self._rx_ooo:
+            self.stats["rx_duplicate"] += 1
+            return
+        if seq > self._rx_cum:
+            if seq - self._rx_cum > 4 * self.cfg.window:
+                self.stats["rx_beyond_window"] += 1
+                return
+            self._rx_ooo[seq] = (h, bytearray(payload))
+            self.stats["rx_out_of_order"] += 1
+            return
+        # the receive buffer is reused by the next datagram: the inbox keeps a copy
+        self._inbox.append((h, bytearray(payload)))
+        self._rx_cum += 1
+        while self._rx_cum in self._rx_ooo:
+            self._inbox.append(self._rx_ooo.pop(self._rx_cum))
+            self._rx_cum += 1
+        self.stats["rx_data"] += 1
+
+    def _send_ack(self) -> None:
+        sack = 0
+        for k in range(64):
+            if self._rx_cum + 1 + k in self._rx_ooo:
+                sack |= 1 << k
+        data = encode(Kind.ACK, job=self.cfg.job, sender=self.rank, iteration=0,
+                      seq=self._rx_cum, layout=self.cfg.layout, payload=AckRecord(sack).body())
+        self.link.send([data], self._prev_addr)
+        self.stats["ack_sent"] += 1
+        self._ack_due = False
+
+    def _on_ack(self, cum: int, sack: int) -> None:
+        for seq in [s for s in self._unacked if s < cum]:
+            del self._unacked[seq]
+        k = 0
+        while sack:
+            if sack & 1:
+                self._unacked.pop(cum + 1 + k, None)
+            sack >>= 1
+            k += 1
+
+    def _retransmit_due(self) -> None:
+        now = time.monotonic()
+        for seq, out in list(self._unacked.items()):
+            if now - out.sent >= out.rto:
+                if now - out.first > self.cfg.timeout_s:
+                    raise ShadowgradTimeout(
+                        f"rank {self.rank}: datagram {seq} to rank {(self.rank + 1) % self.world}"
+                        f" unacknowledged for {self.cfg.timeout_s:g}s")
+                out.sent = now
+                out.rto = min(out.rto * 2, self.cfg.max_rto_s)
+                self._transmit(seq, retx=True)
+
+    # -- shadows ---------------------------------------------------------------------------
+
+    def _retain(self, iteration: int, bucket: int,
+                finals: list[tuple[int, DType, bytes]]) -> None:
+        lst = self._retained.setdefault(iteration, [])
+        lst.extend((bucket, off, dt, data) for off, dt, data in finals)
+        while len(self._retained) > self.cfg.retain:
+            self._retained.popitem(last=False)
+
+    def _on_nack(self, iteration: int, nack: NackRecord, addr: Address) -> None:
+        self.stats["nack"] += 1
+        if not nack.ranges:
+            if self.on_commit_nack is not None:
+                self.on_commit_nack(iteration, addr)
+            return
+        held = self._retained.get(iteration)
+        if held is None:
+            self.stats["nack_unavailable"] += 1
+            return
+        for r in nack.ranges:
+            for bucket, off, dt, data in held:
+                if bucket != r.bucket:
+                    continue
+                a, z = max(off, r.offset), min(off + len(data), r.offset + r.length)
+                step = self.cfg.chunk_bytes
+                for x in range(a, z, step):
+                    y = min(z, x + step)
+                    payload = data[x - off:y - off]
+                    self._aux_seq += 1
+                    header = encode_header(
+                        Kind.DATA, job=self.cfg.job, sender=self.rank, iteration=iteration,
+                        seq=self._aux_seq, layout=self.cfg.layout, payload=payload,
+                        flags=Flag.FINAL | Flag.RETX, dtype=dt, bucket=bucket, offset=x)
+                    self.link.send([header, payload], addr)
+                    self.stats["nack_retx"] += 1
+        event(log, "trainer.ring.nack", logging.DEBUG, rank=self.rank, iteration=iteration,
+              ranges=len(nack.ranges))
+
+
+def _bytes(t: torch.Tensor) -> memoryview:
+    arr: Any = t.view(torch.uint8).numpy()
+    return memoryview(arr).cast("B")
+
