@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import logging
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -11,6 +13,17 @@ from shadowgrad import wire
 from shadowgrad.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(autouse=True)
+def _restore_logging() -> Iterator[None]:
+    """main() configures the root logger on the (captured) stderr: undo it after each test, or
+    later tests' background threads would log into a closed capture stream."""
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    yield
+    root.handlers[:] = handlers
+    root.setLevel(level)
 
 
 def test_spec_check_and_show(capsys: pytest.CaptureFixture[str]) -> None:

@@ -573,11 +573,12 @@ class Shadowgrad:
     def close(self, timeout_s: float | None = None) -> None:
         """Send what is queued, then keep answering the shadows' repair requests until they
         applied the last iteration (or gave up on it, or ``timeout_s`` passed; default
-        ``max(5 s, timeouts.failure_detect)``), then stop. Training is over: this may wait."""
+        ``max(30 s, timeouts.failure_detect)``), then stop. Training is over: this may wait;
+        it returns at once when every shadow has applied the last iteration."""
         if self._closed:
             return
         self._closed = True
-        wait = max(5.0, self.spec.timeouts.failure_detect_s) if timeout_s is None else timeout_s
+        wait = max(30.0, self.spec.timeouts.failure_detect_s) if timeout_s is None else timeout_s
         deadline = time.monotonic() + wait
         if self._sender is not None:
             self._sender.flush(wait)
