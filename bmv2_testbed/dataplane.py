@@ -68,6 +68,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from time import monotonic as _monotonic
 from typing import Any
 
 from shadowgrad.errors import ShadowgradError
@@ -287,6 +288,9 @@ class _Table:
         self.default_action = info.default_action[0]
         self.default_args: tuple[int, ...] = info.default_action[1]
         self.counted = info.direct_counter_id is not None
+        # the exact dict, for generated code to look up inline; None where lookup() must run
+        self.fast: dict[tuple[int, ...], _Entry] | None = (
+            self.exact if self.kind == "exact" and not self.counted else None)
 
     # -- lookup, called from generated code with the key tuple and the packet length
     def lookup(self, key: tuple[int, ...], nbytes: int) -> tuple[int, tuple[int, ...], bool]:
@@ -320,6 +324,8 @@ class _Table:
     def rebuild(self) -> None:
         if self.kind == "exact":
             self.exact = {e.key: e for e in self.entries.values()}
+            if self.fast is not None:
+                self.fast = self.exact
         elif self.kind == "lpm":
             self.lpm = {}
             for e in self.entries.values():
@@ -357,6 +363,7 @@ class Dataplane:
         self.pipeline = pipeline
         self.cpu_port = cpu_port
         self.drop_port = drop_port
+        self._egress_spec0 = drop_port + 1  # egress_spec when egress starts
         self.lock = threading.RLock()
         self.on_packet_in: Callable[[bytes, dict[int, int]], None] | None = None
         self.on_digest: Callable[[int, list[bytes]], None] | None = None
@@ -825,7 +832,7 @@ class Dataplane:
             stats = self._stats
             stats["rx"] += 1
             out: list[tuple[int, bytes]] = []
-            self._now = self.now_us() & 0xFFFFFFFFFFFF
+            self._now = int((_monotonic() - self._t0) * 1e6) & 0xFFFFFFFFFFFF  # now_us()
             try:
                 self._ingress(ingress_port, frame, PKT_NORMAL, None, out, 0)
             except Exception as exc:  # never let a packet kill the caller's thread
@@ -929,9 +936,10 @@ class Dataplane:
                         prog.preserve(ctx, kc, ctx.clone_fl)
                     self._egress(kc, eport, rid, out, depth)
         # 2. digests
-        for did, members in ctx.digests:
-            self._stats["digests"] += 1
-            self._pending_digest.append((did, members))
+        if ctx.digests:
+            for did, members in ctx.digests:
+                self._stats["digests"] += 1
+                self._pending_digest.append((did, members))
         # 3. resubmit
         if ctx.resubmit_fl >= 0:
             self._ingress(port, frame, PKT_RESUBMIT, (ctx, ctx.resubmit_fl), out, depth + 1)
@@ -943,9 +951,14 @@ class Dataplane:
                 self._drop(port, "mcast_group_unknown")
                 return
             std.instance_type = PKT_REPLICATION
+            egress = self._egress
             last = len(reps) - 1
-            for i, (eport, rid) in enumerate(reps):
-                self._egress(ctx if i == last else prog.copy_ctx(ctx), eport, rid, out, depth)
+            if last:  # copies for all but the last replica, which takes the packet itself
+                copy_ctx = prog.copy_ctx
+                for eport, rid in reps[:last]:
+                    egress(copy_ctx(ctx), eport, rid, out, depth)
+            eport, rid = reps[last]
+            egress(ctx, eport, rid, out, depth)
             return
         # 5. drop / 6. unicast
         if std.egress_spec == self.drop_port:
@@ -959,10 +972,12 @@ class Dataplane:
         std = ctx.std
         std.egress_port = eport
         std.egress_rid = rid
-        std.egress_spec = self.drop_port + 1
+        std.egress_spec = self._egress_spec0
         std.egress_global_timestamp = self._now
-        ctx.clone_type = 0
-        ctx.clone_fl = -1
+        if ctx.clone_type:  # class defaults 0 / -1: store only when ingress set them
+            ctx.clone_type = 0
+        if ctx.clone_fl != -1:
+            ctx.clone_fl = -1
         prog.egress(ctx)
         if ctx.clone_type == 2:
             s = self.clone_sessions.get(ctx.clone_session)
@@ -984,13 +999,22 @@ class Dataplane:
             return
         prog.compute(ctx)
         data = prog.deparse(ctx)
+        if (ctx.truncate_len or ctx.recirc_fl >= 0 or eport == self.cpu_port
+                or self.on_log is not None):
+            self._egress_tail(ctx, eport, rid, data, out, depth)
+            return
+        out.append((eport, data))
+
+    def _egress_tail(self, ctx: PacketCtx, eport: int, rid: int,  # noqa: PLR0917
+                     data: bytes, out: list[tuple[int, bytes]], depth: int) -> None:
+        """The end of :meth:`_egress` for truncate, recirculate, the CPU port and logging."""
         if ctx.truncate_len:
             data = data[:ctx.truncate_len]
         if ctx.recirc_fl >= 0:
             self._ingress(eport, data, PKT_RECIRC, (ctx, ctx.recirc_fl), out, depth + 1)
             return
         if self.cpu_port is not None and eport == self.cpu_port:
-            self._to_cpu(std.ingress_port, data)
+            self._to_cpu(ctx.std.ingress_port, data)
             return
         if self.on_log is not None:
             self.on_log(f"tx port={eport} len={len(data)} rid={rid}")

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import random as _random_mod
+import struct
 import sys
 import zlib
 from array import array
@@ -98,23 +99,20 @@ _RETURN = _Return()
 class PacketCtx:
     """Per-packet state the generated code works on (headers, metadata, buffer, TM flags)."""
 
-    __slots__ = ("buf", "clone_fl", "clone_session", "clone_type", "digests", "hdr", "meta",
-                 "off", "payload_off", "recirc_fl", "resubmit_fl", "std", "truncate_len")
-
-    def __init__(self) -> None:
-        self.hdr: Any = None
-        self.meta: Any = None
-        self.std: Any = None
-        self.buf = b""
-        self.off = 0
-        self.payload_off = 0
-        self.clone_type = 0
-        self.clone_session = 0
-        self.clone_fl = -1
-        self.resubmit_fl = -1
-        self.recirc_fl = -1
-        self.digests: list[tuple[int, list[bytes]]] = []
-        self.truncate_len = 0
+    # class-level defaults (hot path): a new context stores only what a packet changes
+    hdr: Any = None
+    meta: Any = None
+    std: Any = None
+    buf = b""
+    off = 0
+    payload_off = 0
+    clone_type = 0
+    clone_session = 0
+    clone_fl = -1
+    resubmit_fl = -1
+    recirc_fl = -1
+    digests: tuple[tuple[int, list[bytes]], ...] = ()  # replaced, never mutated
+    truncate_len = 0
 
 
 def _peek(ctx: PacketCtx, bits: int) -> int:
@@ -176,6 +174,17 @@ def _hash_csum16(data: bytes, width: int) -> int:
 
 
 _LITTLE = sys.byteorder == "little"
+
+
+def _hash_csum16_fold(s: int, width: int) -> int:
+    """The Internet checksum of data given as any non-negative ``s`` congruent to it modulo
+    0xFFFF and zero only for all-zero data (generated code passes a sum of shifted fields):
+    the ones'-complement sum of the 16-bit words is ``s mod 0xFFFF``, except that a non-zero
+    sum that is a multiple of 0xFFFF folds to 0xFFFF."""
+    r = s % 0xFFFF
+    if not r and s:
+        r = 0xFFFF
+    return (~r & 0xFFFF) & ((1 << width) - 1)
 
 
 def _crc16_table() -> list[int]:
@@ -241,9 +250,10 @@ _HELPERS: dict[str, Any] = {
     "_RETURN": _RETURN, "_ReturnType": _Return,
     "_peek": _peek, "_advance": _advance, "_count": _count, "_rread": _rread,
     "_rwrite": _rwrite, "_bits": _bits, "_hash_csum16": _hash_csum16,
+    "_hash_csum16_fold": _hash_csum16_fold,
     "_hash_crc16": _hash_crc16, "_hash_crc32": _hash_crc32, "_hash_identity": _hash_identity,
     "_hash_xor16": _hash_xor16, "_hashmod": _hashmod, "_be": _be, "_div": _div, "_mod": _mod,
-    "_random": _rand,
+    "_random": _rand, "_new": object.__new__, "_Struct": struct.Struct,
 }
 
 

@@ -109,7 +109,8 @@ class EgressQueue:
         self._transmit = transmit
         self._on_pause = on_pause
         self._q: collections.deque[tuple[float, bytes]] = collections.deque()
-        self._cv = threading.Condition()
+        self._lock = threading.RLock()  # the condition's lock, taken directly on the fast path
+        self._cv = threading.Condition(self._lock)
         self._stats = QueueStats()
         self._rng = random.Random(self.config.seed)
         self._closed = False
@@ -117,6 +118,7 @@ class EgressQueue:
         self._busy = False
         self._drainers = 0  # threads in drain(): they wait for _busy to clear
         self._xon = self.config.xon if self.config.xon is not None else self.config.capacity // 2
+        self._inline_ok = self._can_inline(self.config)
         self._tokens = float(self.config.burst_bytes)
         self._last_refill = time.monotonic()
         self._thread = threading.Thread(target=self._run, name=f"egress-q{port}", daemon=True)
@@ -133,23 +135,39 @@ class EgressQueue:
                 return self.put(frame)
             finally:
                 on_block(False)
-        with self._cv:
-            cfg = self.config
+        with self._lock:
             if self._closed:
                 self._stats.drops["closed"] += 1
                 return False
-            if (cfg.inline_tx and not self._q and not self._busy and cfg.rate_bps is None
-                    and not cfg.delay_s and not cfg.loss):
+            if self._inline_ok and not self._busy and not self._q:
                 # fast path: an idle queue with no shaping transmits on the producer's thread
                 # (FIFO holds: the TX thread waits while _busy)
                 self._busy = True
-                self._stats.enqueued += 1
-                self._stats.max_depth = max(self._stats.max_depth, 1)
+                st = self._stats
+                st.enqueued += 1
+                if not st.max_depth:
+                    st.max_depth = 1
                 inline = True
             else:
                 inline = False
-        if inline:
-            self._transmit_one(frame)
+        if inline:  # _transmit_one, inlined; no loss knob on this path
+            ok = False
+            try:
+                self._transmit(frame)
+                ok = True
+            except Exception as e:  # counted and logged, never fatal
+                log.debug("transmit on port %d failed: %s", self.port, e)
+            finally:
+                with self._lock:
+                    st = self._stats
+                    if ok:
+                        st.transmitted += 1
+                        st.tx_bytes += len(frame)
+                    else:
+                        st.drops["tx_error"] += 1
+                    self._busy = False
+                    if self._q or self._drainers:
+                        self._cv.notify_all()
             return True
         with self._cv:
             cfg = self.config
@@ -175,6 +193,10 @@ class EgressQueue:
             self._stats.max_depth = max(self._stats.max_depth, len(self._q))
             self._cv.notify_all()
             return True
+
+    @staticmethod
+    def _can_inline(cfg: QueueConfig) -> bool:
+        return cfg.inline_tx and cfg.rate_bps is None and not cfg.delay_s and not cfg.loss
 
     def _would_block(self) -> bool:
         with self._cv:
@@ -234,10 +256,10 @@ class EgressQueue:
 
     def _transmit_one(self, frame: bytes) -> None:
         """Loss knob, then the port; runs with ``_busy`` set and clears it."""
-        cfg = self.config
+        loss = self.config.loss
         outcome = "ok"
         try:
-            if cfg.loss and self._rng.random() < cfg.loss:
+            if loss and self._rng.random() < loss:
                 outcome = "emulated_loss"
             else:
                 try:
@@ -246,12 +268,13 @@ class EgressQueue:
                     log.debug("transmit on port %d failed: %s", self.port, e)
                     outcome = "tx_error"
         finally:
-            with self._cv:
+            with self._lock:
+                st = self._stats
                 if outcome == "ok":
-                    self._stats.transmitted += 1
-                    self._stats.tx_bytes += len(frame)
+                    st.transmitted += 1
+                    st.tx_bytes += len(frame)
                 else:
-                    self._stats.drops[outcome] += 1
+                    st.drops[outcome] += 1
                 self._busy = False
                 # wake the TX thread only if frames wait behind this one (or drain() waits):
                 # a wake-up per packet of an idle TX thread costs a GIL handoff each
@@ -279,6 +302,7 @@ class EgressQueue:
             if config.seed != self.config.seed:
                 self._rng = random.Random(config.seed)
             self.config = config
+            self._inline_ok = self._can_inline(config)
             self._xon = config.xon if config.xon is not None else config.capacity // 2
             if self._paused and (not config.lossless or len(self._q) <= self._xon):
                 self._paused = False

@@ -218,16 +218,29 @@ class Switch:
             self.drops["no_pipeline"] += 1
             return
         outs = dpl.process(port, frame)
-        if outs:
+        if not outs:
+            return
+        if self.pfc:
             self._enqueue(outs, ingress=port)
+            return
+        queues = self.queues  # _enqueue without PFC, inlined (hot path)
+        for eport, data in outs:
+            q = queues.get(eport)
+            if q is None:
+                self._no_such_port(eport)
+            else:
+                q.put(data)
+
+    def _no_such_port(self, eport: int) -> None:
+        self.drops["no_such_port"] += 1
+        if self.log_packets:
+            pkt_log.info("drop: egress port %d is not attached", eport)
 
     def _enqueue(self, outs: list[tuple[int, bytes]], ingress: int | None = None) -> None:
         for eport, data in outs:
             q = self.queues.get(eport)
             if q is None:
-                self.drops["no_such_port"] += 1
-                if self.log_packets:
-                    pkt_log.info("drop: egress port %d is not attached", eport)
+                self._no_such_port(eport)
                 continue
             if self.pfc and ingress is not None and ingress in self.ports:
                 q.put(data, on_block=self._pfc_sender(ingress))

@@ -52,6 +52,8 @@ VOID = VoidT()
 STR = StrT()
 
 _RESERVED_ATTRS = {"_v_", "copy"}
+_AFTER_INGRESS = ("egress", "compute")  # the controls that run on a replica
+_PARSER_TREE_MAX = 64  # states emitted when a DAG parser is inlined as nested ifs
 
 # extern functions whose semantics the target implements
 BUILTIN_FUNCS = {
@@ -177,6 +179,11 @@ class Checker:
         self.counters: dict[str, CounterInfo] = {}
         self.registers: dict[str, RegisterInfo] = {}
         self.digests: dict[str, DigestInfo] = {}
+        self.hdr_unpack: dict[str, tuple[int, list[str]]] = {}
+        self.hdr_struct: dict[str, tuple[list[str], list[str]]] = {}
+        # members of the headers struct that egress or compute-checksum code mentions (None:
+        # any may be written); a replica shares the others with its original (copy_ctx)
+        self.egress_hdrs: set[str] | None = set()
         self.direct_counters: dict[str, CounterInfo] = {}
         self.top_actions: dict[str, A.ActionDecl] = {}
         self.roles: dict[str, A.Decl] = {}
@@ -497,6 +504,9 @@ class Checker:
             ft = base.ty.field(e.name)
             if ft is None:
                 raise Diagnostic(e.name_loc or e.loc, f"{base.ty} has no field {e.name}")
+            if (base.py == "C.hdr" and self.ctl_role in _AFTER_INGRESS
+                    and self.egress_hdrs is not None):
+                self.egress_hdrs.add(attr(e.name))
             return V(f"{base.py}.{attr(e.name)}", ft, None, lvalue=base.lvalue,
                      readonly_why=base.readonly_why)
         if isinstance(base.ty, ApplyT):
@@ -816,6 +826,8 @@ class Checker:
 
     def lvalue(self, e: A.Expr, scope: Scope) -> V:
         v = self.expr(e, scope)
+        if v.py == "C.hdr" and self.ctl_role in _AFTER_INGRESS:
+            self.egress_hdrs = None  # the whole headers struct written: copy every header
         if not v.lvalue:
             why = f" ({v.readonly_why})" if v.readonly_why else ""
             raise Diagnostic(e.loc, f"expression is not assignable{why}")
@@ -852,7 +864,21 @@ class Checker:
                 h = self.lvalue(e.args[0], scope)
                 if not (isinstance(h.ty, StructT) and h.ty.is_header):
                     raise Diagnostic(e.args[0].loc, f"extract needs a header, not {h.ty}")
-                return V(f"_ext_{h.ty.name}(C, {h.py})", VOID)
+                # _ext_<type> inlined (hot path); ``_h``/``_o``/``_e``/``_x`` cannot clash
+                # with generated names (P4 locals are l_*, keys k*)
+                nb, unpack = self.hdr_unpack[h.ty.name]
+                code = [f"_h = {h.py}", "_o = C.off", f"_e = _o + {nb}",
+                        f"if _e > _n: raise _ParserError({self.errors['PacketTooShort']})",
+                        "C.off = _e", "_x = int.from_bytes(_b[_o:_e], 'big')"]
+                sp = self.hdr_struct.get(h.ty.name)
+                if sp is not None:  # one struct.unpack_from for the whole header
+                    code.pop()  # no int.from_bytes
+                    code += [ln.replace("{U}", f"_SU_{h.ty.name}(_b, _o)")
+                             .replace("{H}", "_h") for ln in sp[0]]
+                    code.append("_h._v_ = True")
+                else:
+                    code += [ln.replace("{H}", "_h").replace("{V}", "_x") for ln in unpack]
+                return V("\n".join(code), VOID)
             if m == "lookahead":
                 if len(e.type_args) != 1 or e.args:
                     raise Diagnostic(e.loc, "lookahead needs one type argument and no arguments")
@@ -879,6 +905,10 @@ class Checker:
 
     def emit_code(self, py: str, t: StructT) -> str:
         if t.is_header:
+            sp = self.hdr_struct.get(t.name)
+            if sp is not None:
+                args = ", ".join(a.replace("{H}", "_h") for a in sp[1])
+                return f"_h = {py}\nif _h._v_: P.append(_SP_{t.name}({args}))"
             return f"if {py}._v_: P.append(_pk_{t.name}({py}))"
         parts = []
         for n, ft in t.fields:
@@ -982,6 +1012,10 @@ class Checker:
             alg = self.algo(a[3], scope)
             pay = " + C.buf[C.payload_off:]" if name.endswith("payload") else ""
             data = packed_bytes(fl) + pay
+            if alg == "csum16" and not pay and any(w_ > 0 for _, w_ in fl):
+                # no bytes: a number congruent to the packed data modulo 0xFFFF (hot path)
+                data = csum16_terms(fl)
+                alg = "csum16_fold"
             if role == "verify":
                 ck = self.expr(a[2], scope)
                 w = bit_width(ck.ty)
@@ -1044,7 +1078,7 @@ class Checker:
                                                              for n, t in st.fields])
             did = f"DIG_{st.name}"
             items = "".join(f"_be({p}, {w}), " for p, w in fl)
-            return V(f"C.digests.append(({did}, [{items}]))", VOID)
+            return V(f"C.digests = (*C.digests, ({did}, [{items}]))", VOID)
         if name in ("clone", "clone3", "clone_preserving_field_list"):
             n = {"clone": 2, "clone3": 3, "clone_preserving_field_list": 3}[name]
             self.args_n(e, n, name)
@@ -1377,7 +1411,10 @@ class Checker:
                 o("P = []")
                 assert d.body is not None
                 self.stmts(d.body.stmts, Scope(scope))
-                o("P.append(C.buf[C.payload_off:])")
+                # a large payload is joined from a view, not copied twice
+                o("_b = C.buf")
+                o("_o = C.payload_off")
+                o("P.append(_b[_o:] if len(_b) - _o < 512 else memoryview(_b)[_o:])")
                 o("return b''.join(P)")
             else:
                 with o.block("try:"):
@@ -1463,6 +1500,8 @@ class Checker:
         if len(e.args) != len(sub.params):
             raise Diagnostic(e.loc, f"{sub.name}.apply takes {len(sub.params)} argument(s), "
                                     f"{len(e.args)} given")
+        if self.ctl_role in _AFTER_INGRESS:
+            self.egress_hdrs = None  # references escape into the sub-control: copy all
         args: list[str] = []
         copy_out: list[str] = []
         for (pn, pt, d), x in zip(sub.params, e.args, strict=True):
@@ -1683,7 +1722,16 @@ class Checker:
         o = Emitter()
         with o.block(f"def {uid}(C, F):"):
             kt = "(" + "".join(k + ", " for k in key_py) + ")"
-            o(f"a, args, hit = T_{uid}.lookup({kt}, C.std.packet_length)")
+            # exact tables without a direct counter: the dict lookup inline (hot path)
+            o(f"d = T_{uid}.fast")
+            with o.block("if d is None:"):
+                o(f"a, args, hit = T_{uid}.lookup({kt}, C.std.packet_length)")
+            with o.block("else:"):
+                o(f"e = d.get({kt})")
+                with o.block("if e is None:"):
+                    o(f"a = T_{uid}.default_action; args = T_{uid}.default_args; hit = False")
+                with o.block("else:"):
+                    o("a = e.action_id; args = e.args; hit = True")
             o(f"ACT_{uid}[a](C, F, *args)")
             o("return a, hit")
         self.action_code.extend(o.lines)
@@ -1782,72 +1830,140 @@ class Checker:
         for s in d.states:
             if s.name in ("accept", "reject"):
                 raise Diagnostic(s.loc, f"state {s.name} cannot be defined")
-        pyname = {n: f"ps_{n}" for n in states}
+        # One function for the whole parser (hot path: no call per state). Each state is
+        # compiled once into lines plus its transition items; then, when the states reachable
+        # from start form a small DAG, the transitions are emitted as nested ifs with the
+        # target states inlined (a tree: every path ends in return or raise), otherwise as a
+        # loop over a state number (a transition sets it and continues; accept breaks).
+        num = {n: i for i, n in enumerate(states)}
 
-        def target(name: str, loc: Loc) -> str:
-            if name == "accept":
-                return "None"
+        def check_target(name: str, loc: Loc) -> None:
             if name == "reject":
                 raise Diagnostic(loc, "explicit 'reject' is not supported on bmv2; use "
                                       "verify(cond, error.X)")
-            if name not in states:
+            if name != "accept" and name not in states:
                 raise Diagnostic(loc, f"unknown parser state {name}")
-            return pyname[name]
 
-        for s in d.states:
+        compiled: dict[str, tuple[list[str], list[tuple[str, str, str]]]] = {}
+        for st in d.states:
+            saved = self.out
+            self.out = Emitter()
             try:
-                with o.block(f"def {pyname[s.name]}(C, F):"):
-                    sc = Scope(scope)
-                    self.stmts(s.stmts, sc)
-                    tr = s.transition
-                    if tr is None:
-                        raise Diagnostic(s.loc, f"state {s.name} has no transition")
-                    if tr.select is None:
-                        o(f"return {target(tr.state or '', tr.loc)}")
-                    else:
-                        self.select(tr, sc, target)
+                sc = Scope(scope)
+                self.stmts(st.stmts, sc)
+                tr = st.transition
+                if tr is None:
+                    raise Diagnostic(st.loc, f"state {st.name} has no transition")
+                if tr.select is None:
+                    check_target(tr.state or "", tr.loc)
+                    items = [("goto", "", tr.state or "")]
+                else:
+                    items = self.select_items(tr, sc, check_target)
+                compiled[st.name] = (self.out.lines, items)
             except Diagnostic as e:
                 self.diags.append(e)
+            finally:
+                self.out = saved
+        if len(compiled) != len(states):
+            return  # diagnostics reported; no code
+
+        def fits_tree() -> bool:
+            """Inlining from start emits at most _PARSER_TREE_MAX states (so no cycle)."""
+            emitted = 0
+            stack: list[tuple[str, tuple[str, ...]]] = [("start", ())]
+            while stack:
+                name, seen = stack.pop()
+                if name == "accept":
+                    continue
+                emitted += 1
+                if name in seen or emitted > _PARSER_TREE_MAX:
+                    return False
+                stack.extend((t, (*seen, name)) for k, _c, t in compiled[name][1]
+                             if k in ("if", "goto"))
+            return True
+
+        timeout = self.errors.get("ParserTimeout", 5)
+        tree = fits_tree()
+
+        def emit_tree(name: str) -> None:
+            if name == "accept":
+                o("return")
+                return
+            lines, items = compiled[name]
+            for ln in lines:
+                o(ln)
+            for kind, text, tgt in items:
+                if kind in ("line", "raise"):
+                    o(text)
+                elif kind == "goto":
+                    emit_tree(tgt)
+                else:
+                    with o.block(f"if {text}:"):
+                        emit_tree(tgt)
+
+        def jump(tgt: str) -> str:
+            return "break" if tgt == "accept" else f"s = {num[tgt]}; continue"
+
         with o.block("def parse(C):"):
             o(f"F = {fcls}()" if self.frame_vars else "F = None")
             for ln in init_lines:
                 o(ln)
-            o("s = ps_start")
+            o("_b = C.buf")  # the frame never changes while parsing
+            o("_n = len(_b)")
+            if tree:
+                emit_tree("start")
+                return
+            o(f"s = {num['start']}")
             o("n = 0")
-            with o.block("while s is not None:"):
-                o("s = s(C, F)")
-                o("n += 1")
+            with o.block("while True:"):
+                # the 1001st state still runs before ParserTimeout (as one call per state did)
                 with o.block("if n > 1000:"):
-                    o(f"raise _ParserError({self.errors.get('ParserTimeout', 5)})")
+                    o(f"raise _ParserError({timeout})")
+                o("n += 1")
+                for i, name in enumerate(states):
+                    with o.block(f"{'if' if i == 0 else 'elif'} s == {num[name]}:"):
+                        lines, items = compiled[name]
+                        for ln in lines:
+                            o(ln)
+                        for kind, text, tgt in items:
+                            if kind in ("line", "raise"):
+                                o(text)
+                            elif kind == "goto":
+                                o(jump(tgt))
+                            else:
+                                o(f"if {text}: {jump(tgt)}")
+            with o.block("if n > 1000:"):
+                o(f"raise _ParserError({timeout})")
 
-    def select(self, tr: A.Transition, scope: Scope, target: Any) -> None:
-        o = self.out
+    def select_items(self, tr: A.Transition, scope: Scope,
+                     check_target: Any) -> list[tuple[str, str, str]]:
+        """A select as (kind, text, target) items in order: ``line`` (key computations),
+        ``if`` (condition, target), ``goto`` (the default's target), ``raise`` (NoMatch)."""
         assert tr.select is not None and tr.cases is not None
+        out: list[tuple[str, str, str]] = []
         kv = [self.expr(x, scope) for x in tr.select]
         kvars = []
         for i, v in enumerate(kv):
             if isinstance(v.ty, (IntLitT, StructT, ListT, OtherT)):
                 raise Diagnostic(tr.select[i].loc, f"cannot select on a value of type {v.ty}")
             kvars.append(f"k{i}")
-            o(f"k{i} = {v.py}")
-        default_seen = False
+            out.append(("line", f"k{i} = {v.py}", ""))
         for c in tr.cases:
-            tgt = target(c.state, c.loc)
+            check_target(c.state, c.loc)
             ks = c.keyset
             items = ks.items if isinstance(ks, A.ListExpr) else [ks]
             if len(items) == 1 and isinstance(items[0], A.Default):
-                o(f"return {tgt}")
-                default_seen = True
-                break
+                out.append(("goto", "", c.state))
+                return out
             if len(items) != len(kv):
                 raise Diagnostic(c.loc, f"keyset has {len(items)} elements, select has "
                                         f"{len(kv)}")
             conds: list[str] = []
             for it, k, kvar in zip(items, kv, kvars, strict=True):
                 conds.extend(self.keyset_cond(it, k, kvar, scope))
-            o(f"if {' and '.join(conds) or 'True'}: return {tgt}")
-        if not default_seen:
-            o(f"raise _ParserError({self.errors['NoMatch']})")
+            out.append(("if", " and ".join(conds) or "True", c.state))
+        out.append(("raise", f"raise _ParserError({self.errors['NoMatch']})", ""))
+        return out
 
     def keyset_cond(self, it: A.Expr, k: V, kvar: str, scope: Scope) -> list[str]:
         def const(x: A.Expr) -> int:
@@ -1879,17 +1995,22 @@ class Checker:
     # ------------------------------------------------------------------ types code
     def gen_types(self) -> None:
         o = self.out
+        # Headers are plain classes whose fields default to class attributes (hot path: a
+        # packet creates every header, most are extracted, i.e. fully written, or never
+        # touched); structs keep __slots__ and write every field at creation.
         for t in self.structs:
             with o.block(f"class {t.pyname}:"):
-                slots = (["_v_"] if t.is_header else []) + [attr(n) for n, _ in t.fields]
-                o(f"__slots__ = {tuple(slots)!r}")
-                with o.block("def __init__(self):"):
-                    if t.is_header:
-                        o("self._v_ = False")
+                if t.is_header:
+                    o("_v_ = False")
                     for n, ft in t.fields:
-                        o(f"self.{attr(n)} = {self.default_value(ft)}")
+                        o(f"{attr(n)} = {self.default_value(ft)}")
+                else:
+                    o(f"__slots__ = {tuple(attr(n) for n, _ in t.fields)!r}")
+                    with o.block("def __init__(self):"):
+                        for n, ft in t.fields:
+                            o(f"self.{attr(n)} = {self.default_value(ft)}")
                 with o.block("def copy(self):"):
-                    o(f"n = object.__new__({t.pyname})")
+                    o(f"n = _new({t.pyname})")
                     if t.is_header:
                         o("n._v_ = self._v_")
                     for n, ft in t.fields:
@@ -1909,12 +2030,22 @@ class Checker:
             w = bit_width(ft) or 0
             shift -= w
             m = (1 << w) - 1
-            ex = f"(v >> {shift}) & {m}" if shift else f"v & {m}"
+            ex = f"({{V}} >> {shift}) & {m}" if shift else f"{{V}} & {m}"
             if isinstance(ft, BitT) and ft.signed:
                 h = 1 << (w - 1)
                 ex = f"(({ex}) ^ {h}) - {h}"
-            unpack.append(f"h.{attr(n)} = {ex}")
-        unpack.append("h._v_ = True")
+            unpack.append(f"{{H}}.{attr(n)} = {ex}")
+        unpack.append("{H}._v_ = True")
+        # templates: {H} the header, {V} the header's bits as an int
+        self.hdr_unpack[t.name] = (nb, unpack)
+        unpack = [ln.replace("{H}", "h").replace("{V}", "v") for ln in unpack]
+        plan = struct_plan([(attr(n), bit_width(ft) or 0, isinstance(ft, BitT) and ft.signed)
+                            for n, ft in t.fields])
+        if plan is not None:
+            fmt, lines, pack = plan
+            o(f"_SU_{t.name} = _Struct({fmt!r}).unpack_from")
+            o(f"_SP_{t.name} = _Struct({fmt!r}).pack")
+            self.hdr_struct[t.name] = (lines, pack)
         with o.block(f"def _unpack_{t.name}(h, v):"):
             for line in unpack:
                 o(line)
@@ -2010,7 +2141,19 @@ class Checker:
             o("return C")
         with o.block("def copy_ctx(C):"):
             o("K = PacketCtx()")
-            o("K.hdr = C.hdr.copy()")
+            eh = self.egress_hdrs
+            if eh is None:
+                o("K.hdr = C.hdr.copy()")
+            else:
+                # a replica only runs egress, compute checksum and the deparser, which never
+                # touch the headers they do not mention: those are shared, not copied
+                o("H = C.hdr")
+                o(f"N = _new({ht})")
+                for n, ft in self.headers_t.fields:
+                    an = attr(n)
+                    deep = isinstance(ft, StructT) and an in eh
+                    o(f"N.{an} = H.{an}{'.copy()' if deep else ''}")
+                o("K.hdr = N")
             o("K.meta = C.meta.copy()")
             o("K.std = C.std.copy()")
             o("K.buf = C.buf")
@@ -2036,6 +2179,93 @@ class Checker:
                     for a_ in assigns:
                         o(a_)
         return o.lines
+
+
+def struct_plan(fields: list[tuple[str, int, bool]]) -> tuple[str, list[str], list[str]] | None:
+    """A header's fields (attribute, width, signed) as one ``struct`` format (big-endian,
+    B/H/I/Q pieces per byte-aligned run of fields), the lines that set ``{H}.<field>`` from the
+    unpacked ``_u<i>`` values, and the pack arguments (expressions over ``{H}``). None when a
+    run does not end on a byte boundary."""
+    chunks: list[tuple[int, list[tuple[str, int, bool]]]] = []
+    cur: list[tuple[str, int, bool]] = []
+    bits = 0
+    for f in fields:
+        cur.append(f)
+        bits += f[1]
+        if bits % 8 == 0:
+            chunks.append((bits // 8, cur))
+            cur, bits = [], 0
+    if cur or not chunks:
+        return None
+    fmt = "!"
+    nvals = 0
+    lines: list[str] = []
+    pack: list[str] = []
+    for nbytes, fs in chunks:
+        pieces: list[int] = []
+        rem = nbytes
+        for size, ch in ((8, "Q"), (4, "I"), (2, "H"), (1, "B")):
+            while rem >= size:
+                pieces.append(size)
+                fmt += ch
+                rem -= size
+        names = [f"_u{nvals + i}" for i in range(len(pieces))]
+        nvals += len(pieces)
+        if len(pieces) == 1:
+            cexpr = names[0]
+        else:
+            parts = []
+            shift = nbytes * 8
+            for size, nm in zip(pieces, names, strict=True):
+                shift -= size * 8
+                parts.append(f"({nm} << {shift})" if shift else nm)
+            cexpr = "(" + " | ".join(parts) + ")"
+            if len(fs) > 1:
+                lines.append(f"_c = {cexpr}")
+                cexpr = "_c"
+        # unpack: fields from the chunk value
+        shift = nbytes * 8
+        srcs = []
+        for name, w, signed in fs:
+            shift -= w
+            m = (1 << w) - 1
+            ex = cexpr if len(fs) == 1 else (f"({cexpr} >> {shift}) & {m}" if shift
+                                             else f"{cexpr} & {m}")
+            if signed:
+                h = 1 << (w - 1)
+                ex = f"(({ex}) ^ {h}) - {h}"
+            lines.append(f"{{H}}.{name} = {ex}")
+            src = f"({{H}}.{name} & {m})" if signed else f"{{H}}.{name}"
+            srcs.append(f"({src} << {shift})" if shift else src)
+        # pack: the chunk value split into its pieces
+        val = srcs[0] if len(srcs) == 1 else "(" + " | ".join(srcs) + ")"
+        shift = nbytes * 8
+        for size in pieces:
+            shift -= size * 8
+            if len(pieces) == 1:
+                pack.append(val)
+            else:
+                pack.append(f"({val} >> {shift}) & {(1 << (size * 8)) - 1}" if shift
+                            else f"{val} & {(1 << (size * 8)) - 1}")
+    lines.insert(0, f"{', '.join(f'_u{i}' for i in range(nvals))}, = {{U}}")
+    return fmt, lines, pack
+
+
+def csum16_terms(fl: list[tuple[str, int]]) -> str:
+    """Python for a non-negative number congruent modulo 0xFFFF to the (value, width) fields
+    packed as for :func:`packed_bytes` (and padded to 16-bit words as the Internet checksum
+    does), and zero only when every field is: ``2**16 == 1 (mod 0xFFFF)``, so each field
+    counts shifted by its bit offset modulo 16. ``_hash_csum16_fold`` turns it into the
+    checksum."""
+    total = sum(w for _, w in fl)
+    padded = -(-total // 16) * 16
+    parts = []
+    shift = padded
+    for p, w in fl:
+        shift -= w
+        k = shift % 16
+        parts.append(f"({p} << {k})" if k else p)
+    return "(" + " + ".join(parts) + ")"
 
 
 def packed_bytes(fl: list[tuple[str, int]]) -> str:
