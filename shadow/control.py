@@ -9,10 +9,14 @@ followed by binary frames (``load`` only). Every reply is a JSON header frame
 of its chunk frames (at most :data:`CHUNK_BYTES` each). Receivers verify every chunk before use.
 
 Ops: ``status``, ``hold``, ``release``, ``fetch``, ``load``, ``snapshot`` (see docs/shadow.md).
+``fetch`` replies and ``load`` requests also carry the COMMIT record of the iteration
+(``"commit"``, see :func:`commit_to_json`).
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
 import json
 import logging
 from collections.abc import Mapping, Sequence
@@ -32,6 +36,8 @@ __all__ = [
     "FetchResult",
     "encode_states",
     "decode_states",
+    "commit_to_json",
+    "commit_from_json",
 ]
 
 log = logging.getLogger(__name__)
@@ -143,6 +149,57 @@ def decode_states(
     return out
 
 
+def commit_to_json(iteration: int, rec: wire.CommitRecord) -> dict[str, Any]:
+    """The COMMIT record of ``iteration`` as it travels in ``fetch`` replies and ``load``
+    requests: ``{"iteration", "lrs", "clip_coef", "loss_scale", "skipped", "user_state"}``
+    (``user_state`` base64; ``clip_coef`` / ``loss_scale`` null when not used)."""
+    return {
+        "iteration": int(iteration),
+        "lrs": [float(x) for x in rec.lrs],
+        "clip_coef": None if rec.clip_coef is None else float(rec.clip_coef),
+        "loss_scale": None if rec.loss_scale is None else float(rec.loss_scale),
+        "skipped": bool(rec.skipped),
+        "user_state": base64.b64encode(bytes(rec.user_state)).decode("ascii"),
+    }
+
+
+def _opt_float(doc: Mapping[str, Any], key: str) -> float | None:
+    v = doc.get(key)
+    if v is None:
+        return None
+    # not necessarily finite: the clip coefficient of a skipped (overflowed) step may be NaN
+    if isinstance(v, bool) or not isinstance(v, int | float):
+        raise ControlError("bad_request", f"commit.{key} = {v!r} is not a number or null")
+    return float(v)
+
+
+def commit_from_json(doc: Any) -> tuple[int, wire.CommitRecord]:
+    """Reverse of :func:`commit_to_json`, validating every field (ControlError)."""
+    if not isinstance(doc, Mapping):
+        raise ControlError("bad_request", f"commit is not an object: {doc!r}")
+    it = doc.get("iteration")
+    if isinstance(it, bool) or not isinstance(it, int) or it < 0:
+        raise ControlError("bad_request", f"commit.iteration = {it!r} is not an iteration")
+    lrs = doc.get("lrs")
+    if (not isinstance(lrs, list) or len(lrs) > 0xFFFF or any(
+            isinstance(x, bool) or not isinstance(x, int | float) for x in lrs)):
+        raise ControlError("bad_request", f"commit.lrs = {lrs!r} is not a list of numbers")
+    skipped = doc.get("skipped", False)
+    if not isinstance(skipped, bool):
+        raise ControlError("bad_request", f"commit.skipped = {skipped!r} is not a boolean")
+    blob = doc.get("user_state", "")
+    if not isinstance(blob, str):
+        raise ControlError("bad_request", "commit.user_state is not a base64 string")
+    try:
+        user = base64.b64decode(blob, validate=True)
+    except (binascii.Error, ValueError) as e:
+        raise ControlError("bad_request", f"commit.user_state is not base64: {e}") from None
+    rec = wire.CommitRecord(tuple(float(x) for x in lrs), clip_coef=_opt_float(doc, "clip_coef"),
+                            loss_scale=_opt_float(doc, "loss_scale"), skipped=skipped,
+                            user_state=user)
+    return it, rec
+
+
 def _numel(shape: tuple[int, ...]) -> int:
     n = 1
     for d in shape:
@@ -152,10 +209,13 @@ def _numel(shape: tuple[int, ...]) -> int:
 
 @dataclass(frozen=True)
 class FetchResult:
-    """State of some boxes at ``iteration``: ``states[box index] = {key: tensor}``."""
+    """State of some boxes at ``iteration``: ``states[box index] = {key: tensor}``; ``commit``:
+    the COMMIT record of ``iteration`` (:func:`commit_to_json` form), None when the shadow has
+    none (the initial state of a fresh start)."""
 
     iteration: int
     states: dict[int, dict[str, torch.Tensor]]
+    commit: dict[str, Any] | None = None
 
 
 class ShadowClient:
@@ -244,16 +304,21 @@ class ShadowClient:
             "fetch", iteration=iteration, boxes=None if boxes is None else list(boxes),
             timeout_s=timeout_s,
         )
-        return FetchResult(int(header["iteration"]), decode_states(header["entries"], frames))
+        commit = header.get("commit")
+        return FetchResult(int(header["iteration"]), decode_states(header["entries"], frames),
+                            commit if isinstance(commit, dict) else None)
 
     def load(self, iteration: int, states: Sequence[Mapping[str, torch.Tensor]],
-             optimizer_json: str, layout_json: str | None = None,
-             timeout_s: float | None = None) -> dict[str, Any]:
-        """Bootstrap the shadow with its shard's state at ``iteration`` (per box, shard order)."""
+             optimizer_json: str, layout_json: str | None = None, *,
+             timeout_s: float | None = None,
+             commit: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """Bootstrap the shadow with its shard's state at ``iteration`` (per box, shard order);
+        ``commit``: COMMIT(``iteration``) (:func:`commit_to_json` form) to keep with it."""
         entries, frames = encode_states(list(enumerate(states)))
+        extra: dict[str, Any] = {} if commit is None else {"commit": dict(commit)}
         header, _ = self.call(
             "load", frames, iteration=iteration, optimizer=optimizer_json, layout=layout_json,
-            entries=entries, timeout_s=timeout_s,
+            entries=entries, timeout_s=timeout_s, **extra,
         )
         return header
 

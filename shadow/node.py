@@ -40,6 +40,8 @@ from shadowgrad.shadow.assembly import IntervalSet, IterBuffer, ShardGeometry
 from shadowgrad.shadow.control import (
     ControlError,
     ShadowClient,
+    commit_from_json,
+    commit_to_json,
     decode_states,
     encode_states,
 )
@@ -229,6 +231,9 @@ class ShadowNode:
         self._peers: dict[int, _Peer] = {}
         self._holds: set[int] = set()
         self._snaps: dict[int, list[dict[str, torch.Tensor]]] = {}
+        # COMMIT(i) (control.commit_to_json form) of every iteration whose state can be fetched:
+        # last_applied and the retained/held states in _snaps (see _gc_snaps)
+        self._commits: dict[int, dict[str, Any]] = {}
         self._timeline: OrderedDict[int, dict[str, float | None]] = OrderedDict()
         self._bucket_senders: dict[int, set[int]] = {}
         self.rx: Counter[str] = Counter()
@@ -520,6 +525,9 @@ class ShadowNode:
         for it in list(self._snaps):
             if it not in self._holds and not (it == self._istar < self._last_applied):
                 del self._snaps[it]
+        for it in list(self._commits):
+            if it != self._last_applied and it not in self._snaps:
+                del self._commits[it]
 
     def _can_apply(self, i: int) -> bool:
         """Two-phase rule: every shard has a replica ready(i), and one that applied i-1."""
@@ -712,6 +720,7 @@ class ShadowNode:
                 return
             self._last_applied = i
             self._applying = None
+            self._commits[i] = commit_to_json(i, rec.commit)
             self._iters.pop(i, None)
             ld.pool.append(rec.buf)
             rec.buf = None
@@ -755,7 +764,7 @@ class ShadowNode:
                 event(log, "shadow.resync_failed", level=logging.WARNING, shadow=self.id,
                       replica=sid, error=str(e))
                 continue
-            self._install(res.iteration, res.states, source=f"shadow {sid}")
+            self._install(res.iteration, res.states, source=f"shadow {sid}", commit=res.commit)
             return
 
     def _peer_control(self, sid: int) -> str:
@@ -767,7 +776,7 @@ class ShadowNode:
         self._peer_controls[shadow_id] = endpoint
 
     def _install(self, iteration: int, states: Mapping[int, Mapping[str, torch.Tensor]],
-                 source: str) -> None:
+                 source: str, commit: dict[str, Any] | None = None) -> None:
         """Resync: load a replica's state of ``iteration`` and continue with buffered data."""
         ld = self._ld
         assert ld is not None
@@ -790,6 +799,14 @@ class ShadowNode:
                     ld.pool.append(rec.buf)
             self._diverged_at = None
             self._snaps.clear()
+            self._commits.clear()
+            if commit is not None:
+                try:
+                    c_it, c_rec = commit_from_json(commit)
+                    if c_it == iteration:
+                        self._commits[iteration] = commit_to_json(c_it, c_rec)
+                except ControlError as e:
+                    log.warning("shadow %d: resync from %s: bad COMMIT: %s", self.id, source, e)
             self.ev["resynced"] += 1
             event(log, "shadow.resync", level=logging.WARNING, shadow=self.id, shard=ld.shard,
                   source=source, iteration=iteration, previous=old)
@@ -1003,6 +1020,7 @@ class ShadowNode:
                 current = it == self._last_applied
                 if self._diverged_at is not None and self._diverged_at <= it:
                     raise ControlError("unavailable", f"diverged at {self._diverged_at}")
+                commit = self._commits.get(it)
             if snap is not None:
                 states = [(b, snap[b]) for b in boxes]
             elif current:
@@ -1012,7 +1030,8 @@ class ShadowNode:
                 raise ControlError("unavailable", f"iteration {it} not available here")
         ids = {k: (box.name, box.offsets) for k, box in enumerate(ld.geom.boxes)}
         entries, frames = encode_states(states, ids)
-        return {"ok": True, "iteration": it, "shard": ld.shard, "entries": entries}, frames
+        return {"ok": True, "iteration": it, "shard": ld.shard, "entries": entries,
+                "commit": commit}, frames
 
     def _check_layout(self, layout: Layout) -> None:
         if (layout.num_shadows, layout.replication) != (self.spec.shadows.count,
@@ -1040,6 +1059,13 @@ class ShadowNode:
         self._check_layout(layout)
         shard, replica = layout.shard_of_shadow(self.id)
         iteration = int(req["iteration"])
+        commit: dict[str, Any] | None = None
+        if req.get("commit") is not None:
+            c_it, c_rec = commit_from_json(req["commit"])  # validated, kept normalised
+            if c_it != iteration:
+                raise ControlError("bad_request", f"load of iteration {iteration} with the "
+                                   f"COMMIT of iteration {c_it}")
+            commit = commit_to_json(c_it, c_rec)
         opt_json = str(req["optimizer"])
         opt = OptimizerSpec.from_json(opt_json)
         geom = ShardGeometry(layout, shard)
@@ -1069,6 +1095,9 @@ class ShadowNode:
             self._peers.clear()
             self._holds.clear()
             self._snaps.clear()
+            self._commits = {iteration: commit} if commit is not None else {}
+            # the senders of the old job (e.g. ranks 2, 3 before a 4 -> 2 restore) are gone
+            self._bucket_senders.clear()
             self._newest_seen = iteration
             self._snap_next = self.spec.shadows.snapshot_every
             self.ev["loads"] += 1

@@ -3,7 +3,9 @@ snapshots, and the ``shadowgrad shadow`` command."""
 
 from __future__ import annotations
 
+import base64
 import copy
+import dataclasses
 import os
 import signal
 import socket
@@ -15,7 +17,13 @@ from pathlib import Path
 import pytest
 import torch
 import zmq
-from shadowgrad.shadow.control import ControlError, ShadowClient, decode_states, encode_states
+from shadowgrad.shadow.control import (
+    ControlError,
+    ShadowClient,
+    commit_to_json,
+    decode_states,
+    encode_states,
+)
 from shadowgrad.shadow.snapshot import SnapshotError, list_snapshots, read_snapshot
 
 from shadowgrad.errors import ShadowgradTimeout
@@ -229,9 +237,77 @@ def test_state_at_istar_is_kept_while_another_shard_lags() -> None:
             assert st0["available"] == [1, 2]
             res = c.clients[0].fetch(1)
             assert not compare_shard(layout, 0, res.states, *at1)
+            # the retained cut keeps its COMMIT too
+            assert res.commit is not None and res.commit["iteration"] == 1
+            assert c.clients[0].fetch(2).commit == commit_to_json(2, commit)
             assert lagging.status(timeline=0)["last_applied"] == 1
         c.wait_applied(2)
         assert c.wait(lambda _n, st: st["istar"] == 2 and st["available"] == [2], 5.0)
         with pytest.raises(ControlError):
             c.clients[0].fetch(1)
         assert c.nodes[0].ev["cut_copies"] >= 1
+
+
+def test_fetch_returns_the_commit_and_load_keeps_the_one_given() -> None:
+    """``fetch`` carries COMMIT(i) of the fetched iteration (current, held after replay moved
+    on); ``load`` keeps the COMMIT given with it (a second restore right after a restore still
+    finds the user state); only the COMMITs of fetchable iterations are kept."""
+    trainer = RefTrainer(Case("commit", "mlp", "adamw", scaler=True, skip_at=(1,),
+                              iterations=10), seed=3)
+    layout = trainer.layout(num_shadows=2)
+    sent: dict[int, dict[str, object]] = {}
+
+    def run(its: range) -> None:
+        for it in its:
+            grads, commit = trainer.step(it)
+            commit = dataclasses.replace(commit, user_state=f"user {it}".encode())
+            sent[it] = commit_to_json(it, commit)
+            c.producer.send_iteration(it, bucket_bytes(layout, grads), commit)
+            c.wait_applied(it)
+
+    with cluster(layout) as c:
+        c.load(trainer.named, trainer.optimizer_spec())
+        first = c.clients[0].fetch(None)
+        assert first.iteration == -1 and first.commit is None  # a fresh start has none
+        run(range(3))
+        for cl in c.clients:
+            res = cl.fetch(None)
+            assert res.iteration == 2 and res.commit == sent[2]
+        com = c.clients[0].fetch(2).commit
+        assert com is not None
+        assert base64.b64decode(com["user_state"]) == b"user 2"
+        assert com["loss_scale"] is not None
+        assert com["clip_coef"] is not None and not com["skipped"]
+        assert sent[1]["skipped"] is True
+        # a held iteration keeps its COMMIT while replay moves on
+        for cl in c.clients:
+            cl.hold(2)
+        run(range(3, 5))
+        for cl in c.clients:
+            assert cl.fetch(2).commit == sent[2]
+            assert cl.fetch(4).commit == sent[4]
+            cl.release(2)
+        assert all(sorted(n._commits) == [4] for n in c.nodes)  # bounded
+        # load with a COMMIT (what a restored trainer does): kept, and fetched again
+        got = [c.clients[k].fetch(4) for k in range(2)]
+        given = {**sent[4], "user_state": base64.b64encode(b"restored").decode()}
+        for k, cl in enumerate(c.clients):
+            for bad in ({**given, "iteration": 3}, {**given, "lrs": "x"},
+                        {**given, "user_state": "not base64!"}):
+                with pytest.raises(ControlError) as ei:
+                    cl.load(4, [got[k].states[b] for b in range(len(got[k].states))],
+                            trainer.optimizer_spec().to_json(), commit=bad)
+                assert ei.value.code == "bad_request"
+            assert c.nodes[k]._bucket_senders  # a refused load changes nothing
+        for k, cl in enumerate(c.clients):
+            cl.load(4, [got[k].states[b] for b in range(len(got[k].states))],
+                    trainer.optimizer_spec().to_json(), commit=given)
+            assert not c.nodes[k]._bucket_senders  # the old job's senders are forgotten
+        for cl in c.clients:
+            res = cl.fetch(None)
+            assert res.iteration == 4 and res.commit == given
+        run(range(5, 6))
+        for cl in c.clients:
+            assert cl.fetch(None).commit == sent[5]
+        assert all(sorted(n._commits) == [5] for n in c.nodes)
+        assert not c.check(5, trainer)

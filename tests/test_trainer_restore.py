@@ -163,19 +163,6 @@ def _equal_states(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
 STEPS = 30
 
 
-def _shadows_serve_commit() -> bool:
-    """Whether the shadow's ``fetch`` reply carries the COMMIT record of the fetched iteration
-    (needed to restore the LR scheduler, the grad scaler and the user state)."""
-    import inspect
-
-    from shadowgrad.shadow.node import ShadowNode
-
-    return '"commit"' in inspect.getsource(ShadowNode._op_fetch)
-
-
-NEEDS_COMMIT = "the shadows' fetch does not return COMMIT(I*) (scheduler/scaler/user state) yet"
-
-
 def _kill_trial(tmp: Path, trial: int, amp: bool, ref_losses: dict[int, str],
                 ref_final: dict[str, Any]) -> dict[str, Any]:
     from shadowgrad.trainer_hooks._testing import loopback_spec, shadow_cluster
@@ -229,13 +216,13 @@ def _kill_trial(tmp: Path, trial: int, amp: bool, ref_losses: dict[int, str],
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1200)  # 10 kill/restart trials: ~150-260 s on 2 shared cores
 @pytest.mark.parametrize("amp", [False, True], ids=["adamw-clip", "adamw-clip-sched-scaler"])
 def test_sigkill_a_rank_then_restore_is_bit_identical(tmp_path: Path, amp: bool) -> None:
-    if amp and not _shadows_serve_commit():
-        pytest.skip(NEEDS_COMMIT)
-    # 10 trials in the full variant; the plain one is a quick cross-check once that one runs
-    full = amp or not _shadows_serve_commit()
-    trials = int(os.environ.get("SHADOWGRAD_KILL_TRIALS", "10" if full else "3"))
+    # the restore of the LR scheduler, the grad scaler and the user state needs the COMMIT
+    # record of I* from the shadows' fetch reply
+    # 10 trials in the full variant; the plain one is a quick cross-check
+    trials = int(os.environ.get("SHADOWGRAD_KILL_TRIALS", "10" if amp else "3"))
     ref_losses, ref_final = _reference(tmp_path, STEPS, amp)
     assert sorted(ref_losses) == list(range(STEPS))
     results = [_kill_trial(tmp_path, t, amp, ref_losses, ref_final) for t in range(trials)]
@@ -257,7 +244,7 @@ def test_restore_from_4_ranks_into_2(tmp_path: Path) -> None:
                                  "addresses": doc4["trainers"]["addresses"][:2]}}
     spec2 = _spec(tmp_path, doc2, "w2.toml")
     with shadow_cluster(parse_spec(doc4, env={})) as cluster:
-        amp = ["--amp"] if _shadows_serve_commit() else []
+        amp = ["--amp"]
         ranks = _launch(spec4, 4, 12, "--out", str(tmp_path / "w4.pt"), *amp)
         try:
             _finish(ranks, 4)
@@ -272,8 +259,8 @@ def test_restore_from_4_ranks_into_2(tmp_path: Path) -> None:
             ranks.close()
         assert cluster.wait_applied(15, timeout_s=60)
     assert _start(text) == (12, True)
-    if amp:  # the user state of iteration 11 came back from the shadows
-        assert re.search(r"^start 12 1 \{'step': 11\}", text, re.M), text[:500]
+    # the user state of iteration 11 came back from the shadows (COMMIT(11) in the fetch reply)
+    assert re.search(r"^start 12 1 \{'step': 11\}", text, re.M), text[:500]
     w4 = torch.load(tmp_path / "w4.pt", weights_only=True)
     w2 = torch.load(tmp_path / "w2start.pt", weights_only=True)
     assert not _equal_states(w2, w4)
