@@ -466,7 +466,11 @@ class Shadowgrad:
         link = UdpLink(addrs[self.rank])
         cfg = RingConfig(job=self.spec.job.id, layout=self.layout.digest64,
                          chunk_bytes=self.chunk_bytes, rto_s=min(0.05, t.gap_repair_s / 2),
-                         timeout_s=max(30.0, 10 * t.failure_detect_s))
+                         timeout_s=max(30.0, 10 * t.failure_detect_s),
+                         # a rank's FINAL bytes per iteration are its 1/N share, the size of a
+                         # mirror staging slot: keep as many iterations for shadow repairs as the
+                         # slot budget allows (trainers may run well ahead of slow shadows)
+                         retain=max(4, self.slots))
         ring = RingAllReduce(self.rank, self.group.world, link, addrs, cfg)
         sender = self._sender
         assert sender is not None
