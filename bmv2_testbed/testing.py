@@ -44,9 +44,10 @@ from typing import Any
 
 import grpc
 from google.protobuf import text_format  # type: ignore[import-untyped]
-from google.rpc import status_pb2  # type: ignore[import-untyped]
 from p4.config.v1 import p4info_pb2
 from p4.v1 import p4runtime_pb2, p4runtime_pb2_grpc
+
+from .p4runtime_server import grpc_details
 
 __all__ = ["RealBmv2Backend", "P4RuntimeClient", "VethNamespace", "P4RuntimeError",
            "compile_program"]
@@ -261,21 +262,6 @@ class VethNamespace:
 
 
 # ----------------------------------------------------------------------------- P4Runtime
-def _status_errors(e: grpc.RpcError) -> list[p4runtime_pb2.Error]:
-    trailing = getattr(e, "trailing_metadata", None)
-    for key, value in (trailing() if callable(trailing) else None) or ():
-        if key == "grpc-status-details-bin":
-            st = status_pb2.Status()
-            st.ParseFromString(value)
-            out = []
-            for d in st.details:
-                err = p4runtime_pb2.Error()
-                d.Unpack(err)
-                out.append(err)
-            return out
-    return []
-
-
 class P4RuntimeClient:
     """A minimal P4Runtime client: one StreamChannel (arbitration, packet-in/out, digests) with
     a reader thread, pipeline push, Write and Read. Unary calls carry deadlines."""
@@ -369,7 +355,7 @@ class P4RuntimeClient:
         try:
             self.stub.Write(req, timeout=self.timeout)
         except grpc.RpcError as e:
-            errs = _status_errors(e)
+            errs = grpc_details(e)
             msgs = [f"#{i}: {x.message}" for i, x in enumerate(errs) if x.canonical_code != 0]
             raise P4RuntimeError(f"Write: {e.details()} {'; '.join(msgs)}", e.code(),
                                  errs) from None
