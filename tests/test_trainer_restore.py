@@ -228,8 +228,10 @@ def test_sigkill_a_rank_then_restore_is_bit_identical(tmp_path: Path, amp: bool)
     results = [_kill_trial(tmp_path, t, amp, ref_losses, ref_final) for t in range(trials)]
     print(results)
     # bounded loss of work: the restart repeats at most the iterations in flight when the rank
-    # died (rank 0 may have logged one its peers' slices never left for)
-    assert all(r["resumed_at"] >= r["last_logged"] - 1 for r in results), results
+    # died: rank 0 may have logged one iteration further, and the victim's mirror sender (a
+    # background thread that never stalls training) may not yet have sent its slice of the
+    # iteration before — seen once in a CI run on 2 loaded cores (logged 18, resumed at 16)
+    assert all(r["resumed_at"] >= r["last_logged"] - 2 for r in results), results
 
 
 @pytest.mark.slow
