@@ -399,6 +399,24 @@ def _enc(value: int, bits: int) -> bytes:
     return value.to_bytes(_width_bytes(bits), "big")
 
 
+def wait_switch_ready(proc: subprocess.Popen[str], timeout_s: float = 30.0) -> str:
+    """Read ``sg-switch-grpc``'s stdout until its ``sg-switch-grpc ready grpc=HOST:PORT`` line and
+    return ``HOST:PORT``; raise :class:`P4RuntimeError` (with stderr's tail) if the process exits
+    or ``timeout_s`` passes first. The process is left running either way."""
+    assert proc.stdout is not None
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if select.select([proc.stdout], [], [], 0.5)[0]:
+            line = proc.stdout.readline()
+            if line.startswith("sg-switch-grpc ready"):
+                return line.split("grpc=")[1].split()[0]
+            if not line and proc.poll() is not None:
+                break
+        elif proc.poll() is not None:
+            break
+    raise P4RuntimeError(f"switch did not start (exit {proc.poll()})")
+
+
 def _free_tcp_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))

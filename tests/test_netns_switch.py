@@ -6,16 +6,15 @@ and observed on both other hosts. Everything created is deleted, even on failure
 from __future__ import annotations
 
 import os
-import select
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from p4.v1 import p4runtime_pb2
 from shadowgrad.bmv2_testbed.pcap import read_pcap
+from shadowgrad.bmv2_testbed.testing import P4RuntimeError, wait_switch_ready
 
 from tests.test_p4rt_server import Client, Names, dmac_entry, lpm_entry, mc_entity, upd
 
@@ -109,20 +108,12 @@ def start_switch(topo: Topo, pcap_dir: Path) -> tuple[subprocess.Popen[str], str
         args += ["-i", f"{i}@{s}"]
     args += ["--", "--grpc-server-addr", "127.0.0.1:0", "--cpu-port", "255"]
     p = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    assert p.stdout is not None
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        r, _, _ = select.select([p.stdout], [], [], 0.5)
-        if r:
-            line = p.stdout.readline()
-            if line.startswith("sg-switch-grpc ready"):
-                grpc_addr = line.split("grpc=")[1].split()[0]
-                return p, grpc_addr
-            if not line and p.poll() is not None:
-                break
-    p.kill()
-    _out, err = p.communicate(timeout=10)
-    raise AssertionError(f"switch did not start: {err[-2000:]}")
+    try:
+        return p, wait_switch_ready(p, timeout_s=60)
+    except P4RuntimeError:
+        p.kill()
+        _out, err = p.communicate(timeout=10)
+        raise AssertionError(f"switch did not start: {err[-2000:]}") from None
 
 
 def stop(p: subprocess.Popen[str]) -> str:

@@ -9,16 +9,15 @@ Both its REPL (script on stdin) and its Python API are driven in subprocesses, b
 
 from __future__ import annotations
 
-import select
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from google.protobuf import text_format
 from shadowgrad.bmv2_testbed.dataplane import Pipeline
+from shadowgrad.bmv2_testbed.testing import wait_switch_ready
 
 ROOT = Path(__file__).resolve().parents[1]
 PROG = ROOT / "tests" / "p4progs" / "rt_l2l3.p4"
@@ -45,16 +44,7 @@ def target() -> Iterator[str]:
                           "--grpc-server-addr", "127.0.0.1:0", "--cpu-port", "255"],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        assert p.stdout is not None
-        addr = None
-        deadline = time.monotonic() + 30
-        while addr is None and time.monotonic() < deadline and p.poll() is None:
-            if select.select([p.stdout], [], [], 0.5)[0]:
-                line = p.stdout.readline()
-                if line.startswith("sg-switch-grpc ready"):
-                    addr = line.split("grpc=")[1].split()[0]
-        assert addr is not None, "switch did not start"
-        yield addr
+        yield wait_switch_ready(p)
     finally:
         p.terminate()
         try:

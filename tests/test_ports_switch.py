@@ -4,7 +4,6 @@ over UDP, entries over P4Runtime, SIGTERM exits 0)."""
 
 from __future__ import annotations
 
-import select
 import signal
 import socket
 import subprocess
@@ -20,6 +19,7 @@ from shadowgrad.bmv2_testbed.pcap import read_pcap
 from shadowgrad.bmv2_testbed.ports import InProcessPort
 from shadowgrad.bmv2_testbed.queues import QueueConfig
 from shadowgrad.bmv2_testbed.switch import PFC_DST, Switch
+from shadowgrad.bmv2_testbed.testing import wait_switch_ready
 
 from tests.test_p4rt_server import Client, Names, ipv4_frame, lpm_entry, upd
 
@@ -176,16 +176,7 @@ def cli_switch(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[str], str, lis
          "--", "--grpc-server-addr", "127.0.0.1:0", "--cpu-port", "255"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        assert p.stdout is not None
-        addr = None
-        deadline = time.monotonic() + 30
-        while addr is None and time.monotonic() < deadline and p.poll() is None:
-            if select.select([p.stdout], [], [], 0.5)[0]:
-                line = p.stdout.readline()
-                if line.startswith("sg-switch-grpc ready"):
-                    addr = line.split("grpc=")[1].split()[0]
-        assert addr is not None, "switch did not start"
-        yield p, addr, [sw1, sw2, peer1, peer2]
+        yield p, wait_switch_ready(p), [sw1, sw2, peer1, peer2]
     finally:
         if p.poll() is None:
             p.kill()
