@@ -357,7 +357,7 @@ class Dataplane:
     """Runtime state of one loaded pipeline plus packet execution (see module docstring)."""
 
     def __init__(self, pipeline: Pipeline, *, cpu_port: int | None = None,
-                 drop_port: int = 511) -> None:
+                 drop_port: int = 511, fast_path: bool = True) -> None:
         if (cpu_port is not None and not (0 < cpu_port <= MAX_PORT)) or cpu_port == drop_port:
             raise InvalidArgumentError(f"invalid cpu port {cpu_port}")
         self.pipeline = pipeline
@@ -388,6 +388,10 @@ class Dataplane:
         self._pending_pin: list[tuple[bytes, dict[int, int]]] = []
         self._pending_digest: list[tuple[int, list[bytes]]] = []
         self.prog = pipeline.instantiate(self)
+        # the straight-line fast path (``_fastpath``): used per packet unless logging is on
+        self._fast = self.prog.fast if fast_path else None
+        self._drop_cb = self._drop  # bound once (hot path)
+        self._digest_cb = self._queue_digests
         for tid, t in pipeline.tables.items():
             for ce in t.const_entries:
                 self._insert(self._const_entry(tid, ce), allow_const=True)
@@ -832,9 +836,16 @@ class Dataplane:
             stats = self._stats
             stats["rx"] += 1
             out: list[tuple[int, bytes]] = []
-            self._now = int((_monotonic() - self._t0) * 1e6) & 0xFFFFFFFFFFFF  # now_us()
+            self._now = now = int((_monotonic() - self._t0) * 1e6) & 0xFFFFFFFFFFFF
             try:
-                self._ingress(ingress_port, frame, PKT_NORMAL, None, out, 0)
+                fast = self._fast
+                if fast is not None and self.on_log is None:
+                    fast(ingress_port, frame, now, self.mcast, out, self._drop_cb,
+                         self._digest_cb)
+                    if out and self.cpu_port is not None:
+                        out = self._split_cpu(ingress_port, out)
+                else:
+                    self._ingress(ingress_port, frame, PKT_NORMAL, None, out, 0)
             except Exception as exc:  # never let a packet kill the caller's thread
                 self._drop(ingress_port, "internal_error")
                 if self.on_log is not None:
@@ -846,6 +857,33 @@ class Dataplane:
             digs, self._pending_digest = self._pending_digest, []
         self._deliver(pins, digs)
         return out
+
+    @property
+    def fast_path(self) -> bool:
+        """Whether packets run on the straight-line fast path (``_fastpath``) when no
+        per-packet logging is on; False if disabled or the program is not covered
+        (``pipeline.fast_unsupported`` says why)."""
+        return self._fast is not None
+
+    def _queue_digests(self, digests: tuple[tuple[int, list[bytes]], ...]) -> None:
+        """The fast path's ingress digests (step 2 of the end of ingress)."""
+        for did, members in digests:
+            self._stats["digests"] += 1
+            self._pending_digest.append((did, members))
+
+    def _split_cpu(self, ingress_port: int,
+                   out: list[tuple[int, bytes]]) -> list[tuple[int, bytes]]:
+        """The fast path's copies to the CPU port become packet-ins (as in _egress_tail)."""
+        cpu = self.cpu_port
+        if all(p != cpu for p, _ in out):
+            return out
+        rest = []
+        for p, data in out:
+            if p == cpu:
+                self._to_cpu(ingress_port, data)
+            else:
+                rest.append((p, data))
+        return rest
 
     def packet_out(self, payload: bytes, metadata: dict[int, int]) -> list[tuple[int, bytes]]:
         """Inject a P4Runtime PacketOut: prepend the packet_out header, ingress = cpu_port."""

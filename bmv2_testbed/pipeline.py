@@ -32,6 +32,7 @@ from typing import Any
 from shadowgrad.errors import ShadowgradError
 
 from . import p4info as _p4info
+from ._fastpath import FastPathUnsupported, build_fast
 from .frontend.checker import Checker
 from .frontend.diagnostics import Diagnostic
 from .frontend.lexer import Preprocessor, lex
@@ -131,6 +132,32 @@ def _advance(ctx: PacketCtx, bits: int) -> None:
     if o > len(ctx.buf):
         raise _ParserError(1)
     ctx.off = o
+
+
+def _peek_b(buf: bytes, off: int, bits: int) -> int:
+    """_peek for the fast path (buffer and offset as locals)."""
+    nb = (bits + 7) // 8
+    if off + nb > len(buf):
+        raise _ParserError(1)
+    return int.from_bytes(buf[off:off + nb], "big") >> (nb * 8 - bits)
+
+
+def _advance_b(buf: bytes, off: int, bits: int) -> int:
+    """_advance for the fast path: returns the new offset."""
+    if bits % 8:
+        raise _ParserError(6)
+    o = off + bits // 8
+    if o > len(buf):
+        raise _ParserError(1)
+    return o
+
+
+def _count_n(cells: list[list[int]], i: int, nbytes: int) -> None:
+    """_count for the fast path (packet_length as a local)."""
+    if i < len(cells):
+        c = cells[i]
+        c[0] += nbytes
+        c[1] += 1
 
 
 def _count(cells: list[list[int]], i: int, ctx: PacketCtx) -> None:
@@ -249,6 +276,7 @@ _HELPERS: dict[str, Any] = {
     "PacketCtx": PacketCtx, "_ParserError": _ParserError, "_EXIT": _EXIT, "_ExitType": _Exit,
     "_RETURN": _RETURN, "_ReturnType": _Return,
     "_peek": _peek, "_advance": _advance, "_count": _count, "_rread": _rread,
+    "_peek_b": _peek_b, "_advance_b": _advance_b, "_count_n": _count_n,
     "_rwrite": _rwrite, "_bits": _bits, "_hash_csum16": _hash_csum16,
     "_hash_csum16_fold": _hash_csum16_fold,
     "_hash_crc16": _hash_crc16, "_hash_crc32": _hash_crc32, "_hash_identity": _hash_identity,
@@ -271,6 +299,7 @@ class Program:
     egress: Any
     compute: Any
     deparse: Any
+    fast: Any = None  # the straight-line fast path (``_fastpath``), None if not covered
 
 
 class _Binding:
@@ -290,6 +319,13 @@ class Pipeline:
                  include_dirs: list[str], defines: dict[str, str] | None = None) -> None:
         self.model = model
         self.defines = dict(defines or {})
+        try:
+            fast = build_fast(source)
+            self.fast_unsupported: str | None = None
+        except FastPathUnsupported as e:
+            fast = ""
+            self.fast_unsupported = str(e)
+        source = source + "\n" + fast if fast else source
         self.source = source  # generated Python, kept for debugging (``--dump-python``)
         self.files = files
         self.main = main
@@ -415,10 +451,11 @@ class Pipeline:
         """Bind the generated code to ``runtime`` (a Dataplane); returns the entry points."""
         ns: dict[str, Any] = dict(_HELPERS)
         ns["R"] = _Binding(runtime)
+        ns["_EGRESS_SPEC0"] = runtime.drop_port + 1  # egress_spec when egress starts
         exec(self.code, ns)  # our own generated code, compiled in Pipeline.compile
         return Program(ns["new_ctx"], ns["copy_ctx"], ns["reset_meta"], ns["preserve"],
                        ns["parse"], ns["verify"], ns["ingress"], ns["egress"], ns["compute"],
-                       ns["deparse"])
+                       ns["deparse"], ns.get("fast"))
 
     def write_p4info(self, path: str | Path) -> None:
         _p4info.write_p4info(self.p4info, path)

@@ -140,35 +140,24 @@ class EgressQueue:
                 self._stats.drops["closed"] += 1
                 return False
             if self._inline_ok and not self._busy and not self._q:
-                # fast path: an idle queue with no shaping transmits on the producer's thread
-                # (FIFO holds: the TX thread waits while _busy)
-                self._busy = True
+                # fast path: an idle queue with no shaping transmits on the producer's thread,
+                # under the lock (FIFO holds: the queue is empty and the TX thread idle; other
+                # producers wait for one send, as they would behind a busy link)
                 st = self._stats
                 st.enqueued += 1
                 if not st.max_depth:
                     st.max_depth = 1
-                inline = True
-            else:
-                inline = False
-        if inline:  # _transmit_one, inlined; no loss knob on this path
-            ok = False
-            try:
-                self._transmit(frame)
-                ok = True
-            except Exception as e:  # counted and logged, never fatal
-                log.debug("transmit on port %d failed: %s", self.port, e)
-            finally:
-                with self._lock:
-                    st = self._stats
-                    if ok:
-                        st.transmitted += 1
-                        st.tx_bytes += len(frame)
-                    else:
-                        st.drops["tx_error"] += 1
-                    self._busy = False
-                    if self._q or self._drainers:
-                        self._cv.notify_all()
-            return True
+                try:
+                    self._transmit(frame)
+                except Exception as e:  # counted and logged, never fatal
+                    log.debug("transmit on port %d failed: %s", self.port, e)
+                    st.drops["tx_error"] += 1
+                else:
+                    st.transmitted += 1
+                    st.tx_bytes += len(frame)
+                if self._drainers:
+                    self._cv.notify_all()
+                return True
         with self._cv:
             cfg = self.config
             if self._is_closed():

@@ -87,14 +87,16 @@ class Backend:
 
 
 class InProcessBackend(Backend):
-    def __init__(self) -> None:
+    def __init__(self, fast_path: bool = True) -> None:
+        self.fast_path = fast_path
         self.dp: Dataplane | None = None
         self.packet_ins = []
         self.digests = []
 
     def load(self, prog: str) -> None:
         self.pipe = Pipeline.compile(PROGS / prog)
-        self.dp = Dataplane(self.pipe, cpu_port=CPU_PORT)
+        self.dp = Dataplane(self.pipe, cpu_port=CPU_PORT, fast_path=self.fast_path)
+        assert self.dp.fast_path == (self.fast_path and self.pipe.fast_unsupported is None)
         self.dp.on_packet_in = self._pin
         self.dp.on_digest = self._digest
         self.info = self.pipe.p4info
@@ -190,7 +192,8 @@ def _own_tool(name: str) -> str:
 
 
 @pytest.fixture(scope="module", params=[
-    "inproc",
+    "inproc",  # the straight-line fast path wherever the program is covered
+    "inproc-general",  # the same cases on the general path only
     pytest.param("bmv2", marks=pytest.mark.bmv2),
     # RealBmv2Backend against OUR target: shadowgrad-p4c + sg-switch-grpc as subprocesses,
     # veths in a netns, P4Runtime; proves the backend that the bmv2 run uses
@@ -199,8 +202,8 @@ def _own_tool(name: str) -> str:
 def backend_kind(request: pytest.FixtureRequest) -> Iterator[Any]:
     """One switch process per module and backend kind (started before any test's child-process
     snapshot); ``load()`` pushes a fresh pipeline, which resets all switch state per case."""
-    if request.param == "inproc":
-        yield None
+    if request.param in ("inproc", "inproc-general"):
+        yield request.param == "inproc"
         return
     if request.param == "bmv2":
         if not _bmv2_available():
@@ -221,7 +224,9 @@ def backend_kind(request: pytest.FixtureRequest) -> Iterator[Any]:
 
 @pytest.fixture
 def sw(backend_kind: Any) -> Any:
-    return InProcessBackend() if backend_kind is None else backend_kind
+    if isinstance(backend_kind, bool):
+        return InProcessBackend(fast_path=backend_kind)
+    return backend_kind
 
 
 def only(outs: list[tuple[int, bytes]]) -> tuple[int, Ether]:

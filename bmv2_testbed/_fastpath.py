@@ -1,0 +1,592 @@
+"""The straight-line fast path: one Python function per program, header fields as locals.
+
+The code generator (``frontend/checker.py``) emits a module of small functions over a
+per-packet context object (``C.hdr.ipv4.ttl``, ``C.std.egress_spec``, a function per action and
+table). That general form covers every supported feature but costs an object per header and a
+call per block, table and action. :func:`build_fast` rewrites the *generated Python* of a program
+into one function::
+
+    fast(port, frame, now, mcast, out, drop, digest) -> None
+
+that runs parser, verify, ingress, the v1model traffic manager (multicast replicas, drop,
+unicast), and per copy egress, compute and deparser, with every header, metadata and standard
+metadata field a local variable (``h_ipv4_ttl``, ``m_mark``, ``s_egress_spec``), tables and
+actions inlined, and frames appended to ``out`` as ``(port, bytes)``; ``drop(port, reason)``
+counts a drop and ``digest(digests)`` queues the ingress digests the way the general path does.
+
+The rewrite is *conservative*: whenever the generated code uses something outside the shapes it
+knows (a whole header or struct as a value, a sub-control, a parser state function, lookahead of
+a header, clone, resubmit, recirculate, truncate, a ``return`` in an action, struct-typed
+metadata or control locals), it gives up and the program runs on the general path only. The
+dataplane picks the fast path per packet only when no per-packet logging is on; packets to the
+CPU port are handed to the general packet-in code afterwards. ``tests/test_p4_fastpath.py`` runs
+both paths on the same frames and compares every output byte, drop and counter.
+"""
+
+from __future__ import annotations
+
+import ast
+import copy
+import itertools
+from collections.abc import Iterator
+from typing import Any
+
+__all__ = ["FastPathUnsupported", "build_fast"]
+
+PKT_REPLICATION = 5
+
+
+class FastPathUnsupported(Exception):  # noqa: N818 - a reason, not an error
+    """The program uses something the fast path does not cover (the message says what)."""
+
+
+def _const(node: ast.expr) -> Any:
+    if isinstance(node, ast.Constant):
+        return node.value
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub) \
+            and isinstance(node.operand, ast.Constant) \
+            and isinstance(node.operand.value, (int, float)):
+        return -node.operand.value
+    raise FastPathUnsupported(f"non-constant initial value {ast.unparse(node)}")
+
+
+def _chain(node: ast.expr) -> list[str] | None:
+    """``a.b.c`` -> ['a', 'b', 'c']; None unless it is a pure attribute chain on a name."""
+    parts: list[str] = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    if not isinstance(node, ast.Name):
+        return None
+    parts.append(node.id)
+    return parts[::-1]
+
+
+class _Module:
+    """What the rewrite needs to know about one generated module."""
+
+    def __init__(self, tree: ast.Module) -> None:
+        self.funcs: dict[str, ast.FunctionDef] = {}
+        self.classes: dict[str, ast.ClassDef] = {}
+        self.act_maps: dict[str, dict[int, str]] = {}
+        for node in tree.body:
+            if isinstance(node, ast.FunctionDef):
+                self.funcs[node.name] = node
+            elif isinstance(node, ast.ClassDef):
+                self.classes[node.name] = node
+            elif isinstance(node, ast.Assign) and len(node.targets) == 1 \
+                    and isinstance(node.targets[0], ast.Name) \
+                    and node.targets[0].id.startswith("ACT_t_") \
+                    and isinstance(node.value, ast.Dict):
+                m: dict[int, str] = {}
+                for k, v in zip(node.value.keys, node.value.values, strict=True):
+                    if not (isinstance(k, ast.Constant) and isinstance(k.value, int)
+                            and isinstance(v, ast.Name)):
+                        raise FastPathUnsupported("unexpected action map")
+                    m[k.value] = v.id
+                self.act_maps[node.targets[0].id[4:]] = m
+        # headers: S_headers.__init__ assigns self.<h> = H_<type>()
+        self.headers: dict[str, dict[str, Any]] = {}  # instance -> field -> default
+        for st in self._init_body("S_headers"):
+            tgt, val = st
+            if not (isinstance(val, ast.Call) and isinstance(val.func, ast.Name)
+                    and val.func.id in self.classes):
+                raise FastPathUnsupported(f"header {tgt} is not a plain header")
+            self.headers[tgt] = self._header_fields(self.classes[val.func.id])
+        self.meta = {t: _const(v) for t, v in self._init_body("S_metadata")}
+        self.std = {t: _const(v) for t, v in self._init_body("S_standard_metadata_t")}
+
+    def _init_body(self, cls: str) -> list[tuple[str, ast.expr]]:
+        c = self.classes.get(cls)
+        if c is None:
+            raise FastPathUnsupported(f"no class {cls}")
+        init = next((f for f in c.body if isinstance(f, ast.FunctionDef)
+                     and f.name == "__init__"), None)
+        if init is None:
+            return []
+        out = []
+        for st in init.body:
+            if isinstance(st, ast.Pass):
+                continue
+            if not (isinstance(st, ast.Assign) and len(st.targets) == 1):
+                raise FastPathUnsupported(f"{cls}: unexpected initialiser")
+            ch = _chain(st.targets[0])
+            if ch is None or len(ch) != 2 or ch[0] != "self":
+                raise FastPathUnsupported(f"{cls}: unexpected initialiser")
+            out.append((ch[1], st.value))
+        return out
+
+    @staticmethod
+    def _header_fields(c: ast.ClassDef) -> dict[str, Any]:
+        fields: dict[str, Any] = {}
+        for st in c.body:
+            if isinstance(st, ast.Assign) and len(st.targets) == 1 \
+                    and isinstance(st.targets[0], ast.Name):
+                fields[st.targets[0].id] = _const(st.value)
+        if "_v_" not in fields:
+            raise FastPathUnsupported(f"{c.name} is not a header")
+        return fields
+
+    def frame_fields(self, block: str) -> dict[str, Any]:
+        if f"F_{block}" not in self.classes:
+            return {}
+        return {t: _const(v) for t, v in self._init_body(f"F_{block}")}
+
+
+class _Rewriter(ast.NodeTransformer):
+    """Maps context chains to locals within one block (``prefix`` names the control frame)."""
+
+    def __init__(self, mod: _Module, frame: dict[str, str], uid: Iterator[int]) -> None:
+        self.mod = mod
+        self.uid = uid
+        self.frame = frame  # frame field -> local name
+        self.alias: str | None = None  # header bound to ``_h`` (parser and deparser code)
+        self.renames: dict[str, str] = {}
+
+    def local_for(self, ch: list[str]) -> str:
+        base = ch[0]
+        if base == "C":
+            if len(ch) == 2 and ch[1] in ("buf", "off", "payload_off", "digests"):
+                return {"buf": "_buf", "off": "_off", "payload_off": "_poff",
+                        "digests": "_digests"}[ch[1]]
+            if len(ch) == 4 and ch[1] == "hdr" and ch[2] in self.mod.headers \
+                    and ch[3] in self.mod.headers[ch[2]]:
+                return f"h_{ch[2]}_{ch[3]}"
+            if len(ch) == 3 and ch[1] == "meta" and ch[2] in self.mod.meta:
+                return f"m_{ch[2]}"
+            if len(ch) == 3 and ch[1] == "std" and ch[2] in self.mod.std:
+                return f"s_{ch[2]}"
+        elif base == "F":
+            if len(ch) == 2 and ch[1] in self.frame:
+                return self.frame[ch[1]]
+        elif base == "_h" and self.alias is not None and len(ch) == 2 \
+                and ch[1] in self.mod.headers[self.alias]:
+            return f"h_{self.alias}_{ch[1]}"
+        raise FastPathUnsupported(f"uses {'.'.join(ch)}")
+
+    def visit_Attribute(self, node: ast.Attribute) -> ast.AST:
+        ch = _chain(node)
+        if ch is not None and ch[0] in ("C", "F", "_h"):
+            # the longest prefix that names a field; the rest are methods of its value
+            # (``C.hdr.ipv4.srcAddr.to_bytes``)
+            for n in range(len(ch), 1, -1):
+                try:
+                    name = self.local_for(ch[:n])
+                except FastPathUnsupported:
+                    continue
+                if n < len(ch) and not isinstance(node.ctx, ast.Load):
+                    break
+                new: ast.expr = ast.Name(name, node.ctx if n == len(ch) else ast.Load())
+                for attr in ch[n:]:
+                    new = ast.Attribute(new, attr, ast.Load())
+                return ast.copy_location(new, node)
+            raise FastPathUnsupported(f"uses {'.'.join(ch)}")
+        return self.generic_visit(node)
+
+    def visit_Name(self, node: ast.Name) -> ast.AST:
+        if node.id in ("C", "F", "_h"):
+            raise FastPathUnsupported(f"uses {node.id} as a value")
+        new = self.renames.get(node.id)
+        if new is not None:
+            return ast.copy_location(ast.Name(new, node.ctx), node)
+        return node
+
+    def visit_Call(self, node: ast.Call) -> ast.AST:
+        f = node.func
+        if isinstance(f, ast.Name) and f.id == "_hash_csum16_fold" and len(node.args) == 2 \
+                and isinstance(node.args[1], ast.Constant) and node.args[1].value == 16:
+            # inline: 0xFFFF - (ones'-complement sum), the sum being s mod 0xFFFF except that
+            # a non-zero multiple of 0xFFFF sums to 0xFFFF (_hash_csum16_fold's definition)
+            k = next(self.uid)
+            s = self.visit(node.args[0])
+            folded = ast.parse(f"(65534 - (_cs{k} - 1) % 65535) if (_cs{k} := S) else 65535",
+                               mode="eval").body
+            assert isinstance(folded, ast.IfExp) and isinstance(folded.test, ast.NamedExpr)
+            folded.test.value = s
+            return ast.copy_location(folded, node)
+        if isinstance(f, ast.Name) and f.id == "_count" and len(node.args) == 3 \
+                and isinstance(node.args[2], ast.Name) and node.args[2].id == "C":
+            node.func = ast.Name("_count_n", ast.Load())
+            node.args[2] = ast.Name("s_packet_length", ast.Load())
+        elif isinstance(f, ast.Name) and f.id == "_peek" and len(node.args) == 2 \
+                and isinstance(node.args[0], ast.Name) and node.args[0].id == "C":
+            node.func = ast.Name("_peek_b", ast.Load())
+            node.args = [ast.Name("_buf", ast.Load()), ast.Name("_off", ast.Load()),
+                         node.args[1]]
+        return self.generic_visit(node)
+
+
+class _Builder:
+    def __init__(self, mod: _Module) -> None:
+        self.mod = mod
+        self.uid = itertools.count()
+
+    # -- statements of one block
+    def block(self, stmts: list[ast.stmt], rw: _Rewriter) -> list[ast.stmt]:
+        out: list[ast.stmt] = []
+        for st in stmts:
+            out.extend(self.stmt(st, rw))
+        return out
+
+    def stmt(self, st: ast.stmt, rw: _Rewriter) -> list[ast.stmt]:
+        # alias for parser/deparser code: ``_h = C.hdr.<h>``
+        if isinstance(st, ast.Assign) and len(st.targets) == 1 \
+                and isinstance(st.targets[0], ast.Name) and st.targets[0].id == "_h":
+            ch = _chain(st.value)
+            if ch is None or len(ch) != 3 or ch[:2] != ["C", "hdr"] \
+                    or ch[2] not in self.mod.headers:
+                raise FastPathUnsupported(f"_h = {ast.unparse(st.value)}")
+            rw.alias = ch[2]
+            return []
+        # ``F = None`` / ``F = F_x()``: the frame is made of locals
+        if isinstance(st, ast.Assign) and len(st.targets) == 1 \
+                and isinstance(st.targets[0], ast.Name) and st.targets[0].id == "F":
+            return []
+        # ``_advance(C, bits)``
+        if isinstance(st, ast.Expr) and isinstance(st.value, ast.Call) \
+                and isinstance(st.value.func, ast.Name) and st.value.func.id == "_advance":
+            call = st.value
+            if len(call.args) != 2 or not (isinstance(call.args[0], ast.Name)
+                                           and call.args[0].id == "C"):
+                raise FastPathUnsupported("_advance")
+            bits = rw.visit(copy.deepcopy(call.args[1]))
+            return [ast.Assign([ast.Name("_off", ast.Store())],
+                               ast.Call(ast.Name("_advance_b", ast.Load()),
+                                        [ast.Name("_buf", ast.Load()),
+                                         ast.Name("_off", ast.Load()), bits], []),
+                               lineno=0)]
+        # tables: ``t_N(C, F)`` / ``x = t_N(C, F)[k]`` / ``if [not] t_N(C, F)[k]:``
+        tcall = self._table_call(st)
+        if tcall is not None:
+            tname, kind, node = tcall
+            pre, a_var, hit_var = self.table(tname, rw)
+            if kind == "stmt":
+                return pre
+            if kind == "assign":
+                assert isinstance(st, ast.Assign)
+                idx = node
+                val = ast.Name(a_var if idx == 0 else hit_var, ast.Load())
+                tgt = rw.visit(copy.deepcopy(st.targets[0]))
+                return [*pre, ast.Assign([tgt], val, lineno=0)]
+            assert isinstance(st, ast.If)
+            idx, negate = node
+            test: ast.expr = ast.Name(a_var if idx == 0 else hit_var, ast.Load())
+            if negate:
+                test = ast.UnaryOp(ast.Not(), test)
+            body = self._sub(st.body, rw)
+            orelse = self._sub(st.orelse, rw)
+            return [*pre, ast.If(test, body or [ast.Pass()], orelse)]
+        # direct action call ``a_N(C, F, args...)``
+        if isinstance(st, ast.Expr) and isinstance(st.value, ast.Call) \
+                and isinstance(st.value.func, ast.Name) and st.value.func.id.startswith("a_"):
+            c = st.value
+            if len(c.args) < 2 or not all(isinstance(a, ast.Name) and a.id == n
+                                          for a, n in zip(c.args[:2], ("C", "F"), strict=False)):
+                raise FastPathUnsupported("action call")
+            args = [rw.visit(copy.deepcopy(a)) for a in c.args[2:]]
+            return self.action(st.value.func.id, args, None, rw)
+        if isinstance(st, ast.Return) and st.value is not None:
+            raise FastPathUnsupported("return with a value")
+        if isinstance(st, ast.If):
+            self._check(st.test)
+            test = rw.visit(copy.deepcopy(st.test))
+            return [ast.If(test, self._sub(st.body, rw) or [ast.Pass()],
+                           self._sub(st.orelse, rw))]
+        if isinstance(st, ast.Try):
+            handlers = []
+            for h in st.handlers:
+                nh = copy.copy(h)
+                nh.body = self._sub(h.body, rw) or [ast.Pass()]
+                handlers.append(nh)
+            return [ast.Try(self._sub(st.body, rw) or [ast.Pass()], handlers,
+                            self._sub(st.orelse, rw), self._sub(st.finalbody, rw))]
+        if not isinstance(st, (ast.Assign, ast.AugAssign, ast.Expr, ast.Raise, ast.Pass,
+                               ast.Return)):
+            raise FastPathUnsupported(type(st).__name__)
+        self._check(st)
+        return [rw.visit(copy.deepcopy(st))]
+
+    @staticmethod
+    def _check(node: ast.AST) -> None:
+        for n in ast.walk(node):
+            if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and (
+                    n.func.id.startswith(("t_", "a_", "sub_", "st_", "_look_", "_ext_"))):
+                raise FastPathUnsupported(f"call of {n.func.id} in an unexpected place")
+            if isinstance(n, (ast.Lambda, ast.NamedExpr)):
+                raise FastPathUnsupported(type(n).__name__)
+
+    def _sub(self, stmts: list[ast.stmt], rw: _Rewriter) -> list[ast.stmt]:
+        saved = rw.alias
+        out = self.block(stmts, rw)
+        rw.alias = saved
+        return out
+
+    @staticmethod
+    def _is_tcall(node: ast.expr) -> str | None:
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) \
+                and node.func.id.startswith("t_") and len(node.args) == 2 \
+                and all(isinstance(a, ast.Name) for a in node.args) \
+                and [a.id for a in node.args if isinstance(a, ast.Name)] == ["C", "F"]:
+            return node.func.id
+        return None
+
+    def _table_call(self, st: ast.stmt) -> tuple[str, str, Any] | None:
+        if isinstance(st, ast.Expr):
+            t = self._is_tcall(st.value)
+            return (t, "stmt", None) if t else None
+        if isinstance(st, ast.Assign) and isinstance(st.value, ast.Subscript) \
+                and isinstance(st.value.slice, ast.Constant):
+            t = self._is_tcall(st.value.value)
+            return (t, "assign", st.value.slice.value) if t else None
+        if isinstance(st, ast.If):
+            test = st.test
+            negate = False
+            if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
+                test, negate = test.operand, True
+            if isinstance(test, ast.Subscript) and isinstance(test.slice, ast.Constant):
+                t = self._is_tcall(test.value)
+                return (t, "if", (test.slice.value, negate)) if t else None
+        return None
+
+    def table(self, tname: str, rw: _Rewriter) -> tuple[list[ast.stmt], str, str]:
+        fn = self.mod.funcs.get(tname)
+        acts = self.mod.act_maps.get(tname)
+        if fn is None or acts is None or len(fn.body) < 2:
+            raise FastPathUnsupported(f"table {tname}")
+        k = next(self.uid)
+        names = {"a": f"_ta{k}", "args": f"_targs{k}", "hit": f"_thit{k}", "d": f"_td{k}",
+                 "e": f"_te{k}"}
+        *lookup, dispatch, ret = fn.body
+        if not (isinstance(ret, ast.Return) and isinstance(dispatch, ast.Expr)
+                and isinstance(dispatch.value, ast.Call)
+                and isinstance(dispatch.value.func, ast.Subscript)):
+            raise FastPathUnsupported(f"table {tname} shape")
+        saved = rw.renames
+        rw.renames = {**saved, **names}
+        try:
+            pre = self.block(lookup, rw)
+        finally:
+            rw.renames = saved
+        # dispatch: if/elif over the table's actions
+        chain: list[ast.stmt] = []
+        for aid, aname in acts.items():
+            body = self.action(aname, None, names["args"], rw) or [ast.Pass()]
+            test = ast.Compare(ast.Name(names["a"], ast.Load()), [ast.Eq()], [ast.Constant(aid)])
+            chain.append(ast.If(test, body, []))
+        for i in range(len(chain) - 1, 0, -1):
+            prev = chain[i - 1]
+            assert isinstance(prev, ast.If)
+            prev.orelse = [chain[i]]
+        if chain:
+            last = chain[-1]
+            assert isinstance(last, ast.If)
+            # an unknown action id cannot happen (the control plane checks); raise like the
+            # general path's dict lookup would
+            last.orelse = [ast.Raise(ast.Call(ast.Name("KeyError", ast.Load()),
+                                              [ast.Name(names["a"], ast.Load())], []), None)]
+        return [*pre, *chain[:1]], names["a"], names["hit"]
+
+    def action(self, aname: str, args: list[ast.expr] | None, args_var: str | None,
+               rw: _Rewriter) -> list[ast.stmt]:
+        fn = self.mod.funcs.get(aname)
+        if fn is None:
+            raise FastPathUnsupported(f"action {aname}")
+        for node in ast.walk(fn):
+            if isinstance(node, ast.Return) or (isinstance(node, ast.Name)
+                                                and node.id == "_RETURN"):
+                raise FastPathUnsupported(f"return in action {aname}")
+        params = [a.arg for a in fn.args.args[2:]]
+        out: list[ast.stmt] = []
+        if params:
+            if args is not None:
+                if len(args) != len(params):
+                    raise FastPathUnsupported(f"action {aname} arity")
+                for p, a in zip(params, args, strict=True):
+                    out.append(ast.Assign([ast.Name(p, ast.Store())], a, lineno=0))
+            else:
+                assert args_var is not None
+                out.append(ast.Assign([ast.Tuple([ast.Name(p, ast.Store()) for p in params],
+                                                 ast.Store())],
+                                      ast.Name(args_var, ast.Load()), lineno=0))
+        out.extend(self.block(fn.body, rw))
+        return out
+
+
+def _frame(mod: _Module, block: str, prefix: str) -> tuple[dict[str, str], list[ast.stmt]]:
+    fields = mod.frame_fields(block)
+    names = {f: f"{prefix}_{f}" for f in fields}
+    init: list[ast.stmt] = [_assign(names[f], ast.Constant(v)) for f, v in fields.items()]
+    return names, init
+
+
+def _assign(name: str, value: ast.expr) -> ast.stmt:
+    return ast.Assign([ast.Name(name, ast.Store())], value, lineno=0)
+
+
+def _stores(stmts: list[ast.stmt]) -> set[str]:
+    out: set[str] = set()
+    for st in stmts:
+        for node in ast.walk(st):
+            if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+                out.add(node.id)
+    return out
+
+
+_TEMPLATE = """
+def fast(port, _buf, now, mcast, out, drop, digest):
+    INIT
+    _digests = ()
+    s_ingress_port = port
+    s_packet_length = len(_buf)
+    s_ingress_global_timestamp = now
+    _off = 0
+    try:
+        while True:
+            PARSE
+            break
+    except _ParserError as _pe:
+        s_parser_error = _pe.code
+    _poff = _off
+    VERIFY
+    INGRESS
+    if _digests:
+        digest(_digests)
+    if s_mcast_grp:
+        _reps = mcast.get(s_mcast_grp)
+        if not _reps:
+            drop(port, 'mcast_group_unknown')
+            return
+        s_instance_type = PKT_REPLICATION
+    elif s_egress_spec == DROP_PORT:
+        drop(port, 'ingress_drop')
+        return
+    else:
+        _reps = ((s_egress_spec, 0),)
+    _multi = len(_reps) > 1
+    if _multi:
+        SNAPSHOT
+    for _eport, _rid in _reps:
+        if _multi:
+            RESTORE
+        s_egress_port = _eport
+        s_egress_rid = _rid
+        s_egress_spec = _EGRESS_SPEC0
+        s_egress_global_timestamp = now
+        EGRESS
+        if s_egress_spec == DROP_PORT:
+            drop(port, 'egress_drop')
+            continue
+        COMPUTE
+        DEPARSE
+        out.append((_eport, _data))
+"""
+
+
+def build_fast(source: str) -> str:
+    """Python source of ``fast(...)`` for a generated module (see the module docstring);
+    raises :class:`FastPathUnsupported` with the reason when the program is not covered."""
+    tree = ast.parse(source)
+    mod = _Module(tree)
+    b = _Builder(mod)
+
+    def run(block: str, prefix: str) -> list[ast.stmt]:
+        names, init = _frame(mod, block, prefix)
+        rw = _Rewriter(mod, names, b.uid)
+        fn = mod.funcs.get(block)
+        if fn is None:
+            raise FastPathUnsupported(f"no {block}()")
+        body = fn.body
+        if block != "deparse":
+            return [*init, *b.block(body, rw)]
+        if not (body and isinstance(body[-1], ast.Return) and body[-1].value is not None):
+            raise FastPathUnsupported("deparser shape")
+        data = rw.visit(copy.deepcopy(body[-1].value))
+        return [*init, *b.block(body[:-1], rw), _assign("_data", data)]
+
+    parse = run("parse", "fp")
+    parse = [_ReturnToBreak().visit(s) for s in parse]
+    verify = run("verify", "fv")
+    ingress = run("ingress", "fi")
+    egress = run("egress", "fe")
+    compute = run("compute", "fc")
+    deparse = run("deparse", "fd")
+    for blk in (verify, ingress, egress, compute, deparse):
+        for st in blk:
+            for node in ast.walk(st):
+                if isinstance(node, ast.Return):
+                    raise FastPathUnsupported("return in a control")
+
+    state: list[str] = []
+    values: list[Any] = []
+    for h, fields in mod.headers.items():
+        for f, v in fields.items():
+            state.append(f"h_{h}_{f}")
+            values.append(v)
+    for f, v in mod.meta.items():
+        state.append(f"m_{f}")
+        values.append(v)
+    for f, v in mod.std.items():
+        state.append(f"s_{f}")
+        values.append(v)
+    # one unpack of a constant tuple: half the cost of an assignment per local
+    init: list[ast.stmt] = [ast.Assign(
+        [ast.Tuple([ast.Name(n, ast.Store()) for n in state], ast.Store())],
+        ast.Constant(tuple(values)), lineno=0)]  # type: ignore[arg-type]
+    written = _stores([*egress, *compute, *deparse])
+    snap = [n for n in state if n in written]
+    if snap:
+        tup = ast.Tuple([ast.Name(n, ast.Load()) for n in snap], ast.Load())
+        snapshot = [_assign("_snap", tup)]
+        restore: list[ast.stmt] = [ast.Assign(
+            [ast.Tuple([ast.Name(n, ast.Store()) for n in snap], ast.Store())],
+            ast.Name("_snap", ast.Load()), lineno=0)]
+    else:
+        snapshot = [ast.Pass()]
+        restore = [ast.Pass()]
+
+    fast = ast.parse(_TEMPLATE).body[0]
+    assert isinstance(fast, ast.FunctionDef)
+    parts = {"INIT": init, "PARSE": parse or [ast.Pass()], "VERIFY": verify,
+             "INGRESS": ingress, "SNAPSHOT": snapshot, "RESTORE": restore, "EGRESS": egress,
+             "COMPUTE": compute, "DEPARSE": deparse}
+    fast = _Splice(parts).visit(fast)
+    out = ast.Module([fast], [])
+    ast.fix_missing_locations(out)
+    return ast.unparse(out) + "\n"
+
+
+class _ReturnToBreak(ast.NodeTransformer):
+    def visit_Return(self, node: ast.Return) -> ast.AST:
+        return ast.copy_location(ast.Break(), node)
+
+
+class _Splice(ast.NodeTransformer):
+    """Replaces the template's placeholder statements (bare names) with statement lists."""
+
+    def __init__(self, parts: dict[str, list[ast.stmt]]) -> None:
+        self.parts = parts
+
+    def generic_visit(self, node: ast.AST) -> ast.AST:
+        for field, old in ast.iter_fields(node):
+            if isinstance(old, list) and old and isinstance(old[0], ast.stmt):
+                new: list[ast.stmt] = []
+                for st in old:
+                    if isinstance(st, ast.Expr) and isinstance(st.value, ast.Name) \
+                            and st.value.id in self.parts:
+                        new.extend(self.parts[st.value.id])
+                    else:
+                        v = self.visit(st)
+                        if isinstance(v, ast.stmt):
+                            new.append(v)
+                setattr(node, field, new or [ast.Pass()])
+            elif isinstance(old, list):
+                setattr(node, field, [self.visit(x) if isinstance(x, ast.AST) else x
+                                      for x in old])
+            elif isinstance(old, ast.AST):
+                setattr(node, field, self.visit(old))
+        return node
+
+    def visit_Name(self, node: ast.Name) -> ast.AST:
+        if node.id == "PKT_REPLICATION":
+            return ast.copy_location(ast.Constant(PKT_REPLICATION), node)
+        return node
