@@ -69,7 +69,17 @@ class _Module:
         self.funcs: dict[str, ast.FunctionDef] = {}
         self.classes: dict[str, ast.ClassDef] = {}
         self.act_maps: dict[str, dict[int, str]] = {}
+        self.pack_formats: dict[str, str] = {}  # ``_SP_<type>`` -> struct format
         for node in tree.body:
+            if isinstance(node, ast.Assign) and len(node.targets) == 1 \
+                    and isinstance(node.targets[0], ast.Name) \
+                    and node.targets[0].id.startswith("_SP_") \
+                    and isinstance(node.value, ast.Attribute) and node.value.attr == "pack" \
+                    and isinstance(node.value.value, ast.Call) \
+                    and len(node.value.value.args) == 1 \
+                    and isinstance(node.value.value.args[0], ast.Constant) \
+                    and isinstance(node.value.value.args[0].value, str):
+                self.pack_formats[node.targets[0].id] = node.value.value.args[0].value
             if isinstance(node, ast.FunctionDef):
                 self.funcs[node.name] = node
             elif isinstance(node, ast.ClassDef):
@@ -440,6 +450,7 @@ def fast(port, _buf, now, mcast, out, drop, digest):
     s_packet_length = len(_buf)
     s_ingress_global_timestamp = now
     _off = 0
+    _path = -1
     try:
         while True:
             PARSE
@@ -504,7 +515,8 @@ def build_fast(source: str) -> str:
         return [*init, *b.block(body[:-1], rw), _assign("_data", data)]
 
     parse = run("parse", "fp")
-    parse = [_ReturnToBreak().visit(s) for s in parse]
+    paths: list[dict[str, bool] | None] = []
+    parse = _accept_paths(parse, {h: False for h in mod.headers}, paths)
     verify = run("verify", "fv")
     ingress = run("ingress", "fi")
     egress = run("egress", "fe")
@@ -544,20 +556,133 @@ def build_fast(source: str) -> str:
         snapshot = [ast.Pass()]
         restore = [ast.Pass()]
 
+    # headers valid at the deparser are a function of the parser path unless a control
+    # changes validity: then one combined struct pack per path instead of one per header
+    validity = {f"h_{h}__v_" for h in mod.headers}
+    pre: list[ast.stmt] = []
+    if not (validity & _stores([*verify, *ingress, *egress, *compute])):
+        deparse = _deparse_per_path(deparse, paths, mod, pre)
+
     fast = ast.parse(_TEMPLATE).body[0]
     assert isinstance(fast, ast.FunctionDef)
     parts = {"INIT": init, "PARSE": parse or [ast.Pass()], "VERIFY": verify,
              "INGRESS": ingress, "SNAPSHOT": snapshot, "RESTORE": restore, "EGRESS": egress,
              "COMPUTE": compute, "DEPARSE": deparse}
     fast = _Splice(parts).visit(fast)
-    out = ast.Module([fast], [])
+    out = ast.Module([*pre, fast], [])
     ast.fix_missing_locations(out)
     return ast.unparse(out) + "\n"
 
 
-class _ReturnToBreak(ast.NodeTransformer):
-    def visit_Return(self, node: ast.Return) -> ast.AST:
-        return ast.copy_location(ast.Break(), node)
+def _terminates(stmts: list[ast.stmt]) -> bool:
+    if not stmts:
+        return False
+    last = stmts[-1]
+    if isinstance(last, (ast.Return, ast.Raise, ast.Break)):
+        return True
+    if isinstance(last, ast.If):
+        return _terminates(last.body) and _terminates(last.orelse)
+    return False
+
+
+def _accept_paths(stmts: list[ast.stmt], valid: dict[str, bool | None],
+                  paths: list[dict[str, bool] | None]) -> list[ast.stmt]:
+    """Parser statements with each ``return`` (accept) replaced by ``_path = k; break``;
+    ``paths[k]`` is the header validity at that accept (None where it is not known)."""
+    out: list[ast.stmt] = []
+    for st in stmts:
+        if isinstance(st, ast.Return):
+            k = len(paths)
+            known = all(v is not None for v in valid.values())
+            paths.append({h: bool(v) for h, v in valid.items()} if known else None)
+            out.append(_assign("_path", ast.Constant(k if known else -1)))
+            out.append(ast.Break())
+            continue
+        if isinstance(st, ast.If):
+            body_valid = dict(valid)
+            else_valid = dict(valid)
+            body = _accept_paths(st.body, body_valid, paths)
+            orelse = _accept_paths(st.orelse, else_valid, paths)
+            ends = [v for b, v in ((st.body, body_valid), (st.orelse, else_valid))
+                    if not _terminates(b)]
+            for h, before in list(valid.items()):
+                vals = {v[h] for v in ends}
+                valid[h] = vals.pop() if len(vals) == 1 else (None if vals else before)
+            out.append(ast.If(st.test, body or [ast.Pass()], orelse))
+            continue
+        if isinstance(st, ast.Try):
+            for node in ast.walk(st):
+                if isinstance(node, ast.Return):
+                    raise FastPathUnsupported("accept inside try in the parser")
+        for node in ast.walk(st):
+            if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store) \
+                    and node.id.startswith("h_") and node.id.endswith("__v_"):
+                h = node.id[2:-4]
+                if isinstance(st, ast.Assign) and isinstance(st.value, ast.Constant) \
+                        and isinstance(st.value.value, bool) and h in valid:
+                    valid[h] = st.value.value
+                elif h in valid:
+                    valid[h] = None
+        out.append(st)
+    return out
+
+
+def _deparse_per_path(deparse: list[ast.stmt], paths: list[dict[str, bool] | None],
+                      mod: _Module, pre: list[ast.stmt]) -> list[ast.stmt]:
+    """``if _path == k: <one pack of the headers valid on path k> + payload`` for every
+    known parser path, the generic deparser otherwise. The generic deparser must be a
+    sequence of ``if h_X__v_: P.append(_SP_X(...))``; anything else keeps it as it is."""
+    emits: list[tuple[str, str, list[ast.expr]]] = []  # header, format, pack args
+    for st in deparse:
+        if isinstance(st, ast.Assign) and isinstance(st.targets[0], ast.Name) \
+                and st.targets[0].id in ("P", "_b", "_o", "_data"):
+            continue
+        if isinstance(st, ast.Expr) and isinstance(st.value, ast.Call) \
+                and isinstance(st.value.func, ast.Attribute) \
+                and isinstance(st.value.func.value, ast.Name) and st.value.func.value.id == "P" \
+                and st.value.args and isinstance(st.value.args[0], ast.IfExp):
+            continue  # the payload
+        if isinstance(st, ast.If) and isinstance(st.test, ast.Name) \
+                and st.test.id.startswith("h_") and st.test.id.endswith("__v_") \
+                and not st.orelse and len(st.body) == 1 and isinstance(st.body[0], ast.Expr):
+            call = st.body[0].value
+            if isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute) \
+                    and call.func.attr == "append" and len(call.args) == 1 \
+                    and isinstance(call.args[0], ast.Call) \
+                    and isinstance(call.args[0].func, ast.Name) \
+                    and call.args[0].func.id in mod.pack_formats:
+                fmt = mod.pack_formats[call.args[0].func.id]
+                if fmt.startswith("!"):
+                    emits.append((st.test.id[2:-4], fmt[1:], list(call.args[0].args)))
+                    continue
+        return deparse  # a shape we do not specialise
+    arms: list[tuple[int, list[ast.stmt]]] = []
+    for k, valid in enumerate(paths):
+        if valid is None:
+            continue
+        fmt = "".join(f for h, f, _ in emits if valid[h])
+        args = [copy.deepcopy(a) for h, _, a in emits if valid[h] for a in a]
+        name = f"_SPP{k}"
+        pre.append(_assign(name, ast.parse(f"_Struct('!{fmt}').pack", mode="eval").body))
+        hdr = ast.Call(ast.Name(name, ast.Load()), args, [])
+        body = [_assign("_hd", hdr), *ast.parse(
+            "_data = _hd + _buf[_poff:] if len(_buf) - _poff < 512 "
+            "else b''.join((_hd, memoryview(_buf)[_poff:]))").body]
+        arms.append((k, body))
+    if not arms:
+        return deparse
+
+    def tree(arms: list[tuple[int, list[ast.stmt]]]) -> list[ast.stmt]:
+        # every non-negative _path has an arm: a balanced tree of ``<`` tests finds it
+        if len(arms) == 1:
+            return arms[0][1]
+        mid = len(arms) // 2
+        test = ast.Compare(ast.Name("_path", ast.Load()), [ast.Lt()],
+                           [ast.Constant(arms[mid][0])])
+        return [ast.If(test, tree(arms[:mid]), tree(arms[mid:]))]
+
+    test = ast.Compare(ast.Name("_path", ast.Load()), [ast.Lt()], [ast.Constant(0)])
+    return [ast.If(test, deparse, tree(arms))]
 
 
 class _Splice(ast.NodeTransformer):
