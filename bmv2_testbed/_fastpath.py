@@ -661,7 +661,7 @@ def _deparse_per_path(deparse: list[ast.stmt], paths: list[dict[str, bool] | Non
         if valid is None:
             continue
         fmt = "".join(f for h, f, _ in emits if valid[h])
-        args = [copy.deepcopy(a) for h, _, a in emits if valid[h] for a in a]
+        args = [copy.deepcopy(x) for h, _, xs in emits if valid[h] for x in xs]
         name = f"_SPP{k}"
         pre.append(_assign(name, ast.parse(f"_Struct('!{fmt}').pack", mode="eval").body))
         hdr = ast.Call(ast.Name(name, ast.Load()), args, [])
