@@ -515,6 +515,7 @@ def build_fast(source: str) -> str:
         return [*init, *b.block(body[:-1], rw), _assign("_data", data)]
 
     parse = run("parse", "fp")
+    parse = _fold_offsets(parse)
     paths: list[dict[str, bool] | None] = []
     parse = _accept_paths(parse, {h: False for h in mod.headers}, paths)
     verify = run("verify", "fv")
@@ -572,6 +573,90 @@ def build_fast(source: str) -> str:
     out = ast.Module([*pre, fast], [])
     ast.fix_missing_locations(out)
     return ast.unparse(out) + "\n"
+
+
+_OFFSETS = ("_off", "_o", "_e")  # the parser's cursor and its extract temporaries
+
+
+class _Subst(ast.NodeTransformer):
+    def __init__(self, known: dict[str, int]) -> None:
+        self.known = known
+
+    def visit_Name(self, node: ast.Name) -> ast.AST:
+        if isinstance(node.ctx, ast.Load) and node.id in self.known:
+            return ast.copy_location(ast.Constant(self.known[node.id]), node)
+        return node
+
+
+def _const_int(node: ast.expr) -> int | None:
+    if isinstance(node, ast.Constant) and type(node.value) is int:
+        return node.value
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
+        a, b = _const_int(node.left), _const_int(node.right)
+        if a is not None and b is not None:
+            return a + b
+    return None
+
+
+def _fold_offsets(stmts: list[ast.stmt]) -> list[ast.stmt]:
+    """Constant offsets in the parser: along a path of fixed-size extracts the cursor is a
+    compile-time constant, so ``_o = _off; _e = _o + 14; if _e > _n: ...; _off = _e``
+    becomes ``if 14 > _n: ...; _off = 14`` and the unpack reads at a constant offset.
+    ``_off`` itself is always stored (a parser error reads it); ``_o``/``_e`` are stored
+    only where a later join needs them."""
+    try:
+        out, _ = _fold(stmts, {"_off": 0})
+    except FastPathUnsupported:
+        return stmts
+    return out
+
+
+def _fold(stmts: list[ast.stmt], known: dict[str, int]) -> tuple[list[ast.stmt],
+                                                                  dict[str, int]]:
+    out: list[ast.stmt] = []
+    for st in stmts:
+        if isinstance(st, ast.Assign) and len(st.targets) == 1 \
+                and isinstance(st.targets[0], ast.Name) and st.targets[0].id in _OFFSETS:
+            name = st.targets[0].id
+            value = _Subst(known).visit(copy.deepcopy(st.value))
+            c = _const_int(value)
+            if c is None:
+                known.pop(name, None)
+                out.append(ast.Assign(st.targets, value, lineno=0))
+            else:
+                known[name] = c
+                if name == "_off":
+                    out.append(_assign(name, ast.Constant(c)))
+            continue
+        if isinstance(st, ast.If):
+            test = _Subst(known).visit(copy.deepcopy(st.test))
+            body, kb = _fold(st.body, dict(known))
+            orelse, ke = _fold(st.orelse, dict(known))
+            ends = [(b, k) for b, k in ((body, kb), (orelse, ke)) if not _terminates(b)]
+            merged: dict[str, int] = {}
+            for name in _OFFSETS:
+                vals = {k.get(name) for _, k in ends}
+                if len(vals) == 1 and None not in vals:
+                    merged[name] = vals.pop()  # type: ignore[assignment]
+                elif not ends:
+                    pass
+                else:  # not one constant after the join: store it where it was constant
+                    for b, k in ends:
+                        if name in k:
+                            b.append(_assign(name, ast.Constant(k[name])))
+            if ends:
+                known.clear()
+                known.update(merged)
+            out.append(ast.If(test, body or [ast.Pass()], orelse))
+            continue
+        if isinstance(st, (ast.Try, ast.While, ast.For, ast.With)):
+            raise FastPathUnsupported("parser control flow")
+        for node in ast.walk(st):
+            if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store) \
+                    and node.id in _OFFSETS:
+                raise FastPathUnsupported("parser offset")
+        out.append(_Subst(known).visit(copy.deepcopy(st)))
+    return out, known
 
 
 def _terminates(stmts: list[ast.stmt]) -> bool:

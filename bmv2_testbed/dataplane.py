@@ -68,7 +68,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from time import monotonic as _monotonic
+from time import monotonic_ns as _monotonic_ns
 from typing import Any
 
 from shadowgrad.errors import ShadowgradError
@@ -368,7 +368,7 @@ class Dataplane:
         self.on_packet_in: Callable[[bytes, dict[int, int]], None] | None = None
         self.on_digest: Callable[[int, list[bytes]], None] | None = None
         self.on_log: Callable[[str], None] | None = None
-        self._t0 = time.monotonic()
+        self._t0_us = time.monotonic_ns() // 1000
         self._now = 0
         self.tables: dict[int, _Table] = {
             tid: _Table(t, pipeline.actions) for tid, t in pipeline.tables.items()
@@ -417,7 +417,7 @@ class Dataplane:
 
     # ------------------------------------------------------------------ generated-code hooks
     def now_us(self) -> int:
-        return int((time.monotonic() - self._t0) * 1e6)
+        return time.monotonic_ns() // 1000 - self._t0_us
 
     # ------------------------------------------------------------------ table operations
     def _table(self, table_id: int) -> _Table:
@@ -832,11 +832,13 @@ class Dataplane:
         """Run one frame received on ``ingress_port``; return the frames to transmit."""
         if type(frame) is not bytes:
             frame = bytes(frame)
-        with self.lock:
+        out: list[tuple[int, bytes]] = []
+        lock = self.lock
+        lock.acquire()  # acquire/release: half the cost of ``with`` (hot path)
+        try:
             stats = self._stats
             stats["rx"] += 1
-            out: list[tuple[int, bytes]] = []
-            self._now = now = int((_monotonic() - self._t0) * 1e6) & 0xFFFFFFFFFFFF
+            self._now = now = (_monotonic_ns() // 1000 - self._t0_us) & 0xFFFFFFFFFFFF
             try:
                 fast = self._fast
                 if fast is not None and self.on_log is None:
@@ -855,6 +857,8 @@ class Dataplane:
                 return out
             pins, self._pending_pin = self._pending_pin, []
             digs, self._pending_digest = self._pending_digest, []
+        finally:
+            lock.release()
         self._deliver(pins, digs)
         return out
 
