@@ -6,13 +6,15 @@ table). That general form covers every supported feature but costs an object per
 call per block, table and action. :func:`build_fast` rewrites the *generated Python* of a program
 into one function::
 
-    fast(port, frame, now, mcast, out, drop, digest) -> None
+    fast(port, frames, t0, mcast, out, drop, digest) -> None
 
-that runs parser, verify, ingress, the v1model traffic manager (multicast replicas, drop,
-unicast), and per copy egress, compute and deparser, with every header, metadata and standard
+that runs, for each frame of a batch received on ``port``, parser, verify, ingress, the v1model
+traffic manager (multicast replicas, drop, unicast), and per copy egress, compute and deparser
+(``t0`` is the dataplane's clock origin in microseconds), with every header, metadata and standard
 metadata field a local variable (``h_ipv4_ttl``, ``m_mark``, ``s_egress_spec``), tables and
 actions inlined, and frames appended to ``out`` as ``(port, bytes)``; ``drop(port, reason)``
-counts a drop and ``digest(digests)`` queues the ingress digests the way the general path does.
+counts a drop (``internal_error`` for an exception, as the general path) and
+``digest(digests)`` queues the ingress digests the way the general path does.
 
 The rewrite is *conservative*: whenever the generated code uses something outside the shapes it
 knows (a whole header or struct as a value, a sub-control, a parser state function, lookahead of
@@ -443,53 +445,57 @@ def _stores(stmts: list[ast.stmt]) -> set[str]:
 
 
 _TEMPLATE = """
-def fast(port, _buf, now, mcast, out, drop, digest):
-    INIT
-    _digests = ()
-    s_ingress_port = port
-    s_packet_length = len(_buf)
-    s_ingress_global_timestamp = now
-    _off = 0
-    _path = -1
-    try:
-        while True:
-            PARSE
-            break
-    except _ParserError as _pe:
-        s_parser_error = _pe.code
-    _poff = _off
-    VERIFY
-    INGRESS
-    if _digests:
-        digest(_digests)
-    if s_mcast_grp:
-        _reps = mcast.get(s_mcast_grp)
-        if not _reps:
-            drop(port, 'mcast_group_unknown')
-            return
-        s_instance_type = PKT_REPLICATION
-    elif s_egress_spec == DROP_PORT:
-        drop(port, 'ingress_drop')
-        return
-    else:
-        _reps = ((s_egress_spec, 0),)
-    _multi = len(_reps) > 1
-    if _multi:
-        SNAPSHOT
-    for _eport, _rid in _reps:
-        if _multi:
-            RESTORE
-        s_egress_port = _eport
-        s_egress_rid = _rid
-        s_egress_spec = _EGRESS_SPEC0
-        s_egress_global_timestamp = now
-        EGRESS
-        if s_egress_spec == DROP_PORT:
-            drop(port, 'egress_drop')
-            continue
-        COMPUTE
-        DEPARSE
-        out.append((_eport, _data))
+def fast(port, frames, t0, mcast, out, drop, digest):
+    for _buf in frames:
+        try:
+            INIT
+            _digests = ()
+            s_ingress_port = port
+            s_packet_length = len(_buf)
+            s_ingress_global_timestamp = now = (_monotonic_ns() // 1000 - t0) & 281474976710655
+            _off = 0
+            _path = -1
+            try:
+                while True:
+                    PARSE
+                    break
+            except _ParserError as _pe:
+                s_parser_error = _pe.code
+            _poff = _off
+            VERIFY
+            INGRESS
+            if _digests:
+                digest(_digests)
+            if s_mcast_grp:
+                _reps = mcast.get(s_mcast_grp)
+                if not _reps:
+                    drop(port, 'mcast_group_unknown')
+                    continue
+                s_instance_type = PKT_REPLICATION
+            elif s_egress_spec == DROP_PORT:
+                drop(port, 'ingress_drop')
+                continue
+            else:
+                _reps = ((s_egress_spec, 0),)
+            _multi = len(_reps) > 1
+            if _multi:
+                SNAPSHOT
+            for _eport, _rid in _reps:
+                if _multi:
+                    RESTORE
+                s_egress_port = _eport
+                s_egress_rid = _rid
+                s_egress_spec = _EGRESS_SPEC0
+                s_egress_global_timestamp = now
+                EGRESS
+                if s_egress_spec == DROP_PORT:
+                    drop(port, 'egress_drop')
+                    continue
+                COMPUTE
+                DEPARSE
+                out.append((_eport, _data))
+        except Exception:  # never let a packet kill the caller's thread
+            drop(port, 'internal_error')
 """
 
 

@@ -66,7 +66,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from time import monotonic_ns as _monotonic_ns
 from typing import Any
@@ -832,26 +832,33 @@ class Dataplane:
         """Run one frame received on ``ingress_port``; return the frames to transmit."""
         if type(frame) is not bytes:
             frame = bytes(frame)
+        return self.process_batch(ingress_port, (frame,))
+
+    def process_batch(self, ingress_port: int,
+                      frames: Sequence[bytes]) -> list[tuple[int, bytes]]:
+        """Run frames (``bytes``) received on ``ingress_port``, in order, under one
+        acquisition of the dataplane lock; return the frames to transmit, in order."""
         out: list[tuple[int, bytes]] = []
         lock = self.lock
         lock.acquire()  # acquire/release: half the cost of ``with`` (hot path)
         try:
             stats = self._stats
-            stats["rx"] += 1
-            self._now = now = (_monotonic_ns() // 1000 - self._t0_us) & 0xFFFFFFFFFFFF
-            try:
-                fast = self._fast
-                if fast is not None and self.on_log is None:
-                    fast(ingress_port, frame, now, self.mcast, out, self._drop_cb,
-                         self._digest_cb)
-                    if out and self.cpu_port is not None:
-                        out = self._split_cpu(ingress_port, out)
-                else:
-                    self._ingress(ingress_port, frame, PKT_NORMAL, None, out, 0)
-            except Exception as exc:  # never let a packet kill the caller's thread
-                self._drop(ingress_port, "internal_error")
-                if self.on_log is not None:
-                    self.on_log(f"internal error: {exc!r}")
+            stats["rx"] += len(frames)
+            fast = self._fast
+            if fast is not None and self.on_log is None:
+                fast(ingress_port, frames, self._t0_us, self.mcast, out, self._drop_cb,
+                     self._digest_cb)
+                if out and self.cpu_port is not None:
+                    out = self._split_cpu(ingress_port, out)
+            else:
+                for frame in frames:
+                    self._now = (_monotonic_ns() // 1000 - self._t0_us) & 0xFFFFFFFFFFFF
+                    try:
+                        self._ingress(ingress_port, frame, PKT_NORMAL, None, out, 0)
+                    except Exception as exc:  # never let a packet kill the caller's thread
+                        self._drop(ingress_port, "internal_error")
+                        if self.on_log is not None:
+                            self.on_log(f"internal error: {exc!r}")
             stats["tx"] += len(out)
             if not (self._pending_pin or self._pending_digest):
                 return out

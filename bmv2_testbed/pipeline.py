@@ -23,6 +23,7 @@ import json
 import random as _random_mod
 import struct
 import sys
+import time
 import zlib
 from array import array
 from dataclasses import dataclass
@@ -277,6 +278,7 @@ _HELPERS: dict[str, Any] = {
     "_RETURN": _RETURN, "_ReturnType": _Return,
     "_peek": _peek, "_advance": _advance, "_count": _count, "_rread": _rread,
     "_peek_b": _peek_b, "_advance_b": _advance_b, "_count_n": _count_n,
+    "_monotonic_ns": time.monotonic_ns,
     "_rwrite": _rwrite, "_bits": _bits, "_hash_csum16": _hash_csum16,
     "_hash_csum16_fold": _hash_csum16_fold,
     "_hash_crc16": _hash_crc16, "_hash_crc32": _hash_crc32, "_hash_identity": _hash_identity,

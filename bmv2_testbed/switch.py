@@ -22,7 +22,7 @@ import contextlib
 import dataclasses
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -150,7 +150,7 @@ class Switch:
                 self._pcap[(n, d)] = PcapWriter(self.pcap_dir / f"{port.name}_{d}.pcap")
         self.queues[n] = EgressQueue(n, self._transmitter(port), cfg, on_pause=self._on_pause)
         if self._started:
-            port.start(self._deliver)
+            port.start(self._deliver, self._deliver_batch)
         return port
 
     def set_queue_config(self, port: int, config: QueueConfig) -> None:
@@ -181,7 +181,7 @@ class Switch:
                 self.server.install_initial_pipeline(self._p4info,
                                                      dpl.pipeline.to_device_config())
         for port in self.ports.values():
-            port.start(self._deliver)
+            port.start(self._deliver, self._deliver_batch)
 
     def stop(self) -> None:
         """Stop server, ports and queues, close pcap files; idempotent."""
@@ -209,15 +209,19 @@ class Switch:
 
     # ---- packet path -----------------------------------------------------------------------
     def _deliver(self, port: int, frame: bytes) -> None:
+        self._deliver_batch(port, (frame,))
+
+    def _deliver_batch(self, port: int, frames: Sequence[bytes]) -> None:
         if self._pcap:
             w = self._pcap.get((port, "in"))
             if w is not None:
-                w.write(frame)
+                for frame in frames:
+                    w.write(frame)
         dpl = self._dataplane
         if dpl is None:
-            self.drops["no_pipeline"] += 1
+            self.drops["no_pipeline"] += len(frames)
             return
-        outs = dpl.process(port, frame)
+        outs = dpl.process_batch(port, frames)
         if not outs:
             return
         if self.pfc:
