@@ -27,7 +27,7 @@ import logging
 import random
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 __all__ = ["QueueConfig", "QueueStats", "EgressQueue", "DROP_REASONS"]
@@ -135,33 +135,50 @@ class EgressQueue:
                 return self.put(frame)
             finally:
                 on_block(False)
+        if self._put_inline((frame,)):
+            return True
+        return self._put_queued(frame)
+
+    def put_many(self, frames: Sequence[bytes]) -> int:
+        """Enqueue ``frames`` in order (no PFC callback); returns how many were queued."""
+        if self._put_inline(frames):
+            return len(frames)
+        return sum(self.put(frame) for frame in frames)
+
+    def _put_inline(self, frames: Sequence[bytes]) -> bool:
+        """The fast path: an idle queue with no shaping transmits on the producer's thread,
+        under the lock (FIFO holds: the queue is empty and the TX thread idle; other
+        producers wait for these sends, as they would behind a busy link). False, having
+        done nothing, when the queue is not in that state."""
         lock = self._lock
         lock.acquire()  # acquire/release: half the cost of ``with`` (hot path)
         try:
-            if self._closed:
-                self._stats.drops["closed"] += 1
+            if self._closed or not self._inline_ok or self._busy or self._q:
                 return False
-            if self._inline_ok and not self._busy and not self._q:
-                # fast path: an idle queue with no shaping transmits on the producer's thread,
-                # under the lock (FIFO holds: the queue is empty and the TX thread idle; other
-                # producers wait for one send, as they would behind a busy link)
-                st = self._stats
-                st.enqueued += 1
-                if not st.max_depth:
-                    st.max_depth = 1
+            st = self._stats
+            st.enqueued += len(frames)
+            if not st.max_depth:
+                st.max_depth = 1
+            transmit = self._transmit
+            sent = nbytes = 0
+            for frame in frames:
                 try:
-                    self._transmit(frame)
+                    transmit(frame)
                 except Exception as e:  # counted and logged, never fatal
                     log.debug("transmit on port %d failed: %s", self.port, e)
                     st.drops["tx_error"] += 1
                 else:
-                    st.transmitted += 1
-                    st.tx_bytes += len(frame)
-                if self._drainers:
-                    self._cv.notify_all()
-                return True
+                    sent += 1
+                    nbytes += len(frame)
+            st.transmitted += sent
+            st.tx_bytes += nbytes
+            if self._drainers:
+                self._cv.notify_all()
+            return True
         finally:
             lock.release()
+
+    def _put_queued(self, frame: bytes) -> bool:
         with self._cv:
             cfg = self.config
             if self._is_closed():

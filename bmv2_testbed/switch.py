@@ -228,12 +228,29 @@ class Switch:
             self._enqueue(outs, ingress=port)
             return
         queues = self.queues  # _enqueue without PFC, inlined (hot path)
+        if len(outs) <= 2:  # one frame's copies
+            for eport, data in outs:
+                q = queues.get(eport)
+                if q is None:
+                    self._no_such_port(eport)
+                else:
+                    q.put(data)
+            return
+        # a batch: each queue takes its frames at once, in order
+        by_port: dict[int, list[bytes]] = {}
         for eport, data in outs:
+            frames_out = by_port.get(eport)
+            if frames_out is None:
+                by_port[eport] = [data]
+            else:
+                frames_out.append(data)
+        for eport, frames_out in by_port.items():
             q = queues.get(eport)
             if q is None:
-                self._no_such_port(eport)
+                for _ in frames_out:
+                    self._no_such_port(eport)
             else:
-                q.put(data)
+                q.put_many(frames_out)
 
     def _no_such_port(self, eport: int) -> None:
         self.drops["no_such_port"] += 1

@@ -174,6 +174,32 @@ def test_transmit_errors_are_counted() -> None:
         q.close()
 
 
+def test_put_many_inline_queued_and_closed() -> None:
+    # inline (idle, unshaped): sent on this thread, in order, counted once each
+    sent: list[bytes] = []
+    q = EgressQueue(1, sent.append)
+    try:
+        assert q.put_many(frames(5)) == 5
+        assert sent == frames(5)
+        st = q.stats()
+        assert (st.enqueued, st.transmitted, st.tx_bytes) == (5, 5, 500)
+    finally:
+        q.close()
+    # not inline (a TX thread and a capacity): frames beyond capacity tail-drop, order kept
+    sink = Sink()
+    sink.gate.clear()
+    q = EgressQueue(1, sink, QueueConfig(capacity=4, inline_tx=False))
+    try:
+        n = q.put_many(frames(10))
+        assert n in (4, 5) and q.stats().drops["tail_drop"] == 10 - n
+        sink.gate.set()
+        assert q.drain(2)
+        assert [f[:4] for f in sink.frames] == [f[:4] for f in frames(n)]
+    finally:
+        q.close()
+    assert q.put_many(frames(2)) == 0 and q.stats().drops["closed"] == 2
+
+
 # ---- ports -----------------------------------------------------------------------------------
 def test_udp_port_round_trip() -> None:
     got: list[tuple[int, bytes]] = []

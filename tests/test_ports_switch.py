@@ -256,3 +256,43 @@ def test_stop_leaves_no_threads_even_with_a_paused_producer(pipeline: Pipeline) 
     time.sleep(0.3)
     left = [t.name for t in set(threading.enumerate()) - before if t.is_alive()]
     assert left == []
+
+
+def test_batch_delivery_equals_frame_by_frame() -> None:
+    """A batch from an RX port (Switch._deliver_batch, one pipeline call) gives every egress
+    port the same frames in the same order as delivering them one at a time."""
+    pipe = Pipeline.compile(ROOT / "tests" / "p4progs" / "mcast.p4")
+    mc = next(t for t in pipe.tables.values() if t.name.endswith(".mc"))
+    flood = pipe.action_ids["McIngress.flood"]
+    grp = pipe.actions[flood].params[0].id
+    got: dict[str, dict[int, list[bytes]]] = {}
+    batch = [bytes.fromhex(f"02000000000{1 + i % 2}") + bytes.fromhex("020000000009")
+             + b"\x90\x00" + i.to_bytes(4, "big") + bytes(40) for i in range(40)]
+    for mode in ("single", "batch"):
+        sw = Switch(device_id=0)
+        for n in (1, 2, 3):
+            sw.add_port(InProcessPort(n))
+        dpl = sw.load_pipeline(pipe)
+        dpl.insert_multicast_group(1, [(2, 1)])
+        dpl.insert_multicast_group(2, [(2, 1), (3, 2)])
+        for gid in (1, 2):
+            dpl.insert_entry(TableEntry(mc.id, {mc.keys[0].id: Exact(0x020000000000 + gid)},
+                                        flood, {grp: gid}))
+        sw.start()
+        try:
+            if mode == "single":
+                for f in batch:
+                    sw._deliver(1, f)
+            else:
+                sw._deliver_batch(1, batch)
+            assert sw.drain(5)
+            out: dict[int, list[bytes]] = {}
+            for n in (2, 3):
+                port = sw.ports[n]
+                assert isinstance(port, InProcessPort)
+                out[n] = port.recv_all()
+            got[mode] = out
+        finally:
+            sw.stop()
+    assert len(got["batch"][2]) == 40 and len(got["batch"][3]) == 20
+    assert got["batch"] == got["single"]
