@@ -452,7 +452,8 @@ def fast(port, frames, t0, mcast, out, drop, digest):
             _digests = ()
             s_ingress_port = port
             s_packet_length = len(_buf)
-            s_ingress_global_timestamp = now = (_monotonic_ns() // 1000 - t0) & 281474976710655
+            now = (_monotonic_ns() // 1000 - t0) & 281474976710655
+            s_ingress_global_timestamp = now
             _off = 0
             _path = -1
             try:
@@ -576,9 +577,91 @@ def build_fast(source: str) -> str:
              "INGRESS": ingress, "SNAPSHOT": snapshot, "RESTORE": restore, "EGRESS": egress,
              "COMPUTE": compute, "DEPARSE": deparse}
     fast = _Splice(parts).visit(fast)
+    assert isinstance(fast, ast.FunctionDef)
+    _cleanup(fast)
     out = ast.Module([*pre, fast], [])
     ast.fix_missing_locations(out)
     return ast.unparse(out) + "\n"
+
+
+_SAFE_OPS = (ast.Add, ast.Sub, ast.Mult, ast.BitAnd, ast.BitOr, ast.BitXor, ast.LShift,
+             ast.RShift)
+
+
+def _pure(e: ast.AST) -> bool:
+    """Whether dropping the expression changes nothing: no calls (but the clock, so that a
+    program that reads no timestamp skips it), nothing that can raise."""
+    if isinstance(e, (ast.Name, ast.Constant)):
+        return True
+    if isinstance(e, ast.BinOp):
+        ok = isinstance(e.op, _SAFE_OPS) or (
+            isinstance(e.op, (ast.FloorDiv, ast.Mod)) and isinstance(e.right, ast.Constant)
+            and isinstance(e.right.value, int) and e.right.value != 0)
+        return ok and _pure(e.left) and _pure(e.right)
+    if isinstance(e, ast.UnaryOp):
+        return _pure(e.operand)
+    if isinstance(e, ast.BoolOp):
+        return all(_pure(v) for v in e.values)
+    if isinstance(e, ast.Compare):
+        return _pure(e.left) and all(_pure(c) for c in e.comparators)
+    if isinstance(e, ast.IfExp):
+        return _pure(e.test) and _pure(e.body) and _pure(e.orelse)
+    if isinstance(e, ast.Call):
+        return isinstance(e.func, ast.Name) and e.func.id == "_monotonic_ns" and not e.args
+    return False
+
+
+class _Peephole(ast.NodeTransformer):
+    """``x >> 0`` and ``x << 0`` (from slices ``[7:0]``) are ``x``."""
+
+    def visit_BinOp(self, node: ast.BinOp) -> ast.AST:
+        self.generic_visit(node)
+        if isinstance(node.op, (ast.RShift, ast.LShift)) and isinstance(node.right, ast.Constant) \
+                and node.right.value == 0:
+            return node.left
+        return node
+
+
+def _cleanup(fn: ast.FunctionDef) -> None:
+    """Peepholes, then drop stores nobody reads (to a fixpoint): pure assignments to such
+    names, and such names from the initialising tuple unpack."""
+    _Peephole().visit(fn)
+    while True:
+        loads = {n.id for n in ast.walk(fn) if isinstance(n, ast.Name)
+                 and isinstance(n.ctx, ast.Load)}
+        removed = False
+        for node in ast.walk(fn):
+            for field in ("body", "orelse", "finalbody"):
+                stmts = getattr(node, field, None)
+                if not isinstance(stmts, list) or not stmts \
+                        or not isinstance(stmts[0], ast.stmt):
+                    continue
+                keep: list[ast.stmt] = []
+                for st in stmts:
+                    if isinstance(st, ast.Assign) and len(st.targets) == 1:
+                        tgt = st.targets[0]
+                        if isinstance(tgt, ast.Name) and tgt.id not in loads \
+                                and _pure(st.value):
+                            removed = True
+                            continue
+                        init: Any = st.value.value if isinstance(st.value, ast.Constant) \
+                            else None  # the initialising unpack of a constant tuple
+                        if isinstance(tgt, ast.Tuple) and isinstance(init, tuple):
+                            pairs = [(t, v) for t, v in zip(tgt.elts, init, strict=True)
+                                     if not (isinstance(t, ast.Name) and t.id not in loads)]
+                            if len(pairs) != len(tgt.elts):
+                                removed = True
+                                if not pairs:
+                                    continue
+                                keep.append(ast.Assign(
+                                    [ast.Tuple([t for t, _ in pairs], ast.Store())],
+                                    ast.Constant(tuple(v for _, v in pairs)),
+                                    lineno=0))
+                                continue
+                    keep.append(st)
+                setattr(node, field, keep or [ast.Pass()])
+        if not removed:
+            return
 
 
 _OFFSETS = ("_off", "_o", "_e")  # the parser's cursor and its extract temporaries
