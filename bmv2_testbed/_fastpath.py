@@ -655,7 +655,7 @@ def _cleanup(fn: ast.FunctionDef) -> None:
                                     continue
                                 keep.append(ast.Assign(
                                     [ast.Tuple([t for t, _ in pairs], ast.Store())],
-                                    ast.Constant(tuple(v for _, v in pairs)),
+                                    ast.Constant(tuple(v for _, v in pairs)),  # type: ignore[arg-type]
                                     lineno=0))
                                 continue
                     keep.append(st)
