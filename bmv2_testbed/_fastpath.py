@@ -522,6 +522,10 @@ def build_fast(source: str) -> str:
         return [*init, *b.block(body[:-1], rw), _assign("_data", data)]
 
     parse = run("parse", "fp")
+    raw: dict[str, int] = {}  # header -> struct items kept as r_<header>_<i>
+    extract_ids: set[int] = set()
+    parse = _raw_extracts(parse, mod, raw, extract_ids)
+    written = _stores_except(parse, extract_ids)  # before the rewrites below copy statements
     parse = _fold_offsets(parse)
     paths: list[dict[str, bool] | None] = []
     parse = _accept_paths(parse, {h: False for h in mod.headers}, paths)
@@ -536,12 +540,20 @@ def build_fast(source: str) -> str:
                 if isinstance(node, ast.Return):
                     raise FastPathUnsupported("return in a control")
 
+    # deparser arguments made only of fields nothing but an extract writes are the extract's
+    # raw struct items (fields only the deparser reads then need no splitting at all)
+    written |= _stores([*verify, *ingress, *egress, *compute])
+    _raw_deparse(deparse, mod, raw, written)
+
     state: list[str] = []
     values: list[Any] = []
     for h, fields in mod.headers.items():
         for f, v in fields.items():
             state.append(f"h_{h}_{f}")
             values.append(v)
+        for i in range(raw.get(h, 0)):
+            state.append(f"r_{h}_{i}")
+            values.append(0)  # = the packed form of all-zero fields
     for f, v in mod.meta.items():
         state.append(f"m_{f}")
         values.append(v)
@@ -626,6 +638,7 @@ def _cleanup(fn: ast.FunctionDef) -> None:
     """Peepholes, then drop stores nobody reads (to a fixpoint): pure assignments to such
     names, and such names from the initialising tuple unpack."""
     _Peephole().visit(fn)
+    _drop_aliases(fn)
     while True:
         loads = {n.id for n in ast.walk(fn) if isinstance(n, ast.Name)
                  and isinstance(n.ctx, ast.Load)}
@@ -633,8 +646,13 @@ def _cleanup(fn: ast.FunctionDef) -> None:
         for node in ast.walk(fn):
             for field in ("body", "orelse", "finalbody"):
                 stmts = getattr(node, field, None)
-                if not isinstance(stmts, list) or not stmts \
-                        or not isinstance(stmts[0], ast.stmt):
+                if not isinstance(stmts, list):
+                    continue
+                if not stmts:  # emptied by an earlier rewrite: a body needs a statement
+                    if field == "body":
+                        node.body = [ast.Pass()]  # type: ignore[attr-defined]
+                    continue
+                if not isinstance(stmts[0], ast.stmt):
                     continue
                 keep: list[ast.stmt] = []
                 for st in stmts:
@@ -662,6 +680,155 @@ def _cleanup(fn: ast.FunctionDef) -> None:
                 setattr(node, field, keep or [ast.Pass()])
         if not removed:
             return
+
+
+def _drop_aliases(fn: ast.FunctionDef) -> None:
+    """``_b = _buf`` (the parser's and deparser's name for the frame) is ``_buf``; without a
+    digest statement, the template's ``_digests`` bookkeeping goes."""
+    stores: dict[str, list[ast.expr]] = {}
+    for n in ast.walk(fn):
+        if isinstance(n, ast.Assign):
+            for t in n.targets:
+                if isinstance(t, ast.Name):
+                    stores.setdefault(t.id, []).append(n.value)
+        elif isinstance(n, (ast.AugAssign, ast.AnnAssign, ast.NamedExpr)) \
+                and isinstance(n.target, ast.Name):
+            stores.setdefault(n.target.id, []).append(ast.Constant(None))
+        elif isinstance(n, (ast.For, ast.comprehension)):
+            for x in ast.walk(n.target):
+                if isinstance(x, ast.Name):
+                    stores.setdefault(x.id, []).append(ast.Constant(None))
+        elif isinstance(n, ast.Tuple) and isinstance(n.ctx, ast.Store):
+            for e in n.elts:
+                if isinstance(e, ast.Name):
+                    stores.setdefault(e.id, []).append(ast.Constant(None))
+    alias = all(isinstance(v, ast.Name) and v.id == "_buf" for v in stores.get("_b", []))
+    no_digest = [type(v) for v in stores.get("_digests", [])] == [ast.Tuple]
+
+    class Rewrite(ast.NodeTransformer):
+        def visit_Name(self, node: ast.Name) -> ast.AST:
+            if alias and node.id == "_b" and isinstance(node.ctx, ast.Load):
+                return ast.copy_location(ast.Name("_buf", ast.Load()), node)
+            return node
+
+        def visit_Assign(self, node: ast.Assign) -> ast.AST | None:
+            t = node.targets[0]
+            if len(node.targets) == 1 and isinstance(t, ast.Name) and (
+                    (alias and t.id == "_b") or (no_digest and t.id == "_digests")):
+                return None
+            return self.generic_visit(node)
+
+        def visit_If(self, node: ast.If) -> ast.AST | None:
+            if no_digest and isinstance(node.test, ast.Name) and node.test.id == "_digests":
+                return None
+            return self.generic_visit(node)
+
+    Rewrite().visit(fn)
+
+
+def _raw_extracts(stmts: list[ast.stmt], mod: _Module, raw: dict[str, int],
+                  extract_ids: set[int]) -> list[ast.stmt]:
+    """Give each extract's struct items names of their own: ``_u0, _u1 = _SU_t(...)``
+    followed by ``h_X_a = <_u0, _u1 ...>`` … ``h_X__v_ = True`` becomes
+    ``r_X_0, r_X_1 = _SU_t(...)`` and the field assignments read those. ``raw[X]`` is the
+    item count; the field assignments' ids go to ``extract_ids`` (they are not "writes")."""
+    fields_of = {f"h_{h}_{f}": h for h, fs in mod.headers.items() for f in fs}
+    out: list[ast.stmt] = []
+    i = 0
+    while i < len(stmts):
+        st = stmts[i]
+        if isinstance(st, ast.If):
+            st.body = _raw_extracts(st.body, mod, raw, extract_ids)
+            st.orelse = _raw_extracts(st.orelse, mod, raw, extract_ids)
+        if isinstance(st, ast.Assign) and len(st.targets) == 1 \
+                and isinstance(st.targets[0], ast.Tuple) \
+                and isinstance(st.value, ast.Call) and isinstance(st.value.func, ast.Name) \
+                and st.value.func.id.startswith("_SU_") \
+                and all(isinstance(e, ast.Name) for e in st.targets[0].elts):
+            temps = [e.id for e in st.targets[0].elts if isinstance(e, ast.Name)]
+            j = i + 1
+            header = None
+            while j < len(stmts):
+                a = stmts[j]
+                if not (isinstance(a, ast.Assign) and len(a.targets) == 1
+                        and isinstance(a.targets[0], ast.Name)
+                        and a.targets[0].id in fields_of):
+                    break
+                h = fields_of[a.targets[0].id]
+                if header is None:
+                    header = h
+                if h != header or not all(isinstance(n, (ast.Name, ast.Constant, ast.BinOp,
+                                                         ast.operator, ast.Load))
+                                          for n in ast.walk(a.value)):
+                    break
+                j += 1
+            if header is not None and raw.get(header, len(temps)) == len(temps):
+                raw[header] = len(temps)
+                names = {t: f"r_{header}_{k}" for k, t in enumerate(temps)}
+                st.targets[0] = ast.Tuple([ast.Name(names[t], ast.Store()) for t in temps],
+                                          ast.Store())
+                out.append(st)
+                for a in stmts[i + 1:j]:
+                    renamed = _Rename(names).visit(a)
+                    extract_ids.add(id(renamed))
+                    out.append(renamed)
+                i = j
+                continue
+        out.append(st)
+        i += 1
+    return out
+
+
+def _stores_except(stmts: list[ast.stmt], skip: set[int]) -> set[str]:
+    """Names stored by ``stmts`` outside the statements whose ids are in ``skip``."""
+    out: set[str] = set()
+
+    def walk(node: ast.AST) -> None:
+        if id(node) in skip:
+            return
+        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            out.add(node.id)
+        for child in ast.iter_child_nodes(node):
+            walk(child)
+
+    for st in stmts:
+        walk(st)
+    return out
+
+
+class _Rename(ast.NodeTransformer):
+    def __init__(self, names: dict[str, str]) -> None:
+        self.names = names
+
+    def visit_Name(self, node: ast.Name) -> ast.AST:
+        new = self.names.get(node.id)
+        return ast.copy_location(ast.Name(new, node.ctx), node) if new else node
+
+
+def _raw_deparse(deparse: list[ast.stmt], mod: _Module, raw: dict[str, int],
+                 written: set[str]) -> None:
+    """In the deparser's ``if h_X__v_: P.append(_SP_X(args))``, an argument made only of
+    fields of X that nothing but an extract writes becomes X's raw struct item."""
+    for node in ast.walk(ast.Module(deparse, [])):
+        if not (isinstance(node, ast.If) and isinstance(node.test, ast.Name)
+                and node.test.id.startswith("h_") and node.test.id.endswith("__v_")):
+            continue
+        h = node.test.id[2:-4]
+        if h not in raw or len(node.body) != 1 or not isinstance(node.body[0], ast.Expr):
+            continue
+        call = node.body[0].value
+        if not (isinstance(call, ast.Call) and len(call.args) == 1
+                and isinstance(call.args[0], ast.Call)
+                and len(call.args[0].args) == raw[h]):
+            continue
+        args = call.args[0].args
+        prefix = f"h_{h}_"
+        for k, a in enumerate(args):
+            names = [n.id for n in ast.walk(a) if isinstance(n, ast.Name)]
+            if names and all(n.startswith(prefix) and n != f"{prefix}_v_"
+                             and n[len(prefix):] in mod.headers[h] and n not in written
+                             for n in names):
+                args[k] = ast.Name(f"r_{h}_{k}", ast.Load())
 
 
 _OFFSETS = ("_off", "_o", "_e")  # the parser's cursor and its extract temporaries
