@@ -96,3 +96,40 @@ def test_af_packet_port_rx_tx(veth: tuple[str, str, str]) -> None:
         assert c["tx_packets"] == 1 and c["rx_packets"] >= 20 and c["kernel_drops"] == 0
     finally:
         port.close()
+
+
+def test_af_packet_port_hands_waiting_frames_over_in_batches(veth: tuple[str, str, str]
+                                                             ) -> None:
+    """Frames that wait in the socket reach ``deliver_batch`` in order, at most 32 at a time,
+    counted before they are handed over; the per-frame ``deliver`` is not used."""
+    ns, a, b = veth
+    batches: list[list[bytes]] = []
+    done = threading.Event()
+    counted: list[int] = []
+    port = AfPacketPort(1, a)
+
+    def deliver(_n: int, f: bytes) -> None:
+        raise AssertionError("per-frame delivery with a batch callback")
+
+    def deliver_batch(_n: int, frames: list[bytes]) -> None:
+        counted.append(port.rx_packets)
+        batches.append([f for f in frames if f[12:14] == b"\x88\xb5"])
+        if sum(len(x) for x in batches) >= 500:
+            done.set()
+
+    try:
+        port.start(deliver, deliver_batch)
+        # the sender writes 500 frames back to back; the port reads them as they come
+        sh("ip", "netns", "exec", ns, sys.executable, "-c", RAW, b, "send", "500")
+        assert done.wait(10), sum(len(x) for x in batches)
+        got = [int.from_bytes(f[14:18], "big") for x in batches for f in x]
+        assert got == list(range(500))
+        assert max(len(x) for x in batches) <= 32
+        assert port.rx_errors == 0
+        # rx_packets had already counted each batch when it was handed over
+        total = 0
+        for c, x in zip(counted, batches, strict=True):
+            total += len(x)
+            assert c >= total
+    finally:
+        port.close()
