@@ -16,6 +16,15 @@ actions inlined, and frames appended to ``out`` as ``(port, bytes)``; ``drop(por
 counts a drop (``internal_error`` for an exception, as the general path) and
 ``digest(digests)`` queues the ingress digests the way the general path does.
 
+On top of the inlining, a few rewrites that hold for any program: parser offsets are folded to
+constants along paths of fixed-size extracts; each extract keeps its raw struct items
+(``r_ipv4_0``...), which the deparser packs back wherever the fields behind an item are written
+by nothing but extracts; when no control changes header validity, the headers valid at the
+deparser are a function of the parser's accept path, so the deparser is one combined
+``struct.pack`` per path; a multicast copy restores only the locals that egress, compute and
+deparser write; stores nobody reads are dropped (the clock is read only by programs that read a
+timestamp).
+
 The rewrite is *conservative*: whenever the generated code uses something outside the shapes it
 knows (a whole header or struct as a value, a sub-control, a parser state function, lookahead of
 a header, clone, resubmit, recirculate, truncate, a ``return`` in an action, struct-typed
