@@ -2,9 +2,10 @@
 
 Packet path::
 
-    port RX thread --frame--> [pcap in] --> Dataplane.process(port, frame)
-        --> [(egress_port, frame), ...] --> EgressQueue(egress_port).put(frame)   (may pause:
-            lossless queues block this RX thread, see queues.py)
+    port RX thread --frames waiting (1..32)--> [pcap in] --> Dataplane.process_batch(port, frames)
+        --> [(egress_port, frame), ...] --> EgressQueue(egress_port).put / put_many
+            (an idle unshaped queue sends on this thread; lossless queues may pause it,
+             see queues.py)
     egress queue thread --> [rate, delay, loss] --> [pcap out] --> port.send(frame)
 
 Frames to the CPU port never reach a queue: the dataplane strips the packet_in header and the
