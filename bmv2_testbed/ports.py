@@ -29,7 +29,7 @@ import socket
 import struct
 import subprocess
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 __all__ = [
@@ -295,6 +295,23 @@ class AfPacketPort(Port):
         self._sock.send(frame)
         self.tx_packets += 1
         self.tx_bytes += len(frame)
+
+    def send_many(self, frames: Sequence[bytes]) -> tuple[int, int]:
+        """Send ``frames`` in order, a failed one skipped (logged at debug level); returns
+        (frames sent, bytes sent)."""
+        send = self._sock.send
+        sent = nbytes = 0
+        for frame in frames:
+            try:
+                send(frame)
+            except OSError as e:
+                log.debug("transmit on port %d failed: %s", self.number, e)
+            else:
+                sent += 1
+                nbytes += len(frame)
+        self.tx_packets += sent
+        self.tx_bytes += nbytes
+        return sent, nbytes
 
     def counters(self) -> dict[str, int]:
         self._read_stats()

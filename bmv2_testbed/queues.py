@@ -103,10 +103,14 @@ class EgressQueue:
 
     def __init__(self, port: int, transmit: Callable[[bytes], None],
                  config: QueueConfig | None = None, *,
-                 on_pause: Callable[[int, bool], None] | None = None) -> None:
+                 on_pause: Callable[[int, bool], None] | None = None,
+                 transmit_many: Callable[[Sequence[bytes]], tuple[int, int]] | None = None,
+                 ) -> None:
         self.port = port
         self.config = config or QueueConfig()
         self._transmit = transmit
+        # optional: send several frames in order, return (frames sent, bytes sent)
+        self._transmit_many = transmit_many
         self._on_pause = on_pause
         self._q: collections.deque[tuple[float, bytes]] = collections.deque()
         self._lock = threading.RLock()  # the condition's lock, taken directly on the fast path
@@ -159,17 +163,26 @@ class EgressQueue:
             st.enqueued += len(frames)
             if not st.max_depth:
                 st.max_depth = 1
-            transmit = self._transmit
-            sent = nbytes = 0
-            for frame in frames:
+            if self._transmit_many is not None and len(frames) > 1:
                 try:
-                    transmit(frame)
+                    sent, nbytes = self._transmit_many(frames)
                 except Exception as e:  # counted and logged, never fatal
                     log.debug("transmit on port %d failed: %s", self.port, e)
-                    st.drops["tx_error"] += 1
-                else:
-                    sent += 1
-                    nbytes += len(frame)
+                    sent = nbytes = 0
+                if sent < len(frames):
+                    st.drops["tx_error"] += len(frames) - sent
+            else:
+                transmit = self._transmit
+                sent = nbytes = 0
+                for frame in frames:
+                    try:
+                        transmit(frame)
+                    except Exception as e:  # counted and logged, never fatal
+                        log.debug("transmit on port %d failed: %s", self.port, e)
+                        st.drops["tx_error"] += 1
+                    else:
+                        sent += 1
+                        nbytes += len(frame)
             st.transmitted += sent
             st.tx_bytes += nbytes
             if self._drainers:

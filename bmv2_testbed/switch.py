@@ -149,7 +149,9 @@ class Switch:
             self.pcap_dir.mkdir(parents=True, exist_ok=True)
             for d in ("in", "out"):
                 self._pcap[(n, d)] = PcapWriter(self.pcap_dir / f"{port.name}_{d}.pcap")
-        self.queues[n] = EgressQueue(n, self._transmitter(port), cfg, on_pause=self._on_pause)
+        many = getattr(port, "send_many", None) if (n, "out") not in self._pcap else None
+        self.queues[n] = EgressQueue(n, self._transmitter(port), cfg, on_pause=self._on_pause,
+                                     transmit_many=many)
         if self._started:
             port.start(self._deliver, self._deliver_batch)
         return port

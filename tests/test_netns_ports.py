@@ -89,11 +89,24 @@ def test_af_packet_port_rx_tx(veth: tuple[str, str, str]) -> None:
                 rx.kill()
                 rx.wait(5)
         assert out.strip() == "cafebabe"
+        rx = subprocess.Popen(["ip", "netns", "exec", ns, sys.executable, "-c", RAW, b, "recv",
+                               "3"], stdout=subprocess.PIPE, text=True)
+        try:
+            assert rx.stdout is not None and rx.stdout.readline().strip() == "ready"
+            burst = [b"\x04" * 6 + b"\x02" * 6 + b"\x88\xb6" + i.to_bytes(4, "big") + bytes(46)
+                     for i in range(3)]
+            assert port.send_many(burst) == (3, 3 * 64)
+            out, _ = rx.communicate(timeout=10)
+        finally:
+            if rx.poll() is None:
+                rx.kill()
+                rx.wait(5)
+        assert out.split() == ["00000000", "00000001", "00000002"]
         time.sleep(0.1)
         # the switch never sees its own transmission
         assert not any(f[12:14] == b"\x88\xb6" for f in got)
         c = port.counters()
-        assert c["tx_packets"] == 1 and c["rx_packets"] >= 20 and c["kernel_drops"] == 0
+        assert c["tx_packets"] == 4 and c["rx_packets"] >= 20 and c["kernel_drops"] == 0
     finally:
         port.close()
 

@@ -7,6 +7,7 @@ import socket
 import subprocess
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -198,6 +199,21 @@ def test_put_many_inline_queued_and_closed() -> None:
     finally:
         q.close()
     assert q.put_many(frames(2)) == 0 and q.stats().drops["closed"] == 2
+    # with the port's send_many: one call per batch; what it did not send counts as tx_error
+    calls: list[list[bytes]] = []
+
+    def many(fs: Sequence[bytes]) -> tuple[int, int]:
+        calls.append(list(fs))
+        ok = [f for f in fs if f[3] != 3]  # frame 3 "fails"
+        return len(ok), sum(len(f) for f in ok)
+
+    q = EgressQueue(1, sent.append, transmit_many=many)
+    try:
+        assert q.put_many(frames(5)) == 5 and calls == [frames(5)]
+        st = q.stats()
+        assert (st.transmitted, st.tx_bytes, st.drops["tx_error"]) == (4, 400, 1)
+    finally:
+        q.close()
 
 
 # ---- ports -----------------------------------------------------------------------------------
