@@ -40,6 +40,7 @@ import ast
 import copy
 import itertools
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 __all__ = ["FastPathUnsupported", "build_fast"]
@@ -536,8 +537,9 @@ def build_fast(source: str) -> str:
     parse = _raw_extracts(parse, mod, raw, extract_ids)
     written = _stores_except(parse, extract_ids)  # before the rewrites below copy statements
     parse = _fold_offsets(parse)
-    paths: list[dict[str, bool] | None] = []
-    parse = _accept_paths(parse, {h: False for h in mod.headers}, paths)
+    paths: list[_Path | None] = []
+    parse = _accept_paths(parse, _PathState({h: False for h in mod.headers},
+                                            {h: None for h in mod.headers}, 0), paths)
     verify = run("verify", "fv")
     ingress = run("ingress", "fi")
     egress = run("egress", "fe")
@@ -935,49 +937,138 @@ def _terminates(stmts: list[ast.stmt]) -> bool:
     return False
 
 
-def _accept_paths(stmts: list[ast.stmt], valid: dict[str, bool | None],
-                  paths: list[dict[str, bool] | None]) -> list[ast.stmt]:
+class _PathState:
+    """What the parser knows on a path: header validity, each extracted header's input
+    offset, the cursor (None where not a compile-time fact)."""
+
+    def __init__(self, valid: dict[str, bool | None], where: dict[str, int | None],
+                 off: int | None) -> None:
+        self.valid = valid
+        self.where = where
+        self.off = off
+
+    def copy(self) -> _PathState:
+        return _PathState(dict(self.valid), dict(self.where), self.off)
+
+    def join(self, ends: list[_PathState]) -> None:
+        """The state after an ``if`` whose falling-through branches end in ``ends``."""
+        if not ends:
+            return
+        for d, name in ((self.valid, "valid"), (self.where, "where")):
+            for h in list(d):
+                vals = {getattr(e, name)[h] for e in ends}
+                d[h] = vals.pop() if len(vals) == 1 else None
+        offs = {e.off for e in ends}
+        self.off = offs.pop() if len(offs) == 1 else None
+
+
+@dataclass
+class _Path:
+    valid: dict[str, bool]
+    where: dict[str, int | None]
+    end: int | None  # the cursor at accept: where the payload starts
+
+
+def _accept_paths(stmts: list[ast.stmt], state: _PathState,
+                  paths: list[_Path | None]) -> list[ast.stmt]:
     """Parser statements with each ``return`` (accept) replaced by ``_path = k; break``;
-    ``paths[k]`` is the header validity at that accept (None where it is not known)."""
+    ``paths[k]`` is what is known at that accept (None where validity is not known)."""
     out: list[ast.stmt] = []
     for st in stmts:
         if isinstance(st, ast.Return):
             k = len(paths)
-            known = all(v is not None for v in valid.values())
-            paths.append({h: bool(v) for h, v in valid.items()} if known else None)
+            known = all(v is not None for v in state.valid.values())
+            paths.append(_Path({h: bool(v) for h, v in state.valid.items()}, dict(state.where),
+                               state.off) if known else None)
             out.append(_assign("_path", ast.Constant(k if known else -1)))
             out.append(ast.Break())
             continue
         if isinstance(st, ast.If):
-            body_valid = dict(valid)
-            else_valid = dict(valid)
-            body = _accept_paths(st.body, body_valid, paths)
-            orelse = _accept_paths(st.orelse, else_valid, paths)
-            ends = [v for b, v in ((st.body, body_valid), (st.orelse, else_valid))
-                    if not _terminates(b)]
-            for h, before in list(valid.items()):
-                vals = {v[h] for v in ends}
-                valid[h] = vals.pop() if len(vals) == 1 else (None if vals else before)
+            body_state, else_state = state.copy(), state.copy()
+            body = _accept_paths(st.body, body_state, paths)
+            orelse = _accept_paths(st.orelse, else_state, paths)
+            state.join([v for b, v in ((st.body, body_state), (st.orelse, else_state))
+                        if not _terminates(b)])
             out.append(ast.If(st.test, body or [ast.Pass()], orelse))
             continue
         if isinstance(st, ast.Try):
             for node in ast.walk(st):
                 if isinstance(node, ast.Return):
                     raise FastPathUnsupported("accept inside try in the parser")
+        # an extract's raw unpack: r_X_0, ... = _SU_t(_buf, <offset>)
+        if isinstance(st, ast.Assign) and isinstance(st.targets[0], ast.Tuple) \
+                and isinstance(st.value, ast.Call) and isinstance(st.value.func, ast.Name) \
+                and st.value.func.id.startswith("_SU_"):
+            first = st.targets[0].elts[0] if st.targets[0].elts else None
+            if isinstance(first, ast.Name) and first.id.startswith("r_"):
+                h = first.id[2:].rsplit("_", 1)[0]
+                at = st.value.args[1] if len(st.value.args) == 2 else None
+                if h in state.where:
+                    state.where[h] = at.value if isinstance(at, ast.Constant) \
+                        and type(at.value) is int else None
         for node in ast.walk(st):
-            if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store) \
-                    and node.id.startswith("h_") and node.id.endswith("__v_"):
-                h = node.id[2:-4]
-                if isinstance(st, ast.Assign) and isinstance(st.value, ast.Constant) \
-                        and isinstance(st.value.value, bool) and h in valid:
-                    valid[h] = st.value.value
-                elif h in valid:
-                    valid[h] = None
+            if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+                if node.id == "_off":
+                    state.off = st.value.value if isinstance(st, ast.Assign) \
+                        and isinstance(st.value, ast.Constant) \
+                        and type(st.value.value) is int else None
+                elif node.id.startswith("h_") and node.id.endswith("__v_"):
+                    h = node.id[2:-4]
+                    if isinstance(st, ast.Assign) and isinstance(st.value, ast.Constant) \
+                            and isinstance(st.value.value, bool) and h in state.valid:
+                        state.valid[h] = st.value.value
+                    elif h in state.valid:
+                        state.valid[h] = None
         out.append(st)
     return out
 
 
-def _deparse_per_path(deparse: list[ast.stmt], paths: list[dict[str, bool] | None],
+_ITEM_SIZE = {"B": 1, "H": 2, "I": 4, "Q": 8}
+
+
+def _path_pack(emits: list[tuple[str, str, list[ast.expr]]], path: _Path
+               ) -> tuple[str, list[ast.expr], int | None]:
+    """The format and arguments that write the headers valid on ``path``, and where in the
+    input the payload may start instead (None: at ``_poff``). Items that are raw extract
+    values and lie back to back in the input (2 or more) become one ``Ns`` item cut from the
+    input; a run that reaches the end of the parsed headers is left to the payload slice."""
+    items: list[tuple[str, ast.expr, int | None]] = []  # format, argument, input offset
+    for h, fmt, args in emits:
+        if not path.valid[h]:
+            continue
+        at = path.where.get(h)
+        for i, (c, a) in enumerate(zip(fmt, args, strict=True)):
+            raw = at is not None and isinstance(a, ast.Name) and a.id == f"r_{h}_{i}"
+            items.append((c, copy.deepcopy(a), at if raw else None))
+            if at is not None:
+                at += _ITEM_SIZE[c]
+    out_fmt = ""
+    out_args: list[ast.expr] = []
+    i = 0
+    tail: int | None = None
+    while i < len(items):
+        c, a, at = items[i]
+        j, end = i + 1, (at + _ITEM_SIZE[c]) if at is not None else None
+        while j < len(items) and end is not None and items[j][2] == end:
+            end += _ITEM_SIZE[items[j][0]]
+            j += 1
+        if at is not None and end is not None and j == len(items) and end == path.end:
+            tail = at  # the payload slice starts here
+            break
+        if at is not None and end is not None and j - i >= 2:
+            out_fmt += f"{end - at}s"
+            out_args.append(ast.Subscript(ast.Name("_buf", ast.Load()),
+                                          ast.Slice(ast.Constant(at), ast.Constant(end)),
+                                          ast.Load()))
+            i = j
+            continue
+        out_fmt += c
+        out_args.append(a)
+        i += 1
+    return out_fmt, out_args, tail
+
+
+def _deparse_per_path(deparse: list[ast.stmt], paths: list[_Path | None],
                       mod: _Module, pre: list[ast.stmt]) -> list[ast.stmt]:
     """``if _path == k: <one pack of the headers valid on path k> + payload`` for every
     known parser path, the generic deparser otherwise. The generic deparser must be a
@@ -1007,17 +1098,20 @@ def _deparse_per_path(deparse: list[ast.stmt], paths: list[dict[str, bool] | Non
                     continue
         return deparse  # a shape we do not specialise
     arms: list[tuple[int, list[ast.stmt]]] = []
-    for k, valid in enumerate(paths):
-        if valid is None:
+    for k, path in enumerate(paths):
+        if path is None:
             continue
-        fmt = "".join(f for h, f, _ in emits if valid[h])
-        args = [copy.deepcopy(x) for h, _, xs in emits if valid[h] for x in xs]
-        name = f"_SPP{k}"
-        pre.append(_assign(name, ast.parse(f"_Struct('!{fmt}').pack", mode="eval").body))
-        hdr = ast.Call(ast.Name(name, ast.Load()), args, [])
-        body = [_assign("_hd", hdr), *ast.parse(
-            "_data = _hd + _buf[_poff:] if len(_buf) - _poff < 512 "
-            "else b''.join((_hd, memoryview(_buf)[_poff:]))").body]
+        fmt, args, tail = _path_pack(emits, path)
+        start = "_poff" if tail is None else str(tail)
+        if not fmt:  # nothing rewritten: the frame itself (from where the headers start)
+            body = ast.parse(f"_data = _buf[{start}:]").body
+        else:
+            name = f"_SPP{k}"
+            pre.append(_assign(name, ast.parse(f"_Struct('!{fmt}').pack", mode="eval").body))
+            hdr = ast.Call(ast.Name(name, ast.Load()), args, [])
+            body = [_assign("_hd", hdr), *ast.parse(
+                f"_data = _hd + _buf[{start}:] if len(_buf) - {start} < 512 "
+                f"else b''.join((_hd, memoryview(_buf)[{start}:]))").body]
         arms.append((k, body))
     if not arms:
         return deparse
