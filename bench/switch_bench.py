@@ -193,6 +193,27 @@ def measure(fw: Forwarder, veths: VethNamespace, *, copies: int, payload: int, n
             "pps": got / copies / elapsed, "copies_per_s": got / elapsed}
 
 
+def inprocess_switch(pipe: Pipeline, ports: list[Any]) -> Any:
+    """An in-process :class:`Switch` with ``ports`` and the benchmark's program and entries
+    (what :func:`program_target` writes over P4Runtime: groups 1 = {2}, 2 = {2, 3})."""
+    from shadowgrad.bmv2_testbed.dataplane import Exact, TableEntry
+    from shadowgrad.bmv2_testbed.switch import Switch
+
+    info = pipe.p4info
+    mc = next(t for t in info.tables if t.preamble.name.endswith(".mc"))
+    flood = next(a for a in info.actions if a.preamble.name.endswith(".flood"))
+    sw = Switch()
+    for port in ports:
+        sw.add_port(port)
+    dpl = sw.load_pipeline(pipe)
+    dpl.insert_multicast_group(1, [(2, 1)])
+    dpl.insert_multicast_group(2, [(2, 1), (3, 2)])
+    for gid in (1, 2):
+        dpl.insert_entry(TableEntry(mc.preamble.id, {mc.match_fields[0].id: Exact(DST[gid])},
+                                    flood.preamble.id, {flood.params[0].id: gid}))
+    return sw
+
+
 def profile_target(copies: int, payload: int, n: int, top: int = 25) -> None:
     """cProfile of the target's hot path: an in-process :class:`Switch` with AF_PACKET ports on
     the same veths and program, ``n`` frames preloaded, the ingress port's RX loop run on this
@@ -200,7 +221,6 @@ def profile_target(copies: int, payload: int, n: int, top: int = 25) -> None:
     import cProfile
     import pstats
 
-    from shadowgrad.bmv2_testbed.dataplane import Exact, TableEntry
     from shadowgrad.bmv2_testbed.ports import AfPacketPort
     from shadowgrad.bmv2_testbed.switch import Switch
 
@@ -209,21 +229,9 @@ def profile_target(copies: int, payload: int, n: int, top: int = 25) -> None:
         for p in (2, 3):
             veths.socks.pop(p).close()
         pipe = Pipeline.compile(PROG)
-        info = pipe.p4info
-        mc = next(t for t in info.tables if t.preamble.name.endswith(".mc"))
-        flood = next(a for a in info.actions if a.preamble.name.endswith(".flood"))
         for profiled in (False, True):
-            sw = Switch()
             ports = {p: AfPacketPort(p, veths.switch_if[p]) for p in (1, 2, 3)}
-            for port in ports.values():
-                sw.add_port(port)
-            dpl = sw.load_pipeline(pipe)
-            dpl.insert_multicast_group(1, [(2, 1)])
-            dpl.insert_multicast_group(2, [(2, 1), (3, 2)])
-            for gid in (1, 2):
-                dpl.insert_entry(TableEntry(mc.preamble.id, {mc.match_fields[0].id:
-                                                             Exact(DST[gid])},
-                                            flood.preamble.id, {flood.params[0].id: gid}))
+            sw = inprocess_switch(pipe, list(ports.values()))
             f = frame(DST[copies], payload)
             for _ in range(n):
                 veths.send(1, f)
@@ -261,29 +269,14 @@ def cpu_per_packet(n: int = 10000, repeat: int = 7) -> None:
     ports whose ``send`` only counts, the same program and entries, ``n`` frames per item
     through ``Switch._deliver_batch`` on this thread, one at a time and in the batches an RX
     port hands over when frames are waiting; the best of ``repeat`` (``time.thread_time``)."""
-    from shadowgrad.bmv2_testbed.dataplane import Exact, TableEntry
     from shadowgrad.bmv2_testbed.ports import _PROC_BATCH, Port
-    from shadowgrad.bmv2_testbed.switch import Switch
 
     class NullPort(Port):
         def send(self, frame: bytes) -> None:
             self.tx_packets += 1
 
-    pipe = Pipeline.compile(PROG)
-    info = pipe.p4info
-    mc = next(t for t in info.tables if t.preamble.name.endswith(".mc"))
-    flood = next(a for a in info.actions if a.preamble.name.endswith(".flood"))
-    sw = Switch()
+    sw = inprocess_switch(Pipeline.compile(PROG), [NullPort(p, f"null{p}") for p in (1, 2, 3)])
     try:
-        for p in (1, 2, 3):
-            sw.add_port(NullPort(p, f"null{p}"))
-        dpl = sw.load_pipeline(pipe)
-        dpl.insert_multicast_group(1, [(2, 1)])
-        dpl.insert_multicast_group(2, [(2, 1), (3, 2)])
-        for gid in (1, 2):
-            dpl.insert_entry(TableEntry(mc.preamble.id, {mc.match_fields[0].id:
-                                                         Exact(DST[gid])},
-                                        flood.preamble.id, {flood.params[0].id: gid}))
         deliver = sw._deliver_batch
         for payload in (64, 8192):
             for copies in (1, 2):

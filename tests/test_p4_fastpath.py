@@ -197,8 +197,17 @@ def test_coverage_is_what_we_expect() -> None:
 
 
 def test_unknown_shapes_are_refused() -> None:
-    with pytest.raises(FastPathUnsupported):
-        build_fast("def parse(C):\n    C.weird = 1\n")
+    """A covered program's generated module with one construct the rewrite does not know
+    is refused with a message naming it (and the unmodified module is accepted)."""
+    general = Pipeline.compile(PROGS / "mcast.p4").source.split("\n_SPP0 = ")[0]
+    assert "def fast(" not in general
+    build_fast(general)
+    assert "        t_6(C, F)\n" in general
+    for bad, why in (("C.weird = 1", "uses C.weird"), ("x = C", "uses C as a value"),
+                     ("C.hdr.tag = C.hdr.udp", "uses C.hdr.tag")):
+        with pytest.raises(FastPathUnsupported, match=why):
+            build_fast(general.replace("        t_6(C, F)\n",
+                                       f"        t_6(C, F)\n        {bad}\n"))
 
 
 @pytest.mark.parametrize("prog", sorted(COVERED))
