@@ -537,6 +537,14 @@ class Cluster:
             raise AssertionError(f"iteration {it} not applied in {timeout_s}s: "
                                  f"{[self._brief(n) for n in self.nodes]}")
 
+    def wait_istar(self, it: int, timeout_s: float = 10.0) -> None:
+        """Until every shadow's I* is ``it``: a shadow learns that its peers applied an
+        iteration from their READY records (soft state, resent every <= 50 ms), so right after
+        the last apply its own view may still be one behind."""
+        if not self.wait(lambda _n, st: st["istar"] == it, timeout_s):
+            raise AssertionError(f"I* did not reach {it} in {timeout_s}s: "
+                                 f"{[self._brief(n) for n in self.nodes]}")
+
     @staticmethod
     def _brief(n: ShadowNode) -> dict[str, Any]:
         st = n.status(timeline=0)

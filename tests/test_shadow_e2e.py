@@ -46,6 +46,7 @@ def test_three_shadows_bit_exact_after_every_iteration(case: Case) -> None:
                 istars[n.id] = istar
             bad = c.check(it, trainer)
             assert not bad, f"iteration {it}: {bad[:4]}"
+        c.wait_istar(case.iterations - 1)
         for n in c.nodes:
             st = n.status(timeline=4)
             assert st["istar"] == case.iterations - 1

@@ -34,6 +34,7 @@ def test_drop_dup_reorder_repaired_bit_exact_with_iterations_in_flight() -> None
         assert sent["dropped"] > 0 and sent["duplicated"] > 0 and sent["reordered"] > 0
         assert sent["retx"] > 0
         total: dict[str, int] = {}
+        c.wait_istar(case.iterations - 1)
         for n in c.nodes:
             st = n.status(timeline=0)
             for k, v in st["counters"].items():
@@ -150,5 +151,6 @@ def test_withheld_chunk_on_one_replica_resyncs_from_the_other_bit_exact() -> Non
         assert ev["diverged"] == 1 and ev["resynced"] >= 1
         bad = c.check(case.iterations - 1, trainer)  # every replica of every shard
         assert not bad, bad[:4]
+        c.wait_istar(case.iterations - 1)
         for n in c.nodes:
             assert n.status(timeline=0)["istar"] == case.iterations - 1
