@@ -69,6 +69,7 @@ def test_token_status_hold_release_fetch() -> None:
 
         c.load(trainer.named, trainer.optimizer_spec())
         _run(c, trainer, layout, range(3))
+        c.wait_istar(2)
         at2 = ({k: v.detach().clone() for k, v in trainer.named.items()},
                copy.deepcopy(state_by_name(trainer.opt, trainer.model.named_parameters())))
         st = c.clients[0].status(timeline=8)
