@@ -45,7 +45,7 @@ from typing import Any
 
 __all__ = ["FastPathUnsupported", "build_fast"]
 
-PKT_REPLICATION = 5
+PKT_REPLICATION = 5  # dataplane.PKT_REPLICATION (not importable here: dataplane imports us)
 
 
 class FastPathUnsupported(Exception):  # noqa: N818 - a reason, not an error

@@ -877,7 +877,7 @@ class Dataplane:
         return self._fast is not None
 
     def _queue_digests(self, digests: tuple[tuple[int, list[bytes]], ...]) -> None:
-        """The fast path's ingress digests (step 2 of the end of ingress)."""
+        """Queue a packet's ingress digests (step 2 of the end of ingress, both paths)."""
         for did, members in digests:
             self._stats["digests"] += 1
             self._pending_digest.append((did, members))
@@ -986,9 +986,7 @@ class Dataplane:
                     self._egress(kc, eport, rid, out, depth)
         # 2. digests
         if ctx.digests:
-            for did, members in ctx.digests:
-                self._stats["digests"] += 1
-                self._pending_digest.append((did, members))
+            self._queue_digests(ctx.digests)
         # 3. resubmit
         if ctx.resubmit_fl >= 0:
             self._ingress(port, frame, PKT_RESUBMIT, (ctx, ctx.resubmit_fl), out, depth + 1)

@@ -196,6 +196,12 @@ def test_coverage_is_what_we_expect() -> None:
     assert "sub_" in (reasons["subctl.p4"] or "")
 
 
+def test_instance_type_constant_matches_the_dataplane() -> None:
+    from shadowgrad.bmv2_testbed import _fastpath, dataplane
+
+    assert _fastpath.PKT_REPLICATION == dataplane.PKT_REPLICATION
+
+
 def test_unknown_shapes_are_refused() -> None:
     """A covered program's generated module with one construct the rewrite does not know
     is refused with a message naming it (and the unmodified module is accepted)."""
