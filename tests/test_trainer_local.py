@@ -90,6 +90,29 @@ def test_no_shadow_running_never_stalls_training() -> None:
     assert sg.stats()["degraded_reason"] == "no_shadow_reachable"
 
 
+def test_queued_work_wakes_the_idle_sender_at_once() -> None:
+    # the idle sender thread waits in select(); a capture must wake it, not wait for the poll
+    # period: with the period at 60 s every flush below would time out if it did (the bug: the
+    # Condition's notify could not interrupt select, so a rank's sender lagged training by up
+    # to its 20 ms poll, i.e. several iterations of a small model, and a SIGKILL lost them)
+    doc = loopback_spec(world=1, shadows=2)
+    spec = parse_spec(doc, env={})
+    with shadow_cluster(spec) as cluster:
+        model, _opt, sg = _setup(spec, scaler=False)
+        with sg:
+            sg.restore_or_start()
+            sender = sg._sender
+            assert sender is not None
+            assert sg.flush(10)
+            sender._IDLE_POLL_S = 60.0
+            time.sleep(0.1)  # let the thread enter the long select
+            for it in range(5):
+                _train(model, sg, 1, start=it)
+                assert sender.flush(10), f"iteration {it} still queued after 10 s"
+            assert cluster.wait_applied(4, timeout_s=30), cluster.status()
+            assert not sg.degraded
+
+
 def test_slow_network_drops_iterations_not_training() -> None:
     doc = loopback_spec(world=1, shadows=2)
     spec = parse_spec(doc, env={})

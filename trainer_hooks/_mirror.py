@@ -12,7 +12,9 @@ the checkpoint is marked degraded (event ``trainer.mirror.degraded``): training 
 from __future__ import annotations
 
 import collections
+import contextlib
 import logging
+import os
 import random
 import select
 import socket
@@ -161,6 +163,12 @@ class MirrorSender:
         self._last_send = time.monotonic()
         self._stop = False
         self._rx = bytearray(MAX_DATAGRAM)
+        # self-pipe: work queued while the thread idles in select() wakes it at once (a
+        # Condition cannot interrupt select, and a timed poll let the sender lag by its period)
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        os.set_blocking(self._wake_w, False)
+        self._idle = False
         self._thread = threading.Thread(target=self._run, name=f"shadowgrad-mirror-r{plan.rank}",
                                         daemon=True)
         self._thread.start()
@@ -198,7 +206,7 @@ class MirrorSender:
             slot.ready = ev
         with self._lock:
             self._queue.append(("data", slot))
-            self._wake.notify()
+            self._notify_locked()
         return True
 
     def commit(self, info: CommitInfo) -> bool:
@@ -208,14 +216,14 @@ class MirrorSender:
                 self._degrade_locked(info.iteration, "backlog")
                 return False
             self._queue.append(("commit", info))
-            self._wake.notify()
+            self._notify_locked()
         return True
 
     def call_soon(self, fn: Callable[[], None]) -> None:
         """Run ``fn`` on the sender thread, in queue order (errors degrade the checkpoint)."""
         with self._lock:
             self._queue.append(("call", fn))
-            self._wake.notify()
+            self._notify_locked()
 
     def request_commit(self, iteration: int, addr: tuple[str, int]) -> None:
         """Re-send COMMIT(iteration) to ``addr`` if it is still kept (any thread)."""
@@ -241,7 +249,7 @@ class MirrorSender:
     def close(self, timeout_s: float = 5.0) -> None:
         with self._lock:
             self._stop = True
-            self._wake.notify_all()
+            self._notify_locked()
         self._thread.join(timeout_s)
         if self._thread.is_alive():
             log.warning("mirror sender thread of rank %d did not stop in %gs", self.rank,
@@ -258,6 +266,17 @@ class MirrorSender:
 
     _sending = False
     _in_rx = False
+    #: how long the idle thread waits in select() before looking at heartbeats; queued work and
+    #: NACKs wake it at once
+    _IDLE_POLL_S = 0.02
+
+    def _notify_locked(self) -> None:
+        self._wake.notify()
+        if self._idle:
+            self._idle = False
+            # full: a wake-up is pending anyway
+            with contextlib.suppress(OSError):
+                os.write(self._wake_w, b"x")
 
     def _take_slot(self) -> _Slot | None:
         free = [s for s in self._slots if s.state == _FREE]
@@ -286,8 +305,11 @@ class MirrorSender:
                         return
                     item = self._queue.popleft() if self._queue else None
                     self._sending = item is not None
+                    self._idle = item is None
                 if item is None:
-                    self._poll_rx(0.02)
+                    self._poll_rx(self._IDLE_POLL_S, wake=True)
+                    with self._lock:
+                        self._idle = False
                     self._maybe_heartbeat()
                     continue
                 kind, obj = item
@@ -307,6 +329,10 @@ class MirrorSender:
                 self._poll_rx(0.0)
         finally:
             self.sock.close()
+            with self._lock:
+                self._idle = False
+                for fd in (self._wake_r, self._wake_w):
+                    os.close(fd)
 
     def _sendto(self, header: bytes, payload: memoryview | bytes, addr: tuple[str, int],
                 retx: bool = False) -> bool:
@@ -389,21 +415,25 @@ class MirrorSender:
             self._broadcast_commit(it, rec, retx=True)
             self.counters.heartbeats += 1
 
-    def _poll_rx(self, timeout_s: float) -> None:
+    def _poll_rx(self, timeout_s: float, wake: bool = False) -> None:
         if self._in_rx:
             return
         self._in_rx = True
         try:
-            self._poll_rx_inner(timeout_s)
+            self._poll_rx_inner(timeout_s, wake)
         finally:
             self._in_rx = False
 
-    def _poll_rx_inner(self, timeout_s: float) -> None:
+    def _poll_rx_inner(self, timeout_s: float, wake: bool) -> None:
+        fds: list[Any] = [self.sock, self._wake_r] if wake else [self.sock]
         try:
-            ready, _, _ = select.select([self.sock], [], [], timeout_s)
+            ready, _, _ = select.select(fds, [], [], timeout_s)
         except (OSError, ValueError):
             return
-        while ready:
+        if self._wake_r in ready:
+            with contextlib.suppress(OSError):
+                os.read(self._wake_r, 64)
+        while self.sock in ready:
             try:
                 n, addr = self.sock.recvfrom_into(self._rx, MAX_DATAGRAM, socket.MSG_DONTWAIT)
             except (BlockingIOError, InterruptedError):
