@@ -112,7 +112,8 @@ def _launch(spec: Path, world: int, steps: int, *extra: str) -> Any:
 
 
 def _losses(text: str) -> dict[int, str]:
-    return {int(m[1]): m[2] for m in re.finditer(r"^step (\d+) loss (\S+)$", text, re.M)}
+    # complete lines only: a running rank's last line may be half written
+    return {int(m[1]): m[2] for m in re.finditer(r"^step (\d+) loss (\S+)\n", text, re.M)}
 
 
 def _start(text: str) -> tuple[int, bool]:
@@ -274,3 +275,22 @@ def test_restore_from_4_ranks_into_2(tmp_path: Path) -> None:
 if __name__ == "__main__" and "--worker" in sys.argv:
     sys.path.insert(0, str(ROOT))
     worker([a for a in sys.argv[1:] if a != "--worker"])
+
+
+def test_reading_a_running_rank_output_never_corrupts_it() -> None:
+    # the restore tests poll rank 0's output while it trains; reading must not move the offset
+    # the child writes at (it once overwrote lines: a loss read back spliced with a later one)
+    from shadowgrad.trainer_hooks._testing import Ranks
+
+    code = "for i in range(3000):\n    print(f'step {i} loss 0x1.{i:013x}p+0', flush=True)\n"
+    ranks = Ranks([sys.executable, "-c", code], 1, {}, str(ROOT))
+    try:
+        while ranks.procs[0].poll() is None:
+            for step, loss in _losses(ranks.output(0)).items():
+                assert loss == f"0x1.{step:013x}p+0", step
+        assert ranks.wait(30) == [0]
+        seen = _losses(ranks.output(0))
+        assert sorted(seen) == list(range(3000))
+        assert all(loss == f"0x1.{step:013x}p+0" for step, loss in seen.items())
+    finally:
+        ranks.close()

@@ -185,9 +185,22 @@ class Ranks:
                                                stderr=subprocess.STDOUT))
 
     def output(self, r: int) -> str:
-        f = self.logs[r]
-        f.seek(0)
-        return str(f.read().decode(errors="replace"))
+        # pread, never seek+read: the child's stdout shares this file's offset (one open file
+        # description across fork), so moving it made the child's next write land mid-file
+        # and overwrite lines (seen: a loss line spliced with the tail of a later one)
+        import os
+
+        fd = self.logs[r].fileno()
+        size = os.fstat(fd).st_size
+        chunks = []
+        off = 0
+        while off < size:
+            b = os.pread(fd, size - off, off)
+            if not b:
+                break
+            chunks.append(b)
+            off += len(b)
+        return b"".join(chunks).decode(errors="replace")
 
     def wait(self, timeout_s: float) -> list[int | None]:
         deadline = time.monotonic() + timeout_s
