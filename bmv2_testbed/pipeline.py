@@ -188,6 +188,12 @@ def _bits(fields: tuple[tuple[int, int], ...], payload: bytes) -> bytes:
     return (v << pad).to_bytes((total + pad) // 8, "big") + payload
 
 
+def _bits_valid(fields: tuple[tuple[int, int, bool], ...]) -> bytes:
+    """As :func:`_bits` for (value, width, include) items, leaving out those not included:
+    bmv2 serialises a field list without the fields of invalid headers."""
+    return _bits(tuple((x, w) for x, w, ok in fields if ok), b"")
+
+
 def _hash_csum16(data: bytes, width: int) -> int:
     """Internet checksum (RFC 1071). The ones'-complement sum is byte-order independent, so
     sum native 16-bit words and swap once at the end."""
@@ -241,7 +247,8 @@ def _hash_crc32(data: bytes, width: int) -> int:
 
 
 def _hash_identity(data: bytes, width: int) -> int:
-    return int.from_bytes(data, "big") if data else 0
+    """bmv2's ``identity``: the first (at most) 8 bytes of the data, big-endian."""
+    return int.from_bytes(data[:8], "big")
 
 
 def _hash_xor16(data: bytes, width: int) -> int:
@@ -279,7 +286,7 @@ _HELPERS: dict[str, Any] = {
     "_peek": _peek, "_advance": _advance, "_count": _count, "_rread": _rread,
     "_peek_b": _peek_b, "_advance_b": _advance_b, "_count_n": _count_n,
     "_monotonic_ns": time.monotonic_ns,
-    "_rwrite": _rwrite, "_bits": _bits, "_hash_csum16": _hash_csum16,
+    "_rwrite": _rwrite, "_bits": _bits, "_bits_valid": _bits_valid, "_hash_csum16": _hash_csum16,
     "_hash_csum16_fold": _hash_csum16_fold,
     "_hash_crc16": _hash_crc16, "_hash_crc32": _hash_crc32, "_hash_identity": _hash_identity,
     "_hash_xor16": _hash_xor16, "_hashmod": _hashmod, "_be": _be, "_div": _div, "_mod": _mod,

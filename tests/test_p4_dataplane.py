@@ -13,6 +13,7 @@ P4Info, never ids), so the same cases run on
 from __future__ import annotations
 
 import shutil
+import socket
 import sys
 import zlib
 from collections.abc import Iterator
@@ -435,6 +436,55 @@ def test_registers_and_hash() -> None:
     data = bytes([10, 0, 0, 1, 10, 0, 1, 1])
     assert t[Tag].info == _crc16_arc(data)
     assert t[UDP].chksum == 100 + zlib.crc32(bytes([10, 0, 0, 1])) % 50
+
+
+def _probe_frame(hops: int, marker: int, **kw: Any) -> bytes:
+    """``frame(**kw)`` with a probe header (etherType 0x88b5) between Ethernet and IPv4."""
+    f = frame(**kw)
+    return f[:12] + b"\x88\xb5" + bytes([hops, marker]) + b"\x08\x00" + f[14:]
+
+
+def _unprobe(outs: list[tuple[int, bytes]]) -> Ether:
+    """The one output frame, its probe header (checked to be there) taken out."""
+    assert len(outs) == 1, outs
+    f = outs[0][1]
+    assert f[12:14] == b"\x88\xb5", f.hex()
+    return Ether(f[:12] + f[16:18] + f[18:])
+
+
+def test_hash_inputs_as_bmv2_serialises_them(sw: Backend) -> None:
+    sw.load("hashes.p4")
+    # identity keeps the first 8 of the 12 bytes: srcPort ++ dstPort ++ srcAddr
+    t = _misc(sw, 1, ip_src="10.9.8.7")
+    assert t[IP].dst == "10.9.8.7"
+    # fields of the invalid probe header are left out of the data
+    src = bytes([10, 0, 0, 1])
+    t = _misc(sw, 2)
+    assert t[Tag].info == _crc16_arc(src)
+    assert int.from_bytes(socket.inet_aton(t[IP].dst), "big") == zlib.crc32(bytes([64, 0]))
+    # ... and counted when it is valid
+    out = _unprobe(sw.send(1, _probe_frame(0xAB, 0xCD, tag={"itype": 2})))
+    assert out[Tag].info == _crc16_arc(b"\xab" + src + b"\xcd")
+    assert int.from_bytes(socket.inet_aton(out[IP].dst), "big") == zlib.crc32(
+        bytes([64, 0xAB, 0]))
+
+
+def test_checksum_leaves_out_fields_of_invalid_headers(sw: Backend) -> None:
+    sw.load("hashes.p4")
+    src = bytes([10, 0, 0, 1])
+    t = _misc(sw, 3)
+    assert t[UDP].chksum == _csum16(bytes([3, 0]) + src)
+    out = _unprobe(sw.send(1, _probe_frame(0x12, 0x34, tag={"itype": 3})))
+    assert out[UDP].chksum == _csum16(bytes([0x12, 3, 0]) + src)
+
+
+def _csum16(data: bytes) -> int:
+    if len(data) % 2:
+        data += b"\0"
+    s = sum(int.from_bytes(data[i:i + 2], "big") for i in range(0, len(data), 2))
+    while s >> 16:
+        s = (s & 0xFFFF) + (s >> 16)
+    return ~s & 0xFFFF
 
 
 def test_exit_and_untagged(sw: Backend) -> None:

@@ -973,6 +973,46 @@ class Checker:
             out.append((py, w))
         return out
 
+    def fields_guard(self, e: A.Expr, scope: Scope, implied: set[str]) -> tuple[str, str] | None:
+        """bmv2 serialises a field list leaving out the fields of headers that are invalid at
+        the time. Returns None when every header in the list is known valid (the condition of
+        the checksum implies it, or the list has no header fields); else ``(all_valid, data)``:
+        a test that every such header is valid, and Python for the bytes in general."""
+        items: list[tuple[str, int, str | None]] = []
+        fl = self.fields_list(e, scope, "data")
+        if isinstance(e, A.ListExpr):
+            valid = [self.header_of(i, scope) for i in e.items]
+        else:
+            v = self.expr(e, scope)
+            hv = f"{v.py}._v_" if isinstance(v.ty, StructT) and v.ty.is_header else None
+            valid = [hv] * len(fl)
+        items = [(p, w, hv) for (p, w), hv in zip(fl, valid, strict=True)]
+        checks = sorted({hv for _, _, hv in items if hv is not None} - implied)
+        if not checks:
+            return None
+        body = ", ".join(f"({p}, {w}, {hv or 'True'})" for p, w, hv in items)
+        return " and ".join(checks), f"_bits_valid(({body},))"
+
+    def header_of(self, e: A.Expr, scope: Scope) -> str | None:
+        """Validity (Python) of the header whose field ``e`` names directly, else None."""
+        if not isinstance(e, A.Member):
+            return None
+        base = self.expr(e.expr, scope)
+        if isinstance(base.ty, StructT) and base.ty.is_header:
+            return f"{base.py}._v_"
+        return None
+
+    def valid_in(self, e: A.Expr, scope: Scope) -> set[str]:
+        """The headers a condition requires to be valid: ``h.isValid()`` joined by ``&&``."""
+        if isinstance(e, A.Binary) and e.op == "&&":
+            return self.valid_in(e.left, scope) | self.valid_in(e.right, scope)
+        if isinstance(e, A.Call) and isinstance(e.func, A.Member) and \
+                e.func.name == "isValid" and not e.args:
+            base = self.expr(e.func.expr, scope)
+            if isinstance(base.ty, StructT) and base.ty.is_header:
+                return {f"{base.py}._v_"}
+        return set()
+
     def algo(self, e: A.Expr, scope: Scope) -> str:
         v = self.expr(e, scope)
         if not (isinstance(v.ty, EnumT) and v.ty.name == "HashAlgorithm"):
@@ -1009,25 +1049,30 @@ class Checker:
             self.args_n(e, 4, name)
             c = self.cond(a[0], scope)
             fl = self.fields_list(a[1], scope, "checksum data")
+            guard = self.fields_guard(a[1], scope, implied=self.valid_in(a[0], scope))
             alg = self.algo(a[3], scope)
             pay = " + C.buf[C.payload_off:]" if name.endswith("payload") else ""
-            data = packed_bytes(fl) + pay
-            if alg == "csum16" and not pay and any(w_ > 0 for _, w_ in fl):
-                # no bytes: a number congruent to the packed data modulo 0xFFFF (hot path)
-                data = csum16_terms(fl)
-                alg = "csum16_fold"
             if role == "verify":
                 ck = self.expr(a[2], scope)
                 w = bit_width(ck.ty)
                 if w is None:
                     raise Diagnostic(a[2].loc, f"checksum field of type {ck.ty}")
-                return V(f"if {c.py} and _hash_{alg}({data}, {w}) != {ck.py}: "
-                         "C.std.checksum_error = 1", VOID)
-            ck = self.lvalue(a[2], scope)
-            w = bit_width(ck.ty)
-            if w is None or not isinstance(ck.ty, BitT):
-                raise Diagnostic(a[2].loc, f"checksum field of type {ck.ty}")
-            return V(f"if {c.py}: {ck.py} = _hash_{alg}({data}, {w})", VOID)
+            else:
+                ck = self.lvalue(a[2], scope)
+                w = bit_width(ck.ty)
+                if w is None or not isinstance(ck.ty, BitT):
+                    raise Diagnostic(a[2].loc, f"checksum field of type {ck.ty}")
+            if alg == "csum16" and not pay and any(w_ > 0 for _, w_ in fl):
+                # no bytes: a number congruent to the packed data modulo 0xFFFF (hot path)
+                calc = f"_hash_csum16_fold({csum16_terms(fl)}, {w})"
+            else:
+                calc = f"_hash_{alg}({packed_bytes(fl)}{pay}, {w})"
+            if guard is not None:
+                # a field of an invalid header is left out of the data (bmv2's BufBuilder)
+                calc = f"({calc} if {guard[0]} else _hash_{alg}({guard[1]}{pay}, {w}))"
+            if role == "verify":
+                return V(f"if {c.py} and {calc} != {ck.py}: C.std.checksum_error = 1", VOID)
+            return V(f"if {c.py}: {ck.py} = {calc}", VOID)
         if name == "hash":
             self.args_n(e, 5, name)
             dst = self.lvalue(a[0], scope)
@@ -1041,6 +1086,9 @@ class Checker:
                     raise Diagnostic(x.loc, f"hash base/max must be bit<W>, not {v.ty}")
             fl = self.fields_list(a[3], scope, "hash data")
             data = packed_bytes(fl)
+            guard = self.fields_guard(a[3], scope, implied=set())
+            if guard is not None:
+                data = f"({data} if {guard[0]} else {guard[1]})"
             m = (1 << dst.ty.width) - 1
             return V(f"{dst.py} = _hashmod(_hash_{alg}({data}, 64 if '{alg}' == 'identity' "
                      f"else 32), {base.py}, {mx.py}) & {m}", VOID)
