@@ -261,7 +261,8 @@ def _hash_xor16(data: bytes, width: int) -> int:
 
 
 def _hashmod(h: int, base: int, mx: int) -> int:
-    return base + (h % mx if mx else h)
+    """v1model ``hash``: ``base + h % max``; bmv2 treats ``max == 0`` as 1 (so: ``base``)."""
+    return base + h % mx if mx else base
 
 
 def _be(v: int, w: int) -> bytes:

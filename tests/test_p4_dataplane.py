@@ -467,6 +467,8 @@ def test_hash_inputs_as_bmv2_serialises_them(sw: Backend) -> None:
     assert out[Tag].info == _crc16_arc(b"\xab" + src + b"\xcd")
     assert int.from_bytes(socket.inet_aton(out[IP].dst), "big") == zlib.crc32(
         bytes([64, 0xAB, 0]))
+    # max 0 is taken as 1: the result is the base
+    assert _misc(sw, 4)[Tag].info == 7
 
 
 def test_checksum_leaves_out_fields_of_invalid_headers(sw: Backend) -> None:

@@ -21,6 +21,9 @@ control HashIngress(inout headers hdr, inout metadata meta,
                  { hdr.probe.hops, hdr.ipv4.srcAddr, hdr.probe.marker }, 32w65536);
             hash(hdr.ipv4.dstAddr, HashAlgorithm.crc32, 32w0,
                  { hdr.ipv4.ttl, hdr.probe.hops, hdr.tag.rid }, 64w0x100000000);
+        } else if (hdr.tag.itype == 4) {
+            /* max 0: bmv2 takes it as 1 (with a warning), so the result is base */
+            hash(hdr.tag.info, HashAlgorithm.crc16, 16w7, { hdr.ipv4.srcAddr }, 32w0);
         }
     }
 }

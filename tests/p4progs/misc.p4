@@ -44,7 +44,7 @@ control MiscIngress(inout headers hdr, inout metadata meta,
             seen.write(100, 5);              /* out of range: ignored */
         } else if (hdr.tag.itype == 4) {     /* hash */
             hash(hdr.tag.info, HashAlgorithm.crc16, 16w0, { hdr.ipv4.srcAddr, hdr.ipv4.dstAddr },
-                 32w0);
+                 32w65536);
             hash(hdr.udp.checksum, HashAlgorithm.crc32, 16w100, { hdr.ipv4.srcAddr }, 32w50);
         } else if (hdr.tag.itype == 5) {     /* hit / miss */
             hdr.tag.port = 0;
