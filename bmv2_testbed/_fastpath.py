@@ -6,7 +6,7 @@ table). That general form covers every supported feature but costs an object per
 call per block, table and action. :func:`build_fast` rewrites the *generated Python* of a program
 into one function::
 
-    fast(port, frames, t0, mcast, out, drop, digest) -> None
+    fast(port, frames, t0, mcast, out, drop, digest, qdepth) -> None
 
 that runs, for each frame of a batch received on ``port``, parser, verify, ingress, the v1model
 traffic manager (multicast replicas, drop, unicast), and per copy egress, compute and deparser
@@ -455,7 +455,7 @@ def _stores(stmts: list[ast.stmt]) -> set[str]:
 
 
 _TEMPLATE = """
-def fast(port, frames, t0, mcast, out, drop, digest):
+def fast(port, frames, t0, mcast, out, drop, digest, qdepth):
     for _buf in frames:
         try:
             INIT
@@ -498,6 +498,7 @@ def fast(port, frames, t0, mcast, out, drop, digest):
                 s_egress_rid = _rid
                 s_egress_spec = _EGRESS_SPEC0
                 s_egress_global_timestamp = now
+                QUEUE
                 EGRESS
                 if s_egress_spec == DROP_PORT:
                     drop(port, 'egress_drop')
@@ -594,11 +595,20 @@ def build_fast(source: str) -> str:
     if not (validity & _stores([*verify, *ingress, *egress, *compute])):
         deparse = _deparse_per_path(deparse, paths, mod, pre)
 
+    # the queueing fields, per copy, only for a program that reads them after the TM
+    queue: list[ast.stmt] = [ast.Pass()]
+    qnames = {"s_enq_qdepth", "s_deq_qdepth", "s_enq_timestamp", "s_deq_timedelta"}
+    if qnames & {n.id for st in [*egress, *compute, *deparse] for n in ast.walk(st)
+                 if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}:
+        queue = ast.parse("s_enq_qdepth = s_deq_qdepth = qdepth(_eport, out)\n"
+                          "s_enq_timestamp = now & 4294967295\n"
+                          "s_deq_timedelta = 0\n").body
+
     fast = ast.parse(_TEMPLATE).body[0]
     assert isinstance(fast, ast.FunctionDef)
     parts = {"INIT": init, "PARSE": parse or [ast.Pass()], "VERIFY": verify,
-             "INGRESS": ingress, "SNAPSHOT": snapshot, "RESTORE": restore, "EGRESS": egress,
-             "COMPUTE": compute, "DEPARSE": deparse}
+             "INGRESS": ingress, "SNAPSHOT": snapshot, "RESTORE": restore, "QUEUE": queue,
+             "EGRESS": egress, "COMPUTE": compute, "DEPARSE": deparse}
     fast = _Splice(parts).visit(fast)
     assert isinstance(fast, ast.FunctionDef)
     _cleanup(fast)

@@ -392,6 +392,11 @@ class Dataplane:
         self._fast = self.prog.fast if fast_path else None
         self._drop_cb = self._drop  # bound once (hot path)
         self._digest_cb = self._queue_digests
+        self._qdepth_cb = self._queue_depth
+        self._reads_queue = pipeline.reads_queue
+        #: depth in packets of a port's egress queue (set by the switch that owns the queues);
+        #: the program sees it as enq_qdepth/deq_qdepth in egress when it reads them
+        self.queue_depth: Callable[[int], int] | None = None
         for tid, t in pipeline.tables.items():
             for ce in t.const_entries:
                 self._insert(self._const_entry(tid, ce), allow_const=True)
@@ -847,7 +852,7 @@ class Dataplane:
             fast = self._fast
             if fast is not None and self.on_log is None:
                 fast(ingress_port, frames, self._t0_us, self.mcast, out, self._drop_cb,
-                     self._digest_cb)
+                     self._digest_cb, self._qdepth_cb)
                 if out and self.cpu_port is not None:
                     out = self._split_cpu(ingress_port, out)
             else:
@@ -1013,6 +1018,18 @@ class Dataplane:
             return
         self._egress(ctx, std.egress_spec, 0, out, depth)
 
+    def _queue_depth(self, port: int, out: list[tuple[int, bytes]]) -> int:
+        """Packets ahead of a copy for ``port``: its egress queue's depth plus the earlier
+        frames of the batch in hand for the same port (they are queued after the batch).
+        This target runs egress before the queue, so enqueue and dequeue depths are one
+        value and ``deq_timedelta`` is 0."""
+        f = self.queue_depth
+        d = f(port) if f is not None else 0
+        for p, _ in out:
+            if p == port:
+                d += 1
+        return min(d, 0x7FFFF)
+
     def _egress(self, ctx: PacketCtx, eport: int, rid: int, out: list[tuple[int, bytes]],
                 depth: int) -> None:
         prog = self.prog
@@ -1021,6 +1038,10 @@ class Dataplane:
         std.egress_rid = rid
         std.egress_spec = self._egress_spec0
         std.egress_global_timestamp = self._now
+        if self._reads_queue:
+            std.enq_qdepth = std.deq_qdepth = self._queue_depth(eport, out)
+            std.enq_timestamp = self._now & 0xFFFFFFFF
+            std.deq_timedelta = 0
         if ctx.clone_type:  # class defaults 0 / -1: store only when ingress set them
             ctx.clone_type = 0
         if ctx.clone_fl != -1:

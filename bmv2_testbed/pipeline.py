@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import random as _random_mod
+import re
 import struct
 import sys
 import time
@@ -320,6 +321,9 @@ class _Binding:
         self.drop_port = runtime.drop_port
 
 
+_QUEUE_FIELDS = re.compile(r"\bC\.std\.(enq_qdepth|deq_qdepth|enq_timestamp|deq_timedelta)\b")
+
+
 # ------------------------------------------------------------------------- the pipeline
 class Pipeline:
     """A checked, compiled P4 program plus its P4Info (see the module docstring)."""
@@ -329,6 +333,9 @@ class Pipeline:
                  include_dirs: list[str], defines: dict[str, str] | None = None) -> None:
         self.model = model
         self.defines = dict(defines or {})
+        #: whether the program reads the queueing fields of standard_metadata (then each copy's
+        #: egress gets the depth of its port's queue; see Dataplane.queue_depth)
+        self.reads_queue = bool(_QUEUE_FIELDS.search(source))
         try:
             fast = build_fast(source)
             self.fast_unsupported: str | None = None

@@ -338,6 +338,11 @@ class EgressQueue:
         with self._cv:
             return len(self._q)
 
+    def depth_nowait(self) -> int:
+        """:attr:`depth` without the queue's lock (a deque's length is read atomically): for
+        the dataplane, which asks while holding its own lock."""
+        return len(self._q)
+
     @property
     def paused(self) -> bool:
         with self._cv:

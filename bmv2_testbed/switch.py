@@ -112,11 +112,16 @@ class Switch:
         dpl = Dataplane(pipeline, cpu_port=self.cpu_port, drop_port=self.drop_port)
         dpl.on_packet_in = self._on_packet_in
         dpl.on_digest = self._on_digest
+        dpl.queue_depth = self._queue_depth
         if self.log_packets:
             dpl.on_log = self._on_log
         with self._dp_lock:
             self._dataplane = dpl
             self._p4info = p4info
+
+    def _queue_depth(self, port: int) -> int:
+        q = self.queues.get(port)
+        return q.depth_nowait() if q is not None else 0
 
     def packet_out(self, payload: bytes, metadata: dict[int, int]) -> None:
         dpl = self._dataplane

@@ -489,6 +489,15 @@ def _csum16(data: bytes) -> int:
     return ~s & 0xFFFF
 
 
+def test_queueing_fields_of_a_lone_packet(sw: Backend) -> None:
+    # nothing queued: depth 0 in egress (and 0 in ingress), a timestamp, no ECN mark
+    sw.load("qdepth.p4")
+    port, t = only(sw.send(1, frame(tag={"itype": 0, "flags": 9})))
+    assert port == 2
+    assert (t[Tag].flags, t[Tag].info, t[Tag].port, t[Tag].rid) == (0, 0, 0, 1)
+    assert t[IP].tos & 3 == 0
+
+
 def test_exit_and_untagged(sw: Backend) -> None:
     sw.load("misc.p4")
     f = frame(proto_udp=False)

@@ -33,7 +33,7 @@ PROGS = Path(__file__).resolve().parent / "p4progs"
 ALL = sorted(p.name for p in PROGS.glob("*.p4") if p.name != "common.p4")
 # what the fast path covers today; the rest say why not (a regression here is a slowdown)
 COVERED = {"acl.p4", "basic.p4", "csum.p4", "deparse.p4", "hashes.p4", "l2.p4", "mcast.p4",
-           "misc.p4", "parser_error.p4", "pktio.p4", "tor_like.p4"}
+           "misc.p4", "parser_error.p4", "pktio.p4", "qdepth.p4", "tor_like.p4"}
 CPU = 255
 
 MACS = [0x000000000001, 0x000000000002, 0x000000000099, 0x020000000001, 0x020000000002,

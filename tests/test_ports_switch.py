@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 from p4.v1 import p4runtime_pb2
+from scapy.layers.l2 import Ether
 from shadowgrad.bmv2_testbed.dataplane import Exact, Lpm, Pipeline, TableEntry
 from shadowgrad.bmv2_testbed.pcap import read_pcap
 from shadowgrad.bmv2_testbed.ports import InProcessPort
@@ -296,3 +297,38 @@ def test_batch_delivery_equals_frame_by_frame() -> None:
             sw.stop()
     assert len(got["batch"][2]) == 40 and len(got["batch"][3]) == 20
     assert got["batch"] == got["single"]
+
+
+@pytest.mark.parametrize("fast_path", [True, False], ids=["fast", "general"])
+def test_egress_sees_its_queue_depth(fast_path: bool) -> None:
+    """enq_qdepth/deq_qdepth in egress = frames ahead in the egress port's queue, counting the
+    earlier frames of the same RX batch; the P4 program marks ECN from 3 on (qdepth.p4)."""
+    from scapy.layers.inet import IP
+
+    from tests.test_p4_dataplane import Tag, frame
+
+    pipe = Pipeline.compile(ROOT / "tests" / "p4progs" / "qdepth.p4")
+    sw = Switch(device_id=0)
+    sw.add_port(InProcessPort(1))
+    # a 2 s delay holds every frame in port 2's queue while the next ones are processed
+    sw.add_port(InProcessPort(2), QueueConfig(delay_s=2.0, inline_tx=False))
+    dpl = sw.load_pipeline(pipe)
+    if not fast_path:
+        dpl._fast = None
+    sw.start()
+    try:
+        frames = [frame(tag={"itype": 0, "flags": 9}, payload=bytes([i])) for i in range(10)]
+        for f in frames[:5]:
+            sw._deliver(1, f)
+        sw._deliver_batch(1, frames[5:])
+        assert sw.queues[2].depth == 10
+        assert sw.drain(10)
+        p2 = sw.ports[2]
+        assert isinstance(p2, InProcessPort)
+        got = [Ether(f) for f in p2.recv_all(0.1)]
+    finally:
+        sw.stop()
+    assert [t[Tag].info for t in got] == list(range(10))
+    assert [t[Tag].port for t in got] == list(range(10))
+    assert all(t[Tag].flags == 0 and t[Tag].rid == 1 for t in got)
+    assert [t[IP].tos & 3 for t in got] == [0, 0, 0] + [3] * 7
