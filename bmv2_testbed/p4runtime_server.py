@@ -21,7 +21,6 @@ import itertools
 import logging
 import queue
 import threading
-import time
 from collections.abc import Callable, Iterable, Iterator
 from concurrent import futures
 from dataclasses import dataclass, field
@@ -34,6 +33,7 @@ from p4.config.v1 import p4info_pb2
 from p4.v1 import p4data_pb2, p4runtime_pb2, p4runtime_pb2_grpc
 
 from . import dataplane as dp
+from ._digests import DigestBuffer
 
 __all__ = [
     "API_VERSION",
@@ -240,6 +240,7 @@ class ServerCounters:
     packet_out_rejected: int = 0
     digest_lists_sent: int = 0
     digests_dropped: int = 0
+    digests_suppressed: int = 0  # duplicates of a sample whose list is not acked yet
 
 
 class P4RuntimeServer(p4runtime_pb2_grpc.P4RuntimeServicer):  # type: ignore[misc]
@@ -261,7 +262,9 @@ class P4RuntimeServer(p4runtime_pb2_grpc.P4RuntimeServicer):  # type: ignore[mis
         self._cookie: int | None = None
         self._saved: tuple[Any, p4info_pb2.P4Info, bytes, int | None] | None = None
         self._digest_cfg: dict[int, p4runtime_pb2.DigestEntry.Config] = {}
-        self._digest_list_ids = itertools.count(1)
+        self._digest_buf: dict[int, DigestBuffer] = {}
+        self._sweep_stop = threading.Event()
+        self._sweeper: threading.Thread | None = None
         self._write_lock = threading.Lock()
 
     # ---- lifecycle -------------------------------------------------------------------------
@@ -279,6 +282,10 @@ class P4RuntimeServer(p4runtime_pb2_grpc.P4RuntimeServicer):  # type: ignore[mis
         server.start()
         self._server = server
         self.port = port
+        self._sweep_stop.clear()
+        self._sweeper = threading.Thread(target=self._sweep_digests, name="p4rt-digests",
+                                         daemon=True)
+        self._sweeper.start()
         log.info("P4Runtime server listening on %s (port %d)", self.address, port)
         return port
 
@@ -292,6 +299,10 @@ class P4RuntimeServer(p4runtime_pb2_grpc.P4RuntimeServicer):  # type: ignore[mis
         srv, self._server = self._server, None
         if srv is not None:
             srv.stop(grace).wait(grace + 2.0)
+        self._sweep_stop.set()
+        sweeper, self._sweeper = self._sweeper, None
+        if sweeper is not None:
+            sweeper.join(2.0)
 
     def install_initial_pipeline(self, p4info: p4info_pb2.P4Info, device_config: bytes) -> None:
         """Record a pipeline loaded from the command line (not through P4Runtime)."""
@@ -305,6 +316,7 @@ class P4RuntimeServer(p4runtime_pb2_grpc.P4RuntimeServicer):  # type: ignore[mis
         self._device_config = device_config
         self._cookie = cookie
         self._digest_cfg.clear()
+        self._digest_buf.clear()
 
     # ---- helpers ---------------------------------------------------------------------------
     def _check_device(self, device_id: int) -> None:
@@ -729,6 +741,11 @@ class P4RuntimeServer(p4runtime_pb2_grpc.P4RuntimeServicer):  # type: ignore[mis
                 if not exists:
                     raise _err(SC.NOT_FOUND, "Digest not configured")
                 del self._digest_cfg[d.digest_id]
+                # PI resets the buffer and the cache but keeps counting list ids
+                old = self._digest_buf[d.digest_id]
+                self._digest_buf[d.digest_id] = DigestBuffer(
+                    d.digest_id, p4runtime_pb2.DigestEntry.Config(),
+                    next_list_id=old.next_list_id)
                 return
             if utype == upd_t.INSERT and exists:
                 raise _err(SC.ALREADY_EXISTS, "Digest already configured")
@@ -737,6 +754,11 @@ class P4RuntimeServer(p4runtime_pb2_grpc.P4RuntimeServicer):  # type: ignore[mis
             cfg = p4runtime_pb2.DigestEntry.Config()
             cfg.CopyFrom(d.config)
             self._digest_cfg[d.digest_id] = cfg
+            buf = self._digest_buf.get(d.digest_id)
+            if buf is None:
+                self._digest_buf[d.digest_id] = DigestBuffer(d.digest_id, cfg)
+            else:
+                buf.reconfigure(cfg)
 
     # ---- Read ------------------------------------------------------------------------------
     def Read(self, request: p4runtime_pb2.ReadRequest,  # noqa: N802
@@ -983,7 +1005,10 @@ class P4RuntimeServer(p4runtime_pb2_grpc.P4RuntimeServicer):  # type: ignore[mis
                 elif which == "packet":
                     self._packet_out(conn, req.packet)
                 elif which == "digest_ack":
-                    pass  # lists are not retransmitted, so acks need no bookkeeping
+                    with self._lock:
+                        buf = self._digest_buf.get(req.digest_ack.digest_id)
+                        if buf is not None:
+                            buf.ack(req.digest_ack.list_id)
                 else:
                     self._stream_error(conn, SC.UNIMPLEMENTED, f"Stream message {which}",
                                        req)
@@ -1108,27 +1133,45 @@ class P4RuntimeServer(p4runtime_pb2_grpc.P4RuntimeServicer):  # type: ignore[mis
         return False
 
     def send_digest(self, digest_id: int, members: list[bytes]) -> bool:
-        """Send a DigestList with one digest struct (``members`` in field order) to the
-        primary; only for digests the controller enabled with a DigestEntry (as PI does)."""
+        """Learn one digest struct (``members`` in field order) for the primary, batched and
+        de-duplicated per the digest's ``DigestEntry`` config as PI does (``_digests``); only
+        for digests the controller enabled. False if it was dropped (not configured, no
+        primary, or the list it completed could not be queued)."""
         with self._lock:
-            configured = digest_id in self._digest_cfg
+            buf = self._digest_buf.get(digest_id) if digest_id in self._digest_cfg else None
             primary = self._primary("")
-        if not configured or primary is None:
-            self.counters.digests_dropped += 1
-            return False
+            if buf is None or primary is None:
+                self.counters.digests_dropped += 1
+                return False
+            before = buf.suppressed
+            dl = buf.learn(tuple(members))
+            self.counters.digests_suppressed += buf.suppressed - before
+        return dl is None or self._send_digest_list(primary, dl)
+
+    def _send_digest_list(self, primary: _Connection, dl: p4runtime_pb2.DigestList) -> bool:
         resp = p4runtime_pb2.StreamMessageResponse()
-        dl = resp.digest
-        dl.digest_id = digest_id
-        dl.list_id = next(self._digest_list_ids)
-        dl.timestamp = time.time_ns()
-        d = dl.data.add()
-        for v in members:
-            d.struct.members.add(bitstring=encode_int(int.from_bytes(v, "big")))
+        resp.digest.CopyFrom(dl)
         if primary.send(resp):
             self.counters.digest_lists_sent += 1
             return True
-        self.counters.digests_dropped += 1
+        self.counters.digests_dropped += len(dl.data)
         return False
+
+    def _sweep_digests(self) -> None:
+        """Send lists whose ``max_timeout_ns`` passed and expire unacked ones (20 ms tick)."""
+        while not self._sweep_stop.wait(0.02):
+            due: list[p4runtime_pb2.DigestList] = []
+            with self._lock:
+                primary = self._primary("")
+                for buf in self._digest_buf.values():
+                    dl = buf.sweep()
+                    if dl is not None:
+                        due.append(dl)
+            for dl in due:
+                if primary is None:
+                    self.counters.digests_dropped += len(dl.data)
+                else:
+                    self._send_digest_list(primary, dl)
 
 
 def p4data_int(d: p4data_pb2.P4Data) -> int:

@@ -7,8 +7,10 @@ ports, through a real grpcio channel on 127.0.0.1.
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -641,6 +643,60 @@ def test_digests_after_digest_entry(client: Client, names: Names, switch: Switch
     ack = p4runtime_pb2.StreamMessageRequest()
     ack.digest_ack.digest_id, ack.digest_ack.list_id = dl.digest_id, dl.list_id
     client.send(ack)
+
+
+def test_digest_lists_batched_deduplicated_and_acked(client: Client, names: Names,
+                                                     switch: Switch) -> None:
+    """PI's DigestMgr over the stream: a list goes out full (max_list_size, counting distinct
+    samples), a sample already sent is suppressed until its list is acked, a buffered sample
+    goes out after max_timeout_ns, and a deleted config drops digests again."""
+    assert switch.server is not None
+    counters = switch.server.counters
+    de = p4runtime_pb2.Entity()
+    de.digest_entry.digest_id = names["learn_t"]
+    de.digest_entry.config.max_list_size = 2
+    de.digest_entry.config.max_timeout_ns = 3600 * 10**9
+    de.digest_entry.config.ack_timeout_ns = 3600 * 10**9
+    client.write(upd(U.INSERT, de))
+    fa = ipv4_frame("10.0.0.2", src_mac="00:00:00:00:0a:0a")
+    fb = ipv4_frame("10.0.0.2", src_mac="00:00:00:00:0b:0b")
+    port(switch, 1).inject(fa)
+    port(switch, 1).inject(fa)  # the same sample: suppressed, not counted toward the size
+    _wait(lambda: counters.digests_suppressed == 1)
+    with pytest.raises(queue.Empty):
+        client.next("digest", timeout=0.3)  # one distinct sample: the list is not full
+    port(switch, 1).inject(fb)
+    dl = client.next("digest")
+    assert dl.list_id == 1
+    assert [[m.bitstring for m in d.struct.members] for d in dl.data] == [
+        [b"\x0a\x0a", b"\x01"], [b"\x0b\x0b", b"\x01"]]
+    port(switch, 1).inject(fa)  # list 1 is not acked: still suppressed
+    _wait(lambda: counters.digests_suppressed == 2)
+    ack = p4runtime_pb2.StreamMessageRequest()
+    ack.digest_ack.digest_id, ack.digest_ack.list_id = dl.digest_id, dl.list_id
+    client.send(ack)
+    de.digest_entry.config.max_timeout_ns = 100_000_000  # from now on: 100 ms
+    client.write(upd(U.MODIFY, de))
+    # the ack is handled on the stream's reader thread: resend until the sample goes out
+    deadline = time.monotonic() + 10
+    dl2 = None
+    while dl2 is None and time.monotonic() < deadline:
+        port(switch, 1).inject(fa)
+        with contextlib.suppress(queue.Empty):
+            dl2 = client.next("digest", timeout=0.5)
+    assert dl2 is not None and dl2.list_id == 2
+    assert [m.bitstring for m in dl2.data[0].struct.members] == [b"\x0a\x0a", b"\x01"]
+    client.write(upd(U.DELETE, de))
+    dropped = counters.digests_dropped
+    port(switch, 1).inject(fb)
+    _wait(lambda: counters.digests_dropped == dropped + 1)
+
+
+def _wait(cond: Any, timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not cond():
+        assert time.monotonic() < deadline, "condition not reached"
+        time.sleep(0.01)
 
 
 def test_i2e_clone_through_session(client: Client, names: Names, switch: Switch) -> None:
