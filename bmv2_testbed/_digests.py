@@ -39,7 +39,8 @@ class _Sent:
 @dataclass
 class DigestBuffer:
     digest_id: int
-    config: p4runtime_pb2.DigestEntry.Config
+    #: None until a DigestEntry enables the digest (and again after DELETE)
+    config: p4runtime_pb2.DigestEntry.Config | None = None
     next_list_id: int = 1
     cache: set[Sample] = field(default_factory=set)
     sent: dict[int, _Sent] = field(default_factory=dict)
@@ -48,15 +49,24 @@ class DigestBuffer:
     _first_ns: int = 0
     suppressed: int = 0
 
-    def reconfigure(self, config: p4runtime_pb2.DigestEntry.Config) -> None:
-        """MODIFY: new limits apply from now on; what is buffered and cached stays."""
+    def configure(self, config: p4runtime_pb2.DigestEntry.Config) -> None:
+        """INSERT or MODIFY: the limits apply from now on; what is buffered and cached stays."""
         self.config = config
+
+    def disable(self) -> None:
+        """DELETE: drop what is buffered and cached; list ids keep counting (as in PI)."""
+        self.config = None
+        self.cache.clear()
+        self.sent.clear()
+        self._data = []
+        self._keys = []
 
     def learn(self, sample: Sample, now_ns: int | None = None
               ) -> p4runtime_pb2.DigestList | None:
-        """Take one sample; returns a list to send now, if one is due."""
+        """Take one sample of an enabled digest; returns a list to send now, if one is due."""
         now = time.monotonic_ns() if now_ns is None else now_ns
         cfg = self.config
+        assert cfg is not None, "learn() on a digest that is not enabled"
         if cfg.ack_timeout_ns > 0:
             if sample in self.cache:
                 self.suppressed += 1
@@ -76,6 +86,8 @@ class DigestBuffer:
         of lists unacked for ``ack_timeout_ns``."""
         now = time.monotonic_ns() if now_ns is None else now_ns
         cfg = self.config
+        if cfg is None:
+            return None
         if cfg.ack_timeout_ns > 0:
             limit = max(cfg.ack_timeout_ns, MIN_TIMEOUT_NS)
             for list_id in [i for i, s in self.sent.items() if now - s.at_ns >= limit]:

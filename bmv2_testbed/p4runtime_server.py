@@ -261,8 +261,7 @@ class P4RuntimeServer(p4runtime_pb2_grpc.P4RuntimeServicer):  # type: ignore[mis
         self._device_config = b""
         self._cookie: int | None = None
         self._saved: tuple[Any, p4info_pb2.P4Info, bytes, int | None] | None = None
-        self._digest_cfg: dict[int, p4runtime_pb2.DigestEntry.Config] = {}
-        self._digest_buf: dict[int, DigestBuffer] = {}
+        self._digest_buf: dict[int, DigestBuffer] = {}  # per digest id, made on first write
         self._sweep_stop = threading.Event()
         self._sweeper: threading.Thread | None = None
         self._write_lock = threading.Lock()
@@ -315,7 +314,6 @@ class P4RuntimeServer(p4runtime_pb2_grpc.P4RuntimeServicer):  # type: ignore[mis
         self._index = P4InfoIndex.build(p4info)
         self._device_config = device_config
         self._cookie = cookie
-        self._digest_cfg.clear()
         self._digest_buf.clear()
 
     # ---- helpers ---------------------------------------------------------------------------
@@ -736,16 +734,12 @@ class P4RuntimeServer(p4runtime_pb2_grpc.P4RuntimeServicer):  # type: ignore[mis
         if d.digest_id not in ix.digests:
             raise _err(SC.NOT_FOUND, f"Digest id {d.digest_id} not found")
         with self._lock:
-            exists = d.digest_id in self._digest_cfg
+            buf = self._digest_buf.setdefault(d.digest_id, DigestBuffer(d.digest_id))
+            exists = buf.config is not None
             if utype == upd_t.DELETE:
                 if not exists:
                     raise _err(SC.NOT_FOUND, "Digest not configured")
-                del self._digest_cfg[d.digest_id]
-                # PI resets the buffer and the cache but keeps counting list ids
-                old = self._digest_buf[d.digest_id]
-                self._digest_buf[d.digest_id] = DigestBuffer(
-                    d.digest_id, p4runtime_pb2.DigestEntry.Config(),
-                    next_list_id=old.next_list_id)
+                buf.disable()
                 return
             if utype == upd_t.INSERT and exists:
                 raise _err(SC.ALREADY_EXISTS, "Digest already configured")
@@ -753,12 +747,7 @@ class P4RuntimeServer(p4runtime_pb2_grpc.P4RuntimeServicer):  # type: ignore[mis
                 raise _err(SC.NOT_FOUND, "Digest not configured")
             cfg = p4runtime_pb2.DigestEntry.Config()
             cfg.CopyFrom(d.config)
-            self._digest_cfg[d.digest_id] = cfg
-            buf = self._digest_buf.get(d.digest_id)
-            if buf is None:
-                self._digest_buf[d.digest_id] = DigestBuffer(d.digest_id, cfg)
-            else:
-                buf.reconfigure(cfg)
+            buf.configure(cfg)
 
     # ---- Read ------------------------------------------------------------------------------
     def Read(self, request: p4runtime_pb2.ReadRequest,  # noqa: N802
@@ -834,7 +823,8 @@ class P4RuntimeServer(p4runtime_pb2_grpc.P4RuntimeServicer):  # type: ignore[mis
         if kind == "digest_entry":
             out = []
             with self._lock:
-                cfgs = dict(self._digest_cfg)
+                cfgs = {did: b.config for did, b in self._digest_buf.items()
+                        if b.config is not None}
             for did, cfg in sorted(cfgs.items()):
                 if ent.digest_entry.digest_id in (0, did):
                     e = p4runtime_pb2.Entity()
@@ -1138,9 +1128,9 @@ class P4RuntimeServer(p4runtime_pb2_grpc.P4RuntimeServicer):  # type: ignore[mis
         for digests the controller enabled. False if it was dropped (not configured, no
         primary, or the list it completed could not be queued)."""
         with self._lock:
-            buf = self._digest_buf.get(digest_id) if digest_id in self._digest_cfg else None
+            buf = self._digest_buf.get(digest_id)
             primary = self._primary("")
-            if buf is None or primary is None:
+            if buf is None or buf.config is None or primary is None:
                 self.counters.digests_dropped += 1
                 return False
             before = buf.suppressed

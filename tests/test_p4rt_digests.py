@@ -85,7 +85,12 @@ def test_list_size_counts_only_deduplicated_samples_as_pi_does() -> None:
 def test_reconfigure_keeps_what_is_buffered() -> None:
     b = buf(max_list_size=10, max_timeout_ns=60_000 * MS, ack_timeout_ns=60_000 * MS)
     assert b.learn(A, now_ns=0) is None
-    b.reconfigure(p4runtime_pb2.DigestEntry.Config(max_timeout_ns=100 * MS,
+    b.configure(p4runtime_pb2.DigestEntry.Config(max_timeout_ns=100 * MS,
                                                    ack_timeout_ns=60_000 * MS))
     assert samples(b.sweep(now_ns=100 * MS)) == [A]
     assert b.learn(A, now_ns=101 * MS) is None  # the cache survived the MODIFY
+    b.disable()  # DELETE: nothing buffered or cached, nothing swept; list ids go on
+    assert b.sweep(now_ns=10**12) is None and not b.cache and b.pending() == 0
+    b.configure(p4runtime_pb2.DigestEntry.Config(ack_timeout_ns=60_000 * MS))
+    dl = b.learn(A, now_ns=10**12)
+    assert samples(dl) == [A] and dl is not None and dl.list_id == 2

@@ -973,13 +973,13 @@ class Checker:
             out.append((py, w))
         return out
 
-    def fields_guard(self, e: A.Expr, scope: Scope, implied: set[str]) -> tuple[str, str] | None:
+    def fields_guard(self, e: A.Expr, fl: list[tuple[str, int]], scope: Scope,
+                     implied: set[str]) -> tuple[str, str] | None:
         """bmv2 serialises a field list leaving out the fields of headers that are invalid at
-        the time. Returns None when every header in the list is known valid (the condition of
-        the checksum implies it, or the list has no header fields); else ``(all_valid, data)``:
-        a test that every such header is valid, and Python for the bytes in general."""
-        items: list[tuple[str, int, str | None]] = []
-        fl = self.fields_list(e, scope, "data")
+        the time. For the list ``e`` (``fl``: its :meth:`fields_list`), returns None when every
+        header in it is known valid (the condition of the checksum implies it, or the list has
+        no header fields); else ``(all_valid, data)``: a test that every such header is valid,
+        and Python for the bytes in general."""
         if isinstance(e, A.ListExpr):
             valid = [self.header_of(i, scope) for i in e.items]
         else:
@@ -1049,7 +1049,7 @@ class Checker:
             self.args_n(e, 4, name)
             c = self.cond(a[0], scope)
             fl = self.fields_list(a[1], scope, "checksum data")
-            guard = self.fields_guard(a[1], scope, implied=self.valid_in(a[0], scope))
+            guard = self.fields_guard(a[1], fl, scope, implied=self.valid_in(a[0], scope))
             alg = self.algo(a[3], scope)
             pay = " + C.buf[C.payload_off:]" if name.endswith("payload") else ""
             if role == "verify":
@@ -1086,7 +1086,7 @@ class Checker:
                     raise Diagnostic(x.loc, f"hash base/max must be bit<W>, not {v.ty}")
             fl = self.fields_list(a[3], scope, "hash data")
             data = packed_bytes(fl)
-            guard = self.fields_guard(a[3], scope, implied=set())
+            guard = self.fields_guard(a[3], fl, scope, implied=set())
             if guard is not None:
                 data = f"({data} if {guard[0]} else {guard[1]})"
             m = (1 << dst.ty.width) - 1
