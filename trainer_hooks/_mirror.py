@@ -206,7 +206,7 @@ class MirrorSender:
             slot.ready = ev
         with self._lock:
             self._queue.append(("data", slot))
-            self._notify_locked()
+            self._wake_thread_locked()
         return True
 
     def commit(self, info: CommitInfo) -> bool:
@@ -216,14 +216,14 @@ class MirrorSender:
                 self._degrade_locked(info.iteration, "backlog")
                 return False
             self._queue.append(("commit", info))
-            self._notify_locked()
+            self._wake_thread_locked()
         return True
 
     def call_soon(self, fn: Callable[[], None]) -> None:
         """Run ``fn`` on the sender thread, in queue order (errors degrade the checkpoint)."""
         with self._lock:
             self._queue.append(("call", fn))
-            self._notify_locked()
+            self._wake_thread_locked()
 
     def request_commit(self, iteration: int, addr: tuple[str, int]) -> None:
         """Re-send COMMIT(iteration) to ``addr`` if it is still kept (any thread)."""
@@ -249,7 +249,7 @@ class MirrorSender:
     def close(self, timeout_s: float = 5.0) -> None:
         with self._lock:
             self._stop = True
-            self._notify_locked()
+            self._wake_thread_locked()
         self._thread.join(timeout_s)
         if self._thread.is_alive():
             log.warning("mirror sender thread of rank %d did not stop in %gs", self.rank,
@@ -270,8 +270,9 @@ class MirrorSender:
     #: NACKs wake it at once
     _IDLE_POLL_S = 0.02
 
-    def _notify_locked(self) -> None:
-        self._wake.notify()
+    def _wake_thread_locked(self) -> None:
+        """New work for the thread: if it idles in select(), write to its self-pipe. (``_wake``
+        is only for :meth:`flush` waiters, who care about sends finishing, not queueing.)"""
         if self._idle:
             self._idle = False
             # full: a wake-up is pending anyway
