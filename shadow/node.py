@@ -75,8 +75,15 @@ def _dec(v: int) -> int:
 class NodeOptions:
     """Tunables of a shadow node (the job spec supplies the timeouts)."""
 
-    #: iterations with a gradient buffer at once: last_applied+1 .. last_applied+window
-    window: int = 4
+    #: iterations with a gradient buffer at once (last_applied+1 .. last_applied+window); None:
+    #: as many as ``window_bytes`` holds, between 4 and ``max_window``
+    window: int | None = None
+    #: memory for buffering iterations ahead of last_applied (bytes): a shadow that fell behind
+    #: (a CPU hiccup, SIGSTOP) keeps what arrives meanwhile instead of rejecting it, and catches
+    #: up from its buffers without a single retransmission
+    window_bytes: int = 256 * 2**20
+    #: upper bound of the window in iterations (the repair timer walks it every tick)
+    max_window: int = 2048
     #: COMMIT records are kept up to this many iterations ahead of last_applied
     commit_horizon: int = 1024
     #: NACK rounds without progress before the shard declares itself diverged
@@ -145,6 +152,10 @@ class _Loaded:
     replayer: ShardReplayer
     optimizer_json: str
     pool: list[IterBuffer] = field(default_factory=list)
+    #: iterations with a buffer at once (NodeOptions.window / window_bytes)
+    window: int = 4
+    #: buffers allocated so far (lazily, up to ``window``)
+    allocated: int = 0
 
 
 class ShadowNode:
@@ -236,6 +247,14 @@ class ShadowNode:
         self._commits: dict[int, dict[str, Any]] = {}
         self._timeline: OrderedDict[int, dict[str, float | None]] = OrderedDict()
         self._bucket_senders: dict[int, set[int]] = {}
+        #: per trainer rank: the newest iteration it sent DATA for (a rank sends iteration i
+        #: completely before i+1, so a later iteration from every rank makes a hole a gap)
+        self._rank_newest: dict[int, int] = {}
+        #: the job instance this state belongs to (DESIGN invariant 8): set by ``load``, carried
+        #: in the header's layout field (wire.session_digest); older generations are refused
+        self._generation = 0
+        self._digest = 0  # wire.session_digest(layout digest64, generation) once loaded
+        self._next_clone = 0.0
         self.rx: Counter[str] = Counter()
         self.ev: Counter[str] = Counter()
         self._next_refresh = 0.0
@@ -346,8 +365,7 @@ class ShadowNode:
         """Verify and handle one datagram; return the rx counter it was counted under."""
         ld = self._ld
         try:
-            msg = wire.decode(data, job=self._job,
-                              layout=None if ld is None else ld.layout.digest64)
+            msg = wire.decode(data, job=self._job, layout=None if ld is None else self._digest)
         except WireError as e:
             reason = "wire." + e.reason
             self.rx[reason] += 1
@@ -383,7 +401,9 @@ class ShadowNode:
         it = h.iteration
         if it <= self._last_applied:
             return "stale"
-        if it > self._last_applied + self.opts.window:
+        if it > self._rank_newest.get(h.sender, -1):
+            self._rank_newest[h.sender] = it
+        if it > self._last_applied + ld.window:
             return "ahead_of_window"
         geom = ld.geom
         if h.bucket >= len(geom.bucket_nbytes) or h.offset + h.length > geom.bucket_nbytes[
@@ -396,10 +416,9 @@ class ShadowNode:
         now = time.monotonic()
         rec = self._rec(it, now)
         if rec.buf is None:
-            if not ld.pool:  # cannot happen while the window bounds the buffers in use
+            rec.buf = self._take_buf(ld)
+            if rec.buf is None:  # cannot happen while the window bounds the buffers in use
                 return "no_buffer"
-            rec.buf = ld.pool.pop()
-            rec.buf.reset()
         res = rec.buf.place(h.bucket, h.offset, payload)
         if res.owned == 0:
             return "not_mine"
@@ -424,11 +443,27 @@ class ShadowNode:
             self._maybe_ready(rec)
         return "retx" if h.flags & wire.Flag.RETX else "data"
 
+    def _take_buf(self, ld: _Loaded) -> IterBuffer | None:
+        """A free iteration buffer: from the pool, or a new one while fewer than the window."""
+        if ld.pool:
+            buf = ld.pool.pop()
+            buf.reset()
+            return buf
+        if ld.allocated < ld.window + 1:  # +1: the one being applied
+            ld.allocated += 1
+            return IterBuffer(ld.geom)
+        return None
+
     def _on_commit(self, msg: wire.Message) -> str:
         h = msg.header
         if h.sender != 0:
             return "commit_not_rank0"
         it = h.iteration
+        if it == self._last_applied and it not in self._commits and it >= 0:
+            # a shard seeded without COMMIT(it) (by a rank other than 0) asked rank 0 for it:
+            # keep it, so a restore at I* = it has the scheduler, scaler and user state
+            self._commits[it] = commit_to_json(it, wire.CommitRecord.from_message(msg))
+            return "commit_filled"
         if it <= self._last_applied:
             return "commit_stale"
         if it > self._last_applied + self.opts.commit_horizon:
@@ -552,7 +587,7 @@ class ShadowNode:
         self._seq = max(self._seq + 1, time.time_ns())
         data = wire.encode(
             wire.Kind.READY, job=self._job, sender=self.id, iteration=_enc(it), seq=self._seq,
-            layout=ld.layout.digest64, payload=body, flags=wire.Flag.RETX if retx else 0,
+            layout=self._digest, payload=body, flags=wire.Flag.RETX if retx else 0,
         )
         for sid, addr in enumerate(self._peer_addrs):
             if sid != self.id:
@@ -578,7 +613,10 @@ class ShadowNode:
         ld = self._ld
         assert ld is not None
         la = self._last_applied
-        top = min(self._newest_seen, la + self.opts.window)
+        top = min(self._newest_seen, la + ld.window)
+        world = len(self._trainer_addrs)
+        # every rank already sends a later iteration: what is missing of i is lost, not late
+        past = min((self._rank_newest.get(r, -1) for r in range(world)), default=-1)
         # an iteration nothing arrived for, while later ones did, gets a record (a gap)
         for i in range(la + 1, top):
             self._rec(i, now)
@@ -586,17 +624,18 @@ class ShadowNode:
             rec = self._iters.get(i)
             if rec is None or rec.ready() or i == self._applying:
                 continue
-            if rec.buf is None and ld.geom.owned_nbytes == 0 and ld.pool:
-                rec.buf = ld.pool.pop()
-                rec.buf.reset()
-                self._maybe_ready(rec)
+            if rec.buf is None and ld.geom.owned_nbytes == 0:
+                rec.buf = self._take_buf(ld)
+                if rec.buf is not None:
+                    self._maybe_ready(rec)
                 continue
             if self._diverged_at is not None and i >= self._diverged_at:
                 continue
             later = self._newest_seen > i
             if rec.commit is None and not later:
                 continue  # the trainer may still be sending: nothing says data is missing
-            if now - rec.activity < self._gap_s or now < rec.next_nack:
+            wait = 2 * self.opts.tick_s if past > i else self._gap_s
+            if now - rec.activity < wait or now < rec.next_nack:
                 continue
             covered = rec.buf.cov.total if rec.buf is not None else 0
             if covered != rec.covered_at_nack:
@@ -607,9 +646,8 @@ class ShadowNode:
             rec.nack_rounds += 1
             rec.covered_at_nack = covered
             rec.next_nack = now + self._gap_s * self.opts.repair_backoff ** rec.nack_rounds
-            if rec.buf is None and ld.pool:
-                rec.buf = ld.pool.pop()
-                rec.buf.reset()
+            if rec.buf is None:
+                rec.buf = self._take_buf(ld)
             cov = rec.buf.cov if rec.buf is not None else IntervalSet()
             self._send_nack(i, ld.geom.missing(cov) if not rec.complete() else [],
                             commit_missing=rec.commit is None)
@@ -633,7 +671,7 @@ class ShadowNode:
                 body = wire.NackRecord.of(ranges[lo:lo + per]).body()
                 self._seq = max(self._seq + 1, time.time_ns())
                 data = wire.encode(wire.Kind.NACK, job=self._job, sender=self.id, iteration=it,
-                                   seq=self._seq, layout=ld.layout.digest64, payload=body)
+                                   seq=self._seq, layout=self._digest, payload=body)
                 try:
                     self.sock.sendto(data, self._trainer_addrs[rank])
                     self.ev["nack_sent"] += 1
@@ -738,7 +776,50 @@ class ShadowNode:
 
     # ---------------------------------------------------------------- resync
 
+    def _maybe_clone(self) -> None:
+        """A shadow without state (restarted) clones its shard from a healthy replica. With
+        replication 1 there is none: the trainers see it unloaded and seed it (docs/shadow.md)."""
+        from shadowgrad.optspec import OptimizerSpec
+
+        now = time.monotonic()
+        if self.spec.shadows.replication < 2 or now < self._next_clone:
+            return
+        self._next_clone = now + max(0.5, self.opts.resync_interval_s)
+        for sid in range(self.spec.shadows.count):
+            if sid == self.id or self._ld is not None or self._stop.is_set():
+                continue
+            try:
+                with ShadowClient(self._peer_control(sid), self._token,
+                                  timeout_s=self.spec.timeouts.rpc_s) as client:
+                    cfg, _ = client.call("config")
+                    layout = Layout.from_json(cfg["layout"])
+                    if layout.shard_of_shadow(self.id)[0] != int(cfg["shard"]) or \
+                            cfg.get("diverged_at") is not None:
+                        continue
+                    res = client.fetch(None, timeout_s=max(self.spec.timeouts.rpc_s, 30.0))
+            except (ShadowgradError, zmq.ZMQError, KeyError, ValueError) as e:
+                if not isinstance(e, ControlError) or e.code != "not_loaded":
+                    self.ev["clone_failed"] += 1
+                    log.debug("shadow %d: clone from shadow %d failed: %s", self.id, sid, e)
+                continue
+            opt_json = str(cfg["optimizer"])
+            try:
+                self._load_state(layout, res.iteration, res.states, opt_json,
+                                 OptimizerSpec.from_json(opt_json), commit=res.commit,
+                                 generation=int(cfg.get("generation") or 0), reseed=False,
+                                 source=f"shadow {sid}")
+            except (ShadowgradError, ReplayError) as e:
+                self.ev["clone_failed"] += 1
+                event(log, "shadow.clone_failed", level=logging.WARNING, shadow=self.id,
+                      replica=sid, error=str(e))
+                continue
+            self.ev["cloned"] += 1
+            return
+
     def _maybe_resync(self) -> None:
+        if self._ld is None:
+            self._maybe_clone()
+            return
         with self._lock:
             if self._ld is None or self._diverged_at is None:
                 return
@@ -919,6 +1000,7 @@ class ShadowNode:
         handler = {
             "status": self._op_status, "hold": self._op_hold, "release": self._op_release,
             "fetch": self._op_fetch, "load": self._op_load, "snapshot": self._op_snapshot,
+            "config": self._op_config,
         }.get(op if isinstance(op, str) else "")
         if handler is None:
             self.ev["control_bad_request"] += 1
@@ -955,6 +1037,9 @@ class ShadowNode:
                 "newest_seen": self._newest_seen,
                 "lag": max(0, self._newest_seen - self._last_applied),
                 "diverged_at": self._diverged_at,
+                "generation": self._generation,
+                "window": None if ld is None else ld.window,
+                "buffered": len(self._iters),
                 "holds": sorted(self._holds),
                 "available": sorted({*self._snaps, self._last_applied}) if ld is not None else [],
                 "counters": dict(self.rx), "events": dict(self.ev),
@@ -1031,7 +1116,19 @@ class ShadowNode:
         ids = {k: (box.name, box.offsets) for k, box in enumerate(ld.geom.boxes)}
         entries, frames = encode_states(states, ids)
         return {"ok": True, "iteration": it, "shard": ld.shard, "entries": entries,
-                "commit": commit}, frames
+                "commit": commit, "generation": self._generation}, frames
+
+    def _op_config(self, req: dict[str, Any], _f: list[memoryview]) -> tuple[dict[str, Any],
+                                                                             list[Any]]:
+        """What a restarted replica needs to clone this shard: layout, optimizer, generation."""
+        with self._lock:
+            ld = self._ld
+            if ld is None:
+                raise ControlError("not_loaded", "shadow not loaded")
+            return {"ok": True, "shard": ld.shard, "replica": ld.replica,
+                    "layout": ld.layout.to_json(), "optimizer": ld.optimizer_json,
+                    "generation": self._generation, "last_applied": self._last_applied,
+                    "diverged_at": self._diverged_at}, []
 
     def _check_layout(self, layout: Layout) -> None:
         if (layout.num_shadows, layout.replication) != (self.spec.shadows.count,
@@ -1043,8 +1140,6 @@ class ShadowNode:
 
     def _op_load(self, req: dict[str, Any], frames: list[memoryview]) -> tuple[dict[str, Any],
                                                                                list[Any]]:
-        from shadowgrad.shadow.replay import ShardReplayer
-
         from shadowgrad.optspec import OptimizerSpec
 
         layout_json = req.get("layout")
@@ -1057,7 +1152,6 @@ class ShadowNode:
         else:
             raise ControlError("bad_request", "load without a layout, and none was given")
         self._check_layout(layout)
-        shard, replica = layout.shard_of_shadow(self.id)
         iteration = int(req["iteration"])
         commit: dict[str, Any] | None = None
         if req.get("commit") is not None:
@@ -1068,44 +1162,93 @@ class ShadowNode:
             commit = commit_to_json(c_it, c_rec)
         opt_json = str(req["optimizer"])
         opt = OptimizerSpec.from_json(opt_json)
-        geom = ShardGeometry(layout, shard)
+        generation = int(req.get("generation") or 0)
+        reseed = bool(req.get("reseed", False))
+        with self._lock:
+            if generation < self._generation:
+                self.ev["load_stale_generation"] += 1
+                raise ControlError("stale_generation", f"load of generation {generation}: this "
+                                   f"shadow serves generation {self._generation} of the job (a "
+                                   "newer instance started; this one is fenced out)")
         states = decode_states(req["entries"], frames)
+        return self._load_state(layout, iteration, states, opt_json, opt, commit=commit,
+                                generation=generation, reseed=reseed,
+                                source=str(req.get("source", "load")))
+
+    def _load_state(self, layout: Layout, iteration: int,
+                    states: Mapping[int, Mapping[str, torch.Tensor]], opt_json: str, opt: Any,
+                    *, commit: dict[str, Any] | None, generation: int, reseed: bool,
+                    source: str) -> tuple[dict[str, Any], list[Any]]:
+        """Install a whole shard state as ``iteration`` (``load``, and the clone of a restarted
+        replica). ``reseed``: the job goes on (self-healing), so data already buffered for later
+        iterations of the same generation is kept; otherwise everything in flight is dropped."""
+        shard, replica = layout.shard_of_shadow(self.id)
+        geom = ShardGeometry(layout, shard)
         if sorted(states) != list(range(len(geom.boxes))):
             raise ControlError("bad_request", f"load has boxes {sorted(states)}, shard {shard} "
                                f"has {len(geom.boxes)}")
         replayer = ShardReplayer(layout, shard, opt)
-        replayer.load(iteration, [states[k] for k in range(len(geom.boxes))])
-        old = self._ld
-        same = old is not None and old.layout == layout and old.shard == shard
-        pool = old.pool if same and old is not None else [
-            IterBuffer(geom) for _ in range(self.opts.window)]
+        replayer.load(iteration, [dict(states[k]) for k in range(len(geom.boxes))])
+        window = self.opts.window
+        if window is None:
+            per = max(1, geom.local_nbytes)
+            window = max(4, min(self.opts.max_window, self.opts.window_bytes // per))
         with self._state_lock, self._lock:
-            if same:
-                for rec in self._iters.values():
+            if generation < self._generation:
+                raise ControlError("stale_generation", f"load of generation {generation}: this "
+                                   f"shadow serves generation {self._generation}")
+            old = self._ld
+            same = old is not None and old.layout == layout and old.shard == shard
+            keep = reseed and same and generation == self._generation
+            if same and old is not None:
+                pool, allocated, geom = old.pool, old.allocated, old.geom
+                for it, rec in list(self._iters.items()):
+                    if keep and it > iteration:
+                        continue
+                    del self._iters[it]
                     if rec.buf is not None:
                         pool.append(rec.buf)
-                geom = pool[0].geom
-            self._ld = _Loaded(layout, shard, replica, geom, replayer, opt_json, pool)
+            else:
+                pool, allocated = [], 0
+                self._iters.clear()
+            self._ld = _Loaded(layout, shard, replica, geom, replayer, opt_json, pool,
+                               window=window, allocated=allocated)
             self._gen += 1
-            self._iters.clear()
+            self._generation = generation
+            self._digest = wire.session_digest(layout.digest64, generation)
             self._last_applied = iteration
             self._applying = None
             self._diverged_at = None
             self._istar = _UNKNOWN
-            self._peers.clear()
-            self._holds.clear()
             self._snaps.clear()
             self._commits = {iteration: commit} if commit is not None else {}
-            # the senders of the old job (e.g. ranks 2, 3 before a 4 -> 2 restore) are gone
-            self._bucket_senders.clear()
-            self._newest_seen = iteration
+            if not keep:
+                self._peers.clear()
+                self._holds.clear()
+                # the senders of the old job (e.g. ranks 2, 3 before a 4 -> 2 restore) are gone
+                self._bucket_senders.clear()
+                self._rank_newest.clear()
+                self._newest_seen = iteration
+            else:
+                self._newest_seen = max(self._newest_seen, iteration)
             self._snap_next = self.spec.shadows.snapshot_every
             self.ev["loads"] += 1
-            event(log, "shadow.load", shadow=self.id, shard=shard, replica=replica,
-                  iteration=iteration, layout=layout.digest[:16], boxes=len(geom.boxes))
+            if reseed:
+                self.ev["seeded"] += 1
+            event(log, "shadow.seeded" if reseed else "shadow.load",
+                  level=logging.WARNING if reseed else logging.INFO, shadow=self.id,
+                  shard=shard, replica=replica, iteration=iteration, source=source,
+                  generation=generation, layout=layout.digest[:16], boxes=len(geom.boxes),
+                  kept_ahead=len(self._iters))
+            self._update_istar()
             self._send_ready(retx=False)
+            if reseed and commit is None and iteration >= 0:
+                # seeded by a rank other than 0: ask rank 0 for COMMIT(iteration), so a restore
+                # at I* = iteration still has the scheduler, scaler and user state
+                self._send_nack(iteration, [], commit_missing=True)
             self._cond.notify_all()
-        return {"ok": True, "shard": shard, "replica": replica, "iteration": iteration}, []
+        return {"ok": True, "shard": shard, "replica": replica, "iteration": iteration,
+                "generation": generation}, []
 
     def _op_snapshot(self, req: dict[str, Any], _f: list[memoryview]) -> tuple[dict[str, Any],
                                                                                list[Any]]:

@@ -61,6 +61,7 @@ __all__ = [
     "decode",
     "peek_header",
     "crc",
+    "session_digest",
 ]
 
 #: ``b"SG"``: the first two bytes of every shadowgrad datagram.
@@ -201,6 +202,25 @@ class Message(NamedTuple):
 def crc(data: bytes | bytearray | memoryview, value: int = 0) -> int:
     """CRC-32C of ``data``, continuing from ``value`` (chain calls for scatter-gather data)."""
     return _crc32c(data, value)
+
+
+def session_digest(layout64: int, generation: int) -> int:
+    """The value of the header's ``layout`` field for one *generation* of a job.
+
+    Every (re)start of a job gets a new generation (DESIGN invariant 8, fencing). The header has
+    no field of its own for it: its ``layout`` field carries the layout digest mixed with the
+    generation, so a receiver that checks the field (every shadow and trainer does, in
+    :func:`decode`) refuses the datagrams of a stale instance exactly as it refuses a foreign
+    layout, at no cost per datagram. Generation 0 is the layout digest itself (a job that does
+    not fence, and every test that builds datagrams by hand).
+    """
+    if generation == 0:
+        return layout64
+    import hashlib
+
+    h = hashlib.blake2b(layout64.to_bytes(8, "big") + generation.to_bytes(8, "big"),
+                        digest_size=8, person=b"sg-generation")
+    return int.from_bytes(h.digest(), "big")
 
 
 def _check_range(name: str, value: int) -> None:

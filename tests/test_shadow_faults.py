@@ -57,7 +57,8 @@ def test_lost_commit_is_asked_for_and_a_producer_far_ahead_is_caught_up() -> Non
         # COMMIT(0) lost everywhere holds every shadow at -1 while the producer runs ahead
         return not retx and (it == 0 or (it == 1 and sid == 2))
 
-    with cluster(layout, faults=Faults(drop_commit=drop_commit)) as c:
+    with cluster(layout, faults=Faults(drop_commit=drop_commit),
+                 options=NodeOptions(window=4)) as c:
         c.load(trainer.named, trainer.optimizer_spec())
         steps = [trainer.step(it) for it in range(case.iterations)]
         for it, (grads, commit) in enumerate(steps):  # back to back, no waiting at all
@@ -69,6 +70,33 @@ def test_lost_commit_is_asked_for_and_a_producer_far_ahead_is_caught_up() -> Non
         assert c.nodes[2].rx["commit"] == case.iterations
         detail = [(n.id, n.rx["ahead_of_window"], n.ev["repaired_bytes"]) for n in c.nodes]
         assert all(a > 0 and r > 0 for _, a, r in detail), detail
+
+
+def test_a_producer_far_ahead_is_buffered_within_the_memory_budget() -> None:
+    """With the default window (a memory budget, not 4 iterations), a producer 60 iterations
+    ahead of a shadow held back by a lost COMMIT is buffered: no datagram rejected, nothing
+    retransmitted, and every shadow catches up bit-exact once COMMIT(0) is repaired (the test
+    above covers a window too small: rejected precisely, repaired by NACK)."""
+
+    def drop_commit(it: int, sid: int, retx: bool) -> bool:
+        return not retx and it == 0
+
+    for options in (None, NodeOptions(window_bytes=8 * 2**20)):
+        case = Case("ahead", "mlp", "sgd", iterations=60)
+        trainer = RefTrainer(case, seed=6)
+        layout = trainer.layout(num_shadows=3)
+        with cluster(layout, faults=Faults(drop_commit=drop_commit), options=options) as c:
+            c.producer.keep = case.iterations  # COMMIT(0) must still be there for the NACK
+            c.load(trainer.named, trainer.optimizer_spec())
+            steps = [trainer.step(it) for it in range(case.iterations)]
+            for it, (grads, commit) in enumerate(steps):
+                c.producer.send_iteration(it, bucket_bytes(layout, grads), commit)
+            c.wait_applied(case.iterations - 1, timeout_s=60)
+            assert not c.check(case.iterations - 1, trainer)
+            for n in c.nodes:
+                assert n.status(timeline=0)["window"] >= case.iterations
+                assert n.rx["ahead_of_window"] == 0 and n.ev["repaired_bytes"] == 0
+                assert n.rx["retx"] == 0
 
 
 def _chunk_of_shard(layout: Layout, shard: int, chunk: int = 1408) -> tuple[int, int]:

@@ -1,12 +1,19 @@
 """Mirror mode's sender: a background thread that streams each rank's reduced-gradient slices and
 rank 0's COMMIT records to the shadows over UDP, and answers the shadows' NACKs.
 
-The training thread only copies its slice of the reduced gradients into a preallocated staging
-slot (:meth:`MirrorSender.capture`) and enqueues it; everything else happens on the thread.
-Memory is bounded by ``slots`` staging buffers: a slot is reused once sent, and the newest sent
-slots double as the retransmit buffer for NACKs. When every slot is still waiting to be sent
-(the network or a shadow is slower than training), the iteration is *dropped* for the shadows and
-the checkpoint is marked degraded (event ``trainer.mirror.degraded``): training never waits.
+The training thread only copies its slice of the reduced gradients into a staging slot
+(:meth:`MirrorSender.capture`) and enqueues it; everything else happens on the thread. Memory is
+bounded by ``slots`` staging buffers (allocated as needed). A sent slot becomes *retransmit
+history*: the newest ``history`` sent slots, at most ``history_s`` old, are never handed to a new
+capture, so a sender that backs up cannot destroy what the shadows' NACKs need. When no slot is
+free (the network or a shadow is slower than training), the iteration is *dropped* for the
+shadows (event ``trainer.mirror.degraded``, once per change of state, plus a periodic summary):
+training never waits. A NACK that history cannot answer any more is reported to
+``on_unavailable`` at once (the session re-seeds that shadow instead of letting it burn repair
+rounds).
+
+The thread never blocks for long: the socket is non-blocking (a receive returns at once; a send
+into a full buffer waits at most ``_SEND_WAIT_S`` for room, then counts a send error).
 """
 
 from __future__ import annotations
@@ -79,6 +86,7 @@ class _Slot:
     state: int = _FREE
     busy: bool = False
     ready: Any = None
+    sent_at: float = 0.0
 
 
 @dataclass
@@ -126,6 +134,11 @@ class MirrorSender:
         max_queue: int = 64,
         drop_first_sends: float = 0.0,
         seed: int = 0,
+        history: int | None = None,
+        history_s: float = 30.0,
+        digest: int | None = None,
+        on_unavailable: Callable[[tuple[str, int], int], None] | None = None,
+        summary_s: float = 30.0,
     ) -> None:
         layout = plan.layout
         if chunk_bytes < 64 or chunk_bytes % 8:
@@ -133,8 +146,10 @@ class MirrorSender:
         self.plan = plan
         self.job = job
         self.rank = plan.rank
-        self.digest = layout.digest64
+        #: the header's layout field: the layout digest mixed with the job's generation
+        self.digest = layout.digest64 if digest is None else digest
         self.sock = sock
+        sock.setblocking(False)
         self.shadow_addrs = list(shadow_addrs)
         self.chunk_bytes = chunk_bytes
         self.commits = commits
@@ -149,11 +164,25 @@ class MirrorSender:
             for s in range(layout.num_shards)
         ]
         self._seq = collections.Counter[tuple[str, int]]()
-        n = max(1, plan.staging_nbytes)
-        self._slots = []
-        for _ in range(max(1, slots)):
-            buf = torch.empty(n, dtype=torch.uint8, pin_memory=pin_memory)
-            self._slots.append(_Slot(buf, _bytes_view(buf)))
+        self._slot_nbytes = max(1, plan.staging_nbytes)
+        self._pin = pin_memory
+        self._max_slots = max(1, slots)
+        #: sent slots kept for NACKs, never recycled by a capture (at least one slot stays for
+        #: new captures)
+        self.history = max(0, min(self._max_slots - 1,
+                                  self._max_slots // 2 if history is None else history))
+        self.history_s = history_s
+        self.on_unavailable = on_unavailable
+        self._slots: list[_Slot] = []
+        self._new_slot()  # the first one now: a failing allocation shows at attach
+        #: state-change logging of drops: the reason of the current degraded spell, drops since
+        #: the last summary, when that was
+        self._drop_reason: str | None = None
+        self._drops_since_summary = 0
+        self._summary_s = summary_s
+        self._next_summary = time.monotonic() + summary_s
+        #: newest iteration that was dropped for the shadows (None: none)
+        self.last_drop: int | None = None
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
         self._queue: collections.deque[tuple[str, Any]] = collections.deque()
@@ -191,6 +220,7 @@ class MirrorSender:
                 return False
             slot.state = _QUEUED
             slot.iteration = iteration
+            self._recovered_locked(iteration)
         cuda = False
         for piece in self.plan.pieces:
             g = grads[piece.name]
@@ -269,6 +299,10 @@ class MirrorSender:
     #: how long the idle thread waits in select() before looking at heartbeats; queued work and
     #: NACKs wake it at once
     _IDLE_POLL_S = 0.02
+    #: the longest a send waits for room in a full socket buffer
+    _SEND_WAIT_S = 0.05
+    #: at most this many datagrams are drained per receive poll (the queue is served between)
+    _RX_BATCH = 64
 
     def _wake_thread_locked(self) -> None:
         """New work for the thread: if it idles in select(), write to its self-pipe. (``_wake``
@@ -279,13 +313,27 @@ class MirrorSender:
             with contextlib.suppress(OSError):
                 os.write(self._wake_w, b"x")
 
+    def _new_slot(self) -> _Slot:
+        buf = torch.empty(self._slot_nbytes, dtype=torch.uint8, pin_memory=self._pin)
+        slot = _Slot(buf, _bytes_view(buf))
+        self._slots.append(slot)
+        return slot
+
     def _take_slot(self) -> _Slot | None:
-        free = [s for s in self._slots if s.state == _FREE]
-        if free:
-            return free[0]
-        sent = [s for s in self._slots if s.state == _SENT and not s.busy]
-        if sent:
-            return min(sent, key=lambda s: s.iteration)
+        """A slot for a new capture: a free one, a new one (up to ``slots``), or the oldest
+        sent one beyond the retransmit history (the newest ``history`` sent slots younger than
+        ``history_s`` are kept for NACKs)."""
+        for s in self._slots:
+            if s.state == _FREE:
+                return s
+        if len(self._slots) < self._max_slots:
+            return self._new_slot()
+        sent = sorted((s for s in self._slots if s.state == _SENT and not s.busy),
+                      key=lambda s: s.iteration)
+        now = time.monotonic()
+        keep = self.history
+        if sent and (len(sent) > keep or now - sent[0].sent_at > self.history_s):
+            return sent[0]
         return None
 
     def _degrade(self, iteration: int, reason: str, **fields: Any) -> None:
@@ -293,10 +341,36 @@ class MirrorSender:
             self._degrade_locked(iteration, reason, **fields)
 
     def _degrade_locked(self, iteration: int, reason: str, **fields: Any) -> None:
+        """An iteration dropped for the shadows: logged when the state changes (first drop, or
+        another reason), counted otherwise and summarised every ``summary_s``."""
         self.counters.dropped_iterations += 1
         self.degraded = True
-        event(log, "trainer.mirror.degraded", logging.WARNING, rank=self.rank,
-              iteration=iteration, reason=reason, **fields)
+        self.last_drop = iteration if self.last_drop is None else max(self.last_drop, iteration)
+        self._drops_since_summary += 1
+        if reason != self._drop_reason:
+            self._drop_reason = reason
+            event(log, "trainer.mirror.degraded", logging.WARNING, rank=self.rank,
+                  iteration=iteration, reason=reason, **fields)
+
+    def _recovered_locked(self, iteration: int) -> None:
+        if self._drop_reason is not None:
+            event(log, "trainer.mirror.streaming", rank=self.rank, iteration=iteration,
+                  dropped=self._drops_since_summary, previous=self._drop_reason)
+            self._drop_reason = None
+
+    def _maybe_summary(self) -> None:
+        now = time.monotonic()
+        if now < self._next_summary:
+            return
+        self._next_summary = now + self._summary_s
+        c = self.counters
+        with self._lock:
+            dropped, self._drops_since_summary = self._drops_since_summary, 0
+        if dropped or c.nack_unavailable or c.send_errors:
+            event(log, "trainer.mirror.summary", logging.WARNING if dropped else logging.INFO,
+                  rank=self.rank, dropped=dropped, dropped_total=c.dropped_iterations,
+                  retx_chunks=c.retx_chunks, nacks=c.nacks,
+                  nack_unavailable=c.nack_unavailable, send_errors=c.send_errors)
 
     def _run(self) -> None:
         try:
@@ -312,6 +386,7 @@ class MirrorSender:
                     with self._lock:
                         self._idle = False
                     self._maybe_heartbeat()
+                    self._maybe_summary()
                     continue
                 kind, obj = item
                 try:
@@ -341,7 +416,11 @@ class MirrorSender:
             self.counters.injected_drops += 1
             return True
         try:
-            self.sock.sendmsg([header, payload], (), 0, addr)
+            try:
+                self.sock.sendmsg([header, payload], (), 0, addr)
+            except BlockingIOError:  # send buffer full: wait a little for room, once
+                select.select([], [self.sock], [], self._SEND_WAIT_S)
+                self.sock.sendmsg([header, payload], (), 0, addr)
         except OSError as exc:
             self.counters.send_errors += 1
             if self.counters.send_errors in (1, 10, 100, 1000):
@@ -387,6 +466,7 @@ class MirrorSender:
             with self._lock:
                 slot.busy = False
                 slot.state = _SENT
+                slot.sent_at = time.monotonic()
         self._last_send = time.monotonic()
 
     def _send_commit(self, info: CommitInfo) -> None:
@@ -434,9 +514,13 @@ class MirrorSender:
         if self._wake_r in ready:
             with contextlib.suppress(OSError):
                 os.read(self._wake_r, 64)
-        while self.sock in ready:
+        if self.sock not in ready:
+            return
+        # the socket is non-blocking: an empty queue ends the loop at once (on a socket with a
+        # timeout, CPython would wait that long before every receive, MSG_DONTWAIT or not)
+        for _ in range(self._RX_BATCH):
             try:
-                n, addr = self.sock.recvfrom_into(self._rx, MAX_DATAGRAM, socket.MSG_DONTWAIT)
+                n, addr = self.sock.recvfrom_into(self._rx, MAX_DATAGRAM)
             except (BlockingIOError, InterruptedError):
                 return
             except OSError:
@@ -466,10 +550,16 @@ class MirrorSender:
         with self._lock:
             slot = next((s for s in self._slots
                          if s.iteration == it and s.state == _SENT and not s.busy), None)
+            if slot is not None and time.monotonic() - slot.sent_at > self.history_s:
+                slot = None
             if slot is not None:
                 slot.busy = True
         if slot is None:
-            self.counters.nack_unavailable += 1
+            queued = any(s.iteration == it and s.state != _SENT for s in self._slots)
+            if not queued:  # not on its way either: repair cannot help this shadow any more
+                self.counters.nack_unavailable += 1
+                if self.on_unavailable is not None:
+                    self.on_unavailable(addr, it)
             return
         try:
             for r in nack.ranges:

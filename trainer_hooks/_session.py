@@ -20,10 +20,11 @@ from shadowgrad.config import JobSpec, load_spec
 from shadowgrad.errors import ConfigError, ShadowgradError
 from shadowgrad.layout import Layout, from_module
 from shadowgrad.optspec import OptimizerSpec, load_state_by_name, state_by_name
-from shadowgrad.wire import DEFAULT_CHUNK_BYTES, MAX_PAYLOAD, peek_header
+from shadowgrad.wire import DEFAULT_CHUNK_BYTES, MAX_PAYLOAD, peek_header, session_digest
 
 from ._blob import pack_blob, unpack_blob
 from ._dist import Group
+from ._health import HealthMonitor
 from ._mirror import CommitInfo, MirrorSender
 from ._plan import RankPlan, param_map
 from .hooks import LayoutReducer, layout_hook
@@ -36,8 +37,10 @@ log = logging.getLogger(__name__)
 #: chunk size when every shadow is on the loopback interface (MTU 65536): the largest multiple
 #: of 64 bytes that fits a datagram
 LOOPBACK_CHUNK_BYTES = (MAX_PAYLOAD // 64) * 64
-#: default memory for staging + retransmit slots, per rank
+#: default memory for staging + retransmit slots, per rank (allocated as needed)
 DEFAULT_BUFFER_BYTES = 256 * 2**20
+#: most staging + retransmit slots (iterations) a rank keeps
+MAX_SLOTS = 1024
 
 
 class Start(NamedTuple):
@@ -127,13 +130,22 @@ class Shadowgrad:
                 else DEFAULT_CHUNK_BYTES
         self.chunk_bytes = chunk_bytes
         per_slot = max(1, self.plan.staging_nbytes)
-        self.slots = int(min(64, max(2, buffer_bytes // per_slot)))
+        self.slots = int(min(MAX_SLOTS, max(4, buffer_bytes // per_slot)))
         self.mode = self.spec.job.mode
         self._iteration: int | None = None
         self._sender: MirrorSender | None = None
         self._degraded_reason: str | None = None
         self._restored_commit: dict[str, Any] | None = None
         self._closed = False
+        #: this instance's generation of the job (fencing, DESIGN invariant 8) and the value of
+        #: the header's layout field that carries it
+        self.generation = 0
+        self._digest = layout.digest64
+        self._sock: socket.socket | None = None
+        self._link: Any = None
+        self.health: HealthMonitor | None = None
+        #: parameters in the order the user's clip_grad_norm_(model.parameters()) sums them
+        self._clip_params = [p for p in self.module.parameters() if p.requires_grad]
         self.software_tap = software_tap
         self.ring: RingAllReduce | None = None
         self.reducer: LayoutReducer | None = None
@@ -166,16 +178,29 @@ class Shadowgrad:
 
     @property
     def degraded(self) -> bool:
-        """True when some iteration could not be given to the shadows (see :meth:`stats`)."""
-        return self._degraded_reason is not None or (
-            self._sender is not None and self._sender.degraded)
+        """True while the shadows cannot produce this job's current state: a shard without a
+        healthy replica (unloaded, diverged, unreachable, fenced — as the health monitor last
+        saw them), an iteration dropped for the shadows that no re-seed has covered yet, or a
+        lasting condition (``stats()["degraded_reason"]``). It turns false again once the
+        shards healed."""
+        if self._degraded_reason is not None:
+            return True
+        h = self.health
+        if h is not None and (h.fenced or h.unhealthy_shards()):
+            return True
+        s = self._sender
+        if s is not None and s.last_drop is not None:
+            return h is None or not h.covered(s.last_drop)
+        return False
 
     def stats(self) -> dict[str, Any]:
         out: dict[str, Any] = {"iteration": self._iteration, "degraded": self.degraded,
                                "degraded_reason": self._degraded_reason, "slots": self.slots,
-                               "chunk_bytes": self.chunk_bytes}
+                               "chunk_bytes": self.chunk_bytes, "generation": self.generation}
         if self._sender is not None:
             out["mirror"] = self._sender.stats()
+        if self.health is not None:
+            out["health"] = self.health.summary()
         return out
 
     # -- shadows --------------------------------------------------------------------------
@@ -228,9 +253,13 @@ class Shadowgrad:
             quiet = 0 if moved else quiet + 1
             statuses = now
         loaded = {k: s for k, s in statuses.items() if s is not None and s.get("loaded")}
+        # a new generation for this instance: above every generation a shadow has seen, so the
+        # shadows fence out any older instance that is still sending
+        seen = max((int(s.get("generation") or 0) for s in statuses.values() if s), default=0)
+        generation = max(seen + 1, time.time_ns() // 1_000_000)
         if not loaded:
             reachable = sum(s is not None for s in statuses.values())
-            return {"mode": "fresh", "reachable": reachable}
+            return {"mode": "fresh", "reachable": reachable, "generation": generation}
         for k, s in loaded.items():
             if s.get("layout") != layout.digest:
                 raise ShadowgradError(
@@ -251,39 +280,60 @@ class Shadowgrad:
                     usable = min(usable, int(hole) - 1)
                 cands.append((usable, k))
             if not cands:
+                answering = [k for k in layout.shadows_of_shard(shard)
+                             if statuses.get(k) is not None]
+                if answering:
+                    raise ShadowgradError(
+                        f"cannot restore: shard {shard}'s shadows {answering} answer but hold no "
+                        "state (restarted, and the job stopped before it re-seeded them); the "
+                        "checkpoint is incomplete: restart every shadow to start the job fresh")
                 raise ShadowgradError(f"cannot restore: no shadow holding shard {shard} answers")
             best.append(max(cands))
         istar = min(a for a, _ in best)
-        event(log, "trainer.restore_point", istar=istar,
+        event(log, "trainer.restore_point", istar=istar, generation=generation,
               shards=[{"shadow": k, "usable": a} for a, k in best])
-        return {"mode": "restore", "istar": istar, "source": [k for _, k in best]}
+        return {"mode": "restore", "istar": istar, "source": [k for _, k in best],
+                "generation": generation}
+
+    def _shard_states(self, shard: int, *, clone: bool) -> list[dict[str, torch.Tensor]]:
+        """The live state of ``shard``'s boxes (params + optimizer state), on the CPU;
+        ``clone``: copies (a re-seed captures them on the training thread, then sends them in
+        the background while training changes the originals)."""
+        from shadowgrad.shadow.replay import box_states_from_full
+
+        params = {n: p.detach() for n, p in self.params.items()}
+        opt_state = {n: {k: v.detach() for k, v in st.items()}
+                     for n, st in state_by_name(self.optimizer, self._named).items()}
+        states = box_states_from_full(self.layout, shard, params, opt_state)
+        if clone:
+            return [{key: v.to("cpu", copy=True).contiguous() for key, v in st.items()}
+                    for st in states]
+        return [{key: v.cpu().contiguous() for key, v in st.items()} for st in states]
+
+    def _send_load(self, k: int, iteration: int, states: list[dict[str, Any]],
+                   commit: dict[str, Any] | None, *, reseed: bool) -> None:
+        from shadowgrad.shadow.control import encode_states
+
+        shard, _ = self.layout.shard_of_shadow(k)
+        entries, frames = encode_states(list(enumerate(states)))
+        extra: dict[str, Any] = {} if commit is None else {"commit": commit}
+        with self._client(k, self._bulk_timeout(3 * self.layout.shard_bytes(shard))) as c:
+            c.call("load", frames, iteration=iteration, optimizer=self.optspec.to_json(),
+                   layout=self.layout.to_json(), entries=entries, generation=self.generation,
+                   reseed=reseed, source=f"rank {self.rank}", **extra)
 
     def _load_shadows(self, iteration: int, commit: dict[str, Any] | None = None) -> bool:
         """Bootstrap the shadows this rank is responsible for (``k % world == rank``) with the
-        live model and optimizer state, as the state after ``iteration``."""
-        from shadowgrad.shadow.control import encode_states
-        from shadowgrad.shadow.replay import box_states_from_full
-
-        layout = self.layout
-        params = {n: p.detach().cpu() for n, p in self.params.items()}
-        opt_state = {n: {k: v.detach().cpu() for k, v in st.items()}
-                     for n, st in state_by_name(self.optimizer, self._named).items()}
+        live model and optimizer state, as the state after ``iteration`` (``commit``: keep
+        COMMIT(iteration) with it, for the next restore)."""
         ok = True
         for k in range(self.spec.shadows.count):
             if k % self.group.world != self.rank:
                 continue
-            shard, _ = layout.shard_of_shadow(k)
-            states = box_states_from_full(layout, shard, params, opt_state)
-            states = [{key: v.contiguous() for key, v in st.items()} for st in states]
+            shard, _ = self.layout.shard_of_shadow(k)
             try:
-                with self._client(k, self._bulk_timeout(3 * layout.shard_bytes(shard))) as c:
-                    if commit is None:
-                        c.load(iteration, states, self.optspec.to_json(), layout.to_json())
-                    else:  # keep COMMIT(iteration) with the state, for the next restore
-                        entries, frames = encode_states(list(enumerate(states)))
-                        c.call("load", frames, iteration=iteration,
-                               optimizer=self.optspec.to_json(), layout=layout.to_json(),
-                               entries=entries, commit=commit)
+                self._send_load(k, iteration, self._shard_states(shard, clone=False), commit,
+                                reseed=False)
             except Exception as exc:
                 ok = False
                 event(log, "trainer.load_failed", logging.WARNING, shadow=k, error=str(exc))
@@ -303,6 +353,13 @@ class Shadowgrad:
         if self._iteration is not None:
             raise ShadowgradError("restore_or_start() was already called")
         g = self.group
+        # fencing: take this rank's addresses before touching any shadow, so a rerun next to a
+        # still-running instance fails here, at once, and changes nothing
+        bind_error = self._bind()
+        if g.all_min(0 if bind_error else 1) == 0:
+            self._close_sockets()
+            raise ShadowgradError(bind_error or "another rank could not bind its trainer address"
+                                  " (see its error): is an earlier instance still running?")
         decision: dict[str, Any] | None = None
         if g.rank == 0:
             try:
@@ -312,7 +369,10 @@ class Shadowgrad:
         decision = g.broadcast_object(decision, src=0)
         assert decision is not None
         if decision["mode"] == "error":
+            self._close_sockets()
             raise ShadowgradError(decision["error"])
+        self.generation = int(decision.get("generation", 0))
+        self._digest = session_digest(self.layout.digest64, self.generation)
         if decision["mode"] == "fresh":
             start = Start(first_iteration, None, False)
             if decision.get("reachable", 1) == 0:
@@ -329,8 +389,9 @@ class Shadowgrad:
         if self.reducer is not None:
             self.reducer.iteration = start.iteration
         self._start_sender()
+        self._start_health()
         event(log, "trainer.start", rank=self.rank, iteration=start.iteration,
-              restored=start.restored, degraded=self.degraded)
+              restored=start.restored, degraded=self.degraded, generation=self.generation)
         return start
 
     def _restore(self, istar: int, source: list[int]) -> Start:
@@ -429,22 +490,46 @@ class Shadowgrad:
         event(log, "trainer.restored", rank=self.rank, iteration=istar)
         return Start(istar + 1, user, True)
 
-    def _start_sender(self) -> None:
+    def _bind(self) -> str | None:
+        """Bind this rank's sockets (mirror mode: the trainer address is the sender's socket,
+        DATA out and NACKs in; in-band mode it belongs to the ring, and COMMITs leave from an
+        ephemeral port). Returns an error message naming the holder, or None."""
+        from .link import UdpLink
+
         ep = self.spec.trainers.addresses[self.rank]
         inband = self.mode == "in-band"
         fam = socket.AF_INET6 if ":" in ep.host else socket.AF_INET
         sock = socket.socket(fam, socket.SOCK_DGRAM)
-        sock.settimeout(1.0)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 * 2**20)
-        # mirror mode: the trainer address is this socket's (DATA out, NACKs in); in-band mode
-        # it belongs to the ring, and COMMITs leave from an ephemeral port
-        bind = (ep.host, 0 if inband else ep.port)
         try:
-            sock.bind(bind)
+            sock.bind((ep.host, 0 if inband else ep.port))
+            self._sock = sock
+            if inband:
+                self._link = UdpLink((ep.host, ep.port))
         except OSError as exc:
             sock.close()
-            raise ShadowgradError(f"rank {self.rank} cannot bind its trainer address {ep}: "
-                                  f"{exc}") from None
+            self._sock = None
+            holder = _udp_port_holder(ep.port)
+            return (f"rank {self.rank} cannot bind its trainer address {ep}: {exc.strerror}"
+                    + (f" -- held by {holder}: an instance of this job is still running (stop "
+                       "it first; the shadows were not touched)" if holder else
+                       " (is an instance of this job still running? the shadows were not "
+                       "touched)"))
+        return None
+
+    def _close_sockets(self) -> None:
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
+        if self._link is not None:
+            self._link.close()
+            self._link = None
+
+    def _start_sender(self) -> None:
+        inband = self.mode == "in-band"
+        sock = self._sock
+        assert sock is not None
+        self._sock = None
         pin = any(p.is_cuda for p in self.params.values()) and torch.cuda.is_available()
         shadow_addrs = [(a.host, a.port) for a in self.spec.shadows.addresses]
         self._sender = MirrorSender(
@@ -453,18 +538,46 @@ class Shadowgrad:
             job=self.spec.job.id, sock=sock, shadow_addrs=shadow_addrs,
             chunk_bytes=self.chunk_bytes, slots=1 if inband else self.slots,
             commits=self.rank == 0, heartbeat_s=self.spec.timeouts.heartbeat_s, pin_memory=pin,
+            digest=self._digest, on_unavailable=self._on_history_gone,
         )
         if inband:
             self._start_ring(shadow_addrs)
 
+    def _on_history_gone(self, addr: tuple[str, int], iteration: int) -> None:
+        """A shadow NACKed an iteration this rank can no longer resend: re-seed it now."""
+        if self.health is None:
+            return
+        for k, a in enumerate(self.spec.shadows.addresses):
+            if (a.host, a.port) == (addr[0], addr[1]):
+                self.health.request(k, f"history_gone:{iteration}")
+
+    def _start_health(self) -> None:
+        t = self.spec.timeouts
+
+        def status(k: int) -> dict[str, Any]:
+            with self._client(k, min(1.0, t.rpc_s)) as c:
+                out: dict[str, Any] = c.status(timeline=0)
+                return out
+
+        def load(k: int, iteration: int, states: list[dict[str, Any]],
+                 commit: dict[str, Any] | None) -> None:
+            self._send_load(k, iteration, states, commit, reseed=True)
+
+        self.health = HealthMonitor(
+            self.layout, rank=self.rank, world=self.group.world, generation=self.generation,
+            status=status, load=load, interval_s=max(0.1, min(0.5, t.heartbeat_s)),
+            grace_s=t.failure_detect_s, reseed_timeout_s=max(10.0, 3 * t.failure_detect_s),
+        ).start()
+
     def _start_ring(self, shadow_addrs: list[tuple[str, int]]) -> None:
-        from .link import UdpLink
         from .ring import RingConfig
 
         t = self.spec.timeouts
         addrs = [(a.host, a.port) for a in self.spec.trainers.addresses]
-        link = UdpLink(addrs[self.rank])
-        cfg = RingConfig(job=self.spec.job.id, layout=self.layout.digest64,
+        link = self._link
+        assert link is not None
+        self._link = None
+        cfg = RingConfig(job=self.spec.job.id, layout=self._digest,
                          chunk_bytes=self.chunk_bytes, rto_s=min(0.05, t.gap_repair_s / 2),
                          timeout_s=max(30.0, 10 * t.failure_detect_s),
                          # a rank's FINAL bytes per iteration are its 1/N share, the size of a
@@ -530,7 +643,10 @@ class Shadowgrad:
         norm: torch.Tensor | None = None
         coef: torch.Tensor | None = None
         if self.max_grad_norm is not None:
-            plist = [p for grp in opt.param_groups for p in grp["params"]]
+            # exactly what clip_grad_norm_(model.parameters(), max_norm) computes: the norm is
+            # summed in module order (param-group order rounds differently), then the same
+            # coefficient clamp(max_norm / (norm + 1e-6), max=1) multiplies every gradient
+            plist = self._clip_params
             grads = [p.grad for p in plist if p.grad is not None]
             norm = torch.nn.utils.get_total_norm(grads, self.norm_type)
             torch.nn.utils.clip_grads_with_norm_(plist, self.max_grad_norm, norm)
@@ -548,6 +664,7 @@ class Shadowgrad:
         if self._hyper_now() != self._hyper:
             self._degrade("hyperparameters_changed", iteration=it)
             self._hyper = self._hyper_now()
+        info: CommitInfo | None = None
         if sender is not None and self.rank == 0:
             blob = pack_blob(
                 it,
@@ -562,11 +679,29 @@ class Shadowgrad:
                 ready.record()
             coef_cpu = coef.to("cpu", non_blocking=True) if coef is not None else None
             scale_cpu = scale.to("cpu", non_blocking=True) if scale is not None else None
-            sender.commit(CommitInfo(it, lrs, coef_cpu, scale_cpu, skipped, blob, ready))
+            info = CommitInfo(it, lrs, coef_cpu, scale_cpu, skipped, blob, ready)
+            sender.commit(info)
+        if self.health is not None and self.health._wanted:
+            self._reseed(it, info)
         if zero_grad:
             opt.zero_grad(set_to_none=True)
         self._iteration = it + 1
         return StepInfo(it, skipped, lrs, norm, sent)
+
+    def _reseed(self, iteration: int, info: CommitInfo | None) -> None:
+        """Capture the state after ``iteration`` of every shard the health monitor wants
+        re-seeded (one staging copy each: the pause self-healing costs) and hand it to the
+        monitor's thread, which sends it."""
+        from shadowgrad.shadow.control import commit_to_json
+
+        health = self.health
+        assert health is not None
+        commit = commit_to_json(iteration, info.record()) if info is not None else None
+        for shard, shadows in health.take_wanted().items():
+            t0 = time.perf_counter()
+            states = self._shard_states(shard, clone=True)
+            pause = time.perf_counter() - t0
+            health.submit(iteration, shadows, states, commit, pause)
 
     # -- shutdown -------------------------------------------------------------------------
 
@@ -586,18 +721,53 @@ class Shadowgrad:
         deadline = time.monotonic() + wait
         if self._sender is not None:
             self._sender.flush(wait)
-            if self._iteration is not None and self._iteration > 0 and not self.degraded:
+            if self._iteration is not None and self._iteration > 0:
                 self._wait_applied(self._iteration - 1, deadline)
             self._sender.close(max(1.0, deadline - time.monotonic()))
+        if self.health is not None:
+            self.health.close()
         if self.ring is not None:
             self.ring.close(max(1.0, deadline - time.monotonic()))
+        self._close_sockets()
 
     def _wait_applied(self, iteration: int, deadline: float) -> bool:
+        """Until every shadow that can still confirm applied ``iteration``. A shadow that
+        cannot is not waited for: unreachable for a second, diverged, serving another
+        generation, or unloaded (a shard that needs a re-seed gets the final state now)."""
+        from ._health import classify
+
+        first_seen: dict[int, float] = {}
+        seeded: set[int] = set()
         while time.monotonic() < deadline:
             sts = self._statuses(report=False)
-            if all(st is not None and st.get("loaded") and (
-                    _as_int(st.get("last_applied")) >= iteration
-                    or st.get("diverged_at") is not None) for st in sts.values()):
+            now = time.monotonic()
+            waiting = []
+            for k, st in sts.items():
+                state = classify(st, self.generation)
+                if state == "healthy":
+                    if _as_int((st or {}).get("last_applied")) < iteration:
+                        waiting.append(k)
+                    continue
+                if state == "fenced":
+                    continue
+                if now - first_seen.setdefault(k, now) > (1.0 if state == "unreachable"
+                                                          else 5.0):
+                    continue  # cannot confirm: not waited for
+                if state != "unreachable" and k % self.group.world == self.rank \
+                        and k not in seeded:
+                    # training is over: seed it with the final state, and it confirms at once
+                    seeded.add(k)
+                    shard, _ = self.layout.shard_of_shadow(k)
+                    try:
+                        self._send_load(k, iteration, self._shard_states(shard, clone=False),
+                                        None, reseed=True)
+                        event(log, "trainer.reseed", logging.WARNING, rank=self.rank,
+                              shadow=k, shard=shard, iteration=iteration, at="close")
+                    except Exception as exc:
+                        event(log, "trainer.reseed_failed", logging.WARNING, rank=self.rank,
+                              shadow=k, iteration=iteration, error=str(exc))
+                waiting.append(k)
+            if not waiting:
                 return True
             time.sleep(0.05)
         event(log, "trainer.close_unconfirmed", logging.WARNING, rank=self.rank,
@@ -613,6 +783,34 @@ class Shadowgrad:
 
 def _as_int(value: Any, default: int = -1) -> int:
     return default if value is None else int(value)
+
+
+def _udp_port_holder(port: int) -> str | None:
+    """``pid N (cmdline)`` of a local process holding UDP ``port`` (Linux /proc), or None."""
+    inodes: set[str] = set()
+    for table in ("/proc/net/udp", "/proc/net/udp6"):
+        try:
+            with open(table, encoding="ascii") as f:
+                next(f, None)
+                for line in f:
+                    cols = line.split()
+                    if len(cols) > 9 and int(cols[1].rsplit(":", 1)[1], 16) == port:
+                        inodes.add(cols[9])
+        except OSError:
+            continue
+    if not inodes:
+        return None
+    wanted = {f"socket:[{i}]" for i in inodes}
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            fds = os.listdir(f"/proc/{pid}/fd")
+            if any(os.readlink(f"/proc/{pid}/fd/{fd}") in wanted for fd in fds):
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    cmd = f.read().replace(b"\0", b" ").decode(errors="replace").strip()
+                return f"pid {pid} ({cmd[:120]})"
+        except OSError:
+            continue
+    return None
 
 
 def _frame_sizes(entry: Mapping[str, Any]) -> list[tuple[int, int]]:

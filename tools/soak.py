@@ -1,0 +1,345 @@
+"""Soak the documented mirror example the way a user runs it, with faults, and report.
+
+    .venv/bin/python tools/soak.py --steps 2000                       # clean run
+    .venv/bin/python tools/soak.py --steps 2000 --runs 5              # five in a row
+    .venv/bin/python tools/soak.py --steps 600 --stop-shadow 1 --at 10 --for 3
+    .venv/bin/python tools/soak.py --steps 600 --kill-shadow 1 --at 8 --replication 2
+
+Starts ``shadowgrad shadow`` processes for every shadow of a job spec shaped like
+``examples/job-loopback.toml`` (2 trainers, 3 shadows, its timeouts; free ports so runs can be
+repeated at once), runs ``torchrun --nproc-per-node 2 examples/train_mirror.py`` at full speed,
+injects the requested shadow fault (SIGSTOP/SIGCONT, or SIGKILL + restart with the same
+command), then checks: every shadow applied the last iteration, none diverged, nothing dropped,
+the final trainer state equals ``examples/train_plain.py``'s bit for bit (run once per step
+count, cached under the work directory), and the shadows' state equals it too. Prints a JSON
+report (max lag, NACK/retransmit counts, retransmissions after the fault settled) and exits 1
+when a check failed. Every process it starts is reaped, also on Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+TOKEN = "soak-token"
+
+
+def _spec_text(replication: int, job_id: int) -> str:
+    from shadowgrad.trainer_hooks._testing import loopback_spec, spec_toml
+
+    doc = loopback_spec(2, 3, replication=replication, job_id=job_id, gap_repair="100ms",
+                        heartbeat="250ms", rpc="1s")
+    doc["timeouts"]["connect"] = "5s"
+    doc["job"]["name"] = "loopback"
+    return spec_toml(doc)
+
+
+def _env() -> dict[str, str]:
+    return {**os.environ, "SHADOWGRAD_TOKEN": TOKEN, "OMP_NUM_THREADS": "1",
+            "PYTHONUNBUFFERED": "1"}
+
+
+def _shadow(spec: Path, k: int, log: Path) -> subprocess.Popen[bytes]:
+    f = log.open("ab")
+    try:
+        return subprocess.Popen([str(Path(sys.executable).parent / "shadowgrad"), "shadow", "--spec", str(spec),
+                                 "--id", str(k)], stdout=f, stderr=subprocess.STDOUT, env=_env(),
+                                cwd=ROOT, start_new_session=True)
+    finally:
+        f.close()
+
+
+def _torchrun(script: str, args: list[str], log: Path) -> subprocess.Popen[bytes]:
+    f = log.open("wb")
+    try:
+        return subprocess.Popen(
+            [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+             "--master-port", str(_free_port()), str(ROOT / "examples" / script), *args],
+            stdout=f, stderr=subprocess.STDOUT, env=_env(), cwd=ROOT, start_new_session=True)
+    finally:
+        f.close()
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _reap(p: subprocess.Popen[bytes] | None, sig: int = signal.SIGKILL) -> None:
+    if p is None or p.poll() is not None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(p.pid, signal.SIGCONT)
+        os.killpg(p.pid, sig)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        p.wait(10)
+    if p.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(p.pid, signal.SIGKILL)
+        p.wait(10)
+
+
+def _statuses(spec_path: Path) -> list[dict[str, Any] | None]:
+    from shadowgrad.shadow.control import ShadowClient
+
+    from shadowgrad.config import load_spec
+
+    spec = load_spec(spec_path)
+    out: list[dict[str, Any] | None] = []
+    for k in range(spec.shadows.count):
+        try:
+            with ShadowClient(f"tcp://{spec.shadows.control_endpoint(k)}", TOKEN,
+                              timeout_s=1.0) as c:
+                out.append(c.status(timeline=0))
+        except Exception:
+            out.append(None)
+    return out
+
+
+def _last_step(log: Path) -> int:
+    text = log.read_text(errors="replace") if log.exists() else ""
+    steps = re.findall(r"^step (\d+) loss ", text, re.M)
+    return int(steps[-1]) if steps else -1
+
+
+def _plain(work: Path, steps: int) -> Path:
+    out = work / f"plain-{steps}.pt"
+    if not out.exists():
+        p = _torchrun("train_plain.py", ["--steps", str(steps), "--out", str(out)],
+                      work / f"plain-{steps}.log")
+        try:
+            if p.wait(3600) != 0:
+                raise SystemExit(f"train_plain.py failed: see {work / f'plain-{steps}.log'}")
+        finally:
+            _reap(p)
+    return out
+
+
+def _compare(a: dict[str, Any], b: dict[str, Any], path: str = "") -> list[str]:
+    import torch
+
+    bad: list[str] = []
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)
+                and a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)):
+            bad.append(path)
+        return bad
+    if isinstance(a, dict) and isinstance(b, dict):
+        for k in sorted(set(a) | set(b), key=str):
+            if k not in a or k not in b:
+                bad.append(f"{path}/{k} (missing)")
+            else:
+                bad += _compare(a[k], b[k], f"{path}/{k}")
+        return bad
+    if isinstance(a, list | tuple) and isinstance(b, list | tuple):
+        if len(a) != len(b):
+            return [f"{path} (length)"]
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            bad += _compare(x, y, f"{path}[{i}]")
+        return bad
+    return [] if a == b else [path]
+
+
+def _shadow_state_matches(spec_path: Path, final: dict[str, Any], steps: int) -> list[str]:
+    """The shadows' state of the last iteration against the trainer's final state."""
+    import torch
+    from shadowgrad.shadow.control import ShadowClient
+    from shadowgrad.shadow.replay import assemble_full
+
+    from shadowgrad.config import load_spec
+    from shadowgrad.layout import Layout
+
+    spec = load_spec(spec_path)
+    layout: Layout | None = None
+    exports: dict[int, list[dict[str, torch.Tensor]]] = {}
+    for k in range(spec.shadows.count):
+        with ShadowClient(f"tcp://{spec.shadows.control_endpoint(k)}", TOKEN,
+                          timeout_s=30.0) as c:
+            res = c.fetch(steps - 1)
+            if layout is None:
+                layout = Layout.from_json(c.call("config")[0]["layout"])
+            shard = layout.shard_of_shadow(k)[0]
+            exports.setdefault(shard, [res.states[b] for b in range(len(res.states))])
+    assert layout is not None
+    params, opt = assemble_full(layout, [exports[s] for s in range(layout.num_shards)])
+    bad = [f"param {n}" for n, t in params.items()
+           if not torch.equal(t, final["model"][n.removeprefix("module.")])]
+    # the example's param groups: weights (decay), then the rest, each in module order; the
+    # optimizer's state_dict numbers parameters in that order
+    names = list(final["model"])
+    order = [n for n in names if n.endswith("weight")] + [
+        n for n in names if not n.endswith("weight")]
+    for idx, name in enumerate(order):
+        key = f"module.{name}" if f"module.{name}" in opt else name
+        for sk, v in final["optimizer"]["state"][idx].items():
+            if sk not in opt.get(key, {}):
+                bad.append(f"opt {name}.{sk} (missing)")
+            elif not torch.equal(opt[key][sk], v):
+                bad.append(f"opt {name}.{sk}")
+    return bad
+
+
+def soak(args: argparse.Namespace, work: Path, run: int) -> dict[str, Any]:
+    spec = work / f"job-{run}.toml"
+    spec.write_text(_spec_text(args.replication, 7000 + run), encoding="utf-8")
+    logs = work / f"run-{run}"
+    logs.mkdir(exist_ok=True)
+    shadows: list[subprocess.Popen[bytes] | None] = [
+        _shadow(spec, k, logs / f"shadow{k}.log") for k in range(3)]
+    trainer: subprocess.Popen[bytes] | None = None
+    report: dict[str, Any] = {"run": run, "steps": args.steps, "replication": args.replication}
+    try:
+        deadline = time.monotonic() + 30
+        while any(s is None for s in _statuses(spec)):
+            if time.monotonic() > deadline:
+                raise SystemExit("shadows did not come up")
+            time.sleep(0.1)
+        final = work / f"mirror-{run}.pt"
+        tlog = logs / "trainer.log"
+        t0 = time.monotonic()
+        trainer = _torchrun("train_mirror.py", ["--spec", str(spec), "--steps", str(args.steps),
+                                                "--out", str(final)], tlog)
+        max_lag = 0
+        fault_done = args.stop_shadow is None and args.kill_shadow is None
+        fault_at: float | None = None
+        settled_retx: dict[str, int] | None = None
+        victim = args.stop_shadow if args.stop_shadow is not None else args.kill_shadow
+        while trainer.poll() is None:
+            time.sleep(0.2)
+            step = _last_step(tlog)
+            sts = _statuses(spec)
+            if step >= 20:
+                for s in sts:
+                    if s is not None and s.get("last_applied") is not None:
+                        max_lag = max(max_lag, step - int(s["last_applied"]))
+            now = time.monotonic() - t0
+            if not fault_done and step >= 0 and now >= args.at:
+                fault_done = True
+                fault_at = now
+                p = shadows[victim]
+                assert p is not None
+                if args.stop_shadow is not None:
+                    os.killpg(p.pid, signal.SIGSTOP)
+                    report["fault"] = {"kind": "sigstop", "shadow": victim, "at_step": step}
+                    time.sleep(args.for_s)
+                    os.killpg(p.pid, signal.SIGCONT)
+                    report["fault"]["resumed_at_step"] = _last_step(tlog)
+                else:
+                    _reap(p)
+                    report["fault"] = {"kind": "sigkill", "shadow": victim, "at_step": step}
+                    time.sleep(args.for_s)
+                    shadows[victim] = _shadow(spec, victim, logs / f"shadow{victim}.log")
+                    report["fault"]["restarted_at_step"] = _last_step(tlog)
+            if fault_at is not None and settled_retx is None and \
+                    time.monotonic() - t0 > fault_at + args.for_s + args.settle:
+                settled_retx = _retx(sts)
+                report["settled_at_step"] = step
+            if time.monotonic() - t0 > args.timeout:
+                raise SystemExit("trainer timed out")
+        report["trainer_rc"] = trainer.returncode
+        report["seconds"] = round(time.monotonic() - t0, 1)
+        report["iterations_per_s"] = round(args.steps / report["seconds"], 1)
+        sts = _statuses(spec)
+        report["max_lag"] = max_lag
+        report["shadows"] = [
+            None if s is None else {
+                "last_applied": s["last_applied"], "diverged_at": s["diverged_at"],
+                "generation": s.get("generation"),
+                "nack_sent": s["events"].get("nack_sent", 0),
+                "repaired_bytes": s["events"].get("repaired_bytes", 0),
+                "diverged": s["events"].get("diverged", 0),
+                "reseeds": s["events"].get("seeded", 0) + s["events"].get("resynced", 0),
+                "rx": s["counters"]} for s in sts]
+        end_retx = _retx(sts)
+        if settled_retx is not None:
+            report["retx_after_settle"] = {k: end_retx[k] - settled_retx[k] for k in end_retx}
+        text = tlog.read_text(errors="replace")
+        report["degraded_lines"] = text.count("trainer.mirror.degraded")
+        m = re.findall(r"\"retx_chunks\": (\d+)", text)
+        report["trainer_retx_chunks"] = [int(x) for x in m]
+        fails = []
+        if trainer.returncode != 0:
+            fails.append(f"trainer exit {trainer.returncode}")
+        for k, s in enumerate(sts):
+            if s is None or s["last_applied"] != args.steps - 1:
+                fails.append(f"shadow {k} at {None if s is None else s['last_applied']}")
+            elif s["diverged_at"] is not None:
+                fails.append(f"shadow {k} diverged at {s['diverged_at']}")
+            elif args.stop_shadow is None and args.kill_shadow is None \
+                    and s["events"].get("diverged", 0):
+                fails.append(f"shadow {k} diverged during the run")
+        if report.get("retx_after_settle") and any(report["retx_after_settle"].values()):
+            fails.append(f"retransmissions after settling: {report['retx_after_settle']}")
+        if trainer.returncode == 0 and not fails:
+            import torch
+
+            mine = torch.load(final, weights_only=True)
+            ref = torch.load(_plain(work, args.steps), weights_only=True)
+            bad = _compare(mine, ref)
+            if bad:
+                fails.append(f"final state differs from train_plain.py: {bad[:5]}")
+            bad = _shadow_state_matches(spec, ref, args.steps)
+            if bad:
+                fails.append(f"shadow state differs from train_plain.py: {bad[:5]}")
+        report["ok"] = not fails
+        report["failures"] = fails
+        return report
+    finally:
+        _reap(trainer)
+        for p in shadows:
+            _reap(p, signal.SIGTERM)
+
+
+def _retx(sts: list[dict[str, Any] | None]) -> dict[str, int]:
+    return {str(k): 0 if s is None else int(s["counters"].get("retx", 0))
+            for k, s in enumerate(sts)}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--steps", type=int, default=2000)
+    ap.add_argument("--runs", type=int, default=1)
+    ap.add_argument("--replication", type=int, default=1)
+    ap.add_argument("--stop-shadow", type=int, default=None, help="SIGSTOP this shadow")
+    ap.add_argument("--kill-shadow", type=int, default=None, help="SIGKILL + restart it")
+    ap.add_argument("--at", type=float, default=10.0, help="fault at this many seconds")
+    ap.add_argument("--for", dest="for_s", type=float, default=3.0,
+                    help="stopped for / restarted after (s)")
+    ap.add_argument("--settle", type=float, default=5.0,
+                    help="after the fault, retransmissions are counted from then on (s)")
+    ap.add_argument("--timeout", type=float, default=1800.0)
+    ap.add_argument("--work", default=None, help="work directory (default: a temp dir)")
+    ap.add_argument("--json", default=None, help="write the reports here")
+    args = ap.parse_args()
+    work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="sg-soak-"))
+    work.mkdir(parents=True, exist_ok=True)
+    reports = []
+    for run in range(args.runs):
+        rep = soak(args, work, run)
+        reports.append(rep)
+        print(json.dumps(rep), flush=True)
+    if args.json:
+        Path(args.json).write_text(json.dumps(reports, indent=1), encoding="utf-8")
+    return 0 if all(r["ok"] for r in reports) else 1
+
+
+if __name__ == "__main__":
+    with contextlib.suppress(KeyboardInterrupt):
+        sys.exit(main())
+    sys.exit(130)

@@ -1,0 +1,267 @@
+"""The trainers' view of the checkpoint's health, and self-healing by re-seeding (DESIGN inv. 7).
+
+One :class:`HealthMonitor` thread per rank polls every shadow's ``status`` (short timeouts, never
+on the training thread) and classifies each shadow: ``healthy``, ``unloaded`` (a restarted shadow
+with no state), ``diverged``, ``stale`` (it serves an older generation of the job),
+``fenced`` (it serves a *newer* one: another instance took over and this one must not touch the
+shadows), or ``unreachable``. A shard is healthy while one of its replicas is.
+
+A shadow that cannot heal by itself is **re-seeded** from the trainers: the rank responsible for
+it (``shadow % world == rank``, as for the initial load) captures the shard's parameters and
+optimizer state after an optimizer step — one staging copy on the training thread, the only pause
+self-healing costs (:attr:`HealthMonitor.pauses`) — and this thread sends it as a ``load`` with
+``reseed=True``, which keeps what the shadow buffered for later iterations; the shadow then
+repairs the few iterations in between from the senders' retransmit history and rejoins the
+consistent cut. A shadow with a healthy replica is left to clone itself from that replica (a
+restarted replica does so on its own; a diverged one resynchronises) for ``failure_detect``
+before the trainers step in. A NACK the retransmit history can no longer answer asks for a
+re-seed at once (``request``).
+
+Events (once per change): ``trainer.shadow_health`` (shadow, state, previous), ``trainer.reseed``
+(shadow, iteration, pause_ms), ``trainer.reseed_failed``, ``trainer.fenced``.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from shadowgrad._log import event
+from shadowgrad.layout import Layout
+
+__all__ = ["HealthMonitor", "ShadowView"]
+
+log = logging.getLogger(__name__)
+
+HEALTHY, UNLOADED, DIVERGED, STALE, FENCED, UNREACHABLE = (
+    "healthy", "unloaded", "diverged", "stale", "fenced", "unreachable")
+
+
+@dataclass
+class ShadowView:
+    """What the monitor last saw of one shadow."""
+
+    state: str = UNREACHABLE
+    since: float = 0.0
+    last_applied: int = -1
+    #: a re-seed of this shadow in flight or sent: (iteration, monotonic time)
+    seeded: tuple[int, float] | None = None
+    #: re-seed asked for (a NACK history could not answer), with the reason
+    requested: str | None = None
+
+
+def classify(st: dict[str, Any] | None, generation: int) -> str:
+    if st is None:
+        return UNREACHABLE
+    if not st.get("loaded"):
+        return UNLOADED
+    gen = int(st.get("generation") or 0)
+    if gen > generation:
+        return FENCED
+    if gen < generation:
+        return STALE
+    if st.get("diverged_at") is not None:
+        return DIVERGED
+    return HEALTHY
+
+
+class HealthMonitor:
+    """See the module docstring. ``status(k)`` returns shadow ``k``'s status dict or raises;
+    ``load(k, iteration, states, commit)`` sends a re-seed ``load`` to shadow ``k``."""
+
+    def __init__(self, layout: Layout, *, rank: int, world: int, generation: int,
+                 status: Callable[[int], dict[str, Any]],
+                 load: Callable[[int, int, list[dict[str, Any]], dict[str, Any] | None], None],
+                 interval_s: float, grace_s: float, reseed_timeout_s: float) -> None:
+        self.layout = layout
+        self.rank = rank
+        self.world = world
+        self.generation = generation
+        self._status = status
+        self._load = load
+        self.interval_s = interval_s
+        self.grace_s = grace_s
+        self.reseed_timeout_s = reseed_timeout_s
+        now = time.monotonic()
+        self.views = {k: ShadowView(HEALTHY, now) for k in range(layout.num_shadows)}
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._wanted: set[int] = set()
+        self._submitted: list[tuple[int, list[int], list[dict[str, Any]],
+                                    dict[str, Any] | None]] = []
+        self.fenced = False
+        self.reseeds = 0
+        self.reseed_failures = 0
+        #: seconds the training thread spent capturing re-seed state, per capture
+        self.pauses: list[float] = []
+        self.polls = 0
+        self._thread = threading.Thread(target=self._run, name=f"shadowgrad-health-r{rank}",
+                                        daemon=True)
+
+    def start(self) -> HealthMonitor:
+        self._thread.start()
+        return self
+
+    def close(self, timeout_s: float = 5.0) -> None:
+        self._stop.set()
+        self._wake.set()
+        self._thread.join(timeout_s)
+
+    # -- any thread ---------------------------------------------------------------------
+
+    def request(self, shadow: int, reason: str) -> None:
+        """Ask for a re-seed of ``shadow`` (e.g. its NACK can no longer be answered)."""
+        if shadow % self.world != self.rank:
+            return
+        with self._lock:
+            v = self.views[shadow]
+            if v.requested is None and not self._seed_pending(v, time.monotonic()):
+                v.requested = reason
+                self._wanted.add(shadow)
+
+    def unhealthy_shards(self) -> list[int]:
+        with self._lock:
+            return [s for s in range(self.layout.num_shards)
+                    if not any(self.views[k].state == HEALTHY
+                               for k in self.layout.shadows_of_shard(s))]
+
+    def covered(self, iteration: int) -> bool:
+        """Every shard has a healthy replica that applied ``iteration`` (or was seeded past it)."""
+        with self._lock:
+            for s in range(self.layout.num_shards):
+                best = -2
+                for k in self.layout.shadows_of_shard(s):
+                    v = self.views[k]
+                    if v.state == HEALTHY:
+                        best = max(best, v.last_applied,
+                                   v.seeded[0] if v.seeded is not None else -2)
+                if best < iteration:
+                    return False
+        return True
+
+    def summary(self) -> dict[str, Any]:
+        with self._lock:
+            return {"shadows": {str(k): v.state for k, v in self.views.items()},
+                    "unhealthy_shards": [s for s in range(self.layout.num_shards)
+                                         if not any(self.views[k].state == HEALTHY for k in
+                                                    self.layout.shadows_of_shard(s))],
+                    "reseeds": self.reseeds, "reseed_failures": self.reseed_failures,
+                    "reseed_pauses_s": list(self.pauses[-16:]), "fenced": self.fenced}
+
+    # -- training thread ----------------------------------------------------------------
+
+    def take_wanted(self) -> dict[int, list[int]]:
+        """Shard -> shadows to re-seed now (cleared); the caller captures each shard's state
+        and calls :meth:`submit`. Cheap when nothing is wanted (one attribute read)."""
+        if not self._wanted:
+            return {}
+        with self._lock:
+            wanted, self._wanted = self._wanted, set()
+            now = time.monotonic()
+            out: dict[int, list[int]] = {}
+            for k in sorted(wanted):
+                self.views[k].seeded = (-1, now)  # in flight: not asked again meanwhile
+                out.setdefault(self.layout.shard_of_shadow(k)[0], []).append(k)
+            return out
+
+    def submit(self, iteration: int, shadows: list[int], states: list[dict[str, Any]],
+               commit: dict[str, Any] | None, pause_s: float) -> None:
+        with self._lock:
+            self._submitted.append((iteration, shadows, states, commit))
+            self.pauses.append(pause_s)
+            del self.pauses[:-256]
+        self._wake.set()
+
+    # -- the thread ---------------------------------------------------------------------
+
+    def _seed_pending(self, v: ShadowView, now: float) -> bool:
+        return v.seeded is not None and now - v.seeded[1] < self.reseed_timeout_s and (
+            v.seeded[0] < 0 or v.last_applied < v.seeded[0] or v.state != HEALTHY)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._send_submitted()
+            self._poll()
+            self._wake.wait(self.interval_s)
+            self._wake.clear()
+
+    def _send_submitted(self) -> None:
+        with self._lock:
+            todo, self._submitted = self._submitted, []
+        for iteration, shadows, states, commit in todo:
+            for k in shadows:
+                t0 = time.monotonic()
+                try:
+                    self._load(k, iteration, states, commit)
+                except Exception as exc:
+                    self.reseed_failures += 1
+                    with self._lock:
+                        self.views[k].seeded = None
+                    event(log, "trainer.reseed_failed", logging.WARNING, rank=self.rank,
+                          shadow=k, iteration=iteration, error=str(exc))
+                    continue
+                self.reseeds += 1
+                with self._lock:
+                    v = self.views[k]
+                    v.seeded = (iteration, time.monotonic())
+                    v.requested = None
+                event(log, "trainer.reseed", logging.WARNING, rank=self.rank, shadow=k,
+                      shard=self.layout.shard_of_shadow(k)[0], iteration=iteration,
+                      pause_ms=round(1000 * self.pauses[-1], 3) if self.pauses else None,
+                      send_ms=round(1000 * (time.monotonic() - t0), 1))
+
+    def _poll(self) -> None:
+        sts: dict[int, dict[str, Any] | None] = {}
+        for k in range(self.layout.num_shadows):
+            if self._stop.is_set():
+                return
+            try:
+                sts[k] = self._status(k)
+            except Exception:
+                sts[k] = None
+        self.polls += 1
+        now = time.monotonic()
+        changes: list[tuple[int, str, str, dict[str, Any] | None]] = []
+        with self._lock:
+            for k, st in sts.items():
+                v = self.views[k]
+                state = classify(st, self.generation)
+                if st is not None and st.get("last_applied") is not None:
+                    v.last_applied = int(st["last_applied"])
+                if state != v.state:
+                    changes.append((k, v.state, state, st))
+                    v.state, v.since = state, now
+            if any(v.state == FENCED for v in self.views.values()):
+                if not self.fenced:
+                    self.fenced = True
+                    event(log, "trainer.fenced", logging.ERROR, rank=self.rank,
+                          generation=self.generation,
+                          newer=max(int((s or {}).get("generation") or 0) for s in sts.values()))
+            else:
+                self._choose_locked(now)
+        for k, old, new, st in changes:
+            event(log, "trainer.shadow_health", logging.INFO if new == HEALTHY else
+                  logging.WARNING, rank=self.rank, shadow=k, state=new, previous=old,
+                  last_applied=None if st is None else st.get("last_applied"),
+                  diverged_at=None if st is None else st.get("diverged_at"))
+
+    def _choose_locked(self, now: float) -> None:
+        for k, v in self.views.items():
+            if k % self.world != self.rank or v.state == UNREACHABLE:
+                continue
+            if v.state == HEALTHY and v.requested is None:
+                continue
+            if self._seed_pending(v, now):
+                continue
+            if v.state != HEALTHY:
+                shard = self.layout.shard_of_shadow(k)[0]
+                replica_ok = any(self.views[j].state == HEALTHY
+                                 for j in self.layout.shadows_of_shard(shard) if j != k)
+                if replica_ok and now - v.since < self.grace_s:
+                    continue  # it clones / resynchronises from its replica by itself
+            self._wanted.add(k)
