@@ -37,10 +37,10 @@ sys.path.insert(0, str(ROOT))
 TOKEN = "soak-token"
 
 
-def _spec_text(replication: int, job_id: int) -> str:
+def _spec_text(shadows: int, replication: int, job_id: int) -> str:
     from shadowgrad.trainer_hooks._testing import loopback_spec, spec_toml
 
-    doc = loopback_spec(2, 3, replication=replication, job_id=job_id, gap_repair="100ms",
+    doc = loopback_spec(2, shadows, replication=replication, job_id=job_id, gap_repair="100ms",
                         heartbeat="250ms", rpc="1s")
     doc["timeouts"]["connect"] = "5s"
     doc["job"]["name"] = "loopback"
@@ -55,9 +55,10 @@ def _env() -> dict[str, str]:
 def _shadow(spec: Path, k: int, log: Path) -> subprocess.Popen[bytes]:
     f = log.open("ab")
     try:
-        return subprocess.Popen([str(Path(sys.executable).parent / "shadowgrad"), "shadow", "--spec", str(spec),
-                                 "--id", str(k)], stdout=f, stderr=subprocess.STDOUT, env=_env(),
-                                cwd=ROOT, start_new_session=True)
+        cli = str(Path(sys.executable).parent / "shadowgrad")
+        return subprocess.Popen([cli, "shadow", "--spec", str(spec), "--id", str(k)], stdout=f,
+                                stderr=subprocess.STDOUT, env=_env(), cwd=ROOT,
+                                start_new_session=True)
     finally:
         f.close()
 
@@ -81,7 +82,47 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _reap(p: subprocess.Popen[bytes] | None, sig: int = signal.SIGKILL) -> None:
+def _children() -> dict[int, list[int]]:
+    out: dict[int, list[int]] = {}
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        out.setdefault(ppid, []).append(int(pid))
+    return out
+
+
+def _descendants(pid: int) -> list[int]:
+    """Every live descendant of ``pid`` (torchrun puts its workers in sessions of their own,
+    so a process-group kill does not reach them)."""
+    kids = _children()
+    out, todo = [], [pid]
+    while todo:
+        for c in kids.get(todo.pop(), []):
+            out.append(c)
+            todo.append(c)
+    return out
+
+
+def _alive(pids: list[int]) -> bool:
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] != "Z":
+                    return True
+        except (OSError, IndexError):
+            continue
+    return False
+
+
+def _reap(p: subprocess.Popen[bytes] | None, sig: int = signal.SIGKILL,
+          extra: list[int] | None = None) -> None:
+    for pid in [*(_descendants(p.pid) if p is not None and p.poll() is None else []),
+                *(extra or [])]:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
     if p is None or p.poll() is not None:
         return
     with contextlib.suppress(ProcessLookupError):
@@ -197,12 +238,13 @@ def _shadow_state_matches(spec_path: Path, final: dict[str, Any], steps: int) ->
 
 def soak(args: argparse.Namespace, work: Path, run: int) -> dict[str, Any]:
     spec = work / f"job-{run}.toml"
-    spec.write_text(_spec_text(args.replication, 7000 + run), encoding="utf-8")
+    spec.write_text(_spec_text(args.shadows, args.replication, 7000 + run), encoding="utf-8")
     logs = work / f"run-{run}"
     logs.mkdir(exist_ok=True)
     shadows: list[subprocess.Popen[bytes] | None] = [
-        _shadow(spec, k, logs / f"shadow{k}.log") for k in range(3)]
+        _shadow(spec, k, logs / f"shadow{k}.log") for k in range(args.shadows)]
     trainer: subprocess.Popen[bytes] | None = None
+    orphans: list[int] = []  # workers of a killed torchrun
     report: dict[str, Any] = {"run": run, "steps": args.steps, "replication": args.replication}
     try:
         deadline = time.monotonic() + 30
@@ -216,11 +258,11 @@ def soak(args: argparse.Namespace, work: Path, run: int) -> dict[str, Any]:
         trainer = _torchrun("train_mirror.py", ["--spec", str(spec), "--steps", str(args.steps),
                                                 "--out", str(final)], tlog)
         max_lag = 0
-        fault_done = args.stop_shadow is None and args.kill_shadow is None
+        fault_done = args.stop_shadow is None and args.kill_shadow is None and not args.fence
         fault_at: float | None = None
         settled_retx: dict[str, int] | None = None
         victim = args.stop_shadow if args.stop_shadow is not None else args.kill_shadow
-        while trainer.poll() is None:
+        while trainer.poll() is None or _alive(orphans):
             time.sleep(0.2)
             step = _last_step(tlog)
             sts = _statuses(spec)
@@ -229,6 +271,12 @@ def soak(args: argparse.Namespace, work: Path, run: int) -> dict[str, Any]:
                     if s is not None and s.get("last_applied") is not None:
                         max_lag = max(max_lag, step - int(s["last_applied"]))
             now = time.monotonic() - t0
+            if args.fence and not fault_done and step >= 0 and now >= args.at:
+                fault_done = True
+                report["fault"] = _fence(spec, trainer, logs, step=step, steps=args.steps,
+                                         out=final)
+                orphans = report["fault"]["workers"]
+                continue
             if not fault_done and step >= 0 and now >= args.at:
                 fault_done = True
                 fault_at = now
@@ -252,6 +300,12 @@ def soak(args: argparse.Namespace, work: Path, run: int) -> dict[str, Any]:
                 report["settled_at_step"] = step
             if time.monotonic() - t0 > args.timeout:
                 raise SystemExit("trainer timed out")
+        if args.fence:  # the old workers finished the job; torchrun itself was killed
+            trainer.returncode = 0 if _last_step(tlog) == args.steps - 1 else 1
+            f = report["fault"]
+            if not (f["rerun_rc"] != 0 and f["generation_unchanged"] and not f["rewound"]
+                    and "held by pid" in f["message"]):
+                report.setdefault("fence_failures", []).append(f)
         report["trainer_rc"] = trainer.returncode
         report["seconds"] = round(time.monotonic() - t0, 1)
         report["iterations_per_s"] = round(args.steps / report["seconds"], 1)
@@ -264,7 +318,8 @@ def soak(args: argparse.Namespace, work: Path, run: int) -> dict[str, Any]:
                 "nack_sent": s["events"].get("nack_sent", 0),
                 "repaired_bytes": s["events"].get("repaired_bytes", 0),
                 "diverged": s["events"].get("diverged", 0),
-                "reseeds": s["events"].get("seeded", 0) + s["events"].get("resynced", 0),
+                "reseeds": s["events"].get("seeded", 0) + s["events"].get("resynced", 0)
+                + s["events"].get("cloned", 0),
                 "rx": s["counters"]} for s in sts]
         end_retx = _retx(sts)
         if settled_retx is not None:
@@ -276,6 +331,8 @@ def soak(args: argparse.Namespace, work: Path, run: int) -> dict[str, Any]:
         fails = []
         if trainer.returncode != 0:
             fails.append(f"trainer exit {trainer.returncode}")
+        if report.get("fence_failures"):
+            fails.append(f"fencing: {report['fence_failures']}")
         for k, s in enumerate(sts):
             if s is None or s["last_applied"] != args.steps - 1:
                 fails.append(f"shadow {k} at {None if s is None else s['last_applied']}")
@@ -301,9 +358,38 @@ def soak(args: argparse.Namespace, work: Path, run: int) -> dict[str, Any]:
         report["failures"] = fails
         return report
     finally:
-        _reap(trainer)
+        _reap(trainer, extra=orphans)
         for p in shadows:
             _reap(p, signal.SIGTERM)
+
+
+def _fence(spec: Path, trainer: subprocess.Popen[bytes], logs: Path, *, step: int,
+           steps: int, out: Path) -> dict[str, Any]:
+    """SIGKILL the torchrun agent only (its workers live on, holding the trainer ports), rerun
+    the same command at once: it must fail fast, naming the live instance, and leave the
+    shadows' generation and progress alone."""
+    before = _statuses(spec)
+    workers = _descendants(trainer.pid)
+    os.kill(trainer.pid, signal.SIGKILL)
+    t0 = time.monotonic()
+    rerun = _torchrun("train_mirror.py", ["--spec", str(spec), "--steps", str(steps),
+                                          "--out", str(out)], logs / "rerun.log")
+    try:
+        rc = rerun.wait(120)
+    finally:
+        _reap(rerun)
+    took = time.monotonic() - t0
+    after = _statuses(spec)
+    text = (logs / "rerun.log").read_text(errors="replace")
+    msg = next((ln for ln in text.splitlines() if "cannot bind its trainer address" in ln), "")
+    gens = [(b or {}).get("generation") == (a or {}).get("generation")
+            for b, a in zip(before, after, strict=True)]
+    back = [int((a or {}).get("last_applied") or -1) < int((b or {}).get("last_applied") or -1)
+            for b, a in zip(before, after, strict=True)]
+    return {"kind": "fence", "workers": workers, "at_step": step, "rerun_rc": rc,
+            "rerun_seconds": round(took, 1),
+            "message": msg.strip()[-300:], "generation_unchanged": all(gens),
+            "rewound": any(back)}
 
 
 def _retx(sts: list[dict[str, Any] | None]) -> dict[str, int]:
@@ -315,9 +401,12 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--steps", type=int, default=2000)
     ap.add_argument("--runs", type=int, default=1)
-    ap.add_argument("--replication", type=int, default=1)
+    ap.add_argument("--shadows", type=int, default=3)
+    ap.add_argument("--replication", type=int, default=1, help="must divide --shadows")
     ap.add_argument("--stop-shadow", type=int, default=None, help="SIGSTOP this shadow")
     ap.add_argument("--kill-shadow", type=int, default=None, help="SIGKILL + restart it")
+    ap.add_argument("--fence", action="store_true",
+                    help="SIGKILL torchrun (workers live on) and rerun it at once")
     ap.add_argument("--at", type=float, default=10.0, help="fault at this many seconds")
     ap.add_argument("--for", dest="for_s", type=float, default=3.0,
                     help="stopped for / restarted after (s)")
