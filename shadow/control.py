@@ -160,6 +160,7 @@ def commit_to_json(iteration: int, rec: wire.CommitRecord) -> dict[str, Any]:
         "loss_scale": None if rec.loss_scale is None else float(rec.loss_scale),
         "skipped": bool(rec.skipped),
         "user_state": base64.b64encode(bytes(rec.user_state)).decode("ascii"),
+        "no_grad": [int(i) for i in rec.no_grad],
     }
 
 
@@ -194,9 +195,15 @@ def commit_from_json(doc: Any) -> tuple[int, wire.CommitRecord]:
         user = base64.b64decode(blob, validate=True)
     except (binascii.Error, ValueError) as e:
         raise ControlError("bad_request", f"commit.user_state is not base64: {e}") from None
+    nograd = doc.get("no_grad", [])
+    if (not isinstance(nograd, list) or len(nograd) > 0xFFFF or any(
+            isinstance(x, bool) or not isinstance(x, int) or x < 0 for x in nograd)
+            or sorted(set(nograd)) != nograd):
+        raise ControlError("bad_request",
+                           f"commit.no_grad = {nograd!r} is not an ascending list of indices")
     rec = wire.CommitRecord(tuple(float(x) for x in lrs), clip_coef=_opt_float(doc, "clip_coef"),
                             loss_scale=_opt_float(doc, "loss_scale"), skipped=skipped,
-                            user_state=user)
+                            user_state=user, no_grad=tuple(nograd))
     return it, rec
 
 

@@ -144,6 +144,9 @@ class ShardReplayer:
         self._dtypes = [TORCH_DTYPES[b.dtype] for b in self.boxes]
         self._params = [torch.nn.Parameter(torch.empty(b.lengths, dtype=dt))
                         for b, dt in zip(self.boxes, self._dtypes, strict=True)]
+        index = {p.name: i for i, p in enumerate(layout.params)}
+        #: layout parameter index of each box (COMMIT.no_grad names parameters by it)
+        self._box_param = [index[b.name] for b in self.boxes]
         # clip_grad_norm_'s coefficient has the dtype of the total norm: the promotion of all
         # gradient dtypes of the model (torch.stack of the per-tensor norms)
         self._clip_dtype: torch.dtype = functools.reduce(
@@ -406,8 +409,11 @@ class ShardReplayer:
             group["lr"] = float(commit.lrs[g])
         amp = found_inf is not None
         try:
-            for p, grad in zip(self._params, grads, strict=True):
-                p.grad = grad
+            skip = set(commit.no_grad)
+            for p, grad, pi in zip(self._params, grads, self._box_param, strict=True):
+                # a parameter without a gradient this iteration: torch's optimizer skips it
+                # (no decay, no moment update, its step count stays), and so does the replay
+                p.grad = None if pi in skip else grad
             if amp:
                 # what GradScaler.step hands a fused optimizer
                 setattr(opt, "grad_scale", grad_scale)  # noqa: B010

@@ -16,6 +16,7 @@ project: state streams and snapshots use it too.
 from __future__ import annotations
 
 import enum
+import itertools
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -387,7 +388,7 @@ def decode(
 
 # --------------------------------------------------------------------------- bodies
 
-_COMMIT_FIXED = struct.Struct("!ddHHI")  # clip_coef, loss_scale, n_groups, reserved, user_len
+_COMMIT_FIXED = struct.Struct("!ddHHI")  # clip_coef, loss_scale, n_groups, n_nograd, user_len
 _F64 = struct.Struct("!d")
 
 
@@ -399,7 +400,8 @@ class CommitRecord:
     works); ``clip_coef`` is the exact (fp32-valued) factor gradients were multiplied by, or
     ``None`` without clipping; ``loss_scale`` is the scale the gradients carried, or ``None``
     without a loss scaler; ``skipped`` says the optimizer step was skipped; ``user_state`` is a
-    small opaque blob (dataloader position, RNG state).
+    small opaque blob (dataloader position, RNG state); ``no_grad``: layout indices of the
+    parameters that had no gradient this iteration (the optimizer skipped them).
     """
 
     lrs: tuple[float, ...]
@@ -407,6 +409,7 @@ class CommitRecord:
     loss_scale: float | None = None
     skipped: bool = False
     user_state: bytes = b""
+    no_grad: tuple[int, ...] = ()
 
     @property
     def flags(self) -> Flag:
@@ -422,15 +425,18 @@ class CommitRecord:
     def body(self) -> bytes:
         if len(self.lrs) > 0xFFFF:
             raise BadFieldError(f"{len(self.lrs)} param groups; at most 65535")
+        if len(self.no_grad) > 0xFFFF:
+            raise BadFieldError(f"{len(self.no_grad)} parameters without gradient; at most 65535")
         head = _COMMIT_FIXED.pack(
             0.0 if self.clip_coef is None else float(self.clip_coef),
             0.0 if self.loss_scale is None else float(self.loss_scale),
             len(self.lrs),
-            0,
+            len(self.no_grad),
             len(self.user_state),
         )
         lrs = struct.pack(f"!{len(self.lrs)}d", *self.lrs)
-        return head + lrs + bytes(self.user_state)
+        nograd = struct.pack(f"!{len(self.no_grad)}I", *sorted(self.no_grad))
+        return head + lrs + nograd + bytes(self.user_state)
 
     def encode(self, *, job: int, sender: int, iteration: int, seq: int, layout: int,
                retx: bool = False) -> bytes:
@@ -443,9 +449,10 @@ class CommitRecord:
         if msg.header.kind is not Kind.COMMIT:
             raise UnknownKindError(f"expected COMMIT, got {msg.header.kind.name}")
         _check_commit(msg.payload)
-        clip, scale, n, _, _ = _COMMIT_FIXED.unpack_from(msg.payload)
+        clip, scale, n, m, _ = _COMMIT_FIXED.unpack_from(msg.payload)
         lrs = struct.unpack_from(f"!{n}d", msg.payload, _COMMIT_FIXED.size)
-        user = bytes(msg.payload[_COMMIT_FIXED.size + 8 * n:])
+        nograd = struct.unpack_from(f"!{m}I", msg.payload, _COMMIT_FIXED.size + 8 * n)
+        user = bytes(msg.payload[_COMMIT_FIXED.size + 8 * n + 4 * m:])
         f = msg.header.flags
         return cls(
             lrs=tuple(lrs),
@@ -453,6 +460,7 @@ class CommitRecord:
             loss_scale=scale if f & Flag.SCALER else None,
             skipped=bool(f & Flag.SKIPPED),
             user_state=user,
+            no_grad=tuple(nograd),
         )
 
 
@@ -461,14 +469,17 @@ def _check_commit(payload: memoryview) -> None:
         raise LengthMismatchError(
             f"COMMIT body of {payload.nbytes} bytes, fixed part needs {_COMMIT_FIXED.size}"
         )
-    _, _, n, reserved, user_len = _COMMIT_FIXED.unpack_from(payload)
-    if reserved:
-        raise BadFieldError(f"COMMIT reserved field = {reserved}, must be 0")
-    want = _COMMIT_FIXED.size + 8 * n + user_len
+    _, _, n, m, user_len = _COMMIT_FIXED.unpack_from(payload)
+    want = _COMMIT_FIXED.size + 8 * n + 4 * m + user_len
     if payload.nbytes != want:
         raise LengthMismatchError(
-            f"COMMIT body of {payload.nbytes} bytes; {n} groups + {user_len} user bytes need {want}"
+            f"COMMIT body of {payload.nbytes} bytes; {n} groups + {m} no-grad indices + "
+            f"{user_len} user bytes need {want}"
         )
+    if m > 1:
+        idx = struct.unpack_from(f"!{m}I", payload, _COMMIT_FIXED.size + 8 * n)
+        if any(b <= a for a, b in itertools.pairwise(idx)):
+            raise BadFieldError("COMMIT no-grad parameter indices are not strictly ascending")
 
 
 class ReadyState(enum.IntEnum):

@@ -159,6 +159,16 @@ def _last_step(log: Path) -> int:
     return int(steps[-1]) if steps else -1
 
 
+def _losses(text: str) -> dict[int, str]:
+    return {int(m[1]): m[2] for m in re.finditer(r"^step (\d+) loss (\S+)\n", text, re.M)}
+
+
+def _first_step(log: Path) -> int:
+    text = log.read_text(errors="replace") if log.exists() else ""
+    m = re.search(r"^step (\d+) loss ", text, re.M)
+    return int(m[1]) if m else -1
+
+
 def _plain(work: Path, steps: int) -> Path:
     out = work / f"plain-{steps}.pt"
     if not out.exists():
@@ -258,6 +268,15 @@ def soak(args: argparse.Namespace, work: Path, run: int) -> dict[str, Any]:
         trainer = _torchrun("train_mirror.py", ["--spec", str(spec), "--steps", str(args.steps),
                                                 "--out", str(final)], tlog)
         max_lag = 0
+        import random
+
+        rng = random.Random(args.seed + run)
+        kills_left = args.kill_job
+        kill_at = rng.randrange(20, 200) if kills_left else -1
+
+        def trainer_step(log: Path) -> int:
+            return _last_step(log)
+
         fault_done = args.stop_shadow is None and args.kill_shadow is None and not args.fence
         fault_at: float | None = None
         settled_retx: dict[str, int] | None = None
@@ -271,6 +290,22 @@ def soak(args: argparse.Namespace, work: Path, run: int) -> dict[str, Any]:
                     if s is not None and s.get("last_applied") is not None:
                         max_lag = max(max_lag, step - int(s["last_applied"]))
             now = time.monotonic() - t0
+            if kills_left and kill_at >= 0 and trainer_step(tlog) >= kill_at:
+                kills_left -= 1
+                last = trainer_step(tlog)
+                _reap(trainer)
+                k = len(report.setdefault("job_kills", []))
+                tlog = logs / f"trainer-{k + 1}.log"
+                trainer = _torchrun("train_mirror.py", ["--spec", str(spec), "--steps",
+                                                        str(args.steps), "--out", str(final)],
+                                    tlog)
+                report["job_kills"].append({"last_logged": last, "log": tlog.name})
+                kill_at = -1
+                continue
+            if kills_left and kill_at < 0:
+                first = _first_step(tlog)
+                if first >= 0:
+                    kill_at = first + rng.randrange(5, 120)
             if args.fence and not fault_done and step >= 0 and now >= args.at:
                 fault_done = True
                 report["fault"] = _fence(spec, trainer, logs, step=step, steps=args.steps,
@@ -306,6 +341,12 @@ def soak(args: argparse.Namespace, work: Path, run: int) -> dict[str, Any]:
             if not (f["rerun_rc"] != 0 and f["generation_unchanged"] and not f["rewound"]
                     and "held by pid" in f["message"]):
                 report.setdefault("fence_failures", []).append(f)
+        for kr in report.get("job_kills", []):
+            kr["resumed_at"] = _first_step(logs / kr["log"])
+            kr["repeated"] = kr["last_logged"] - kr["resumed_at"] + 1
+        if report.get("job_kills"):
+            reps = [k["repeated"] for k in report["job_kills"]]
+            report["repeated_iterations"] = {str(v): reps.count(v) for v in sorted(set(reps))}
         report["trainer_rc"] = trainer.returncode
         report["seconds"] = round(time.monotonic() - t0, 1)
         report["iterations_per_s"] = round(args.steps / report["seconds"], 1)
@@ -351,6 +392,12 @@ def soak(args: argparse.Namespace, work: Path, run: int) -> dict[str, Any]:
             bad = _compare(mine, ref)
             if bad:
                 fails.append(f"final state differs from train_plain.py: {bad[:5]}")
+            ref_loss = _losses((work / f"plain-{args.steps}.log").read_text(errors="replace"))
+            for log in sorted(logs.glob("trainer*.log")):
+                diff = [st for st, v in _losses(log.read_text(errors="replace")).items()
+                        if ref_loss.get(st) != v]
+                if diff:
+                    fails.append(f"{log.name}: losses differ from train_plain.py at {diff[:5]}")
             bad = _shadow_state_matches(spec, ref, args.steps)
             if bad:
                 fails.append(f"shadow state differs from train_plain.py: {bad[:5]}")
@@ -405,6 +452,10 @@ def main() -> int:
     ap.add_argument("--replication", type=int, default=1, help="must divide --shadows")
     ap.add_argument("--stop-shadow", type=int, default=None, help="SIGSTOP this shadow")
     ap.add_argument("--kill-shadow", type=int, default=None, help="SIGKILL + restart it")
+    ap.add_argument("--kill-job", type=int, default=0, metavar="N",
+                    help="SIGKILL the whole job (torchrun and workers) N times at random "
+                         "moments, rerunning the same command each time")
+    ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--fence", action="store_true",
                     help="SIGKILL torchrun (workers live on) and rerun it at once")
     ap.add_argument("--at", type=float, default=10.0, help="fault at this many seconds")

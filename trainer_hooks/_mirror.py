@@ -65,6 +65,7 @@ class CommitInfo:
     skipped: bool
     user_state: bytes
     ready: Any = None  # a CUDA event to wait for before reading tensors, or None
+    no_grad: tuple[int, ...] = ()  # layout indices of parameters without a gradient
 
     def record(self) -> CommitRecord:
         if self.ready is not None:
@@ -75,6 +76,7 @@ class CommitInfo:
             loss_scale=None if self.loss_scale is None else float(self.loss_scale),
             skipped=self.skipped,
             user_state=self.user_state,
+            no_grad=self.no_grad,
         )
 
 
@@ -208,11 +210,9 @@ class MirrorSender:
         """Copy this rank's slices of the reduced gradients and queue them. Never blocks.
 
         Returns False (and marks the checkpoint degraded) when the iteration had to be dropped.
+        A parameter without a gradient (unused this iteration) is sent as zeros; the COMMIT
+        names it (``CommitInfo.no_grad``) and the shadows skip it, as the optimizer does.
         """
-        missing = [p.name for p in self.plan.pieces if grads.get(p.name) is None]
-        if missing:
-            self._degrade(iteration, "no_grad", param=missing[0])
-            return False
         with self._lock:
             slot = self._take_slot()
             if slot is None or len(self._queue) >= self._max_queue:
@@ -223,9 +223,11 @@ class MirrorSender:
             self._recovered_locked(iteration)
         cuda = False
         for piece in self.plan.pieces:
-            g = grads[piece.name]
-            assert g is not None
+            g = grads.get(piece.name)
             dst = slot.buf[piece.staging_offset:piece.staging_offset + piece.nbytes]
+            if g is None:
+                dst.zero_()
+                continue
             src = g.detach().reshape(-1)[piece.elem_start:piece.elem_start + piece.numel]
             dst.view(torch_dtype(piece.dtype)).copy_(src, non_blocking=src.is_cuda)
             cuda = cuda or src.is_cuda

@@ -41,6 +41,8 @@ LOOPBACK_CHUNK_BYTES = (MAX_PAYLOAD // 64) * 64
 DEFAULT_BUFFER_BYTES = 256 * 2**20
 #: most staging + retransmit slots (iterations) a rank keeps
 MAX_SLOTS = 1024
+#: the most bytes of module state (buffers, frozen parameters) the COMMIT record carries
+MODULE_STATE_MAX = 32 * 2**10
 
 
 class Start(NamedTuple):
@@ -146,6 +148,8 @@ class Shadowgrad:
         self.health: HealthMonitor | None = None
         #: parameters in the order the user's clip_grad_norm_(model.parameters()) sums them
         self._clip_params = [p for p in self.module.parameters() if p.requires_grad]
+        self._module_state = self._module_state_tensors()
+        self._param_names = [p.name for p in layout.params]
         self.software_tap = software_tap
         self.ring: RingAllReduce | None = None
         self.reducer: LayoutReducer | None = None
@@ -157,6 +161,29 @@ class Shadowgrad:
         elif ddp is not None and layout_reduce:
             self.reducer = LayoutReducer(layout, self.params, pg)
             ddp.register_comm_hook(self.reducer, layout_hook)
+
+    def _module_state_tensors(self) -> dict[str, torch.Tensor]:
+        """The module state that is not a trained parameter: persistent buffers (BatchNorm
+        running statistics, ``num_batches_tracked``, any registered buffer) and frozen
+        parameters. Rank 0's ride in every COMMIT record (DDP broadcasts rank 0's buffers at
+        every forward) and come back with a restore."""
+        layout_names = set(self.params)
+        out: dict[str, torch.Tensor] = {}
+        for name, p in self.module.named_parameters():
+            if name not in layout_names:
+                out[name] = p
+        for mod_name, mod in self.module.named_modules():
+            skip: set[str] = getattr(mod, "_non_persistent_buffers_set", set())
+            for bname, b in mod.named_buffers(recurse=False):
+                if b is not None and bname not in skip:
+                    out[f"{mod_name}.{bname}" if mod_name else bname] = b
+        nbytes = sum(t.numel() * t.element_size() for t in out.values())
+        if nbytes > MODULE_STATE_MAX:
+            event(log, "trainer.module_state_too_large", logging.WARNING, nbytes=nbytes,
+                  limit=MODULE_STATE_MAX, tensors=len(out))
+            self._degraded_reason = "module_state_too_large"
+            return {}
+        return out
 
     def _ring_reduce(self, bucket: int, flat: torch.Tensor) -> torch.futures.Future[Any]:
         if self.ring is None or self.reducer is None:
@@ -486,6 +513,15 @@ class Shadowgrad:
                     group["lr"] = lr
             if self.scaler is not None and blob.get("scaler") is not None:
                 self.scaler.load_state_dict(blob["scaler"])
+            saved = blob.get("module") or {}
+            missing = sorted(set(self._module_state) - set(saved))
+            if missing:
+                event(log, "trainer.restore_without_module_state", logging.WARNING,
+                      rank=self.rank, iteration=istar, missing=missing[:8])
+            with torch.no_grad():
+                for name, t in saved.items():
+                    if name in self._module_state:
+                        self._module_state[name].copy_(t.to(self._module_state[name].device))
             user = blob.get("user")
         event(log, "trainer.restored", rank=self.rank, iteration=istar)
         return Start(istar + 1, user, True)
@@ -629,6 +665,10 @@ class Shadowgrad:
         opt = self.optimizer
         sender = self._sender
         sent = False
+        # parameters without a gradient this iteration (unused): the optimizer skips them, the
+        # COMMIT names them so the shadows skip them too
+        no_grad = tuple(i for i, name in enumerate(self._param_names)
+                        if self.params[name].grad is None)
         if sender is not None and self.mode == "mirror":
             sent = sender.capture(it, {n: p.grad for n, p in self.params.items()})
         lrs = tuple(float(g["lr"]) for g in opt.param_groups)
@@ -671,6 +711,7 @@ class Shadowgrad:
                 self.scheduler.state_dict() if self.scheduler is not None else None,
                 scaler.state_dict() if scaler is not None else None,
                 user_state,
+                {n: t.detach().cpu() for n, t in self._module_state.items()} or None,
             )
             ready = None
             dev = [t for t in (coef, scale) if t is not None and t.is_cuda]
@@ -679,7 +720,7 @@ class Shadowgrad:
                 ready.record()
             coef_cpu = coef.to("cpu", non_blocking=True) if coef is not None else None
             scale_cpu = scale.to("cpu", non_blocking=True) if scale is not None else None
-            info = CommitInfo(it, lrs, coef_cpu, scale_cpu, skipped, blob, ready)
+            info = CommitInfo(it, lrs, coef_cpu, scale_cpu, skipped, blob, ready, no_grad)
             sender.commit(info)
         if self.health is not None and self.health._wanted:
             self._reseed(it, info)
