@@ -146,9 +146,8 @@ def test_a_backed_up_sender_keeps_its_retransmit_history() -> None:
         assert snd.flush(5)
         _drain(sink, time.monotonic() + 0.3)
         nb = layout.bucket_nbytes[0]
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-            s.sendto(_nack(layout, 0, [(0, 0, nb)], 1), addr)
-        got = [h for h in _drain(sink, time.monotonic() + 1.0) if h.kind is wire.Kind.DATA]
+        sink.sendto(_nack(layout, 0, [(0, 0, nb)], 1), addr)  # answered to the NACK's sender
+        got = [h for h in _drain(sink, time.monotonic() + 1.0) if h.kind == wire.Kind.DATA]
         assert got and all(h.iteration == 0 and h.flags & wire.Flag.RETX for h in got)
         assert snd.counters.nack_unavailable == 0
     finally:
@@ -220,7 +219,8 @@ def test_a_restarted_shadow_is_reseeded_while_training_runs(replication: int) ->
             assert sg.flush(10)
             assert cluster.wait_applied(it - 1, timeout_s=60), cluster.status()
             _assert_shadows_equal(cluster, sg, model, opt)
-            assert seen_degraded
+            # r = 1: the shard had no healthy replica for a while; r = 2: it always had one
+            assert seen_degraded == (replication == 1)
             deadline = time.monotonic() + 10
             while sg.degraded and time.monotonic() < deadline:
                 time.sleep(0.05)
@@ -291,7 +291,7 @@ def test_a_second_instance_fails_fast_and_changes_nothing() -> None:
             assert sg.flush(10)
             time.sleep(0.3)
             assert node.status(timeline=0)["last_applied"] == applied
-            assert node.rx["wire.layout_mismatch"] > 0
+            assert node.rx["wire.layout"] > 0
             deadline = time.monotonic() + 10
             while not sg.stats()["health"]["fenced"] and time.monotonic() < deadline:
                 time.sleep(0.05)

@@ -779,7 +779,8 @@ class Shadowgrad:
 
         first_seen: dict[int, float] = {}
         seeded: set[int] = set()
-        while time.monotonic() < deadline:
+        lost: list[int] = []
+        while time.monotonic() < deadline and not lost:
             sts = self._statuses(report=False)
             now = time.monotonic()
             waiting = []
@@ -789,11 +790,11 @@ class Shadowgrad:
                     if _as_int((st or {}).get("last_applied")) < iteration:
                         waiting.append(k)
                     continue
-                if state == "fenced":
+                if state == "fenced" or now - first_seen.setdefault(k, now) > (
+                        1.0 if state == "unreachable" else 5.0):
+                    # cannot confirm (and the other shards cannot apply past it either)
+                    lost.append(k)
                     continue
-                if now - first_seen.setdefault(k, now) > (1.0 if state == "unreachable"
-                                                          else 5.0):
-                    continue  # cannot confirm: not waited for
                 if state != "unreachable" and k % self.group.world == self.rank \
                         and k not in seeded:
                     # training is over: seed it with the final state, and it confirms at once
@@ -808,11 +809,12 @@ class Shadowgrad:
                         event(log, "trainer.reseed_failed", logging.WARNING, rank=self.rank,
                               shadow=k, iteration=iteration, error=str(exc))
                 waiting.append(k)
-            if not waiting:
+            if not waiting and not lost:
                 return True
-            time.sleep(0.05)
+            if not lost:
+                time.sleep(0.05)
         event(log, "trainer.close_unconfirmed", logging.WARNING, rank=self.rank,
-              iteration=iteration)
+              iteration=iteration, cannot_confirm=lost)
         return False
 
     def __enter__(self) -> Shadowgrad:
