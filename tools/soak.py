@@ -272,7 +272,10 @@ def soak(args: argparse.Namespace, work: Path, run: int) -> dict[str, Any]:
 
         rng = random.Random(args.seed + run)
         kills_left = args.kill_job
-        kill_at = rng.randrange(20, 200) if kills_left else -1
+        # with a shadow fault as well, the whole-job kills come after it settled (a restore
+        # right after a re-seed)
+        shadow_fault = args.stop_shadow is not None or args.kill_shadow is not None
+        kill_at = rng.randrange(20, 200) if kills_left and not shadow_fault else -1
 
         def trainer_step(log: Path) -> int:
             return _last_step(log)
@@ -302,7 +305,7 @@ def soak(args: argparse.Namespace, work: Path, run: int) -> dict[str, Any]:
                 report["job_kills"].append({"last_logged": last, "log": tlog.name})
                 kill_at = -1
                 continue
-            if kills_left and kill_at < 0:
+            if kills_left and kill_at < 0 and (not shadow_fault or settled_retx is not None):
                 first = _first_step(tlog)
                 if first >= 0:
                     kill_at = first + rng.randrange(5, 120)
