@@ -11,6 +11,10 @@ def configure(p: argparse.ArgumentParser) -> None:
                    help="this shadow's index in shadows.addresses")
     p.add_argument("--layout", default=None,
                    help="layout JSON (shadowgrad layout output); otherwise it comes with 'load'")
+    p.add_argument("--threads", type=int, default=1,
+                   help="torch intra-op threads for the optimizer replay (default 1: the replay "
+                        "is memory-bound, and a shadow sharing cores with trainers or other "
+                        "shadows must not spin idle OpenMP threads on them)")
     p.add_argument("--control-bind", default=None,
                    help="zmq bind address of the control endpoint "
                         "(default tcp://<host>:<control_port + id>)")
@@ -21,12 +25,16 @@ def run(args: argparse.Namespace) -> int:
     import threading
     from pathlib import Path
 
+    import torch
     from shadowgrad.shadow.node import ShadowNode
 
     from shadowgrad.config import load_spec
     from shadowgrad.errors import ShadowgradError
     from shadowgrad.layout import Layout
 
+    if args.threads < 1:
+        raise ShadowgradError(f"--threads {args.threads}: must be at least 1")
+    torch.set_num_threads(args.threads)
     spec = load_spec(args.spec)
     layout = None
     if args.layout is not None:

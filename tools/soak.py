@@ -48,15 +48,22 @@ def _spec_text(shadows: int, replication: int, job_id: int) -> str:
 
 
 def _env() -> dict[str, str]:
-    return {**os.environ, "SHADOWGRAD_TOKEN": TOKEN, "OMP_NUM_THREADS": "1",
-            "PYTHONUNBUFFERED": "1"}
+    # as a user runs it: torchrun sets OMP_NUM_THREADS=1 for its workers, the shadows keep
+    # torch's default thread count
+    env = {**os.environ, "SHADOWGRAD_TOKEN": TOKEN, "PYTHONUNBUFFERED": "1"}
+    env.pop("OMP_NUM_THREADS", None)
+    return env
+
+
+SHADOW_ARGS: list[str] = []
 
 
 def _shadow(spec: Path, k: int, log: Path) -> subprocess.Popen[bytes]:
     f = log.open("ab")
     try:
         cli = str(Path(sys.executable).parent / "shadowgrad")
-        return subprocess.Popen([cli, "shadow", "--spec", str(spec), "--id", str(k)], stdout=f,
+        return subprocess.Popen([cli, "shadow", "--spec", str(spec), "--id", str(k),
+                                 *SHADOW_ARGS], stdout=f,
                                 stderr=subprocess.STDOUT, env=_env(), cwd=ROOT,
                                 start_new_session=True)
     finally:
@@ -268,6 +275,9 @@ def soak(args: argparse.Namespace, work: Path, run: int) -> dict[str, Any]:
         trainer = _torchrun("train_mirror.py", ["--spec", str(spec), "--steps", str(args.steps),
                                                 "--out", str(final)], tlog)
         max_lag = 0
+        hogs: list[subprocess.Popen[bytes]] | None = None
+        last_moved: dict[int, tuple[int, float]] = {}
+        stuck_dumps: dict[int, Any] = {}
         import random
 
         rng = random.Random(args.seed + run)
@@ -309,6 +319,27 @@ def soak(args: argparse.Namespace, work: Path, run: int) -> dict[str, Any]:
                 first = _first_step(tlog)
                 if first >= 0:
                     kill_at = first + rng.randrange(5, 120)
+            if args.hog and hogs is None and now >= args.at:
+                spin = "import time\nt = time.monotonic() + %f\nwhile time.monotonic() < t: pass"
+                hogs = [subprocess.Popen([sys.executable, "-c", spin % args.hog])
+                        for _ in range(os.cpu_count() or 2)]
+                report["hog"] = {"at_step": step, "seconds": args.hog,
+                                 "processes": len(hogs)}
+            for k, st in enumerate(sts):
+                if st is None or st.get("last_applied") is None:
+                    continue
+                la = int(st["last_applied"])
+                if la != last_moved.get(k, (None, 0.0))[0]:
+                    last_moved[k] = (la, time.monotonic())
+                elif time.monotonic() - last_moved[k][1] > 3 and k not in stuck_dumps:
+                    with contextlib.suppress(Exception):
+                        from shadowgrad.shadow.control import ShadowClient
+
+                        from shadowgrad.config import load_spec
+
+                        ep = load_spec(spec).shadows.control_endpoint(k)
+                        with ShadowClient(f"tcp://{ep}", TOKEN, timeout_s=2.0) as c:
+                            stuck_dumps[k] = {"step": step, "status": c.status(timeline=4)}
             if args.fence and not fault_done and step >= 0 and now >= args.at:
                 fault_done = True
                 report["fault"] = _fence(spec, trainer, logs, step=step, steps=args.steps,
@@ -350,6 +381,10 @@ def soak(args: argparse.Namespace, work: Path, run: int) -> dict[str, Any]:
         if report.get("job_kills"):
             reps = [k["repeated"] for k in report["job_kills"]]
             report["repeated_iterations"] = {str(v): reps.count(v) for v in sorted(set(reps))}
+        if stuck_dumps:
+            report["stuck"] = stuck_dumps
+        for h in hogs or []:
+            _reap(h)
         report["trainer_rc"] = trainer.returncode
         report["seconds"] = round(time.monotonic() - t0, 1)
         report["iterations_per_s"] = round(args.steps / report["seconds"], 1)
@@ -364,6 +399,7 @@ def soak(args: argparse.Namespace, work: Path, run: int) -> dict[str, Any]:
                 "diverged": s["events"].get("diverged", 0),
                 "reseeds": s["events"].get("seeded", 0) + s["events"].get("resynced", 0)
                 + s["events"].get("cloned", 0),
+                "events": s["events"],
                 "rx": s["counters"]} for s in sts]
         end_retx = _retx(sts)
         if settled_retx is not None:
@@ -466,10 +502,16 @@ def main() -> int:
                     help="stopped for / restarted after (s)")
     ap.add_argument("--settle", type=float, default=5.0,
                     help="after the fault, retransmissions are counted from then on (s)")
+    ap.add_argument("--shadow-threads", type=int, default=None,
+                    help="pass --threads to every shadowgrad shadow")
+    ap.add_argument("--hog", type=float, default=0.0, metavar="S",
+                    help="at --at, keep every core busy for S seconds (CPU contention)")
     ap.add_argument("--timeout", type=float, default=1800.0)
     ap.add_argument("--work", default=None, help="work directory (default: a temp dir)")
     ap.add_argument("--json", default=None, help="write the reports here")
     args = ap.parse_args()
+    if args.shadow_threads is not None:
+        SHADOW_ARGS[:] = ["--threads", str(args.shadow_threads)]
     work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="sg-soak-"))
     work.mkdir(parents=True, exist_ok=True)
     reports = []

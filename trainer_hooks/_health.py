@@ -48,6 +48,9 @@ class ShadowView:
     state: str = UNREACHABLE
     since: float = 0.0
     last_applied: int = -1
+    #: when last_applied last moved (monotonic), and the trainers' iteration then
+    moved_at: float = 0.0
+    training_then: int | None = None
     #: a re-seed of this shadow in flight or sent: (iteration, monotonic time)
     seeded: tuple[int, float] | None = None
     #: re-seed asked for (a NACK history could not answer), with the reason
@@ -76,7 +79,8 @@ class HealthMonitor:
     def __init__(self, layout: Layout, *, rank: int, world: int, generation: int,
                  status: Callable[[int], dict[str, Any]],
                  load: Callable[[int, int, list[dict[str, Any]], dict[str, Any] | None], None],
-                 interval_s: float, grace_s: float, reseed_timeout_s: float) -> None:
+                 interval_s: float, grace_s: float, reseed_timeout_s: float,
+                 progress: Callable[[], int | None] = lambda: None) -> None:
         self.layout = layout
         self.rank = rank
         self.world = world
@@ -86,6 +90,8 @@ class HealthMonitor:
         self.interval_s = interval_s
         self.grace_s = grace_s
         self.reseed_timeout_s = reseed_timeout_s
+        #: the trainers' next iteration (None before the first step)
+        self._progress = progress
         now = time.monotonic()
         self.views = {k: ShadowView(HEALTHY, now) for k in range(layout.num_shadows)}
         self._lock = threading.Lock()
@@ -107,17 +113,19 @@ class HealthMonitor:
         self._thread.start()
         return self
 
-    def close(self, timeout_s: float = 5.0) -> None:
+    def close(self, timeout_s: float = 5.0) -> bool:
+        """Stop the thread; True when it ended within ``timeout_s``."""
         self._stop.set()
         self._wake.set()
         self._thread.join(timeout_s)
+        return not self._thread.is_alive()
 
     # -- any thread ---------------------------------------------------------------------
 
     def request(self, shadow: int, reason: str) -> None:
-        """Ask for a re-seed of ``shadow`` (e.g. its NACK can no longer be answered)."""
-        if shadow % self.world != self.rank:
-            return
+        """Ask for a re-seed of ``shadow`` (e.g. its NACK can no longer be answered). Any rank
+        may: every rank holds the whole state, and the rank whose history is gone is the one
+        that knows."""
         with self._lock:
             v = self.views[shadow]
             if v.requested is None and not self._seed_pending(v, time.monotonic()):
@@ -232,7 +240,10 @@ class HealthMonitor:
                 v = self.views[k]
                 state = classify(st, self.generation)
                 if st is not None and st.get("last_applied") is not None:
-                    v.last_applied = int(st["last_applied"])
+                    la = int(st["last_applied"])
+                    if la != v.last_applied or v.training_then is None:
+                        v.moved_at, v.training_then = now, self._progress()
+                    v.last_applied = la
                 if state != v.state:
                     changes.append((k, v.state, state, st))
                     v.state, v.since = state, now
@@ -243,6 +254,7 @@ class HealthMonitor:
                           generation=self.generation,
                           newer=max(int((s or {}).get("generation") or 0) for s in sts.values()))
             else:
+                self._stalled_locked(now)
                 self._choose_locked(now)
         for k, old, new, st in changes:
             event(log, "trainer.shadow_health", logging.INFO if new == HEALTHY else
@@ -250,10 +262,29 @@ class HealthMonitor:
                   last_applied=None if st is None else st.get("last_applied"),
                   diverged_at=None if st is None else st.get("diverged_at"))
 
+    def _stalled_locked(self, now: float) -> None:
+        """Every shadow answers and none is unhealthy, yet one has not applied anything for
+        ``grace_s`` while training moved on: the stream is stuck (e.g. what it misses is gone
+        from every history): re-seed it, the last resort that always converges. (A shard
+        waiting on a stopped or dead peer is not stuck: that peer is unreachable or unhealthy,
+        and the peer is what gets healed.)"""
+        if any(v.state != HEALTHY for v in self.views.values()):
+            return
+        it = self._progress()
+        for k, v in self.views.items():
+            if k % self.world != self.rank or v.requested is not None:
+                continue
+            if it is not None and v.training_then is not None and it > v.training_then and \
+                    now - v.moved_at > self.grace_s and not self._seed_pending(v, now):
+                v.requested = "stalled"
+                event(log, "trainer.shadow_health", logging.WARNING, rank=self.rank, shadow=k,
+                      state="stalled", previous=v.state, last_applied=v.last_applied,
+                      iteration=it)
+
     def _choose_locked(self, now: float) -> None:
         for k, v in self.views.items():
-            if k % self.world != self.rank or v.state == UNREACHABLE:
-                continue
+            if v.state == UNREACHABLE or (k % self.world != self.rank and v.requested is None):
+                continue  # another rank's (unless this rank was the one asked)
             if v.state == HEALTHY and v.requested is None:
                 continue
             if self._seed_pending(v, now):

@@ -146,6 +146,7 @@ class Shadowgrad:
         self._sock: socket.socket | None = None
         self._link: Any = None
         self.health: HealthMonitor | None = None
+        self._health_ctx: tuple[Any, dict[int, Any]] = (None, {})
         #: parameters in the order the user's clip_grad_norm_(model.parameters()) sums them
         self._clip_params = [p for p in self.module.parameters() if p.requires_grad]
         self._module_state = self._module_state_tensors()
@@ -588,12 +589,23 @@ class Shadowgrad:
                 self.health.request(k, f"history_gone:{iteration}")
 
     def _start_health(self) -> None:
+        import zmq
+        from shadowgrad.shadow.control import ShadowClient
+
         t = self.spec.timeouts
+        # one context and one client per shadow for the monitor's polls (its thread only)
+        ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+        clients: dict[int, ShadowClient] = {}
+        self._health_ctx = (ctx, clients)
 
         def status(k: int) -> dict[str, Any]:
-            with self._client(k, min(1.0, t.rpc_s)) as c:
-                out: dict[str, Any] = c.status(timeline=0)
-                return out
+            c = clients.get(k)
+            if c is None:
+                ep = self.spec.shadows.control_endpoint(k)
+                c = clients[k] = ShadowClient(f"tcp://{ep}", self._token,
+                                              timeout_s=min(1.0, t.rpc_s), context=ctx)
+            out: dict[str, Any] = c.status(timeline=0)
+            return out
 
         def load(k: int, iteration: int, states: list[dict[str, Any]],
                  commit: dict[str, Any] | None) -> None:
@@ -603,6 +615,7 @@ class Shadowgrad:
             self.layout, rank=self.rank, world=self.group.world, generation=self.generation,
             status=status, load=load, interval_s=max(0.1, min(0.5, t.heartbeat_s)),
             grace_s=t.failure_detect_s, reseed_timeout_s=max(10.0, 3 * t.failure_detect_s),
+            progress=lambda: self._iteration,
         ).start()
 
     def _start_ring(self, shadow_addrs: list[tuple[str, int]]) -> None:
@@ -765,8 +778,12 @@ class Shadowgrad:
             if self._iteration is not None and self._iteration > 0:
                 self._wait_applied(self._iteration - 1, deadline)
             self._sender.close(max(1.0, deadline - time.monotonic()))
-        if self.health is not None:
-            self.health.close()
+        # the monitor's clients are closed once its thread ended (nothing uses them any more)
+        if self.health is not None and self.health.close():
+            ctx, clients = self._health_ctx
+            for c in clients.values():
+                c.close()
+            ctx.term()
         if self.ring is not None:
             self.ring.close(max(1.0, deadline - time.monotonic()))
         self._close_sockets()
