@@ -14,7 +14,7 @@ import math
 
 import torch
 import torch.distributed as dist
-from shadowgrad.trainer_hooks import attach
+from shadowgrad.trainer_hooks import attach, rng_state, set_rng_state
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
@@ -47,11 +47,14 @@ def main() -> None:
     scaler = torch.amp.GradScaler("cpu", init_scale=2.0**126, growth_interval=10)
     sg = attach(model, opt, args.spec, lr_scheduler=sched, grad_scaler=scaler, max_grad_norm=1.0)
     start = sg.restore_or_start()
+    if start.restored:  # RNGs and data position come back as the user state of the last step
+        set_rng_state(start.user_state["rng"])
     for step in range(start.iteration, args.steps):
         x, y = batch(step, rank)
         loss = nn.functional.cross_entropy(model(x), y)
         sg.backward(loss)  # scaler.scale(loss).backward()
-        sg.step()  # unscale, clip, optimizer + scaler step, scheduler, zero_grad, COMMIT
+        # unscale, clip, optimizer + scaler step, scheduler, zero_grad, COMMIT
+        sg.step(user_state={"rng": rng_state(), "step": step})
         if rank == 0:
             print(f"step {step} loss {loss.item().hex()}", flush=True)
     if args.out and rank == 0:

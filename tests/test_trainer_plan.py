@@ -96,3 +96,27 @@ def test_faulty_link_drops_duplicates_and_reorders_deterministically() -> None:
     assert len(got) == 200 - c["dropped"] + c["duplicated"]
     assert got != sorted(got)  # reordered
     assert set(range(200)) - set(got)  # lost some
+
+
+def test_rng_state_round_trips_through_the_commit_blob() -> None:
+    """rng_state() / set_rng_state(): torch, Python and NumPy generators continue exactly
+    where they were, after the trip through the COMMIT blob (weights_only load)."""
+    import random
+
+    import numpy as np
+    from shadowgrad.trainer_hooks import rng_state, set_rng_state
+    from shadowgrad.trainer_hooks._blob import pack_blob, unpack_blob
+
+    torch.manual_seed(3)
+    random.seed(4)
+    np.random.seed(5)
+    torch.rand(3), random.random(), np.random.rand(), random.gauss(0, 1)
+    blob = pack_blob(1, None, None, {"rng": rng_state(), "step": 1})
+    assert len(blob) < 20_000
+    want = (torch.rand(4), random.random(), np.random.rand(), random.gauss(0, 1))
+    torch.manual_seed(99)
+    random.seed(99)
+    np.random.seed(99)
+    set_rng_state(unpack_blob(blob)["user"]["rng"])
+    got = (torch.rand(4), random.random(), np.random.rand(), random.gauss(0, 1))
+    assert torch.equal(want[0], got[0]) and want[1:] == got[1:]

@@ -14,5 +14,6 @@ See docs/trainer.md.
 """
 
 from ._session import Shadowgrad, Start, StepInfo, attach
+from ._state import rng_state, set_rng_state
 
-__all__ = ["attach", "Shadowgrad", "Start", "StepInfo"]
+__all__ = ["attach", "Shadowgrad", "Start", "StepInfo", "rng_state", "set_rng_state"]

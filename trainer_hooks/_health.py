@@ -93,7 +93,8 @@ class HealthMonitor:
         #: the trainers' next iteration (None before the first step)
         self._progress = progress
         now = time.monotonic()
-        self.views = {k: ShadowView(HEALTHY, now) for k in range(layout.num_shadows)}
+        # unknown until the first poll (moments after start): not healthy
+        self.views = {k: ShadowView(UNREACHABLE, now) for k in range(layout.num_shadows)}
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -257,6 +258,8 @@ class HealthMonitor:
                 self._stalled_locked(now)
                 self._choose_locked(now)
         for k, old, new, st in changes:
+            if self.polls == 1 and new == HEALTHY:
+                continue  # the first look: healthy is what everyone expects, say nothing
             event(log, "trainer.shadow_health", logging.INFO if new == HEALTHY else
                   logging.WARNING, rank=self.rank, shadow=k, state=new, previous=old,
                   last_applied=None if st is None else st.get("last_applied"),

@@ -137,6 +137,7 @@ class Shadowgrad:
         self._iteration: int | None = None
         self._sender: MirrorSender | None = None
         self._degraded_reason: str | None = None
+        self._start_problem: str | None = None
         self._restored_commit: dict[str, Any] | None = None
         self._closed = False
         #: this instance's generation of the job (fencing, DESIGN invariant 8) and the value of
@@ -209,21 +210,27 @@ class Shadowgrad:
         """True while the shadows cannot produce this job's current state: a shard without a
         healthy replica (unloaded, diverged, unreachable, fenced — as the health monitor last
         saw them), an iteration dropped for the shadows that no re-seed has covered yet, or a
-        lasting condition (``stats()["degraded_reason"]``). It turns false again once the
-        shards healed."""
+        lasting condition (``stats()["degraded_reason"]`` says which). It turns false again
+        once the shards healed."""
+        return self._why_degraded() is not None
+
+    def _why_degraded(self) -> str | None:
         if self._degraded_reason is not None:
-            return True
+            return self._degraded_reason  # lasting: hyperparameters changed, module state
         h = self.health
-        if h is not None and (h.fenced or h.unhealthy_shards()):
-            return True
+        if h is not None and h.fenced:
+            return "fenced"
+        if h is not None and h.unhealthy_shards():
+            return self._start_problem or "unhealthy_shards"
         s = self._sender
-        if s is not None and s.last_drop is not None:
-            return h is None or not h.covered(s.last_drop)
-        return False
+        if s is not None and s.last_drop is not None and (h is None or not h.covered(s.last_drop)):
+            return "dropped_iterations"
+        return None
 
     def stats(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"iteration": self._iteration, "degraded": self.degraded,
-                               "degraded_reason": self._degraded_reason, "slots": self.slots,
+        why = self._why_degraded()
+        out: dict[str, Any] = {"iteration": self._iteration, "degraded": why is not None,
+                               "degraded_reason": why, "slots": self.slots,
                                "chunk_bytes": self.chunk_bytes, "generation": self.generation}
         if self._sender is not None:
             out["mirror"] = self._sender.stats()
@@ -242,9 +249,13 @@ class Shadowgrad:
     def _bulk_timeout(self, nbytes: int) -> float:
         return self.spec.timeouts.connect_s + nbytes / (20 * 2**20)
 
-    def _degrade(self, reason: str, **fields: Any) -> None:
-        if self._degraded_reason is None:
+    def _degrade(self, reason: str, *, lasting: bool = True, **fields: Any) -> None:
+        """Log a degradation; ``lasting``: it stays (self-healing cannot undo it). A start
+        without the shadows is not lasting: the health monitor seeds them when they come."""
+        if lasting and self._degraded_reason is None:
             self._degraded_reason = reason
+        elif not lasting:
+            self._start_problem = reason
         event(log, "trainer.degraded", logging.WARNING, rank=self.rank, reason=reason, **fields)
 
     def _statuses(self, *, report: bool) -> dict[int, dict[str, Any] | None]:
@@ -404,7 +415,7 @@ class Shadowgrad:
         if decision["mode"] == "fresh":
             start = Start(first_iteration, None, False)
             if decision.get("reachable", 1) == 0:
-                self._degrade("no_shadow_reachable")
+                self._degrade("no_shadow_reachable", lasting=False)
                 ok = False
             else:
                 ok = self._load_shadows(first_iteration - 1)
@@ -412,7 +423,7 @@ class Shadowgrad:
             start = self._restore(int(decision["istar"]), list(decision["source"]))
             ok = self._load_shadows(start.iteration - 1, self._restored_commit)
         if g.all_min(int(ok)) == 0:
-            self._degrade("bootstrap_failed")
+            self._degrade("bootstrap_failed", lasting=False)
         self._iteration = start.iteration
         if self.reducer is not None:
             self.reducer.iteration = start.iteration
