@@ -254,7 +254,7 @@ class Shadowgrad:
         without the shadows is not lasting: the health monitor seeds them when they come."""
         if lasting and self._degraded_reason is None:
             self._degraded_reason = reason
-        elif not lasting:
+        elif not lasting and self._start_problem is None:
             self._start_problem = reason
         event(log, "trainer.degraded", logging.WARNING, rank=self.rank, reason=reason, **fields)
 
