@@ -56,16 +56,31 @@ def _env() -> dict[str, str]:
 
 
 SHADOW_ARGS: list[str] = []
+#: every process this tool started, and the torchrun workers seen: reaped on any exit
+_STARTED: list[subprocess.Popen[bytes]] = []
+_WORKERS: set[int] = set()
+
+
+def _reap_all() -> None:
+    for p in _STARTED:
+        if p.poll() is None:
+            _WORKERS.update(_descendants(p.pid))
+    for pid in _WORKERS:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    for p in _STARTED:
+        _reap(p)
 
 
 def _shadow(spec: Path, k: int, log: Path) -> subprocess.Popen[bytes]:
     f = log.open("ab")
     try:
         cli = str(Path(sys.executable).parent / "shadowgrad")
-        return subprocess.Popen([cli, "shadow", "--spec", str(spec), "--id", str(k),
-                                 *SHADOW_ARGS], stdout=f,
-                                stderr=subprocess.STDOUT, env=_env(), cwd=ROOT,
-                                start_new_session=True)
+        p = subprocess.Popen([cli, "shadow", "--spec", str(spec), "--id", str(k),
+                              *SHADOW_ARGS], stdout=f, stderr=subprocess.STDOUT, env=_env(),
+                             cwd=ROOT, start_new_session=True)
+        _STARTED.append(p)
+        return p
     finally:
         f.close()
 
@@ -73,10 +88,12 @@ def _shadow(spec: Path, k: int, log: Path) -> subprocess.Popen[bytes]:
 def _torchrun(script: str, args: list[str], log: Path) -> subprocess.Popen[bytes]:
     f = log.open("wb")
     try:
-        return subprocess.Popen(
+        p = subprocess.Popen(
             [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
              "--master-port", str(_free_port()), str(ROOT / "examples" / script), *args],
             stdout=f, stderr=subprocess.STDOUT, env=_env(), cwd=ROOT, start_new_session=True)
+        _STARTED.append(p)
+        return p
     finally:
         f.close()
 
@@ -296,6 +313,7 @@ def soak(args: argparse.Namespace, work: Path, run: int) -> dict[str, Any]:
         victim = args.stop_shadow if args.stop_shadow is not None else args.kill_shadow
         while trainer.poll() is None or _alive(orphans):
             time.sleep(0.2)
+            _WORKERS.update(_descendants(trainer.pid))
             step = _last_step(tlog)
             sts = _statuses(spec)
             if step >= 20:
@@ -319,14 +337,15 @@ def soak(args: argparse.Namespace, work: Path, run: int) -> dict[str, Any]:
                 first = _first_step(tlog)
                 if first >= 0:
                     kill_at = first + rng.randrange(5, 120)
-            if args.hog and hogs is None and now >= args.at:
+            if args.hog and hogs is None and step >= 0 and now >= args.at:
                 spin = "import time\nt = time.monotonic() + %f\nwhile time.monotonic() < t: pass"
                 hogs = [subprocess.Popen([sys.executable, "-c", spin % args.hog])
                         for _ in range(os.cpu_count() or 2)]
+                _STARTED.extend(hogs)
                 report["hog"] = {"at_step": step, "seconds": args.hog,
                                  "processes": len(hogs)}
             for k, st in enumerate(sts):
-                if st is None or st.get("last_applied") is None:
+                if st is None or st.get("last_applied") is None or args.kill_job:
                     continue
                 la = int(st["last_applied"])
                 if la != last_moved.get(k, (None, 0.0))[0]:
@@ -524,7 +543,19 @@ def main() -> int:
     return 0 if all(r["ok"] for r in reports) else 1
 
 
+def _interrupted(signum: int, _frame: object) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
 if __name__ == "__main__":
-    with contextlib.suppress(KeyboardInterrupt):
-        sys.exit(main())
-    sys.exit(130)
+    signal.signal(signal.SIGTERM, _interrupted)
+    rc = 130
+    try:
+        rc = main()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # reaping is not interrupted again
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        _reap_all()
+    sys.exit(rc)

@@ -102,6 +102,8 @@ class HealthMonitor:
         self._submitted: list[tuple[int, list[int], list[dict[str, Any]],
                                     dict[str, Any] | None]] = []
         self.fenced = False
+        #: since when every shadow is healthy (None: not now); the stall clock starts there
+        self._all_healthy_since: float | None = None
         self.reseeds = 0
         self.reseed_failures = 0
         #: seconds the training thread spent capturing re-seed state, per capture
@@ -272,13 +274,17 @@ class HealthMonitor:
         waiting on a stopped or dead peer is not stuck: that peer is unreachable or unhealthy,
         and the peer is what gets healed.)"""
         if any(v.state != HEALTHY for v in self.views.values()):
+            self._all_healthy_since = None
             return
+        if self._all_healthy_since is None:
+            self._all_healthy_since = now  # a shard waiting for a peer that just healed waits
         it = self._progress()
         for k, v in self.views.items():
             if k % self.world != self.rank or v.requested is not None:
                 continue
+            idle = now - max(v.moved_at, self._all_healthy_since)
             if it is not None and v.training_then is not None and it > v.training_then and \
-                    now - v.moved_at > self.grace_s and not self._seed_pending(v, now):
+                    idle > self.grace_s and not self._seed_pending(v, now):
                 v.requested = "stalled"
                 event(log, "trainer.shadow_health", logging.WARNING, rank=self.rank, shadow=k,
                       state="stalled", previous=v.state, last_applied=v.last_applied,
