@@ -233,9 +233,13 @@ def test_a_restarted_shadow_is_reseeded_while_training_runs(replication: int) ->
                 return bool(st["loaded"]) and st["last_applied"] >= 12 and sg.iteration > 30
 
             it = _finish(cluster, model, opt, sg, _train_until(model, sg, 10, healed))
-            seen_degraded = seen["degraded"]
-            # r = 1: the shard had no healthy replica for a while; r = 2: it always had one
-            assert seen_degraded == (replication == 1)
+            # r = 2: the shard always had a healthy replica, so it never was degraded; r = 1:
+            # it had none until the re-seed (often too briefly to be sampled between steps:
+            # the monitor's own record says it)
+            if replication == 2:
+                assert not seen["degraded"]
+            else:
+                assert sg.stats()["health"]["transitions"].get("unloaded", 0) >= 1
             deadline = time.monotonic() + 10
             while sg.degraded and time.monotonic() < deadline:
                 time.sleep(0.05)

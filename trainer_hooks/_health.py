@@ -109,6 +109,8 @@ class HealthMonitor:
         #: seconds the training thread spent capturing re-seed state, per capture
         self.pauses: list[float] = []
         self.polls = 0
+        #: how often a shadow entered each state (after the first poll)
+        self.transitions: dict[str, int] = {}
         self._thread = threading.Thread(target=self._run, name=f"shadowgrad-health-r{rank}",
                                         daemon=True)
 
@@ -162,6 +164,7 @@ class HealthMonitor:
                                          if not any(self.views[k].state == HEALTHY for k in
                                                     self.layout.shadows_of_shard(s))],
                     "reseeds": self.reseeds, "reseed_failures": self.reseed_failures,
+                    "transitions": dict(self.transitions),
                     "reseed_pauses_s": list(self.pauses[-16:]), "fenced": self.fenced}
 
     # -- training thread ----------------------------------------------------------------
@@ -250,6 +253,8 @@ class HealthMonitor:
                 if state != v.state:
                     changes.append((k, v.state, state, st))
                     v.state, v.since = state, now
+                    if self.polls > 1:
+                        self.transitions[state] = self.transitions.get(state, 0) + 1
             if any(v.state == FENCED for v in self.views.values()):
                 if not self.fenced:
                     self.fenced = True
