@@ -782,20 +782,24 @@ class ShadowNode:
         from shadowgrad.optspec import OptimizerSpec
 
         now = time.monotonic()
-        if self.spec.shadows.replication < 2 or now < self._next_clone:
+        sh = self.spec.shadows
+        if sh.replication < 2 or now < self._next_clone:
             return
         self._next_clone = now + max(0.5, self.opts.resync_interval_s)
-        for sid in range(self.spec.shadows.count):
+        # the replicas follow from the counts alone (Layout.shadows_of_shard): shadow k holds
+        # shard k % num_shards, so no layout is needed to know whom to ask
+        shards = sh.count // sh.replication
+        replicas = [self.id % shards + r * shards for r in range(sh.replication)]
+        for sid in replicas:
             if sid == self.id or self._ld is not None or self._stop.is_set():
                 continue
             try:
                 with ShadowClient(self._peer_control(sid), self._token,
                                   timeout_s=self.spec.timeouts.rpc_s) as client:
                     cfg, _ = client.call("config")
-                    layout = Layout.from_json(cfg["layout"])
-                    if layout.shard_of_shadow(self.id)[0] != int(cfg["shard"]) or \
-                            cfg.get("diverged_at") is not None:
+                    if cfg.get("diverged_at") is not None:
                         continue
+                    layout = Layout.from_json(cfg["layout"])
                     res = client.fetch(None, timeout_s=max(self.spec.timeouts.rpc_s, 30.0))
             except (ShadowgradError, zmq.ZMQError, KeyError, ValueError) as e:
                 if not isinstance(e, ControlError) or e.code != "not_loaded":
@@ -1151,7 +1155,6 @@ class ShadowNode:
             layout = self._layout_hint
         else:
             raise ControlError("bad_request", "load without a layout, and none was given")
-        self._check_layout(layout)
         iteration = int(req["iteration"])
         commit: dict[str, Any] | None = None
         if req.get("commit") is not None:
@@ -1162,17 +1165,10 @@ class ShadowNode:
             commit = commit_to_json(c_it, c_rec)
         opt_json = str(req["optimizer"])
         opt = OptimizerSpec.from_json(opt_json)
-        generation = int(req.get("generation") or 0)
-        reseed = bool(req.get("reseed", False))
-        with self._lock:
-            if generation < self._generation:
-                self.ev["load_stale_generation"] += 1
-                raise ControlError("stale_generation", f"load of generation {generation}: this "
-                                   f"shadow serves generation {self._generation} of the job (a "
-                                   "newer instance started; this one is fenced out)")
         states = decode_states(req["entries"], frames)
         return self._load_state(layout, iteration, states, opt_json, opt, commit=commit,
-                                generation=generation, reseed=reseed,
+                                generation=int(req.get("generation") or 0),
+                                reseed=bool(req.get("reseed", False)),
                                 source=str(req.get("source", "load")))
 
     def _load_state(self, layout: Layout, iteration: int,
@@ -1182,6 +1178,7 @@ class ShadowNode:
         """Install a whole shard state as ``iteration`` (``load``, and the clone of a restarted
         replica). ``reseed``: the job goes on (self-healing), so data already buffered for later
         iterations of the same generation is kept; otherwise everything in flight is dropped."""
+        self._check_layout(layout)
         shard, replica = layout.shard_of_shadow(self.id)
         geom = ShardGeometry(layout, shard)
         if sorted(states) != list(range(len(geom.boxes))):
@@ -1195,8 +1192,10 @@ class ShadowNode:
             window = max(4, min(self.opts.max_window, self.opts.window_bytes // per))
         with self._state_lock, self._lock:
             if generation < self._generation:
+                self.ev["load_stale_generation"] += 1
                 raise ControlError("stale_generation", f"load of generation {generation}: this "
-                                   f"shadow serves generation {self._generation}")
+                                   f"shadow serves generation {self._generation} of the job (a "
+                                   "newer instance started; this one is fenced out)")
             old = self._ld
             same = old is not None and old.layout == layout and old.shard == shard
             keep = reseed and same and generation == self._generation

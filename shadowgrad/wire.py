@@ -16,6 +16,7 @@ project: state streams and snapshots use it too.
 from __future__ import annotations
 
 import enum
+import hashlib
 import itertools
 import struct
 from collections.abc import Sequence
@@ -217,8 +218,6 @@ def session_digest(layout64: int, generation: int) -> int:
     """
     if generation == 0:
         return layout64
-    import hashlib
-
     h = hashlib.blake2b(layout64.to_bytes(8, "big") + generation.to_bytes(8, "big"),
                         digest_size=8, person=b"sg-generation")
     return int.from_bytes(h.digest(), "big")

@@ -112,8 +112,10 @@ def test_a_nack_storm_does_not_delay_the_next_iterations_data() -> None:
         stop.set()
         t.join(5)
         assert snd.counters.nacks > 20 and snd.counters.retx_chunks > 0
-        # each iteration left within a tenth of the old 1 s stall (typically ~1 ms)
-        assert max(delays) < 0.1, delays
+        # the old sender could not leave its receive loop while NACKs kept coming (it waited
+        # 1 s for silence after each), so no iteration left during the storm at all; now each
+        # leaves within milliseconds (the bound only separates "at once" from "never")
+        assert max(delays) < 1.0, delays
     finally:
         stop.set()
         snd.close()

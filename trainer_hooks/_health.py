@@ -169,6 +169,11 @@ class HealthMonitor:
 
     # -- training thread ----------------------------------------------------------------
 
+    @property
+    def wants_reseed(self) -> bool:
+        """Whether a re-seed waits for the training thread's capture (one read, no lock)."""
+        return bool(self._wanted)
+
     def take_wanted(self) -> dict[int, list[int]]:
         """Shard -> shadows to re-seed now (cleared); the caller captures each shard's state
         and calls :meth:`submit`. Cheap when nothing is wanted (one attribute read)."""

@@ -51,7 +51,7 @@ __all__ = ["CommitInfo", "MirrorSender"]
 
 log = logging.getLogger(__name__)
 
-_FREE, _QUEUED, _SENT = 0, 1, 2
+_FREE, _QUEUED, _SENT = 0, 1, 2  # a slot's state: never used, waiting to be sent, sent
 
 
 @dataclass
@@ -160,7 +160,6 @@ class MirrorSender:
         #: fault injection for tests: probability of silently dropping a first (non-RETX) send
         self.drop_first_sends = drop_first_sends
         self._rng = random.Random(seed)
-        self.degraded = False
         self._dest = [
             [self.shadow_addrs[k] for k in layout.shadows_of_shard(s)]
             for s in range(layout.num_shards)
@@ -176,6 +175,10 @@ class MirrorSender:
         self.history_s = history_s
         self.on_unavailable = on_unavailable
         self._slots: list[_Slot] = []
+        #: sent slots, oldest first (the retransmit history and the recycling order), and the
+        #: slot holding each iteration: a capture and a NACK find theirs in O(1)
+        self._history: collections.deque[_Slot] = collections.deque()
+        self._by_iter: dict[int, _Slot] = {}
         self._new_slot()  # the first one now: a failing allocation shows at attach
         #: state-change logging of drops: the reason of the current degraded spell, drops since
         #: the last summary, when that was
@@ -220,6 +223,7 @@ class MirrorSender:
                 return False
             slot.state = _QUEUED
             slot.iteration = iteration
+            self._by_iter[iteration] = slot
             self._recovered_locked(iteration)
         cuda = False
         for piece in self.plan.pieces:
@@ -290,7 +294,8 @@ class MirrorSender:
     def stats(self) -> dict[str, Any]:
         c = self.counters
         out = {k: v for k, v in vars(c).items() if k != "by_reason"}
-        out["degraded"] = self.degraded
+        out["last_drop"] = self.last_drop
+        out["slots_allocated"] = len(self._slots)
         out["rejected_by_reason"] = dict(c.by_reason)
         return out
 
@@ -322,20 +327,24 @@ class MirrorSender:
         return slot
 
     def _take_slot(self) -> _Slot | None:
-        """A slot for a new capture: a free one, a new one (up to ``slots``), or the oldest
-        sent one beyond the retransmit history (the newest ``history`` sent slots younger than
-        ``history_s`` are kept for NACKs)."""
-        for s in self._slots:
-            if s.state == _FREE:
-                return s
+        """A slot for a new capture (lock held): the one never used yet, a new one (up to
+        ``slots``), or the oldest sent one beyond the retransmit history (the newest
+        ``history`` sent slots younger than ``history_s`` are kept for NACKs). O(1)."""
+        if self._slots[-1].state == _FREE:
+            return self._slots[-1]
         if len(self._slots) < self._max_slots:
-            return self._new_slot()
-        sent = sorted((s for s in self._slots if s.state == _SENT and not s.busy),
-                      key=lambda s: s.iteration)
-        now = time.monotonic()
-        keep = self.history
-        if sent and (len(sent) > keep or now - sent[0].sent_at > self.history_s):
-            return sent[0]
+            try:
+                return self._new_slot()
+            except RuntimeError:  # out of (pinned) memory: make do with what there is
+                self._max_slots = len(self._slots)
+        if self._history:
+            old = self._history[0]
+            if not old.busy and (len(self._history) > self.history
+                                 or time.monotonic() - old.sent_at > self.history_s):
+                self._history.popleft()
+                if self._by_iter.get(old.iteration) is old:
+                    del self._by_iter[old.iteration]
+                return old
         return None
 
     def _degrade(self, iteration: int, reason: str, **fields: Any) -> None:
@@ -346,7 +355,6 @@ class MirrorSender:
         """An iteration dropped for the shadows: logged when the state changes (first drop, or
         another reason), counted otherwise and summarised every ``summary_s``."""
         self.counters.dropped_iterations += 1
-        self.degraded = True
         self.last_drop = iteration if self.last_drop is None else max(self.last_drop, iteration)
         self._drops_since_summary += 1
         if reason != self._drop_reason:
@@ -469,12 +477,14 @@ class MirrorSender:
                 slot.busy = False
                 slot.state = _SENT
                 slot.sent_at = time.monotonic()
+                self._history.append(slot)
         self._last_send = time.monotonic()
 
     def _send_commit(self, info: CommitInfo) -> None:
         rec = info.record()
         self._commits_kept[info.iteration] = rec
-        while len(self._commits_kept) > max(8, 2 * len(self._slots)):
+        # as long as the data of an iteration can be retransmitted (slots allocate lazily)
+        while len(self._commits_kept) > max(8, self._max_slots):
             self._commits_kept.popitem(last=False)
         self._last_commit = (info.iteration, rec)
         self._broadcast_commit(info.iteration, rec, retx=False)
@@ -550,18 +560,18 @@ class MirrorSender:
         if not nack.ranges:
             return
         with self._lock:
-            slot = next((s for s in self._slots
-                         if s.iteration == it and s.state == _SENT and not s.busy), None)
-            if slot is not None and time.monotonic() - slot.sent_at > self.history_s:
+            slot = self._by_iter.get(it)
+            if slot is not None and slot.state != _SENT:
+                return  # still queued: it is on its way
+            if slot is not None and (slot.busy or
+                                     time.monotonic() - slot.sent_at > self.history_s):
                 slot = None
             if slot is not None:
                 slot.busy = True
-        if slot is None:
-            queued = any(s.iteration == it and s.state != _SENT for s in self._slots)
-            if not queued:  # not on its way either: repair cannot help this shadow any more
-                self.counters.nack_unavailable += 1
-                if self.on_unavailable is not None:
-                    self.on_unavailable(addr, it)
+        if slot is None:  # not kept, not on its way: repair cannot help this shadow any more
+            self.counters.nack_unavailable += 1
+            if self.on_unavailable is not None:
+                self.on_unavailable(addr, it)
             return
         try:
             for r in nack.ranges:

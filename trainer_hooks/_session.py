@@ -151,7 +151,8 @@ class Shadowgrad:
         #: parameters in the order the user's clip_grad_norm_(model.parameters()) sums them
         self._clip_params = [p for p in self.module.parameters() if p.requires_grad]
         self._module_state = self._module_state_tensors()
-        self._param_names = [p.name for p in layout.params]
+        #: the layout's parameters in layout order (COMMIT.no_grad indexes them)
+        self._layout_params = [self.params[p.name] for p in layout.params]
         self.software_tap = software_tap
         self.ring: RingAllReduce | None = None
         self.reducer: LayoutReducer | None = None
@@ -691,8 +692,7 @@ class Shadowgrad:
         sent = False
         # parameters without a gradient this iteration (unused): the optimizer skips them, the
         # COMMIT names them so the shadows skip them too
-        no_grad = tuple(i for i, name in enumerate(self._param_names)
-                        if self.params[name].grad is None)
+        no_grad = tuple(i for i, p in enumerate(self._layout_params) if p.grad is None)
         if sender is not None and self.mode == "mirror":
             sent = sender.capture(it, {n: p.grad for n, p in self.params.items()})
         lrs = tuple(float(g["lr"]) for g in opt.param_groups)
@@ -746,7 +746,7 @@ class Shadowgrad:
             scale_cpu = scale.to("cpu", non_blocking=True) if scale is not None else None
             info = CommitInfo(it, lrs, coef_cpu, scale_cpu, skipped, blob, ready, no_grad)
             sender.commit(info)
-        if self.health is not None and self.health._wanted:
+        if self.health is not None and self.health.wants_reseed:
             self._reseed(it, info)
         if zero_grad:
             opt.zero_grad(set_to_none=True)
@@ -825,17 +825,8 @@ class Shadowgrad:
                     continue
                 if state != "unreachable" and k % self.group.world == self.rank \
                         and k not in seeded:
-                    # training is over: seed it with the final state, and it confirms at once
                     seeded.add(k)
-                    shard, _ = self.layout.shard_of_shadow(k)
-                    try:
-                        self._send_load(k, iteration, self._shard_states(shard, clone=False),
-                                        None, reseed=True)
-                        event(log, "trainer.reseed", logging.WARNING, rank=self.rank,
-                              shadow=k, shard=shard, iteration=iteration, at="close")
-                    except Exception as exc:
-                        event(log, "trainer.reseed_failed", logging.WARNING, rank=self.rank,
-                              shadow=k, iteration=iteration, error=str(exc))
+                    self._seed_at_close(k, iteration)
                 waiting.append(k)
             if not waiting and not lost:
                 return True
@@ -844,6 +835,19 @@ class Shadowgrad:
         event(log, "trainer.close_unconfirmed", logging.WARNING, rank=self.rank,
               iteration=iteration, cannot_confirm=lost)
         return False
+
+    def _seed_at_close(self, k: int, iteration: int) -> None:
+        """Training is over: seed shadow ``k`` with the final state, so it confirms at once."""
+        shard, _ = self.layout.shard_of_shadow(k)
+        try:
+            self._send_load(k, iteration, self._shard_states(shard, clone=False), None,
+                            reseed=True)
+        except Exception as exc:
+            event(log, "trainer.reseed_failed", logging.WARNING, rank=self.rank, shadow=k,
+                  iteration=iteration, error=str(exc))
+            return
+        event(log, "trainer.reseed", logging.WARNING, rank=self.rank, shadow=k, shard=shard,
+              iteration=iteration, at="close")
 
     def __enter__(self) -> Shadowgrad:
         return self
