@@ -107,16 +107,25 @@ class _Module:
                         raise FastPathUnsupported("unexpected action map")
                     m[k.value] = v.id
                 self.act_maps[node.targets[0].id[4:]] = m
-        # headers: S_headers.__init__ assigns self.<h> = H_<type>()
+        # the program's header/metadata struct classes, from new_ctx(): C.hdr = S_<type>() ...
+        types = {"hdr": "S_headers", "meta": "S_metadata", "std": "S_standard_metadata_t"}
+        new_ctx = self.funcs.get("new_ctx")
+        for st in new_ctx.body if new_ctx is not None else []:
+            if isinstance(st, ast.Assign) and len(st.targets) == 1 \
+                    and isinstance(st.value, ast.Call) and isinstance(st.value.func, ast.Name):
+                ch = _chain(st.targets[0])
+                if ch is not None and len(ch) == 2 and ch[0] == "C" and ch[1] in types:
+                    types[ch[1]] = st.value.func.id
+        # headers: S_<headers type>.__init__ assigns self.<h> = H_<type>()
         self.headers: dict[str, dict[str, Any]] = {}  # instance -> field -> default
-        for st in self._init_body("S_headers"):
+        for st in self._init_body(types["hdr"]):
             tgt, val = st
             if not (isinstance(val, ast.Call) and isinstance(val.func, ast.Name)
                     and val.func.id in self.classes):
                 raise FastPathUnsupported(f"header {tgt} is not a plain header")
             self.headers[tgt] = self._header_fields(self.classes[val.func.id])
-        self.meta = {t: _const(v) for t, v in self._init_body("S_metadata")}
-        self.std = {t: _const(v) for t, v in self._init_body("S_standard_metadata_t")}
+        self.meta = {t: _const(v) for t, v in self._init_body(types["meta"])}
+        self.std = {t: _const(v) for t, v in self._init_body(types["std"])}
 
     def _init_body(self, cls: str) -> list[tuple[str, ast.expr]]:
         c = self.classes.get(cls)

@@ -53,6 +53,12 @@ Keys (``*`` = required; default otherwise):
     across ``trainer_ports``, ``shadow_ports`` and ``cpu_port``. With ``target = "none"`` the
     port lists are not required and must not be given. In ``"in-band"`` mode every trainer and
     shadow address must be an IPv4 literal, since the switch matches and rewrites IPv4 headers.
+    ``loopback`` -- ``"host:port"``: the hosts reach the switch through the P4 target's
+    loopback UDP ports (``sg-switch-grpc --loopback-port N@host:port+N``), exchanging whole
+    Ethernet frames (``shadowgrad.frames``). Default: none (the hosts' own interfaces cross
+    the switch: veths, Mininet, real links).
+    ``trainer_macs``, ``shadow_macs`` -- MAC of each trainer / shadow host, ``"02:53:47:00:00:05"``.
+    Default ``02:53:47:00:0p:pp`` from the host's switch port (the testbed sets it).
 
 ``[timeouts]``
     ``heartbeat`` -- interval of trainer heartbeats. Default ``"500ms"``.
@@ -153,6 +159,9 @@ KNOWN_KEYS: Final[Mapping[str, tuple[str, ...]]] = {
         "trainer_ports",
         "shadow_ports",
         "cpu_port",
+        "loopback",
+        "trainer_macs",
+        "shadow_macs",
     ),
     "timeouts": ("heartbeat", "failure_detect", "gap_repair", "rpc", "connect"),
     "security": ("token_env", "token_file"),
@@ -373,6 +382,26 @@ class SwitchSection:
     trainer_ports: tuple[int, ...] = ()
     shadow_ports: tuple[int, ...] = ()
     cpu_port: int = DEFAULT_CPU_PORT
+    #: the target's loopback UDP ports: switch port N is ``loopback.host:loopback.port + N``
+    loopback: Endpoint | None = None
+    trainer_macs: tuple[int, ...] = ()  #: 48-bit MACs; empty: ``frames.port_mac(port)``
+    shadow_macs: tuple[int, ...] = ()
+
+    def loopback_endpoint(self, port: int) -> Endpoint:
+        """The UDP endpoint of switch port ``port`` (only with ``loopback`` set)."""
+        if self.loopback is None:
+            raise ValueError("switch.loopback is not set")
+        return Endpoint(self.loopback.host, self.loopback.port + port)
+
+    def trainer_mac(self, rank: int) -> int:
+        from shadowgrad.frames import port_mac
+
+        return self.trainer_macs[rank] if self.trainer_macs else port_mac(self.trainer_ports[rank])
+
+    def shadow_mac(self, index: int) -> int:
+        from shadowgrad.frames import port_mac
+
+        return self.shadow_macs[index] if self.shadow_macs else port_mac(self.shadow_ports[index])
 
 
 @dataclass(frozen=True, slots=True)
@@ -466,6 +495,13 @@ class JobSpec:
             switch["trainer_ports"] = list(self.switch.trainer_ports)
             switch["shadow_ports"] = list(self.switch.shadow_ports)
         switch["cpu_port"] = self.switch.cpu_port
+        if self.switch.loopback is not None:
+            switch["loopback"] = str(self.switch.loopback)
+        from shadowgrad.frames import format_mac
+
+        for name in ("trainer_macs", "shadow_macs"):
+            if getattr(self.switch, name):
+                switch[name] = [format_mac(m) for m in getattr(self.switch, name)]
         t = self.timeouts
         security: dict[str, Any] = (
             {"token_file": str(self.security.token_file)}
@@ -775,8 +811,41 @@ def _build(raw: Mapping[str, Any], source: str) -> JobSpec:
                         tables[prefix].raw["addresses"][i],
                         "in-band mode needs IPv4 addresses (the switch rewrites IPv4 headers)",
                     )
+    loopback: Endpoint | None = None
+    macs: dict[str, tuple[int, ...]] = {"trainer_macs": (), "shadow_macs": ()}
+    if target == "none":
+        for name in ("loopback", *macs):
+            if t.has(name):
+                raise ConfigError(
+                    t.key(name), t.get(name), "has no meaning with switch.target = 'none'"
+                )
+    else:
+        if t.has("loopback"):
+            loopback = Endpoint.parse(t.get("loopback"), t.key("loopback"))
+            top = loopback.port + max((*trainer_ports, *shadow_ports, cpu_port))
+            if top > 65535:
+                raise ConfigError(t.key("loopback"), t.get("loopback"),
+                                  f"base port + switch port reaches {top} > 65535")
+        from shadowgrad.frames import parse_mac
+
+        for name, n, size_key in (("trainer_macs", world_size, "trainers.world_size"),
+                                  ("shadow_macs", count, "shadows.count")):
+            if not t.has(name):
+                continue
+            items = t.list_(name)
+            if len(items) != n:
+                raise ConfigError(t.key(name), items,
+                                  f"has {len(items)} entries but {size_key} = {n}")
+            vals = []
+            for i, item in enumerate(items):
+                try:
+                    vals.append(parse_mac(item if isinstance(item, str) else repr(item)))
+                except ValueError as exc:
+                    raise ConfigError(f"{t.key(name)}[{i}]", item, str(exc)) from None
+            macs[name] = tuple(vals)
     switch = SwitchSection(
-        target, grpc_addr, device_id, p4_program, trainer_ports, shadow_ports, cpu_port
+        target, grpc_addr, device_id, p4_program, trainer_ports, shadow_ports, cpu_port,
+        loopback, macs["trainer_macs"], macs["shadow_macs"]
     )
 
     t = tables["timeouts"]
