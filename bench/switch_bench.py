@@ -155,7 +155,7 @@ def program_target(addr: str) -> None:
             te.action.action.params.add(param_id=flood.params[0].id,
                                         value=gid.to_bytes(2, "big"))
             ups.append(U(type=U.INSERT, entity=e))
-        c.write(*ups)
+        c.write(ups)
     finally:
         c.close()
 

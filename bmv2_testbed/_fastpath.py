@@ -110,12 +110,13 @@ class _Module:
         # the program's header/metadata struct classes, from new_ctx(): C.hdr = S_<type>() ...
         types = {"hdr": "S_headers", "meta": "S_metadata", "std": "S_standard_metadata_t"}
         new_ctx = self.funcs.get("new_ctx")
-        for st in new_ctx.body if new_ctx is not None else []:
-            if isinstance(st, ast.Assign) and len(st.targets) == 1 \
-                    and isinstance(st.value, ast.Call) and isinstance(st.value.func, ast.Name):
-                ch = _chain(st.targets[0])
+        for node in new_ctx.body if new_ctx is not None else []:
+            if isinstance(node, ast.Assign) and len(node.targets) == 1 \
+                    and isinstance(node.value, ast.Call) \
+                    and isinstance(node.value.func, ast.Name):
+                ch = _chain(node.targets[0])
                 if ch is not None and len(ch) == 2 and ch[0] == "C" and ch[1] in types:
-                    types[ch[1]] = st.value.func.id
+                    types[ch[1]] = node.value.func.id
         # headers: S_<headers type>.__init__ assigns self.<h> = H_<type>()
         self.headers: dict[str, dict[str, Any]] = {}  # instance -> field -> default
         for st in self._init_body(types["hdr"]):

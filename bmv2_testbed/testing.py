@@ -1,9 +1,9 @@
 """Drive a P4 switch *binary* the way the dataplane suite drives the in-process target.
 
 :class:`RealBmv2Backend` compiles a program with a p4c command line, starts a switch binary with
-``simple_switch_grpc``'s command line on veth pairs, programs it over P4Runtime with a small
-client of our own (:class:`P4RuntimeClient`, built on ``p4.v1.p4runtime_pb2``/``_grpc``; never
-p4runtime-shell, whose ``setup()`` calls ``sys.exit``), sends frames with AF_PACKET and collects
+``simple_switch_grpc``'s command line on veth pairs, programs it over P4Runtime with the project's
+client (:class:`shadowgrad.controller.p4runtime.P4RuntimeClient`, re-exported here with
+:class:`P4RuntimeError`), sends frames with AF_PACKET and collects
 what comes out of the other ports until the wire is quiet. The same code runs
 
 * real ``p4c`` + ``simple_switch_grpc`` (``p4c`` writes ``DIR/x.json``), and
@@ -38,16 +38,15 @@ import tempfile
 import threading
 import time
 import weakref
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import grpc
 from google.protobuf import text_format  # type: ignore[import-untyped]
 from p4.config.v1 import p4info_pb2
-from p4.v1 import p4runtime_pb2, p4runtime_pb2_grpc
-
-from .p4runtime_server import grpc_details
+from p4.v1 import p4runtime_pb2
+from shadowgrad.controller.p4runtime import P4RuntimeClient, P4RuntimeError
 
 __all__ = ["RealBmv2Backend", "P4RuntimeClient", "VethNamespace", "P4RuntimeError",
            "compile_program"]
@@ -59,16 +58,6 @@ ETH_P_ALL = 0x0003
 SOL_PACKET = 263
 PACKET_IGNORE_OUTGOING = 23
 U = p4runtime_pb2.Update
-
-
-class P4RuntimeError(RuntimeError):
-    """A failed P4Runtime RPC, with the per-update ``p4.v1.Error``s of a Write, if any."""
-
-    def __init__(self, message: str, code: grpc.StatusCode | None = None,
-                 errors: Sequence[p4runtime_pb2.Error] = ()) -> None:
-        super().__init__(message)
-        self.code = code
-        self.errors = list(errors)
 
 
 def _sh(*args: str, check: bool = True, timeout: float = 20) -> subprocess.CompletedProcess[str]:
@@ -261,133 +250,6 @@ class VethNamespace:
                 _sh("ip", "link", "del", name, check=False)
 
 
-# ----------------------------------------------------------------------------- P4Runtime
-class P4RuntimeClient:
-    """A minimal P4Runtime client: one StreamChannel (arbitration, packet-in/out, digests) with
-    a reader thread, pipeline push, Write and Read. Unary calls carry deadlines."""
-
-    def __init__(self, addr: str, device_id: int = 0, election_id: int = 1,
-                 timeout: float = 10.0) -> None:
-        self.addr = addr
-        self.device_id = device_id
-        self.election_id = election_id
-        self.timeout = timeout
-        self.channel = grpc.insecure_channel(addr)
-        self.stub = p4runtime_pb2_grpc.P4RuntimeStub(self.channel)
-        self._out: queue.Queue[p4runtime_pb2.StreamMessageRequest | None] = queue.Queue()
-        self.packet_ins: queue.Queue[p4runtime_pb2.PacketIn] = queue.Queue()
-        self.digests: queue.Queue[p4runtime_pb2.DigestList] = queue.Queue()
-        self.stream_errors: list[p4runtime_pb2.StreamError] = []
-        self._arb: queue.Queue[p4runtime_pb2.MasterArbitrationUpdate | None] = queue.Queue()
-        self._stream: Any = None
-        self._reader: threading.Thread | None = None
-
-    def connect(self, wait: float = 30.0) -> None:
-        """Wait for the server, open the stream and become primary."""
-        grpc.channel_ready_future(self.channel).result(timeout=wait)
-        self._stream = self.stub.StreamChannel(self._requests())
-        self._reader = threading.Thread(target=self._read, name="p4rt-stream", daemon=True)
-        self._reader.start()
-        r = p4runtime_pb2.StreamMessageRequest()
-        r.arbitration.device_id = self.device_id
-        r.arbitration.election_id.high = self.election_id >> 64
-        r.arbitration.election_id.low = self.election_id & ((1 << 64) - 1)
-        self._out.put(r)
-        try:
-            upd = self._arb.get(timeout=wait)
-        except queue.Empty:
-            raise P4RuntimeError("no arbitration response") from None
-        if upd is None:
-            raise P4RuntimeError("stream closed during arbitration")
-        if upd.status.code != 0:
-            raise P4RuntimeError(f"not primary: {upd.status.message!r}")
-
-    def _requests(self) -> Iterator[p4runtime_pb2.StreamMessageRequest]:
-        while (m := self._out.get()) is not None:
-            yield m
-
-    def _read(self) -> None:
-        try:
-            for m in self._stream:
-                kind = m.WhichOneof("update")
-                if kind == "arbitration":
-                    self._arb.put(m.arbitration)
-                elif kind == "packet":
-                    self.packet_ins.put(m.packet)
-                elif kind == "digest":
-                    self.digests.put(m.digest)
-                    ack = p4runtime_pb2.StreamMessageRequest()
-                    ack.digest_ack.digest_id = m.digest.digest_id
-                    ack.digest_ack.list_id = m.digest.list_id
-                    self._out.put(ack)
-                elif kind == "error":
-                    self.stream_errors.append(m.error)
-                    log.warning("P4Runtime stream error: %s", m.error)
-        except grpc.RpcError as e:
-            if e.code() != grpc.StatusCode.CANCELLED:
-                log.debug("stream ended: %s", e)
-        finally:
-            self._arb.put(None)
-
-    def _eid(self, msg: Any) -> None:
-        msg.election_id.high = self.election_id >> 64
-        msg.election_id.low = self.election_id & ((1 << 64) - 1)
-
-    def set_pipeline(self, p4info: p4info_pb2.P4Info, device_config: bytes,
-                     cookie: int = 0) -> None:
-        req = p4runtime_pb2.SetForwardingPipelineConfigRequest(
-            device_id=self.device_id,
-            action=p4runtime_pb2.SetForwardingPipelineConfigRequest.VERIFY_AND_COMMIT)
-        self._eid(req)
-        req.config.p4info.CopyFrom(p4info)
-        req.config.p4_device_config = device_config
-        req.config.cookie.cookie = cookie
-        try:
-            self.stub.SetForwardingPipelineConfig(req, timeout=max(self.timeout, 60))
-        except grpc.RpcError as e:
-            raise P4RuntimeError(f"SetForwardingPipelineConfig: {e.details()}",
-                                 e.code()) from None
-
-    def write(self, *updates: p4runtime_pb2.Update) -> None:
-        req = p4runtime_pb2.WriteRequest(device_id=self.device_id)
-        self._eid(req)
-        req.updates.extend(updates)
-        try:
-            self.stub.Write(req, timeout=self.timeout)
-        except grpc.RpcError as e:
-            errs = grpc_details(e)
-            msgs = [f"#{i}: {x.message}" for i, x in enumerate(errs) if x.canonical_code != 0]
-            raise P4RuntimeError(f"Write: {e.details()} {'; '.join(msgs)}", e.code(),
-                                 errs) from None
-
-    def read(self, *entities: p4runtime_pb2.Entity) -> list[p4runtime_pb2.Entity]:
-        req = p4runtime_pb2.ReadRequest(device_id=self.device_id)
-        req.entities.extend(entities)
-        out: list[p4runtime_pb2.Entity] = []
-        try:
-            for resp in self.stub.Read(req, timeout=self.timeout):
-                out.extend(resp.entities)
-        except grpc.RpcError as e:
-            raise P4RuntimeError(f"Read: {e.details()}", e.code()) from None
-        return out
-
-    def packet_out(self, payload: bytes, metadata: Sequence[tuple[int, bytes]]) -> None:
-        r = p4runtime_pb2.StreamMessageRequest()
-        r.packet.payload = payload
-        for mid, value in metadata:
-            r.packet.metadata.add(metadata_id=mid, value=value)
-        self._out.put(r)
-
-    def close(self) -> None:
-        self._out.put(None)
-        if self._stream is not None:
-            with contextlib.suppress(Exception):
-                self._stream.cancel()
-        if self._reader is not None:
-            self._reader.join(5)
-        self.channel.close()
-
-
 # ----------------------------------------------------------------------------- helpers
 def _width_bytes(bits: int) -> int:
     return max(1, (bits + 7) // 8)
@@ -511,9 +373,11 @@ class RealBmv2Backend:
                 raise RuntimeError(f"{self.switch} exited with {proc.returncode}:\n"
                                    f"{self.switch_log()[-3000:]}")
             try:
-                client.connect(wait=min(1.0, max(0.1, deadline - time.monotonic())))
+                client.connect(wait_s=min(1.0, max(0.1, deadline - time.monotonic())))
                 break
-            except grpc.FutureTimeoutError:
+            except P4RuntimeError as e:
+                if e.code != grpc.StatusCode.UNAVAILABLE:
+                    raise
                 if time.monotonic() > deadline:
                     raise RuntimeError(f"{self.switch} did not serve P4Runtime on "
                                        f"{self.grpc_addr}:\n{self.switch_log()[-3000:]}"
@@ -626,13 +490,13 @@ class RealBmv2Backend:
             e.digest_entry.config.ack_timeout_ns = 1_000_000_000
             ups.append(U(type=U.INSERT, entity=e))
         if ups:
-            self.client.write(*ups)
+            self.client.write(ups)
         self.stale_frames += self.veths.drain()
 
     def _write_te(self, kind: Any, te: p4runtime_pb2.TableEntry) -> None:
         e = p4runtime_pb2.Entity()
         e.table_entry.CopyFrom(te)
-        self.client.write(U(type=kind, entity=e))
+        self.client.write([U(type=kind, entity=e)])
 
     def insert(self, table: str, match: dict[str, Any], action: str,
                params: dict[str, int] | None = None, priority: int = 0) -> None:
@@ -657,14 +521,14 @@ class RealBmv2Backend:
         g = e.packet_replication_engine_entry.multicast_group_entry
         g.multicast_group_id = gid
         self._replicas(g, replicas)
-        self.client.write(U(type=U.INSERT, entity=e))
+        self.client.write([U(type=U.INSERT, entity=e)])
 
     def clone_session(self, sid: int, replicas: list[tuple[int, int]]) -> None:
         e = p4runtime_pb2.Entity()
         c = e.packet_replication_engine_entry.clone_session_entry
         c.session_id = sid
         self._replicas(c, replicas)
-        self.client.write(U(type=U.INSERT, entity=e))
+        self.client.write([U(type=U.INSERT, entity=e)])
 
     def _gather_async(self) -> None:
         names_in: dict[int, str] = {}
@@ -734,7 +598,7 @@ class RealBmv2Backend:
         e = p4runtime_pb2.Entity()
         e.counter_entry.counter_id = self._obj("counters", name).preamble.id
         e.counter_entry.index.index = index
-        (r,) = self.client.read(e)
+        (r,) = self.client.read([e])
         d = r.counter_entry.data
         return d.byte_count, d.packet_count
 
@@ -743,6 +607,6 @@ class RealBmv2Backend:
         e = p4runtime_pb2.Entity()
         e.direct_counter_entry.table_entry.CopyFrom(
             self._table_entry(table, match, None, None, priority))
-        (r,) = self.client.read(e)
+        (r,) = self.client.read([e])
         d = r.direct_counter_entry.data
         return d.byte_count, d.packet_count

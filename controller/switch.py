@@ -511,7 +511,7 @@ class SwitchDriver:
         want = self.desired(base)
         codec = self.codec
 
-        def group_update(kind: Any, gid: int, replicas: Iterable[tuple[int, int]]) -> U:
+        def group_update(kind: Any, gid: int, replicas: Iterable[tuple[int, int]]) -> Any:
             e = p4runtime_pb2.Entity()
             g = e.packet_replication_engine_entry.multicast_group_entry
             g.multicast_group_id = gid
@@ -519,7 +519,7 @@ class SwitchDriver:
                 g.replicas.add(egress_port=port, instance=rid)
             return U(type=kind, entity=e)
 
-        def entry_update(kind: Any, e: Entry) -> U:
+        def entry_update(kind: Any, e: Entry) -> Any:
             ent = p4runtime_pb2.Entity()
             te = codec.encode(e)
             if kind == U.DELETE:
@@ -528,7 +528,7 @@ class SwitchDriver:
             return U(type=kind, entity=ent)
 
         # 1. groups the new entries need
-        ups: list[U] = []
+        ups: list[Any] = []
         for gid, reps in sorted(want.groups.items()):
             if gid in others:
                 raise ShadowgradError(f"multicast group {gid} belongs to another job")
@@ -593,7 +593,7 @@ class SwitchDriver:
         self._write(ups)
         return rep
 
-    def _write(self, ups: Sequence[U]) -> None:
+    def _write(self, ups: Sequence[Any]) -> None:
         for i in range(0, len(ups), _BATCH):
             self.client.write(ups[i:i + _BATCH])
 

@@ -52,6 +52,7 @@ from shadowgrad import wire
 from shadowgrad._log import event
 from shadowgrad.config import JobSpec
 from shadowgrad.errors import LayoutError, ShadowgradError, WireError
+from shadowgrad.frames import decode_frame
 from shadowgrad.layout import Layout
 
 __all__ = ["NodeOptions", "ShadowNode", "NONE_ITER"]
@@ -209,6 +210,14 @@ class ShadowNode:
         self.sock.settimeout(self.opts.tick_s)
         self._peer_addrs = [(a.host, a.port) for a in spec.shadows.addresses]
         self._trainer_addrs = [(a.host, a.port) for a in spec.trainers.addresses]
+        # in-band through the P4 target's loopback UDP ports: what arrives from this shadow's
+        # switch port is a whole Ethernet frame (shadowgrad.frames), the copy the switch made
+        self._switch_ep: tuple[str, int] | None = None
+        self._me = (spec.shadows.addresses[shadow_id].host, spec.shadows.addresses[shadow_id].port)
+        sw = spec.switch
+        if spec.job.mode == "in-band" and sw.loopback is not None and sw.shadow_ports:
+            ep = sw.loopback_endpoint(sw.shadow_ports[shadow_id])
+            self._switch_ep = (ep.host, ep.port)
         self._ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
         self._rep = self._ctx.socket(zmq.ROUTER)
         self._rep.setsockopt(zmq.LINGER, 0)
@@ -344,16 +353,28 @@ class ShadowNode:
         buf = bytearray(wire.MAX_DATAGRAM + 1)  # one byte more: oversize datagrams show up
         mv = memoryview(buf)
         next_timer = 0.0
+        switch = self._switch_ep
         while not self._stop.is_set():
+            src = None
             try:
-                n = sock.recv_into(buf)
+                if switch is None:
+                    n = sock.recv_into(buf)
+                else:
+                    n, src = sock.recvfrom_into(buf)
             except TimeoutError:
                 n = -1
             except OSError:
                 if self._stop.is_set():
                     return
                 raise
-            if n >= 0:
+            if n >= 0 and src is not None and (src[0], src[1]) == switch:
+                frame = decode_frame(mv[:n])
+                if frame is None or frame.dst != self._me:
+                    with self._lock:
+                        self.rx["bad_frame"] += 1
+                else:
+                    self.handle_datagram(frame.payload)
+            elif n >= 0:
                 self.handle_datagram(mv[:n])
             if index == 0:
                 now = time.monotonic()

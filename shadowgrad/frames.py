@@ -66,7 +66,7 @@ def format_mac(mac: int) -> str:
 
 
 def _csum16(data: bytes) -> int:
-    s = sum(struct.unpack(f"!{len(data) // 2}H", data))
+    s: int = sum(struct.unpack(f"!{len(data) // 2}H", data))
     while s >> 16:
         s = (s & 0xFFFF) + (s >> 16)
     return ~s & 0xFFFF

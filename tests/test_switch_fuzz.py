@@ -248,7 +248,7 @@ def test_sg_switch_grpc_fuzz_over_udp(tmp_path: Path) -> None:
         entries = {FWD_PORT: entry(DST_FWD, fwd.preamble.id, FWD_PORT),
                    None: entry(DST_DROP, drop.preamble.id, None),
                    NOPORT: entry(DST_NOPORT, fwd.preamble.id, NOPORT)}
-        client.write(*(U(type=U.INSERT, entity=e) for e in entries.values()))
+        client.write([U(type=U.INSERT, entity=e) for e in entries.values()])
 
         tx = mine[1]
         dest = ("127.0.0.1", theirs[1])
@@ -302,13 +302,13 @@ def test_sg_switch_grpc_fuzz_over_udp(tmp_path: Path) -> None:
         pc = next(x for x in info.counters if x.preamble.name.endswith("port_counter"))
         ce.counter_entry.counter_id = pc.preamble.id
         ce.counter_entry.index.index = 1
-        received = client.read(ce)[0].counter_entry.data.packet_count
+        received = client.read([ce])[0].counter_entry.data.packet_count
         hits = {}
         for k, e in entries.items():
             d = p4runtime_pb2.Entity()
             d.direct_counter_entry.table_entry.CopyFrom(e.table_entry)
             d.direct_counter_entry.table_entry.ClearField("action")
-            hits[k] = client.read(d)[0].direct_counter_entry.data.packet_count
+            hits[k] = client.read([d])[0].direct_counter_entry.data.packet_count
 
         sent = UDP_FRAMES + markers
         # every frame reached the pipeline, or the kernel counted its drop (RcvbufErrors is

@@ -141,6 +141,8 @@ class MirrorSender:
         digest: int | None = None,
         on_unavailable: Callable[[tuple[str, int], int], None] | None = None,
         summary_s: float = 30.0,
+        commit_fanout: bool = False,
+        commit_send: Callable[[bytes, tuple[str, int]], bool] | None = None,
     ) -> None:
         layout = plan.layout
         if chunk_bytes < 64 or chunk_bytes % 8:
@@ -155,6 +157,12 @@ class MirrorSender:
         self.shadow_addrs = list(shadow_addrs)
         self.chunk_bytes = chunk_bytes
         self.commits = commits
+        #: the switch copies a COMMIT to every shadow of the job (p4/ingress_guard.p4): send
+        #: each once, to shadow 0's address, instead of once per shadow
+        self.commit_fanout = commit_fanout
+        #: how COMMITs leave (in-band through the target's loopback ports: the ring's
+        #: FrameLink); default: this sender's socket
+        self.commit_send = commit_send
         self.heartbeat_s = heartbeat_s
         self.counters = _Counters()
         #: fault injection for tests: probability of silently dropping a first (non-RETX) send
@@ -492,12 +500,18 @@ class MirrorSender:
 
     def _broadcast_commit(self, iteration: int, rec: CommitRecord, *, retx: bool,
                           only: tuple[str, int] | None = None) -> None:
-        for addr in ([only] if only is not None else self.shadow_addrs):
+        targets = ([only] if only is not None else
+                   self.shadow_addrs[:1] if self.commit_fanout else self.shadow_addrs)
+        for addr in targets:
             seq = self._seq[addr]
             self._seq[addr] = seq + 1
             data = rec.encode(job=self.job, sender=self.rank, iteration=iteration, seq=seq,
                               layout=self.digest, retx=retx)
-            self._sendto(data, b"", addr, retx)
+            if self.commit_send is not None:
+                if not self.commit_send(data, addr):
+                    self.counters.send_errors += 1
+            else:
+                self._sendto(data, b"", addr, retx)
         self._last_send = time.monotonic()
 
     def _maybe_heartbeat(self) -> None:

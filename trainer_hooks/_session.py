@@ -18,9 +18,16 @@ import torch
 from shadowgrad._log import event
 from shadowgrad.config import JobSpec, load_spec
 from shadowgrad.errors import ConfigError, ShadowgradError
+from shadowgrad.frames import MAX_FRAMED_DATAGRAM
 from shadowgrad.layout import Layout, from_module
 from shadowgrad.optspec import OptimizerSpec, load_state_by_name, state_by_name
-from shadowgrad.wire import DEFAULT_CHUNK_BYTES, MAX_PAYLOAD, peek_header, session_digest
+from shadowgrad.wire import (
+    DEFAULT_CHUNK_BYTES,
+    HEADER_SIZE,
+    MAX_PAYLOAD,
+    peek_header,
+    session_digest,
+)
 
 from ._blob import pack_blob, unpack_blob
 from ._dist import Group
@@ -126,10 +133,18 @@ class Shadowgrad:
                                                     scaler_unscale="explicit")
         self._hyper = self._hyper_now()
         self.plan = RankPlan(layout, self.group.rank, self.group.world)
+        sw = self.spec.switch
+        #: in-band through a P4 switch (not the software tap): the switch copies FINAL chunks
+        #: and fans COMMITs out; with ``switch.loopback`` the ring crosses it as frames
+        self.via_switch = (self.spec.job.mode == "in-band" and not software_tap
+                           and sw.target != "none")
+        self.frames = self.via_switch and sw.loopback is not None
         if chunk_bytes is None:
             hosts = [a.host for a in self.spec.shadows.addresses]
             chunk_bytes = LOOPBACK_CHUNK_BYTES if all(map(_is_loopback, hosts)) \
                 else DEFAULT_CHUNK_BYTES
+            if self.frames:
+                chunk_bytes = min(chunk_bytes, (MAX_FRAMED_DATAGRAM - HEADER_SIZE) // 64 * 64)
         self.chunk_bytes = chunk_bytes
         per_slot = max(1, self.plan.staging_nbytes)
         self.slots = int(min(MAX_SLOTS, max(4, buffer_bytes // per_slot)))
@@ -543,7 +558,7 @@ class Shadowgrad:
         """Bind this rank's sockets (mirror mode: the trainer address is the sender's socket,
         DATA out and NACKs in; in-band mode it belongs to the ring, and COMMITs leave from an
         ephemeral port). Returns an error message naming the holder, or None."""
-        from .link import UdpLink
+        from .link import FrameLink, UdpLink
 
         ep = self.spec.trainers.addresses[self.rank]
         inband = self.mode == "in-band"
@@ -553,7 +568,16 @@ class Shadowgrad:
         try:
             sock.bind((ep.host, 0 if inband else ep.port))
             self._sock = sock
-            if inband:
+            if inband and self.frames:
+                sw = self.spec.switch
+                sep = sw.loopback_endpoint(sw.trainer_ports[self.rank])
+                peers = {(a.host, a.port): sw.trainer_mac(i)
+                         for i, a in enumerate(self.spec.trainers.addresses)}
+                peers.update({(a.host, a.port): sw.shadow_mac(k)
+                              for k, a in enumerate(self.spec.shadows.addresses)})
+                self._link = FrameLink((ep.host, ep.port), switch=(sep.host, sep.port),
+                                       mac=sw.trainer_mac(self.rank), peers=peers)
+            elif inband:
                 self._link = UdpLink((ep.host, ep.port))
         except OSError as exc:
             sock.close()
@@ -580,6 +604,7 @@ class Shadowgrad:
         assert sock is not None
         self._sock = None
         pin = any(p.is_cuda for p in self.params.values()) and torch.cuda.is_available()
+        link = self._link if self.frames else None  # COMMITs cross the switch as frames
         shadow_addrs = [(a.host, a.port) for a in self.spec.shadows.addresses]
         self._sender = MirrorSender(
             RankPlan(self.layout, self.rank, self.group.world, empty=True) if inband
@@ -588,6 +613,8 @@ class Shadowgrad:
             chunk_bytes=self.chunk_bytes, slots=1 if inband else self.slots,
             commits=self.rank == 0, heartbeat_s=self.spec.timeouts.heartbeat_s, pin_memory=pin,
             digest=self._digest, on_unavailable=self._on_history_gone,
+            commit_fanout=self.via_switch,
+            commit_send=(lambda data, addr: link.send([data], addr)) if link is not None else None,
         )
         if inband:
             self._start_ring(shadow_addrs)
@@ -644,7 +671,8 @@ class Shadowgrad:
                          # a rank's FINAL bytes per iteration are its 1/N share, the size of a
                          # mirror staging slot: keep as many iterations for shadow repairs as the
                          # slot budget allows (trainers may run well ahead of slow shadows)
-                         retain=max(4, self.slots))
+                         retain=max(4, self.slots),
+                         cuts=RingConfig.shard_cuts(self.layout.bucket_routes))
         ring = RingAllReduce(self.rank, self.group.world, link, addrs, cfg)
         sender = self._sender
         assert sender is not None

@@ -4,6 +4,9 @@
 :class:`FaultyLink` wraps any link and injects loss, duplication and reordering on the send path
 (for tests of the reliable transport); :class:`TapLink` hands every datagram sent to a callback
 (a software stand-in for the switch's copy to the shadows, and a probe for tests).
+:class:`FrameLink` is a UDP link for a host that reaches the switch through one of the P4
+target's loopback UDP ports: datagrams for hosts behind the switch travel as whole Ethernet
+frames (:mod:`shadowgrad.frames`) to and from that port.
 """
 
 from __future__ import annotations
@@ -15,7 +18,9 @@ import socket
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
-__all__ = ["Address", "Link", "UdpLink", "FaultyLink", "TapLink"]
+from shadowgrad.frames import decode_frame, encode_frame
+
+__all__ = ["Address", "Link", "UdpLink", "FrameLink", "FaultyLink", "TapLink"]
 
 Address = tuple[str, int]
 Buffer = bytes | bytearray | memoryview
@@ -87,6 +92,63 @@ class UdpLink:
 
     def close(self) -> None:
         self.sock.close()
+
+
+class FrameLink(UdpLink):
+    """A :class:`UdpLink` bound to this host's address ``bind`` (an IPv4 address and UDP port)
+    whose datagrams to the hosts in ``peers`` (address -> MAC) cross the switch: each leaves
+    as an Ethernet/IPv4/UDP frame (source MAC ``mac``) in one datagram to ``switch``, the UDP
+    endpoint of this host's switch port, and each datagram from ``switch`` is a frame whose
+    UDP payload is delivered, with the frame's IPv4/UDP source as its address. Datagrams to and
+    from anyone else are plain UDP (a shadow's NACK sent straight to the trainer). Frames not
+    addressed to ``bind`` or not IPv4/UDP are dropped and counted (``rx_bad_frames``)."""
+
+    def __init__(self, bind: Address, *, switch: Address, mac: int,
+                 peers: dict[Address, int], bufsize: int = 16 * 2**20) -> None:
+        super().__init__(bind, bufsize=bufsize)
+        self.me = (bind[0], int(bind[1]))
+        self.switch = (switch[0], int(switch[1]))
+        self.mac = mac
+        self.peers = dict(peers)
+        self._ident = 0
+        self._scratch = bytearray(65536)
+        self.rx_bad_frames = 0
+        self.tx_frames = 0
+        self.rx_frames = 0
+
+    def send(self, parts: Sequence[Buffer], addr: Address) -> bool:
+        dmac = self.peers.get((addr[0], int(addr[1])))
+        if dmac is None:
+            return super().send(parts, addr)
+        self._ident = (self._ident + 1) & 0xFFFF
+        frame = encode_frame(b"".join(parts), src=self.me, dst=addr, src_mac=self.mac,
+                             dst_mac=dmac, ident=self._ident)
+        try:
+            self.sock.sendto(frame, self.switch)
+        except (BlockingIOError, OSError):
+            self.send_errors += 1
+            return False
+        self.tx_frames += 1
+        return True
+
+    def recv_into(self, buf: bytearray, timeout_s: float) -> tuple[int, Address] | None:
+        while True:
+            got = super().recv_into(self._scratch, timeout_s)
+            if got is None:
+                return None
+            n, src = got
+            if (src[0], src[1]) != self.switch:
+                buf[:n] = memoryview(self._scratch)[:n]
+                return n, src
+            f = decode_frame(memoryview(self._scratch)[:n])
+            if f is None or f.dst != self.me:
+                self.rx_bad_frames += 1
+                timeout_s = 0.0
+                continue
+            k = len(f.payload)
+            buf[:k] = f.payload
+            self.rx_frames += 1
+            return k, f.src
 
 
 class FaultyLink:

@@ -29,11 +29,12 @@ a shadow's NACK for them is answered with FINAL|RETX DATA sent straight to the s
 
 from __future__ import annotations
 
+import bisect
 import collections
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -78,6 +79,15 @@ class RingConfig:
     max_rto_s: float = 0.5
     timeout_s: float = 30.0
     retain: int = 4  #: iterations of FINAL bytes kept for shadow NACKs
+    #: per bucket, the byte offsets where a datagram must end (the layout's shard boundaries,
+    #: ``Layout.bucket_routes`` ends): the switch maps a FINAL datagram to the one shard that
+    #: owns its first byte, so none may straddle a boundary
+    cuts: tuple[tuple[int, ...], ...] = ()
+
+    @staticmethod
+    def shard_cuts(bucket_routes: Sequence[Sequence[Any]]) -> tuple[tuple[int, ...], ...]:
+        """``cuts`` from a layout's ``bucket_routes`` (the end of every route but the last)."""
+        return tuple(tuple(r.end for r in routes[:-1]) for routes in bucket_routes)
 
 
 @dataclass
@@ -252,11 +262,25 @@ class RingAllReduce:
         if flat is not host:
             flat.copy_(host)
 
+    def _spans(self, bucket: int, lo: int, hi: int) -> Iterator[tuple[int, int]]:
+        """Datagram spans of bytes ``[lo, hi)`` of ``bucket``: at most ``chunk_bytes`` each,
+        cut at the bucket's shard boundaries (``cuts``)."""
+        cuts = self.cfg.cuts[bucket] if bucket < len(self.cfg.cuts) else ()
+        k = bisect.bisect_right(cuts, lo)
+        step = self.cfg.chunk_bytes
+        off = lo
+        while off < hi:
+            end = min(hi, off + step)
+            while k < len(cuts) and cuts[k] <= off:
+                k += 1
+            if k < len(cuts) and cuts[k] < end:
+                end = cuts[k]
+            yield off, end
+            off = end
+
     def _send_chunk(self, ctx: _Ctx, c: int, flags: int) -> None:
         lo, hi = ctx.bounds[c], ctx.bounds[c + 1]
-        step = self.cfg.chunk_bytes
-        for off in range(lo, hi, step):
-            end = min(hi, off + step)
+        for off, end in self._spans(ctx.bucket, lo, hi):
             f = flags | (int(Flag.LAST) if end >= hi else 0)
             while len(self._unacked) >= self.cfg.window:
                 self._pump(self.cfg.rto_s / 4)
@@ -422,9 +446,7 @@ class RingAllReduce:
                 if bucket != r.bucket:
                     continue
                 a, z = max(off, r.offset), min(off + len(data), r.offset + r.length)
-                step = self.cfg.chunk_bytes
-                for x in range(a, z, step):
-                    y = min(z, x + step)
+                for x, y in self._spans(bucket, a, z):
                     payload = data[x - off:y - off]
                     self._aux_seq += 1
                     header = encode_header(
