@@ -18,6 +18,8 @@ SIGTERM/SIGINT the switch stops cleanly. Once serving, one line
 from __future__ import annotations
 
 import argparse
+import contextlib
+import json
 import logging
 import re
 import signal
@@ -118,6 +120,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="egress queue depth in packets (default 1024)")
     p.add_argument("--pause-timeout", type=parse_duration, default=1.0, metavar="DUR",
                    help="longest a lossless queue pauses a producer per frame (default 1s)")
+    p.add_argument("--lossless-headroom", type=int, default=4096, metavar="PKTS",
+                   help="packets a lossless queue admits past a timed-out pause before it "
+                        "drops (default 4096)")
     p.add_argument("--seed", type=int, default=0, help="seed of the loss RNGs")
     p.add_argument("--pfc", action="store_true",
                    help="emit 802.1Qbb PFC XOFF/XON frames out of an ingress port while a "
@@ -251,7 +256,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 capacity=args.queue_capacity, rate_bps=rates.get(s.number),
                 delay_s=delays.get(s.number, 0.0), loss=losses.get(s.number, 0.0),
                 seed=args.seed + s.number, lossless=s.number in args.lossless_port,
-                pause_timeout_s=args.pause_timeout))
+                pause_timeout_s=args.pause_timeout, headroom=args.lossless_headroom))
         if pipeline is not None:
             sw.load_pipeline(pipeline)
         sw.start()
@@ -265,6 +270,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{PROG}: error: {e}", file=sys.stderr)
         return 1
     finally:
+        # the ports' and queues' counters (drops by reason, pauses) for whoever ran us
+        with contextlib.suppress(Exception):
+            print(f"{PROG} counters {json.dumps(sw.counters(), default=str)}",
+                  file=sys.stderr, flush=True)
         sw.stop()
     return 0
 

@@ -19,6 +19,7 @@ interpreter exit).
 from __future__ import annotations
 
 import contextlib
+import json
 import subprocess
 import sys
 import tempfile
@@ -81,7 +82,7 @@ class JobSwitch:
     def __init__(self, spec: JobSpec, layout: Layout, *, loss: Mapping[int, float] | None = None,
                  rate: Mapping[int, str] | None = None, delay: Mapping[int, str] | None = None,
                  lossless: bool = True, pause_timeout_s: float = 1.0,
-                 queue_capacity: int = 1024, extra_args: Sequence[str] = (),
+                 queue_capacity: int = 1024, headroom: int = 4096, extra_args: Sequence[str] = (),
                  switch_cmd: Sequence[str] | None = None, start_timeout_s: float = 60.0,
                  request_log: str | Path | None = None) -> None:
         sw = spec.switch
@@ -89,6 +90,7 @@ class JobSwitch:
             raise ConfigError("switch.loopback", None, "JobSwitch runs the job's switch on "
                               "loopback UDP ports: set switch.loopback")
         self.spec = spec
+        self.final_counters: dict[str, Any] = {}
         self._state: dict[str, Any] = {}
         self._finalizer = weakref.finalize(self, _reap, self._state)
         cmd = list(switch_cmd or [sys.executable, "-m", "shadowgrad.bmv2_testbed._switch_cmd"])
@@ -108,6 +110,7 @@ class JobSwitch:
             for port in sw.shadow_ports:
                 cmd += ["--lossless-port", str(port)]
         cmd += ["--pause-timeout", f"{pause_timeout_s}s", "--queue-capacity", str(queue_capacity),
+                "--lossless-headroom", str(headroom),
                 *extra_args, "--", "--grpc-server-addr", "127.0.0.1:0",
                 "--cpu-port", str(sw.cpu_port)]
         self.cmd = cmd
@@ -148,7 +151,13 @@ class JobSwitch:
         return self.driver.counters()
 
     def close(self) -> None:
+        """Stop the switch (SIGTERM) and keep its final port/queue counters in
+        :attr:`final_counters` (drops by reason, pauses; what P4Runtime cannot read)."""
         self._finalizer()
+        for line in self.log().splitlines():
+            if line.startswith("sg-switch-grpc counters "):
+                with contextlib.suppress(ValueError):
+                    self.final_counters = json.loads(line.split(" ", 2)[2])
         with contextlib.suppress(OSError):
             self.log_path.unlink()
 

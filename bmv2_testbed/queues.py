@@ -15,9 +15,14 @@ thread of the ingress port whose packet is being enqueued — until the depth fa
 nothing, so the ingress port's kernel socket buffer (sized large) and, behind it, the sending
 host's qdisc and socket send buffer absorb the burst: the pause propagates to the sender exactly
 as far as Linux allows (docs/switch-target.md, reference §5). If the pause times out the frame is
-admitted into ``headroom`` (counted as ``headroom_admits``); only when headroom is exhausted too
-is it dropped, as ``lossless_overflow``, which tests treat as a failure. Nothing is dropped
-silently: every drop has a reason counter.
+admitted into ``headroom`` (counted as ``headroom_admits``). The bound is a *budget per
+congestion episode* (from the queue first filling until it is empty again, like a PFC
+watchdog): once the pauses of an episode add up to ``pause_timeout_s``, the queue gives up
+pausing until it has drained empty — frames that find it full meanwhile are admitted into
+headroom without waiting and dropped as ``lossless_overflow`` once headroom is exhausted too.
+So a burst whose pauses fit the bound loses nothing, and sustained overload drops (counted)
+instead of holding the producers to the slow port's rate: no producer is held longer than the
+bound per episode. Nothing is dropped silently: every drop has a reason counter.
 """
 
 from __future__ import annotations
@@ -92,10 +97,12 @@ class QueueStats:
     pause_events: int = 0
     paused_s: float = 0.0
     headroom_admits: int = 0
+    max_pause_s: float = 0.0  #: the longest a producer was held by one pause
 
     def copy(self) -> QueueStats:
         return QueueStats(self.enqueued, self.transmitted, self.tx_bytes, dict(self.drops),
-                          self.max_depth, self.pause_events, self.paused_s, self.headroom_admits)
+                          self.max_depth, self.pause_events, self.paused_s, self.headroom_admits,
+                          self.max_pause_s)
 
 
 class EgressQueue:
@@ -119,6 +126,8 @@ class EgressQueue:
         self._rng = random.Random(self.config.seed)
         self._closed = False
         self._paused = False
+        self._gave_up = False  # the episode's pause budget is spent: no pausing until empty
+        self._episode_paused = 0.0  # seconds paused in this congestion episode
         self._busy = False
         self._drainers = 0  # threads in drain(): they wait for _busy to clear
         self._xon = self.config.xon if self.config.xon is not None else self.config.capacity // 2
@@ -201,7 +210,8 @@ class EgressQueue:
                 if not cfg.lossless:
                     self._stats.drops["tail_drop"] += 1
                     return False
-                if not self._wait_for_room():
+                if self._gave_up or not self._wait_for_room():
+                    self._gave_up = True
                     if len(self._q) >= cfg.capacity + cfg.headroom:
                         self._stats.drops["lossless_overflow"] += 1
                         log.error("lossless queue %d overflowed its headroom: frame dropped",
@@ -223,7 +233,8 @@ class EgressQueue:
 
     def _would_block(self) -> bool:
         with self._cv:
-            return self.config.lossless and len(self._q) >= self.config.capacity
+            return (self.config.lossless and not self._gave_up
+                    and len(self._q) >= self.config.capacity)
 
     def _is_closed(self) -> bool:
         return self._closed  # a method, so mypy does not narrow it across waits
@@ -235,7 +246,7 @@ class EgressQueue:
             self._stats.pause_events += 1
             self._notify_pause(True)
         start = time.monotonic()
-        deadline = start + self.config.pause_timeout_s
+        deadline = start + self.config.pause_timeout_s - self._episode_paused
         try:
             while self._paused and not self._closed:
                 left = deadline - time.monotonic()
@@ -244,7 +255,10 @@ class EgressQueue:
                 self._cv.wait(left)
             return True
         finally:
-            self._stats.paused_s += time.monotonic() - start
+            held = time.monotonic() - start
+            self._episode_paused += held
+            self._stats.paused_s += held
+            self._stats.max_pause_s = max(self._stats.max_pause_s, held)
 
     def _notify_pause(self, paused: bool) -> None:
         if self._on_pause is not None:
@@ -272,6 +286,9 @@ class EgressQueue:
                 if self._paused and len(self._q) <= self._xon:
                     self._paused = False
                     self._notify_pause(False)
+                if not self._q:  # the congestion episode is over
+                    self._gave_up = False
+                    self._episode_paused = 0.0
                 self._cv.notify_all()
             if cfg.rate_bps is not None:
                 self._pace(len(frame))

@@ -93,7 +93,10 @@ def worker(argv: list[str]) -> None:
             print(f"step {step} loss {loss.item().hex()}", flush=True)
         if args.sleep:
             time.sleep(args.sleep)
+    ring = sg.ring
     sg.close()
+    if ring is not None:  # in-band: the longest a ring send waited for window space
+        print(f"ring_wait {rank} {ring.max_send_wait_s:.6f}", flush=True)
     if args.out and rank == 0:
         torch.save({"model": model.module.state_dict(), "optimizer": opt.state_dict()}, args.out)
     dist.destroy_process_group()

@@ -157,6 +157,7 @@ class RingAllReduce:
         #: ``on_commit_nack(iteration, addr)``: a shadow asked for COMMIT(iteration)
         self.on_commit_nack: Callable[[int, Address], None] | None = None
         self.stats = collections.Counter[str]()
+        self.max_send_wait_s = 0.0
         # engine thread
         self._jobs: collections.deque[_Job] = collections.deque()
         self._cv = threading.Condition()
@@ -282,8 +283,12 @@ class RingAllReduce:
         lo, hi = ctx.bounds[c], ctx.bounds[c + 1]
         for off, end in self._spans(ctx.bucket, lo, hi):
             f = flags | (int(Flag.LAST) if end >= hi else 0)
-            while len(self._unacked) >= self.cfg.window:
-                self._pump(self.cfg.rto_s / 4)
+            if len(self._unacked) >= self.cfg.window:
+                t0 = time.monotonic()
+                while len(self._unacked) >= self.cfg.window:
+                    self._pump(self.cfg.rto_s / 4)
+                #: the longest a send waited for window space (a paused switch port shows here)
+                self.max_send_wait_s = max(self.max_send_wait_s, time.monotonic() - t0)
             self._send_data(ctx, off, bytes(ctx.raw[off:end]), f)
 
     def _recv_chunk(self, ctx: _Ctx, c: int, *, add: bool) -> None:
