@@ -1,5 +1,5 @@
 """Run an in-band job's switch: ``sg-switch-grpc`` (or any binary with simple_switch_grpc's
-command line) on the job's loopback UDP ports, running ``p4/shadowgrad.p4``, programmed from
+command line) on the job's loopback UDP ports (or on given interfaces), running ``p4/shadowgrad.p4``, programmed from
 the job spec and the layout by the controller's switch driver.
 
 ::
@@ -76,7 +76,10 @@ class JobSwitch:
 
     ``loss``/``rate``/``delay``: per switch port, the target's ``--port-loss`` (probability),
     ``--port-rate`` (``"100m"``) and ``--port-delay`` (``"5ms"``). ``lossless``: make every shadow
-    port lossless (default). ``extra_args``: more switch options (before ``--``).
+    port lossless (default). ``extra_args``: more switch options (before ``--``). ``tap=False``
+    programs everything but the tap (the ring runs through the switch, nothing is copied).
+    ``interfaces`` (switch port -> Linux interface): attach those instead of loopback ports
+    (``-i N@iface``; veths to hosts in network namespaces, root needed).
     """
 
     def __init__(self, spec: JobSpec, layout: Layout, *, loss: Mapping[int, float] | None = None,
@@ -84,11 +87,13 @@ class JobSwitch:
                  lossless: bool = True, pause_timeout_s: float = 1.0,
                  queue_capacity: int = 1024, headroom: int = 4096, extra_args: Sequence[str] = (),
                  switch_cmd: Sequence[str] | None = None, start_timeout_s: float = 60.0,
-                 request_log: str | Path | None = None) -> None:
+                 request_log: str | Path | None = None, tap: bool = True,
+                 interfaces: Mapping[int, str] | None = None) -> None:
         sw = spec.switch
-        if sw.loopback is None:
+        if sw.loopback is None and interfaces is None:
             raise ConfigError("switch.loopback", None, "JobSwitch runs the job's switch on "
-                              "loopback UDP ports: set switch.loopback")
+                              "loopback UDP ports (set switch.loopback) or on interfaces "
+                              "(give interfaces={port: ifname})")
         self.spec = spec
         self.final_counters: dict[str, Any] = {}
         self._state: dict[str, Any] = {}
@@ -98,6 +103,9 @@ class JobSwitch:
         hosts = [*zip(sw.trainer_ports, spec.trainers.addresses, strict=True),
                  *zip(sw.shadow_ports, spec.shadows.addresses, strict=True)]
         for port, ep in hosts:
+            if interfaces is not None:
+                cmd += ["-i", f"{port}@{interfaces[port]}"]
+                continue
             lb = sw.loopback_endpoint(port)
             cmd += ["--loopback-port", f"{port}@{lb.host}:{lb.port}={ep.host}:{ep.port}"]
         for port, p in (loss or {}).items():
@@ -135,7 +143,7 @@ class JobSwitch:
             self._state["client"] = client
             client.connect(wait_s=start_timeout_s)
             self.client = client
-            self.driver = SwitchDriver(client, spec, layout, pipeline=compile_product())
+            self.driver = SwitchDriver(client, spec, layout, pipeline=compile_product(), tap=tap)
             self.report: ConvergeReport = self.driver.converge()
         except BaseException:
             self.close()

@@ -390,7 +390,10 @@ class SwitchDriver:
     """
 
     def __init__(self, client: P4RuntimeClient, spec: JobSpec, layout: Layout, *,
-                 pipeline: tuple[p4info_pb2.P4Info, bytes] | None = None) -> None:
+                 pipeline: tuple[p4info_pb2.P4Info, bytes] | None = None,
+                 tap: bool = True) -> None:
+        #: ``tap=False`` leaves the tap empty (the same ring, no copies: a benchmark baseline)
+        self.tap = tap
         self.client = client
         self.spec = spec
         self.job = _Job(spec, layout)
@@ -484,7 +487,8 @@ class SwitchDriver:
     def desired(self, base: int) -> SwitchState:
         out = SwitchState()
         for stage in STAGES:
-            stage.desired(self.job, base, out)
+            if self.tap or not isinstance(stage, TapStage):
+                stage.desired(self.job, base, out)
         return out
 
     def _allocate(self, others: set[int]) -> int:

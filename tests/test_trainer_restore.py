@@ -63,6 +63,7 @@ def worker(argv: list[str]) -> None:
     ap.add_argument("--dump-start")
     ap.add_argument("--sleep", type=float, default=0.0)
     ap.add_argument("--cnn", action="store_true", help="a small CNN with BatchNorm")
+    ap.add_argument("--chunk-bytes", type=int, default=None, help="datagram payload size")
     ap.add_argument("--software-tap", action="store_true", help="in-band: copy FINAL chunks "
                     "to the shadows in software (no switch)")
     args = ap.parse_args(argv)
@@ -77,7 +78,7 @@ def worker(argv: list[str]) -> None:
             opt, lambda s: min(1.0, (s + 1) / 4) * 0.5 * (1 + math.cos(math.pi * s / 60)))
         scaler = torch.amp.GradScaler("cpu", init_scale=2.0**126, growth_interval=6)
     sg = attach(model, opt, args.spec, lr_scheduler=sched, grad_scaler=scaler,
-                max_grad_norm=0.5, software_tap=args.software_tap)
+                max_grad_norm=0.5, software_tap=args.software_tap, chunk_bytes=args.chunk_bytes)
     start = sg.restore_or_start()
     if rank == 0:
         print(f"start {start.iteration} {int(start.restored)} {start.user_state}", flush=True)
