@@ -1,6 +1,7 @@
 """Run an in-band job's switch: ``sg-switch-grpc`` (or any binary with simple_switch_grpc's
-command line) on the job's loopback UDP ports (or on given interfaces), running ``p4/shadowgrad.p4``, programmed from
-the job spec and the layout by the controller's switch driver.
+command line) on the job's loopback UDP ports (or on given interfaces), running
+``p4/shadowgrad.p4``, programmed from the job spec and the layout by the controller's switch
+driver.
 
 ::
 
