@@ -76,12 +76,15 @@ class Entry:
     action: str
     params: tuple[tuple[str, int], ...] = ()
     priority: int = 0
+    #: P4Runtime controller metadata: the owning job of an entry whose key has no job id
+    metadata: bytes = b""
 
     @staticmethod
     def make(table: str, match: Mapping[str, MatchValue], action: str,
-             params: Mapping[str, int] | None = None, priority: int = 0) -> Entry:
+             params: Mapping[str, int] | None = None, priority: int = 0,
+             metadata: bytes = b"") -> Entry:
         return Entry(table, tuple(sorted(match.items())), action,
-                     tuple(sorted((params or {}).items())), priority)
+                     tuple(sorted((params or {}).items())), priority, metadata)
 
     @property
     def key(self) -> tuple[str, tuple[tuple[str, MatchValue], ...], int]:
@@ -174,7 +177,11 @@ class _Job:
                                       f"shadowgrad header by it (give each host its own IP)")
                 hosts.append(_Host(ports[i], mac(i), int(ipaddress.IPv4Address(ep.host)),
                                    ep.port))
+        #: the tag of the job's entries in tables without a job key (TableEntry.metadata)
+        self.owner_tag = f"shadowgrad-job:{self.id}".encode()
         self.ports = frozenset(h.port for h in (*self.trainers, *self.shadows))
+        self.ip_keys = frozenset((h.ip, 32) for h in (*self.trainers, *self.shadows))
+        self.macs = frozenset(h.mac for h in (*self.trainers, *self.shadows))
         self.n_groups = 2 + layout.num_shards * self.world
 
     # group ids inside the job's block
@@ -197,8 +204,9 @@ class _Stage:
     def desired(self, job: _Job, base: int, out: SwitchState) -> None:
         raise NotImplementedError
 
-    def owns(self, job: _Job, e: Entry) -> bool:
-        """Whether ``e`` (in one of :attr:`TABLES`) belongs to ``job``."""
+    def owns(self, job: _Job, e: Entry, base: int | None) -> bool:
+        """Whether ``e`` (in one of :attr:`TABLES`) belongs to ``job``, whose group block
+        starts at ``base`` (None: not programmed yet)."""
         return e.m("hdr.sg.job") == job.id
 
     def gids(self, job: _Job, e: Entry) -> Iterable[int]:
@@ -214,19 +222,32 @@ class ForwardStage(_Stage):
 
     def desired(self, job: _Job, base: int, out: SwitchState) -> None:
         hosts = [*job.trainers, *job.shadows]
+        tag = job.owner_tag
         for h in hosts:
             out.add(Entry.make("SgIngress.ipv4_forward", {"hdr.ipv4.dstAddr": (h.ip, 32)},
-                               "SgIngress.route", {"port": h.port, "dmac": h.mac}))
+                               "SgIngress.route", {"port": h.port, "dmac": h.mac},
+                               metadata=tag))
             out.add(Entry.make("SgIngress.l2_forward", {"hdr.ethernet.dstAddr": h.mac},
-                               "SgIngress.bridge", {"port": h.port}))
+                               "SgIngress.bridge", {"port": h.port}, metadata=tag))
             out.add(Entry.make("SgIngress.l2_flood", {"standard_metadata.ingress_port": h.port},
-                               "SgIngress.flood", {"grp": job.flood_gid(base)}))
+                               "SgIngress.flood", {"grp": job.flood_gid(base)}, metadata=tag))
         out.groups[job.flood_gid(base)] = frozenset((h.port, 0) for h in hosts)
 
-    def owns(self, job: _Job, e: Entry) -> bool:
+    def owns(self, job: _Job, e: Entry, base: int | None) -> bool:
+        # a forwarding entry is the job's if it carries the job's tag (controller metadata),
+        # or — for a switch whose target drops metadata — if it names one of the job's host
+        # ports, or its key is one of the job's host addresses (a host that moved to another
+        # port), or it floods to the job's group (the port a host moved away from)
+        if e.metadata:
+            return e.metadata == job.owner_tag
         if e.table == "SgIngress.l2_flood":
-            return e.m("standard_metadata.ingress_port") in job.ports
-        return dict(e.params).get("port") in job.ports
+            return e.m("standard_metadata.ingress_port") in job.ports or (
+                base is not None and e.p("grp") == job.flood_gid(base))
+        if dict(e.params).get("port") in job.ports:
+            return True
+        if e.table == "SgIngress.ipv4_forward":
+            return e.m("hdr.ipv4.dstAddr") in job.ip_keys
+        return e.m("hdr.ethernet.dstAddr") in job.macs
 
     def gids(self, job: _Job, e: Entry) -> Iterable[int]:
         return (e.p("grp"),) if e.table == "SgIngress.l2_flood" else ()
@@ -328,7 +349,8 @@ class _Codec:
 
     def encode(self, e: Entry) -> p4runtime_pb2.TableEntry:
         t = self.table(e.table)
-        te = p4runtime_pb2.TableEntry(table_id=t.preamble.id, priority=e.priority)
+        te = p4runtime_pb2.TableEntry(table_id=t.preamble.id, priority=e.priority,
+                                      metadata=e.metadata)
         match = dict(e.match)
         mt = p4info_pb2.MatchField
         for mf in t.match_fields:
@@ -376,7 +398,8 @@ class _Codec:
             return None
         pnames = {p.id: p.name for p in a.params}
         params = {pnames[p.param_id]: _dec(p.value) for p in te.action.action.params}
-        return Entry.make(t.preamble.name, match, a.preamble.name, params, te.priority)
+        return Entry.make(t.preamble.name, match, a.preamble.name, params, te.priority,
+                          bytes(te.metadata))
 
 
 # ------------------------------------------------------------------------------ the driver
@@ -468,20 +491,21 @@ class SwitchDriver:
         """This job's entries and groups on the switch, and the group ids other jobs use."""
         job = self.job
         all_groups = self._read_groups()
+        entries = self._read_entries()
+        # the base of this job's block (its COMMIT group), if programmed before
+        self.base = None
+        for e in entries:
+            if e.table == "SgIngress.jobs" and e.m("hdr.sg.job") == job.id:
+                self.base = e.p("commit_grp")
         mine = SwitchState()
         my_gids: set[int] = set()
-        for e in self._read_entries():
+        for e in entries:
             st = self._stage_of(e.table)
-            if st.owns(job, e):
+            if st.owns(job, e, self.base):
                 mine.entries[e.key] = e
                 my_gids.update(st.gids(job, e))
         others = set(all_groups) - my_gids
         mine.groups = {g: r for g, r in all_groups.items() if g in my_gids}
-        # the base of this job's block (its COMMIT group), if programmed before
-        self.base = None
-        for e in mine.entries.values():
-            if e.table == "SgIngress.jobs":
-                self.base = e.p("commit_grp")
         return mine, others
 
     def desired(self, base: int) -> SwitchState:
