@@ -338,3 +338,20 @@ def test_protocol_doc_documents_every_field() -> None:
         assert row, f"docs/protocol.md lacks the row for {name} at offset {offset}"
         offset += width // 8
     assert str(wire.DEFAULT_UDP_PORT) in doc
+
+
+def test_the_product_program_uses_the_one_wire_header() -> None:
+    """p4/shadowgrad.p4 compiles with exactly one definition of the shadowgrad header, the one
+    checked above, and parses it into ``hdr.sg``."""
+    pytest.importorskip("lark")
+    from shadowgrad.bmv2_testbed.pipeline import Pipeline
+
+    pipe = Pipeline.compile(ROOT / "p4" / "shadowgrad.p4")
+    defining = [f for f, text in pipe.files.items()
+                if re.search(r"\bheader\s+shadowgrad_h\b", text)]
+    assert [Path(f).as_posix().endswith("p4/include/headers.p4") for f in defining] == [True]
+    for f, text in pipe.files.items():
+        if f not in defining:
+            assert "SG_MAGIC    =" not in text and "bit<64> iteration" not in text, f
+    assert re.search(r"struct\s+headers_t\s*\{[^}]*\bshadowgrad_h\s+sg\s*;",
+                     pipe.files[next(f for f in pipe.files if f.endswith("types.p4"))])
