@@ -81,7 +81,7 @@ class Entry:
 
     @staticmethod
     def make(table: str, match: Mapping[str, MatchValue], action: str,
-             params: Mapping[str, int] | None = None, priority: int = 0,
+             params: Mapping[str, int] | None = None, priority: int = 0, *,
              metadata: bytes = b"") -> Entry:
         return Entry(table, tuple(sorted(match.items())), action,
                      tuple(sorted((params or {}).items())), priority, metadata)
@@ -399,7 +399,7 @@ class _Codec:
         pnames = {p.id: p.name for p in a.params}
         params = {pnames[p.param_id]: _dec(p.value) for p in te.action.action.params}
         return Entry.make(t.preamble.name, match, a.preamble.name, params, te.priority,
-                          bytes(te.metadata))
+                          metadata=bytes(te.metadata))
 
 
 # ------------------------------------------------------------------------------ the driver
