@@ -55,18 +55,9 @@ def compile_product(program: Path | None = None) -> tuple[Any, bytes]:
 
 
 def _reap(state: dict[str, Any]) -> None:
-    client = state.pop("client", None)
-    if client is not None:
-        with contextlib.suppress(Exception):
-            client.close()
-    proc: subprocess.Popen[str] | None = state.pop("proc", None)
-    if proc is not None and proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
+    from .testing import stop_switch
+
+    stop_switch(state)
     log = state.pop("log", None)
     if log is not None:
         log.close()

@@ -21,7 +21,7 @@ import itertools
 import logging
 import queue
 import threading
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from concurrent import futures
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -1171,17 +1171,6 @@ def p4data_int(d: p4data_pb2.P4Data) -> int:
 
 def grpc_details(e: grpc.RpcError) -> list[p4runtime_pb2.Error]:
     """The per-update ``p4.v1.Error`` list of a failed Write (empty if absent)."""
-    trailing: Callable[[], Any] | None = getattr(e, "trailing_metadata", None)
-    if trailing is None:
-        return []
-    for k, v in trailing() or ():
-        if k == "grpc-status-details-bin":
-            st = status_pb2.Status()
-            st.ParseFromString(v)
-            errs = []
-            for a in st.details:
-                er = p4runtime_pb2.Error()
-                a.Unpack(er)
-                errs.append(er)
-            return errs
-    return []
+    from shadowgrad.controller.p4runtime import status_details
+
+    return status_details(e)

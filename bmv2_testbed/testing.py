@@ -286,13 +286,14 @@ def _free_tcp_port() -> int:
         return port
 
 
-def _cleanup(state: dict[str, Any]) -> None:
-    """Finalizer body: stop the switch process and remove the veths (idempotent)."""
+def stop_switch(state: dict[str, Any]) -> None:
+    """Close ``state["client"]`` and stop ``state["proc"]`` (SIGTERM, SIGKILL after 10 s),
+    popping both (idempotent)."""
     client = state.pop("client", None)
     if client is not None:
         with contextlib.suppress(Exception):
             client.close()
-    proc: subprocess.Popen[bytes] | None = state.pop("proc", None)
+    proc: subprocess.Popen[Any] | None = state.pop("proc", None)
     if proc is not None and proc.poll() is None:
         proc.terminate()
         try:
@@ -300,6 +301,11 @@ def _cleanup(state: dict[str, Any]) -> None:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(5)
+
+
+def _cleanup(state: dict[str, Any]) -> None:
+    """Finalizer body: stop the switch process and remove the veths (idempotent)."""
+    stop_switch(state)
     veths: VethNamespace | None = state.pop("veths", None)
     if veths is not None:
         veths.close()

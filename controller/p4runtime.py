@@ -78,10 +78,9 @@ class P4RuntimeWriteError(P4RuntimeError):
         self.errors = list(errors)
 
 
-def _status_details(e: grpc.RpcError) -> list[p4runtime_pb2.Error]:
-    """The per-update ``p4.v1.Error`` list of a failed Write (empty if absent); the same decoding
-    as ``bmv2_testbed.p4runtime_server.grpc_details``, kept here so that the controller does not
-    depend on the testbed."""
+def status_details(e: grpc.RpcError) -> list[p4runtime_pb2.Error]:
+    """The per-update ``p4.v1.Error`` list of a failed Write (empty if absent), decoded from the
+    ``grpc-status-details-bin`` trailer (a ``google.rpc.Status``)."""
     trailing = getattr(e, "trailing_metadata", None)
     if trailing is None:
         return []
@@ -466,7 +465,7 @@ class P4RuntimeClient:
 
     def _write_error(self, e: grpc.RpcError, ups: list[p4runtime_pb2.Update],
                      why: str) -> P4RuntimeWriteError:
-        details = _status_details(e)
+        details = status_details(e)
         failed = [(i, ups[i], er) for i, er in enumerate(details[:len(ups)])
                   if er.canonical_code != 0]
         if details:
