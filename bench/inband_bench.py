@@ -1,0 +1,552 @@
+"""Iteration time of an in-band job through the P4 target against the same ring without copies,
+mirror mode and plain gloo DDP, on the same model and batches in the same run.
+
+For each model size (``--sizes``, parameters of an MLP) it launches ``--world`` DDP ranks (gloo,
+CPU, one intra-op thread each) once per variant and round:
+
+* ``ddp``          -- plain DDP + AdamW, no shadowgrad (the baseline of the ratios)
+* ``mirror``       -- shadowgrad mirror mode: gloo all-reduce, then every rank sends its slice
+                      of the reduced gradients to the shadows itself
+* ``inband_notap`` -- in-band mode: the ring all-reduce crosses ``sg-switch-grpc`` running
+                      ``p4/shadowgrad.p4`` on loopback UDP ports, programmed by the controller's
+                      switch driver with everything *but* the tap (``JobSwitch(tap=False)``):
+                      the same ring through the same switch, no copies. The shadows get only
+                      COMMITs; they are told never to NACK the missing data (else the trainers
+                      would resend all of it from their retained bytes, see below) and the
+                      trainers' failure detection is off, so nothing re-seeds them either
+* ``inband``       -- the same with the tap: the switch copies the ring's FINAL chunks to the
+                      shadows of their shard
+* ``inband_notap_repair`` (only when asked for) -- the empty tap with ordinary shadows: they
+                      NACK what the switch did not copy and the trainers resend it by unicast
+
+The shadows are ``--shadows`` real shadow nodes (2 shards x 2 replicas by default) as threads of
+this process, so on a small machine they share the CPUs with the ranks and the switch process.
+Per-iteration time is measured on rank 0 with ``time.perf_counter`` around forward + backward +
+step (the first ``--warmup`` iterations are not measured); ``--rounds`` runs of every variant
+are interleaved and their iterations pooled. The report gives, per size and variant:
+min/p10/p25/median/p75/p90/max and IQR, the median's ratio to ``ddp`` in the same run, the
+medians of forward / backward (the all-reduce ends in it) / step, CPU seconds per measured
+iteration of the ranks, the switch process and the shadows, the switch counters (FINAL chunks
+tagged per rank, DATA copies per shadow, drops, per-port frames and queue drops), whether the
+shadows ended at the last iteration, each rank's ring counters, and the environment. Timings
+are printed, never asserted.
+
+    .venv/bin/python bench/inband_bench.py          # 100K,1M params x 40 iterations x 2 rounds
+    .venv/bin/python bench/inband_bench.py --sizes 300K --iters 20 --rounds 1 \\
+        --variants ddp,inband_notap,inband,inband_notap_repair
+
+Results: ``bench/results/inband_bench.json`` (``--out``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import math
+import os
+import platform
+import re
+import shlex
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+VARIANTS = ("ddp", "mirror", "inband_notap", "inband")
+#: not run by default: the empty tap with shadows that repair everything by NACK
+EXTRA_VARIANTS = ("inband_notap_repair",)
+CLASSES = 10
+
+
+# --------------------------------------------------------------------------- the model
+
+
+def parse_size(text: str) -> int:
+    """``"100K"`` -> 100000, ``"1M"`` -> 1000000, ``"250000"`` -> 250000."""
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kKmM]?)\s*", text)
+    if not m:
+        raise argparse.ArgumentTypeError(f"bad size {text!r} (e.g. 100K, 1M)")
+    return int(float(m[1]) * {"": 1, "k": 10**3, "m": 10**6}[m[2].lower()])
+
+
+def width_for(params: int, depth: int) -> int:
+    """Width ``w`` of ``depth`` x (Linear(w, w), Tanh) + Linear(w, 10) closest to ``params``."""
+    a, b, c = depth, depth + CLASSES, CLASSES - params
+    return max(8, round((-b + math.sqrt(b * b - 4 * a * c)) / (2 * a)))
+
+
+def make_model(width: int, depth: int) -> Any:
+    from torch import nn
+
+    layers: list[nn.Module] = []
+    for _ in range(depth):
+        layers += [nn.Linear(width, width), nn.Tanh()]
+    layers.append(nn.Linear(width, CLASSES))
+    return nn.Sequential(*layers)
+
+
+def batch(step: int, rank: int, per_rank: int, width: int) -> tuple[Any, Any]:
+    """Rank ``rank``'s share of step ``step``'s global batch (the same in every variant)."""
+    import torch
+
+    g = torch.Generator().manual_seed(1_000_003 * step + rank)
+    return torch.randn(per_rank, width, generator=g), torch.randint(0, CLASSES, (per_rank,),
+                                                                    generator=g)
+
+
+# --------------------------------------------------------------------------- worker
+
+
+def worker(args: argparse.Namespace) -> None:
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    torch.manual_seed(0)
+    net = make_model(args.width, args.depth)
+    nparams = sum(p.numel() for p in net.parameters())
+    model = DistributedDataParallel(net)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01)
+    sg: Any = None
+    ring: Any = None
+    t_start = time.perf_counter()
+    if args.variant != "ddp":
+        from shadowgrad.trainer_hooks import attach
+
+        sg = attach(model, opt, args.spec)
+        sg.restore_or_start()
+    t_start = time.perf_counter() - t_start
+    times: list[float] = []
+    phases: list[tuple[float, float, float]] = []  # forward, backward (+ reduction), step
+    cpu0 = wall0 = 0.0
+    for it in range(args.warmup + args.iters):
+        if it == args.warmup:
+            if rank == 0:
+                print("MEASURE begin", flush=True)
+            cpu0, wall0 = time.process_time(), time.perf_counter()
+        x, y = batch(it, rank, args.batch, args.width)
+        t0 = time.perf_counter()
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        t1 = time.perf_counter()
+        if sg is not None:
+            sg.backward(loss)
+            t2 = time.perf_counter()
+            sg.step()
+        else:
+            loss.backward()  # type: ignore[no-untyped-call]
+            t2 = time.perf_counter()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        t3 = time.perf_counter()
+        if it >= args.warmup:
+            times.append(t3 - t0)
+            phases.append((t1 - t0, t2 - t1, t3 - t2))
+    # this rank's CPU time (all its threads: training, ring engine, sender, health monitor)
+    # over the measured iterations, and their wall time
+    loop = (time.process_time() - cpu0, time.perf_counter() - wall0)
+    if rank == 0:
+        print("MEASURE end", flush=True)
+    extra: dict[str, Any] = {}
+    t_close = time.perf_counter()
+    if sg is not None:
+        sg.flush(30)
+        extra = sg.stats()
+        ring = sg.ring
+        sg.close(args.close_timeout)
+        if ring is not None:
+            extra["ring_max_send_wait_s"] = ring.max_send_wait_s
+    t_close = time.perf_counter() - t_close
+    ring_stats: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(ring_stats, None if ring is None else dict(ring.stats))
+    if any(ring_stats):  # every rank's ring counters (data_sent, retx, rx_duplicate, ...)
+        extra["ring_stats"] = ring_stats
+    loops: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(loops, loop)
+    if rank == 0:
+        print("RESULT " + json.dumps({
+            "variant": args.variant, "params": nparams, "width": args.width,
+            "depth": args.depth, "last_iteration": args.warmup + args.iters - 1,
+            "times": times, "phases": phases, "start_s": t_start, "close_s": t_close,
+            "rank_loop_cpu_s": [c for c, _ in loops], "rank_loop_wall_s": [w for _, w in loops],
+            "session": extra}, default=str), flush=True)
+    dist.barrier()
+    dist.destroy_process_group()
+    # the DDP module still holds the gloo process group; its worker threads were torn down at
+    # interpreter exit, after Python, and that aborted a rank now and then ("terminate called
+    # without an active exception", exit -6, in every variant, plain DDP included): leave at once
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+# --------------------------------------------------------------------------- launcher
+
+
+def spread(xs: list[float]) -> dict[str, float]:
+    """min, p10, p25, p50, p75, p90, max, IQR and mean of ``xs`` (seconds)."""
+    q = statistics.quantiles(xs, n=20, method="inclusive") if len(xs) > 1 else [xs[0]] * 19
+    p25, p75 = q[4], q[14]
+    return {"min": min(xs), "p10": q[1], "p25": p25, "median": statistics.median(xs),
+            "p75": p75, "p90": q[17], "max": max(xs), "iqr": p75 - p25,
+            "mean": statistics.fmean(xs), "n": len(xs)}
+
+
+class RanksFailedError(RuntimeError):
+    """A launch of the ranks that did not end with every rank's exit status 0."""
+
+    def __init__(self, what: str, outputs: list[str]) -> None:
+        super().__init__(what)
+        self.outputs = outputs
+
+    def report(self) -> str:
+        return str(self) + "".join(f"\n--- rank {r}\n{o}" for r, o in enumerate(self.outputs))
+
+
+def run_ranks(args: argparse.Namespace, variant: str, width: int, spec_path: Path | None,
+              close_timeout: float, *,
+              probe: Callable[[], dict[str, float | None]] | None = None
+              ) -> dict[str, Any]:
+    """Run ``--world`` ranks of the worker; every child is reaped (killed on a timeout).
+
+    ``probe()`` (CPU counters of this process and the switch) is sampled when rank 0 reports the
+    start and the end of its measured iterations; the differences go to ``res["window_cpu_s"]``.
+    """
+    from shadowgrad.trainer_hooks._testing import TOKEN, Ranks
+
+    argv = [sys.executable, __file__, "--worker", "--variant", variant, "--width", str(width),
+            "--depth", str(args.depth), "--iters", str(args.iters), "--warmup",
+            str(args.warmup), "--batch", str(args.batch), "--close-timeout",
+            str(close_timeout), "--spec", str(spec_path or "")]
+    ranks = Ranks(argv, args.world, {"SHADOWGRAD_TOKEN": TOKEN}, str(ROOT))
+    samples: dict[str, dict[str, float | None]] = {}
+    try:
+        deadline = time.monotonic() + args.timeout
+        while probe is not None and len(samples) < 2 and time.monotonic() < deadline \
+                and any(p.poll() is None for p in ranks.procs):
+            text = ranks.output(0)
+            for mark in ("begin", "end"):
+                if mark not in samples and f"\nMEASURE {mark}\n" in "\n" + text:
+                    samples[mark] = probe()
+            time.sleep(0.01)
+        codes = ranks.wait(max(0.1, deadline - time.monotonic()))
+        out = ranks.output(0)
+        if codes != [0] * args.world:
+            raise RanksFailedError(f"{variant}: exit codes {codes} (timeout {args.timeout}s)",
+                            [ranks.output(r) for r in range(args.world)])
+    finally:
+        ranks.close()
+    line = next(ln for ln in out.splitlines() if ln.startswith("RESULT "))
+    res: dict[str, Any] = json.loads(line[len("RESULT "):])
+    if len(samples) == 2:
+        b, e = samples["begin"], samples["end"]
+        res["window_cpu_s"] = {k: None if b[k] is None or e[k] is None
+                               else e[k] - b[k]  # type: ignore[operator]
+                               for k in b}
+    return res
+
+
+def _proc_cpu_s(pid: int) -> float | None:
+    """user + system CPU seconds of process ``pid`` (all its threads), from /proc."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _shadow_summary(cluster: Any) -> list[dict[str, Any]]:
+    out = []
+    for s in cluster.status():
+        c = s.get("counters", {})
+        out.append({"last_applied": s.get("last_applied"), "diverged_at": s.get("diverged_at"),
+                    "lag": s.get("lag"), "counters": {k: c[k] for k in sorted(c)}})
+    return out
+
+
+def _switch_summary(final: dict[str, Any]) -> dict[str, Any]:
+    """Per switch port: frames in/out, queue drops, pauses (from the target's final counters)."""
+    ports = final.get("ports", {})
+    queues = final.get("queues", {})
+    out: dict[str, Any] = {}
+    for port in sorted(ports, key=int):
+        p, q = ports[port], queues.get(port, {})
+        out[port] = {"rx_packets": p.get("rx_packets"), "tx_packets": p.get("tx_packets"),
+                     "tx_bytes": p.get("tx_bytes"), "max_queue_depth": q.get("max_depth"),
+                     "queue_drops": sum((q.get("drops") or {}).values()),
+                     "paused_s": q.get("paused_s")}
+    return {"ports": out, "switch_drops": final.get("switch_drops"),
+            "dataplane_drops": final.get("dataplane_drops")}
+
+
+def run_variant(args: argparse.Namespace, variant: str, width: int, layout: Any,
+                tmp: Path) -> dict[str, Any]:
+    """One variant: its switch and shadows (if any) around one launch of the ranks."""
+    from shadowgrad.bmv2_testbed.inband import JobSwitch
+    from shadowgrad.trainer_hooks._testing import (
+        loopback_spec,
+        shadow_cluster,
+        spec_toml,
+        switch_spec,
+    )
+
+    from shadowgrad.config import parse_spec
+
+    if variant == "ddp":
+        t0 = time.monotonic()
+        res = run_ranks(args, variant, width, None, args.close_timeout)
+        res["ranks_wall_s"] = time.monotonic() - t0
+        return res
+    timeouts = {"gap_repair": args.gap_repair, "heartbeat": "200ms", "rpc": "5s"}
+    if variant == "mirror":
+        doc = loopback_spec(world=args.world, shadows=args.shadows,
+                            replication=args.replication, **timeouts)
+    else:
+        doc = switch_spec(world=args.world, shadows=args.shadows,
+                          replication=args.replication, **timeouts)
+    spec = parse_spec(doc, env={})
+    spec_path = tmp / f"{variant}-{width}.toml"
+    spec_path.write_text(spec_toml(doc))
+    shadow_spec = spec
+    close_timeout = args.close_timeout
+    if variant == "inband_notap":
+        # with an empty tap the shadows get COMMITs only; a shadow that holds COMMIT(i) and no
+        # data NACKs after timeouts.gap_repair and the trainers resend every FINAL chunk from
+        # their retained bytes (variant inband_notap_repair). Here the shadows never repair (a
+        # gap_repair longer than the run; the trainers' spec is unchanged), so nothing but the
+        # ring and the COMMITs crosses the switch. They cannot reach the last iteration: the
+        # ranks' close() gives up on them after a short timeout (outside the measurement).
+        # The trainers' health monitor would see them stuck after timeouts.failure_detect and
+        # re-seed them (a full state load during the measurement): a long failure_detect in
+        # the trainers' spec too (it only sets failure detection, nothing on the happy path).
+        shadow_spec = parse_spec({**doc, "timeouts": {**doc["timeouts"],
+                                                      "gap_repair": "3600s"}}, env={})
+        doc["timeouts"]["failure_detect"] = "3600s"
+        spec = parse_spec(doc, env={})
+        spec_path.write_text(spec_toml(doc))
+        close_timeout = min(close_timeout, 2.0)
+    last = args.warmup + args.iters - 1
+    settle = 1.0 if variant == "inband_notap" else args.settle
+    out: dict[str, Any] = {}
+    with contextlib.ExitStack() as stack:
+        t0 = time.monotonic()
+        sw = None
+        if variant != "mirror":
+            sw = stack.enter_context(JobSwitch(spec, layout, tap=variant == "inband"))
+        cluster = stack.enter_context(shadow_cluster(shadow_spec))
+        out["setup_s"] = time.monotonic() - t0
+        pid = sw.proc.pid if sw is not None else None
+
+        def probe() -> dict[str, float | None]:
+            # this process: the shadows' threads (and the P4Runtime client); the switch is a
+            # process of its own
+            return {"shadows": time.process_time(),
+                    "switch": None if pid is None else _proc_cpu_s(pid)}
+
+        t0 = time.monotonic()
+        res = run_ranks(args, variant, width, spec_path, close_timeout, probe=probe)
+        out["ranks_wall_s"] = time.monotonic() - t0
+        t0 = time.monotonic()
+        out["shadows_at_last"] = cluster.wait_applied(last, timeout_s=settle)
+        out["shadows_settle_s"] = time.monotonic() - t0
+        out["shadows"] = _shadow_summary(cluster)
+        if sw is not None:
+            c = sw.counters()
+            out["switch_counters"] = {
+                "tagged": c["tagged"], "commits": c["commits"],
+                "shadow_copies": c["shadow_copies"], "shard_copies": c["shard_copies"],
+                "drops": {k: v for k, v in c["drops"].items() if v[0]}}
+        t0 = time.monotonic()
+        stack.close()
+        out["teardown_s"] = time.monotonic() - t0
+        if sw is not None:
+            out["switch_ports"] = _switch_summary(sw.final_counters)
+    res.update(out)
+    return res
+
+
+def summarize(size: str, variant: str, runs: list[dict[str, Any]], buckets: int
+              ) -> dict[str, Any]:
+    """One row of the report: the iterations of every round of ``variant`` pooled."""
+    times = [t for r in runs for t in r["times"]]
+    phases = list(zip(*[ph for r in runs for ph in r.pop("phases")], strict=True))
+    first = runs[0]
+
+    its = len(first["times"])
+
+    def per_iter(get: Callable[[dict[str, Any]], float | None]) -> float | None:
+        vals = [v / its for v in map(get, runs) if v is not None]
+        return statistics.median(vals) if vals else None
+
+    entry: dict[str, Any] = {
+        "size": size, "variant": variant, "params": first["params"], "width": first["width"],
+        "depth": first["depth"], "buckets": buckets, "stats_s": spread(times),
+        "phase_median_s": {k: statistics.median(v) for k, v in
+                           zip(("forward", "backward", "step"), phases, strict=True)},
+        "round_medians_s": [r["median_s"] for r in runs],
+        # CPU seconds per measured iteration (median over the rounds): all ranks together,
+        # the switch process, this process (the shadows' threads)
+        "cpu_per_iter_s": {
+            "ranks": per_iter(lambda r: sum(r["rank_loop_cpu_s"])),
+            "switch": per_iter(lambda r: (r.get("window_cpu_s") or {}).get("switch")),
+            "shadows": per_iter(lambda r: (r.get("window_cpu_s") or {}).get("shadows"))},
+        "shadows_at_last": None if "shadows_at_last" not in first
+        else all(r["shadows_at_last"] for r in runs),
+        "runs": runs}
+    cpu = [v for v in entry["cpu_per_iter_s"].values() if v is not None]
+    # everything runs on this host's cores: an iteration cannot be shorter than all the CPU
+    # it costs spread over them (close to the median where the host is CPU bound)
+    entry["cpu_bound_iter_s"] = sum(cpu) / (os.cpu_count() or 1)
+    return entry
+
+
+def print_row(e: dict[str, Any]) -> None:
+    st, pm = e["stats_s"], e["phase_median_s"]
+    ratio = "-" if e["ratio_to_ddp"] is None else f"{e['ratio_to_ddp']:.2f}x"
+    at_last = e["shadows_at_last"]
+    print(f"{e['size']:>5} {e['params'] / 1e6:6.3f}M  {e['variant']:<19} median "
+          f"{st['median'] * 1e3:7.1f} ms  p10/p90 {st['p10'] * 1e3:6.1f}/{st['p90'] * 1e3:6.1f}"
+          f"  IQR {st['iqr'] * 1e3:6.1f}  ratio {ratio:>6}  fwd/bwd/step "
+          f"{pm['forward'] * 1e3:.1f}/{pm['backward'] * 1e3:.1f}/{pm['step'] * 1e3:.1f} ms"
+          + "  cpu/iter ranks/switch/shadows " + "/".join(
+              "-" if v is None else f"{v * 1e3:.0f}" for v in e["cpu_per_iter_s"].values())
+          + f" ms (/{os.cpu_count()} cores: {e['cpu_bound_iter_s'] * 1e3:.0f} ms)"
+          + ("" if at_last is None else f"  shadows at last: {at_last}"), flush=True)
+
+
+def environment() -> dict[str, Any]:
+    import torch
+
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True,
+                            text=True, check=False).stdout.strip()
+    return {"cpus": os.cpu_count(), "torch": torch.__version__, "python": platform.python_version(),
+            "machine": platform.machine(), "kernel": platform.release(),
+            "loadavg_at_start": os.getloadavg(), "git_commit": commit or None}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--variant", default="ddp", help=argparse.SUPPRESS)
+    ap.add_argument("--width", type=int, default=0, help=argparse.SUPPRESS)
+    ap.add_argument("--spec", default="", help=argparse.SUPPRESS)
+    ap.add_argument("--sizes", default="100K,1M",
+                    help="comma list of parameter counts (100K, 1M, 250000)")
+    ap.add_argument("--variants", default=",".join(VARIANTS),
+                    help="comma list of " + ",".join(VARIANTS + EXTRA_VARIANTS))
+    ap.add_argument("--iters", type=int, default=40, help="measured iterations per variant")
+    ap.add_argument("--warmup", type=int, default=5, help="iterations not measured")
+    ap.add_argument("--rounds", type=int, default=2,
+                    help="runs of every variant, interleaved; their iterations are pooled")
+    ap.add_argument("--world", type=int, default=4, help="DDP ranks (gloo, CPU)")
+    ap.add_argument("--depth", type=int, default=4, help="hidden Linear(w, w) layers of the MLP")
+    ap.add_argument("--batch", type=int, default=32, help="samples per rank and iteration")
+    ap.add_argument("--shadows", type=int, default=4, help="shadow nodes (real, in-process)")
+    ap.add_argument("--replication", type=int, default=2)
+    ap.add_argument("--gap-repair", default="100ms", help="timeouts.gap_repair of the spec")
+    ap.add_argument("--settle", type=float, default=30.0,
+                    help="seconds to wait for the shadows to apply the last iteration")
+    ap.add_argument("--close-timeout", type=float, default=30.0,
+                    help="sg.close() timeout in the ranks (s)")
+    ap.add_argument("--timeout", type=float, default=600.0, help="per variant (s)")
+    ap.add_argument("--retries", type=int, default=1,
+                    help="relaunches of a variant whose ranks failed (recorded in the JSON)")
+    ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "inband_bench.json"))
+    args = ap.parse_args()
+    if args.worker:
+        worker(args)
+        return 0
+    os.environ.setdefault("SHADOWGRAD_TOKEN", "trainer-test-token")
+    import torch
+    from shadowgrad.bmv2_testbed.inband import compile_product
+
+    from shadowgrad.layout import Layout, from_module
+
+    torch.set_num_threads(1)  # the in-process shadows: one intra-op thread, like the ranks
+    variants = [v for v in args.variants.split(",") if v]
+    bad = sorted(set(variants) - set(VARIANTS) - set(EXTRA_VARIANTS))
+    if bad:
+        ap.error(f"unknown variants {bad}")
+    t_run = time.monotonic()
+    report: dict[str, Any] = {
+        "benchmark": "inband_bench",
+        "command": shlex.join(["python", "bench/inband_bench.py", *sys.argv[1:]]),
+        "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "env": environment(), "world": args.world, "iters": args.iters, "rounds": args.rounds,
+        "warmup": args.warmup, "batch_per_rank": args.batch, "depth": args.depth,
+        "shadows": args.shadows, "replication": args.replication,
+        "gap_repair": args.gap_repair, "timing": "rank 0, perf_counter around forward + "
+        "backward + step; ratio = median / median of ddp in the same run", "results": []}
+    if any(v.startswith("inband") for v in variants):
+        t0 = time.monotonic()
+        compile_product()
+        report["p4_compile_s"] = time.monotonic() - t0
+    tmp = Path(tempfile.mkdtemp(prefix="sg-inband-bench-"))
+    try:
+        for size in args.sizes.split(","):
+            target = parse_size(size)
+            width = width_for(target, args.depth)
+            params, buckets = from_module(make_model(width, args.depth))
+            layout = Layout.build(params, buckets, args.shadows, args.replication)
+            runs: dict[str, list[dict[str, Any]]] = {v: [] for v in variants}
+            for rnd in range(args.rounds):  # rounds interleave the variants (drift, load)
+                for variant in variants:
+                    t0 = time.monotonic()
+                    load0 = os.getloadavg()[0]
+                    failures: list[str] = []
+                    while True:
+                        try:
+                            res = run_variant(args, variant, width, layout, tmp)
+                            break
+                        except RanksFailedError as exc:
+                            # a failed launch is kept (full rank outputs in a file outside the
+                            # repository) and retried up to --retries times
+                            log = Path(tempfile.mkstemp(prefix="inband-bench-fail-",
+                                                        suffix=".log")[1])
+                            log.write_text(exc.report())
+                            failures.append(f"{exc} (rank outputs: {log})")
+                            print(f"  {size} {variant} round {rnd}: FAILED, {failures[-1]}\n"
+                                  + exc.report()[-3000:], flush=True)
+                            if len(failures) > args.retries:
+                                raise
+                    res["failed_attempts"] = failures
+                    res["wall_s"] = time.monotonic() - t0
+                    res["loadavg_1min"] = [load0, os.getloadavg()[0]]
+                    res["round"] = rnd
+                    res["median_s"] = statistics.median(res["times"])
+                    runs[variant].append(res)
+                    print(f"  {size} {variant} round {rnd}: median {res['median_s'] * 1e3:.1f} "
+                          f"ms, {res['wall_s']:.0f} s wall, load {load0:.1f}", flush=True)
+            base: float | None = None
+            for variant in variants:
+                entry = summarize(size, variant, runs[variant], len(layout.buckets))
+                med = entry["stats_s"]["median"]
+                if variant == "ddp":
+                    base = med
+                entry["ratio_to_ddp"] = None if base is None else med / base
+                report["results"].append(entry)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    print()
+    for entry in report["results"]:
+        print_row(entry)
+    report["runtime_s"] = time.monotonic() - t_run
+    report["env"]["loadavg_at_end"] = os.getloadavg()
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(report, indent=1, default=str))
+    print(f"wrote {args.out} ({report['runtime_s']:.0f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(ROOT))
+    sys.exit(main())
