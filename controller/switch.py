@@ -50,8 +50,8 @@ from shadowgrad.wire import DEFAULT_UDP_PORT
 
 from .p4runtime import P4RuntimeClient
 
-__all__ = ["DROP_REASONS", "Entry", "SwitchState", "ConvergeReport", "SwitchDriver",
-           "ForwardStage", "GuardStage", "TapStage", "EgressStage", "pipeline_cookie"]
+__all__ = ["DROP_REASONS", "Entry", "SwitchState", "ConvergeReport", "SwitchDriver", "describe",
+           "plan", "ForwardStage", "GuardStage", "TapStage", "EgressStage", "pipeline_cookie"]
 
 log = logging.getLogger(__name__)
 
@@ -108,6 +108,45 @@ class SwitchState:
         if e.key in self.entries and self.entries[e.key] != e:
             raise ShadowgradError(f"two desired entries with one key: {e} / {self.entries[e.key]}")
         self.entries[e.key] = e
+
+
+def _fmt_match(name: str, v: MatchValue) -> str:
+    from shadowgrad.frames import format_mac
+
+    short = name.rsplit(".", maxsplit=1)[-1]
+    if name == "hdr.ipv4.dstAddr" and isinstance(v, tuple):
+        return f"{short}={ipaddress.IPv4Address(v[0])}/{v[1]}"
+    if name == "hdr.ethernet.dstAddr" and isinstance(v, int):
+        return f"{short}={format_mac(v)}"
+    if isinstance(v, tuple):
+        return f"{short}={v[0]}..{v[1]}"
+    return f"{short}={v}"
+
+
+def _fmt_param(name: str, v: int) -> str:
+    from shadowgrad.frames import format_mac
+
+    if name == "dmac":
+        return f"{name}={format_mac(v)}"
+    if name == "dip":
+        return f"{name}={ipaddress.IPv4Address(v)}"
+    return f"{name}={v}"
+
+
+def describe(state: SwitchState) -> list[str]:
+    """Human-readable lines: every entry by table, then every multicast group."""
+    lines: list[str] = []
+    table = None
+    for e in sorted(state.entries.values()):
+        if e.table != table:
+            table = e.table
+            lines.append(f"{table}:")
+        match = ", ".join(_fmt_match(k, v) for k, v in e.match)
+        params = ", ".join(_fmt_param(k, v) for k, v in e.params)
+        lines.append(f"  {match} -> {e.action.split('.')[-1]}({params})")
+    for gid, reps in sorted(state.groups.items()):
+        lines.append(f"group {gid}: " + " ".join(f"{p}/rid{r}" for p, r in sorted(reps)))
+    return lines
 
 
 @dataclass
@@ -318,6 +357,20 @@ class EgressStage(_Stage):
 STAGES: tuple[_Stage, ...] = (ForwardStage(), GuardStage(), TapStage(), EgressStage())
 
 
+def _plan(job: _Job, base: int, tap: bool) -> SwitchState:
+    out = SwitchState()
+    for stage in STAGES:
+        if tap or not isinstance(stage, TapStage):
+            stage.desired(job, base, out)
+    return out
+
+
+def plan(spec: JobSpec, layout: Layout, base: int = 1, *, tap: bool = True) -> SwitchState:
+    """The entries and groups a job needs, its group block starting at ``base`` (what
+    :meth:`SwitchDriver.converge` writes; no switch contacted)."""
+    return _plan(_Job(spec, layout), base, tap)
+
+
 # ------------------------------------------------------------------------------ codec
 def _enc(value: int, bits: int) -> bytes:
     if value < 0 or value >> bits:
@@ -509,11 +562,7 @@ class SwitchDriver:
         return mine, others
 
     def desired(self, base: int) -> SwitchState:
-        out = SwitchState()
-        for stage in STAGES:
-            if self.tap or not isinstance(stage, TapStage):
-                stage.desired(self.job, base, out)
-        return out
+        return _plan(self.job, base, self.tap)
 
     def _allocate(self, others: set[int]) -> int:
         n = self.job.n_groups
