@@ -49,6 +49,7 @@ from shadowgrad.shadow.replay import ReplayError, ShardReplayer
 from shadowgrad.shadow.snapshot import write_snapshot
 
 from shadowgrad import wire
+from shadowgrad._addr import canonical, resolve
 from shadowgrad._log import event
 from shadowgrad.config import JobSpec
 from shadowgrad.errors import LayoutError, ShadowgradError, WireError
@@ -56,6 +57,7 @@ from shadowgrad.frames import decode_frame
 from shadowgrad.layout import Layout
 
 __all__ = ["NodeOptions", "ShadowNode", "NONE_ITER"]
+
 
 log = logging.getLogger(__name__)
 
@@ -210,6 +212,13 @@ class ShadowNode:
         self.sock.settimeout(self.opts.tick_s)
         self._peer_addrs = [(a.host, a.port) for a in spec.shadows.addresses]
         self._trainer_addrs = [(a.host, a.port) for a in spec.trainers.addresses]
+        # records are authenticated with the job's key (never the token itself); DATA and
+        # COMMIT are taken only from the trainers' addresses, READY only from the peers'
+        self._key = wire.mac_key(self._token, self._job)
+        self._require = (wire.AUTHENTICATED_KINDS | {wire.Kind.DATA}
+                         if spec.security.authenticate_data else wire.AUTHENTICATED_KINDS)
+        self._trainer_src = {resolve(a) for a in self._trainer_addrs}
+        self._peer_src = {resolve(a) for k, a in enumerate(self._peer_addrs) if k != shadow_id}
         # in-band through the P4 target's loopback UDP ports: what arrives from this shadow's
         # switch port is a whole Ethernet frame (shadowgrad.frames), the copy the switch made
         self._switch_ep: tuple[str, int] | None = None
@@ -355,45 +364,48 @@ class ShadowNode:
         next_timer = 0.0
         switch = self._switch_ep
         while not self._stop.is_set():
-            src = None
+            src: Any = None
             try:
-                if switch is None:
-                    n = sock.recv_into(buf)
-                else:
-                    n, src = sock.recvfrom_into(buf)
+                n, src = sock.recvfrom_into(buf)
             except TimeoutError:
                 n = -1
             except OSError:
                 if self._stop.is_set():
                     return
                 raise
-            if n >= 0 and src is not None and (src[0], src[1]) == switch:
+            if n >= 0 and switch is not None and (src[0], src[1]) == switch:
                 frame = decode_frame(mv[:n])
                 if frame is None or frame.dst != self._me:
                     with self._lock:
                         self.rx["bad_frame"] += 1
-                else:
-                    self.handle_datagram(frame.payload)
+                else:  # the copy keeps the trainer's source address
+                    self.handle_datagram(frame.payload, frame.src)
             elif n >= 0:
-                self.handle_datagram(mv[:n])
+                self.handle_datagram(mv[:n], src)
             if index == 0:
                 now = time.monotonic()
                 if now >= next_timer:
                     self._timers(now)
                     next_timer = now + self.opts.tick_s
 
-    def handle_datagram(self, data: memoryview | bytes | bytearray) -> str:
-        """Verify and handle one datagram; return the rx counter it was counted under."""
+    def handle_datagram(self, data: memoryview | bytes | bytearray,
+                        src: tuple[str, int] | None = None) -> str:
+        """Verify and handle one datagram from ``src``; return the rx counter it was counted
+        under. DATA and COMMIT count only from a trainer's address and READY only from a
+        peer's (``src=None``: a caller that has checked the source itself)."""
         ld = self._ld
         try:
-            msg = wire.decode(data, job=self._job, layout=None if ld is None else self._digest)
+            msg = wire.decode(data, job=self._job, layout=None if ld is None else self._digest,
+                              key=self._key, require=self._require)
         except WireError as e:
             reason = "wire." + e.reason
             self.rx[reason] += 1
             return reason
         h = msg.header
         with self._lock:
-            if self._ld is None:
+            if src is not None and not self._source_ok(h.kind, src):
+                reason = "foreign_source"
+            elif self._ld is None:
                 reason = "not_loaded"
             elif h.kind is wire.Kind.DATA:
                 reason = self._on_data(h, msg.payload)
@@ -405,6 +417,12 @@ class ShadowNode:
                 reason = "unexpected_kind"
             self.rx[reason] += 1
         return reason
+
+    def _source_ok(self, kind: wire.Kind, src: tuple[str, int]) -> bool:
+        c = canonical(src)
+        if kind is wire.Kind.READY:
+            return c in self._peer_src
+        return c in self._trainer_src
 
     def _rec(self, it: int, now: float) -> _Iter:
         rec = self._iters.get(it)
@@ -609,6 +627,7 @@ class ShadowNode:
         data = wire.encode(
             wire.Kind.READY, job=self._job, sender=self.id, iteration=_enc(it), seq=self._seq,
             layout=self._digest, payload=body, flags=wire.Flag.RETX if retx else 0,
+            key=self._key,
         )
         for sid, addr in enumerate(self._peer_addrs):
             if sid != self.id:
@@ -692,7 +711,8 @@ class ShadowNode:
                 body = wire.NackRecord.of(ranges[lo:lo + per]).body()
                 self._seq = max(self._seq + 1, time.time_ns())
                 data = wire.encode(wire.Kind.NACK, job=self._job, sender=self.id, iteration=it,
-                                   seq=self._seq, layout=self._digest, payload=body)
+                                   seq=self._seq, layout=self._digest, payload=body,
+                                   key=self._key)
                 try:
                     self.sock.sendto(data, self._trainer_addrs[rank])
                     self.ev["nack_sent"] += 1

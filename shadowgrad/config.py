@@ -76,7 +76,10 @@ Keys (``*`` = required; default otherwise):
     :meth:`JobSpec.to_dict`.
     ``token_env`` -- name of the environment variable holding it. Default ``"SHADOWGRAD_TOKEN"``
     (when ``token_file`` is not given).
-    ``token_file`` -- path of a file holding it (surrounding whitespace is stripped).
+    ``token_file`` -- path of a file holding it (surrounding whitespace is stripped); it must
+    not be readable by group or others (``chmod 600``).
+    ``authenticate_data`` -- DATA chunks carry a MAC too (COMMIT, NACK, READY and ACK always
+    do). Default ``true`` (docs/security.md gives the cost and what ``false`` leaves open).
     Giving both is an error.
 """
 
@@ -125,6 +128,8 @@ MODES: Final[tuple[Mode, ...]] = ("in-band", "mirror")
 BACKENDS: Final[tuple[Backend, ...]] = ("gloo", "nccl")
 TARGETS: Final[tuple[Target, ...]] = ("bmv2_testbed", "simple_switch_grpc", "none")
 
+#: whether DATA chunks carry a MAC by default (docs/security.md: the measured cost)
+DEFAULT_AUTHENTICATE_DATA: Final = True
 #: Base TCP port of the shadows' control endpoints (shadow i uses ``control_port + i``).
 DEFAULT_CONTROL_PORT: Final = 47480
 #: P4Runtime's registered port, on the loopback interface.
@@ -164,7 +169,7 @@ KNOWN_KEYS: Final[Mapping[str, tuple[str, ...]]] = {
         "shadow_macs",
     ),
     "timeouts": ("heartbeat", "failure_detect", "gap_repair", "rpc", "connect"),
-    "security": ("token_env", "token_file"),
+    "security": ("token_env", "token_file", "authenticate_data"),
 }
 
 _TIMEOUT_DEFAULTS: Final = {
@@ -421,6 +426,8 @@ class SecuritySection:
 
     token_env: str | None = _env.DEFAULT_TOKEN_ENV
     token_file: Path | None = None
+    #: DATA chunks carry a MAC too (COMMIT, NACK, READY and ACK always do)
+    authenticate_data: bool = DEFAULT_AUTHENTICATE_DATA
 
     def token(self, env: Mapping[str, str] | None = None) -> str:
         """Read the token now (``env`` defaults to ``os.environ``); ConfigError if unavailable."""
@@ -432,7 +439,10 @@ class SecuritySection:
             except (OSError, UnicodeDecodeError) as e:
                 raise ConfigError(key, str(self.token_file), f"cannot read token: {e}") from None
             if mode & 0o077:
-                _log.warning("token file %s is readable by group or others", self.token_file)
+                raise ConfigError(key, str(self.token_file),
+                                  f"the token file is readable by group or others (mode "
+                                  f"{mode & 0o777:04o}); make it private: chmod 600 "
+                                  f"{self.token_file}")
             tok = text.strip()
             if not tok:
                 raise ConfigError(key, str(self.token_file), "token file is empty")
@@ -471,6 +481,12 @@ class JobSpec:
         """The job's auth token, read now from its configured source (see ``[security]``)."""
         return self.security.token(env)
 
+    def mac_key(self, token: str | None = None) -> bytes:
+        """The key that authenticates the job's records (``wire.mac_key`` of the token)."""
+        from shadowgrad.wire import mac_key
+
+        return mac_key(self.token() if token is None else token, self.job.id)
+
     def to_dict(self) -> dict[str, dict[str, Any]]:
         """The spec as TOML-ready data (durations with units, addresses as strings, no token).
 
@@ -508,6 +524,7 @@ class JobSpec:
             if self.security.token_file is not None
             else {"token_env": self.security.token_env}
         )
+        security["authenticate_data"] = self.security.authenticate_data
         return {
             "job": {"id": self.job.id, "name": self.job.name, "mode": self.job.mode},
             "trainers": {
@@ -539,6 +556,8 @@ class JobSpec:
 
 
 def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
     if isinstance(value, str):
         return json.dumps(value, ensure_ascii=False)  # JSON string escapes are valid TOML
     if isinstance(value, list):
@@ -868,8 +887,12 @@ def _build(raw: Mapping[str, Any], source: str) -> JobSpec:
             t.get("token_file"),
             "give exactly one of security.token_env and security.token_file",
         )
+    auth_data = t.get("authenticate_data", DEFAULT_AUTHENTICATE_DATA)
+    if not isinstance(auth_data, bool):
+        raise ConfigError(t.key("authenticate_data"), auth_data, "must be true or false")
     if t.has("token_file"):
-        security = SecuritySection(token_env=None, token_file=t.path("token_file"))
+        security = SecuritySection(token_env=None, token_file=t.path("token_file"),
+                                   authenticate_data=auth_data)
     else:
         token_env = t.str_("token_env", _env.DEFAULT_TOKEN_ENV)
         if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", token_env):
@@ -880,6 +903,6 @@ def _build(raw: Mapping[str, Any], source: str) -> JobSpec:
             raise ConfigError(
                 t.key("token_env"), token_env, f"{_env.ENV_PREFIX}* names are spec overrides"
             )
-        security = SecuritySection(token_env=token_env)
+        security = SecuritySection(token_env=token_env, authenticate_data=auth_data)
 
     return JobSpec(job, trainers, shadows, switch, timeouts, security, source)

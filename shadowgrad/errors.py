@@ -119,5 +119,17 @@ class LayoutMismatchError(WireError):
     reason = "layout"
 
 
+class UnauthenticatedError(WireError):
+    """A record that must carry a MAC (COMMIT, NACK, READY, ACK; DATA when configured) has none."""
+
+    reason = "unauthenticated"
+
+
+class BadMacError(WireError):
+    """A datagram's MAC does not verify under the job's key (forged, or another key)."""
+
+    reason = "bad_mac"
+
+
 class ShadowgradTimeout(ShadowgradError, TimeoutError):  # noqa: N818 (reads as TimeoutError)
     """A blocking call gave up after its timeout."""

@@ -18,7 +18,7 @@ import ipaddress
 import struct
 from typing import NamedTuple
 
-__all__ = ["FRAME_OVERHEAD", "MAX_FRAMED_DATAGRAM", "Frame", "port_mac", "parse_mac",
+__all__ = ["FRAME_OVERHEAD", "MAX_FRAMED_DATAGRAM", "Frame", "port_mac", "parse_mac", "csum16",
            "format_mac", "encode_frame", "decode_frame"]
 
 _ETH = struct.Struct("!6s6sH")
@@ -65,7 +65,8 @@ def format_mac(mac: int) -> str:
     return ":".join(f"{b:02x}" for b in mac.to_bytes(6, "big"))
 
 
-def _csum16(data: bytes) -> int:
+def csum16(data: bytes) -> int:
+    """The Internet checksum (ones' complement of the 16-bit ones' complement sum; even length)."""
     s: int = sum(struct.unpack(f"!{len(data) // 2}H", data))
     while s >> 16:
         s = (s & 0xFFFF) + (s >> 16)
@@ -83,7 +84,7 @@ def encode_frame(datagram: bytes | bytearray | memoryview, *, src: tuple[str, in
     dip = ipaddress.IPv4Address(dst[0]).packed
     total = _IP.size + _UDP.size + n
     ip0 = _IP.pack(0x45, 0, total, ident & 0xFFFF, 0x4000, 64, _PROTO_UDP, 0, sip, dip)
-    ip = _IP.pack(0x45, 0, total, ident & 0xFFFF, 0x4000, 64, _PROTO_UDP, _csum16(ip0),
+    ip = _IP.pack(0x45, 0, total, ident & 0xFFFF, 0x4000, 64, _PROTO_UDP, csum16(ip0),
                   sip, dip)
     return b"".join((_ETH.pack(dst_mac.to_bytes(6, "big"), src_mac.to_bytes(6, "big"),
                                _ETHERTYPE_IPV4), ip,
@@ -103,7 +104,7 @@ def decode_frame(frame: bytes | bytearray | memoryview) -> Frame | None:
     vihl, _tos, total, _id, frag, _ttl, proto, _c, sip, dip = _IP.unpack_from(mv, _ETH.size)
     if vihl != 0x45 or proto != _PROTO_UDP or frag & 0x3FFF:
         return None
-    if _csum16(bytes(mv[_ETH.size:_ETH.size + _IP.size])) != 0:
+    if csum16(bytes(mv[_ETH.size:_ETH.size + _IP.size])) != 0:
         return None
     sport, dport, ulen, _uc = _UDP.unpack_from(mv, _ETH.size + _IP.size)
     if total != _IP.size + ulen or _ETH.size + total > len(mv) or ulen < _UDP.size:

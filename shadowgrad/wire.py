@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import enum
 import hashlib
+import hmac
 import itertools
 import struct
 from collections.abc import Sequence
@@ -27,6 +28,7 @@ from crc32c import crc32c as _crc32c
 
 from shadowgrad.errors import (
     BadFieldError,
+    BadMacError,
     BadMagicError,
     ChecksumError,
     ForeignJobError,
@@ -34,6 +36,7 @@ from shadowgrad.errors import (
     LengthMismatchError,
     OversizeError,
     TruncatedError,
+    UnauthenticatedError,
     UnknownKindError,
     VersionError,
 )
@@ -47,6 +50,10 @@ __all__ = [
     "MAX_PAYLOAD",
     "DEFAULT_UDP_PORT",
     "DEFAULT_CHUNK_BYTES",
+    "MAC_SIZE",
+    "AUTHENTICATED_KINDS",
+    "mac_key",
+    "seal",
     "Kind",
     "Flag",
     "DType",
@@ -126,15 +133,39 @@ class Flag(enum.IntFlag):
     SKIPPED = 0x08  #: COMMIT: the optimizer step was skipped (loss scaler found inf/nan)
     CLIP = 0x10  #: COMMIT: ``clip_coef`` is valid (gradients were clipped by it)
     SCALER = 0x20  #: COMMIT: ``loss_scale`` is valid (a loss scaler was in use)
+    MAC = 0x40  #: any kind: the payload is followed by a MAC_SIZE-byte keyed BLAKE2b tag
 
 
 _ALLOWED_FLAGS = {
-    Kind.DATA: Flag.FINAL | Flag.RETX | Flag.LAST,
-    Kind.COMMIT: Flag.RETX | Flag.SKIPPED | Flag.CLIP | Flag.SCALER,
-    Kind.READY: Flag.RETX,
-    Kind.ACK: Flag(0),
-    Kind.NACK: Flag.RETX,
+    Kind.DATA: Flag.FINAL | Flag.RETX | Flag.LAST | Flag.MAC,
+    Kind.COMMIT: Flag.RETX | Flag.SKIPPED | Flag.CLIP | Flag.SCALER | Flag.MAC,
+    Kind.READY: Flag.RETX | Flag.MAC,
+    Kind.ACK: Flag.MAC,
+    Kind.NACK: Flag.RETX | Flag.MAC,
 }
+
+#: bytes of the authentication tag that follows the payload when ``Flag.MAC`` is set
+MAC_SIZE = 16
+#: kinds a receiver holding the job's key accepts only with a valid MAC
+AUTHENTICATED_KINDS = frozenset({Kind.COMMIT, Kind.READY, Kind.ACK, Kind.NACK})
+_MAC_PERSON = b"shadowgrad-mac1"
+
+
+def mac_key(token: str | bytes, job: int) -> bytes:
+    """The job's record-authentication key: BLAKE2b-256 of the job's secret token, salted with
+    the job id and personalised for this use, so the token itself never travels and every job
+    sharing a token still has its own key."""
+    raw = token.encode() if isinstance(token, str) else bytes(token)
+    return hashlib.blake2b(raw, digest_size=32, salt=int(job).to_bytes(8, "big"),
+                           person=_MAC_PERSON).digest()
+
+
+def _tag(key: bytes, prefix: bytes | memoryview, payload: bytes | bytearray | memoryview
+         ) -> bytes:
+    h = hashlib.blake2b(key=key, digest_size=MAC_SIZE)
+    h.update(prefix)
+    h.update(payload)
+    return h.digest()
 
 
 class DType(enum.IntEnum):
@@ -248,8 +279,54 @@ def encode_header(
     """Pack the 56-byte header for ``payload`` (checksum included). Does not copy ``payload``.
 
     Validates what the decoder would reject (ranges, flags, dtype alignment), so a sender never
-    emits a datagram its peers will drop.
+    emits a datagram its peers will drop. For an authenticated datagram use :func:`seal`.
     """
+    if int(flags) & Flag.MAC:
+        raise BadFieldError("Flag.MAC is set by seal(), which computes the tag")
+    return _header(kind, job=job, sender=sender, iteration=iteration, seq=seq, layout=layout,
+                   payload=payload, flags=flags, dtype=dtype, bucket=bucket, offset=offset,
+                   version=version, key=None)[0]
+
+
+def seal(
+    kind: Kind,
+    *,
+    key: bytes,
+    job: int,
+    sender: int,
+    iteration: int,
+    seq: int,
+    layout: int,
+    payload: bytes | bytearray | memoryview = b"",
+    flags: Flag | int = 0,
+    dtype: DType = DType.NONE,
+    bucket: int = 0,
+    offset: int = 0,
+) -> tuple[bytes, bytes]:
+    """``(header, tag)`` of an authenticated datagram: send ``header + payload + tag``. The
+    header has ``Flag.MAC`` and a length counting the tag; the tag is keyed BLAKE2b over the
+    header (up to the checksum) and the payload; the CRC covers header, payload and tag."""
+    return _header(kind, job=job, sender=sender, iteration=iteration, seq=seq, layout=layout,
+                   payload=payload, flags=int(flags) | Flag.MAC, dtype=dtype, bucket=bucket,
+                   offset=offset, version=VERSION, key=key)
+
+
+def _header(
+    kind: Kind,
+    *,
+    job: int,
+    sender: int,
+    iteration: int,
+    seq: int,
+    layout: int,
+    payload: bytes | bytearray | memoryview,
+    flags: Flag | int,
+    dtype: DType,
+    bucket: int,
+    offset: int,
+    version: int,
+    key: bytes | None,
+) -> tuple[bytes, bytes]:
     kind = Kind(kind)
     length = memoryview(payload).nbytes
     if length > MAX_PAYLOAD:
@@ -269,11 +346,22 @@ def encode_header(
         ("layout", layout),
     ):
         _check_range(name, value)
+    tag = b""
+    if key is not None:
+        if length + MAC_SIZE > MAX_PAYLOAD:
+            raise OversizeError(f"payload of {length} bytes + MAC exceeds MAX_PAYLOAD")
+        prefix = _PREFIX.pack(
+            MAGIC, version, kind, flags, dtype, sender, job, bucket, iteration, seq, offset,
+            layout, length + MAC_SIZE,
+        )
+        tag = _tag(key, prefix, payload)
+        crc = _crc32c(tag, _crc32c(payload, _crc32c(prefix)))
+        return prefix + crc.to_bytes(4, "big"), tag
     prefix = _PREFIX.pack(
         MAGIC, version, kind, flags, dtype, sender, job, bucket, iteration, seq, offset,
         layout, length,
     )
-    return prefix + _crc32c(payload, _crc32c(prefix)).to_bytes(4, "big")
+    return prefix + _crc32c(payload, _crc32c(prefix)).to_bytes(4, "big"), tag
 
 
 def encode(
@@ -289,8 +377,15 @@ def encode(
     dtype: DType = DType.NONE,
     bucket: int = 0,
     offset: int = 0,
+    key: bytes | None = None,
 ) -> bytes:
-    """Header + payload as one ``bytes`` (a copy; for tests, pcaps and small control messages)."""
+    """Header + payload (+ MAC tag with ``key``) as one ``bytes`` (a copy; for small control
+    messages, tests and pcaps)."""
+    if key is not None:
+        header, tag = seal(kind, key=key, job=job, sender=sender, iteration=iteration, seq=seq,
+                           layout=layout, payload=payload, flags=flags, dtype=dtype,
+                           bucket=bucket, offset=offset)
+        return header + bytes(payload) + tag
     header = encode_header(
         kind, job=job, sender=sender, iteration=iteration, seq=seq, layout=layout,
         payload=payload, flags=flags, dtype=dtype, bucket=bucket, offset=offset,
@@ -321,6 +416,8 @@ def peek_header(buf: bytes | bytearray | memoryview) -> Header:
         raise TruncatedError(f"{mv.nbytes} bytes, header needs {HEADER_SIZE}")
     (_, version, kind, flags, dtype, sender, job, bucket, iteration, seq, offset, layout, length,
      _) = _STRUCT.unpack_from(mv)
+    if flags & Flag.MAC and length >= MAC_SIZE:
+        length -= MAC_SIZE  # the payload's length, as decode() reports it
     return Header(kind, flags, dtype, sender, job, bucket, iteration, seq, offset, layout,
                   length, version)
 
@@ -330,13 +427,17 @@ def decode(
     *,
     job: int | None = None,
     layout: int | None = None,
+    key: bytes | None = None,
+    require: frozenset[Kind] = AUTHENTICATED_KINDS,
 ) -> Message:
     """Verify and decode one datagram. The payload is a view into ``buf`` (no copy).
 
     Checks, in order: size, magic, version, kind, announced length, checksum, flags, dtype and
-    DATA alignment, kind-specific body structure, then job and layout when given. Each failure
-    raises its own :class:`~shadowgrad.errors.WireError` subclass; ``err.reason`` is a short label
-    for drop counters.
+    DATA alignment, kind-specific body structure, then job and layout when given, then — with
+    ``key`` — the MAC: a datagram with ``Flag.MAC`` must verify, and a kind in ``require`` must
+    have one. Each failure raises its own :class:`~shadowgrad.errors.WireError` subclass;
+    ``err.reason`` is a short label for drop counters. The header's ``length`` is the
+    payload's (without the tag).
     """
     mv = memoryview(buf)
     if mv.ndim != 1 or mv.itemsize != 1:
@@ -365,6 +466,13 @@ def decode(
         raise ChecksumError(f"{kind.name} checksum mismatch (header says 0x{checksum:08x})")
     if flags & ~_ALLOWED_FLAGS[kind]:
         raise BadFieldError(f"flags 0x{flags:02x} not allowed for {kind.name}")
+    tag = None
+    if flags & Flag.MAC:
+        if length < MAC_SIZE:
+            raise LengthMismatchError(f"{length} bytes cannot hold the {MAC_SIZE}-byte MAC")
+        length -= MAC_SIZE
+        tag = payload[length:]
+        payload = payload[:length]
     if dtype not in _DTYPE_CODES:
         raise BadFieldError(f"dtype code {dtype} is not defined")
     dtype = DType(dtype)
@@ -378,6 +486,12 @@ def decode(
         raise LayoutMismatchError(
             f"datagram made under layout {layout_:016x}, this side holds {layout:016x}"
         )
+    if key is not None:
+        if tag is not None:
+            if not hmac.compare_digest(tag, _tag(key, mv[:_CSUM_AT], payload)):
+                raise BadMacError(f"{kind.name} MAC does not verify under this job's key")
+        elif kind in require:
+            raise UnauthenticatedError(f"{kind.name} without a MAC; this job requires one")
     return Message(
         Header(kind, Flag(flags), dtype, sender, job_, bucket, iteration, seq, offset, layout_,
                length, version),
@@ -438,10 +552,10 @@ class CommitRecord:
         return head + lrs + nograd + bytes(self.user_state)
 
     def encode(self, *, job: int, sender: int, iteration: int, seq: int, layout: int,
-               retx: bool = False) -> bytes:
+               retx: bool = False, key: bytes | None = None) -> bytes:
         flags = self.flags | (Flag.RETX if retx else Flag(0))
         return encode(Kind.COMMIT, job=job, sender=sender, iteration=iteration, seq=seq,
-                      layout=layout, payload=self.body(), flags=flags)
+                      layout=layout, payload=self.body(), flags=flags, key=key)
 
     @classmethod
     def from_message(cls, msg: Message) -> CommitRecord:

@@ -28,7 +28,9 @@ from shadowgrad.layout import Box, Layout, from_module
 from shadowgrad.optspec import OptimizerSpec, state_by_name
 
 TOKEN = "test-token-123"
+#: the records' key the shadows derive from TOKEN (the producer seals as a trainer does)
 JOB_ID = 77
+KEY = wire.mac_key(TOKEN, JOB_ID)
 
 # --------------------------------------------------------------------------- models
 
@@ -336,11 +338,13 @@ class Producer:
                     self._held[sid] = None
                     self._send(held, self.dests[sid])
 
-    def _data(self, it: int, bucket: int, off: int, payload: memoryview, retx: bool) -> bytes:
+    def _data(self, it: int, bucket: int, off: int, payload: memoryview, retx: bool
+              ) -> tuple[bytes, bytes]:
+        """(header, MAC tag) of a DATA chunk, sealed with the job's key as a trainer does."""
         dtype = self._dtype(bucket)
         flags = wire.Flag.FINAL | (wire.Flag.RETX if retx else 0)
-        return wire.encode_header(
-            wire.Kind.DATA, job=JOB_ID, sender=0, iteration=it, seq=self._next_seq(),
+        return wire.seal(
+            wire.Kind.DATA, key=KEY, job=JOB_ID, sender=0, iteration=it, seq=self._next_seq(),
             layout=self.layout.digest64, payload=payload, flags=flags, dtype=dtype,
             bucket=bucket, offset=off,
         )
@@ -361,13 +365,13 @@ class Producer:
                 mv = memoryview(buckets[b])
                 for off, n, dests in chunks:
                     payload = mv[off:off + n]
-                    header = self._data(it, b, off, payload, retx=False)
+                    header, tag = self._data(it, b, off, payload, retx=False)
                     for sid in dests:
                         w = self.faults.withhold
                         if w is not None and w(it, b, off, sid):
                             self.stats.sent["withheld"] += 1
                             continue
-                        self._emit(sid, (header, payload))
+                        self._emit(sid, (header, payload, tag))
             if not commit_first:
                 self._send_commit(it, commit, retx=False)
         self.flush()
@@ -375,7 +379,7 @@ class Producer:
     def _send_commit(self, it: int, commit: wire.CommitRecord, *, retx: bool,
                      only: int | None = None) -> None:
         data = commit.encode(job=JOB_ID, sender=0, iteration=it, seq=self._next_seq(),
-                             layout=self.layout.digest64, retx=retx)
+                             layout=self.layout.digest64, retx=retx, key=KEY)
         for sid in range(len(self.dests)) if only is None else (only,):
             dc = self.faults.drop_commit
             if dc is not None and dc(it, sid, retx):
@@ -397,7 +401,8 @@ class Producer:
             except OSError:
                 return
             try:
-                msg = wire.decode(memoryview(buf)[:n], job=JOB_ID, layout=self.layout.digest64)
+                msg = wire.decode(memoryview(buf)[:n], job=JOB_ID, layout=self.layout.digest64,
+                                  key=KEY)
             except WireError:
                 self.stats.sent["bad_nack"] += 1
                 continue
@@ -424,7 +429,8 @@ class Producer:
                             self.stats.sent["withheld"] += 1
                             continue
                         payload = mv[off:off + n2]
-                        self._emit(sid, (self._data(it, r.bucket, off, payload, True), payload))
+                        header, tag = self._data(it, r.bucket, off, payload, True)
+                        self._emit(sid, (header, payload, tag))
                         self.stats.sent["retx"] += 1
             self.flush()
 

@@ -128,7 +128,7 @@ def test_round_trip_token_file_and_replication() -> None:
     assert spec.num_shards == 2
     assert spec.timeouts.failure_detect_s == 120.0
     d = spec.to_dict()
-    assert d["security"] == {"token_file": "/run/secrets/tok"}
+    assert d["security"] == {"token_file": "/run/secrets/tok", "authenticate_data": True}
     assert d["timeouts"]["heartbeat"] == "1500ms"
     assert d["timeouts"]["gap_repair"] == "500us"
     assert parse_spec(d, env=NOENV) == spec
@@ -526,7 +526,7 @@ def test_spec_is_frozen() -> None:
     assert hash(spec.trainers.addresses[0]) == hash(Endpoint("10.0.0.1", DEFAULT_UDP_PORT))
 
 
-def test_token_file_readable_by_others_warns(
+def test_token_file_readable_by_others_is_refused(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     path = tmp_path / "token"
@@ -534,7 +534,11 @@ def test_token_file_readable_by_others_warns(
     os.chmod(path, 0o644)
     raw = base()
     raw["security"] = {"token_file": str(path)}
-    with caplog.at_level("WARNING", logger="shadowgrad.config"):
-        assert parse_spec(raw, env=NOENV).token() == SECRET
-    assert "readable by group or others" in caplog.text
-    assert SECRET not in caplog.text
+    spec = parse_spec(raw, env=NOENV)
+    with caplog.at_level("DEBUG"), pytest.raises(ConfigError) as ei:
+        spec.token()
+    msg = str(ei.value)
+    assert "readable by group or others" in msg and "0644" in msg and "chmod 600" in msg
+    assert SECRET not in msg and SECRET not in caplog.text
+    os.chmod(path, 0o600)
+    assert spec.token() == SECRET

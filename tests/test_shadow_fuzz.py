@@ -21,7 +21,7 @@ from shadowgrad.shadow.node import ShadowNode
 
 from shadowgrad import wire
 from shadowgrad.layout import Layout
-from tests._training import JOB_ID, Case, RefTrainer, bucket_bytes, cluster
+from tests._training import JOB_ID, KEY, Case, RefTrainer, bucket_bytes, cluster
 
 N_DIRECT = 100_000
 N_UDP = 20_000
@@ -58,7 +58,7 @@ class Fuzzer:
               dtype: wire.DType = wire.DType.FLOAT32) -> bytes:
         return wire.encode(wire.Kind.DATA, job=job, sender=0, iteration=it, seq=1,
                            layout=self.digest if layout is None else layout, payload=payload,
-                           flags=flags, dtype=dtype, bucket=bucket, offset=off)
+                           flags=flags, dtype=dtype, bucket=bucket, offset=off, key=KEY)
 
     def _resign(self, data: bytearray) -> bytes:
         """Recompute the CRC after editing header fields (a well-formed lie)."""
@@ -68,7 +68,7 @@ class Fuzzer:
 
     def one(self) -> tuple[bytes, str | None]:
         r = self.rng
-        kind = r.randrange(17)
+        kind = r.randrange(19)
         base = bytearray(r.choice(self.valid))
         if kind == 0:  # random bytes, sometimes with our magic
             data = bytearray(r.randbytes(r.randrange(0, 1500)))
@@ -115,21 +115,32 @@ class Fuzzer:
             which = r.randrange(3)
             it = [self.la + 1, r.randrange(self.la + 1), self.la + 10**6][which]
             return c.encode(job=JOB_ID, sender=1 if which == 0 else 0, iteration=it, seq=1,
-                            layout=self.digest), \
+                            layout=self.digest, key=KEY), \
                 ["commit_not_rank0", "commit_stale", "commit_ahead"][which]
         if kind == 13:  # READY from no valid peer
             body = wire.ReadyRecord(0, 0, wire.ReadyState.READY, 0).body()
             return wire.encode(wire.Kind.READY, job=JOB_ID, sender=r.choice([0, 1, 999]),
                                iteration=self.la + 1, seq=2**62, layout=self.digest,
-                               payload=body), "ready_bad_sender"
+                               payload=body, key=KEY), "ready_bad_sender"
         if kind == 14:  # ACK / NACK are not for shadows
             if r.random() < 0.5:
                 return wire.encode(wire.Kind.ACK, job=JOB_ID, sender=0, iteration=0, seq=0,
-                                   layout=self.digest, payload=wire.AckRecord(1).body()), \
+                                   layout=self.digest, payload=wire.AckRecord(1).body(),
+                                   key=KEY), \
                     "unexpected_kind"
             return wire.encode(wire.Kind.NACK, job=JOB_ID, sender=0, iteration=0, seq=0,
-                               layout=self.digest, payload=wire.NackRecord(()).body()), \
+                               layout=self.digest, payload=wire.NackRecord(()).body(),
+                               key=KEY), \
                 "unexpected_kind"
+        if kind == 16:  # a stranger's COMMIT / DATA: no MAC, or a MAC under another key
+            c = wire.CommitRecord((0.1,))
+            key = None if r.random() < 0.5 else wire.mac_key(r.randbytes(16), JOB_ID)
+            data = c.encode(job=JOB_ID, sender=0, iteration=self.la + 1 + r.randrange(20),
+                            seq=1, layout=self.digest, key=key) if r.random() < 0.5 else \
+                wire.encode(wire.Kind.DATA, job=JOB_ID, sender=0, iteration=self.la + 1,
+                            seq=1, layout=self.digest, payload=b"\0" * 8, key=key,
+                            flags=wire.Flag.FINAL, dtype=wire.DType.FLOAT32)
+            return data, "wire.unauthenticated" if key is None else "wire.bad_mac"
         if kind == 15:  # bad version / kind / flags / dtype with a valid checksum
             field, value, want = r.choice([
                 (2, r.randrange(2, 256), "wire.version"),
@@ -142,7 +153,7 @@ class Fuzzer:
         # malformed bodies with valid checksums
         body = r.choice([b"", b"\0" * 7, wire.CommitRecord((1.0,)).body()[:-1]])
         return wire.encode(wire.Kind.COMMIT, job=JOB_ID, sender=0, iteration=self.la + 1,
-                           seq=0, layout=self.digest, payload=body), "wire.length"
+                           seq=0, layout=self.digest, payload=body, key=KEY), "wire.length"
 
 
 def _state(node: ShadowNode) -> tuple[dict[str, object], list[dict[str, torch.Tensor]]]:

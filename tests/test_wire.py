@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from shadowgrad import wire
 from shadowgrad.errors import (
     BadFieldError,
+    BadMacError,
     BadMagicError,
     ChecksumError,
     ForeignJobError,
@@ -21,6 +22,7 @@ from shadowgrad.errors import (
     LengthMismatchError,
     OversizeError,
     TruncatedError,
+    UnauthenticatedError,
     UnknownKindError,
     VersionError,
     WireError,
@@ -355,3 +357,61 @@ def test_the_product_program_uses_the_one_wire_header() -> None:
             assert "SG_MAGIC    =" not in text and "bit<64> iteration" not in text, f
     assert re.search(r"struct\s+headers_t\s*\{[^}]*\bshadowgrad_h\s+sg\s*;",
                      pipe.files[next(f for f in pipe.files if f.endswith("types.p4"))])
+
+
+# --------------------------------------------------------------------------- authentication
+
+KEY = wire.mac_key("job-secret", 7)
+
+
+def test_mac_key_is_per_job_and_never_the_token() -> None:
+    assert len(KEY) == 32 and b"job-secret" not in KEY
+    assert wire.mac_key("job-secret", 8) != KEY and wire.mac_key("other", 7) != KEY
+    assert wire.mac_key(b"job-secret", 7) == KEY
+
+
+@pytest.mark.parametrize("kind", [Kind.COMMIT, Kind.NACK, Kind.READY, Kind.ACK, Kind.DATA])
+def test_sealed_records_verify_and_forgeries_do_not(kind: Kind) -> None:
+    body = {Kind.COMMIT: wire.CommitRecord(lrs=(1e-3,)).body(),
+            Kind.NACK: wire.NackRecord.of([(0, 0, 64)]).body(),
+            Kind.READY: wire.ReadyRecord(0, 0, wire.ReadyState.READY, 3).body(),
+            Kind.ACK: wire.AckRecord(5).body(),
+            Kind.DATA: bytes(range(64))}[kind]
+    extra = {"dtype": DType.FLOAT32, "flags": Flag.FINAL} if kind is Kind.DATA else {}
+    data = wire.encode(kind, job=7, sender=0, iteration=4, seq=1, layout=9, payload=body,
+                       key=KEY, **extra)
+    assert len(data) == wire.HEADER_SIZE + len(body) + wire.MAC_SIZE
+    msg = wire.decode(data, job=7, layout=9, key=KEY, require=frozenset(Kind))
+    assert bytes(msg.payload) == body and msg.header.length == len(body)
+    assert msg.header.flags & Flag.MAC
+    assert wire.peek_header(data).length == len(body)
+    # without a key the datagram still decodes (MAC not checked: a receiver without the key)
+    assert bytes(wire.decode(data).payload) == body
+    # another job's key, or any byte changed with the CRC fixed up, fails the MAC
+    with pytest.raises(BadMacError):
+        wire.decode(data, key=wire.mac_key("job-secret", 8))
+    for pos in (10, wire.HEADER_SIZE + 1, len(data) - 1):
+        forged = bytearray(data)
+        forged[pos] ^= 0x01
+        forged[wire.HEADER_SIZE - 4:wire.HEADER_SIZE] = wire.crc(
+            bytes(forged[:wire.HEADER_SIZE - 4]) + bytes(forged[wire.HEADER_SIZE:])
+        ).to_bytes(4, "big")
+        with pytest.raises(WireError) as ei:
+            wire.decode(bytes(forged), key=KEY)
+        assert ei.value.reason in ("bad_mac", "field", "length", "kind"), ei.value.reason
+    # the same record unsealed: refused by a receiver that holds the key
+    plain = wire.encode(kind, job=7, sender=0, iteration=4, seq=1, layout=9, payload=body,
+                        **extra)
+    if kind in wire.AUTHENTICATED_KINDS:
+        with pytest.raises(UnauthenticatedError):
+            wire.decode(plain, key=KEY)
+    else:  # DATA: only when the receiver requires it
+        wire.decode(plain, key=KEY)
+        with pytest.raises(UnauthenticatedError):
+            wire.decode(plain, key=KEY, require=frozenset({Kind.DATA}))
+
+
+def test_encode_header_refuses_a_mac_flag_it_cannot_fill() -> None:
+    with pytest.raises(WireError):
+        wire.encode_header(Kind.NACK, job=1, sender=0, iteration=0, seq=0, layout=0,
+                           flags=Flag.MAC, payload=wire.NackRecord.of([]).body())

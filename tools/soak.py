@@ -4,6 +4,7 @@
     .venv/bin/python tools/soak.py --steps 2000 --runs 5              # five in a row
     .venv/bin/python tools/soak.py --steps 600 --stop-shadow 1 --at 10 --for 3
     .venv/bin/python tools/soak.py --steps 600 --kill-shadow 1 --at 8 --replication 2
+    .venv/bin/python tools/soak.py --steps 300 --attack                # forged records
 
 Starts ``shadowgrad shadow`` processes for every shadow of a job spec shaped like
 ``examples/job-loopback.toml`` (2 trainers, 3 shadows, its timeouts; free ports so runs can be
@@ -282,6 +283,7 @@ def soak(args: argparse.Namespace, work: Path, run: int) -> dict[str, Any]:
     trainer: subprocess.Popen[bytes] | None = None
     orphans: list[int] = []  # workers of a killed torchrun
     report: dict[str, Any] = {"run": run, "steps": args.steps, "replication": args.replication}
+    stranger = _Stranger() if args.attack else None
     try:
         deadline = time.monotonic() + 30
         while any(s is None for s in _statuses(spec)):
@@ -361,6 +363,8 @@ def soak(args: argparse.Namespace, work: Path, run: int) -> dict[str, Any]:
                         ep = load_spec(spec).shadows.control_endpoint(k)
                         with ShadowClient(f"tcp://{ep}", TOKEN, timeout_s=2.0) as c:
                             stuck_dumps[k] = {"step": step, "status": c.status(timeline=4)}
+            if stranger is not None and "attack" not in report and step >= 20:
+                report["attack"] = stranger.attack(spec, step)
             if args.fence and not fault_done and step >= 0 and now >= args.at:
                 fault_done = True
                 report["fault"] = _fence(spec, trainer, logs, step=step, steps=args.steps,
@@ -466,13 +470,130 @@ def soak(args: argparse.Namespace, work: Path, run: int) -> dict[str, Any]:
             bad = _shadow_state_matches(spec, ref, args.steps)
             if bad:
                 fails.append(f"shadow state differs from train_plain.py: {bad[:5]}")
+        if stranger is not None:
+            a = report.setdefault("attack", {})
+            time.sleep(0.5)
+            a["stranger_received_bytes"] = stranger.received()
+            if a["stranger_received_bytes"]:
+                fails.append(f"the stranger received {a['stranger_received_bytes']} bytes")
+            counted = {r: sum((s or {}).get("counters", {}).get(f"wire.{r}", 0) for s in sts)
+                       for r in ("unauthenticated", "bad_mac")}
+            a["shadows_counted"] = counted
+            sent = a.get("sent", {})
+            want = sent.get("commit", 0) + sent.get("commit_spoofed", 0)
+            if not sent:
+                fails.append("the attack did not run")
+            elif sum(counted.values()) < want:
+                fails.append(f"shadows counted {counted} of {want} forged COMMITs")
         report["ok"] = not fails
         report["failures"] = fails
         return report
     finally:
+        if stranger is not None:
+            stranger.close()
         _reap(trainer, extra=orphans)
         for p in shadows:
             _reap(p, signal.SIGTERM)
+
+
+class _Stranger:
+    """Someone on the data network without the token (--attack, docs/security.md): forges
+    COMMITs for the next 20 iterations (100x the learning rates) to every shadow and NACKs for
+    a recent iteration to every trainer, from its own socket and — as root — with the source
+    address of a trainer / a shadow (a raw socket). It must receive nothing back."""
+
+    def __init__(self) -> None:
+        import socket
+
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.setblocking(False)
+        self.raw = None
+        if os.geteuid() == 0:
+            with contextlib.suppress(OSError):
+                self.raw = socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_RAW)
+        self.sent: dict[str, int] = {}
+
+    def _spoof(self, data: bytes, src: tuple[str, int], dst: tuple[str, int]) -> None:
+        import ipaddress
+        import struct
+
+        from shadowgrad.frames import csum16
+
+        udp = struct.pack("!HHHH", src[1], dst[1], 8 + len(data), 0) + data
+        sip = ipaddress.IPv4Address(src[0]).packed
+        dip = ipaddress.IPv4Address(dst[0]).packed
+        ip0 = struct.pack("!BBHHHBBH4s4s", 0x45, 0, 20 + len(udp), 0, 0x4000, 64, 17, 0, sip, dip)
+        ip = ip0[:10] + csum16(ip0).to_bytes(2, "big") + ip0[12:]
+        assert self.raw is not None
+        self.raw.sendto(ip + udp, (dst[0], 0))
+
+    def attack(self, spec_path: Path, step: int) -> dict[str, Any]:
+        import secrets
+
+        from shadowgrad.shadow.control import ShadowClient
+
+        from shadowgrad import wire
+        from shadowgrad.config import load_spec
+        from shadowgrad.layout import Layout
+
+        spec = load_spec(spec_path)
+        # what any datagram shows: job id and the header's layout field
+        with ShadowClient(f"tcp://{spec.shadows.control_endpoint(0)}", TOKEN,
+                          timeout_s=5.0) as c:
+            cfg = c.call("config")[0]
+            st = c.status(timeline=0)
+        digest = wire.session_digest(Layout.from_json(cfg["layout"]).digest64,
+                                     int(st.get("generation") or 0))
+        wrong = wire.mac_key(secrets.token_hex(16), spec.job.id)
+        shadows = [(a.host, a.port) for a in spec.shadows.addresses]
+        trainers = [(a.host, a.port) for a in spec.trainers.addresses]
+        forged = wire.CommitRecord(lrs=(0.3, 0.3), clip_coef=None, loss_scale=2.0**126)
+
+        def commit(it: int, key: bytes | None) -> bytes:
+            return forged.encode(job=spec.job.id, sender=0, iteration=it,
+                                 seq=secrets.randbelow(2**32), layout=digest, key=key)
+
+        def nack(it: int, key: bytes | None) -> bytes:
+            body = wire.NackRecord.of([(0, 0, 1 << 20)]).body()
+            return wire.encode(wire.Kind.NACK, job=spec.job.id, sender=0, iteration=it,
+                               seq=secrets.randbelow(2**32), layout=digest, payload=body,
+                               key=key)
+
+        def count(what: str, n: int = 1) -> None:
+            self.sent[what] = self.sent.get(what, 0) + n
+
+        for it in range(step + 1, step + 21):
+            for key in (None, wrong):
+                data = commit(it, key)
+                for addr in shadows:
+                    self.sock.sendto(data, addr)
+                    count("commit")
+                    if self.raw is not None:
+                        self._spoof(data, trainers[0], addr)
+                        count("commit_spoofed")
+        for key in (None, wrong):
+            data = nack(max(0, step - 1), key)
+            for addr in trainers:
+                self.sock.sendto(data, addr)
+                count("nack")
+                if self.raw is not None:
+                    self._spoof(data, shadows[0], addr)
+                    count("nack_spoofed")
+        return {"at_step": step, "sent": dict(self.sent)}
+
+    def received(self) -> int:
+        n = 0
+        while True:
+            try:
+                n += len(self.sock.recv(65536))
+            except (BlockingIOError, InterruptedError):
+                return n
+
+    def close(self) -> None:
+        self.sock.close()
+        if self.raw is not None:
+            self.raw.close()
 
 
 def _fence(spec: Path, trainer: subprocess.Popen[bytes], logs: Path, *, step: int,
@@ -532,6 +653,9 @@ def main() -> int:
                     help="pass --threads to every shadowgrad shadow")
     ap.add_argument("--hog", type=float, default=0.0, metavar="S",
                     help="at --at, keep every core busy for S seconds (CPU contention)")
+    ap.add_argument("--attack", action="store_true",
+                    help="a stranger without the token forges COMMITs and NACKs at step 20 "
+                         "(spoofed sources too as root); it must change and receive nothing")
     ap.add_argument("--timeout", type=float, default=1800.0)
     ap.add_argument("--work", default=None, help="work directory (default: a temp dir)")
     ap.add_argument("--json", default=None, help="write the reports here")

@@ -43,8 +43,10 @@ from shadowgrad.wire import (
     NackRecord,
     decode,
     encode_header,
+    seal,
 )
 
+from ._guard import Peers, RepairBudget
 from ._plan import RankPlan, Run, torch_dtype
 
 __all__ = ["CommitInfo", "MirrorSender"]
@@ -143,6 +145,9 @@ class MirrorSender:
         summary_s: float = 30.0,
         commit_fanout: bool = False,
         commit_send: Callable[[bytes, tuple[str, int]], bool] | None = None,
+        key: bytes | None = None,
+        authenticate_data: bool = False,
+        repair_budget: RepairBudget | None = None,
     ) -> None:
         layout = plan.layout
         if chunk_bytes < 64 or chunk_bytes % 8:
@@ -163,6 +168,13 @@ class MirrorSender:
         #: how COMMITs leave (in-band through the target's loopback ports: the ring's
         #: FrameLink); default: this sender's socket
         self.commit_send = commit_send
+        #: the job's record key (``wire.mac_key``): COMMITs carry a MAC, NACKs must; DATA too
+        #: with ``authenticate_data``. None: nothing is authenticated (tests of the bare path)
+        self.key = key
+        self.authenticate_data = authenticate_data and key is not None
+        #: NACKs are answered only from the job's shadows, within a resend budget per shadow
+        self._shadows = Peers(self.shadow_addrs)
+        self.repair_budget = repair_budget or RepairBudget()
         self.heartbeat_s = heartbeat_s
         self.counters = _Counters()
         #: fault injection for tests: probability of silently dropping a first (non-RETX) send
@@ -429,16 +441,17 @@ class MirrorSender:
                     os.close(fd)
 
     def _sendto(self, header: bytes, payload: memoryview | bytes, addr: tuple[str, int],
-                retx: bool = False) -> bool:
+                retx: bool = False, tag: bytes = b"") -> bool:
         if not retx and self.drop_first_sends and self._rng.random() < self.drop_first_sends:
             self.counters.injected_drops += 1
             return True
+        parts = [header, payload, tag] if tag else [header, payload]
         try:
             try:
-                self.sock.sendmsg([header, payload], (), 0, addr)
+                self.sock.sendmsg(parts, (), 0, addr)
             except BlockingIOError:  # send buffer full: wait a little for room, once
                 select.select([], [self.sock], [], self._SEND_WAIT_S)
-                self.sock.sendmsg([header, payload], (), 0, addr)
+                self.sock.sendmsg(parts, (), 0, addr)
         except OSError as exc:
             self.counters.send_errors += 1
             if self.counters.send_errors in (1, 10, 100, 1000):
@@ -456,15 +469,26 @@ class MirrorSender:
             n = min(step, end - off)
             payload = slot.mv[staging + (off - start):staging + (off - start) + n]
             flags = flags_base | (Flag.LAST if off + n >= end else Flag(0))
+            if only is not None and not self.repair_budget.take(only, n):
+                self._count("repair_rate_limited")
+                return
             for addr in ([only] if only is not None else self._dest[run.shard]):
                 seq = self._seq[addr]
                 self._seq[addr] = seq + 1
-                header = encode_header(
-                    Kind.DATA, job=self.job, sender=self.rank, iteration=slot.iteration,
-                    seq=seq, layout=self.digest, payload=payload, flags=flags, dtype=dtype,
-                    bucket=bucket, offset=off,
-                )
-                if self._sendto(header, payload, addr, retx):
+                tag = b""
+                if self.authenticate_data:
+                    assert self.key is not None
+                    header, tag = seal(
+                        Kind.DATA, key=self.key, job=self.job, sender=self.rank,
+                        iteration=slot.iteration, seq=seq, layout=self.digest, payload=payload,
+                        flags=flags, dtype=dtype, bucket=bucket, offset=off)
+                else:
+                    header = encode_header(
+                        Kind.DATA, job=self.job, sender=self.rank, iteration=slot.iteration,
+                        seq=seq, layout=self.digest, payload=payload, flags=flags, dtype=dtype,
+                        bucket=bucket, offset=off,
+                    )
+                if self._sendto(header, payload, addr, retx, tag):
                     if retx:
                         self.counters.retx_chunks += 1
                     else:
@@ -506,7 +530,7 @@ class MirrorSender:
             seq = self._seq[addr]
             self._seq[addr] = seq + 1
             data = rec.encode(job=self.job, sender=self.rank, iteration=iteration, seq=seq,
-                              layout=self.digest, retx=retx)
+                              layout=self.digest, retx=retx, key=self.key)
             if self.commit_send is not None:
                 if not self.commit_send(data, addr):
                     self.counters.send_errors += 1
@@ -553,24 +577,31 @@ class MirrorSender:
                 return
             self._on_datagram(memoryview(self._rx)[:n], addr)
 
+    def _count(self, reason: str) -> None:
+        self.counters.rx_rejected += 1
+        self.counters.by_reason[reason] = self.counters.by_reason.get(reason, 0) + 1
+
     def _on_datagram(self, buf: memoryview, addr: tuple[str, int]) -> None:
+        if addr not in self._shadows:  # only the job's shadows may ask for anything
+            self._count("not_a_shadow")
+            return
         try:
-            msg = decode(buf, job=self.job, layout=self.digest)
+            msg = decode(buf, job=self.job, layout=self.digest, key=self.key)
         except WireError as exc:
-            self.counters.rx_rejected += 1
-            self.counters.by_reason[exc.reason] = self.counters.by_reason.get(exc.reason, 0) + 1
+            self._count(exc.reason)
             return
         if msg.header.kind is not Kind.NACK:
-            self.counters.rx_rejected += 1
-            self.counters.by_reason["unexpected_kind"] = (
-                self.counters.by_reason.get("unexpected_kind", 0) + 1)
+            self._count("unexpected_kind")
             return
         self.counters.nacks += 1
         it = msg.header.iteration
         nack = NackRecord.from_message(msg)
         rec = self._commits_kept.get(it)
         if rec is not None:
-            self._broadcast_commit(it, rec, retx=True, only=addr)
+            if self.repair_budget.take(addr, 256):
+                self._broadcast_commit(it, rec, retx=True, only=addr)
+            else:
+                self._count("repair_rate_limited")
         if not nack.ranges:
             return
         with self._lock:

@@ -119,6 +119,8 @@ class Shadowgrad:
             raise ConfigError("trainers.world_size", self.spec.trainers.world_size,
                               f"the process group has {self.group.world} ranks")
         self._token = token if token is not None else self.spec.token()
+        #: the key of the job's records (never the token itself on the wire)
+        self._key = self.spec.mac_key(self._token)
         if layout is None:
             cap_mb: float | None = None
             if ddp is not None and not getattr(ddp, "bucket_bytes_cap_default", True):
@@ -604,7 +606,9 @@ class Shadowgrad:
         assert sock is not None
         self._sock = None
         pin = any(p.is_cuda for p in self.params.values()) and torch.cuda.is_available()
-        link = self._link if self.frames else None  # COMMITs cross the switch as frames
+        # in-band, COMMITs leave from the trainer address too (the shadows take COMMITs only
+        # from there), through the ring's link (framed to the switch with switch.loopback)
+        link = self._link if inband else None
         shadow_addrs = [(a.host, a.port) for a in self.spec.shadows.addresses]
         self._sender = MirrorSender(
             RankPlan(self.layout, self.rank, self.group.world, empty=True) if inband
@@ -615,6 +619,7 @@ class Shadowgrad:
             digest=self._digest, on_unavailable=self._on_history_gone,
             commit_fanout=self.via_switch,
             commit_send=(lambda data, addr: link.send([data], addr)) if link is not None else None,
+            key=self._key, authenticate_data=self.spec.security.authenticate_data,
         )
         if inband:
             self._start_ring(shadow_addrs)
@@ -672,7 +677,10 @@ class Shadowgrad:
                          # mirror staging slot: keep as many iterations for shadow repairs as the
                          # slot budget allows (trainers may run well ahead of slow shadows)
                          retain=max(4, self.slots),
-                         cuts=RingConfig.shard_cuts(self.layout.bucket_routes))
+                         cuts=RingConfig.shard_cuts(self.layout.bucket_routes),
+                         key=self._key,
+                         authenticate_data=self.spec.security.authenticate_data,
+                         shadows=tuple(shadow_addrs))
         ring = RingAllReduce(self.rank, self.group.world, link, addrs, cfg)
         sender = self._sender
         assert sender is not None

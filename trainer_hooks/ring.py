@@ -43,6 +43,7 @@ import torch
 from shadowgrad._log import event
 from shadowgrad.errors import ShadowgradError, ShadowgradTimeout, WireError
 from shadowgrad.wire import (
+    AUTHENTICATED_KINDS,
     MAX_DATAGRAM,
     MAX_PAYLOAD,
     AckRecord,
@@ -53,8 +54,10 @@ from shadowgrad.wire import (
     decode,
     encode,
     encode_header,
+    seal,
 )
 
+from ._guard import Peers, RepairBudget, canonical
 from .link import Address, Link
 
 __all__ = ["RingConfig", "RingAllReduce", "TransportError"]
@@ -63,6 +66,9 @@ log = logging.getLogger(__name__)
 
 _WIRE_DTYPE = {torch.float32: DType.FLOAT32, torch.float16: DType.FLOAT16,
                torch.bfloat16: DType.BFLOAT16, torch.float64: DType.FLOAT64}
+
+
+_REQUIRE_DATA = AUTHENTICATED_KINDS | {Kind.DATA}
 
 
 class TransportError(ShadowgradError):
@@ -83,6 +89,12 @@ class RingConfig:
     #: ``Layout.bucket_routes`` ends): the switch maps a FINAL datagram to the one shard that
     #: owns its first byte, so none may straddle a boundary
     cuts: tuple[tuple[int, ...], ...] = ()
+    #: the job's record key (``wire.mac_key``): ACKs and NACKs carry / need a MAC, DATA too
+    #: with ``authenticate_data``; None authenticates nothing (tests of the bare transport)
+    key: bytes | None = None
+    authenticate_data: bool = False
+    #: the job's shadows: only they may NACK (empty: NACKs are not answered)
+    shadows: tuple[tuple[str, int], ...] = ()
 
     @staticmethod
     def shard_cuts(bucket_routes: Sequence[Sequence[Any]]) -> tuple[tuple[int, ...], ...]:
@@ -158,6 +170,12 @@ class RingAllReduce:
         self.on_commit_nack: Callable[[int, Address], None] | None = None
         self.stats = collections.Counter[str]()
         self.max_send_wait_s = 0.0
+        self._key = config.key
+        self._auth_data = config.authenticate_data and config.key is not None
+        self._shadows = Peers(config.shadows)
+        self._next_addr = canonical(self.next)
+        self._prev_canon = canonical(self._prev_addr)
+        self.repair_budget = RepairBudget()
         # engine thread
         self._jobs: collections.deque[_Job] = collections.deque()
         self._cv = threading.Condition()
@@ -338,10 +356,18 @@ class RingAllReduce:
     def _transmit(self, seq: int, *, retx: bool) -> None:
         out = self._unacked[seq]
         flags = out.flags | (int(Flag.RETX) if retx else 0)
-        header = encode_header(Kind.DATA, payload=out.payload, flags=flags, **out.header)
-        if flags & Flag.FINAL and self.tap is not None:
-            self.tap(header, out.payload)
-        self.link.send([header, out.payload], self.next)
+        if self._auth_data:
+            assert self._key is not None
+            header, tag = seal(Kind.DATA, key=self._key, payload=out.payload, flags=flags,
+                               **out.header)
+            if flags & Flag.FINAL and self.tap is not None:
+                self.tap(header, out.payload + tag)
+            self.link.send([header, out.payload, tag], self.next)
+        else:
+            header = encode_header(Kind.DATA, payload=out.payload, flags=flags, **out.header)
+            if flags & Flag.FINAL and self.tap is not None:
+                self.tap(header, out.payload)
+            self.link.send([header, out.payload], self.next)
         self.stats["retx" if retx else "data_sent"] += 1
 
     def _pump(self, timeout_s: float) -> None:
@@ -358,18 +384,25 @@ class RingAllReduce:
         self._retransmit_due()
 
     def _on_datagram(self, buf: memoryview, addr: Address) -> None:
+        src = (addr[0], addr[1])
+        from_prev = src in (self._prev_addr, self._prev_canon)
+        from_next = src in (self.next, self._next_addr)
+        if not (from_prev or from_next or src in self._shadows):
+            self.stats["rx_not_a_peer"] += 1  # only the ring neighbours and the shadows
+            return
         try:
-            msg = decode(buf, job=self.cfg.job, layout=self.cfg.layout)
+            msg = decode(buf, job=self.cfg.job, layout=self.cfg.layout, key=self._key,
+                         require=_REQUIRE_DATA if self._auth_data else AUTHENTICATED_KINDS)
         except WireError as exc:
             self.stats["rx_" + exc.reason] += 1
             return
         h = msg.header
-        if h.kind is Kind.DATA and h.sender == self.prev_rank:
+        if h.kind is Kind.DATA and h.sender == self.prev_rank and from_prev:
             self._on_data(h, msg.payload)
-        elif h.kind is Kind.ACK and h.sender == (self.rank + 1) % self.world:
+        elif h.kind is Kind.ACK and h.sender == (self.rank + 1) % self.world and from_next:
             self._on_ack(h.seq, AckRecord.from_message(msg).sack)
-        elif h.kind is Kind.NACK:
-            self._on_nack(h.iteration, NackRecord.from_message(msg), addr)
+        elif h.kind is Kind.NACK and src in self._shadows:
+            self._on_nack(h.iteration, NackRecord.from_message(msg), src)
         else:
             self.stats["rx_unexpected"] += 1
 
@@ -400,7 +433,8 @@ class RingAllReduce:
             if self._rx_cum + 1 + k in self._rx_ooo:
                 sack |= 1 << k
         data = encode(Kind.ACK, job=self.cfg.job, sender=self.rank, iteration=0,
-                      seq=self._rx_cum, layout=self.cfg.layout, payload=AckRecord(sack).body())
+                      seq=self._rx_cum, layout=self.cfg.layout, payload=AckRecord(sack).body(),
+                      key=self._key)
         self.link.send([data], self._prev_addr)
         self.stats["ack_sent"] += 1
         self._ack_due = False
@@ -453,12 +487,20 @@ class RingAllReduce:
                 a, z = max(off, r.offset), min(off + len(data), r.offset + r.length)
                 for x, y in self._spans(bucket, a, z):
                     payload = data[x - off:y - off]
+                    if not self.repair_budget.take(addr, len(payload)):
+                        self.stats["nack_rate_limited"] += 1
+                        return
                     self._aux_seq += 1
-                    header = encode_header(
-                        Kind.DATA, job=self.cfg.job, sender=self.rank, iteration=iteration,
+                    fields: dict[str, Any] = dict(
+                        job=self.cfg.job, sender=self.rank, iteration=iteration,
                         seq=self._aux_seq, layout=self.cfg.layout, payload=payload,
                         flags=Flag.FINAL | Flag.RETX, dtype=dt, bucket=bucket, offset=x)
-                    self.link.send([header, payload], addr)
+                    if self._auth_data:
+                        assert self._key is not None
+                        header, tag = seal(Kind.DATA, key=self._key, **fields)
+                        self.link.send([header, payload, tag], addr)
+                    else:
+                        self.link.send([encode_header(Kind.DATA, **fields), payload], addr)
                     self.stats["nack_retx"] += 1
         event(log, "trainer.ring.nack", logging.DEBUG, rank=self.rank, iteration=iteration,
               ranges=len(nack.ranges))

@@ -25,6 +25,7 @@ const bit<8> SG_FLAG_LAST    = 0x04;
 const bit<8> SG_FLAG_SKIPPED = 0x08;
 const bit<8> SG_FLAG_CLIP    = 0x10;
 const bit<8> SG_FLAG_SCALER  = 0x20;
+const bit<8> SG_FLAG_MAC     = 0x40;   /* a 16-byte keyed BLAKE2b tag follows the payload */
 
 header shadowgrad_h {
     bit<16> magic;
