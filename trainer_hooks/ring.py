@@ -400,6 +400,7 @@ class RingAllReduce:
         if h.kind is Kind.DATA and h.sender == self.prev_rank and from_prev:
             self._on_data(h, msg.payload)
         elif h.kind is Kind.ACK and h.sender == (self.rank + 1) % self.world and from_next:
+            self.stats["rx_ack"] += 1
             self._on_ack(h.seq, AckRecord.from_message(msg).sack)
         elif h.kind is Kind.NACK and src in self._shadows:
             self._on_nack(h.iteration, NackRecord.from_message(msg), src)
