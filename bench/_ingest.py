@@ -73,17 +73,24 @@ def _producer_main(argv: list[str]) -> None:
              layout.bucket_nbytes]
     seq = 0
 
-    def header(it: int, b: int, off: int, payload: memoryview, retx: bool = False) -> bytes:
+    key = wire.mac_key(TOKEN, JOB)  # sealed as a trainer seals (security.authenticate_data)
+
+    def header(it: int, b: int, off: int, payload: memoryview, retx: bool = False
+               ) -> tuple[bytes, bytes]:
         nonlocal seq
         seq += 1
         flags = wire.Flag.FINAL | (wire.Flag.RETX if retx else 0)
-        return wire.encode_header(wire.Kind.DATA, job=JOB, sender=0, iteration=it, seq=seq,
-                                  layout=layout.digest64, payload=payload, flags=flags,
-                                  dtype=wire.DType.FLOAT32, bucket=b, offset=off)
+        return wire.seal(wire.Kind.DATA, key=key, job=JOB, sender=0, iteration=it, seq=seq,
+                         layout=layout.digest64, payload=payload, flags=flags,
+                         dtype=wire.DType.FLOAT32, bucket=b, offset=off)
+
+    def datagram(it: int, b: int, off: int, g: bytes) -> bytes:
+        h, tag = header(it, b, off, memoryview(g)[off:off + CHUNK])
+        return h + g[off:off + CHUNK] + tag
 
     if cfg["mode"] == "burst":  # part A: pre-encoded, flat out
         its = cfg["iterations"]
-        dgrams = [header(it, b, off, memoryview(g)[off:off + CHUNK]) + g[off:off + CHUNK]
+        dgrams = [datagram(it, b, off, g)
                   for it in range(its) for b, g in enumerate(grads)
                   for off in range(0, len(g), CHUNK)]
         print(json.dumps({"ready": len(dgrams)}), flush=True)
@@ -110,7 +117,7 @@ def _producer_main(argv: list[str]) -> None:
             except (TimeoutError, BlockingIOError):
                 return
             try:
-                msg = wire.decode(memoryview(buf)[:n], job=JOB)
+                msg = wire.decode(memoryview(buf)[:n], job=JOB, key=key)
             except WireError:
                 continue
             if msg.header.kind is not wire.Kind.NACK:
@@ -120,14 +127,15 @@ def _producer_main(argv: list[str]) -> None:
             rec = wire.NackRecord.from_message(msg)
             if not rec.ranges:
                 sock.sendto(commit.encode(job=JOB, sender=0, iteration=it, seq=0,
-                                          layout=layout.digest64, retx=True), addr)
+                                          layout=layout.digest64, retx=True, key=key), addr)
             t_r = time.perf_counter()
             sent_r = 0
             for r in rec.ranges:
                 mv = memoryview(grads[r.bucket])
                 for off in range(r.offset, r.offset + r.length, CHUNK):
                     p = mv[off:min(off + CHUNK, r.offset + r.length)]
-                    sock.sendmsg([header(it, r.bucket, off, p, True), p], [], 0, addr)
+                    h, tag = header(it, r.bucket, off, p, True)
+                    sock.sendmsg([h, p, tag], [], 0, addr)
                     stats["retx"] += 1
                     sent_r += len(p)
                     ahead = t_r + sent_r / rate - time.perf_counter()
@@ -149,14 +157,15 @@ def _producer_main(argv: list[str]) -> None:
             mv = memoryview(g)
             for off in range(0, len(g), CHUNK):
                 p = mv[off:off + CHUNK]
-                sock.sendmsg([header(it, b, off, p), p], [], 0, dest)
+                h, tag = header(it, b, off, p)
+                sock.sendmsg([h, p, tag], [], 0, dest)
                 sent += len(p)
                 ahead = t0 + sent / rate - time.perf_counter()
                 if ahead > 0.002:
                     serve_nacks()
                     time.sleep(ahead)
         sock.sendto(commit.encode(job=JOB, sender=0, iteration=it, seq=0,
-                                  layout=layout.digest64), dest)
+                                  layout=layout.digest64, key=key), dest)
         stats["send_s"].append(time.perf_counter() - t0)
     t_end = time.perf_counter() + cfg["drain_s"]
     while time.perf_counter() < t_end:
@@ -285,7 +294,8 @@ def _part_a(n_params: int, iterations: int) -> dict[str, Any]:
         node, sock = _node(layout, "sgd", window=iterations, rx_threads=rx_threads)
         try:
             prod = _Producer({"mode": "burst", "layout": layout.to_json(), "host": "127.0.0.1",
-                              "port": sock.getsockname()[1], "iterations": iterations})
+                              "port": sock.getsockname()[1], "iterations": iterations,
+                              "bind_port": node.spec.trainers.addresses[0].port})
             rx0 = sum(node.rx.values())
             prod.go()
             sent2 = prod.result(60)

@@ -219,6 +219,7 @@ class ShadowNode:
                          if spec.security.authenticate_data else wire.AUTHENTICATED_KINDS)
         self._trainer_src = {resolve(a) for a in self._trainer_addrs}
         self._peer_src = {resolve(a) for k, a in enumerate(self._peer_addrs) if k != shadow_id}
+        self._src_cache: dict[tuple[str, int], tuple[bool, bool]] = {}
         # in-band through the P4 target's loopback UDP ports: what arrives from this shadow's
         # switch port is a whole Ethernet frame (shadowgrad.frames), the copy the switch made
         self._switch_ep: tuple[str, int] | None = None
@@ -419,10 +420,14 @@ class ShadowNode:
         return reason
 
     def _source_ok(self, kind: wire.Kind, src: tuple[str, int]) -> bool:
-        c = canonical(src)
-        if kind is wire.Kind.READY:
-            return c in self._peer_src
-        return c in self._trainer_src
+        key = (src[0], src[1])
+        known = self._src_cache.get(key)  # (a trainer?, a peer?): no address parse per datagram
+        if known is None:
+            c = canonical(key)
+            known = (c in self._trainer_src, c in self._peer_src)
+            if len(self._src_cache) < 4096:
+                self._src_cache[key] = known
+        return known[1] if kind is wire.Kind.READY else known[0]
 
     def _rec(self, it: int, now: float) -> _Iter:
         rec = self._iters.get(it)
