@@ -29,6 +29,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "layout": ("shadowgrad._cmd_layout", "compute the shard layout of a model and its digest"),
     "wire": ("shadowgrad._cmd_wire", "decode shadowgrad datagrams (hex) and check them"),
     "shadow": ("shadowgrad.shadow._cmd", "run one shadow node"),
+    "plan": ("shadowgrad._cmd_plan",
+             "checkpoint interval planner: Young-Daly vs per-iteration shadow checkpoints"),
     "switch": ("shadowgrad.controller._cmd",
                "plan, program, read or clear the job's ToR switch over P4Runtime"),
     "p4c": ("shadowgrad.bmv2_testbed._compile_cmd",
