@@ -14,8 +14,11 @@ parser SgParser(packet_in packet, out headers_t hdr, inout metadata_t meta,
     }
     state parse_ipv4 {
         packet.extract(hdr.ipv4);
-        transition select(hdr.ipv4.protocol, hdr.ipv4.fragOffset, hdr.ipv4.ihl) {
-            (IP_PROTO_UDP, 0, 5): parse_udp;
+        /* not a fragment: MF clear (flags bit 0) and offset 0 (a first fragment's UDP
+         * payload is cut short; only whole datagrams are parsed, so never tapped) */
+        transition select(hdr.ipv4.protocol, hdr.ipv4.fragOffset, hdr.ipv4.ihl,
+                          hdr.ipv4.flags[0:0]) {
+            (IP_PROTO_UDP, 0, 5, 0): parse_udp;
             default: accept;
         }
     }

@@ -617,6 +617,14 @@ def test_untagged_traffic_is_only_forwarded(tb: Bench, a: tuple[Job, SwitchDrive
     end = job.layout.bucket_nbytes[bucket]
     f = ip_frame(t[1], t[2].ip, data_dgram(job, 1, bucket, end, 64))
     expect(tb.send(t[1].port, f), [(t[2].port, routed(f, t[2]))])
+    # the first fragment of a FINAL chunk (MF set, offset 0): not parsed as shadowgrad, so
+    # only forwarded, never copied (its payload is cut short)
+    f = bytearray(chunk(job, 2, bucket, r.start, 64))
+    f[_IP_AT + 6] |= 0x20  # flags: MF
+    f[_IP_AT + 10:_IP_AT + 12] = b"\0\0"
+    f[_IP_AT + 10:_IP_AT + 12] = _csum16(bytes(f[_IP_AT:_IP_AT + 20])).to_bytes(2, "big")
+    frag = bytes(f)
+    expect(tb.send(t[2].port, frag), [(t[3].port, routed(frag, t[3]))])
     # ordinary UDP and a non-shadowgrad port, from a host of no job
     stranger = Host("192.168.9.9", STRANGER_PORT, port_mac(STRANGER_PORT))
     f = ip_frame(stranger, t[3].ip, b"not shadowgrad", dport=5000)

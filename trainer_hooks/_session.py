@@ -24,6 +24,8 @@ from shadowgrad.optspec import OptimizerSpec, load_state_by_name, state_by_name
 from shadowgrad.wire import (
     DEFAULT_CHUNK_BYTES,
     HEADER_SIZE,
+    MAC_SIZE,
+    MAX_DATAGRAM,
     MAX_PAYLOAD,
     peek_header,
     session_digest,
@@ -44,6 +46,10 @@ log = logging.getLogger(__name__)
 #: chunk size when every shadow is on the loopback interface (MTU 65536): the largest multiple
 #: of 64 bytes that fits a datagram
 LOOPBACK_CHUNK_BYTES = (MAX_PAYLOAD // 64) * 64
+#: the UDP payload of a datagram in one 1500-byte-MTU IPv4 packet (no fragmentation: the
+#: switch's parser, and the tap, see only first fragments)
+NETWORK_DATAGRAM = 1500 - 20 - 8
+assert (NETWORK_DATAGRAM - HEADER_SIZE) // 64 * 64 == DEFAULT_CHUNK_BYTES
 #: default memory for staging + retransmit slots, per rank (allocated as needed)
 DEFAULT_BUFFER_BYTES = 256 * 2**20
 #: most staging + retransmit slots (iterations) a rank keeps
@@ -142,11 +148,14 @@ class Shadowgrad:
                            and sw.target != "none")
         self.frames = self.via_switch and sw.loopback is not None
         if chunk_bytes is None:
+            # the largest UDP payload a datagram may have: a loopback one, one framed for the
+            # target's loopback ports, or one that fits a 1500-byte MTU; then the chunk is what
+            # is left after the header (and the DATA MAC tag), in whole 64-byte granules
             hosts = [a.host for a in self.spec.shadows.addresses]
-            chunk_bytes = LOOPBACK_CHUNK_BYTES if all(map(_is_loopback, hosts)) \
-                else DEFAULT_CHUNK_BYTES
-            if self.frames:
-                chunk_bytes = min(chunk_bytes, (MAX_FRAMED_DATAGRAM - HEADER_SIZE) // 64 * 64)
+            room = (MAX_FRAMED_DATAGRAM if self.frames else
+                    MAX_DATAGRAM if all(map(_is_loopback, hosts)) else NETWORK_DATAGRAM)
+            tag = MAC_SIZE if self.spec.security.authenticate_data else 0
+            chunk_bytes = (room - HEADER_SIZE - tag) // 64 * 64
         self.chunk_bytes = chunk_bytes
         per_slot = max(1, self.plan.staging_nbytes)
         self.slots = int(min(MAX_SLOTS, max(4, buffer_bytes // per_slot)))
@@ -558,8 +567,9 @@ class Shadowgrad:
 
     def _bind(self) -> str | None:
         """Bind this rank's sockets (mirror mode: the trainer address is the sender's socket,
-        DATA out and NACKs in; in-band mode it belongs to the ring, and COMMITs leave from an
-        ephemeral port). Returns an error message naming the holder, or None."""
+        DATA out and NACKs in; in-band mode it belongs to the ring's link, which carries the
+        COMMITs too, and the sender's socket is ephemeral). Returns an error message naming
+        the holder, or None."""
         from .link import FrameLink, UdpLink
 
         ep = self.spec.trainers.addresses[self.rank]
