@@ -98,8 +98,13 @@ def test_inband_through_an_overloaded_lossless_shadow_port(tmp_path: Path) -> No
     q = out["switch"]["queues"]["5"]
     assert q["drops"]["lossless_overflow"] > 0, q
     assert q["paused_s"] > 0
-    s0 = out["status"][0]["counters"]
-    assert s0.get("retx", 0) > 0 or out["status"][0].get("reseeds", 0) > 0, s0
+    # the shard healed end to end: repaired by NACKs, or (far behind) cloned from its replica
+    # or re-seeded by the trainers
+    s0 = out["status"][0]
+    ev = s0["events"]
+    healed = (s0["counters"].get("retx", 0) + ev.get("seeded", 0) + ev.get("cloned", 0)
+              + ev.get("resynced", 0))
+    assert healed > 0, s0
     # the trainers were never held by the switch longer than the bound (the ring's longest
     # wait for window space includes its retransmission timeouts; generous slack)
     print(f"overloaded shadow port: {q['drops']['lossless_overflow']} copies dropped, "
