@@ -126,6 +126,7 @@ class _Iter:
     activity: float = 0.0  # monotonic time of the last new bytes / COMMIT / creation
     nack_rounds: int = 0
     next_nack: float = 0.0
+    waited_silent: bool = False  # repair paused once because no trainer was heard from
     covered_at_nack: int = -1
 
     def complete(self) -> bool:
@@ -195,6 +196,10 @@ class ShadowNode:
         self._refresh_s = (self.opts.ready_refresh_s if self.opts.ready_refresh_s is not None
                            else min(spec.timeouts.heartbeat_s, 0.05))
         self._gap_s = spec.timeouts.gap_repair_s
+        # the trainers are "silent" (the job is stopped, crashed or restarting) when nothing came
+        # from any of them for failure_detect: unanswered NACKs are then no sign of divergence
+        self._silent_s = spec.timeouts.failure_detect_s
+        self._trainer_rx_at = time.monotonic()
         # sockets
         if sock is None:
             ep = spec.shadows.addresses[shadow_id]
@@ -409,8 +414,10 @@ class ShadowNode:
             elif self._ld is None:
                 reason = "not_loaded"
             elif h.kind is wire.Kind.DATA:
+                self._trainer_rx_at = time.monotonic()
                 reason = self._on_data(h, msg.payload)
             elif h.kind is wire.Kind.COMMIT:
+                self._trainer_rx_at = time.monotonic()  # rank 0's idle heartbeat is a COMMIT
                 reason = self._on_commit(msg)
             elif h.kind is wire.Kind.READY:
                 reason = self._on_ready(msg)
@@ -686,8 +693,20 @@ class ShadowNode:
             if covered != rec.covered_at_nack:
                 rec.nack_rounds = 0  # progress since the last round
             if rec.nack_rounds >= self.opts.max_repair_rounds:
-                self._diverge(i, covered)
-                continue
+                if now - self._trainer_rx_at > self._silent_s:
+                    # no trainer has sent anything for failure_detect (the job was killed, is
+                    # paused or is restarting): nobody can answer, which says nothing about the
+                    # data. Keep asking at the slowest rate; one more unanswered round once a
+                    # trainer is heard from again declares the divergence.
+                    if not rec.waited_silent:
+                        rec.waited_silent = True
+                        self.ev["repair_trainers_silent"] += 1
+                        event(log, "shadow.repair_waiting", level=logging.INFO, shadow=self.id,
+                              iteration=i, silent_s=round(now - self._trainer_rx_at, 3))
+                    rec.nack_rounds = self.opts.max_repair_rounds - 1
+                else:
+                    self._diverge(i, covered)
+                    continue
             rec.nack_rounds += 1
             rec.covered_at_nack = covered
             rec.next_nack = now + self._gap_s * self.opts.repair_backoff ** rec.nack_rounds
@@ -1087,6 +1106,7 @@ class ShadowNode:
                 "newest_seen": self._newest_seen,
                 "lag": max(0, self._newest_seen - self._last_applied),
                 "diverged_at": self._diverged_at,
+                "trainers_silent_s": round(max(0.0, time.monotonic() - self._trainer_rx_at), 3),
                 "generation": self._generation,
                 "window": None if ld is None else ld.window,
                 "buffered": len(self._iters),
@@ -1263,6 +1283,7 @@ class ShadowNode:
             self._digest = wire.session_digest(layout.digest64, generation)
             self._last_applied = iteration
             self._applying = None
+            self._trainer_rx_at = time.monotonic()  # a LOAD comes from the trainers
             self._diverged_at = None
             self._istar = _UNKNOWN
             self._snaps.clear()

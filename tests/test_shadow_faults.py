@@ -152,6 +152,51 @@ def test_withheld_chunk_diverges_and_istar_stops_at_last_complete_iteration() ->
         assert peer["diverged"] is True
 
 
+def test_no_divergence_while_the_trainers_are_silent_then_divergence_once_they_are_back(
+) -> None:
+    """A whole job killed mid-iteration leaves a partial iteration nobody can complete: the shard
+    waits (NACKing slowly) instead of declaring DIVERGED while no trainer is heard from for
+    failure_detect (1 s here); once a trainer speaks again and the NACK still goes unanswered,
+    the shard diverges as before."""
+    case = Case("silent", "mlp", "adamw", iterations=5)
+    trainer = RefTrainer(case, seed=3)
+    layout = trainer.layout(num_shadows=3)
+    victim = 1
+    bucket, off = _chunk_of_shard(layout, victim)
+    hole = case.iterations - 1
+    # 8 rounds at 40 ms x 1.5^k take ~2 s: longer than failure_detect, so silence decides
+    slow = NodeOptions(max_repair_rounds=8, repair_backoff=1.5, resync_interval_s=0.05)
+
+    def withhold(it: int, b: int, o: int, sid: int) -> bool:
+        return it == hole and b == bucket and o == off and sid == victim
+
+    with cluster(layout, faults=Faults(withhold=withhold), options=slow) as c:
+        c.load(trainer.named, trainer.optimizer_spec())
+        commit = None
+        for it in range(case.iterations):
+            grads, commit = trainer.step(it)
+            c.producer.send_iteration(it, bucket_bytes(layout, grads), commit)
+        assert commit is not None
+        node = c.nodes[victim]
+        # the job is "dead" from here: nothing is sent
+        assert c.wait(lambda n, _st: n.ev["repair_trainers_silent"] == 1, 10.0, nodes=[victim])
+        time.sleep(1.5)
+        st = node.status(timeline=0)
+        assert st["diverged_at"] is None and st["last_applied"] == hole - 1, st
+        assert st["trainers_silent_s"] > 1.0
+        assert node.ev["diverged"] == 0 and node.ev["nack_sent"] >= slow.max_repair_rounds
+        # rank 0 is back (an idle rank 0 re-sends its last COMMIT as a heartbeat)
+        deadline = time.monotonic() + 10.0
+        while time.monotonic() < deadline and node.status(timeline=0)["diverged_at"] is None:
+            c.producer._send_commit(hole, commit, retx=True)
+            c.producer.flush()
+            time.sleep(0.1)
+        assert node.status(timeline=0)["diverged_at"] == hole
+        assert node.ev["diverged"] == 1
+        for n in c.nodes:  # no shard applies past the consistent cut
+            assert n.status(timeline=0)["last_applied"] == hole - 1
+
+
 def test_withheld_chunk_on_one_replica_resyncs_from_the_other_bit_exact() -> None:
     case = Case("resync", "transformer", "adamw", clip=1.0, iterations=24)
     trainer = RefTrainer(case, seed=4)

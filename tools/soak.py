@@ -329,6 +329,8 @@ def soak(args: argparse.Namespace, work: Path, run: int) -> dict[str, Any]:
                 kills_left -= 1
                 last = trainer_step(tlog)
                 _reap(trainer)
+                if args.down:
+                    time.sleep(args.down)  # the job stays dead, as when rerun by hand
                 k = len(report.setdefault("job_kills", []))
                 tlog = logs / f"trainer-{k + 1}.log"
                 trainer = _torchrun("train_mirror.py", ["--spec", str(spec), "--steps",
@@ -645,6 +647,8 @@ def main() -> int:
     ap.add_argument("--fence", action="store_true",
                     help="SIGKILL torchrun (workers live on) and rerun it at once")
     ap.add_argument("--at", type=float, default=10.0, help="fault at this many seconds")
+    ap.add_argument("--down", type=float, default=0.0,
+                    help="--kill-job: seconds the job stays dead before the rerun (default 0)")
     ap.add_argument("--for", dest="for_s", type=float, default=3.0,
                     help="stopped for / restarted after (s)")
     ap.add_argument("--settle", type=float, default=5.0,

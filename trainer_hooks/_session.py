@@ -21,6 +21,7 @@ from shadowgrad.errors import ConfigError, ShadowgradError
 from shadowgrad.frames import MAX_FRAMED_DATAGRAM
 from shadowgrad.layout import Layout, from_module
 from shadowgrad.optspec import OptimizerSpec, load_state_by_name, state_by_name
+from shadowgrad.restore import restore_point
 from shadowgrad.wire import (
     DEFAULT_CHUNK_BYTES,
     HEADER_SIZE,
@@ -318,47 +319,17 @@ class Shadowgrad:
                 for k in now)
             quiet = 0 if moved else quiet + 1
             statuses = now
-        loaded = {k: s for k, s in statuses.items() if s is not None and s.get("loaded")}
         # a new generation for this instance: above every generation a shadow has seen, so the
         # shadows fence out any older instance that is still sending
         seen = max((int(s.get("generation") or 0) for s in statuses.values() if s), default=0)
         generation = max(seen + 1, time.time_ns() // 1_000_000)
-        if not loaded:
-            reachable = sum(s is not None for s in statuses.values())
-            return {"mode": "fresh", "reachable": reachable, "generation": generation}
-        for k, s in loaded.items():
-            if s.get("layout") != layout.digest:
-                raise ShadowgradError(
-                    f"shadow {k} holds layout {str(s.get('layout'))[:16]}, this trainer uses "
-                    f"{layout.digest[:16]}: not this job's state (restart the shadows for a new "
-                    "job)")
-        best: list[tuple[int, int]] = []  # per shard: (last_applied, shadow)
-        for shard in range(layout.num_shards):
-            # a diverged shadow (typically: the crashed rank's data of the iteration in flight
-            # never came) still vouches for its state up to the iteration before the hole
-            cands = []
-            for k in layout.shadows_of_shard(shard):
-                if k not in loaded:
-                    continue
-                usable = int(loaded[k]["last_applied"])
-                hole = loaded[k].get("diverged_at")
-                if hole is not None:
-                    usable = min(usable, int(hole) - 1)
-                cands.append((usable, k))
-            if not cands:
-                answering = [k for k in layout.shadows_of_shard(shard)
-                             if statuses.get(k) is not None]
-                if answering:
-                    raise ShadowgradError(
-                        f"cannot restore: shard {shard}'s shadows {answering} answer but hold no "
-                        "state (restarted, and the job stopped before it re-seeded them); the "
-                        "checkpoint is incomplete: restart every shadow to start the job fresh")
-                raise ShadowgradError(f"cannot restore: no shadow holding shard {shard} answers")
-            best.append(max(cands))
-        istar = min(a for a, _ in best)
-        event(log, "trainer.restore_point", istar=istar, generation=generation,
-              shards=[{"shadow": k, "usable": a} for a, k in best])
-        return {"mode": "restore", "istar": istar, "source": [k for _, k in best],
+        point = restore_point(layout, statuses)  # the one rule, in core (shadowgrad.restore)
+        if point.fresh:
+            return {"mode": "fresh", "reachable": point.reachable, "generation": generation}
+        event(log, "trainer.restore_point", istar=point.istar, generation=generation,
+              shards=[{"shadow": k, "usable": a} for a, k in zip(point.usable, point.source,
+                                                                  strict=True)])
+        return {"mode": "restore", "istar": point.istar, "source": list(point.source),
                 "generation": generation}
 
     def _shard_states(self, shard: int, *, clone: bool) -> list[dict[str, torch.Tensor]]:

@@ -1,0 +1,91 @@
+"""The restore-point rule: I* from the shadows' statuses (DESIGN invariant 2).
+
+One implementation, used by the controller (``shadowgrad controller`` / ``shadowgrad restore``)
+and, when no controller runs, by the trainers themselves (rank 0's survey before a restart).
+
+For every shard the best source is the shadow with the highest *usable* iteration: its
+``last_applied``, or the iteration before its hole when it is diverged (a diverged shadow still
+vouches for its state up to there). I* is the minimum over the shards; a source whose usable
+iteration is above I* still serves I*, because every shadow retains the state of the consistent
+cut it applied past (invariant 2).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from shadowgrad.errors import ShadowgradError
+from shadowgrad.layout import Layout
+
+__all__ = ["RestorePoint", "NoRestorePointError", "restore_point", "usable_iteration"]
+
+
+class NoRestorePointError(ShadowgradError):
+    """The shadows cannot provide a complete state (a shard has no usable source)."""
+
+
+@dataclass(frozen=True)
+class RestorePoint:
+    """``istar``: the iteration to restore (-1: the state as loaded, before iteration 0);
+    ``source[shard]``: the shadow to fetch it from; ``usable[shard]``: that shadow's newest usable
+    iteration; ``fresh``: no shadow holds state (start the job from scratch)."""
+
+    istar: int
+    source: tuple[int, ...] = ()
+    usable: tuple[int, ...] = ()
+    fresh: bool = False
+    reachable: int = 0
+    generations: tuple[int, ...] = field(default=())
+
+    def to_json(self) -> dict[str, Any]:
+        return {"istar": self.istar, "source": list(self.source), "usable": list(self.usable),
+                "fresh": self.fresh, "reachable": self.reachable}
+
+
+def usable_iteration(status: Mapping[str, Any]) -> int | None:
+    """The newest iteration a loaded shadow can serve (``None``: it holds no state)."""
+    if not status.get("loaded") or status.get("last_applied") is None:
+        return None
+    usable = int(status["last_applied"])
+    hole = status.get("diverged_at")
+    if hole is not None:
+        usable = min(usable, int(hole) - 1)
+    return usable
+
+
+def restore_point(layout: Layout, statuses: Mapping[int, Mapping[str, Any] | None]
+                  ) -> RestorePoint:
+    """I* and its sources from ``statuses[shadow]`` (a shadow's ``status`` reply, or ``None``
+    when it does not answer). Raises :class:`NoRestorePointError` when some shard has shadows that
+    answer without state, or none that answer, and ShadowgradError when a shadow holds another
+    layout (another job's state)."""
+    reachable = sum(s is not None for s in statuses.values())
+    loaded = {k: s for k, s in statuses.items() if s is not None and s.get("loaded")}
+    if not loaded:
+        return RestorePoint(istar=-1, fresh=True, reachable=reachable)
+    for k, s in loaded.items():
+        if s.get("layout") != layout.digest:
+            raise ShadowgradError(
+                f"shadow {k} holds layout {str(s.get('layout'))[:16]}, this job uses "
+                f"{layout.digest[:16]}: not this job's state (restart the shadows for a new job)")
+    best: list[tuple[int, int]] = []  # per shard: (usable, shadow)
+    for shard in range(layout.num_shards):
+        cands = []
+        for k in layout.shadows_of_shard(shard):
+            u = usable_iteration(loaded[k]) if k in loaded else None
+            if u is not None:
+                cands.append((u, k))
+        if not cands:
+            answering = [k for k in layout.shadows_of_shard(shard) if statuses.get(k) is not None]
+            if answering:
+                raise NoRestorePointError(
+                    f"cannot restore: shard {shard}'s shadows {answering} answer but hold no "
+                    "state (restarted, and the job stopped before it re-seeded them); the "
+                    "checkpoint is incomplete: restart every shadow to start the job fresh")
+            raise NoRestorePointError(f"cannot restore: no shadow holding shard {shard} answers")
+        best.append(max(cands))
+    gens = tuple(sorted({int(s.get("generation") or 0) for s in loaded.values()}))
+    return RestorePoint(istar=min(u for u, _ in best), source=tuple(k for _, k in best),
+                        usable=tuple(u for u, _ in best), reachable=reachable, generations=gens)
