@@ -170,6 +170,7 @@ KNOWN_KEYS: Final[Mapping[str, tuple[str, ...]]] = {
     ),
     "timeouts": ("heartbeat", "failure_detect", "gap_repair", "rpc", "connect"),
     "security": ("token_env", "token_file", "authenticate_data"),
+    "controller": ("address",),
 }
 
 _TIMEOUT_DEFAULTS: Final = {
@@ -460,6 +461,14 @@ class SecuritySection:
 
 
 @dataclass(frozen=True, slots=True)
+class ControllerSection:
+    """``[controller]``: where ``shadowgrad controller`` serves its control endpoint (ZeroMQ,
+    ``tcp://host:port``); ``None``: no controller (the trainers compute I* themselves)."""
+
+    address: Endpoint | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class JobSpec:
     """A validated job spec. Build it with :func:`load_spec` or :func:`parse_spec`."""
 
@@ -469,6 +478,7 @@ class JobSpec:
     switch: SwitchSection = field(default_factory=SwitchSection)
     timeouts: TimeoutsSection = field(default_factory=TimeoutsSection)
     security: SecuritySection = field(default_factory=SecuritySection)
+    controller: ControllerSection = field(default_factory=ControllerSection)
     #: where the spec came from (a path or ``"<string>"``); not part of equality
     source: str = field(default="<string>", compare=False)
 
@@ -542,6 +552,8 @@ class JobSpec:
                 "connect": format_duration(t.connect_s),
             },
             "security": security,
+            **({"controller": {"address": str(self.controller.address)}}
+               if self.controller.address is not None else {}),
         }
 
     def to_toml(self) -> str:
@@ -905,4 +917,8 @@ def _build(raw: Mapping[str, Any], source: str) -> JobSpec:
             )
         security = SecuritySection(token_env=token_env, authenticate_data=auth_data)
 
-    return JobSpec(job, trainers, shadows, switch, timeouts, security, source)
+    t = tables["controller"]
+    controller = ControllerSection(
+        Endpoint.parse(t.get("address"), t.key("address")) if t.has("address") else None)
+
+    return JobSpec(job, trainers, shadows, switch, timeouts, security, controller, source)

@@ -387,6 +387,12 @@ def _canonical(obj: Any) -> str:
                       allow_nan=False)
 
 
+
+def shadows_of_shard(shard: int, num_shards: int, replication: int) -> tuple[int, ...]:
+    """Shadow ids holding ``shard`` (replica 0 first): shadow ``k`` holds shard
+    ``k % num_shards`` as replica ``k // num_shards``. The one copy of the rule."""
+    return tuple(shard + r * num_shards for r in range(replication))
+
 class Layout:
     """An immutable shard layout; build it with :meth:`build` or :meth:`from_json`.
 
@@ -751,7 +757,7 @@ class Layout:
     def shadows_of_shard(self, shard: int) -> tuple[int, ...]:
         """Shadow ids holding ``shard``, replica 0 first."""
         self._check_shard(shard)
-        return tuple(shard + r * self.num_shards for r in range(self.replication))
+        return shadows_of_shard(shard, self.num_shards, self.replication)
 
     def shadow_boxes(self, shadow_id: int) -> tuple[Box, ...]:
         return self._shard_boxes[self.shard_of_shadow(shadow_id)[0]]

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from shadowgrad.errors import ShadowgradError
-from shadowgrad.layout import Layout
+from shadowgrad.layout import shadows_of_shard
 
 __all__ = ["RestorePoint", "NoRestorePointError", "restore_point", "usable_iteration"]
 
@@ -37,11 +37,13 @@ class RestorePoint:
     usable: tuple[int, ...] = ()
     fresh: bool = False
     reachable: int = 0
+    digest: str | None = None
     generations: tuple[int, ...] = field(default=())
 
     def to_json(self) -> dict[str, Any]:
         return {"istar": self.istar, "source": list(self.source), "usable": list(self.usable),
-                "fresh": self.fresh, "reachable": self.reachable}
+                "fresh": self.fresh, "reachable": self.reachable,
+                "layout": self.digest}
 
 
 def usable_iteration(status: Mapping[str, Any]) -> int | None:
@@ -55,30 +57,35 @@ def usable_iteration(status: Mapping[str, Any]) -> int | None:
     return usable
 
 
-def restore_point(layout: Layout, statuses: Mapping[int, Mapping[str, Any] | None]
-                  ) -> RestorePoint:
+def restore_point(statuses: Mapping[int, Mapping[str, Any] | None], *, num_shards: int,
+                  replication: int, digest: str | None = None) -> RestorePoint:
     """I* and its sources from ``statuses[shadow]`` (a shadow's ``status`` reply, or ``None``
-    when it does not answer). Raises :class:`NoRestorePointError` when some shard has shadows that
-    answer without state, or none that answer, and ShadowgradError when a shadow holds another
-    layout (another job's state)."""
+    when it does not answer), for a job of ``num_shards`` shards held ``replication`` times.
+    ``digest``: the layout the caller trains (None: whatever the shadows hold, as long as they
+    agree). Raises :class:`NoRestorePointError` when some shard has shadows that answer without
+    state, or none that answer, and ShadowgradError when a shadow holds another layout (another
+    job's state)."""
     reachable = sum(s is not None for s in statuses.values())
     loaded = {k: s for k, s in statuses.items() if s is not None and s.get("loaded")}
     if not loaded:
         return RestorePoint(istar=-1, fresh=True, reachable=reachable)
+    if digest is None:
+        digest = str(next(iter(loaded.values())).get("layout"))
     for k, s in loaded.items():
-        if s.get("layout") != layout.digest:
+        if s.get("layout") != digest:
             raise ShadowgradError(
                 f"shadow {k} holds layout {str(s.get('layout'))[:16]}, this job uses "
-                f"{layout.digest[:16]}: not this job's state (restart the shadows for a new job)")
+                f"{digest[:16]}: not this job's state (restart the shadows for a new job)")
     best: list[tuple[int, int]] = []  # per shard: (usable, shadow)
-    for shard in range(layout.num_shards):
+    for shard in range(num_shards):
         cands = []
-        for k in layout.shadows_of_shard(shard):
+        members = shadows_of_shard(shard, num_shards, replication)
+        for k in members:
             u = usable_iteration(loaded[k]) if k in loaded else None
             if u is not None:
                 cands.append((u, k))
         if not cands:
-            answering = [k for k in layout.shadows_of_shard(shard) if statuses.get(k) is not None]
+            answering = [k for k in members if statuses.get(k) is not None]
             if answering:
                 raise NoRestorePointError(
                     f"cannot restore: shard {shard}'s shadows {answering} answer but hold no "
@@ -88,4 +95,5 @@ def restore_point(layout: Layout, statuses: Mapping[int, Mapping[str, Any] | Non
         best.append(max(cands))
     gens = tuple(sorted({int(s.get("generation") or 0) for s in loaded.values()}))
     return RestorePoint(istar=min(u for u, _ in best), source=tuple(k for _, k in best),
-                        usable=tuple(u for u, _ in best), reachable=reachable, generations=gens)
+                        usable=tuple(u for u, _ in best), reachable=reachable, digest=digest,
+                        generations=gens)

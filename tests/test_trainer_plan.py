@@ -9,10 +9,10 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from shadowgrad.trainer_hooks._blob import pack_blob, unpack_blob
 from shadowgrad.trainer_hooks._plan import RankPlan, rank_slice
 from shadowgrad.trainer_hooks.link import FaultyLink, UdpLink
 
+from shadowgrad.blob import pack_blob, unpack_blob
 from shadowgrad.errors import ShadowgradError
 from shadowgrad.layout import Layout, ParamSpec
 
@@ -105,7 +105,8 @@ def test_rng_state_round_trips_through_the_commit_blob() -> None:
 
     import numpy as np
     from shadowgrad.trainer_hooks import rng_state, set_rng_state
-    from shadowgrad.trainer_hooks._blob import pack_blob, unpack_blob
+
+    from shadowgrad.blob import pack_blob, unpack_blob
 
     torch.manual_seed(3)
     random.seed(4)

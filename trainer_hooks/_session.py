@@ -16,6 +16,7 @@ from typing import Any, NamedTuple
 import torch
 
 from shadowgrad._log import event
+from shadowgrad.blob import pack_blob, unpack_blob
 from shadowgrad.config import JobSpec, load_spec
 from shadowgrad.errors import ConfigError, ShadowgradError
 from shadowgrad.frames import MAX_FRAMED_DATAGRAM
@@ -32,7 +33,6 @@ from shadowgrad.wire import (
     session_digest,
 )
 
-from ._blob import pack_blob, unpack_blob
 from ._dist import Group
 from ._health import HealthMonitor
 from ._mirror import CommitInfo, MirrorSender
@@ -323,7 +323,9 @@ class Shadowgrad:
         # shadows fence out any older instance that is still sending
         seen = max((int(s.get("generation") or 0) for s in statuses.values() if s), default=0)
         generation = max(seen + 1, time.time_ns() // 1_000_000)
-        point = restore_point(layout, statuses)  # the one rule, in core (shadowgrad.restore)
+        # the one rule, in core (shadowgrad.restore)
+        point = restore_point(statuses, num_shards=layout.num_shards,
+                              replication=layout.replication, digest=layout.digest)
         if point.fresh:
             return {"mode": "fresh", "reachable": point.reachable, "generation": generation}
         event(log, "trainer.restore_point", istar=point.istar, generation=generation,
