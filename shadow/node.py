@@ -200,6 +200,7 @@ class ShadowNode:
         # from any of them for failure_detect: unanswered NACKs are then no sign of divergence
         self._silent_s = spec.timeouts.failure_detect_s
         self._trainer_rx_at = time.monotonic()
+        self._rank_rx_at: dict[int, float] = {}  # per rank (the sender field): last DATA/COMMIT
         # sockets
         if sock is None:
             ep = spec.shadows.addresses[shadow_id]
@@ -414,10 +415,11 @@ class ShadowNode:
             elif self._ld is None:
                 reason = "not_loaded"
             elif h.kind is wire.Kind.DATA:
-                self._trainer_rx_at = time.monotonic()
+                self._trainer_rx_at = self._rank_rx_at[h.sender] = time.monotonic()
                 reason = self._on_data(h, msg.payload)
             elif h.kind is wire.Kind.COMMIT:
-                self._trainer_rx_at = time.monotonic()  # rank 0's idle heartbeat is a COMMIT
+                # rank 0's idle heartbeat is a COMMIT
+                self._trainer_rx_at = self._rank_rx_at[h.sender] = time.monotonic()
                 reason = self._on_commit(msg)
             elif h.kind is wire.Kind.READY:
                 reason = self._on_ready(msg)
@@ -1107,6 +1109,9 @@ class ShadowNode:
                 "lag": max(0, self._newest_seen - self._last_applied),
                 "diverged_at": self._diverged_at,
                 "trainers_silent_s": round(max(0.0, time.monotonic() - self._trainer_rx_at), 3),
+                "ranks": {str(r): {"newest": self._rank_newest.get(r),
+                                   "silent_s": round(max(0.0, time.monotonic() - t), 3)}
+                          for r, t in sorted(self._rank_rx_at.items())},
                 "generation": self._generation,
                 "window": None if ld is None else ld.window,
                 "buffered": len(self._iters),
@@ -1294,6 +1299,7 @@ class ShadowNode:
                 # the senders of the old job (e.g. ranks 2, 3 before a 4 -> 2 restore) are gone
                 self._bucket_senders.clear()
                 self._rank_newest.clear()
+                self._rank_rx_at.clear()
                 self._newest_seen = iteration
             else:
                 self._newest_seen = max(self._newest_seen, iteration)

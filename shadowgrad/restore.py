@@ -12,14 +12,15 @@ cut it applied past (invariant 2).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from shadowgrad.errors import ShadowgradError
 from shadowgrad.layout import shadows_of_shard
 
-__all__ = ["RestorePoint", "NoRestorePointError", "restore_point", "usable_iteration"]
+__all__ = ["RestorePoint", "NoRestorePointError", "restore_point", "settle", "usable_iteration"]
 
 
 class NoRestorePointError(ShadowgradError):
@@ -97,3 +98,23 @@ def restore_point(statuses: Mapping[int, Mapping[str, Any] | None], *, num_shard
     return RestorePoint(istar=min(u for u, _ in best), source=tuple(k for _, k in best),
                         usable=tuple(u for u, _ in best), reachable=reachable, digest=digest,
                         generations=gens)
+
+
+def settle(poll: Callable[[], Mapping[int, Mapping[str, Any] | None]],
+           statuses: Mapping[int, Mapping[str, Any] | None], *, interval_s: float,
+           timeout_s: float) -> Mapping[int, Mapping[str, Any] | None]:
+    """Let the shadows finish what they can still apply before I* is fixed: the data of the
+    iterations every rank completed may still be in flight or in repair. Polls (``poll()``)
+    until no shadow's ``last_applied`` moved for three polls, at most ``timeout_s``; returns the
+    last statuses."""
+    deadline = time.monotonic() + timeout_s
+    quiet = 0
+    while quiet < 3 and time.monotonic() < deadline and any(
+            s is not None and s.get("loaded") for s in statuses.values()):
+        time.sleep(interval_s)
+        now = poll()
+        moved = any((now.get(k) or {}).get("last_applied")
+                    != (statuses.get(k) or {}).get("last_applied") for k in now)
+        quiet = 0 if moved else quiet + 1
+        statuses = now
+    return statuses

@@ -38,14 +38,50 @@ sys.path.insert(0, str(ROOT))
 TOKEN = "soak-token"
 
 
-def _spec_text(shadows: int, replication: int, job_id: int) -> str:
+def _spec_text(shadows: int, replication: int, job_id: int,
+               controller: int | None = None) -> str:
     from shadowgrad.trainer_hooks._testing import loopback_spec, spec_toml
 
     doc = loopback_spec(2, shadows, replication=replication, job_id=job_id, gap_repair="100ms",
                         heartbeat="250ms", rpc="1s")
     doc["timeouts"]["connect"] = "5s"
     doc["job"]["name"] = "loopback"
+    if controller is not None:
+        doc["controller"] = {"address": f"127.0.0.1:{controller}"}
     return spec_toml(doc)
+
+
+def _controller(spec: Path, log: Path) -> subprocess.Popen[bytes]:
+    f = log.open("ab")
+    try:
+        cli = str(Path(sys.executable).parent / "shadowgrad")
+        p = subprocess.Popen([cli, "--log-json", "controller", "--spec", str(spec)], stdout=f,
+                             stderr=subprocess.STDOUT, env=_env(), cwd=ROOT,
+                             start_new_session=True)
+        _STARTED.append(p)
+        return p
+    finally:
+        f.close()
+
+
+def _events(log: Path, prefix: str) -> list[dict[str, Any]]:
+    out = []
+    for line in log.read_text(errors="replace").splitlines():
+        with contextlib.suppress(ValueError):
+            d = json.loads(line)
+            if isinstance(d, dict) and str(d.get("event", "")).startswith(prefix):
+                out.append(d)
+    return out
+
+
+def _worker_of_rank(pid: int, rank: int) -> int | None:
+    """The torchrun worker process of ``rank`` (by its RANK environment variable)."""
+    for w in _descendants(pid):
+        with contextlib.suppress(OSError):
+            env = Path(f"/proc/{w}/environ").read_bytes().split(b"\0")
+            if f"RANK={rank}".encode() in env and b"LOCAL_RANK=" + str(rank).encode() in env:
+                return w
+    return None
 
 
 def _env() -> dict[str, str]:
@@ -86,11 +122,13 @@ def _shadow(spec: Path, k: int, log: Path) -> subprocess.Popen[bytes]:
         f.close()
 
 
-def _torchrun(script: str, args: list[str], log: Path) -> subprocess.Popen[bytes]:
+def _torchrun(script: str, args: list[str], log: Path,
+              max_restarts: int = 0) -> subprocess.Popen[bytes]:
     f = log.open("wb")
     try:
+        restarts = ["--max-restarts", str(max_restarts)] if max_restarts else []
         p = subprocess.Popen(
-            [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+            [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", *restarts,
              "--master-port", str(_free_port()), str(ROOT / "examples" / script), *args],
             stdout=f, stderr=subprocess.STDOUT, env=_env(), cwd=ROOT, start_new_session=True)
         _STARTED.append(p)
@@ -275,11 +313,13 @@ def _shadow_state_matches(spec_path: Path, final: dict[str, Any], steps: int) ->
 
 def soak(args: argparse.Namespace, work: Path, run: int) -> dict[str, Any]:
     spec = work / f"job-{run}.toml"
-    spec.write_text(_spec_text(args.shadows, args.replication, 7000 + run), encoding="utf-8")
+    spec.write_text(_spec_text(args.shadows, args.replication, 7000 + run,
+                               _free_port() if args.controller else None), encoding="utf-8")
     logs = work / f"run-{run}"
     logs.mkdir(exist_ok=True)
     shadows: list[subprocess.Popen[bytes] | None] = [
         _shadow(spec, k, logs / f"shadow{k}.log") for k in range(args.shadows)]
+    ctl = _controller(spec, logs / "controller.log") if args.controller else None
     trainer: subprocess.Popen[bytes] | None = None
     orphans: list[int] = []  # workers of a killed torchrun
     report: dict[str, Any] = {"run": run, "steps": args.steps, "replication": args.replication}
@@ -294,8 +334,11 @@ def soak(args: argparse.Namespace, work: Path, run: int) -> dict[str, Any]:
         tlog = logs / "trainer.log"
         t0 = time.monotonic()
         trainer = _torchrun("train_mirror.py", ["--spec", str(spec), "--steps", str(args.steps),
-                                                "--out", str(final)], tlog)
+                                                "--out", str(final)], tlog,
+                            max_restarts=args.kill_rank)
         max_lag = 0
+        rank_kills_left = args.kill_rank
+        rank_kill_at = -1
         hogs: list[subprocess.Popen[bytes]] | None = None
         last_moved: dict[int, tuple[int, float]] = {}
         stuck_dumps: dict[int, Any] = {}
@@ -328,6 +371,7 @@ def soak(args: argparse.Namespace, work: Path, run: int) -> dict[str, Any]:
             if kills_left and kill_at >= 0 and trainer_step(tlog) >= kill_at:
                 kills_left -= 1
                 last = trainer_step(tlog)
+                wall = time.time()
                 _reap(trainer)
                 if args.down:
                     time.sleep(args.down)  # the job stays dead, as when rerun by hand
@@ -336,9 +380,28 @@ def soak(args: argparse.Namespace, work: Path, run: int) -> dict[str, Any]:
                 trainer = _torchrun("train_mirror.py", ["--spec", str(spec), "--steps",
                                                         str(args.steps), "--out", str(final)],
                                     tlog)
-                report["job_kills"].append({"last_logged": last, "log": tlog.name})
+                report["job_kills"].append({"last_logged": last, "log": tlog.name,
+                                            "wall": wall})
                 kill_at = -1
                 continue
+            if rank_kills_left and rank_kill_at < 0 and step >= 0:
+                rank_kill_at = step + rng.randrange(20, 150)
+            if rank_kills_left and 0 <= rank_kill_at <= step:
+                # one worker SIGKILLed at a random moment (mid all-reduce, mid COMMIT, ...):
+                # torchrun --max-restarts restarts the group, attach() restores
+                rank = rng.randrange(2)
+                w = _worker_of_rank(trainer.pid, rank)
+                if w is not None:
+                    time.sleep(rng.random() * 0.05)
+                    last = _last_step(tlog)
+                    wall = time.time()
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(w, signal.SIGKILL)
+                    rank_kills_left -= 1
+                    report.setdefault("rank_kills", []).append(
+                        {"rank": rank, "last_logged": last, "wall": wall,
+                         "offset": len(tlog.read_bytes())})
+                    rank_kill_at = -1
             if kills_left and kill_at < 0 and (not shadow_fault or settled_retx is not None):
                 first = _first_step(tlog)
                 if first >= 0:
@@ -402,6 +465,30 @@ def soak(args: argparse.Namespace, work: Path, run: int) -> dict[str, Any]:
             if not (f["rerun_rc"] != 0 and f["generation_unchanged"] and not f["rewound"]
                     and "held by pid" in f["message"]):
                 report.setdefault("fence_failures", []).append(f)
+        text_all = tlog.read_text(errors="replace")
+        for kr in report.get("rank_kills", []):
+            after = text_all.encode()[kr.pop("offset"):].decode(errors="replace")
+            # the lowest step logged soon after the kill: where the restarted group resumed
+            firsts = [int(x) for x in re.findall(r"step (\d+) loss", after)]
+            kr["resumed_at"] = min(firsts[:50]) if firsts else None
+            if kr["resumed_at"] is not None:
+                kr["repeated"] = kr["last_logged"] - kr["resumed_at"] + 1
+        if ctl is not None:
+            clog = logs / "controller.log"
+            time.sleep(1.0)
+            failed = _events(clog, "controller.trainer_failed")
+            report["controller"] = {
+                "trainer_failed": len(failed),
+                "restore_points": [e.get("istar") for e in
+                                   _events(clog, "controller.restore_point")],
+                "recovered": len(_events(clog, "controller.recovered")),
+                "evidence": [e.get("evidence") for e in failed],
+                # SIGKILL -> the controller's event (a restart request counts: torchrun restarts
+                # the group faster than failure_detect)
+                "detect_s": [round(float(e["ts"]) - kr["wall"], 3) for kr, e in
+                             zip(report.get("rank_kills", []) or report.get("job_kills", []),
+                                 failed, strict=False) if "wall" in kr],
+            }
         for kr in report.get("job_kills", []):
             kr["resumed_at"] = _first_step(logs / kr["log"])
             kr["repeated"] = kr["last_logged"] - kr["resumed_at"] + 1
@@ -494,6 +581,7 @@ def soak(args: argparse.Namespace, work: Path, run: int) -> dict[str, Any]:
         if stranger is not None:
             stranger.close()
         _reap(trainer, extra=orphans)
+        _reap(ctl, signal.SIGTERM)
         for p in shadows:
             _reap(p, signal.SIGTERM)
 
@@ -643,6 +731,12 @@ def main() -> int:
     ap.add_argument("--kill-job", type=int, default=0, metavar="N",
                     help="SIGKILL the whole job (torchrun and workers) N times at random "
                          "moments, rerunning the same command each time")
+    ap.add_argument("--kill-rank", type=int, default=0, metavar="N",
+                    help="SIGKILL one random worker N times at random moments; torchrun "
+                         "--max-restarts N restarts the group")
+    ap.add_argument("--controller", action="store_true",
+                    help="run 'shadowgrad controller' for the job ([controller] address in the "
+                         "spec): the trainers take I* from it; its events are reported")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--fence", action="store_true",
                     help="SIGKILL torchrun (workers live on) and rerun it at once")

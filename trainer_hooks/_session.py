@@ -22,7 +22,7 @@ from shadowgrad.errors import ConfigError, ShadowgradError
 from shadowgrad.frames import MAX_FRAMED_DATAGRAM
 from shadowgrad.layout import Layout, from_module
 from shadowgrad.optspec import OptimizerSpec, load_state_by_name, state_by_name
-from shadowgrad.restore import restore_point
+from shadowgrad.restore import restore_point, settle
 from shadowgrad.wire import (
     DEFAULT_CHUNK_BYTES,
     HEADER_SIZE,
@@ -299,26 +299,48 @@ class Shadowgrad:
                           error=str(exc))
         return out
 
+    def _ask_controller(self) -> dict[str, Any] | None:
+        """Rank 0, with ``[controller] address`` in the spec: the controller's restore point
+        (it fixed I* when it detected the failure, or fixes it now); None when it does not
+        answer (the trainers then survey the shadows themselves, with the same rule)."""
+        from shadowgrad.shadow.control import ShadowClient
+
+        addr = self.spec.controller.address
+        if addr is None:
+            return None
+        t = self.spec.timeouts
+        try:
+            with ShadowClient(f"tcp://{addr}", self._token,
+                              timeout_s=t.rpc_s + 2 * t.failure_detect_s) as c:
+                head, _ = c.call("restore_point", requester=f"rank {self.rank}")
+        except Exception as exc:
+            event(log, "trainer.controller_unreachable", logging.WARNING, address=str(addr),
+                  error=str(exc))
+            return None
+        seen = int(head.get("generation_seen") or 0)
+        generation = max(seen + 1, time.time_ns() // 1_000_000)
+        if head.get("fresh"):
+            return {"mode": "fresh", "reachable": int(head.get("reachable") or 0),
+                    "generation": generation}
+        if head.get("layout") != self.layout.digest:
+            raise ShadowgradError(
+                f"the controller's restore point is of layout {str(head.get('layout'))[:16]}, "
+                f"this trainer uses {self.layout.digest[:16]}: not this job's state")
+        event(log, "trainer.restore_point", istar=int(head["istar"]), generation=generation,
+              source=list(head["source"]), by="controller")
+        return {"mode": "restore", "istar": int(head["istar"]), "source": list(head["source"]),
+                "generation": generation}
+
     def _survey(self) -> dict[str, Any]:
         """Rank 0: status of every shadow -> decision (fresh / restore at I*)."""
+        asked = self._ask_controller()
+        if asked is not None:
+            return asked
         layout = self.layout
-        statuses = self._statuses(report=True)
-        # let the shadows finish what they can still apply (data of the iterations every rank
-        # completed may still be in flight or in repair): wait until no shadow advanced for
-        # three polls, at most timeouts.failure_detect
+        first = self._statuses(report=True)
         t = self.spec.timeouts
-        interval = max(0.05, t.gap_repair_s)
-        deadline = time.monotonic() + t.failure_detect_s
-        quiet = 0
-        while quiet < 3 and time.monotonic() < deadline and any(
-                s is not None and s.get("loaded") for s in statuses.values()):
-            time.sleep(interval)
-            now = self._statuses(report=False)
-            moved = any(
-                (now[k] or {}).get("last_applied") != (statuses[k] or {}).get("last_applied")
-                for k in now)
-            quiet = 0 if moved else quiet + 1
-            statuses = now
+        statuses = settle(lambda: self._statuses(report=False), first,
+                          interval_s=max(0.05, t.gap_repair_s), timeout_s=t.failure_detect_s)
         # a new generation for this instance: above every generation a shadow has seen, so the
         # shadows fence out any older instance that is still sending
         seen = max((int(s.get("generation") or 0) for s in statuses.values() if s), default=0)

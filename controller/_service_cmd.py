@@ -1,0 +1,97 @@
+"""``shadowgrad controller --spec job.toml [--layout layout.json]``: run the job's controller
+until SIGINT/SIGTERM (docs/operations.md).
+
+In-band jobs with a switch (``switch.target`` not ``none``) are programmed through the switch
+driver first (``--layout`` is then required: ``shadowgrad layout ... -o layout.json``) and kept
+converged; ``--no-switch`` leaves the switch to someone else. The control endpoint is
+``[controller] address`` of the spec (or ``--bind``); trainers and ``shadowgrad status`` /
+``restore`` find the controller there.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+
+def configure(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--spec", required=True, type=Path, help="job spec (TOML)")
+    p.add_argument("--layout", type=Path, help="layout JSON (needed to program a switch)")
+    p.add_argument("--bind", help="control endpoint, e.g. tcp://0.0.0.0:47600 "
+                                  "(default: [controller] address of the spec)")
+    p.add_argument("--no-switch", action="store_true",
+                   help="do not program or watch the switch (another process owns it)")
+    p.add_argument("--p4info", type=Path, help="P4Info (text) of the pipeline (real p4c)")
+    p.add_argument("--device-config", type=Path, help="device config of the pipeline")
+    p.add_argument("--request-log", type=Path, help="append every P4Runtime write request here")
+    p.add_argument("--poll", type=float, default=None,
+                   help="seconds between polls of the shadows (default: min(heartbeat, 0.25))")
+    p.add_argument("--status-json", type=Path,
+                   help="rewrite this file with the controller's status every second")
+    p.add_argument("--duration", type=float, default=None,
+                   help="stop after this many seconds (default: run until SIGINT/SIGTERM)")
+
+
+def run(args: argparse.Namespace) -> int:
+    from shadowgrad.config import load_spec
+    from shadowgrad.errors import ConfigError
+
+    from .service import Controller, ControllerOptions
+
+    spec = load_spec(args.spec)
+    bind = args.bind
+    if bind is None and spec.controller.address is None:
+        raise ConfigError("controller.address", None,
+                          "give [controller] address = \"host:port\" in the spec or --bind")
+    client: Any = None
+    driver: Any = None
+    if spec.switch.target != "none" and not args.no_switch:
+        if args.layout is None:
+            raise ConfigError("--layout", None, "programming the switch needs the layout "
+                              "(shadowgrad layout --spec ... --model ... -o layout.json), or "
+                              "pass --no-switch")
+        from shadowgrad.layout import Layout
+
+        from ._cmd import _pipeline
+        from .p4runtime import P4RuntimeClient
+        from .switch import SwitchDriver
+
+        layout = Layout.from_json(args.layout.read_text())
+        ns = argparse.Namespace(p4info=args.p4info, device_config=args.device_config,
+                                action="program")
+        pipeline = _pipeline(ns, spec)
+        sw = spec.switch
+        client = P4RuntimeClient(str(sw.grpc_addr), device_id=sw.device_id, election_id=1,
+                                 timeout_s=spec.timeouts.rpc_s * 5,
+                                 request_log=args.request_log)
+        client.connect(wait_s=spec.timeouts.connect_s)
+        driver = SwitchDriver(client, spec, layout, pipeline=pipeline)
+    stop = threading.Event()
+
+    def on_signal(signum: int, _frame: Any) -> None:
+        stop.set()
+
+    old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    ctl = Controller(spec, driver=driver, bind=bind, options=ControllerOptions(poll_s=args.poll))
+    t_end = None if args.duration is None else time.monotonic() + args.duration
+    try:
+        ctl.start()
+        while not stop.wait(1.0):
+            if args.status_json is not None:
+                tmp = args.status_json.with_suffix(".tmp")
+                tmp.write_text(json.dumps(ctl.status()))
+                tmp.replace(args.status_json)
+            if t_end is not None and time.monotonic() >= t_end:
+                break
+    finally:
+        ctl.close()
+        if client is not None:
+            client.close()
+        for s, h in old.items():
+            signal.signal(s, h)
+    return 0

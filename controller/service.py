@@ -1,0 +1,500 @@
+"""``shadowgrad controller``: the job's long-running controller (docs/operations.md).
+
+It watches the job through two independent signals and acts on failures:
+
+* **trainers** — the COMMIT heartbeats and DATA as the shadows see them (every shadow's status
+  carries ``trainers_silent_s`` and, per rank, ``ranks[r].silent_s``; an idle rank 0 re-sends
+  its last COMMIT every ``timeouts.heartbeat``) and, with a switch, the switch's per-port COMMIT
+  counters. Silence longer than ``timeouts.failure_detect`` is a trainer failure: the
+  controller fixes I* with the one rule in core (:mod:`shadowgrad.restore`), holds it on the
+  source shadows and publishes it; restarted trainers (``torchrun --max-restarts`` or a rerun)
+  ask the controller for it; once they send again the holds are released;
+* **shadows** — their status; a shadow that does not answer for ``failure_detect`` is failed
+  (r >= 2: its shard goes on from the replicas; r = 1: the shard is degraded); when it returns
+  it re-joins (cloned from a replica or re-seeded by the trainers, the shadows' own mechanism)
+  and the controller reports when it has caught up;
+* **switch** (in-band) — programmed at start through the driver and re-converged every
+  ``converge_every_s``; a restarted controller reads the switch back and writes nothing that is
+  already right (invariant 6).
+
+State machine (``state``): ``starting`` → ``running`` ⇄ ``trainers_failed`` → ``restoring`` →
+``running``. Every transition is a structured event with a reason (``controller.*``).
+
+The control endpoint (ZeroMQ, ``[controller] address``) speaks the shadows' envelope (JSON head
+with the job token, frames) and serves ``status``, ``restore_point`` and ``release``; a request
+without the token or with a wrong one is refused (``bad_token``), logged, counted and changes
+nothing.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import logging
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import zmq
+
+from shadowgrad._log import event
+from shadowgrad.config import JobSpec
+from shadowgrad.errors import ShadowgradError
+from shadowgrad.restore import NoRestorePointError, restore_point, settle
+
+__all__ = ["Controller", "ControllerOptions"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ControllerOptions:
+    #: how often the shadows are polled; None: min(heartbeat, 0.25 s)
+    poll_s: float | None = None
+    #: how often the switch is re-converged (in-band with a driver)
+    converge_every_s: float = 5.0
+    #: a shadow this many iterations behind the trainers is "lagging"
+    lag_iterations: int = 8
+
+
+@dataclass
+class _Member:
+    reachable: bool = True
+    since: float = 0.0  # monotonic: when it became (un)reachable
+    failed: bool = False
+    rejoining: bool = False
+
+
+class Controller:
+    """The controller of one job. ``driver``: a :class:`~shadowgrad.controller.switch.
+    SwitchDriver` (in-band; None in mirror mode or when another process owns the switch).
+    ``endpoints``: shadow id -> control endpoint (default: the spec's); ``statuses``: a
+    callable returning every shadow's status (default: polled from the endpoints)."""
+
+    def __init__(self, spec: JobSpec, *, token: str | None = None, driver: Any = None,
+                 bind: str | None = None, options: ControllerOptions | None = None,
+                 statuses: Callable[[], dict[int, dict[str, Any] | None]] | None = None,
+                 endpoints: Mapping[int, str] | None = None) -> None:
+        self.spec = spec
+        self.opts = options or ControllerOptions()
+        self._token = token if token is not None else spec.token()
+        self.driver = driver
+        t = spec.timeouts
+        self.poll_s = self.opts.poll_s if self.opts.poll_s is not None else min(
+            t.heartbeat_s, 0.25)
+        if bind is None and spec.controller.address is not None:
+            bind = f"tcp://{spec.controller.address}"
+        self.bind = bind
+        self._endpoints = dict(endpoints) if endpoints is not None else {
+            k: f"tcp://{spec.shadows.control_endpoint(k)}" for k in range(spec.shadows.count)}
+        self._poll_statuses = statuses or self._poll_shadows
+        self._pool = ThreadPoolExecutor(max_workers=max(1, spec.shadows.count),
+                                        thread_name_prefix="ctl-poll")
+        self._lock = threading.RLock()
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._ctx: zmq.Context[zmq.Socket[bytes]] | None = None
+        self._rep: zmq.Socket[bytes] | None = None
+        self.ev: Counter[str] = Counter()
+        self.state = "starting"
+        self.reason = "started"
+        self.statuses: dict[int, dict[str, Any] | None] = {}
+        self.members = {k: _Member(since=time.monotonic()) for k in range(spec.shadows.count)}
+        self.istar: dict[str, Any] | None = None  # the published restore point
+        self.held: list[int] = []
+        self.failure: dict[str, Any] | None = None
+        self.detections: list[dict[str, Any]] = []
+        self.converge_reports: list[dict[str, Any]] = []
+        self._switch_commits: tuple[int, float] | None = None  # (total COMMITs, when it moved)
+        self._next_converge = 0.0
+        self._generation_at_failure: int | None = None
+
+    # ---------------------------------------------------------------- lifecycle
+
+    def start(self) -> Controller:
+        if self.driver is not None:
+            self._converge(initial=True)
+        if self.bind is not None:
+            self._ctx = zmq.Context()
+            rep = self._ctx.socket(zmq.ROUTER)
+            rep.setsockopt(zmq.LINGER, 0)
+            try:
+                rep.bind(self.bind)
+            except zmq.ZMQError as e:
+                rep.close(linger=0)
+                self._ctx.term()
+                self._ctx = None
+                raise ShadowgradError(f"controller: cannot bind {self.bind}: {e}") from None
+            self._rep = rep
+            self._spawn(self._control_loop, "ctl-control")
+        self.tick()
+        self._spawn(self._watch_loop, "ctl-watch")
+        event(log, "controller.started", job=self.spec.job.id, mode=self.spec.job.mode,
+              bind=self.bind, switch=self.driver is not None)
+        return self
+
+    def _spawn(self, target: Callable[[], None], name: str) -> None:
+        th = threading.Thread(target=target, name=name, daemon=True)
+        th.start()
+        self._threads.append(th)
+
+    def close(self) -> None:
+        self._stop.set()
+        for th in self._threads:
+            th.join(5.0)
+        self._threads.clear()
+        if self._rep is not None:
+            self._rep.close(linger=0)
+            self._rep = None
+        if self._ctx is not None:
+            self._ctx.term()
+            self._ctx = None
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    def __enter__(self) -> Controller:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ---------------------------------------------------------------- polling
+
+    def _client(self, k: int, timeout_s: float) -> Any:
+        from shadowgrad.shadow.control import ShadowClient
+
+        return ShadowClient(self._endpoints[k], self._token, timeout_s=timeout_s)
+
+    def _one(self, k: int) -> dict[str, Any] | None:
+        try:
+            with self._client(k, self.spec.timeouts.rpc_s) as c:
+                st: dict[str, Any] = c.status(timeline=0)
+                return st
+        except Exception as e:  # unreachable, bad token, ...: reported by the caller
+            log.debug("status of shadow %d failed: %s", k, e)
+            return None
+
+    def _poll_shadows(self) -> dict[int, dict[str, Any] | None]:
+        futs = {k: self._pool.submit(self._one, k) for k in range(self.spec.shadows.count)}
+        out: dict[int, dict[str, Any] | None] = {}
+        for k, f in futs.items():
+            try:
+                out[k] = f.result(timeout=self.spec.timeouts.rpc_s + 1.0)
+            except Exception:
+                out[k] = None
+        return out
+
+    def _watch_loop(self) -> None:
+        while not self._stop.wait(self.poll_s):
+            try:
+                self.tick()
+            except Exception as e:  # never let one bad tick stop the watch
+                self.ev["tick_error"] += 1
+                log.exception("controller tick failed: %s", e)
+
+    # ---------------------------------------------------------------- detection
+
+    def trainers_signal(self) -> dict[str, Any]:
+        """What the shadows (and the switch) say about the trainers."""
+        sts = [s for s in self.statuses.values() if s is not None and s.get("loaded")]
+        silent = [float(s["trainers_silent_s"]) for s in sts if "trainers_silent_s" in s]
+        ranks: dict[str, dict[str, Any]] = {}
+        for s in sts:
+            for r, d in (s.get("ranks") or {}).items():
+                cur = ranks.get(r)
+                if cur is None or float(d["silent_s"]) < float(cur["silent_s"]):
+                    ranks[r] = dict(d)
+        newest = max((int(s.get("newest_seen", -1)) for s in sts), default=None)
+        out: dict[str, Any] = {"silent_s": min(silent) if silent else None, "ranks": ranks,
+                               "iteration": newest, "shadows_reporting": len(sts)}
+        if self._switch_commits is not None:
+            out["switch_commits"] = self._switch_commits[0]
+            out["switch_silent_s"] = round(time.monotonic() - self._switch_commits[1], 3)
+        return out
+
+    def tick(self) -> None:
+        """One round: poll the shadows (and the switch counters), detect, act."""
+        statuses = self._poll_statuses()
+        now = time.monotonic()
+        with self._lock:
+            self.statuses = statuses
+            self._watch_switch(now)
+            self._watch_shadows(now)
+            self._watch_trainers(now)
+        if self.driver is not None and now >= self._next_converge:
+            self._converge(initial=False)
+
+    def _watch_switch(self, now: float) -> None:
+        if self.driver is None:
+            return
+        try:
+            c = self.driver.counters()
+        except Exception as e:
+            self.ev["switch_counters_failed"] += 1
+            log.debug("switch counters failed: %s", e)
+            return
+        total = sum(int(v[0]) for v in (c.get("commits") or {}).values())
+        if self._switch_commits is None or self._switch_commits[0] != total:
+            self._switch_commits = (total, now)
+
+    def _watch_shadows(self, now: float) -> None:
+        fd = self.spec.timeouts.failure_detect_s
+        for k, m in self.members.items():
+            st = self.statuses.get(k)
+            if st is not None:
+                if not m.reachable:
+                    m.reachable, m.since = True, now
+                    if m.failed:
+                        m.rejoining = True
+                        event(log, "controller.shadow_back", shadow=k,
+                              loaded=bool(st.get("loaded")), last_applied=st.get("last_applied"))
+                if m.rejoining and st.get("loaded") and st.get("diverged_at") is None:
+                    it = self.trainers_signal().get("iteration")
+                    la = st.get("last_applied")
+                    if la is not None and (it is None or int(it) - int(la)
+                                           <= self.opts.lag_iterations):
+                        m.rejoining = m.failed = False
+                        event(log, "controller.shadow_rejoined", shadow=k, last_applied=la,
+                              down_s=round(now - m.since, 3))
+                continue
+            if m.reachable:
+                m.reachable, m.since = False, now
+            if not m.failed and now - m.since >= fd:
+                m.failed = True
+                self.ev["shadow_failures"] += 1
+                shard = k % self.spec.num_shards
+                from shadowgrad.layout import shadows_of_shard
+
+                peers = [j for j in shadows_of_shard(shard, self.spec.num_shards,
+                                                     self.spec.shadows.replication)
+                         if j != k and self.statuses.get(j) is not None]
+                event(log, "controller.shadow_failed", level=logging.WARNING, shadow=k,
+                      shard=shard, replicas_answering=peers, degraded=not peers,
+                      evidence=f"no status reply for {now - m.since:.1f}s")
+
+    def _watch_trainers(self, now: float) -> None:
+        fd = self.spec.timeouts.failure_detect_s
+        sig = self.trainers_signal()
+        silent = sig["silent_s"]
+        if silent is None:
+            return  # no loaded shadow: nothing to say about the trainers yet
+        if self.state in ("starting", "running"):
+            if self.state == "starting" and silent < fd:
+                self._set("running", "trainers heard from")
+            if silent >= fd:
+                self._trainers_failed(sig, evidence="shadows")
+        elif self.state in ("trainers_failed", "restoring") and silent < fd:
+            gen = max((int(s.get("generation") or 0) for s in self.statuses.values() if s),
+                      default=0)
+            newer = self._generation_at_failure is None or gen > self._generation_at_failure
+            istar = (self.istar or {}).get("istar")
+            # a paused job that goes on (same generation) sends iterations past I* + 1
+            resumed = istar is not None and sig.get("iteration") is not None \
+                and int(sig["iteration"]) > int(istar) + 1
+            if newer or resumed:
+                self._recovered(sig, gen)
+
+    def _trainers_failed(self, sig: dict[str, Any], *, evidence: str,
+                         requester: str | None = None) -> None:
+        ranks = sig.get("ranks") or {}
+        quiet = sorted(ranks, key=lambda r: -float(ranks[r]["silent_s"]))
+        member = f"rank {quiet[0]}" if quiet else "trainers"
+        self.failure = {"member": member, "evidence": evidence, "requester": requester,
+                        "signal": sig, "wall": time.time()}
+        self.detections.append(self.failure)
+        self.ev["trainer_failures"] += 1
+        self._generation_at_failure = max(
+            (int(s.get("generation") or 0) for s in self.statuses.values() if s), default=0)
+        event(log, "controller.trainer_failed", level=logging.WARNING, member=member,
+              evidence=evidence, requester=requester, silent_s=sig.get("silent_s"),
+              ranks={r: d.get("silent_s") for r, d in ranks.items()},
+              switch_silent_s=sig.get("switch_silent_s"), last_iteration=sig.get("iteration"))
+        self._set("trainers_failed", f"{member} silent ({evidence})")
+        try:
+            self._fix_istar()
+        except ShadowgradError as e:
+            self.istar = {"error": str(e)}
+            event(log, "controller.restore_point_failed", level=logging.ERROR, error=str(e))
+
+    def _recovered(self, sig: dict[str, Any], generation: int) -> None:
+        held, self.held = self.held, []
+        istar = (self.istar or {}).get("istar")
+        for k in held:
+            self._release(k, istar)
+        down = None if self.failure is None else round(time.time() - self.failure["wall"], 3)
+        event(log, "controller.recovered", istar=istar, generation=generation,
+              iteration=sig.get("iteration"), down_s=down, released=held)
+        self.ev["recoveries"] += 1
+        self._set("running", f"trainers running again (generation {generation})")
+
+    def _set(self, state: str, reason: str) -> None:
+        if state != self.state:
+            event(log, "controller.state", old=self.state, new=state, reason=reason)
+        self.state, self.reason = state, reason
+
+    # ---------------------------------------------------------------- I*
+
+    def _fix_istar(self) -> dict[str, Any]:
+        """Settle, compute I* with the core rule, hold it on its sources, publish it."""
+        t = self.spec.timeouts
+        statuses = settle(self._poll_statuses, self.statuses,
+                          interval_s=max(0.05, t.gap_repair_s), timeout_s=t.failure_detect_s)
+        self.statuses = {k: (None if v is None else dict(v)) for k, v in statuses.items()}
+        point = restore_point(statuses, num_shards=self.spec.num_shards,
+                              replication=self.spec.shadows.replication)
+        doc = point.to_json()
+        if not point.fresh:
+            held = []
+            for k in point.source:
+                try:
+                    with self._client(k, t.rpc_s) as c:
+                        c.hold(point.istar)
+                    held.append(k)
+                except Exception as e:
+                    event(log, "controller.hold_failed", level=logging.WARNING, shadow=k,
+                          iteration=point.istar, error=str(e))
+            for k in self.held:
+                if k not in held:
+                    self._release(k, (self.istar or {}).get("istar"))
+            self.held = held
+        doc["held"] = list(self.held)
+        doc["generation_seen"] = max(
+            (int(s.get("generation") or 0) for s in statuses.values() if s), default=0)
+        self.istar = doc
+        event(log, "controller.restore_point", istar=point.istar, fresh=point.fresh,
+              source=list(point.source), usable=list(point.usable), held=self.held)
+        return doc
+
+    def _release(self, k: int, istar: Any) -> None:
+        if istar is None:
+            return
+        try:
+            with self._client(k, self.spec.timeouts.rpc_s) as c:
+                c.release(int(istar))
+        except Exception as e:
+            event(log, "controller.release_failed", level=logging.WARNING, shadow=k,
+                  error=str(e))
+
+    def restore_point(self, requester: str = "operator") -> dict[str, Any]:
+        """The restore point restarted trainers use: the published one while the failure is
+        being handled; otherwise (a restart the controller had not detected yet, e.g.
+        torchrun restarting faster than failure_detect) the request is itself the evidence."""
+        with self._lock:
+            if self.state in ("trainers_failed", "restoring") and self.istar is not None \
+                    and "error" not in self.istar:
+                self._set("restoring", f"restart requested by {requester}")
+                return dict(self.istar)
+            self.statuses = self._poll_statuses()
+            if not any(s is not None and s.get("loaded") for s in self.statuses.values()):
+                # a new job (no shadow holds state yet): not a failure
+                point = restore_point(self.statuses, num_shards=self.spec.num_shards,
+                                      replication=self.spec.shadows.replication)
+                return {**point.to_json(), "held": [], "generation_seen": max(
+                    (int(s.get("generation") or 0) for s in self.statuses.values() if s),
+                    default=0)}
+            self._trainers_failed(self.trainers_signal(), evidence="restart request",
+                                  requester=requester)
+            if self.istar is None or "error" in self.istar:
+                raise NoRestorePointError((self.istar or {}).get("error", "no restore point"))
+            self._set("restoring", f"restart requested by {requester}")
+            return dict(self.istar)
+
+    # ---------------------------------------------------------------- switch
+
+    def _converge(self, *, initial: bool) -> None:
+        self._next_converge = time.monotonic() + self.opts.converge_every_s
+        try:
+            rep = self.driver.converge()
+        except Exception as e:
+            self.ev["converge_failed"] += 1
+            event(log, "controller.converge_failed", level=logging.ERROR, error=str(e))
+            if initial:
+                raise
+            return
+        doc = {"writes": rep.writes, "pipeline_pushed": rep.pipeline_pushed,
+               "inserted": rep.inserted, "modified": rep.modified, "deleted": rep.deleted,
+               "initial": initial}
+        self.converge_reports.append(doc)
+        del self.converge_reports[:-16]
+        if initial or rep.writes:
+            event(log, "controller.switch_converged" if initial else "controller.switch_repaired",
+                  level=logging.INFO if initial else logging.WARNING, **doc)
+
+    # ---------------------------------------------------------------- view
+
+    def status(self) -> dict[str, Any]:
+        with self._lock:
+            return {
+                "ok": True, "source": "controller", "job": self.spec.job.id,
+                "state": self.state, "reason": self.reason, "trainers": self.trainers_signal(),
+                "istar": self.istar, "held": list(self.held), "failure": self.failure,
+                "detections": len(self.detections),
+                "shadows": {str(k): {"reachable": m.reachable, "failed": m.failed,
+                                     "rejoining": m.rejoining,
+                                     "last_applied": (self.statuses.get(k) or {}).get(
+                                         "last_applied"),
+                                     "diverged_at": (self.statuses.get(k) or {}).get(
+                                         "diverged_at")}
+                            for k, m in self.members.items()},
+                "switch": None if self.driver is None else {
+                    "converge": self.converge_reports[-1] if self.converge_reports else None},
+                "counters": dict(self.ev),
+            }
+
+    # ---------------------------------------------------------------- control endpoint
+
+    def _control_loop(self) -> None:
+        rep = self._rep
+        assert rep is not None
+        while not self._stop.is_set():
+            if not rep.poll(100, zmq.POLLIN):
+                continue
+            try:
+                parts = rep.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                continue
+            sep = next((i for i, p in enumerate(parts) if len(p) == 0), None)
+            if sep is None or sep + 1 >= len(parts):
+                self.ev["control_malformed"] += 1
+                continue
+            reply = self._serve(parts[sep + 1])
+            try:
+                rep.send_multipart([*parts[:sep + 1], json.dumps(reply).encode()])
+            except zmq.ZMQError as e:
+                self.ev["control_send_error"] += 1
+                log.warning("controller reply failed: %s", e)
+
+    def _serve(self, head: bytes) -> dict[str, Any]:
+        try:
+            req = json.loads(head)
+            if not isinstance(req, Mapping):
+                raise ValueError("request is not an object")
+        except ValueError as e:
+            self.ev["control_bad_request"] += 1
+            return {"ok": False, "code": "bad_request", "error": f"not JSON: {e}"}
+        tok = req.get("token")
+        if not isinstance(tok, str) or not hmac.compare_digest(tok.encode(), self._token.encode()):
+            self.ev["control_bad_token"] += 1
+            event(log, "controller.control_bad_token", level=logging.WARNING,
+                  op=str(req.get("op")))
+            return {"ok": False, "code": "bad_token", "error": "wrong or missing job token"}
+        op = req.get("op")
+        self.ev[f"control_{op}"] += 1
+        try:
+            if op == "status":
+                return self.status()
+            if op == "restore_point":
+                return {"ok": True, **self.restore_point(str(req.get("requester", "client")))}
+            if op == "release":
+                with self._lock:
+                    held, self.held = self.held, []
+                    for k in held:
+                        self._release(k, (self.istar or {}).get("istar"))
+                return {"ok": True, "released": held}
+        except ShadowgradError as e:
+            return {"ok": False, "code": "unavailable", "error": str(e)}
+        self.ev["control_bad_request"] += 1
+        return {"ok": False, "code": "bad_request", "error": f"unknown op {op!r}"}
