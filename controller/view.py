@@ -8,7 +8,8 @@ the trainers. :func:`render_text` turns a view into the table ``shadowgrad statu
 The view (``SCHEMA`` = 1; every key is always present unless marked optional):
 
 * ``schema``, ``source`` (``"shadows"``: polled directly; ``shadowgrad status`` adds
-  ``controller_state`` from the controller of ``[controller] address``; ``controller`` is that address or null),
+  ``controller_state`` from the controller of ``[controller] address``; ``controller`` is
+  that address or null),
   ``time`` (wall clock, s), ``elapsed_s`` (how long the poll took);
 * ``job``: ``id``, ``name``, ``mode``, ``shadows``, ``shards``, ``replication``;
 * ``trainers``: ``world_size``, ``iteration`` (newest iteration any shadow has seen), ``silent_s``
