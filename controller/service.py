@@ -18,12 +18,14 @@ It watches the job through two independent signals and acts on failures:
   already right (invariant 6).
 
 State machine (``state``): ``starting`` → ``running`` ⇄ ``trainers_failed`` → ``restoring`` →
-``running``. Every transition is a structured event with a reason (``controller.*``).
+``running``; ``finished`` when rank 0 closes after the last iteration (silence is then no
+failure) until a new run starts. Every transition is a structured event with a reason
+(``controller.*``).
 
 The control endpoint (ZeroMQ, ``[controller] address``) speaks the shadows' envelope (JSON head
-with the job token, frames) and serves ``status``, ``restore_point`` and ``release``; a request
-without the token or with a wrong one is refused (``bad_token``), logged, counted and changes
-nothing.
+with the job token, frames) and serves ``status``, ``restore_point``, ``finished`` and
+``release``; a request without the token or with a wrong one is refused (``bad_token``),
+logged, counted and changes nothing.
 """
 
 from __future__ import annotations
@@ -131,7 +133,11 @@ class Controller:
                 raise ShadowgradError(f"controller: cannot bind {self.bind}: {e}") from None
             self._rep = rep
             self._spawn(self._control_loop, "ctl-control")
-        self.tick()
+        try:
+            self.tick()
+        except Exception as e:  # the watch loop retries; a bad first poll is no reason to stop
+            self.ev["tick_error"] += 1
+            log.exception("controller tick failed: %s", e)
         self._spawn(self._watch_loop, "ctl-watch")
         event(log, "controller.started", job=self.spec.job.id, mode=self.spec.job.mode,
               bind=self.bind, switch=self.driver is not None)
@@ -236,7 +242,9 @@ class Controller:
             self.ev["switch_counters_failed"] += 1
             log.debug("switch counters failed: %s", e)
             return
-        total = sum(int(v[0]) for v in (c.get("commits") or {}).values())
+        commits = c.get("commits") or []
+        per_rank = commits.values() if isinstance(commits, Mapping) else commits
+        total = sum(int(v[0]) for v in per_rank)  # (packets, bytes) per trainer rank
         if self._switch_commits is None or self._switch_commits[0] != total:
             self._switch_commits = (total, now)
 
@@ -281,6 +289,12 @@ class Controller:
         silent = sig["silent_s"]
         if silent is None:
             return  # no loaded shadow: nothing to say about the trainers yet
+        if self.state == "finished":
+            gen = max((int(s.get("generation") or 0) for s in self.statuses.values() if s),
+                      default=0)
+            if silent < fd and gen > (self._generation_at_failure or 0):
+                self._set("running", f"a new run of the job (generation {gen})")
+            return
         if self.state in ("starting", "running"):
             if self.state == "starting" and silent < fd:
                 self._set("running", "trainers heard from")
@@ -488,6 +502,16 @@ class Controller:
                 return self.status()
             if op == "restore_point":
                 return {"ok": True, **self.restore_point(str(req.get("requester", "client")))}
+            if op == "finished":
+                # rank 0's close(): the end of training, not a failure
+                with self._lock:
+                    self._generation_at_failure = max(
+                        (int(s.get("generation") or 0) for s in self.statuses.values() if s),
+                        default=0)
+                    event(log, "controller.job_finished", iteration=req.get("iteration"),
+                          requester=str(req.get("requester", "client")))
+                    self._set("finished", f"training ended at iteration {req.get('iteration')}")
+                return {"ok": True}
             if op == "release":
                 with self._lock:
                     held, self.held = self.held, []

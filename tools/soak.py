@@ -482,6 +482,9 @@ def soak(args: argparse.Namespace, work: Path, run: int) -> dict[str, Any]:
                 "restore_points": [e.get("istar") for e in
                                    _events(clog, "controller.restore_point")],
                 "recovered": len(_events(clog, "controller.recovered")),
+                "job_finished": len(_events(clog, "controller.job_finished")),
+                "shadow_failed": len(_events(clog, "controller.shadow_failed")),
+                "shadow_rejoined": len(_events(clog, "controller.shadow_rejoined")),
                 "evidence": [e.get("evidence") for e in failed],
                 # SIGKILL -> the controller's event (a restart request counts: torchrun restarts
                 # the group faster than failure_detect)
@@ -540,6 +543,15 @@ def soak(args: argparse.Namespace, work: Path, run: int) -> dict[str, Any]:
             elif args.stop_shadow is None and args.kill_shadow is None \
                     and s["events"].get("diverged", 0):
                 fails.append(f"shadow {k} diverged during the run")
+        c = report.get("controller")
+        kills = len(report.get("job_kills", [])) + len(report.get("rank_kills", []))
+        if c is not None and not args.fence:
+            # one detection and one recovery per kill, none for the normal end of the job
+            if c["trainer_failed"] != kills or c["recovered"] != kills:
+                fails.append(f"controller: {c['trainer_failed']} failures detected, "
+                             f"{c['recovered']} recoveries for {kills} kills")
+            if trainer.returncode == 0 and c["job_finished"] != 1:
+                fails.append(f"controller: job_finished seen {c['job_finished']} times")
         if report.get("retx_after_settle") and any(report["retx_after_settle"].values()):
             fails.append(f"retransmissions after settling: {report['retx_after_settle']}")
         if trainer.returncode == 0 and not fails:

@@ -839,6 +839,23 @@ class Shadowgrad:
         if self.ring is not None:
             self.ring.close(max(1.0, deadline - time.monotonic()))
         self._close_sockets()
+        if self.rank == 0:
+            self._tell_controller_finished()
+
+    def _tell_controller_finished(self) -> None:
+        """Training ended normally: the controller must not take the silence for a failure."""
+        addr = self.spec.controller.address
+        if addr is None:
+            return
+        from shadowgrad.shadow.control import ShadowClient
+
+        try:
+            with ShadowClient(f"tcp://{addr}", self._token,
+                              timeout_s=self.spec.timeouts.rpc_s) as c:
+                c.call("finished", iteration=self._iteration, requester=f"rank {self.rank}")
+        except Exception as exc:  # best effort: the controller may be down
+            event(log, "trainer.controller_unreachable", logging.WARNING, address=str(addr),
+                  error=str(exc))
 
     def _wait_applied(self, iteration: int, deadline: float) -> bool:
         """Until every shadow that can still confirm applied ``iteration``. A shadow that
