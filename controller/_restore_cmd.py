@@ -41,14 +41,29 @@ def _clients(spec: Any, token: str) -> Any:
 
 
 def _statuses(spec: Any, token: str) -> dict[int, dict[str, Any] | None]:
+    """Every shadow's status (None: no answer). A shadow refusing the token is an error: a
+    wrong token must never read as "no state, start fresh"."""
+    from shadowgrad.shadow.control import ControlError
+
+    from shadowgrad.errors import ShadowgradError
+
     make = _clients(spec, token)
     out: dict[int, dict[str, Any] | None] = {}
     for k in range(spec.shadows.count):
         try:
             with make(k) as c:
                 out[k] = c.status(timeline=0)
-        except Exception:
+        except ControlError as e:
+            if e.code == "bad_token":
+                where = spec.security.token_file or spec.security.token_env
+                raise ShadowgradError(
+                    f"shadow {k} refused the job token ({e}): check {where}") from None
             out[k] = None
+        except ShadowgradError:
+            out[k] = None
+    if not any(v is not None for v in out.values()):
+        raise ShadowgradError(f"no shadow of job {spec.job.id} answers (tried "
+                              f"{spec.shadows.count}); is the spec right, are they running?")
     return out
 
 

@@ -175,11 +175,21 @@ class Controller:
         return ShadowClient(self._endpoints[k], self._token, timeout_s=timeout_s)
 
     def _one(self, k: int) -> dict[str, Any] | None:
+        from shadowgrad.shadow.control import ControlError
+
         try:
             with self._client(k, self.spec.timeouts.rpc_s) as c:
                 st: dict[str, Any] = c.status(timeline=0)
                 return st
-        except Exception as e:  # unreachable, bad token, ...: reported by the caller
+        except ControlError as e:
+            if e.code == "bad_token":
+                self.ev["shadow_refused_token"] += 1
+                if self.ev["shadow_refused_token"] == 1 or self.ev[f"refused_{k}"] == 0:
+                    event(log, "controller.shadow_refused_token", level=logging.ERROR,
+                          shadow=k, error=str(e))
+                self.ev[f"refused_{k}"] += 1
+            return None
+        except Exception as e:  # unreachable, timeout, ...: reported by the caller
             log.debug("status of shadow %d failed: %s", k, e)
             return None
 

@@ -5,8 +5,8 @@ RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT), with the job token in SHADOWGRAD_TO
 
     torchrun --nproc-per-node 4 examples/train_mirror.py --spec job.toml --steps 50
 
-Run it again after a crash: it resumes from the newest iteration the shadows hold. Diff it
-against train_plain.py to see what shadowgrad adds.
+Run it again after a crash, or let ``torchrun --max-restarts N`` restart it: it resumes from the
+newest iteration the shadows hold. Diff it against train_plain.py to see what shadowgrad adds.
 """
 
 import argparse
@@ -14,7 +14,7 @@ import math
 
 import torch
 import torch.distributed as dist
-from shadowgrad.trainer_hooks import attach, rng_state, set_rng_state
+from shadowgrad.trainer_hooks import attach, init_process_group, rng_state, set_rng_state
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
@@ -31,7 +31,7 @@ def main() -> None:
     ap.add_argument("--spec", required=True, help="shadowgrad job spec (TOML)")
     ap.add_argument("--out", default=None, help="rank 0 saves the final state here")
     args = ap.parse_args()
-    dist.init_process_group("gloo")
+    init_process_group("gloo")  # dist.init_process_group that survives torchrun --max-restarts
     rank = dist.get_rank()
     torch.manual_seed(0)
     net = nn.Sequential(nn.Linear(64, 128), nn.GELU(), nn.Linear(128, 128), nn.GELU(),
