@@ -5,13 +5,15 @@ In-band jobs with a switch (``switch.target`` not ``none``) are programmed throu
 driver first (``--layout`` is then required: ``shadowgrad layout ... -o layout.json``) and kept
 converged; ``--no-switch`` leaves the switch to someone else. The control endpoint is
 ``[controller] address`` of the spec (or ``--bind``); trainers and ``shadowgrad status`` /
-``restore`` find the controller there.
+``restore`` find the controller there. SIGHUP re-reads the spec (a failed shadow replaced at a
+new address): the switch is converged to it, writing only the entries that changed.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import logging
 import signal
 import threading
 import time
@@ -50,6 +52,9 @@ def run(args: argparse.Namespace) -> int:
                           "give [controller] address = \"host:port\" in the spec or --bind")
     client: Any = None
     driver: Any = None
+    layout: Any = None
+    pipeline: Any = None
+    SwitchDriver: Any = None  # noqa: N806 (the class, imported with the switch extra)
     if spec.switch.target != "none" and not args.no_switch:
         if args.layout is None:
             raise ConfigError("--layout", None, "programming the switch needs the layout "
@@ -76,12 +81,27 @@ def run(args: argparse.Namespace) -> int:
     def on_signal(signum: int, _frame: Any) -> None:
         stop.set()
 
+    reload = threading.Event()
+
+    def on_hup(_signum: int, _frame: Any) -> None:
+        reload.set()
+
     old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    old[signal.SIGHUP] = signal.signal(signal.SIGHUP, on_hup)
     ctl = Controller(spec, driver=driver, bind=bind, options=ControllerOptions(poll_s=args.poll))
     t_end = None if args.duration is None else time.monotonic() + args.duration
     try:
         ctl.start()
         while not stop.wait(1.0):
+            if reload.is_set():
+                reload.clear()
+                try:  # SIGHUP: re-read the spec (a shadow replaced at a new address)
+                    new = load_spec(args.spec)
+                    if driver is not None:
+                        driver = SwitchDriver(client, new, layout, pipeline=pipeline)
+                    ctl.reload(new, driver)
+                except Exception as e:  # a bad edit keeps the running spec
+                    logging.getLogger(__name__).error("reload of %s failed: %s", args.spec, e)
             if args.status_json is not None:
                 tmp = args.status_json.with_suffix(".tmp")
                 tmp.write_text(json.dumps(ctl.status()))

@@ -426,6 +426,32 @@ class Controller:
             self._set("restoring", f"restart requested by {requester}")
             return dict(self.istar)
 
+    def reload(self, spec: JobSpec, driver: Any = None) -> dict[str, Any] | None:
+        """Take an updated spec (``shadowgrad controller`` on SIGHUP): e.g. a failed shadow
+        replaced at another address. The job, the counts and the token must not change; with a
+        switch, the driver of the new spec converges at once, writing only the entries that
+        differ (the replaced shadow's rewrite and route). Returns that convergence report."""
+        if (spec.job.id, spec.shadows.count, spec.shadows.replication, spec.trainers.world_size
+                ) != (self.spec.job.id, self.spec.shadows.count, self.spec.shadows.replication,
+                      self.spec.trainers.world_size):
+            raise ShadowgradError("reload: the job id, shadow count, replication and world size "
+                                  "cannot change under a running controller; restart it")
+        with self._lock:
+            changed = [k for k in range(spec.shadows.count)
+                       if spec.shadows.addresses[k] != self.spec.shadows.addresses[k]
+                       or spec.shadows.control_endpoint(k)
+                       != self.spec.shadows.control_endpoint(k)]
+            self.spec = spec
+            self._endpoints = {k: f"tcp://{spec.shadows.control_endpoint(k)}"
+                               for k in range(spec.shadows.count)}
+            if driver is not None:
+                self.driver = driver
+            event(log, "controller.reloaded", changed_shadows=changed, source=spec.source)
+        if self.driver is not None:
+            self._converge(initial=False)
+            return self.converge_reports[-1] if self.converge_reports else None
+        return None
+
     # ---------------------------------------------------------------- switch
 
     def _converge(self, *, initial: bool) -> None:

@@ -81,6 +81,13 @@ Keys (``*`` = required; default otherwise):
     ``authenticate_data`` -- DATA chunks carry a MAC too (COMMIT, NACK, READY and ACK always
     do). Default ``true`` (docs/security.md gives the cost and what ``false`` leaves open).
     Giving both is an error.
+
+``[controller]`` (optional)
+    ``address`` -- where ``shadowgrad controller`` serves its control endpoint (ZeroMQ,
+    ``"host:port"``). With it, restarted trainers take the restore point from the controller
+    (falling back to the shadows when it does not answer), rank 0 tells it when training ends,
+    and ``shadowgrad status`` / ``restore`` show or use its state (docs/operations.md).
+    Default: no controller.
 """
 
 from __future__ import annotations

@@ -234,3 +234,36 @@ def test_controller_sigkill_and_restart_writes_nothing_and_training_goes_on(
     events = [e["event"] for e in _events(log)]
     assert "controller.trainer_failed" not in events, events
     assert events.count("controller.job_finished") == 1, events
+
+
+def test_a_shadow_replaced_at_a_new_address_rewrites_only_its_entries() -> None:
+    """SIGHUP's reload: a failed shadow comes back at another address in an updated spec; the
+    controller converges the switch to it, writing only what depends on that address (its
+    rewrite and its route), and a second convergence writes nothing."""
+    from shadowgrad.bmv2_testbed.inband import compile_product
+    from shadowgrad.controller.switch import SwitchDriver
+
+    doc = _doc()
+    spec = parse_spec(doc, env={})
+    layout = _layout()
+    with JobSwitch(spec, layout) as sw:
+        ctl = Controller(spec, token=TOKEN, driver=sw.driver,
+                         statuses=lambda: dict.fromkeys(range(4)))
+        with ctl:
+            assert ctl.converge_reports[0]["writes"] == 0
+            old = doc["shadows"]["addresses"][1]
+            doc["shadows"]["addresses"][1] = old.rsplit(".", 1)[0] + ".201"
+            new = parse_spec(doc, env={})
+            rep = ctl.reload(new, SwitchDriver(sw.client, new, layout,
+                                               pipeline=compile_product()))
+            assert rep is not None and 0 < rep["writes"] <= 3, rep
+            assert rep["modified"] + rep["inserted"] + rep["deleted"] == rep["writes"]
+            again = SwitchDriver(sw.client, new, layout, pipeline=compile_product()).converge()
+            assert again.writes == 0
+            # a changed job shape is refused, the running spec kept
+            doc["trainers"]["world_size"] = 2
+            doc["trainers"]["addresses"] = doc["trainers"]["addresses"][:2]
+            doc["switch"]["trainer_ports"] = doc["switch"]["trainer_ports"][:2]
+            with pytest.raises(Exception, match="cannot change"):
+                ctl.reload(parse_spec(doc, env={}))
+            assert ctl.spec is new
