@@ -31,10 +31,14 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--p4info", type=Path, help="P4Info (text) of the pipeline (real p4c)")
     p.add_argument("--device-config", type=Path, help="device config of the pipeline")
     p.add_argument("--request-log", type=Path, help="append every P4Runtime write request here")
+    p.add_argument("--election-id", type=int, default=1,
+                   help="P4Runtime election id (the highest connected client is the primary)")
     p.add_argument("--poll", type=float, default=None,
                    help="seconds between polls of the shadows (default: min(heartbeat, 0.25))")
     p.add_argument("--status-json", type=Path,
-                   help="rewrite this file with the controller's status every second")
+                   help="rewrite this file with the controller's status every --status-interval")
+    p.add_argument("--status-interval", type=float, default=1.0,
+                   help="seconds between --status-json rewrites (default 1)")
     p.add_argument("--duration", type=float, default=None,
                    help="stop after this many seconds (default: run until SIGINT/SIGTERM)")
 
@@ -71,7 +75,8 @@ def run(args: argparse.Namespace) -> int:
                                 action="program")
         pipeline = _pipeline(ns, spec)
         sw = spec.switch
-        client = P4RuntimeClient(str(sw.grpc_addr), device_id=sw.device_id, election_id=1,
+        client = P4RuntimeClient(str(sw.grpc_addr), device_id=sw.device_id,
+                                 election_id=args.election_id,
                                  timeout_s=spec.timeouts.rpc_s * 5,
                                  request_log=args.request_log)
         client.connect(wait_s=spec.timeouts.connect_s)
@@ -92,7 +97,7 @@ def run(args: argparse.Namespace) -> int:
     t_end = None if args.duration is None else time.monotonic() + args.duration
     try:
         ctl.start()
-        while not stop.wait(1.0):
+        while not stop.wait(min(1.0, max(0.05, args.status_interval))):
             if reload.is_set():
                 reload.clear()
                 try:  # SIGHUP: re-read the spec (a shadow replaced at a new address)

@@ -67,6 +67,7 @@ class ControllerOptions:
 class _Member:
     reachable: bool = True
     since: float = 0.0  # monotonic: when it became (un)reachable
+    last_ok: float = 0.0  # monotonic: its last status answer
     failed: bool = False
     rejoining: bool = False
 
@@ -88,6 +89,10 @@ class Controller:
         t = spec.timeouts
         self.poll_s = self.opts.poll_s if self.opts.poll_s is not None else min(
             t.heartbeat_s, 0.25)
+        # a status is small and local: a shadow that does not answer in this long is counted
+        # as not answering (failure_detect of those makes it failed), so one dead shadow never
+        # stalls a tick for timeouts.rpc
+        self._poll_timeout_s = min(t.rpc_s, max(0.2, t.failure_detect_s / 4))
         if bind is None and spec.controller.address is not None:
             bind = f"tcp://{spec.controller.address}"
         self.bind = bind
@@ -105,7 +110,8 @@ class Controller:
         self.state = "starting"
         self.reason = "started"
         self.statuses: dict[int, dict[str, Any] | None] = {}
-        self.members = {k: _Member(since=time.monotonic()) for k in range(spec.shadows.count)}
+        self.members = {k: _Member(since=time.monotonic(), last_ok=time.monotonic())
+                        for k in range(spec.shadows.count)}
         self.istar: dict[str, Any] | None = None  # the published restore point
         self.held: list[int] = []
         self.failure: dict[str, Any] | None = None
@@ -178,7 +184,7 @@ class Controller:
         from shadowgrad.shadow.control import ControlError
 
         try:
-            with self._client(k, self.spec.timeouts.rpc_s) as c:
+            with self._client(k, self._poll_timeout_s) as c:
                 st: dict[str, Any] = c.status(timeline=0)
                 return st
         except ControlError as e:
@@ -198,7 +204,7 @@ class Controller:
         out: dict[int, dict[str, Any] | None] = {}
         for k, f in futs.items():
             try:
-                out[k] = f.result(timeout=self.spec.timeouts.rpc_s + 1.0)
+                out[k] = f.result(timeout=self._poll_timeout_s + 1.0)
             except Exception:
                 out[k] = None
         return out
@@ -263,6 +269,7 @@ class Controller:
         for k, m in self.members.items():
             st = self.statuses.get(k)
             if st is not None:
+                m.last_ok = now
                 if not m.reachable:
                     m.reachable, m.since = True, now
                     if m.failed:
@@ -279,7 +286,8 @@ class Controller:
                               down_s=round(now - m.since, 3))
                 continue
             if m.reachable:
-                m.reachable, m.since = False, now
+                # unreachable since its last answer (the poll before this one)
+                m.reachable, m.since = False, m.last_ok
             if not m.failed and now - m.since >= fd:
                 m.failed = True
                 self.ev["shadow_failures"] += 1
@@ -475,9 +483,20 @@ class Controller:
 
     # ---------------------------------------------------------------- view
 
+    def live_istar(self) -> int | None:
+        """I* of the statuses last polled (None: none yet)."""
+        try:
+            point = restore_point(self.statuses, num_shards=self.spec.num_shards,
+                                  replication=self.spec.shadows.replication)
+        except ShadowgradError:
+            return None
+        return None if point.fresh else point.istar
+
     def status(self) -> dict[str, Any]:
         with self._lock:
             return {
+                "live_istar": self.live_istar(),
+                "time": time.time(),
                 "ok": True, "source": "controller", "job": self.spec.job.id,
                 "state": self.state, "reason": self.reason, "trainers": self.trainers_signal(),
                 "istar": self.istar, "held": list(self.held), "failure": self.failure,

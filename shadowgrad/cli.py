@@ -41,6 +41,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
                "write an iteration as a torch.distributed.checkpoint directory; --verify DIR"),
     "switch": ("shadowgrad.controller._cmd",
                "plan, program, read or clear the job's ToR switch over P4Runtime"),
+    "demo": ("shadowgrad.bmv2_testbed._demo_cmd",
+             "run an emulated job (switch, shadows, controller, trainers), inject faults, report"),
     "p4c": ("shadowgrad.bmv2_testbed._compile_cmd",
             "compile a P4_16 v1model program for the software target (p4c-like)"),
 }

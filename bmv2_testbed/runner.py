@@ -1,0 +1,541 @@
+"""The scenario runner behind ``shadowgrad demo`` (docs/testbed.md).
+
+One run starts, for the scenario's job, the ToR switch (``sg-switch-grpc`` running
+``p4/shadowgrad.p4``, programmed by the controller's driver), one ``shadowgrad shadow`` process
+per shadow, ``shadowgrad controller`` and the trainer ranks (:mod:`.demo_worker`), on a
+topology (:mod:`.topology`: network namespaces as root, loopback ports for any user). It
+injects the scenario's faults when rank 0 has logged their iteration, samples the job through
+the controller's status file, and always tears everything down — processes, veths, namespaces
+— also on Ctrl-C, SIGTERM or an error of its own.
+
+A demo is two runs of the same job: an uninterrupted **reference** (cached under the cache
+directory, keyed by everything it depends on) and the **faulted** run; the report compares the
+faulted run's final parameters and optimizer state with the reference's bit for bit
+(:mod:`.report`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import re
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from shadowgrad.errors import ShadowgradError
+
+from .scenario import Fault, Scenario
+from .topology import MTU, Namespaces, choose
+
+__all__ = ["Runner", "run_scenario", "choose_target"]
+
+log = logging.getLogger(__name__)
+
+NETNS_CHUNK = MTU - 20 - 8 - 56 - 16 - (MTU - 20 - 8 - 56 - 16) % 64  # header + MAC, x64
+_STEP = re.compile(r"^step (\d+) loss (\S+) dt (\S+) wall (\S+)$", re.M)
+_START = re.compile(r"^start (\d+) (\d)$", re.M)
+
+
+def choose_target(requested: str = "auto") -> str:
+    """``sim``: the project's P4 target (always available). ``bmv2``: real p4c +
+    simple_switch_grpc, which the demo runner does not drive yet."""
+    have = shutil.which("p4c") is not None and shutil.which("simple_switch_grpc") is not None
+    if requested == "bmv2":
+        if not have:
+            raise ShadowgradError("--target bmv2: p4c and simple_switch_grpc are not on PATH "
+                                  "(use --target sim, the project's P4 target)")
+        raise ShadowgradError("--target bmv2: the demo runner drives the project's P4 target "
+                              "only so far (the dataplane tests run on real bmv2)")
+    if requested not in ("auto", "sim"):
+        raise ShadowgradError(f"--target {requested!r}: expected auto, sim or bmv2")
+    return "sim"
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class _Proc:
+    """A child process in its own session (killed as a group), with its log file."""
+
+    def __init__(self, name: str, argv: list[str], log_path: Path, env: dict[str, str],
+                 cwd: Path) -> None:
+        self.name, self.argv, self.log, self.env, self.cwd = name, argv, log_path, env, cwd
+        with log_path.open("ab") as f:
+            self.p = subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT, env=env,
+                                      cwd=cwd, start_new_session=True)
+
+    def signal(self, sig: int) -> None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.p.pid, sig)
+
+    def kill(self) -> None:
+        self.signal(signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.p.wait(10)
+
+    def stop(self, grace_s: float = 5.0) -> None:
+        if self.p.poll() is None:
+            self.signal(signal.SIGTERM)
+            try:
+                self.p.wait(grace_s)
+            except subprocess.TimeoutExpired:
+                self.kill()
+        self.signal(signal.SIGKILL)  # anything the process left in its group
+
+    def restart(self) -> _Proc:
+        return _Proc(self.name, self.argv, self.log, self.env, self.cwd)
+
+
+class Runner:
+    """One scenario on one topology. ``work``: where logs, specs and the report go."""
+
+    def __init__(self, scenario: Scenario, work: Path, *, topology: str = "auto",
+                 target: str = "auto", cache_dir: Path | None = None,
+                 progress: bool = False, timeout_s: float = 900.0) -> None:
+        self.sc = scenario
+        self.work = work
+        self.topology = choose(topology)
+        self.target = choose_target(target)
+        if self.sc.mode == "mirror" and self.topology == "netns":
+            # mirror mode does not use the switch: its trainers send to the shadows directly
+            self.topology = "loopback"
+        self.cache_dir = cache_dir or Path(os.environ.get(
+            "SHADOWGRAD_CACHE", Path(os.environ.get("XDG_CACHE_HOME", work / ".cache"))
+            / "shadowgrad"))
+        self.progress = progress
+        self.timeout_s = timeout_s
+        self._procs: list[_Proc] = []
+        self._net: Namespaces | None = None
+        self._switch: Any = None
+        self.chunk = NETNS_CHUNK if self.topology == "netns" else None
+
+    # ---------------------------------------------------------------- the job
+
+    def _spec_doc(self) -> dict[str, Any]:
+        from shadowgrad.trainer_hooks._testing import loopback_spec, switch_spec
+
+        sc = self.sc
+        t = {"gap_repair": "30ms", "heartbeat": "100ms", "failure_detect": "2s", "rpc": "5s",
+             "connect": "20s"}
+        if self.topology == "netns":
+            world, shadows = sc.trainers, sc.shadows
+            doc: dict[str, Any] = {
+                "job": {"id": 5000 + secrets.randbelow(1000), "name": sc.name,
+                        "mode": "in-band"},
+                "trainers": {"world_size": world,
+                             "addresses": [f"10.0.0.{i + 1}" for i in range(world)],
+                             "backend": "gloo"},
+                "shadows": {"count": shadows, "replication": sc.replication,
+                            "addresses": [f"10.0.1.{i + 1}" for i in range(shadows)],
+                            "control_port": 47480},
+                "switch": {"target": "bmv2_testbed",
+                           "trainer_ports": list(range(1, world + 1)),
+                           "shadow_ports": list(range(world + 1, world + shadows + 1))},
+                "controller": {"address": "10.0.0.1:47600"},
+            }
+        elif sc.mode == "in-band":
+            doc = switch_spec(world=sc.trainers, shadows=sc.shadows,
+                              replication=sc.replication)
+            doc["controller"] = {"address": f"127.0.0.1:{_free_port()}"}
+        else:
+            doc = loopback_spec(world=sc.trainers, shadows=sc.shadows,
+                                replication=sc.replication)
+            doc["controller"] = {"address": f"127.0.0.1:{_free_port()}"}
+        doc["job"]["name"] = sc.name
+        if sc.mode == "in-band":
+            from .inband import PRODUCT_PROGRAM
+
+            doc["switch"]["p4_program"] = str(Path(PRODUCT_PROGRAM).resolve())
+        doc["timeouts"] = t
+        doc["security"] = {"token_env": "SHADOWGRAD_TOKEN"}
+        return doc
+
+    def _layout(self) -> Any:
+        from shadowgrad.layout import Layout, from_module
+
+        from .demo_worker import build_model
+
+        params, buckets = from_module(build_model(self.sc.model))
+        return Layout.build(params, buckets, self.sc.shadows, self.sc.replication)
+
+    def _prefix(self, port: int | None) -> list[str]:
+        if self._net is None or port is None:
+            return []
+        return self._net.exec_prefix(port)
+
+    def _start(self, name: str, argv: list[str], port: int | None, d: Path,
+               env: dict[str, str]) -> _Proc:
+        p = _Proc(name, [*self._prefix(port), *argv], d / f"{name}.log", env, Path.cwd())
+        self._procs.append(p)
+        return p
+
+    def _ranks(self, spec: Any, path: Path, d: Path, env: dict[str, str], *, attempt: int,
+               final: Path) -> list[_Proc]:
+        sc = self.sc
+        master = "10.0.0.1" if self.topology == "netns" else "127.0.0.1"
+        port = 29500 + secrets.randbelow(20000) if self.topology == "netns" else _free_port()
+        out = []
+        for r in range(sc.trainers):
+            e = {**env, "RANK": str(r), "WORLD_SIZE": str(sc.trainers), "LOCAL_RANK": str(r),
+                 "MASTER_ADDR": master, "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1"}
+            if self.topology == "netns":
+                e["GLOO_SOCKET_IFNAME"] = "eth0"
+            argv = [sys.executable, "-m", "shadowgrad.bmv2_testbed.demo_worker", "--spec",
+                    str(path), "--model", sc.model, "--steps", str(sc.iterations), "--out",
+                    str(final)]
+            if self.chunk is not None:
+                argv += ["--chunk-bytes", str(self.chunk)]
+            if sc.sleep_s:
+                argv += ["--sleep", str(sc.sleep_s)]
+            tport = spec.switch.trainer_ports[r] if self.topology == "netns" else None
+            out.append(self._start(f"rank{r}-{attempt}", argv, tport, d, e))
+        return out
+
+    def execute(self, label: str, faults: tuple[Fault, ...]) -> dict[str, Any]:
+        """One run of the job with ``faults``; returns what it observed (see report.py)."""
+        from shadowgrad.trainer_hooks._testing import spec_toml
+
+        from shadowgrad.config import parse_spec
+        from shadowgrad.frames import port_mac
+
+        sc = self.sc
+        d = self.work / label
+        d.mkdir(parents=True, exist_ok=True)
+        doc = self._spec_doc()
+        spec = parse_spec(doc, env={})
+        layout = self._layout()
+        (d / "layout.json").write_text(layout.to_json())
+        token = secrets.token_hex(16)
+        env = {**os.environ, "SHADOWGRAD_TOKEN": token, "PYTHONUNBUFFERED": "1"}
+        env.pop("OMP_NUM_THREADS", None)
+        final = d / "final.pt"
+        final.unlink(missing_ok=True)
+        obs: dict[str, Any] = {"label": label, "steps": [], "samples": [], "faults": [],
+                               "starts": []}
+        t_begin = time.time()
+        try:
+            if sc.mode == "in-band":
+                from .inband import JobSwitch
+
+                loss = {spec.switch.shadow_ports[f.target]: f.percent / 100
+                        for f in faults if f.kind == "loss" and f.target is not None}
+                if self.topology == "netns":
+                    hosts = [(p, ep.host, port_mac(p)) for p, ep in
+                             [*zip(spec.switch.trainer_ports, spec.trainers.addresses,
+                                   strict=True),
+                              *zip(spec.switch.shadow_ports, spec.shadows.addresses,
+                                   strict=True)]]
+                    self._net = Namespaces(hosts)
+                    self._switch = JobSwitch(spec, layout, loss=loss or None,
+                                             interfaces=self._net.switch_if)
+                else:
+                    self._switch = JobSwitch(spec, layout, loss=loss or None)
+                    doc.setdefault("switch", {})["grpc_addr"] = self._switch.grpc_addr
+            path = d / "job.toml"
+            path.write_text(spec_toml(doc))
+            cli = str(Path(sys.executable).parent / "shadowgrad")
+            shadows: dict[int, _Proc] = {}
+            for k in range(sc.shadows):
+                port = spec.switch.shadow_ports[k] if self.topology == "netns" else None
+                shadows[k] = self._start(f"shadow{k}", [cli, "shadow", "--spec", str(path),
+                                                         "--id", str(k)], port, d, env)
+            status_file = d / "controller-status.json"
+            ctl_argv = [cli, "--log-json", "controller", "--spec", str(path), "--status-json",
+                        str(status_file), "--status-interval", "0.2"]
+            ctl_port: int | None = None
+            if self.topology == "netns":
+                ctl_argv.append("--no-switch")  # the switch's gRPC is in the root namespace
+                ctl_port = spec.switch.trainer_ports[0]
+            elif sc.mode == "in-band":
+                # above the runner's own client (election id 1): the controller is the primary
+                ctl_argv += ["--layout", str(d / "layout.json"), "--election-id", "2"]
+            ctl = self._start("controller", ctl_argv, ctl_port, d, env)
+            time.sleep(1.0)
+            attempt = 0
+            ranks = self._ranks(spec, path, d, env, attempt=attempt, final=final)
+            pending = [f for f in faults if f.kind != "loss"]
+            timers: list[tuple[float, Any]] = []
+            read_pos = 0
+            rank0_log = ranks[0].log
+            last_logged = -1
+            open_fault: dict[str, Any] | None = None
+            deadline = time.monotonic() + self.timeout_s
+            while True:
+                now = time.monotonic()
+                if now > deadline:
+                    raise ShadowgradError(f"{label}: the run did not finish in "
+                                          f"{self.timeout_s:.0f}s (logs in {d})")
+                # rank 0's output since the last look
+                text = rank0_log.read_text(errors="replace") if rank0_log.exists() else ""
+                new, read_pos = text[read_pos:], len(text)
+                cut = new.rfind("\n") + 1  # complete lines only
+                read_pos -= len(new) - cut
+                new = new[:cut]
+                for m in _START.finditer(new):
+                    obs["starts"].append({"attempt": attempt, "iteration": int(m[1]),
+                                          "restored": bool(int(m[2])), "wall": time.time()})
+                    if open_fault is not None and open_fault["resumed_at"] is None:
+                        open_fault["resumed_at"] = int(m[1])
+                for m in _STEP.finditer(new):
+                    it, wall = int(m[1]), float(m[4])
+                    obs["steps"].append([wall, it, float(m[3]), m[2], attempt])
+                    last_logged = max(last_logged, it) if open_fault is None else it
+                    if open_fault is not None and open_fault["t_recovered"] is None:
+                        open_fault["t_recovered"] = wall
+                        open_fault = None
+                        last_logged = it
+                # sample the job through the controller
+                with contextlib.suppress(OSError, ValueError):
+                    st = json.loads(status_file.read_text())
+                    obs["samples"].append([
+                        float(st.get("time") or time.time()), st["trainers"].get("iteration"),
+                        st.get("live_istar"),
+                        [(st["shadows"].get(str(k)) or {}).get("last_applied")
+                         for k in range(sc.shadows)]])
+                for when, action in [t for t in timers if t[0] <= now]:
+                    timers.remove((when, action))
+                    action()
+                # faults due
+                while pending and pending[0].at is not None and last_logged >= pending[0].at \
+                        and open_fault is None:
+                    f = pending.pop(0)
+                    rec: dict[str, Any] = {"kind": f.kind, "target": f.target,
+                                           "at_iteration": f.at, "t_inject": time.time(),
+                                           "t_detect": None, "t_recovered": None,
+                                           "last_logged": last_logged, "resumed_at": None,
+                                           "lost_iterations": 0 if f.kind != "kill_trainer"
+                                           else None, "note": ""}
+                    obs["faults"].append(rec)
+                    if f.kind == "kill_trainer":
+                        assert f.target is not None
+                        ranks[f.target].kill()
+                        for r in ranks:  # the others hang in the all-reduce: a launcher
+                            r.kill()     # (torchrun) would take them down too
+                        attempt += 1
+                        ranks = self._ranks(spec, path, d, env, attempt=attempt, final=final)
+                        rank0_log, read_pos = ranks[0].log, 0
+                        open_fault = rec
+                        rec["note"] = f"rank {f.target} SIGKILLed; the job rerun"
+                    elif f.kind in ("kill_shadow", "pause_shadow"):
+                        assert f.target is not None
+                        k = f.target
+                        if f.kind == "kill_shadow":
+                            shadows[k].kill()
+
+                            def back(k: int = k) -> None:
+                                shadows[k] = shadows[k].restart()
+                                self._procs.append(shadows[k])
+                            rec["note"] = f"shadow {k} SIGKILLed, restarted after {f.down_s}s"
+                        else:
+                            shadows[k].signal(signal.SIGSTOP)
+
+                            def back(k: int = k) -> None:
+                                shadows[k].signal(signal.SIGCONT)
+                            rec["note"] = f"shadow {k} SIGSTOPped for {f.down_s}s"
+                        rec["t_back"] = None
+                        timers.append((now + f.down_s, back))
+
+                        def mark(rec: dict[str, Any] = rec) -> None:
+                            rec["t_back"] = time.time()
+                        timers.append((now + f.down_s, mark))
+                    elif f.kind == "restart_controller":
+                        ctl.kill()
+                        ctl = ctl.restart()
+                        self._procs.append(ctl)
+                        rec["note"] = "shadowgrad controller SIGKILLed and restarted"
+                if all(r.p.poll() is not None for r in ranks) and not timers:
+                    break
+                self._progress(label, last_logged, obs)
+                time.sleep(0.1)
+            if self.progress:
+                sys.stderr.write("\n")
+            codes = [r.p.returncode for r in ranks]
+            if codes != [0] * len(ranks):
+                tails = "\n".join(f"--- {r.log.name}\n{r.log.read_text(errors='replace')[-2000:]}"
+                                  for r in ranks)
+                raise ShadowgradError(f"{label}: trainer exit codes {codes}\n{tails}")
+            time.sleep(0.5)  # the controller's last status and events
+            obs["events"] = _events(d / "controller.log")
+            obs["final_status"] = self._final_status(path, spec, env)
+            if self._switch is not None:
+                c = self._switch.counters()
+                obs["switch"] = {
+                    "replicated_packets": sum(int(p) for p, _ in c.get("shadow_copies", [])),
+                    "replicated_bytes": sum(int(b) for _, b in c.get("shadow_copies", [])),
+                    "drops": {k: int(v[0]) for k, v in (c.get("drops") or {}).items()}}
+            obs["seconds"] = time.time() - t_begin
+            obs["final"] = str(final)
+            _settle_faults(obs)
+            return obs
+        finally:
+            self._teardown()
+
+    def _final_status(self, path: Path, spec: Any, env: dict[str, str]) -> dict[str, Any]:
+        """``shadowgrad status --json`` from a trainer's host (it reaches every shadow)."""
+        cli = str(Path(sys.executable).parent / "shadowgrad")
+        port = spec.switch.trainer_ports[0] if self.topology == "netns" else None
+        try:
+            out = subprocess.run([*self._prefix(port), cli, "status", "--spec", str(path),
+                                  "--json"], capture_output=True, text=True, env=env,
+                                 timeout=60, check=False)
+            return dict(json.loads(out.stdout.strip().splitlines()[-1]))
+        except (ValueError, IndexError, subprocess.TimeoutExpired) as e:
+            return {"error": str(e)}
+
+    def _progress(self, label: str, it: int, obs: dict[str, Any]) -> None:
+        if not self.progress:
+            return
+        n = self.sc.iterations
+        istar = obs["samples"][-1][2] if obs["samples"] else None
+        bar = int(30 * max(0, it + 1) / n)
+        sys.stderr.write(f"\r{label:>9} [{'#' * bar}{'.' * (30 - bar)}] {it + 1}/{n}  "
+                         f"I* {istar if istar is not None else '-'}  faults "
+                         f"{len(obs['faults'])}  ")
+        sys.stderr.flush()
+
+    def _teardown(self) -> None:
+        for p in reversed(self._procs):
+            with contextlib.suppress(Exception):
+                p.signal(signal.SIGCONT)  # a paused shadow must be able to exit
+                p.stop(grace_s=3.0)
+        self._procs.clear()
+        if self._switch is not None:
+            with contextlib.suppress(Exception):
+                self._switch.close()
+            self._switch = None
+        if self._net is not None:
+            self._net.close()
+            self._net = None
+
+    # ---------------------------------------------------------------- the demo
+
+    def reference(self) -> dict[str, Any]:
+        """The uninterrupted run (cached): losses, step times and the final state's path."""
+        key = self.sc.reference_key(self.topology, self.chunk)
+        cdir = self.cache_dir / "reference" / key
+        meta = cdir / "reference.json"
+        if meta.exists() and (cdir / "final.pt").exists():
+            ref: dict[str, Any] = json.loads(meta.read_text())
+            ref["cached"] = True
+            ref["final"] = str(cdir / "final.pt")
+            return ref
+        obs = self.execute("reference", ())
+        cdir.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(obs["final"], cdir / "final.pt")
+        ref = {"losses": {str(s[1]): s[3] for s in obs["steps"]},
+               "mean_step_s": _mean([s[2] for s in obs["steps"][2:]]),
+               "seconds": obs["seconds"], "key": key}
+        meta.write_text(json.dumps(ref))
+        ref["cached"] = False
+        ref["final"] = str(cdir / "final.pt")
+        return ref
+
+    def run(self) -> dict[str, Any]:
+        """Reference (cached) + faulted run -> the run record of report.py."""
+        ref = self.reference()
+        obs = self.execute("run", self.sc.faults)
+        return self._record(ref, obs)
+
+    def _record(self, ref: dict[str, Any], obs: dict[str, Any]) -> dict[str, Any]:
+        import torch
+
+        mine = torch.load(obs["final"], weights_only=True)
+        theirs = torch.load(ref["final"], weights_only=True)
+        differ = [f"model.{k}" for k in theirs["model"]
+                  if not torch.equal(mine["model"][k], theirs["model"][k])]
+        so, st = mine["optimizer"]["state"], theirs["optimizer"]["state"]
+        compared = len(theirs["model"])
+        for i in st:
+            for k, v in st[i].items():
+                compared += 1
+                if not torch.equal(so[i][k], v):
+                    differ.append(f"optimizer.state[{i}].{k}")
+        fs = obs.get("final_status") or {}
+        drops: dict[str, int] = {}
+        for row in fs.get("shadows") or []:
+            for r, n in (row.get("drops") or {}).items():
+                drops[r] = drops.get(r, 0) + int(n)
+        losses: dict[str, str] = {}
+        for s in obs["steps"]:
+            losses[str(s[1])] = s[3]  # the last execution of each iteration
+        t0 = obs["steps"][0][0] if obs["steps"] else time.time()
+        return {
+            "scenario": self.sc.to_json(), "topology": self.topology, "target": self.target,
+            "started": t0 - 0.0, "ended": obs["steps"][-1][0] if obs["steps"] else t0,
+            "losses": {"run": losses, "reference": ref["losses"]},
+            "step_times": [[s[0], s[1], s[2]] for s in obs["steps"]],
+            "samples": obs["samples"], "faults": obs["faults"],
+            "switch": obs.get("switch"), "shadow_drops": drops,
+            "bit_exact": {"resume": not differ, "compared": compared, "differ": differ[:20]},
+            "reference": {"cached": ref["cached"], "seconds": ref["seconds"],
+                          "mean_step_s": ref["mean_step_s"]},
+            "events": obs.get("events", []),
+            "final_status_summary": fs.get("summary"),
+        }
+
+
+def _mean(xs: list[float]) -> float | None:
+    return sum(xs) / len(xs) if xs else None
+
+
+def _events(path: Path) -> list[dict[str, Any]]:
+    out = []
+    with contextlib.suppress(OSError):
+        for line in path.read_text(errors="replace").splitlines():
+            with contextlib.suppress(ValueError):
+                d = json.loads(line)
+                if isinstance(d, dict) and "event" in d:
+                    out.append({"t": float(d.get("ts", 0.0)), **{k: v for k, v in d.items()
+                                                                 if k not in ("ts", "level",
+                                                                              "logger")}})
+    return out
+
+
+def _settle_faults(obs: dict[str, Any]) -> None:
+    """Detection and recovery times from the controller's events and the samples; work lost."""
+    events = obs.get("events", [])
+    for f in obs["faults"]:
+        t = f["t_inject"]
+        if f["kind"] == "kill_trainer":
+            det = [e["t"] for e in events if e["event"] == "controller.trainer_failed"
+                   and e["t"] >= t]
+            f["t_detect"] = min(det) if det else None
+            if f["resumed_at"] is not None and f["last_logged"] is not None:
+                f["lost_iterations"] = max(0, f["last_logged"] - f["resumed_at"] + 1)
+        elif f["kind"] in ("kill_shadow", "pause_shadow"):
+            det = [e["t"] for e in events if e["event"] == "controller.shadow_failed"
+                   and e.get("shadow") == f["target"] and e["t"] >= t]
+            f["t_detect"] = min(det) if det else None
+            back = f.get("t_back") or t
+            for wall, it, _istar, applied in obs["samples"]:
+                a = applied[f["target"]] if f["target"] < len(applied) else None
+                if wall >= back and it is not None and a is not None and a >= it - 2:
+                    f["t_recovered"] = wall
+                    break
+        elif f["kind"] == "restart_controller":
+            det = [e["t"] for e in events if e["event"] == "controller.started" and e["t"] >= t]
+            f["t_recovered"] = min(det) if det else None
+
+
+def run_scenario(scenario: Scenario, work: Path, **kw: Any) -> dict[str, Any]:
+    """Run the demo (reference + faulted run) and write the report into ``work``."""
+    from .report import write_report
+
+    work.mkdir(parents=True, exist_ok=True)
+    runner = Runner(scenario, work, **kw)
+    record = runner.run()
+    report: dict[str, Any] = write_report(record, work)
+    return report

@@ -1,0 +1,118 @@
+"""Demo and test topologies: hosts behind one switch.
+
+* :class:`Namespaces` (root): one network namespace per host, a veth pair each —
+  ``sg<tag>s<port>`` (the switch's end, in the root namespace) and ``eth0`` in the host's
+  namespace with its IPv4 address, its port's MAC, MTU 9000, static neighbours for every other
+  host, offloads and IPv6 off. ``close()`` removes everything it made; :func:`leftovers` lists
+  anything with a tag that is still there (tests use it after a SIGKILL of the runner).
+* loopback (any user): every host is a loopback address and the switch's ports are UDP
+  sockets (``switch.loopback``); nothing to build.
+
+``choose(requested)`` picks the best one the machine allows: namespaces as root with iproute2,
+otherwise loopback.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import subprocess
+from pathlib import Path
+
+__all__ = ["MTU", "Namespaces", "choose", "leftovers", "can_namespaces"]
+
+MTU = 9000
+PREFIX = "sg"
+
+
+def _sh(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    r = subprocess.run(list(args), capture_output=True, text=True, timeout=30, check=False)
+    if check and r.returncode != 0:
+        raise RuntimeError(f"{' '.join(args)}: {r.stderr.strip()}")
+    return r
+
+
+def can_namespaces() -> bool:
+    return os.geteuid() == 0 and shutil.which("ip") is not None
+
+
+def choose(requested: str = "auto") -> str:
+    """``auto`` -> ``netns`` as root with iproute2, else ``loopback``."""
+    if requested == "auto":
+        return "netns" if can_namespaces() else "loopback"
+    if requested == "netns" and not can_namespaces():
+        raise PermissionError("--topology netns needs root and iproute2 (ip); "
+                              "use --topology loopback (any user) or userns")
+    return requested
+
+
+def leftovers(tag: str) -> dict[str, list[str]]:
+    """Namespaces and interfaces of topology ``tag`` that still exist."""
+    names = _sh("ip", "netns", "list", check=False).stdout.split()
+    ns = [n for n in names if n.startswith(f"{PREFIX}{tag}")]
+    links = [p.name for p in Path("/sys/class/net").iterdir()
+             if p.name.startswith(f"{PREFIX}{tag}")]
+    return {"namespaces": ns, "links": links}
+
+
+class Namespaces:
+    """``hosts``: (switch port, IPv4 address, MAC as int) per host."""
+
+    def __init__(self, hosts: list[tuple[int, str, int]], *, mtu: int = MTU,
+                 tag: str | None = None) -> None:
+        self.tag = tag or secrets.token_hex(2)
+        self.mtu = mtu
+        self.ns: dict[int, str] = {}
+        self.switch_if: dict[int, str] = {}
+        self._links: list[str] = []
+        try:
+            for port, ip, mac in hosts:
+                ns, sif, hif = (f"{PREFIX}{self.tag}h{port}", f"{PREFIX}{self.tag}s{port}",
+                                f"{PREFIX}{self.tag}t{port}")
+                _sh("ip", "netns", "add", ns)
+                self.ns[port] = ns
+                _sh("ip", "link", "add", sif, "type", "veth", "peer", "name", hif)
+                self._links.append(sif)
+                self.switch_if[port] = sif
+                _sh("ip", "link", "set", hif, "netns", ns)
+                _sh("ip", "-n", ns, "link", "set", hif, "name", "eth0")
+                _sh("sysctl", "-qw", f"net.ipv6.conf.{sif}.disable_ipv6=1", check=False)
+                for cmd in (["sysctl", "-qw", "net.ipv6.conf.all.disable_ipv6=1"],
+                            ["ethtool", "-K", "eth0", "rx", "off", "tx", "off", "sg", "off",
+                             "tso", "off", "gso", "off", "gro", "off"]):
+                    _sh("ip", "netns", "exec", ns, *cmd, check=False)
+                mac_s = ":".join(f"{b:02x}" for b in mac.to_bytes(6, "big"))
+                _sh("ip", "-n", ns, "link", "set", "eth0", "address", mac_s, "mtu", str(mtu))
+                _sh("ip", "-n", ns, "addr", "add", f"{ip}/16", "dev", "eth0")
+                _sh("ip", "-n", ns, "link", "set", "eth0", "up")
+                _sh("ip", "-n", ns, "link", "set", "lo", "up")
+                _sh("ip", "link", "set", sif, "mtu", str(mtu + 500), "up")
+            for port, _ip, _mac in hosts:
+                for p2, ip2, mac2 in hosts:
+                    if p2 != port:
+                        m = ":".join(f"{b:02x}" for b in mac2.to_bytes(6, "big"))
+                        _sh("ip", "-n", self.ns[port], "neigh", "replace", ip2, "lladdr", m,
+                            "dev", "eth0", "nud", "permanent")
+        except BaseException:
+            self.close()
+            raise
+
+    def exec_prefix(self, port: int) -> list[str]:
+        """The command prefix that runs a program on the host at switch port ``port``."""
+        return ["ip", "netns", "exec", self.ns[port]]
+
+    def close(self) -> None:
+        for ns in self.ns.values():
+            _sh("ip", "netns", "del", ns, check=False)
+        for link in self._links:
+            if Path(f"/sys/class/net/{link}").exists():
+                _sh("ip", "link", "del", link, check=False)
+        self.ns.clear()
+        self._links.clear()
+
+    def __enter__(self) -> Namespaces:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

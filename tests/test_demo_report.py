@@ -1,0 +1,309 @@
+"""The emulation demo's report (``shadowgrad.bmv2_testbed.report``) on synthetic run records: the
+summary's figures and verdict, report.json, the PNG plots and the terminal summary."""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from shadowgrad.bmv2_testbed import report as rp
+
+T0 = 1_700_000_000.0
+STEP_S = 0.05  # a normal step of the run
+REF_STEP_S = 0.048  # the reference's mean step
+RESTART_STEPS_S = (0.40, 0.20)  # the first two steps after the restart: start-up, cold caches
+KILL_AT = 80  # trainer 1 is killed after iteration 80 ran, before the shadows had it
+SHADOW_KILL_AT = 140
+N_SHADOWS = 2
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def _loss(it: int) -> float:
+    return 2.3 * math.exp(-it / 60.0) + 0.1 + 0.01 * math.sin(it)
+
+
+def make_record(iterations: int = 200) -> dict[str, Any]:
+    """A realistic record: 200 iterations; trainer 1 killed right after executing iteration 80
+    (its last logged step) while the shadows had committed only 79, so it resumes at 80 and 80
+    runs twice after the restart (3 s later); shadow 0 killed at iteration 140 (detected in
+    0.4 s, replaced in 2 s, no trainer work lost); samples every 0.2 s."""
+    t = T0 + 1.0  # the trainers start a second after the run
+    steps: list[list[Any]] = []
+    kill_t = shadow_t = math.nan
+    it = 0
+    restarted = False
+    while it < iterations:
+        secs = STEP_S
+        if restarted and it in (KILL_AT, KILL_AT + 1):
+            secs = RESTART_STEPS_S[it - KILL_AT]
+        t += secs
+        steps.append([t, it, secs])
+        if it == KILL_AT and not restarted:
+            kill_t = t + 0.01
+            t = kill_t + 3.0  # detection, torchrun restart, restore from the shadows
+            restarted = True
+            continue  # iteration 80 was not logged: it runs again
+        if it == SHADOW_KILL_AT:
+            shadow_t = t + 0.01
+        it += 1
+    ended = t + 0.5
+
+    samples: list[list[Any]] = []
+    s = steps[0][0]
+    while s < ended:
+        done = [row[1] for row in steps if row[0] <= s]
+        trainer = done[-1]
+        down = kill_t < s < kill_t + 3.0
+        if down:
+            trainer = KILL_AT - 1  # what the shadows hold while the trainers are down
+        istar = max(trainer - 1, 0)
+        applied: list[int | None] = []
+        for j in range(N_SHADOWS):
+            if down:
+                applied.append(KILL_AT - 1)
+            elif j == 0 and shadow_t <= s < shadow_t + 2.0:
+                applied.append(None)  # shadow 0 is dead until its replacement catches up
+            else:
+                applied.append(max(trainer - 1 - j, 0))
+        samples.append([s, None if down else trainer, None if down else istar, applied])
+        s += 0.2
+
+    losses = {str(i): _loss(i).hex() for i in range(iterations)}
+    return {
+        "scenario": {"name": "kill-trainer-and-shadow", "model": "mlp", "mode": "in-band",
+                     "trainers": 2, "shards": 4, "replication": 2, "iterations": iterations},
+        "topology": "loopback",
+        "target": "sim",
+        "started": T0,
+        "ended": ended,
+        "losses": {"run": dict(losses), "reference": dict(losses)},
+        "step_times": steps,
+        "samples": samples,
+        "faults": [
+            {"kind": "kill_trainer", "target": 1, "at_iteration": KILL_AT, "t_inject": kill_t,
+             "t_detect": kill_t + 0.35, "t_recovered": kill_t + 3.0, "last_logged": KILL_AT,
+             "resumed_at": KILL_AT, "lost_iterations": 1, "note": "SIGKILL rank 1"},
+            {"kind": "kill_shadow", "target": 0, "at_iteration": SHADOW_KILL_AT,
+             "t_inject": shadow_t, "t_detect": shadow_t + 0.4, "t_recovered": shadow_t + 2.0,
+             "last_logged": None, "resumed_at": None, "lost_iterations": 0,
+             "note": "SIGKILL shadow 0; spare promoted"},
+        ],
+        "switch": {"replicated_packets": 123_456, "replicated_bytes": 187_654_321,
+                   "drops": {"crc": 0, "no_route": 3}},
+        "shadow_drops": {"stale_epoch": 12, "crc": 1},
+        "bit_exact": {"resume": True, "compared": 24, "differ": []},
+        "reference": {"cached": True, "seconds": 9.8, "mean_step_s": REF_STEP_S},
+        "events": [{"t": kill_t + 0.35, "event": "trainer.failed", "rank": 1},
+                   {"t": shadow_t + 0.4, "event": "shadow.failed", "shadow": 0}],
+    }
+
+
+def test_summary_figures() -> None:
+    rec = make_record()
+    s = rp.summarize(rec)
+    assert s["ok"] is True, s["problems"]
+    assert s["problems"] == []
+    assert s["iterations"] == 200
+    assert s["iterations_planned"] == 200
+    assert s["steps_executed"] == 201
+    assert s["repeated_steps"] == 1
+    assert s["faults_by_kind"] == {"kill_shadow": 1, "kill_trainer": 1}
+    kill, shadow = s["faults"]
+    assert (kill["kind"], kill["class"], kill["lost_iterations"]) == ("kill_trainer",
+                                                                      "trainer", 1)
+    assert kill["repeated_observed"] == 1
+    assert kill["detect_s"] == pytest.approx(0.35)
+    assert kill["recover_s"] == pytest.approx(3.0)
+    assert kill["within_bound"] is True
+    assert (shadow["class"], shadow["lost_iterations"], shadow["repeated_observed"]) == (
+        "shadow", 0, 0)
+    assert shadow["detect_s"] == pytest.approx(0.4)
+    assert shadow["recover_s"] == pytest.approx(2.0)
+    assert 0 < kill["t_inject_s"] < shadow["t_inject_s"] < s["wall_s"]
+
+    over = s["trainer_overhead"]
+    # The two slow steps after the restart are left out: the mean is the plain step time.
+    assert over["steps_excluded"] == 2
+    assert over["steps_used"] == 199
+    assert over["run_mean_step_s"] == pytest.approx(STEP_S)
+    assert over["ratio"] == pytest.approx(STEP_S / REF_STEP_S)
+    assert over["overhead_pct"] == pytest.approx((STEP_S / REF_STEP_S - 1) * 100)
+
+    assert s["switch_replicated_bytes"] == 187_654_321
+    assert s["switch_replicated_packets"] == 123_456
+    assert s["drops"]["by_reason"] == {"crc": 1, "no_route": 3, "stale_epoch": 12}
+    assert s["drops"]["total"] == 16
+    assert s["bit_exact_resume"] is True
+    assert s["losses_match"] is True
+    assert s["losses_compared"] == 200
+    assert s["loss_mismatches"] == []
+    lags = {g["shadow"]: g for g in s["shadow_lag"]}
+    assert lags[0]["unreachable_samples"] > 0
+    assert lags[1]["max_lag"] == 2
+    json.dumps(s, allow_nan=False)  # plain JSON, no NaN
+
+
+def test_loss_mismatch_names_the_iteration() -> None:
+    rec = make_record()
+    rec["losses"]["run"]["123"] = (_loss(123) + 1e-7).hex()
+    s = rp.summarize(rec)
+    assert s["losses_match"] is False
+    assert s["ok"] is False
+    assert s["loss_mismatch_count"] == 1
+    assert s["loss_mismatches"][0]["iteration"] == 123
+    assert any("iteration 123" in p for p in s["problems"])
+    text = rp.render_summary(s)
+    assert "123" in text
+    assert "result: FAILED" in text
+
+
+def test_missing_loss_is_a_mismatch() -> None:
+    rec = make_record()
+    del rec["losses"]["run"]["57"]
+    s = rp.summarize(rec)
+    assert s["losses_match"] is False and s["ok"] is False
+    assert s["loss_mismatches"][0] == {"iteration": 57, "run": None,
+                                       "reference": _loss(57).hex()}
+
+
+def test_shadow_fault_that_lost_work_is_not_ok() -> None:
+    rec = make_record()
+    rec["faults"][1]["lost_iterations"] = 1
+    s = rp.summarize(rec)
+    assert s["ok"] is False
+    assert s["faults"][1]["within_bound"] is False
+    assert any("kill_shadow" in p and "lost 1" in p for p in s["problems"])
+
+
+def test_trainer_fault_that_lost_two_is_not_ok() -> None:
+    rec = make_record()
+    rec["faults"][0]["lost_iterations"] = 2
+    s = rp.summarize(rec)
+    assert s["ok"] is False
+    assert any("kill_trainer" in p for p in s["problems"])
+
+
+def test_lost_iterations_derived_from_step_times() -> None:
+    rec = make_record()
+    for f in rec["faults"]:
+        f["lost_iterations"] = None
+    s = rp.summarize(rec)
+    assert [(f["lost_iterations"], f["lost_source"]) for f in s["faults"]] == [
+        (1, "step_times"), (0, "step_times")]
+    assert s["ok"] is True
+
+
+def test_not_bit_exact() -> None:
+    rec = make_record()
+    rec["bit_exact"] = {"resume": False, "compared": 24, "differ": ["fc1.weight", "exp_avg.3"]}
+    s = rp.summarize(rec)
+    assert s["bit_exact_resume"] is False and s["ok"] is False
+    text = rp.render_summary(s, colour=True)
+    assert "\x1b[" in text
+    last = rp.render_summary(s).splitlines()[-1]
+    assert last.startswith("bit-exact resume: NO (")
+    assert "fc1.weight" in last
+
+
+def test_write_report_and_plots(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    rec = make_record()
+    out = tmp_path / "demo"
+    report = rp.write_report(rec, out)
+    assert report["plots"] == list(rp.PLOT_FILES)
+    assert report["plots_skipped"] == {}
+    loaded = json.loads((out / "report.json").read_text())
+    assert loaded == report
+    assert loaded["record"] == rec
+    assert loaded["summary"]["ok"] is True
+    assert not list(out.glob(".*tmp"))  # no temporary files left behind
+    assert (out / "report.json").stat().st_mode & 0o044  # not mkstemp's 0600
+    for name in rp.PLOT_FILES:
+        data = (out / name).read_bytes()
+        assert data[:8] == PNG_MAGIC, name
+        assert len(data) > 15_000, (name, len(data))
+
+    text = rp.render_summary(report)
+    lines = text.splitlines()
+    assert 12 <= len(lines) <= 25, text
+    assert lines[-1] == "bit-exact resume: yes"
+    assert "result: OK" in text
+    assert "kill_trainer" in text and "kill_shadow" in text
+    assert "178.96 MiB" in text  # 187,654,321 bytes
+    assert "no_route 3" in text and "stale_epoch 12" in text
+    assert "x1.042" in text
+    assert "loss.png" in text
+    assert "\x1b[" not in text
+
+
+def test_empty_record_skips_plots(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    rec: dict[str, Any] = {
+        "scenario": {"name": "empty", "model": "mlp", "mode": "mirror", "trainers": 1,
+                     "shards": 1, "replication": 1, "iterations": 10},
+        "topology": "netns", "target": "bmv2", "started": T0, "ended": T0 + 1.0,
+        "losses": {"run": {}, "reference": {}}, "step_times": [], "samples": [],
+        "faults": [], "switch": None, "shadow_drops": {},
+        "bit_exact": {"resume": True, "compared": 0, "differ": []},
+        "reference": {"cached": False, "seconds": 0.0, "mean_step_s": None},
+    }
+    report = rp.write_report(rec, tmp_path)
+    assert report["plots"] == []
+    assert set(report["plots_skipped"]) == set(rp.PLOT_FILES)
+    assert not list(tmp_path.glob("*.png"))
+    assert json.loads((tmp_path / "report.json").read_text()) == report
+    s = report["summary"]
+    assert s["ok"] is False  # nothing was compared
+    assert s["trainer_overhead"]["ratio"] is None
+    assert s["switch_replicated_bytes"] is None
+    text = rp.render_summary(report)
+    assert "switch: no counters" in text
+    assert text.splitlines()[-1] == "bit-exact resume: yes"
+
+
+def test_partly_empty_record(tmp_path: Path) -> None:
+    """Losses but no samples and no faults: only the plots with data are made."""
+    pytest.importorskip("matplotlib")
+    rec = make_record(iterations=30)
+    rec["samples"] = []
+    rec["faults"] = []
+    rec["step_times"] = [row for row in rec["step_times"] if row[1] < 30][:30]
+    report = rp.write_report(rec, tmp_path)
+    assert report["plots"] == ["loss.png", "step_time.png"]
+    assert set(report["plots_skipped"]) == {"lag.png", "recovery.png"}
+
+
+def test_garbage_tolerated(tmp_path: Path) -> None:
+    """Odd values in the record (missing keys, nulls, non-numbers) never crash the report."""
+    pytest.importorskip("matplotlib")
+    rec = make_record(iterations=20)
+    rec["faults"] = [{"kind": "reload_pipeline", "target": None, "at_iteration": None,
+                      "t_inject": T0 + 1.2, "t_detect": None, "t_recovered": None,
+                      "last_logged": None, "resumed_at": None, "lost_iterations": 0,
+                      "note": ""},
+                     {"kind": "something_new", "t_inject": None}]
+    rec["samples"].append([T0 + 0.5, None, None, [None, None]])
+    rec["step_times"].append(["bad", None, 1])
+    del rec["events"]
+    del rec["switch"]
+    report = rp.write_report(copy.deepcopy(rec), tmp_path)
+    assert "recovery.png" in report["plots"]
+    assert any("something_new" in n for n in report["summary"]["notes"])
+    rp.render_summary(report)
+
+
+def test_without_matplotlib(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in [m for m in sys.modules if m == "matplotlib" or m.startswith("matplotlib.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib -> ImportError
+    report = rp.write_report(make_record(), tmp_path)
+    assert report["plots"] == []
+    assert not list(tmp_path.glob("*.png"))
+    text = rp.render_summary(report)
+    assert "plots: skipped, matplotlib is not installed" in text
+    assert text.splitlines()[-1] == "bit-exact resume: yes"
