@@ -1,4 +1,5 @@
 # shadowgrad quick start. Every target installs what it needs, idempotently:
+#   make demo   -> system packages (when root), the venv, then the emulated demo (shadowgrad demo)
 #   make test   -> system packages (when root), the venv, then lint + the test suite
 # Variables: PYTHON (interpreter that creates the venv), VENV, PYTEST_ARGS.
 
@@ -8,10 +9,13 @@ PY          := $(VENV)/bin/python
 PIP         := $(PY) -m pip
 APT_PKGS    := mininet iproute2 ethtool iputils-ping tcpdump
 PYTEST_ARGS ?=
+SCENARIO    ?= default
+DEMO_ARGS   ?=
 
-.PHONY: help deps install lint typecheck test test-fast clean
+.PHONY: help deps install demo lint typecheck test test-fast clean
 
 help:
+	@echo "make demo       install everything (idempotent), then run the emulated demo (SCENARIO=default)"
 	@echo "make test       install everything (idempotent), then lint, type-check and run the tests"
 	@echo "make install    system packages (root only) + $(VENV) with torch==2.13.0 and -e .[all,dev]"
 	@echo "make lint       ruff + mypy"
@@ -41,6 +45,9 @@ $(VENV)/.installed: $(VENV)/.torch pyproject.toml
 	touch $@
 
 install: deps $(VENV)/.installed
+
+demo: install
+	$(VENV)/bin/shadowgrad demo $(SCENARIO) --out demo-out $(DEMO_ARGS)
 
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check .

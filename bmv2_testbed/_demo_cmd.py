@@ -55,6 +55,10 @@ def _scenario_path(name: str) -> Path:
     raise ShadowgradError(f"no scenario {name!r} (a file, or one of: {', '.join(have)})")
 
 
+def _have_bmv2() -> bool:
+    return shutil.which("p4c") is not None and shutil.which("simple_switch_grpc") is not None
+
+
 def _userns(args: argparse.Namespace) -> int:
     """Re-run this command as root of a new user + network namespace, on its loopback."""
     from shadowgrad.errors import ShadowgradError
@@ -71,7 +75,8 @@ def _userns(args: argparse.Namespace) -> int:
            sys.executable, "-m", "shadowgrad.cli", *argv]
     import subprocess
 
-    return subprocess.run(cmd, check=False).returncode
+    env = {**os.environ, "SHADOWGRAD_DEMO_TOPOLOGY_LABEL": "userns"}
+    return subprocess.run(cmd, check=False, env=env).returncode
 
 
 def run(args: argparse.Namespace) -> int:
@@ -91,9 +96,12 @@ def run(args: argparse.Namespace) -> int:
         runner = Runner(sc, args.out, topology=args.topology, target=args.target,
                         cache_dir=args.cache, timeout_s=args.timeout,
                         progress=not args.no_progress and sys.stderr.isatty())
-        print(f"shadowgrad demo: scenario {sc.name} ({sc.source}), topology "
-              f"{runner.topology}, target {runner.target} (the project's P4 target)"
-              if runner.target == "sim" else "", file=sys.stderr, flush=True)
+        where = ("loopback ports inside a user + network namespace"
+                 if runner.label == "userns" else runner.topology)
+        print(f"shadowgrad demo: scenario {sc.name} ({sc.source}), topology {where}, target "
+              f"{runner.target} (the project's P4 target; real bmv2 "
+              f"{'found but not driven by the demo' if _have_bmv2() else 'not installed'})",
+              file=sys.stderr, flush=True)
         args.out.mkdir(parents=True, exist_ok=True)
         record = runner.run()
         from .report import write_report

@@ -121,6 +121,12 @@ class Runner:
         self._net: Namespaces | None = None
         self._switch: Any = None
         self.chunk = NETNS_CHUNK if self.topology == "netns" else None
+        self.run_id = secrets.token_hex(8)
+        self.label = os.environ.get("SHADOWGRAD_DEMO_TOPOLOGY_LABEL", self.topology)
+        work.mkdir(parents=True, exist_ok=True)
+        (work / "topology.json").write_text(json.dumps(
+            {"topology": self.topology, "label": self.label, "run_id": self.run_id,
+             "tag": self.run_id[:4], "target": self.target, "pid": os.getpid()}))
 
     # ---------------------------------------------------------------- the job
 
@@ -219,6 +225,9 @@ class Runner:
         layout = self._layout()
         (d / "layout.json").write_text(layout.to_json())
         token = secrets.token_hex(16)
+        # every process of this run (the switch included) carries the marker: a test or an
+        # operator can find anything left behind (there must be nothing)
+        os.environ["SHADOWGRAD_DEMO_RUN"] = self.run_id
         env = {**os.environ, "SHADOWGRAD_TOKEN": token, "PYTHONUNBUFFERED": "1"}
         env.pop("OMP_NUM_THREADS", None)
         final = d / "final.pt"
@@ -238,7 +247,7 @@ class Runner:
                                    strict=True),
                               *zip(spec.switch.shadow_ports, spec.shadows.addresses,
                                    strict=True)]]
-                    self._net = Namespaces(hosts)
+                    self._net = Namespaces(hosts, tag=self.run_id[:4])
                     self._switch = JobSwitch(spec, layout, loss=loss or None,
                                              interfaces=self._net.switch_if)
                 else:
@@ -376,6 +385,11 @@ class Runner:
                     "replicated_packets": sum(int(p) for p, _ in c.get("shadow_copies", [])),
                     "replicated_bytes": sum(int(b) for _, b in c.get("shadow_copies", [])),
                     "drops": {k: int(v[0]) for k, v in (c.get("drops") or {}).items()}}
+                self._switch.close()  # its final port counters: the emulated loss
+                fc = self._switch.final_counters or {}
+                obs["switch"]["emulated_loss"] = sum(
+                    int((q.get("drops") or {}).get("emulated_loss", 0))
+                    for q in (fc.get("queues") or {}).values())
             obs["seconds"] = time.time() - t_begin
             obs["final"] = str(final)
             _settle_faults(obs)
@@ -407,6 +421,19 @@ class Runner:
         sys.stderr.flush()
 
     def _teardown(self) -> None:
+        """Stop everything this run started; a second Ctrl-C or SIGTERM cannot interrupt it."""
+        import threading
+
+        main = threading.current_thread() is threading.main_thread()
+        saved = {sig: signal.signal(sig, signal.SIG_IGN) for sig in
+                 (signal.SIGINT, signal.SIGTERM)} if main else {}
+        try:
+            self._teardown_all()
+        finally:
+            for sig, h in saved.items():
+                signal.signal(sig, h)
+
+    def _teardown_all(self) -> None:
         for p in reversed(self._procs):
             with contextlib.suppress(Exception):
                 p.signal(signal.SIGCONT)  # a paused shadow must be able to exit
@@ -473,7 +500,7 @@ class Runner:
             losses[str(s[1])] = s[3]  # the last execution of each iteration
         t0 = obs["steps"][0][0] if obs["steps"] else time.time()
         return {
-            "scenario": self.sc.to_json(), "topology": self.topology, "target": self.target,
+            "scenario": self.sc.to_json(), "topology": self.label, "target": self.target,
             "started": t0 - 0.0, "ended": obs["steps"][-1][0] if obs["steps"] else t0,
             "losses": {"run": losses, "reference": ref["losses"]},
             "step_times": [[s[0], s[1], s[2]] for s in obs["steps"]],
@@ -484,6 +511,8 @@ class Runner:
                           "mean_step_s": ref["mean_step_s"]},
             "events": obs.get("events", []),
             "final_status_summary": fs.get("summary"),
+            "shadow_repaired_bytes": sum(int((row.get("events") or {}).get("repaired_bytes", 0))
+                                         for row in fs.get("shadows") or []),
         }
 
 

@@ -1,0 +1,245 @@
+"""``shadowgrad demo`` end to end, as a user runs it (a subprocess of the CLI), asserting on
+report.json: the default scenario in network namespaces, the same scenario as an ordinary user
+(``nobody``) in a user + network namespace, a mirror-mode scenario, a loss scenario that still
+ends bit-exact; SIGINT and SIGTERM mid-scenario leave no process, veth or namespace behind;
+the target and scenario errors are precise. The scenarios are tests/scenarios/t-*.toml (the
+shipped ones, shortened)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("grpc")
+pytest.importorskip("matplotlib")
+
+ROOT = Path(__file__).resolve().parents[1]
+SCEN = ROOT / "tests" / "scenarios"
+CLI = str(Path(sys.executable).parent / "shadowgrad")
+
+
+def _root() -> bool:
+    return os.geteuid() == 0 and shutil.which("ip") is not None
+
+
+needs_root = pytest.mark.skipif(not _root(), reason="needs root and iproute2 (namespaces)")
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One reference cache for the module: t-default and t-loss share their reference."""
+    d = tmp_path_factory.mktemp("demo-cache")
+    d.chmod(0o777)
+    return d
+
+
+def _demo(out: Path, scenario: str, *extra: str, cache: Path,
+          prefix: tuple[str, ...] = (), timeout: float = 900) -> dict[str, Any]:
+    cmd = [*prefix, CLI, "demo", str(SCEN / f"{scenario}.toml"), "--out", str(out), "--cache",
+           str(cache), "--no-progress", *extra]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
+    report_path = out / "report.json"
+    assert report_path.exists(), proc.stdout[-3000:] + proc.stderr[-5000:]
+    report: dict[str, Any] = json.loads(report_path.read_text())
+    report["_rc"] = proc.returncode
+    report["_stdout"] = proc.stdout
+    report["_stderr"] = proc.stderr
+    return report
+
+
+def _check(report: dict[str, Any]) -> dict[str, Any]:
+    s = report["summary"]
+    assert report["_rc"] == 0 and s["ok"], (s["problems"], report["_stderr"][-3000:])
+    assert s["bit_exact_resume"] is True and s["losses_match"] is True
+    for f in s["faults"]:
+        if f["kind"] == "kill_trainer":
+            assert f["lost_iterations"] is not None and f["lost_iterations"] <= 1, f
+        else:
+            assert f["lost_iterations"] == 0, f
+    assert "bit-exact resume: yes" in report["_stdout"]
+    return s
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+@pytest.mark.netns
+@needs_root
+def test_default_scenario_in_namespaces(tmp_path: Path, cache: Path) -> None:
+    rep = _demo(tmp_path / "out", "t-default", "--topology", "netns", cache=cache)
+    s = _check(rep)
+    assert rep["record"]["topology"] == "netns" and rep["record"]["target"] == "sim"
+    kinds = [f["kind"] for f in s["faults"]]
+    assert kinds == ["kill_trainer", "kill_shadow"]
+    # the controller saw the trainer failure; the switch replicated the gradients
+    assert s["faults"][0]["detect_s"] is not None
+    assert rep["record"]["switch"]["replicated_bytes"] > 0
+    assert {"loss.png", "step_time.png", "lag.png", "recovery.png"} <= set(rep["plots"])
+    assert "target sim" in rep["_stderr"]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+@pytest.mark.netns
+@needs_root
+def test_loss_scenario_still_ends_bit_exact(tmp_path: Path, cache: Path) -> None:
+    rep = _demo(tmp_path / "out", "t-loss", "--topology", "netns", cache=cache)
+    _check(rep)
+    rec = rep["record"]
+    assert [f["kind"] for f in rec["faults"]] == ["kill_trainer", "restart_controller"]
+    # frames were dropped on the shadow's port and repaired (NACK -> retransmission)
+    assert rec["switch"]["emulated_loss"] > 0, rec["switch"]
+    assert rec["shadow_repaired_bytes"] > 0
+
+
+def _as_nobody(tmp: Path) -> tuple[str, ...]:
+    """Run a command as ``nobody``. The venv's interpreter may live under a directory nobody
+    cannot enter (pyenv under /root, mode 700): then the command runs in a private mount
+    namespace where that directory is replaced by a world-readable view of the interpreter's
+    tree only (nothing on the machine changes)."""
+    real = Path(os.path.realpath(sys.executable))
+    blocked = next((p for p in reversed(real.parents) if p != Path("/")
+                    and not os.stat(p).st_mode & 0o001), None)
+    script = tmp / "as-nobody.sh"
+    lines = ["set -e"]
+    if blocked is not None:
+        inner = real.relative_to(blocked).parts[0]
+        lines += [f"mkdir -p {tmp}/view", f"mount --bind {blocked}/{inner} {tmp}/view",
+                  f"mount -t tmpfs -o mode=755 sgview {blocked}",
+                  f"mkdir -p {blocked}/{inner}", f"mount --bind {tmp}/view {blocked}/{inner}"]
+    lines.append(f'exec runuser -u nobody -- env HOME={tmp} "$@"')
+    script.write_text("\n".join(lines) + "\n")
+    return ("unshare", "-m", "--propagation", "private", "sh", str(script))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+@pytest.mark.netns
+@needs_root
+def test_default_scenario_as_an_ordinary_user_in_a_user_namespace() -> None:
+    if shutil.which("runuser") is None or shutil.which("unshare") is None:
+        pytest.skip("needs runuser and unshare (util-linux)")
+    import tempfile
+
+    # pytest's tmp_path is under /tmp/pytest-of-root (mode 700): nobody needs its own place
+    work = Path(tempfile.mkdtemp(prefix="sg-demo-nobody-", dir="/tmp"))
+    try:
+        work.chmod(0o777)
+        rep = _demo(work / "out", "t-default", "--topology", "userns", cache=work / "cache",
+                    prefix=_as_nobody(work))
+        _check(rep)
+        assert rep["record"]["topology"] == "userns"
+        assert (work / "out" / "report.json").stat().st_uid != 0  # written by nobody
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_mirror_scenario_on_loopback(tmp_path: Path, cache: Path) -> None:
+    rep = _demo(tmp_path / "out", "t-mirror", "--topology", "loopback", cache=cache)
+    s = _check(rep)
+    assert rep["record"]["scenario"]["mode"] == "mirror" and rep["record"]["switch"] is None
+    assert [f["kind"] for f in s["faults"]] == ["kill_trainer", "pause_shadow"]
+
+
+def _marked(run_id: str) -> list[int]:
+    """Processes that carry this demo run's marker in their environment."""
+    found = []
+    for p in Path("/proc").iterdir():
+        if not p.name.isdigit():
+            continue
+        try:
+            env = (p / "environ").read_bytes()
+        except OSError:
+            continue
+        if f"SHADOWGRAD_DEMO_RUN={run_id}".encode() in env:
+            found.append(int(p.name))
+    return found
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+@pytest.mark.netns
+@needs_root
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_signal_mid_scenario_leaves_nothing_behind(tmp_path: Path, cache: Path,
+                                                     sig: int) -> None:
+    from shadowgrad.bmv2_testbed.topology import leftovers
+
+    out = tmp_path / "out"
+    proc = subprocess.Popen([CLI, "demo", str(SCEN / "t-default.toml"), "--topology", "netns",
+                             "--out", str(out), "--cache", str(tmp_path / "own-cache"),
+                             "--no-progress"], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 240
+        topo = out / "topology.json"
+        # mid-scenario: the switch, the shadows, the controller and the ranks are running
+        while time.monotonic() < deadline:
+            logs = list(out.glob("*/rank0-0.log"))
+            if topo.exists() and logs and "step 5 " in logs[0].read_text(errors="replace"):
+                break
+            assert proc.poll() is None, proc.stdout.read().decode()[-3000:] if proc.stdout \
+                else ""
+            time.sleep(0.2)
+        info = json.loads(topo.read_text())
+        assert _marked(info["run_id"]), "nothing was running"
+        assert leftovers(info["tag"])["namespaces"], "no namespaces were up"
+        proc.send_signal(sig)
+        rc = proc.wait(120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+    assert rc != 0
+    time.sleep(0.5)
+    assert _marked(info["run_id"]) == [], "processes left behind"
+    assert leftovers(info["tag"]) == {"namespaces": [], "links": []}
+
+
+def test_target_bmv2_without_the_binaries_fails_at_once(tmp_path: Path) -> None:
+    if shutil.which("p4c") and shutil.which("simple_switch_grpc"):
+        pytest.skip("real bmv2 is installed")
+    t0 = time.monotonic()
+    proc = subprocess.run([CLI, "demo", str(SCEN / "t-default.toml"), "--target", "bmv2",
+                           "--out", str(tmp_path / "out")], capture_output=True, text=True,
+                          timeout=60, check=False)
+    assert proc.returncode == 1 and time.monotonic() - t0 < 30
+    assert "--target bmv2: p4c and simple_switch_grpc are not on PATH" in proc.stderr
+
+
+def test_scenario_errors_name_the_key_and_the_value(tmp_path: Path) -> None:
+    from shadowgrad.bmv2_testbed.scenario import ScenarioError, load_scenario, parse_scenario
+
+    sc = load_scenario(ROOT / "scenarios" / "default.toml")
+    assert sc.trainers == 4 and sc.shadows == 4 and [f.kind for f in sc.faults] == [
+        "kill_trainer", "kill_shadow"]
+    for shipped in (ROOT / "scenarios").glob("*.toml"):
+        load_scenario(shipped)
+    cases = [
+        ({"name": "x", "trainers": 5}, "trainers = 5: must divide"),
+        ({"name": "x", "faults": [{"kind": "explode"}]}, "faults[0].kind = 'explode'"),
+        ({"name": "x", "faults": [{"kind": "kill_trainer", "target": 9}]},
+         "faults[0].target = 9"),
+        ({"name": "x", "mode": "mirror", "faults": [{"kind": "loss", "target": 0,
+                                                     "percent": 2}]}, "needs mode = 'in-band'"),
+        ({"name": "x", "colour": 1}, "unknown key 'colour'"),
+        ({"name": "x", "sleep": 5}, "sleep"),
+    ]
+    for doc, msg in cases:
+        with pytest.raises((ScenarioError, Exception), match=msg.replace("[", r"\[")
+                           .replace("]", r"\]").replace("(", r"\(").replace(")", r"\)")):
+            parse_scenario(doc)
+    bad = tmp_path / "bad.toml"
+    bad.write_text("name = \n")
+    with pytest.raises(ScenarioError, match="invalid TOML"):
+        load_scenario(bad)
