@@ -68,6 +68,7 @@ class _Member:
     reachable: bool = True
     since: float = 0.0  # monotonic: when it became (un)reachable
     last_ok: float = 0.0  # monotonic: its last status answer
+    seen: bool = False  # answered at least once since the controller started
     failed: bool = False
     rejoining: bool = False
 
@@ -269,7 +270,7 @@ class Controller:
         for k, m in self.members.items():
             st = self.statuses.get(k)
             if st is not None:
-                m.last_ok = now
+                m.last_ok, m.seen = now, True
                 if not m.reachable:
                     m.reachable, m.since = True, now
                     if m.failed:
@@ -288,7 +289,10 @@ class Controller:
             if m.reachable:
                 # unreachable since its last answer (the poll before this one)
                 m.reachable, m.since = False, m.last_ok
-            if not m.failed and now - m.since >= fd:
+            # a shadow never seen may still be starting (a controller started with or before
+            # its shadows): failed only once it had timeouts.connect to come up
+            limit = fd if m.seen else max(fd, self.spec.timeouts.connect_s)
+            if not m.failed and now - m.since >= limit:
                 m.failed = True
                 self.ev["shadow_failures"] += 1
                 shard = k % self.spec.num_shards
@@ -299,7 +303,8 @@ class Controller:
                          if j != k and self.statuses.get(j) is not None]
                 event(log, "controller.shadow_failed", level=logging.WARNING, shadow=k,
                       shard=shard, replicas_answering=peers, degraded=not peers,
-                      evidence=f"no status reply for {now - m.since:.1f}s")
+                      evidence=f"no status reply for {now - m.since:.1f}s" if m.seen else
+                      f"never answered in {now - m.since:.1f}s since the controller started")
 
     def _watch_trainers(self, now: float) -> None:
         fd = self.spec.timeouts.failure_detect_s

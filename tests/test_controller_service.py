@@ -137,13 +137,15 @@ def test_a_new_job_asking_for_its_restore_point_is_not_a_failure() -> None:
 
 
 def test_a_dead_shadow_is_reported_failed_and_rejoins_when_it_answers_again() -> None:
+    """A shadow that answered and then stops is failed after failure_detect; one never seen
+    since the controller started gets timeouts.connect to come up (it may still be starting)."""
     case = Case("ctl-shadow", "mlp", "adamw", iterations=4)
     trainer = RefTrainer(case, seed=8)
     layout = trainer.layout(num_shadows=4, replication=2)
     with cluster(layout) as c:
         c.load(trainer.named, trainer.optimizer_spec())
         eps = {n.id: n.control_endpoint for n in c.nodes}
-        dead = {1}
+        dead: set[int] = set()
 
         def statuses() -> dict[int, dict[str, Any] | None]:
             return {n.id: (None if n.id in dead else n.status(timeline=0)) for n in c.nodes}
@@ -151,7 +153,16 @@ def test_a_dead_shadow_is_reported_failed_and_rejoins_when_it_answers_again() ->
         with Controller(c.spec, token=TOKEN, endpoints=eps, statuses=statuses,
                         options=ControllerOptions(poll_s=0.05)) as ctl:
             _run(c, trainer, range(3))
+            assert _wait(lambda: all(m.seen for m in ctl.members.values()), 4.0)
+            dead.add(1)  # it answered before: now it stops
             assert _wait(lambda: ctl.members[1].failed, 4.0)
             assert ctl.ev["shadow_failures"] == 1
             dead.clear()
             assert _wait(lambda: not ctl.members[1].failed, 4.0), ctl.status()
+    with cluster(layout) as c:  # shadow 1 down from the start: not failed within connect_s
+        dead = {1}
+        eps = {n.id: n.control_endpoint for n in c.nodes}
+        with Controller(c.spec, token=TOKEN, endpoints=eps, statuses=statuses,
+                        options=ControllerOptions(poll_s=0.05)) as ctl:
+            time.sleep(c.spec.timeouts.failure_detect_s + 0.5)
+            assert not ctl.members[1].failed and ctl.ev["shadow_failures"] == 0

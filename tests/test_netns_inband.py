@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import secrets
 import shutil
 import subprocess
 import sys
@@ -76,61 +75,11 @@ if __name__ == "__main__" and "--check" in sys.argv:
 pytestmark = [pytest.mark.netns, pytest.mark.slow]
 
 
-def _sh(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    r = subprocess.run(list(args), capture_output=True, text=True, timeout=30)
-    if check and r.returncode != 0:
-        raise RuntimeError(f"{' '.join(args)}: {r.stderr.strip()}")
-    return r
+def _Hosts(hosts: list[tuple[int, str, int]]) -> Any:
+    """One namespace per host behind the switch's veths (shadowgrad.bmv2_testbed.topology)."""
+    from shadowgrad.bmv2_testbed.topology import Namespaces
 
-
-class _Hosts:
-    """One namespace per host, a veth pair each: ``sgi<tag>s<port>`` (root, the switch's) and
-    ``eth0`` in the namespace, with the host's IPv4 address, its port's MAC, MTU 9000, static
-    neighbours for every other host of the job, offloads and IPv6 off."""
-
-    def __init__(self, hosts: list[tuple[int, str, int]]) -> None:
-        self.tag = secrets.token_hex(2)
-        self.ns: dict[int, str] = {}
-        self.switch_if: dict[int, str] = {}
-        self._links: list[str] = []
-        try:
-            for port, ip, mac in hosts:
-                ns, sif, hif = f"sgi{self.tag}h{port}", f"sgi{self.tag}s{port}", \
-                    f"sgi{self.tag}t{port}"
-                _sh("ip", "netns", "add", ns)
-                self.ns[port] = ns
-                _sh("ip", "link", "add", sif, "type", "veth", "peer", "name", hif)
-                self._links.append(sif)
-                self.switch_if[port] = sif
-                _sh("ip", "link", "set", hif, "netns", ns)
-                _sh("ip", "-n", ns, "link", "set", hif, "name", "eth0")
-                _sh("sysctl", "-qw", f"net.ipv6.conf.{sif}.disable_ipv6=1", check=False)
-                for cmd in (["sysctl", "-qw", "net.ipv6.conf.all.disable_ipv6=1"],
-                            ["ethtool", "-K", "eth0", "rx", "off", "tx", "off", "sg", "off",
-                             "tso", "off", "gso", "off", "gro", "off"]):
-                    _sh("ip", "netns", "exec", ns, *cmd, check=False)
-                mac_s = ":".join(f"{b:02x}" for b in mac.to_bytes(6, "big"))
-                _sh("ip", "-n", ns, "link", "set", "eth0", "address", mac_s, "mtu", str(MTU))
-                _sh("ip", "-n", ns, "addr", "add", f"{ip}/16", "dev", "eth0")
-                _sh("ip", "-n", ns, "link", "set", "eth0", "up")
-                _sh("ip", "-n", ns, "link", "set", "lo", "up")
-                _sh("ip", "link", "set", sif, "mtu", str(MTU + 500), "up")
-            for port, _ip, _mac in hosts:
-                for p2, ip2, mac2 in hosts:
-                    if p2 != port:
-                        m = ":".join(f"{b:02x}" for b in mac2.to_bytes(6, "big"))
-                        _sh("ip", "-n", self.ns[port], "neigh", "replace", ip2, "lladdr", m,
-                            "dev", "eth0", "nud", "permanent")
-        except BaseException:
-            self.close()
-            raise
-
-    def close(self) -> None:
-        for ns in self.ns.values():
-            _sh("ip", "netns", "del", ns, check=False)
-        for link in self._links:
-            if Path(f"/sys/class/net/{link}").exists():
-                _sh("ip", "link", "del", link, check=False)
+    return Namespaces(hosts, mtu=MTU)
 
 
 def _spec_doc(loss_port: int | None = None) -> dict[str, Any]:

@@ -329,12 +329,12 @@ def _soak(tmp: Path, *args: str) -> list[dict[str, Any]]:
 @pytest.mark.timeout(1800)
 def test_documented_example_soak(tmp_path: Path) -> None:
     """The documented example (2 ranks, 3 ``shadowgrad shadow`` processes, torchrun) at full
-    speed, as a user runs it: 2,000 iterations clean; a shadow SIGSTOPped for 3 s; a shadow
+    speed, as a user runs it: 1,500 iterations clean; a shadow SIGSTOPped for 3 s; a shadow
     SIGKILLed and restarted (r = 1, re-seeded by the trainers; r = 2 is in the controller
     soak below); torchrun SIGKILLed with its workers alive and an immediate rerun (fenced); the
     whole job SIGKILLed three times and rerun 8 s later. Every run ends bit-identical to
     ``examples/train_plain.py`` with every shadow at the last iteration."""
-    clean = _soak(tmp_path / "clean", "--steps", "2000")[0]
+    clean = _soak(tmp_path / "clean", "--steps", "1500")[0]
     assert clean["degraded_lines"] == 0
     stop = _soak(tmp_path / "stop", "--steps", "1500", "--stop-shadow", "1", "--at", "4")[0]
     assert stop["retx_after_settle"] == {"0": 0, "1": 0, "2": 0}
@@ -343,7 +343,7 @@ def test_documented_example_soak(tmp_path: Path) -> None:
     assert kill1["shadows"][1]["reseeds"] >= 1
     # r = 2 (the restarted shadow clones its replica): test_documented_example_with_the_
     # controller below, which also checks the controller's view of it
-    fence = _soak(tmp_path / "fence", "--steps", "3000", "--fence", "--at", "4")[0]
+    fence = _soak(tmp_path / "fence", "--steps", "2000", "--fence", "--at", "4")[0]
     assert fence["fault"]["rerun_rc"] != 0 and fence["fault"]["generation_unchanged"]
     # the job stays dead 8 s before each rerun (longer than a shard's NACK rounds last): a
     # partial iteration left by the kill must not be declared a divergence (seen in CI when the
@@ -370,11 +370,11 @@ def test_documented_example_with_the_controller(tmp_path: Path) -> None:
     print("detect_s", sorted(c["detect_s"]))
     assert len(c["detect_s"]) == 20
     assert all(k["repeated"] <= 2 for k in many["job_kills"]), many["job_kills"]
-    ranks = _soak(tmp_path / "ranks", "--steps", "1000", "--controller", "--kill-rank", "3")[0]
+    ranks = _soak(tmp_path / "ranks", "--steps", "800", "--controller", "--kill-rank", "3")[0]
     assert len(ranks["rank_kills"]) == 3, ranks
     assert ranks["controller"]["recovered"] == 3
     assert all(k.get("repeated", 99) <= 2 for k in ranks["rank_kills"]), ranks["rank_kills"]
-    shadow = _soak(tmp_path / "shadow", "--steps", "3000", "--shadows", "4", "--replication",
+    shadow = _soak(tmp_path / "shadow", "--steps", "2000", "--shadows", "4", "--replication",
                    "2", "--kill-shadow", "1", "--at", "4", "--for", "3", "--settle", "12",
                    "--controller")[0]
     assert "retx_after_settle" in shadow, "the run ended before the settle window"
