@@ -501,7 +501,7 @@ class Runner:
         t0 = obs["steps"][0][0] if obs["steps"] else time.time()
         return {
             "scenario": self.sc.to_json(), "topology": self.label, "target": self.target,
-            "started": t0 - 0.0, "ended": obs["steps"][-1][0] if obs["steps"] else t0,
+            "started": t0, "ended": obs["steps"][-1][0] if obs["steps"] else t0,
             "losses": {"run": losses, "reference": ref["losses"]},
             "step_times": [[s[0], s[1], s[2]] for s in obs["steps"]],
             "samples": obs["samples"], "faults": obs["faults"],

@@ -108,6 +108,7 @@ class Controller:
         self._ctx: zmq.Context[zmq.Socket[bytes]] | None = None
         self._rep: zmq.Socket[bytes] | None = None
         self.ev: Counter[str] = Counter()
+        self._refused: set[int] = set()  # shadows that refused our token (logged once each)
         self.state = "starting"
         self.reason = "started"
         self.statuses: dict[int, dict[str, Any] | None] = {}
@@ -191,10 +192,10 @@ class Controller:
         except ControlError as e:
             if e.code == "bad_token":
                 self.ev["shadow_refused_token"] += 1
-                if self.ev["shadow_refused_token"] == 1 or self.ev[f"refused_{k}"] == 0:
+                if k not in self._refused:  # once per shadow, not once per poll
+                    self._refused.add(k)
                     event(log, "controller.shadow_refused_token", level=logging.ERROR,
                           shadow=k, error=str(e))
-                self.ev[f"refused_{k}"] += 1
             return None
         except Exception as e:  # unreachable, timeout, ...: reported by the caller
             log.debug("status of shadow %d failed: %s", k, e)

@@ -28,7 +28,6 @@ from shadowgrad.wire import (
     HEADER_SIZE,
     MAC_SIZE,
     MAX_DATAGRAM,
-    MAX_PAYLOAD,
     peek_header,
     session_digest,
 )
@@ -44,9 +43,6 @@ __all__ = ["Start", "StepInfo", "Shadowgrad", "attach"]
 
 log = logging.getLogger(__name__)
 
-#: chunk size when every shadow is on the loopback interface (MTU 65536): the largest multiple
-#: of 64 bytes that fits a datagram
-LOOPBACK_CHUNK_BYTES = (MAX_PAYLOAD // 64) * 64
 #: the UDP payload of a datagram in one 1500-byte-MTU IPv4 packet (no fragmentation: the
 #: switch's parser, and the tap, see only first fragments)
 NETWORK_DATAGRAM = 1500 - 20 - 8
