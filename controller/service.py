@@ -316,7 +316,9 @@ class Controller:
         if self.state == "finished":
             gen = max((int(s.get("generation") or 0) for s in self.statuses.values() if s),
                       default=0)
-            if silent < fd and gen > (self._generation_at_failure or 0):
+            if self._generation_at_failure is None:
+                self._generation_at_failure = gen  # finished before the first poll
+            elif silent < fd and gen > self._generation_at_failure:
                 self._set("running", f"a new run of the job (generation {gen})")
             return
         if self.state in ("starting", "running"):
@@ -566,10 +568,21 @@ class Controller:
             if op == "finished":
                 # rank 0's close(): the end of training, not a failure
                 with self._lock:
-                    self._generation_at_failure = max(
-                        (int(s.get("generation") or 0) for s in self.statuses.values() if s),
-                        default=0)
+                    # the generation that finished: the trainer's own word (a controller
+                    # restarted just before may not have polled the shadows yet, and a 0 read
+                    # from no statuses made its first poll look like "a new run"), else what
+                    # the shadows serve
+                    gen = req.get("generation")
+                    seen = [int(s.get("generation") or 0) for s in self.statuses.values() if s]
+                    finished = gen if isinstance(gen, int) else (max(seen) if seen else None)
+                    if self.state in ("trainers_failed", "restoring") and (
+                            finished is None or self._generation_at_failure is None
+                            or finished > self._generation_at_failure):
+                        # a rerun so short that it ended before a poll saw it run: it recovered
+                        self._recovered(self.trainers_signal(), finished or 0)
+                    self._generation_at_failure = finished
                     event(log, "controller.job_finished", iteration=req.get("iteration"),
+                          generation=self._generation_at_failure,
                           requester=str(req.get("requester", "client")))
                     self._set("finished", f"training ended at iteration {req.get('iteration')}")
                 return {"ok": True}

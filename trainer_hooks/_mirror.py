@@ -349,7 +349,8 @@ class MirrorSender:
     def _take_slot(self) -> _Slot | None:
         """A slot for a new capture (lock held): the one never used yet, a new one (up to
         ``slots``), or the oldest sent one beyond the retransmit history (the newest
-        ``history`` sent slots younger than ``history_s`` are kept for NACKs). O(1)."""
+        ``history`` sent slots younger than ``history_s`` are kept for NACKs), skipping one
+        a retransmission is being sent from. O(slots) at worst, O(1) as a rule."""
         if self._slots[-1].state == _FREE:
             return self._slots[-1]
         if len(self._slots) < self._max_slots:
@@ -357,14 +358,20 @@ class MirrorSender:
                 return self._new_slot()
             except RuntimeError:  # out of (pinned) memory: make do with what there is
                 self._max_slots = len(self._slots)
-        if self._history:
-            old = self._history[0]
-            if not old.busy and (len(self._history) > self.history
-                                 or time.monotonic() - old.sent_at > self.history_s):
-                self._history.popleft()
-                if self._by_iter.get(old.iteration) is old:
-                    del self._by_iter[old.iteration]
-                return old
+        # the oldest recyclable sent slot that no NACK is being answered from right now: a
+        # retransmission of the oldest iteration (a NACK storm for it) must not make the next
+        # capture fail while a younger slot beyond the history is free (seen in CI: dropped)
+        excess = len(self._history) - self.history
+        now = time.monotonic()
+        for i, old in enumerate(self._history):
+            if i >= excess and now - old.sent_at <= self.history_s:
+                break  # kept for NACKs, and so is every younger one
+            if old.busy:
+                continue
+            del self._history[i]
+            if self._by_iter.get(old.iteration) is old:
+                del self._by_iter[old.iteration]
+            return old
         return None
 
     def _degrade(self, iteration: int, reason: str, **fields: Any) -> None:

@@ -811,14 +811,21 @@ class Shadowgrad:
         """Wait (at most ``timeout_s``) until everything queued was sent. For tests/shutdown."""
         return self._sender.flush(timeout_s) if self._sender is not None else True
 
-    def close(self, timeout_s: float | None = None) -> None:
+    def close(self, timeout_s: float | None = None, *, finished: bool = True) -> None:
         """Send what is queued, then keep answering the shadows' repair requests until they
         applied the last iteration (or gave up on it, or ``timeout_s`` passed; default
         ``max(30 s, timeouts.failure_detect)``), then stop. Training is over: this may wait;
-        it returns at once when every shadow has applied the last iteration."""
+        it returns at once when every shadow has applied the last iteration.
+
+        ``finished`` (rank 0): tell the controller that training ended normally, first — the
+        waits below are silence on the data path that it must not take for a failure (seen in
+        CI: a close that took longer than ``failure_detect`` was reported as a trainer
+        failure). Leaving a ``with`` block by an exception passes False."""
         if self._closed:
             return
         self._closed = True
+        if self.rank == 0 and finished:
+            self._tell_controller_finished()
         wait = max(30.0, self.spec.timeouts.failure_detect_s) if timeout_s is None else timeout_s
         deadline = time.monotonic() + wait
         if self._sender is not None:
@@ -835,8 +842,6 @@ class Shadowgrad:
         if self.ring is not None:
             self.ring.close(max(1.0, deadline - time.monotonic()))
         self._close_sockets()
-        if self.rank == 0:
-            self._tell_controller_finished()
 
     def _tell_controller_finished(self) -> None:
         """Training ended normally: the controller must not take the silence for a failure."""
@@ -848,7 +853,8 @@ class Shadowgrad:
         try:
             with ShadowClient(f"tcp://{addr}", self._token,
                               timeout_s=self.spec.timeouts.rpc_s) as c:
-                c.call("finished", iteration=self._iteration, requester=f"rank {self.rank}")
+                c.call("finished", iteration=self._iteration, generation=self.generation,
+                       requester=f"rank {self.rank}")
         except Exception as exc:  # best effort: the controller may be down
             event(log, "trainer.controller_unreachable", logging.WARNING, address=str(addr),
                   error=str(exc))
@@ -906,8 +912,8 @@ class Shadowgrad:
     def __enter__(self) -> Shadowgrad:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def __exit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
+        self.close(finished=exc_type is None)
 
 
 def _as_int(value: Any, default: int = -1) -> int:
