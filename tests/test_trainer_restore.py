@@ -228,13 +228,15 @@ def _kill_trial(tmp: Path, trial: int, amp: bool, ref_losses: dict[int, str],
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(1200)  # 10 kill/restart trials: ~150-260 s on 2 shared cores
+@pytest.mark.timeout(1200)  # 4 kill/restart trials: ~75 s on 2 shared cores (10: ~180 s)
 @pytest.mark.parametrize("amp", [False, True], ids=["adamw-clip", "adamw-clip-sched-scaler"])
 def test_sigkill_a_rank_then_restore_is_bit_identical(tmp_path: Path, amp: bool) -> None:
     # the restore of the LR scheduler, the grad scaler and the user state needs the COMMIT
     # record of I* from the shadows' fetch reply
-    # 10 trials in the full variant; the plain one is a quick cross-check
-    trials = int(os.environ.get("SHADOWGRAD_KILL_TRIALS", "10" if amp else "3"))
+    # 4 trials in the full variant (SHADOWGRAD_KILL_TRIALS=20 for a long run; the soaks in
+    # test_trainer_heal kill the documented example 23 more times); the plain one is a quick
+    # cross-check
+    trials = int(os.environ.get("SHADOWGRAD_KILL_TRIALS", "4" if amp else "1"))
     ref_losses, ref_final = _reference(tmp_path, STEPS, amp)
     assert sorted(ref_losses) == list(range(STEPS))
     results = [_kill_trial(tmp_path, t, amp, ref_losses, ref_final) for t in range(trials)]
@@ -257,7 +259,7 @@ def test_sigkill_restore_with_batchnorm_is_bit_identical(tmp_path: Path) -> None
     ref_losses, ref_final = _reference(tmp_path, STEPS, True, "--cnn")
     assert any("running_mean" in k for k in ref_final["model"])
     results = [_kill_trial(tmp_path, t, True, ref_losses, ref_final, "--cnn")
-               for t in range(3)]
+               for t in range(2)]
     print(results)
     assert all(r["resumed_at"] >= r["last_logged"] - 2 for r in results), results
 

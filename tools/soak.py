@@ -38,8 +38,11 @@ sys.path.insert(0, str(ROOT))
 TOKEN = "soak-token"
 #: the victim of a shadow fault has settled once it is this close to the trainers (iterations)
 SETTLED_LAG = 10
-#: after settling, retransmissions may be at most this share of the chunks a shadow took in
-RETX_AFTER_SETTLE = 0.01
+#: after settling, retransmissions may be at most this share of the chunks a shadow took in: a
+#: shadow starved of CPU on a loaded 2-core machine overflows its socket buffer now and then
+#: (seen in CI: 111 chunks, ~18 iterations, ~3 %), which repair is for; a repair that never
+#: ends retransmits a large share
+RETX_AFTER_SETTLE = 0.05
 
 
 def _spec_text(shadows: int, replication: int, job_id: int,
@@ -480,7 +483,11 @@ def soak(args: argparse.Namespace, work: Path, run: int) -> dict[str, Any]:
         if args.fence:  # the old workers finished the job; torchrun itself was killed
             trainer.returncode = 0 if _last_step(tlog) == args.steps - 1 else 1
             f = report["fault"]
-            if not (f["rerun_rc"] != 0 and f["generation_unchanged"] and not f["rewound"]
+            if not f["old_instance_alive"]:
+                f["inconclusive"] = ("the old instance ended before the rerun did: run the "
+                                     "fence case with more --steps")
+                report.setdefault("fence_failures", []).append(f)
+            elif not (f["rerun_rc"] != 0 and f["generation_unchanged"] and not f["rewound"]
                     and "held by pid" in f["message"]):
                 report.setdefault("fence_failures", []).append(f)
         text_all = tlog.read_text(errors="replace")
@@ -742,6 +749,10 @@ def _fence(spec: Path, trainer: subprocess.Popen[bytes], logs: Path, *, step: in
     finally:
         _reap(rerun)
     took = time.monotonic() - t0
+    # conclusive only if the old instance was still running when the rerun ended: on a loaded
+    # 2-core machine the rerun needs ~25 s to import torch and rendezvous before it binds; an
+    # old job that finished by then freed its ports, and the rerun rightly took over
+    old_alive = bool(workers) and all(_alive([w]) for w in workers)
     after = _statuses(spec)
     text = (logs / "rerun.log").read_text(errors="replace")
     msg = next((ln for ln in text.splitlines() if "cannot bind its trainer address" in ln), "")
@@ -750,7 +761,7 @@ def _fence(spec: Path, trainer: subprocess.Popen[bytes], logs: Path, *, step: in
     back = [int((a or {}).get("last_applied") or -1) < int((b or {}).get("last_applied") or -1)
             for b, a in zip(before, after, strict=True)]
     return {"kind": "fence", "workers": workers, "at_step": step, "rerun_rc": rc,
-            "rerun_seconds": round(took, 1),
+            "rerun_seconds": round(took, 1), "old_instance_alive": old_alive,
             "message": msg.strip()[-300:], "generation_unchanged": all(gens),
             "rewound": any(back)}
 
