@@ -12,7 +12,7 @@ PYTEST_ARGS ?=
 SCENARIO    ?= default
 DEMO_ARGS   ?=
 
-.PHONY: help deps install demo lint typecheck test test-fast clean
+.PHONY: help deps install demo lint typecheck test test-fast bench bench-quick clean
 
 help:
 	@echo "make demo       install everything (idempotent), then run the emulated demo (SCENARIO=default)"
@@ -20,6 +20,8 @@ help:
 	@echo "make install    system packages (root only) + $(VENV) with torch==2.13.0 and -e .[all,dev]"
 	@echo "make lint       ruff + mypy"
 	@echo "make test-fast  the tests without lint, skipping tests marked slow"
+	@echo "make bench      every benchmark with its default settings, then docs/benchmarks.md"
+	@echo "make bench-quick  every benchmark in its quick mode (minutes), then docs/benchmarks.md"
 
 # System packages: only as root; otherwise say what is missing and carry on (the tests that need
 # them skip). Skips apt entirely when everything is already installed.
@@ -60,6 +62,12 @@ test: install lint
 
 test-fast: $(VENV)/.installed
 	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
+
+bench: $(VENV)/.installed
+	$(PY) bench/harness.py --full
+
+bench-quick: $(VENV)/.installed
+	$(PY) bench/harness.py --quick
 
 clean:
 	rm -rf $(VENV) build .pytest_cache .mypy_cache .ruff_cache .hypothesis

@@ -1,0 +1,706 @@
+"""The benchmarks in one command (issue 14): run the component benches, then generate
+``docs/benchmarks.md`` from their JSON.
+
+    .venv/bin/python bench/harness.py --quick       # each bench in its quick/short mode (minutes)
+    .venv/bin/python bench/harness.py --full        # each bench with its default settings
+    .venv/bin/python bench/harness.py --page-only   # regenerate the page from the JSON present
+    make bench-quick / make bench                   # the same as the first two
+
+The benches are the rows of :data:`BENCHES` (script, quick and full arguments, timeout, whether
+it needs root, how its figures go on the page). Each runs as a subprocess of this interpreter in
+a process group of its own, with a timeout (the whole group is killed past it); its output is
+echoed and the last lines kept. A bench that fails, times out or cannot run here (switch_bench
+needs root) is reported as such on the page; the others still run. A bench writes its JSON to a
+scratch name that is moved into place only when it exits 0, so a failure never leaves a
+half-written file or mixes old figures into a new run.
+
+Where the JSON goes: ``--full`` writes each bench's JSON where the bench itself would
+(``bench/results/<bench>.json``, the files docs/*.md quote); ``--quick`` writes them under
+``bench/results/quick/``, so a quick run never replaces full-run figures. Both write
+``bench/results/harness.json`` (mode, command, start time, wall times, exit statuses, output
+tails, machine) and then the page. The page is a pure function of the JSON files: every date on
+it comes from the JSON, so ``--page-only`` regenerates it byte for byte
+(``tests/test_bench_page.py`` checks that the committed page is what the committed JSON gives).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import contextlib
+import datetime as dt
+import importlib.metadata
+import json
+import os
+import platform
+import shlex
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "bench" / "results"
+QUICK_RESULTS = RESULTS / "quick"
+HARNESS_JSON = RESULTS / "harness.json"
+DEFAULT_PAGE = ROOT / "docs" / "benchmarks.md"
+TAIL_LINES = 25
+KILL_GRACE_S = 10.0
+
+Doc = dict[str, Any]
+DASH = "\u2013"  # en dash of ranges, kept out of the source as RUF001 asks
+TIMES = "\u00d7"  # multiplication sign of ratios
+MINMAX = f"min {DASH} max"
+Renderer = Callable[[Doc], list[str]]
+
+
+# ---------------------------------------------------------------------------------------------
+# formatting helpers (deterministic: fixed precision, no locale, no clock)
+# ---------------------------------------------------------------------------------------------
+
+
+def _f(x: Any, digits: int = 0, scale: float = 1.0) -> str:
+    """``x * scale`` with ``digits`` decimals and thousands separators; '-' for missing."""
+    if x is None or isinstance(x, bool) or not isinstance(x, int | float):
+        return "-"
+    return f"{x * scale:,.{digits}f}"
+
+
+def _pct(x: Any) -> str:
+    return "-" if not isinstance(x, int | float) else f"{100 * x:.1f} %"
+
+
+def _ratio(x: Any) -> str:
+    return "-" if not isinstance(x, int | float) else f"{x:.3f}"
+
+
+def _range(lo: Any, hi: Any, digits: int = 0, scale: float = 1.0) -> str:
+    if not isinstance(lo, int | float) or not isinstance(hi, int | float):
+        return "-"
+    return f"{_f(lo, digits, scale)} {DASH} {_f(hi, digits, scale)}"
+
+
+def _numeric(cell: str) -> bool:
+    return cell == "-" or cell.lstrip("-")[:1].isdigit()
+
+
+def _table(head: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
+    """A markdown table; a column whose cells are all numbers (or '-') is right-aligned."""
+    align = ["--:" if rows and all(_numeric(r[i]) for r in rows) else "---"
+             for i in range(len(head))]
+    out = ["| " + " | ".join(head) + " |", "|" + "|".join(align) + "|"]
+    out += ["| " + " | ".join(r) + " |" for r in rows]
+    return out
+
+
+def _get(d: Any, *keys: Any) -> Any:
+    for k in keys:
+        if isinstance(d, dict):
+            d = d.get(k)
+        elif isinstance(d, list) and isinstance(k, int) and -len(d) <= k < len(d):
+            d = d[k]
+        else:
+            return None
+    return d
+
+
+# ---------------------------------------------------------------------------------------------
+# one renderer per bench: its JSON -> markdown lines (headline figures and same-run ratios)
+# ---------------------------------------------------------------------------------------------
+
+
+def render_wire(d: Doc) -> list[str]:
+    out = [f"Baseline: `{d.get('baseline', 'memcpy')}`, a copy of the same chunks into a "
+           "preallocated buffer in the same loop. Rates in MB/s of payload (1 MB = 1e6 B); "
+           f"median and {MINMAX} of {_get(d, 'sizes', 0, 'rounds') or '?'} rounds; ratio = "
+           f"median rate / memcpy's median rate (paired: per-round ratios, {MINMAX}).", ""]
+    rows: list[list[str]] = []
+    for s in d.get("sizes") or []:
+        for name, x in (s.get("items") or {}).items():
+            p = x.get("paired_ratio") or {}
+            rows.append([f"{_f(s.get('chunk_bytes'))} B", f"`{name}`",
+                         _f(x.get("mbps_median")),
+                         _range(x.get("mbps_min"), x.get("mbps_max")),
+                         _f(x.get("us_per_chunk_median"), 2), _ratio(x.get("ratio_to_memcpy")),
+                         _range(p.get("min"), p.get("max"), 3)])
+    out += _table(["chunk", "item", "MB/s", MINMAX, "µs/chunk", f"{TIMES} memcpy",
+                   f"paired {MINMAX}"], rows)
+    ok = [s.get("roundtrip_ok") for s in d.get("sizes") or []]
+    out += ["", f"Round trip (decode of what was encoded, with and without MAC): "
+            f"{'ok' if ok and all(ok) else 'NOT OK'} for every size."]
+    return out
+
+
+def render_shadow(d: Doc) -> list[str]:
+    out: list[str] = []
+    a = d.get("apply")
+    if isinstance(a, dict):
+        bw = a.get("bandwidth") or {}
+        out += [f"**Apply** ({_f(a.get('params'))} fp32 parameters, {a.get('threads')} threads, "
+                f"{a.get('boxes')} boxes). Baseline: the memory-bandwidth bound measured in the "
+                f"same run, {_f(bw.get('bound_GBps'), 1)} GB/s (best of copy "
+                f"{_f(bw.get('copy_GBps'), 1)}, scale {_f(bw.get('scale_inplace_GBps'), 1)}, "
+                f"add {_f(bw.get('add_inplace_GBps'), 1)}, triad {_f(bw.get('triad_GBps'), 1)}) "
+                f"= {_f(bw.get('bound_params_per_s'), 0, 1e-6)} M params/s at "
+                f"{a.get('bytes_per_param')} B/param. Figures from each item's best round "
+                "(the JSON keeps best and median, not every round).", ""]
+        rows = []
+        for key in ("fused_adamw", "fused_adamw_box_tensors", "replayer_fused_adamw",
+                    "replayer_fused_adamw_scaler_clip", "replayer_forloop_adamw"):
+            x = a.get(key)
+            if isinstance(x, dict):
+                rows.append([f"`{key}`", _f(x.get("params_per_s"), 0, 1e-6),
+                             _f(x.get("best_s"), 1, 1e3), _f(x.get("median_s"), 1, 1e3),
+                             _pct(x.get("ratio_to_bound")), str(x.get("reps", "-"))])
+        out += _table(["item", "M params/s", "best ms", "median ms", "of bound", "rounds"], rows)
+        out += ["", f"Replayer / torch fused AdamW: {_ratio(a.get('replayer_vs_fused'))}; target "
+                f"{_pct(a.get('target_ratio'))} of the bound: "
+                f"{'met' if a.get('meets_target') else 'NOT met'}."]
+        over = [k for k, x in a.items() if isinstance(x, dict)
+                and isinstance(x.get("ratio_to_bound"), int | float) and x["ratio_to_bound"] > 1]
+        if over:
+            out[-1] += (f" Above 100 % of the bound ({', '.join(f'`{k}`' for k in over)}): the "
+                        "bandwidth kernels ran slower than AdamW itself, i.e. other load "
+                        "disturbed this run; its bound and ratios are not trustworthy.")
+    ing = d.get("ingest")
+    if isinstance(ing, dict):
+        iv = ing.get("ingest_vs_bare") or {}
+        out += ["", f"**Ingest** ({_f(iv.get('datagram_payload'))} B DATA payloads, "
+                f"{_f(iv.get('bytes_per_pass'), 0, 1e-6)} MB per pass). Baseline: a bare "
+                "`recv_into` loop fed by the same producer in the same run.", ""]
+        out += _table(["receiver", "MB/s", f"{TIMES} bare"], [
+            ["bare `recv_into`", _f(iv.get("bare_recv_mbps")), "1.000"],
+            ["shadow node", _f(iv.get("shadow_ingest_mbps")), _ratio(iv.get("ratio"))]])
+        rows = []
+        for opt, x in sorted((ing.get("stream") or {}).items()):
+            med = x.get("median") or {}
+            rows.append([opt, _f(x.get("params")), _f(x.get("period_s"), 1),
+                         "yes" if x.get("keeps_up_at_1_it_per_s") else "no",
+                         str(x.get("limit", "-")), _f(med.get("receive_s"), 0, 1e3),
+                         _f(med.get("apply_s"), 0, 1e3)])
+        if rows:
+            out += ["", "Streaming one gradient per period, paced:", ""]
+            out += _table(["optimizer", "params", "period s", "keeps up", "limit",
+                           "receive ms (median)", "apply ms (median)"], rows)
+    elif "ingest" in d:
+        out += ["", "**Ingest**: not in this run's JSON."]
+    return out
+
+
+def render_auth(d: Doc) -> list[str]:
+    out: list[str] = []
+    ing = d.get("ingest")
+    if isinstance(ing, dict):
+        summ, ratios = ing.get("summary") or {}, ing.get("ratios") or {}
+        out += [f"**End to end** ({_f(ing.get('datagram_payload'))} B DATA payloads, "
+                f"{_f(ing.get('bytes_per_pass'), 0, 1e-6)} MB per pass, {ing.get('rounds')} "
+                "interleaved rounds). Baseline: a bare `recv_into` loop in the same run.", ""]
+        rows = []
+        for name in ("bare", "ingest_crc", "ingest_mac"):
+            x = summ.get(name) or {}
+            r = "1.000" if name == "bare" else _ratio(ratios.get(f"{name}_vs_bare"))
+            pr = "-" if name == "bare" else _ratio(ratios.get(f"paired_{name}_vs_bare"))
+            rows.append([f"`{name}`", _f(x.get("mbps_median")),
+                         _range(x.get("mbps_min"), x.get("mbps_max")), r, pr,
+                         _f(x.get("cpu_s_per_gb_median"), 3)])
+        out += _table(["receiver", "MB/s", MINMAX, f"{TIMES} bare", f"paired {TIMES} bare",
+                       "CPU s/GB"], rows)
+    micro = d.get("micro")
+    if isinstance(micro, dict):
+        h = micro.get("hashes") or {}
+        out += ["", f"**In process**: CRC-32C {_f(h.get('crc32c_gbps'), 1)} GB/s, keyed "
+                f"BLAKE2b-128 {_f(h.get('blake2b128_keyed_gbps'), 2)} GB/s on "
+                f"{_f(h.get('buffer_bytes'))} B (BLAKE2b takes "
+                f"{_f(h.get('blake2b_over_crc32c_time'), 1)}{TIMES} CRC-32C's time). "
+                "DATA per MB:", ""]
+        rows = []
+        for label, x in (micro.get("data") or {}).items():
+            rows.append([f"{_f(x.get('chunk_bytes'))} B ({label})",
+                         _f(x.get("sender_us_per_mb_crc")), _f(x.get("sender_us_per_mb_mac")),
+                         _f(x.get("receiver_us_per_mb_crc")),
+                         _f(x.get("receiver_us_per_mb_mac"))])
+        out += _table(["chunk", "send µs/MB CRC", "send µs/MB MAC", "receive µs/MB CRC",
+                       "receive µs/MB MAC"], rows)
+    per = _get(d, "per_iteration", "records_per_iteration")
+    if isinstance(per, dict) and per:
+        out += ["", f"**Records per iteration** (period {_get(d, 'per_iteration', 'period_s')} s,"
+                " COMMIT + READY refreshes), µs of CPU for the whole job:", ""]
+        rows = [[k, _f(_get(v, "without_mac_total", "job_total_us")),
+                 _f(_get(v, "with_mac_total", "job_total_us")),
+                 _f(_get(v, "added_by_mac", "job_total_us"))]
+                for k, v in sorted(per.items(), key=lambda kv: int(kv[0]))]
+        out += _table(["shadows", "without MAC", "with MAC", "added by MAC"], rows)
+        if any(r[3].startswith("-") for r in rows):
+            out += ["", "A negative cost added by the MAC is noise larger than the effect: the "
+                    "record timings of this run were disturbed by other load."]
+    if not out:
+        out = ["(no figures in this JSON)"]
+    return out
+
+
+def _times_range(times: Any, scale: float) -> str:
+    if isinstance(times, list) and times and all(isinstance(t, int | float) for t in times):
+        return _range(min(times), max(times), 1, scale)
+    return "-"
+
+
+def render_trainer(d: Doc) -> list[str]:
+    out = [f"{d.get('world')} DDP ranks (gloo, CPU), {d.get('iters')} measured iterations per "
+           f"variant, batch {d.get('batch')}, {d.get('num_shadows')} shadows. Baseline: `none` "
+           "(no checkpoint) in the same run; per-iteration time on rank 0, median and "
+           f"{MINMAX} over the measured iterations.", ""]
+    rows = []
+    for r in d.get("results") or []:
+        rows.append([str(r.get("size")), f"`{r.get('variant')}`", _f(r.get("params")),
+                     _f(r.get("median_s"), 1, 1e3), _times_range(r.get("times"), 1e3),
+                     _ratio(r.get("ratio")), str(r.get("shadows") or "-")])
+    out += _table(["size", "variant", "params", "ms/iter", MINMAX, f"{TIMES} none", "shadows"],
+                  rows)
+    return out
+
+
+def render_inband(d: Doc) -> list[str]:
+    out = [f"{d.get('world')} DDP ranks (gloo, CPU), {d.get('iters')} iterations {TIMES} "
+           f"{d.get('rounds')} rounds per variant, {d.get('shadows')} shadows (replication "
+           f"{d.get('replication')}). Baseline: plain DDP (`ddp`) in the same run; "
+           f"per-iteration time on rank 0, median, p10 {DASH} p90 and {MINMAX}.", ""]
+    rows = []
+    for r in d.get("results") or []:
+        st = r.get("stats_s") or {}
+        last = r.get("shadows_at_last")
+        rows.append([str(r.get("size")), f"`{r.get('variant')}`", _f(r.get("params")),
+                     _f(st.get("median"), 2, 1e3), _range(st.get("p10"), st.get("p90"), 2, 1e3),
+                     _range(st.get("min"), st.get("max"), 2, 1e3), _ratio(r.get("ratio_to_ddp")),
+                     "-" if last is None else ("yes" if last else "no")])
+    out += _table(["size", "variant", "params", "ms/iter", f"p10 {DASH} p90", MINMAX,
+                   f"{TIMES} ddp", "shadows at last"], rows)
+    return out
+
+
+def render_reseed(d: Doc) -> list[str]:
+    out = [f"Largest shard of a 3-shadow layout; {d.get('repeat')} repeats, median and "
+           f"{MINMAX}. Baseline: a `copy_` of the same bytes into preallocated memory in the "
+           "same run.", ""]
+    rows = []
+    for r in d.get("results") or []:
+        p, m, it = r.get("pause_ms") or {}, r.get("memcpy_ms") or {}, r.get("iteration_ms") or {}
+        rows.append([str(r.get("size")), _f(r.get("shard_state_bytes"), 1, 2**-20),
+                     _f(p.get("median"), 2), _range(p.get("min"), p.get("max"), 2),
+                     _f(m.get("median"), 2), _ratio(r.get("pause_vs_memcpy")),
+                     _f(it.get("median"), 1), _ratio(r.get("pause_vs_iteration"))])
+    out += _table(["size", "shard MiB", "pause ms", MINMAX, "memcpy ms", f"{TIMES} memcpy",
+                   "iteration ms", f"{TIMES} iteration"], rows)
+    return out
+
+
+def render_switch(d: Doc) -> list[str]:
+    out = [f"Program `{d.get('program')}`; {d.get('method')}. Baseline: a bare Python AF_PACKET "
+           f"forward loop in the same run; goal {_pct(d.get('goal_ratio'))} of it.", ""]
+    rows = [[str(r.get("copies")), f"{_f(r.get('payload'))} B", _f(r.get("bare_pps")),
+             _f(r.get("target_pps")), _ratio(r.get("ratio")),
+             "yes" if r.get("meets_goal") else "no"] for r in d.get("summary") or []]
+    out += _table(["copies", "UDP payload", "bare pps", "target pps", f"{TIMES} bare",
+                   "meets goal"], rows)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# the bench table
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Bench:
+    name: str  #: also the JSON's file name: <name>.json
+    title: str
+    quick: tuple[str, ...]  #: arguments of a --quick run (besides --out)
+    full: tuple[str, ...] = ()  #: arguments of a --full run (the script's defaults)
+    timeout_quick_s: float = 300.0
+    timeout_full_s: float = 1800.0
+    needs_root: bool = False
+    render: Renderer = field(default=render_wire, compare=False)
+
+    @property
+    def script(self) -> str:
+        return f"bench/{self.name}.py"
+
+
+BENCHES: tuple[Bench, ...] = (
+    Bench("wire_bench", "Wire codec vs memcpy", ("--quick",), render=render_wire,
+          timeout_quick_s=120),
+    Bench("shadow_bench", "Shadow: optimizer apply vs memory bandwidth, ingest vs bare UDP",
+          ("--quick",), render=render_shadow),
+    Bench("auth_bench", "Authentication: shadow ingest bare / CRC / CRC+MAC, record costs",
+          ("--params", "5e6", "--iterations", "2", "--rounds", "3"), render=render_auth),
+    Bench("trainer_bench", "Trainer: mirror mode vs no checkpoint, DCP async_save, torch.save",
+          ("--sizes", "1M", "--iters", "5", "--warmup", "1"), render=render_trainer,
+          timeout_quick_s=400),
+    Bench("inband_bench", "In-band through the P4 target vs plain DDP",
+          ("--sizes", "100K", "--iters", "10", "--warmup", "2", "--rounds", "1"),
+          render=render_inband, timeout_quick_s=400),
+    Bench("reseed_bench", "Self-healing pause: staging copy of one shard vs memcpy",
+          ("--sizes", "1M,10M", "--repeat", "3"), render=render_reseed),
+    Bench("switch_bench", "P4 software target vs a bare AF_PACKET loop",
+          ("--rounds", "1", "--frames-small", "5000", "--frames-large", "1000"),
+          needs_root=True, render=render_switch),
+)
+
+NOT_MEASURED = (
+    "**Recovery time**: restore from the shadows with 1, 2 and 4 shadows against a DCP load of "
+    "the same state (wall time from failure to the first resumed step).",
+    "**Work lost per failure** per method (shadowgrad: at most one iteration; DCP / "
+    "`torch.save` at the Young-Daly interval) — `shadowgrad plan` computes the interval, no "
+    "bench measures the loss.",
+    "**Checkpoint frequency achievable at ≤ 1 % overhead** per method (the trainer bench gives "
+    "the per-iteration cost at one frequency, every iteration).",
+    "**Scaling plots**: figures against model size, world size and shadow count; this page "
+    "has tables only, no plots.",
+)
+
+
+# ---------------------------------------------------------------------------------------------
+# running
+# ---------------------------------------------------------------------------------------------
+
+
+def _rel(p: Path) -> str:
+    try:
+        return str(p.resolve().relative_to(ROOT))
+    except ValueError:
+        return str(p)
+
+
+def _version(pkg: str) -> str | None:
+    try:
+        return importlib.metadata.version(pkg)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _memory_gib() -> float | None:
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                return round(int(line.split()[1]) / 2**20, 1)
+    return None
+
+
+def _git() -> dict[str, Any]:
+    def out(*args: str) -> str | None:
+        try:
+            r = subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True,
+                               timeout=30)
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        return r.stdout.strip() if r.returncode == 0 else None
+    status = out("status", "--porcelain", "--untracked-files=no")
+    return {"commit": out("rev-parse", "HEAD"), "dirty": None if status is None else bool(status)}
+
+
+def machine() -> dict[str, Any]:
+    return {"cores": os.cpu_count(), "memory_GiB": _memory_gib(),
+            "python": platform.python_version(), "torch": _version("torch"),
+            "platform": platform.platform(), "machine": platform.machine(),
+            "loadavg_at_start": [round(x, 2) for x in os.getloadavg()],
+            "nice": os.nice(0)}
+
+
+def _group_members(pgid: int) -> list[int]:
+    """Processes still in process group ``pgid`` (from /proc; empty where it is unavailable)."""
+    members = []
+    with contextlib.suppress(OSError):
+        for entry in os.scandir("/proc"):
+            if not entry.name.isdigit():
+                continue
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                stat = Path(entry.path, "stat").read_text()
+                # fields after "(comm)": state ppid pgrp ...
+                if int(stat.rsplit(")", 1)[1].split()[2]) == pgid:
+                    members.append(int(entry.name))
+    return members
+
+
+def _kill_group(proc: subprocess.Popen[str]) -> int:
+    """End the bench's process group (its own session, so only what the bench started): SIGTERM,
+    then SIGKILL what is left after a grace period. Returns how many processes were signalled
+    (0 when the bench and everything it started had already exited)."""
+    signalled = 0
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        members = _group_members(proc.pid)
+        if proc.poll() is not None and not members:
+            break
+        signalled = max(signalled, len(members))
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, sig)
+        deadline = time.monotonic() + KILL_GRACE_S
+        while time.monotonic() < deadline:
+            proc.poll()
+            if proc.returncode is not None and not _group_members(proc.pid):
+                return signalled
+            time.sleep(0.1)
+    return signalled
+
+
+def run_bench(b: Bench, mode: str, out_dir: Path) -> dict[str, Any]:
+    """Run one bench as a subprocess; returns its harness.json entry."""
+    final = out_dir / f"{b.name}.json"
+    entry: dict[str, Any] = {"name": b.name, "script": b.script, "json": _rel(final)}
+    if b.needs_root and os.geteuid() != 0:
+        entry.update(status="skipped", reason="skipped: needs root", rc=None, wall_s=0.0,
+                     args=[])
+        print(f"== {b.name}: skipped (needs root)", flush=True)
+        return entry
+    args = list(b.quick if mode == "quick" else b.full)
+    timeout = b.timeout_quick_s if mode == "quick" else b.timeout_full_s
+    partial = out_dir / f"{b.name}.partial.json"
+    partial.unlink(missing_ok=True)
+    cmd = [sys.executable, b.script, *args, "--out", _rel(partial)]
+    entry["args"] = args
+    entry["timeout_s"] = timeout
+    print(f"== {b.name}: {shlex.join(['python', b.script, *args])} (timeout {timeout:.0f} s)",
+          flush=True)
+    tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
+    t0 = time.monotonic()
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, errors="replace",
+                            start_new_session=True,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+
+    def pump() -> None:
+        assert proc.stdout is not None
+        for raw in proc.stdout:
+            line = raw.rstrip("\n")
+            tail.append(line)
+            print(f"   [{b.name}] {line}", flush=True)
+
+    reader = threading.Thread(target=pump, daemon=True)
+    reader.start()
+    timed_out = False
+    try:
+        rc: int | None = proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        timed_out = True
+        _kill_group(proc)
+        rc = proc.returncode
+    except BaseException:  # Ctrl-C: take the bench's whole group down with us
+        _kill_group(proc)
+        raise
+    wall = time.monotonic() - t0
+    leftovers = _kill_group(proc)  # what the bench started and left running
+    reader.join(timeout=5)
+    doc = None
+    if rc == 0 and partial.exists():
+        with contextlib.suppress(ValueError, OSError):
+            doc = json.loads(partial.read_text(encoding="utf-8"))
+    if doc is not None:
+        partial.replace(final)
+        status, reason = "ok", None
+    else:
+        partial.unlink(missing_ok=True)
+        status = "timeout" if timed_out else "failed"
+        reason = (f"timed out after {timeout:.0f} s" if timed_out else
+                  f"exit status {rc}" if rc != 0 else "exit 0 but no valid JSON written")
+    entry.update(status=status, reason=reason, rc=rc, wall_s=round(wall, 1),
+                 leftover_processes_killed=leftovers,
+                 output_tail=list(tail) if status != "ok" else list(tail)[-5:])
+    print(f"== {b.name}: {status}{'' if reason is None else ' (' + reason + ')'} "
+          f"in {wall:.1f} s", flush=True)
+    return entry
+
+
+def run_all(mode: str, command: str) -> dict[str, Any]:
+    out_dir = QUICK_RESULTS if mode == "quick" else RESULTS
+    out_dir.mkdir(parents=True, exist_ok=True)
+    started = dt.datetime.now(dt.UTC)
+    t0 = time.monotonic()
+    doc: dict[str, Any] = {
+        "harness": 1, "mode": mode, "command": command,
+        "started": started.strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "results_dir": _rel(out_dir), "machine": machine(), "git": _git(), "benches": []}
+    for b in BENCHES:
+        doc["benches"].append(run_bench(b, mode, out_dir))
+    doc["wall_s"] = round(time.monotonic() - t0, 1)
+    doc["machine"]["loadavg_at_end"] = [round(x, 2) for x in os.getloadavg()]
+    HARNESS_JSON.parent.mkdir(parents=True, exist_ok=True)
+    tmp = HARNESS_JSON.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(doc, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+    tmp.replace(HARNESS_JSON)
+    print(f"wrote {_rel(HARNESS_JSON)}; all benches took {doc['wall_s']:.1f} s", flush=True)
+    return doc
+
+
+# ---------------------------------------------------------------------------------------------
+# the page
+# ---------------------------------------------------------------------------------------------
+
+
+def _load(path: Path) -> Doc | None:
+    try:
+        d = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return d if isinstance(d, dict) else None
+
+
+def _when(d: Doc | None) -> str | None:
+    """The run date a bench's JSON states about itself, if any."""
+    for key in ("time", "started"):
+        v = _get(d, key)
+        if isinstance(v, str):
+            return v
+    return None
+
+
+def _bench_json(b: Bench, harness: Doc | None, entry: Doc | None) -> tuple[Path, Doc | None]:
+    """The bench's JSON path and content for the page: the file the harness run wrote when it
+    ran it successfully; with no harness.json at all, ``bench/results/<bench>.json``."""
+    if harness is None:
+        path = RESULTS / f"{b.name}.json"
+        return path, _load(path)
+    if entry is None:
+        return RESULTS / f"{b.name}.json", None
+    path = ROOT / str(entry.get("json"))
+    return path, _load(path) if entry.get("status") == "ok" else None
+
+
+def _anchor(name: str) -> str:
+    return "#" + name.lower()
+
+
+def render_page(harness: Doc | None) -> str:
+    """The page, from ``harness`` (harness.json) and the bench JSON it points at; when there is
+    no harness.json, from each bench's file under bench/results/ as found. Nothing but the JSON
+    goes into it (no clock, no absolute paths), so the same JSON gives the same page."""
+    entries: dict[str, Doc] = {str(e.get("name")): e for e in (harness or {}).get("benches") or []
+                               if isinstance(e, dict)}
+    found = {b.name: _bench_json(b, harness, entries.get(b.name)) for b in BENCHES}
+    lines = ["# Benchmarks", "",
+             "<!-- Generated by bench/harness.py from the JSON in bench/results/; do not edit. -->",
+             ""]
+    bw = _get(found["shadow_bench"][1], "apply", "bandwidth", "bound_GBps")
+    if harness is None:
+        lines += ["Generated by `python bench/harness.py --page-only`; no harness run is "
+                  "recorded (`bench/results/harness.json` is missing), so each section shows "
+                  "the bench's own JSON under `bench/results/` where there is one.", ""]
+        if bw is not None:
+            lines += [f"Memory bandwidth (shadow_bench): {_f(bw, 1)} GB/s.", ""]
+    else:
+        m = harness.get("machine") or {}
+        git = harness.get("git") or {}
+        commit = git.get("commit")
+        at = (f"; commit `{commit[:12]}`{' with local changes' if git.get('dirty') else ''}"
+              if isinstance(commit, str) else "")
+        lines += [f"Generated by `{harness.get('command')}` from the run that started "
+                  f"{harness.get('started')} and took {_f(harness.get('wall_s'), 0)} s in all "
+                  f"({harness.get('mode')} mode; JSON in `{harness.get('results_dir')}/` and "
+                  f"`bench/results/harness.json`{at}). `python bench/harness.py --page-only` "
+                  "regenerates this page from that JSON alone.", ""]
+        if harness.get("mode") == "quick":
+            lines += ["Quick mode: every bench ran with short settings (small models, few "
+                      "rounds) on a possibly busy machine; the figures show the shape, a full "
+                      "run (`make bench`) gives the numbers to quote.", ""]
+        bw_text = (f"{_f(bw, 1)} GB/s (best streaming kernel of shadow_bench, same run)"
+                   if bw is not None else "not measured in this run")
+        lines += [f"Machine: {m.get('cores')} cores, {_f(m.get('memory_GiB'), 1)} GiB memory, "
+                  f"memory bandwidth {bw_text}, Python {m.get('python')}, torch "
+                  f"{m.get('torch')}, {m.get('platform')}; load average "
+                  f"{m.get('loadavg_at_start')} at the start, {m.get('loadavg_at_end')} at the "
+                  f"end; the benches ran at nice {m.get('nice')}.", ""]
+    lines += ["Every ratio is against a baseline measured in the same run of the same bench; "
+              "timings are reported, never asserted.", ""]
+
+    rows = []
+    for b in BENCHES:
+        e = entries.get(b.name)
+        path, doc = found[b.name]
+        link = f"[{b.name}]({_anchor(b.name)})"
+        if harness is None:
+            rows.append([link, "not run by the harness" if doc else "not run",
+                         "-", f"`{_rel(path)}`" if doc else "-"])
+        elif e is None:
+            rows.append([link, "not run", "-", "-"])
+        elif e.get("status") == "skipped":
+            rows.append([link, str(e.get("reason")), "-", "-"])
+        elif e.get("status") != "ok":
+            rows.append([link, f"{e.get('status')} ({e.get('reason')})",
+                         _f(e.get("wall_s"), 1), "-"])
+        else:
+            rows.append([link, "ok", _f(e.get("wall_s"), 1), f"`{e.get('json')}`"])
+    lines += [*_table(["bench", "status", "wall s", "JSON"], rows), ""]
+
+    for b in BENCHES:
+        e = entries.get(b.name)
+        path, doc = found[b.name]
+        lines += [f"## {b.name}", "", f"{b.title} (`{b.script}`).", ""]
+        if harness is not None and e is not None and e.get("status") != "ok":
+            lines += [f"**{e.get('status')}**: {e.get('reason')}."]
+            tail = e.get("output_tail") or []
+            if tail and e.get("status") != "skipped":
+                lines += ["", "Last lines of its output:", "", "```", *map(str, tail), "```"]
+            canonical = RESULTS / f"{b.name}.json"
+            if canonical.exists() and canonical.resolve() != path.resolve():
+                when = _when(_load(canonical))
+                lines += ["", f"An earlier result is in `{_rel(canonical)}`"
+                          + (f" (run {when})" if when else "") + "; not shown here."]
+            lines.append("")
+            continue
+        if doc is None:
+            lines += ["Not run." if not path.exists() or e is None else
+                      f"`{_rel(path)}` is missing or not valid JSON.", ""]
+            continue
+        meta = []
+        if e is not None:
+            meta.append(f"Command `{shlex.join(['python', b.script, *(e.get('args') or [])])}`"
+                        f" ({_f(e.get('wall_s'), 1)} s)")
+        when = _when(doc)
+        if when:
+            meta.append(f"run {when}" if meta else f"Run {when}")
+        if meta:
+            lines += ["; ".join(meta) + ".", ""]
+        try:
+            lines += b.render(doc)
+        except (TypeError, KeyError, AttributeError, ValueError) as exc:
+            lines += [f"(this JSON does not have the expected shape: {type(exc).__name__})"]
+        lines.append("")
+
+    lines += ["## Not measured yet", "",
+              "Issue 14 asks for these; this harness does not produce them yet:", ""]
+    lines += [f"- {x}" for x in NOT_MEASURED]
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def write_page(page: Path, harness_json: Path = HARNESS_JSON) -> None:
+    text = render_page(_load(harness_json))
+    page.parent.mkdir(parents=True, exist_ok=True)
+    tmp = page.with_name(page.name + ".tmp")
+    tmp.write_text(text, encoding="utf-8")
+    tmp.replace(page)
+    print(f"wrote {_rel(page)}", flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    mode = ap.add_mutually_exclusive_group(required=True)
+    mode.add_argument("--quick", action="store_true",
+                      help="each bench in its quick/short mode; JSON under bench/results/quick/")
+    mode.add_argument("--full", action="store_true",
+                      help="each bench with its default settings; JSON under bench/results/")
+    mode.add_argument("--page-only", action="store_true",
+                      help="run nothing; regenerate the page from the JSON present")
+    ap.add_argument("--page", type=Path, default=DEFAULT_PAGE,
+                    help=f"where the page goes (default {_rel(DEFAULT_PAGE)})")
+    args = ap.parse_args(argv)
+    if not args.page_only:
+        flag = "--quick" if args.quick else "--full"
+        run_all("quick" if args.quick else "full", f"python bench/harness.py {flag}")
+    write_page(args.page)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
