@@ -366,7 +366,7 @@ def test_documented_example_soak(tmp_path: Path) -> None:
     ``examples/train_plain.py`` with every shadow at the last iteration."""
     clean = _soak(tmp_path / "clean", "--steps", "1500")[0]
     assert clean["degraded_lines"] == 0
-    stop = _soak(tmp_path / "stop", "--steps", "1200", "--stop-shadow", "1", "--at", "4",
+    stop = _soak(tmp_path / "stop", "--steps", "1500", "--stop-shadow", "1", "--at", "4",
                  "--settle", "3")[0]
     # settled: the stopped shadow caught up and stopped NACKing (the soak then fails on more
     # than 5 % retransmitted chunks: a repair that never ends)
