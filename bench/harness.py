@@ -4,6 +4,7 @@
     .venv/bin/python bench/harness.py --quick       # each bench in its quick/short mode (minutes)
     .venv/bin/python bench/harness.py --full        # each bench with its default settings
     .venv/bin/python bench/harness.py --page-only   # regenerate the page from the JSON present
+    .venv/bin/python bench/harness.py --quick --only recovery_bench   # rerun some, merge them
     make bench-quick / make bench                   # the same as the first two
 
 The benches are the rows of :data:`BENCHES` (script, quick and full arguments, timeout, whether
@@ -21,6 +22,13 @@ Where the JSON goes: ``--full`` writes each bench's JSON where the bench itself 
 tails, machine) and then the page. The page is a pure function of the JSON files: every date on
 it comes from the JSON, so ``--page-only`` regenerates it byte for byte
 (``tests/test_bench_page.py`` checks that the committed page is what the committed JSON gives).
+
+``--only NAME[,NAME]`` runs just those benches (in the same mode) and merges their entries into
+the existing ``bench/results/harness.json``: the other benches' entries and the original run's
+command, start, wall time and machine stay; the rerun is listed under ``reruns`` (its command,
+start, wall time, machine, commit and benches) and the page says so. A rerun in the other mode
+than the recorded run is refused (it would mix quick and full figures on one page); with no
+harness.json the rerun's own record is the start of a new one.
 """
 
 from __future__ import annotations
@@ -298,6 +306,55 @@ def render_reseed(d: Doc) -> list[str]:
     return out
 
 
+def _phases(p: Any) -> str:
+    if not isinstance(p, dict) or not p:
+        return "-"
+    return ", ".join(f"{k.replace('_', ' ')} {_f(v)}" for k, v in p.items())
+
+
+def render_recovery(d: Doc) -> list[str]:
+    t = d.get("timeouts") or {}
+    out = [f"World size 1, MLP + {d.get('optimizer', 'AdamW')}, a restart after "
+           f"{d.get('first_iters')} iterations; {d.get('rounds')} rounds after "
+           f"{d.get('warmup')} warm-up, each variant once per round in a rotating order; median "
+           f"and {MINMAX} over the rounds. Baseline: `dcp_load`, a new model + optimizer, "
+           "`get_state_dict`, `dcp.load` of the same state from a local directory "
+           f"({d.get('checkpoint_fs') or '?'}, files in the page cache) and `set_state_dict`, in "
+           "the same run; `torch_load` is `torch.load` of a `torch.save` file + "
+           "`load_state_dict`. `shadowgrad` is a new model + optimizer, `attach` and "
+           f"`restore_or_start` against N shadows (replication {d.get('replication')}, threads "
+           "of the bench's process on loopback). *restore*: from building the model until the "
+           "state is in place; *+ 1st iteration*: plus one forward, backward and step."
+           + (f" Quick mode: {d.get('rounds')} rounds, not the 5 of a full run." if d.get("quick")
+              else ""), ""]
+    rows, phases = [], []
+    checked = []
+    for s in d.get("sizes") or []:
+        label = f"{s.get('size')} ({_f(s.get('state_bytes'), 0, 2**-20)} MiB)"
+        for v in s.get("variants") or []:
+            re, rb = v.get("restore_ms") or {}, v.get("restore_plus_first_ms") or {}
+            q = v.get("ratio_to_dcp_load") or {}
+            shadows = "-" if v.get("shadows") is None else str(v.get("shadows"))
+            rows.append([label, f"`{v.get('variant')}`", shadows, _f(re.get("median")),
+                         _range(re.get("min"), re.get("max")), _ratio(q.get("restore")),
+                         _f(rb.get("median")), _range(rb.get("min"), rb.get("max")),
+                         _ratio(q.get("restore_plus_first"))])
+            phases.append([label, f"`{v.get('variant')}`", shadows,
+                           _phases(v.get("phases_ms_median"))])
+            checked.append(bool(v.get("verified")))
+    out += _table(["size (state)", "variant", "shadows", "restore ms", MINMAX,
+                   f"{TIMES} DCP load", "+ 1st iteration ms", MINMAX, f"{TIMES} DCP load"], rows)
+    out += ["", "Where a restore's time goes (median ms per phase; `survey` includes the settle, "
+            f"3 polls {TIMES} `timeouts.gap_repair` = {t.get('gap_repair', '?')}; "
+            "`fetch load`: fetch every shard, assemble, load into model and optimizer; `reseed`: "
+            "load the state back into the shadows as the new session's start):", ""]
+    out += _table(["size (state)", "variant", "shadows", "phases"], phases)
+    out += ["", "Restored state equal (`torch.equal`, every parameter and optimizer state "
+            "tensor) to the state the previous session ended with or the files hold: "
+            f"{'yes, every round' if checked and all(checked) else 'NOT verified'}."]
+    return out
+
+
 def render_switch(d: Doc) -> list[str]:
     out = [f"Program `{d.get('program')}`; {d.get('method')}. Baseline: a bare Python AF_PACKET "
            f"forward loop in the same run; goal {_pct(d.get('goal_ratio'))} of it.", ""]
@@ -345,14 +402,14 @@ BENCHES: tuple[Bench, ...] = (
           render=render_inband, timeout_quick_s=400),
     Bench("reseed_bench", "Self-healing pause: staging copy of one shard vs memcpy",
           ("--sizes", "1M,10M", "--repeat", "3"), render=render_reseed),
+    Bench("recovery_bench", "Recovery: restore from 1, 2, 4 shadows vs DCP load and torch.load",
+          ("--quick",), render=render_recovery, timeout_quick_s=240),
     Bench("switch_bench", "P4 software target vs a bare AF_PACKET loop",
           ("--rounds", "1", "--frames-small", "5000", "--frames-large", "1000"),
           needs_root=True, render=render_switch),
 )
 
 NOT_MEASURED = (
-    "**Recovery time**: restore from the shadows with 1, 2 and 4 shadows against a DCP load of "
-    "the same state (wall time from failure to the first resumed step).",
     "**Work lost per failure** per method (shadowgrad: at most one iteration; DCP / "
     "`torch.save` at the Young-Daly interval) — `shadowgrad plan` computes the interval, no "
     "bench measures the loss.",
@@ -513,9 +570,43 @@ def run_bench(b: Bench, mode: str, out_dir: Path) -> dict[str, Any]:
     return entry
 
 
-def run_all(mode: str, command: str) -> dict[str, Any]:
+def merge_rerun(old: Doc | None, new: Doc) -> Doc:
+    """harness.json after a partial rerun: ``old`` (the recorded run, or None) with the benches
+    of ``new`` (the rerun's own record: only the benches it ran) in place of theirs. ``old``'s
+    command, start, wall time, machine and commit stay; the rerun is appended to ``reruns``
+    and its entries say which rerun they come from (a rerun none of whose entries is left, all
+    run again since, is dropped). With no ``old``, ``new`` is the record."""
+    if old is None:
+        return new
+    if old.get("mode") != new.get("mode"):
+        raise ValueError(f"harness.json records a {old.get('mode')} run; a {new.get('mode')} "
+                         "rerun would mix the two on one page")
+    reruns = [r for r in old.get("reruns") or [] if isinstance(r, dict)]
+    number = len(reruns) + 1
+    reruns.append({k: new.get(k) for k in ("command", "started", "wall_s", "machine", "git")}
+                  | {"benches": [str(e.get("name")) for e in new.get("benches") or []]})
+    entries = {str(e.get("name")): e for e in old.get("benches") or [] if isinstance(e, dict)}
+    for e in new.get("benches") or []:
+        entries[str(e.get("name"))] = {**e, "rerun": number}
+    live = sorted({int(e["rerun"]) for e in entries.values() if e.get("rerun")})
+    renumber = {was: now for now, was in enumerate(live, 1)}
+    for n, e in entries.items():
+        if e.get("rerun"):
+            entries[n] = {**e, "rerun": renumber[int(e["rerun"])]}
+    order = [b.name for b in BENCHES if b.name in entries]
+    order += [n for n in entries if n not in order]
+    return {**old, "benches": [entries[n] for n in order],
+            "reruns": [reruns[i - 1] for i in live]}
+
+
+def run_all(mode: str, command: str, only: Sequence[str] | None = None) -> dict[str, Any]:
+    """Run every bench (or those named in ``only``, merged into the recorded harness.json)."""
     out_dir = QUICK_RESULTS if mode == "quick" else RESULTS
     out_dir.mkdir(parents=True, exist_ok=True)
+    old = _load(HARNESS_JSON) if only is not None else None
+    if old is not None and old.get("mode") != mode:  # refuse before running anything
+        raise SystemExit(f"{_rel(HARNESS_JSON)} records a {old.get('mode')} run: rerun its "
+                         f"benches with --{old.get('mode')}, or run them all with --{mode}")
     started = dt.datetime.now(dt.UTC)
     t0 = time.monotonic()
     doc: dict[str, Any] = {
@@ -523,14 +614,18 @@ def run_all(mode: str, command: str) -> dict[str, Any]:
         "started": started.strftime("%Y-%m-%dT%H:%M:%SZ"),
         "results_dir": _rel(out_dir), "machine": machine(), "git": _git(), "benches": []}
     for b in BENCHES:
-        doc["benches"].append(run_bench(b, mode, out_dir))
+        if only is None or b.name in only:
+            doc["benches"].append(run_bench(b, mode, out_dir))
     doc["wall_s"] = round(time.monotonic() - t0, 1)
     doc["machine"]["loadavg_at_end"] = [round(x, 2) for x in os.getloadavg()]
+    if only is not None:
+        doc = merge_rerun(old, doc)
     HARNESS_JSON.parent.mkdir(parents=True, exist_ok=True)
     tmp = HARNESS_JSON.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(doc, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
     tmp.replace(HARNESS_JSON)
-    print(f"wrote {_rel(HARNESS_JSON)}; all benches took {doc['wall_s']:.1f} s", flush=True)
+    print(f"wrote {_rel(HARNESS_JSON)}; the benches took {time.monotonic() - t0:.1f} s",
+          flush=True)
     return doc
 
 
@@ -600,6 +695,21 @@ def render_page(harness: Doc | None) -> str:
                   f"({harness.get('mode')} mode; JSON in `{harness.get('results_dir')}/` and "
                   f"`bench/results/harness.json`{at}). `python bench/harness.py --page-only` "
                   "regenerates this page from that JSON alone.", ""]
+        reruns = [r for r in harness.get("reruns") or [] if isinstance(r, dict)]
+        if reruns:
+            lines += ["Benches rerun since and merged into that record (their sections show "
+                      "the rerun's figures):", ""]
+            for i, r in enumerate(reruns, 1):
+                rm, rg = r.get("machine") or {}, r.get("git") or {}
+                rc = rg.get("commit")
+                rat = (f", commit `{rc[:12]}`{' with local changes' if rg.get('dirty') else ''}"
+                       if isinstance(rc, str) else "")
+                lines.append(f"{i}. `{r.get('command')}`, started {r.get('started')}, "
+                             f"{_f(r.get('wall_s'), 0)} s{rat}; load average "
+                             f"{rm.get('loadavg_at_start')} at the start, "
+                             f"{rm.get('loadavg_at_end')} at the end, nice {rm.get('nice')}: "
+                             + ", ".join(map(str, r.get("benches") or [])) + ".")
+            lines.append("")
         if harness.get("mode") == "quick":
             lines += ["Quick mode: every bench ran with short settings (small models, few "
                       "rounds) on a possibly busy machine; the figures show the shape, a full "
@@ -630,7 +740,8 @@ def render_page(harness: Doc | None) -> str:
             rows.append([link, f"{e.get('status')} ({e.get('reason')})",
                          _f(e.get("wall_s"), 1), "-"])
         else:
-            rows.append([link, "ok", _f(e.get("wall_s"), 1), f"`{e.get('json')}`"])
+            ok = f"ok (rerun {e['rerun']})" if e.get("rerun") else "ok"
+            rows.append([link, ok, _f(e.get("wall_s"), 1), f"`{e.get('json')}`"])
     lines += [*_table(["bench", "status", "wall s", "JSON"], rows), ""]
 
     for b in BENCHES:
@@ -694,10 +805,24 @@ def main(argv: list[str] | None = None) -> int:
                       help="run nothing; regenerate the page from the JSON present")
     ap.add_argument("--page", type=Path, default=DEFAULT_PAGE,
                     help=f"where the page goes (default {_rel(DEFAULT_PAGE)})")
+    ap.add_argument("--only", metavar="NAME[,NAME]",
+                    help="run only these benches and merge them into the recorded "
+                         "bench/results/harness.json (same mode), then regenerate the page")
     args = ap.parse_args(argv)
+    only: list[str] | None = None
+    if args.only is not None:
+        if args.page_only:
+            ap.error("--only runs benches; it does not go with --page-only")
+        only = [n.strip() for n in args.only.split(",") if n.strip()]
+        unknown = sorted(set(only) - {b.name for b in BENCHES})
+        if unknown or not only:
+            ap.error(f"--only: unknown bench(es) {', '.join(unknown) or '(none given)'}; known: "
+                     + ", ".join(b.name for b in BENCHES))
     if not args.page_only:
         flag = "--quick" if args.quick else "--full"
-        run_all("quick" if args.quick else "full", f"python bench/harness.py {flag}")
+        if only is not None:
+            flag += f" --only {','.join(only)}"
+        run_all("quick" if args.quick else "full", f"python bench/harness.py {flag}", only)
     write_page(args.page)
     return 0
 

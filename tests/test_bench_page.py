@@ -64,3 +64,60 @@ def test_wire_bench_rates_and_round_trip() -> None:
         datagrams = wb.encode_datagrams(payload, 64, k)
         assert len(datagrams) == 16  # 15 full chunks and one of 40 bytes
         assert wb.decode_datagrams(datagrams, k) == payload
+
+
+def _recovery_doc() -> dict[str, object]:
+    def row(variant: str, shadows: int | None, ms: float) -> dict[str, object]:
+        return {"variant": variant, "shadows": shadows,
+                "restore_ms": {"median": ms, "min": ms - 1, "max": ms + 1},
+                "restore_plus_first_ms": {"median": ms + 10, "min": ms + 9, "max": ms + 11},
+                "ratio_to_dcp_load": {"restore": ms / 100, "restore_plus_first": (ms + 10) / 110},
+                "phases_ms_median": {"build": 5.0, "read": ms - 5}, "verified": True}
+    return {"rounds": 3, "warmup": 1, "first_iters": 2, "quick": True, "replication": 1,
+            "checkpoint_fs": "ext4", "timeouts": {"gap_repair": "50ms"},
+            "sizes": [{"size": "10M", "state_bytes": 120 * 2**20,
+                       "variants": [row("shadowgrad", 1, 300.0), row("shadowgrad", 4, 200.0),
+                                    row("dcp_load", None, 100.0)]}]}
+
+
+def test_recovery_bench_rendering() -> None:
+    harness = _load("harness")
+    text = "\n".join(harness.render_recovery(_recovery_doc()))
+    d = harness.DASH
+    assert f"| 10M (120 MiB) | `shadowgrad` | 4 | 200 | 199 {d} 201 | 2.000 | 210 |" in text
+    assert f"| 10M (120 MiB) | `dcp_load` | - | 100 | 99 {d} 101 | 1.000 | 110 |" in text
+    assert "build 5, read 295" in text
+    assert "Quick mode: 3 rounds" in text and "yes, every round" in text
+    assert not any("Recovery time" in x for x in harness.NOT_MEASURED)
+
+
+def test_only_rerun_merges_into_the_recorded_run() -> None:
+    harness = _load("harness")
+    old = {"mode": "quick", "command": "python bench/harness.py --quick", "started": "A",
+           "wall_s": 100.0, "machine": {"cores": 2},
+           "benches": [{"name": "wire_bench", "status": "ok"},
+                       {"name": "recovery_bench", "status": "failed"}]}
+    new = {"mode": "quick", "command": "python bench/harness.py --quick --only recovery_bench",
+           "started": "B", "wall_s": 9.0, "machine": {"cores": 2, "loadavg_at_end": [1.0]},
+           "git": {"commit": None}, "benches": [{"name": "recovery_bench", "status": "ok"}]}
+    merged = harness.merge_rerun(old, new)
+    assert (merged["command"], merged["started"], merged["wall_s"]) == (
+        old["command"], "A", 100.0)
+    assert [e["name"] for e in merged["benches"]] == ["wire_bench", "recovery_bench"]
+    assert merged["benches"][0] == {"name": "wire_bench", "status": "ok"}
+    assert merged["benches"][1] == {"name": "recovery_bench", "status": "ok", "rerun": 1}
+    assert merged["reruns"][0]["benches"] == ["recovery_bench"]
+    assert merged["reruns"][0]["started"] == "B"
+    again = harness.merge_rerun(merged, {**new, "started": "C"})  # supersedes rerun 1
+    assert [r["started"] for r in again["reruns"]] == ["C"]
+    assert again["benches"][1]["rerun"] == 1
+    assert harness.merge_rerun(None, new) is new
+    try:
+        harness.merge_rerun({**old, "mode": "full"}, new)
+    except ValueError:
+        pass
+    else:
+        raise AssertionError("a quick rerun merged into a full run's record")
+    page = harness.render_page(merged)
+    assert "| [recovery_bench](#recovery_bench) | ok (rerun 1) | - |" in page
+    assert "merged into that record" in page and "--only recovery_bench" in page
