@@ -145,7 +145,8 @@ def _trial(tmp: Path, trial: int, ref_losses: dict[int, str],
 @pytest.mark.slow
 @pytest.mark.timeout(1200)
 def test_inband_rank_sigkill_with_the_controller_is_bit_identical(tmp_path: Path) -> None:
-    trials = int(os.environ.get("SHADOWGRAD_INBAND_KILL_TRIALS", "3"))
+    # 2 in the default run (SHADOWGRAD_INBAND_KILL_TRIALS=20 for the 20 points)
+    trials = int(os.environ.get("SHADOWGRAD_INBAND_KILL_TRIALS", "2"))
     ref_losses, ref_final = _reference(tmp_path)
     assert sorted(ref_losses) == list(range(STEPS))
     results = [_trial(tmp_path, t, ref_losses, ref_final) for t in range(trials)]

@@ -203,9 +203,13 @@ def test_inband_on_veths_with_loss_on_a_shadow_port(tmp_path: Path) -> None:
     assert res["bad"] == [], res
     assert res["last_applied"] == [STEPS - 1] * 4
     # port 5 dropped frames (copies, COMMITs, READYs and NACKs all cross it here, so which
-    # ones varies); every DATA copy lost was repaired (NACK -> FINAL|RETX from a trainer)
+    # ones varies); every DATA copy lost was repaired (NACK -> FINAL|RETX from a trainer). A
+    # copy that arrived counts as data, or as a duplicate when the ring re-sent its FINAL
+    # chunk (an ACK late on the loaded machine: the switch copies it again; seen in CI:
+    # data 240 + duplicate 2 = 242 copies, none lost)
     q = res["switch_final"]["queues"]["5"]
     assert q["drops"]["emulated_loss"] > 0, q
     c0 = res["counters"][0]
     copies = res["switch"]["shadow_copies"][0][0]
-    assert c0.get("data", 0) + c0.get("retx", 0) >= copies, (c0, copies)
+    arrived = c0.get("data", 0) + c0.get("duplicate", 0)
+    assert arrived + c0.get("retx", 0) >= copies, (c0, copies)

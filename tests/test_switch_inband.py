@@ -84,7 +84,9 @@ def test_inband_through_the_switch_with_loss_on_a_shadow_port(tmp_path: Path) ->
     assert s0.get("data", 0) < copies, (s0, copies)
     assert s0.get("retx", 0) > 0, s0
     assert out["counters"]["shadow_copies"][2][0] == copies  # its replica's port lost nothing
-    assert out["status"][2]["counters"].get("data", 0) == copies
+    s2 = out["status"][2]["counters"]
+    # every copy arrived: as data, or as a duplicate of a FINAL chunk the ring re-sent
+    assert s2.get("data", 0) + s2.get("duplicate", 0) == copies, (s2, copies)
 
 
 @pytest.mark.slow
