@@ -695,11 +695,14 @@ class ShadowNode:
             if covered != rec.covered_at_nack:
                 rec.nack_rounds = 0  # progress since the last round
             if rec.nack_rounds >= self.opts.max_repair_rounds:
-                if now - self._trainer_rx_at > self._silent_s:
+                if now - self._trainer_rx_at > self._silent_s and not self._replica_applied(i):
                     # no trainer has sent anything for failure_detect (the job was killed, is
                     # paused or is restarting): nobody can answer, which says nothing about the
                     # data. Keep asking at the slowest rate; one more unanswered round once a
-                    # trainer is heard from again declares the divergence.
+                    # trainer is heard from again declares the divergence. A replica that has
+                    # applied i says the data existed: diverge now and resync from it (seen in
+                    # CI: a restarted shadow still catching up when training ended waited for
+                    # the finished trainers forever while its replica held the last iteration)
                     if not rec.waited_silent:
                         rec.waited_silent = True
                         self.ev["repair_trainers_silent"] += 1
@@ -717,6 +720,17 @@ class ShadowNode:
             cov = rec.buf.cov if rec.buf is not None else IntervalSet()
             self._send_nack(i, ld.geom.missing(cov) if not rec.complete() else [],
                             commit_missing=rec.commit is None)
+
+    def _replica_applied(self, it: int) -> bool:
+        """Whether a replica of this shard, not diverged, reports iteration ``it`` applied (its
+        READY records; lock held)."""
+        ld = self._ld
+        assert ld is not None
+        for sid in ld.layout.shadows_of_shard(ld.shard):
+            p = self._peers.get(sid) if sid != self.id else None
+            if p is not None and not p.diverged and p.last_applied >= it:
+                return True
+        return False
 
     def _send_nack(self, it: int, missing: list[tuple[int, int, int]], *,
                    commit_missing: bool) -> None:

@@ -197,6 +197,37 @@ def test_no_divergence_while_the_trainers_are_silent_then_divergence_once_they_a
             assert n.status(timeline=0)["last_applied"] == hole - 1
 
 
+def test_trainers_silent_but_a_replica_applied_the_hole_resyncs_from_it() -> None:
+    """The trainers are gone (training ended) while one replica still misses a chunk of the
+    last iteration that its replica applied: silence says nothing about the data, but the
+    replica's READY does. The shard diverges and resyncs from it instead of waiting for the
+    trainers forever (seen in CI: a restarted shadow stuck 114 iterations behind)."""
+    case = Case("silent-replica", "mlp", "adamw", iterations=5)
+    trainer = RefTrainer(case, seed=5)
+    layout = trainer.layout(num_shadows=4, replication=2)
+    victim = 2 + 1  # shard 1, replica 1
+    assert layout.shard_of_shadow(victim) == (1, 1)
+    hole = case.iterations - 1
+    bucket, off = _chunk_of_shard(layout, 1)
+    slow = NodeOptions(max_repair_rounds=8, repair_backoff=1.5, resync_interval_s=0.05)
+
+    def withhold(it: int, b: int, o: int, sid: int) -> bool:
+        return it == hole and b == bucket and o == off and sid == victim
+
+    with cluster(layout, faults=Faults(withhold=withhold), options=slow) as c:
+        c.load(trainer.named, trainer.optimizer_spec())
+        for it in range(case.iterations):
+            grads, commit = trainer.step(it)
+            c.producer.send_iteration(it, bucket_bytes(layout, grads), commit)
+        c.wait_applied(hole, nodes=[0, 1, 2])
+        # nothing more is sent: the victim heals from shadow 1 although no trainer speaks
+        c.wait_applied(hole, nodes=[victim], timeout_s=20)
+        ev = c.nodes[victim].ev
+        assert ev["diverged"] == 1 and ev["resynced"] >= 1, dict(ev)
+        bad = c.check(hole, trainer)
+        assert not bad, bad[:4]
+
+
 def test_withheld_chunk_on_one_replica_resyncs_from_the_other_bit_exact() -> None:
     case = Case("resync", "transformer", "adamw", clip=1.0, iterations=24)
     trainer = RefTrainer(case, seed=4)
