@@ -63,6 +63,7 @@ def _check(spec_path: str, final_path: str, steps: int) -> int:
             if not torch.equal(opt[n][sk], v):
                 bad.append(f"opt {n}.{sk}")
     print(json.dumps({"bad": bad, "counters": [s["counters"] for s in status],
+                      "events": [s.get("events") or {} for s in status],
                       "last_applied": [s.get("last_applied") for s in status]}))
     return 0
 
@@ -212,4 +213,9 @@ def test_inband_on_veths_with_loss_on_a_shadow_port(tmp_path: Path) -> None:
     c0 = res["counters"][0]
     copies = res["switch"]["shadow_copies"][0][0]
     arrived = c0.get("data", 0) + c0.get("duplicate", 0)
-    assert arrived + c0.get("retx", 0) >= copies, (c0, copies)
+    # or the shard took the state from its replica: in-band trainers send no idle heartbeat,
+    # so a copy of the last iterations lost while they wait in close() (silent for
+    # failure_detect) is healed by a resync from the replica that applied it
+    e0 = res["events"][0]
+    healed = e0.get("resynced", 0) + e0.get("cloned", 0)
+    assert arrived + c0.get("retx", 0) >= copies or healed > 0, (c0, copies, e0)
