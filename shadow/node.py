@@ -695,14 +695,17 @@ class ShadowNode:
             if covered != rec.covered_at_nack:
                 rec.nack_rounds = 0  # progress since the last round
             if rec.nack_rounds >= self.opts.max_repair_rounds:
-                if now - self._trainer_rx_at > self._silent_s and not self._replica_applied(i):
+                if now - self._trainer_rx_at > self._silent_s and (
+                        self._holds or not self._replica_applied(i)):
                     # no trainer has sent anything for failure_detect (the job was killed, is
                     # paused or is restarting): nobody can answer, which says nothing about the
                     # data. Keep asking at the slowest rate; one more unanswered round once a
                     # trainer is heard from again declares the divergence. A replica that has
                     # applied i says the data existed: diverge now and resync from it (seen in
                     # CI: a restarted shadow still catching up when training ended waited for
-                    # the finished trainers forever while its replica held the last iteration)
+                    # the finished trainers forever while its replica held the last iteration).
+                    # Not while a restore point is held here: a resync would drop the held
+                    # iteration's retained copy, and the restarted trainers fill the hole.
                     if not rec.waited_silent:
                         rec.waited_silent = True
                         self.ev["repair_trainers_silent"] += 1
