@@ -233,10 +233,10 @@ def _free_udp_port() -> int:
 
 def _node(layout: Any, optimizer: str, window: int, rx_threads: int = 1) -> tuple[Any, Any]:
     import torch
-    from shadowgrad.shadow.control import ShadowClient
-    from shadowgrad.shadow.node import NodeOptions, ShadowNode
 
     from shadowgrad.optspec import OptimizerSpec, ParamGroupSpec
+    from shadowgrad.shadow.control import ShadowClient
+    from shadowgrad.shadow.node import NodeOptions, ShadowNode
 
     sock = _udp()
     spec = _spec(sock.getsockname()[1], _free_udp_port())

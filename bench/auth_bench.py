@@ -179,10 +179,10 @@ def _spec(shadow_port: int, trainer_port: int, authenticate_data: bool) -> Any:
 def _node(layout: Any, authenticate_data: bool, window: int) -> Any:
     """A loaded ShadowNode owning the whole layout (SGD replay; nothing is applied here)."""
     import torch
-    from shadowgrad.shadow.control import ShadowClient
-    from shadowgrad.shadow.node import NodeOptions, ShadowNode
 
     from shadowgrad.optspec import OptimizerSpec, ParamGroupSpec
+    from shadowgrad.shadow.control import ShadowClient
+    from shadowgrad.shadow.node import NodeOptions, ShadowNode
 
     sock = ING._udp()
     spec = _spec(sock.getsockname()[1], ING._free_udp_port(), authenticate_data)

@@ -292,14 +292,9 @@ def run_variant(args: argparse.Namespace, variant: str, width: int, layout: Any,
                 tmp: Path) -> dict[str, Any]:
     """One variant: its switch and shadows (if any) around one launch of the ranks."""
     from shadowgrad.bmv2_testbed.inband import JobSwitch
-    from shadowgrad.trainer_hooks._testing import (
-        loopback_spec,
-        shadow_cluster,
-        spec_toml,
-        switch_spec,
-    )
-
     from shadowgrad.config import parse_spec
+    from shadowgrad.shadow.testing import shadow_cluster
+    from shadowgrad.trainer_hooks._testing import loopback_spec, spec_toml, switch_spec
 
     if variant == "ddp":
         t0 = time.monotonic()
@@ -467,8 +462,8 @@ def main() -> int:
         return 0
     os.environ.setdefault("SHADOWGRAD_TOKEN", "trainer-test-token")
     import torch
-    from shadowgrad.bmv2_testbed.inband import compile_product
 
+    from shadowgrad.bmv2_testbed.inband import compile_product
     from shadowgrad.layout import Layout, from_module
 
     torch.set_num_threads(1)  # the in-process shadows: one intra-op thread, like the ranks

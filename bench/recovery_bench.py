@@ -4,7 +4,7 @@
 
 One model (an MLP of ``depth`` x ``Linear(width, width)``, the sizes of trainer_bench.py) with
 AdamW, world size 1, in this process. For every shadow count a cluster of real shadow nodes
-(``trainer_hooks._testing.shadow_cluster``: threads of this process, on loopback) gets the
+(``shadowgrad.shadow.testing.shadow_cluster``: threads of this process, on loopback) gets the
 state of a first session (``attach`` + ``restore_or_start`` + a few ``sg.step`` with real
 gradients, then ``close``). The baselines save the state of the same first iterations, trained
 without shadowgrad, with ``dcp.save`` to a local temporary directory and with ``torch.save`` to
@@ -179,10 +179,10 @@ class ShadowVariant:
     """Restores from ``shadows`` shadow nodes; each round's session is the next one's source."""
 
     def __init__(self, size: str, shadows: int, first_iters: int) -> None:
-        from shadowgrad.trainer_hooks import attach
-        from shadowgrad.trainer_hooks._testing import TOKEN, loopback_spec, shadow_cluster
-
         from shadowgrad.config import parse_spec
+        from shadowgrad.shadow.testing import shadow_cluster
+        from shadowgrad.trainer_hooks import attach
+        from shadowgrad.trainer_hooks._testing import TOKEN, loopback_spec
 
         self.name, self.shadows, self.size = "shadowgrad", shadows, size
         self.doc = loopback_spec(world=1, shadows=shadows, replication=1)

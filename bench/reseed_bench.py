@@ -44,11 +44,11 @@ def _median_ms(fn: Any, repeat: int) -> tuple[float, float, float]:
 
 def bench(size: str, repeat: int) -> dict[str, Any]:
     import torch
-    from shadowgrad.trainer_hooks import attach
-    from shadowgrad.trainer_hooks._testing import loopback_spec
     from torch import nn
 
     from shadowgrad.config import parse_spec
+    from shadowgrad.trainer_hooks import attach
+    from shadowgrad.trainer_hooks._testing import loopback_spec
 
     width, depth = SIZES[size]
     torch.manual_seed(0)

@@ -45,10 +45,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from shadowgrad.shadow.replay import ShardReplayer, box_states_from_full
 
 from shadowgrad.layout import Layout, ParamSpec
 from shadowgrad.optspec import OptimizerSpec, ParamGroupSpec
+from shadowgrad.shadow.replay import ShardReplayer, box_states_from_full
 from shadowgrad.wire import CommitRecord
 
 logger = logging.getLogger(__name__)

@@ -47,6 +47,7 @@ from pathlib import Path
 from typing import Any
 
 from p4.v1 import p4runtime_pb2
+
 from shadowgrad.bmv2_testbed.dataplane import Pipeline
 from shadowgrad.bmv2_testbed.testing import P4RuntimeClient, VethNamespace
 

@@ -8,14 +8,28 @@ For each model size it launches ``--world`` DDP ranks (gloo, CPU) once per varia
                     shadow nodes in this process (``--shadows real``) or UDP sinks that only
                     drain their sockets (``--shadows sink``: trainer-side cost alone, no shadow
                     CPU or memory)
+* ``mirror_sink`` -- mirror mode against sinks whatever ``--shadows`` says, so one run gives
+                    both the whole-machine cost (real shadows on the same cores) and the
+                    trainer's own critical path
 * ``dcp_async``  -- ``torch.distributed.checkpoint.async_save`` of model + optimizer every
                     iteration (waiting for the previous save first, as one must)
 * ``torch_save`` -- rank 0 ``torch.save`` of model + optimizer state every iteration
+* ``dcp_async:K`` / ``torch_save:K`` -- the same every K-th iteration (a periodic policy): the
+                    measured iterations are a multiple of K, so the excess over ``none`` divided
+                    by the number of checkpoints is the cost of one checkpoint to the trainer
+                    (its blocking stall plus whatever the background write takes from the
+                    iterations after it); for ``dcp_async`` the time until a save is durable
+                    (``async_save`` called -> its future done) is recorded too
 
-and reports the median per-iteration time on rank 0 and its ratio to ``none``. Results go to a
-JSON file (``--out``) that docs/trainer.md's table is made from.
+and reports, per size, world size and shadow count, the per-iteration time on rank 0 (median of
+the pooled measured iterations, and the medians of each round), its ratio to ``none`` and, for
+the periodic variants, the cost per checkpoint. ``--rounds`` runs of every variant are
+interleaved (round-robin), so a slow minute of a shared machine hits every variant alike.
+Results go to a JSON file (``--out``); ``bench/harness.py`` makes docs/benchmarks.md from it.
 
     .venv/bin/python bench/trainer_bench.py --sizes 10M,100M --iters 10 --world 2
+    .venv/bin/python bench/trainer_bench.py --sizes 1M --variants none,mirror --worlds 2,4 \\
+        --shadow-counts 1,2,4        # scaling: trainers and shadows
 """
 
 from __future__ import annotations
@@ -34,7 +48,18 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-VARIANTS = ("none", "mirror", "dcp_async", "torch_save")
+VARIANTS = ("none", "mirror", "dcp_async", "torch_save", "dcp_async:5", "torch_save:5")
+
+
+def split_variant(variant: str) -> tuple[str, int]:
+    """``"dcp_async:5"`` -> ``("dcp_async", 5)``; a plain name checkpoints every iteration."""
+    name, _, every = variant.partition(":")
+    k = int(every) if every else 1
+    if name not in ("none", "mirror", "mirror_sink", "dcp_async", "torch_save") or k < 1:
+        raise ValueError(f"unknown variant {variant!r}")
+    if name in ("none", "mirror", "mirror_sink") and every:
+        raise ValueError(f"{name} has no interval: {variant!r}")
+    return name, k
 #: model size -> (width, depth) of an MLP of depth x Linear(width, width)
 SIZES = {"1M": (512, 4), "10M": (1024, 10), "100M": (2048, 24)}
 
@@ -64,15 +89,22 @@ def worker(args: argparse.Namespace) -> None:
     fut: Any = None
     # DCP's background save runs collectives: give it its own group, or they interleave with
     # DDP's all-reduces on the default group
-    ckpt_pg = dist.new_group(backend="gloo") if args.variant == "dcp_async" else None
+    kind, every = split_variant(args.variant)
+    ckpt_pg = dist.new_group(backend="gloo") if kind == "dcp_async" else None
+    durable: list[float] = []  # async_save called -> its future done, seconds
     ckdir = Path(args.ckdir)
-    if args.variant == "mirror":
+    if kind in ("mirror", "mirror_sink"):
         from shadowgrad.trainer_hooks import attach
 
         sg = attach(model, opt, args.spec, max_grad_norm=1.0)
         sg.restore_or_start()
     times: list[float] = []
+    ckpt: list[bool] = []
     for it in range(args.warmup + args.iters):
+        # a periodic policy saves on the first iteration of every window of ``every`` measured
+        # ones (so a background write's spill-over falls inside the window it belongs to), and
+        # once in the warm-up (its one-time set-up is not a checkpoint's cost)
+        save = it == 0 or (it >= args.warmup and (it - args.warmup) % every == 0)
         x = torch.randn(args.batch, width)
         t0 = time.perf_counter()
         loss = model(x).square().mean()
@@ -84,7 +116,7 @@ def worker(args: argparse.Namespace) -> None:
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             opt.step()
             opt.zero_grad(set_to_none=True)
-            if args.variant == "dcp_async":
+            if kind == "dcp_async" and save:
                 import torch.distributed.checkpoint as dcp
                 from torch.distributed.checkpoint.state_dict import get_state_dict
 
@@ -94,12 +126,17 @@ def worker(args: argparse.Namespace) -> None:
                 fut = dcp.async_save({"model": msd, "optim": osd},
                                      checkpoint_id=str(ckdir / f"it{it % 2}"),
                                      process_group=ckpt_pg)
-            elif args.variant == "torch_save" and rank == 0:
+                if it >= args.warmup:
+                    t_call = time.perf_counter()
+                    fut.add_done_callback(
+                        lambda _f, t=t_call: durable.append(time.perf_counter() - t))
+            elif kind == "torch_save" and save and rank == 0:
                 torch.save({"model": model.module.state_dict(), "optim": opt.state_dict()},
                            ckdir / "ckpt.pt")
         dt = time.perf_counter() - t0
         if it >= args.warmup:
             times.append(dt)
+            ckpt.append(save and kind in ("dcp_async", "torch_save"))
     if fut is not None:
         fut.result()
     extra: dict[str, Any] = {}
@@ -110,7 +147,9 @@ def worker(args: argparse.Namespace) -> None:
     dist.barrier()
     if rank == 0:
         print("RESULT " + json.dumps({"size": args.size, "variant": args.variant,
-                                      "params": nparams, "times": times, "extra": extra}),
+                                      "params": nparams, "times": times, "checkpointed": ckpt,
+                                      "durable_s": durable, "every": every,
+                                      "world": args.world, "extra": extra}),
               flush=True)
     dist.destroy_process_group()
 
@@ -193,6 +232,41 @@ def run_variant(args: argparse.Namespace, size: str, variant: str, spec_path: Pa
     return res
 
 
+def _stats(xs: list[float]) -> dict[str, float] | None:
+    return None if not xs else {"median": statistics.median(xs), "min": min(xs), "max": max(xs)}
+
+
+def summarize(runs: list[dict[str, Any]], base_runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The figures of one (size, world, shadows, variant) from its rounds; ``base_runs`` are the
+    same rounds of ``none`` (per round: the excess over that round's ``none`` median)."""
+    times = [t for r in runs for t in r["times"]]
+    med = statistics.median(times)
+    round_medians = [statistics.median(r["times"]) for r in runs]
+    out: dict[str, Any] = {"median_s": med, "round_medians_s": round_medians,
+                           "rounds": len(runs), "min_s": min(times), "max_s": max(times)}
+    if base_runs:
+        base = statistics.median([t for r in base_runs for t in r["times"]])
+        out["ratio"] = med / base
+        out["round_ratios"] = [statistics.median(r["times"]) / statistics.median(b["times"])
+                               for r, b in zip(runs, base_runs, strict=False)]
+        per_ckpt = []
+        stall = []
+        for r, b in zip(runs, base_runs, strict=False):
+            n = sum(r.get("checkpointed") or [])
+            bmed = statistics.median(b["times"])
+            if n:
+                per_ckpt.append((sum(r["times"]) - len(r["times"]) * bmed) / n)
+                stall += [t - bmed for t, c in zip(r["times"], r["checkpointed"], strict=True)
+                          if c]
+        out["cost_per_checkpoint_s"] = _stats(per_ckpt)
+        out["stall_at_checkpoint_s"] = _stats(stall)
+        out["excess_per_iteration_s"] = _stats(
+            [statistics.median(r["times"]) - statistics.median(b["times"])
+             for r, b in zip(runs, base_runs, strict=False)])
+    out["durable_s"] = _stats([d for r in runs for d in r.get("durable_s") or []])
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -202,11 +276,16 @@ def main() -> int:
     ap.add_argument("--ckdir", default="", help=argparse.SUPPRESS)
     ap.add_argument("--sizes", default="10M,100M", help="comma list of " + ",".join(SIZES))
     ap.add_argument("--variants", default=",".join(VARIANTS))
-    ap.add_argument("--iters", type=int, default=10, help="measured iterations per variant")
+    ap.add_argument("--iters", type=int, default=10,
+                    help="measured iterations per variant and round (a multiple of every K)")
     ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=5, help="interleaved runs of every variant")
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--world", type=int, default=2, help="DDP ranks (gloo, CPU)")
+    ap.add_argument("--worlds", default="", help="comma list of world sizes (default: --world)")
     ap.add_argument("--num-shadows", type=int, default=2)
+    ap.add_argument("--shadow-counts", default="",
+                    help="comma list of shadow counts for mirror (default: --num-shadows)")
     ap.add_argument("--shadows", choices=("real", "sink", "auto"), default="auto",
                     help="auto: real shadows up to 10M parameters, sinks above (memory)")
     ap.add_argument("--timeout", type=float, default=1800.0)
@@ -216,60 +295,108 @@ def main() -> int:
         worker(args)
         return 0
     os.environ.setdefault("SHADOWGRAD_TOKEN", "trainer-test-token")
-    from shadowgrad.trainer_hooks._testing import shadow_cluster, spec_toml
-
-    from shadowgrad.config import parse_spec
-
-    report: dict[str, Any] = {"world": args.world, "iters": args.iters, "batch": args.batch,
-                              "num_shadows": args.num_shadows, "results": []}
+    variants = args.variants.split(",")
+    for v in variants:
+        _, k = split_variant(v)
+        if args.iters % k:
+            ap.error(f"--iters {args.iters} is not a multiple of {v}'s interval {k}")
+    worlds = [int(w) for w in (args.worlds or str(args.world)).split(",")]
+    counts = [int(c) for c in (args.shadow_counts or str(args.num_shadows)).split(",")]
+    report: dict[str, Any] = {"world": worlds[0], "worlds": worlds, "iters": args.iters,
+                              "warmup": args.warmup, "rounds": args.rounds,
+                              "batch": args.batch, "num_shadows": counts[0],
+                              "shadow_counts": counts, "results": []}
     tmp = Path(tempfile.mkdtemp(prefix="sg-trainer-bench-"))
     try:
         for size in args.sizes.split(","):
-            base: float | None = None
-            for variant in args.variants.split(","):
-                ckdir = tmp / f"{size}-{variant}"
-                ckdir.mkdir()
-                doc = _spec_doc(args.world, args.num_shadows)
-                spec_path = tmp / f"{size}-{variant}.toml"
-                spec_path.write_text(spec_toml(doc))
-                mode = args.shadows
-                if mode == "auto":
-                    mode = "real" if SIZES[size][0] ** 2 * SIZES[size][1] <= 12e6 else "sink"
-                t0 = time.monotonic()
-                if variant == "mirror" and mode == "real":
-                    with shadow_cluster(parse_spec(doc, env={})) as cluster:
-                        res = run_variant(args, size, variant, spec_path, ckdir)
-                        res["shadow_status"] = [
-                            {k: s[k] for k in ("last_applied", "diverged_at", "lag")}
-                            for s in cluster.status()]
-                elif variant == "mirror":
-                    ports = [int(a.rsplit(":", 1)[1]) for a in doc["shadows"]["addresses"]]
-                    sinks = Sinks(ports)
-                    try:
-                        res = run_variant(args, size, variant, spec_path, ckdir)
-                    finally:
-                        sinks.close()
-                    res["sink_bytes"] = sinks.bytes
-                else:
-                    res = run_variant(args, size, variant, spec_path, ckdir)
-                shutil.rmtree(ckdir, ignore_errors=True)
-                med = statistics.median(res["times"])
-                res["median_s"] = med
-                res["shadows"] = mode if variant == "mirror" else None
-                res["wall_s"] = time.monotonic() - t0
-                if variant == "none":
-                    base = med
-                res["ratio"] = None if base is None else med / base
-                report["results"].append(res)
-                ratio = "-" if res["ratio"] is None else f"{res['ratio']:.2f}x"
-                print(f"{size:>5} {res['params'] / 1e6:7.1f}M params  {variant:<11} "
-                      f"median {med * 1000:9.1f} ms/iter  ratio {ratio}"
-                      + (f"  ({mode} shadows)" if variant == "mirror" else ""), flush=True)
+            for world in worlds:
+                # (variant, shadows) cells of this size and world; shadow counts only vary mirror
+                cells = [(v, n) for v in variants
+                         for n in (counts if split_variant(v)[0] == "mirror" else [None])]
+                runs: dict[tuple[str, int | None], list[dict[str, Any]]] = {c: [] for c in cells}
+                walls: dict[tuple[str, int | None], float] = dict.fromkeys(cells, 0.0)
+                for rnd in range(args.rounds):
+                    for variant, nshadows in cells:
+                        res = _one(args, size, world, variant, nshadows=nshadows,
+                                   tmp=tmp, rnd=rnd)
+                        walls[(variant, nshadows)] += res.pop("wall_s")
+                        runs[(variant, nshadows)].append(res)
+                        print(f"{size:>5} world {world} round {rnd + 1}/{args.rounds} "
+                              f"{variant:<13}{'' if nshadows is None else f' {nshadows} shadows'}"
+                              f" median {statistics.median(res['times']) * 1000:9.1f} ms/iter",
+                              flush=True)
+                base_runs = runs.get(("none", None), [])
+                for (variant, nshadows), rs in runs.items():
+                    kind, every = split_variant(variant)
+                    entry: dict[str, Any] = {
+                        "size": size, "variant": variant, "kind": kind, "every": every,
+                        "world": world, "params": rs[0]["params"],
+                        "num_shadows": nshadows, "shadows": rs[0].get("shadows"),
+                        "wall_s": walls[(variant, nshadows)],
+                        "times": [t for r in rs for t in r["times"]],
+                        "extra": rs[-1].get("extra"),
+                        "shadow_status": rs[-1].get("shadow_status"),
+                        "sink_bytes": rs[-1].get("sink_bytes"),
+                    }
+                    entry.update(summarize(rs, base_runs if variant != "none" else rs))
+                    if variant != "none" and not base_runs:
+                        entry["ratio"] = None
+                    report["results"].append(entry)
+                    ratio = "-" if entry.get("ratio") is None else f"{entry['ratio']:.3f}x"
+                    print(f"{size:>5} {entry['params'] / 1e6:7.1f}M params world {world} "
+                          f"{variant:<13} median {entry['median_s'] * 1000:9.1f} ms/iter "
+                          f"ratio {ratio}" + (f" ({entry['shadows']} shadows x{nshadows})"
+                                              if kind == "mirror" else ""), flush=True)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     Path(args.out).write_text(json.dumps(report, indent=1))
     print(f"wrote {args.out}")
     return 0
+
+
+def _one(args: argparse.Namespace, size: str, world: int, variant: str, *,
+         nshadows: int | None, tmp: Path, rnd: int) -> dict[str, Any]:
+    """One run of one variant: ``world`` ranks, with real shadows / sinks for mirror."""
+    from shadowgrad.config import parse_spec
+    from shadowgrad.shadow.testing import shadow_cluster
+    from shadowgrad.trainer_hooks._testing import spec_toml
+
+    kind, _ = split_variant(variant)
+    tag = f"{size}-w{world}-{variant.replace(':', '_')}-s{nshadows}-r{rnd}"
+    ckdir = tmp / tag
+    ckdir.mkdir()
+    doc = _spec_doc(world, nshadows or args.num_shadows)
+    spec_path = tmp / f"{tag}.toml"
+    spec_path.write_text(spec_toml(doc))
+    mode = "sink" if kind == "mirror_sink" else args.shadows
+    if mode == "auto":
+        mode = "real" if SIZES[size][0] ** 2 * SIZES[size][1] <= 12e6 else "sink"
+    if kind == "mirror_sink":
+        kind = "mirror"
+    wargs = argparse.Namespace(**{**vars(args), "world": world})
+    t0 = time.monotonic()
+    try:
+        if kind == "mirror" and mode == "real":
+            with shadow_cluster(parse_spec(doc, env={})) as cluster:
+                res = run_variant(wargs, size, variant, spec_path, ckdir)
+                res["shadow_status"] = [
+                    {k: s[k] for k in ("last_applied", "diverged_at", "lag")}
+                    for s in cluster.status()]
+        elif kind == "mirror":
+            ports = [int(a.rsplit(":", 1)[1]) for a in doc["shadows"]["addresses"]]
+            sinks = Sinks(ports)
+            try:
+                res = run_variant(wargs, size, variant, spec_path, ckdir)
+            finally:
+                sinks.close()
+            res["sink_bytes"] = sinks.bytes
+        else:
+            res = run_variant(wargs, size, variant, spec_path, ckdir)
+    finally:
+        shutil.rmtree(ckdir, ignore_errors=True)
+    res["shadows"] = mode if kind == "mirror" else None
+    res["wall_s"] = time.monotonic() - t0
+    return res
 
 
 if __name__ == "__main__":

@@ -16,6 +16,13 @@ actions inlined, and frames appended to ``out`` as ``(port, bytes)``; ``drop(por
 counts a drop (``internal_error`` for an exception, as the general path) and
 ``digest(digests)`` queues the ingress digests the way the general path does.
 
+The traffic manager's decisions are not written here: the end of ingress and the end of
+egress are :func:`.v1model.end_of_ingress` and :func:`.v1model.end_of_egress`, the functions
+the general path calls, inlined (:func:`_inline_v1model`) with the fast path's locals as
+arguments, the requests it never covers (resubmit, recirculate) folded to ``False``, and each
+verdict turned into the template's statements for it; the constants (instance types, the
+clock mask) come from :mod:`.v1model` too.
+
 On top of the inlining, a few rewrites that hold for any program: parser offsets are folded to
 constants along paths of fixed-size extracts; each extract keeps its raw struct items
 (``r_ipv4_0``...), which the deparser packs back wherever the fields behind an item are written
@@ -38,14 +45,25 @@ from __future__ import annotations
 
 import ast
 import copy
+import functools
+import inspect
 import itertools
-from collections.abc import Iterator
+import textwrap
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["FastPathUnsupported", "build_fast"]
+from . import v1model
+from .v1model import (
+    CLOCK_MASK,
+    DROP,
+    ENQ_TIMESTAMP_MASK,
+    FORWARD,
+    PKT_REPLICATION,  # noqa: F401 - re-exported (tests compare it with the dataplane's)
+    TRANSMIT,
+)
 
-PKT_REPLICATION = 5  # dataplane.PKT_REPLICATION (not importable here: dataplane imports us)
+__all__ = ["FastPathUnsupported", "build_fast"]
 
 
 class FastPathUnsupported(Exception):  # noqa: N818 - a reason, not an error
@@ -472,7 +490,7 @@ def fast(port, frames, t0, mcast, out, drop, digest, qdepth):
             _digests = ()
             s_ingress_port = port
             s_packet_length = len(_buf)
-            now = (_monotonic_ns() // 1000 - t0) & 281474976710655
+            now = (_monotonic_ns() // 1000 - t0) & CLOCK_MASK
             s_ingress_global_timestamp = now
             _off = 0
             _path = -1
@@ -487,17 +505,7 @@ def fast(port, frames, t0, mcast, out, drop, digest, qdepth):
             INGRESS
             if _digests:
                 digest(_digests)
-            if s_mcast_grp:
-                _reps = mcast.get(s_mcast_grp)
-                if not _reps:
-                    drop(port, 'mcast_group_unknown')
-                    continue
-                s_instance_type = PKT_REPLICATION
-            elif s_egress_spec == DROP_PORT:
-                drop(port, 'ingress_drop')
-                continue
-            else:
-                _reps = ((s_egress_spec, 0),)
+            END_OF_INGRESS
             _multi = len(_reps) > 1
             if _multi:
                 SNAPSHOT
@@ -510,9 +518,7 @@ def fast(port, frames, t0, mcast, out, drop, digest, qdepth):
                 s_egress_global_timestamp = now
                 QUEUE
                 EGRESS
-                if s_egress_spec == DROP_PORT:
-                    drop(port, 'egress_drop')
-                    continue
+                END_OF_EGRESS
                 COMPUTE
                 DEPARSE
                 out.append((_eport, _data))
@@ -611,14 +617,15 @@ def build_fast(source: str) -> str:
     if qnames & {n.id for st in [*egress, *compute, *deparse] for n in ast.walk(st)
                  if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}:
         queue = ast.parse("s_enq_qdepth = s_deq_qdepth = qdepth(_eport, out)\n"
-                          "s_enq_timestamp = now & 4294967295\n"
+                          f"s_enq_timestamp = now & {ENQ_TIMESTAMP_MASK}\n"
                           "s_deq_timedelta = 0\n").body
 
     fast = ast.parse(_TEMPLATE).body[0]
     assert isinstance(fast, ast.FunctionDef)
     parts = {"INIT": init, "PARSE": parse or [ast.Pass()], "VERIFY": verify,
-             "INGRESS": ingress, "SNAPSHOT": snapshot, "RESTORE": restore, "QUEUE": queue,
-             "EGRESS": egress, "COMPUTE": compute, "DEPARSE": deparse}
+             "INGRESS": ingress, "END_OF_INGRESS": _end_of_ingress(),
+             "SNAPSHOT": snapshot, "RESTORE": restore, "QUEUE": queue, "EGRESS": egress,
+             "END_OF_EGRESS": _end_of_egress(), "COMPUTE": compute, "DEPARSE": deparse}
     fast = _Splice(parts).visit(fast)
     assert isinstance(fast, ast.FunctionDef)
     _cleanup(fast)
@@ -1176,6 +1183,123 @@ class _Splice(ast.NodeTransformer):
         return node
 
     def visit_Name(self, node: ast.Name) -> ast.AST:
-        if node.id == "PKT_REPLICATION":
-            return ast.copy_location(ast.Constant(PKT_REPLICATION), node)
+        if node.id == "CLOCK_MASK":
+            return ast.copy_location(ast.Constant(CLOCK_MASK), node)
         return node
+
+
+# ------------------------------------------------------------ the traffic manager, inlined
+def _name(n: str) -> ast.expr:
+    return ast.Name(n, ast.Load())
+
+
+def _dropped(reason: ast.expr) -> list[ast.stmt]:
+    """A DROP verdict in the template: count it against the ingress port, next frame/copy."""
+    call = ast.Call(_name("drop"), [_name("port"), reason], [])
+    return [ast.Expr(call), ast.Continue()]
+
+
+def _end_of_ingress() -> list[ast.stmt]:
+    """v1model.end_of_ingress over the template's locals (no resubmit: not covered). A
+    FORWARD leaves the copies in ``_reps`` and their instance type in ``s_instance_type``."""
+    def forward(reps: ast.expr, itype: ast.expr) -> list[ast.stmt]:
+        out: list[ast.stmt] = []
+        for name, value in (("_reps", reps), ("s_instance_type", itype)):
+            if not (isinstance(value, ast.Name) and value.id == name):
+                out.append(_assign(name, value))
+        return out
+
+    args = {"resubmit": ast.Constant(False), "mcast_grp": _name("s_mcast_grp"),
+            "egress_spec": _name("s_egress_spec"), "instance_type": _name("s_instance_type"),
+            "groups": _name("mcast"), "drop_port": _name("DROP_PORT")}
+    return _inline_v1model(v1model.end_of_ingress, args, {
+        DROP: lambda reason, _itype: _dropped(reason),
+        FORWARD: forward,
+    }, {"replicas": "_reps"})
+
+
+def _end_of_egress() -> list[ast.stmt]:
+    """v1model.end_of_egress over the template's locals (no recirculate: not covered); a
+    TRANSMIT goes on to compute and deparser."""
+    args = {"egress_spec": _name("s_egress_spec"), "drop_port": _name("DROP_PORT"),
+            "recirculate": ast.Constant(False)}
+    return _inline_v1model(v1model.end_of_egress, args, {
+        DROP: _dropped,
+        TRANSMIT: lambda _none: [],
+    })
+
+
+@functools.cache
+def _function_def(fn: Callable[..., Any]) -> ast.FunctionDef:
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
+    except (OSError, TypeError) as e:  # no source: run the general path
+        raise FastPathUnsupported(f"no source for v1model.{fn.__name__}") from e
+    fdef = tree.body[0]
+    if not (isinstance(fdef, ast.FunctionDef) and fdef.name == fn.__name__):
+        raise FastPathUnsupported(f"v1model.{fn.__name__}: not a plain function")
+    return fdef
+
+
+def _inline_v1model(fn: Callable[..., Any], args: dict[str, ast.expr],
+                    verdicts: dict[int, Callable[..., list[ast.stmt]]],
+                    names: dict[str, str] | None = None) -> list[ast.stmt]:
+    """The body of ``fn`` (a :mod:`.v1model` rule, in the form that module describes) as
+    statements: parameters replaced by ``args``, its other locals renamed ``_tm_<name>`` (or
+    as ``names`` says), the module's ``int``/``str`` constants by their values, ``if`` on a
+    constant folded, and each ``return (VERDICT, *items)`` by ``verdicts[VERDICT](*items)`` —
+    which must exist for every verdict still reachable. Anything else is refused."""
+    what = f"v1model.{fn.__name__}"
+    fdef = _function_def(fn)
+    params = [a.arg for a in fdef.args.args]
+    if set(params) != set(args) or fdef.args.vararg or fdef.args.kwarg \
+            or fdef.args.kwonlyargs:
+        raise FastPathUnsupported(f"{what}: parameters {params}")
+    body = list(fdef.body)
+    if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+        body = body[1:]  # the docstring
+    local = {n.id for st in body for n in ast.walk(st)
+             if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+    consts = getattr(fn, "__globals__", {})
+
+    class Subst(ast.NodeTransformer):
+        def visit_Name(self, node: ast.Name) -> ast.AST:
+            if node.id in args:
+                if not isinstance(node.ctx, ast.Load):
+                    raise FastPathUnsupported(f"{what} assigns its parameter {node.id}")
+                return ast.copy_location(copy.deepcopy(args[node.id]), node)
+            if node.id in local:
+                new = (names or {}).get(node.id, f"_tm_{node.id}")
+                return ast.copy_location(ast.Name(new, node.ctx), node)
+            v = consts.get(node.id, Ellipsis)
+            if v is None or type(v) in (int, str, bool):
+                return ast.copy_location(ast.Constant(v), node)
+            raise FastPathUnsupported(f"{what} uses {node.id}")
+
+    def lower(stmts: list[ast.stmt]) -> list[ast.stmt]:
+        out: list[ast.stmt] = []
+        for i, st in enumerate(stmts):
+            if isinstance(st, ast.Return):
+                r = st.value
+                v = r.elts[0].value if isinstance(r, ast.Tuple) and r.elts \
+                    and isinstance(r.elts[0], ast.Constant) else None
+                if type(v) is not int or v not in verdicts:
+                    raise FastPathUnsupported(
+                        f"{what}: unexpected return {ast.unparse(r) if r else None}")
+                assert isinstance(r, ast.Tuple)
+                return [*out, *verdicts[v](*r.elts[1:])]
+            if isinstance(st, ast.If):
+                rest = stmts[i + 1:]
+                if isinstance(st.test, ast.Constant):  # a request the fast path never has
+                    return [*out, *lower([*(st.body if st.test.value else st.orelse), *rest])]
+                body = lower([*st.body, *rest])
+                orelse = lower([*st.orelse, *rest])
+                if body and isinstance(body[-1], ast.Continue):  # the else needs no block
+                    return [*out, ast.If(st.test, body, []), *orelse]
+                return [*out, ast.If(st.test, body or [ast.Pass()], orelse)]
+            if not isinstance(st, ast.Assign):
+                raise FastPathUnsupported(f"{what}: unexpected {ast.unparse(st)}")
+            out.append(st)
+        raise FastPathUnsupported(f"{what}: a path without a verdict")
+
+    return lower([Subst().visit(copy.deepcopy(st)) for st in body])

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from .queues import QueueConfig
+from .v1model import DEFAULT_DROP_PORT, MAX_PORT
 
 __all__ = ["main", "build_parser", "parse_args", "parse_rate", "parse_duration"]
 
@@ -136,7 +137,7 @@ def build_target_parser() -> argparse.ArgumentParser:
     t = argparse.ArgumentParser(prog=f"{PROG} ... --", add_help=False)
     t.add_argument("--grpc-server-addr", default="0.0.0.0:9559")
     t.add_argument("--cpu-port", type=int, default=None)
-    t.add_argument("--drop-port", type=int, default=511)
+    t.add_argument("--drop-port", type=int, default=DEFAULT_DROP_PORT)
     t.add_argument("--priority-queues", type=int, default=None, help="accepted, ignored")
     return t
 
@@ -153,7 +154,7 @@ def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, argparse.Namesp
     targs = build_target_parser().parse_args(target_argv)
     if args.no_p4 and args.program:
         p.error("--no-p4 and a program are mutually exclusive")
-    if targs.cpu_port is not None and not 0 < targs.cpu_port < 512:
+    if targs.cpu_port is not None and not 0 < targs.cpu_port <= MAX_PORT:
         p.error("--cpu-port must be 1..511")
     if targs.cpu_port is not None and targs.cpu_port == targs.drop_port:
         p.error("--cpu-port cannot equal --drop-port")

@@ -82,6 +82,30 @@ from .pipeline import (
     TableInfo,
     _ParserError,
 )
+from .v1model import (
+    CLOCK_MASK,
+    CLONE_E2E,
+    CLONE_I2E,
+    DEFAULT_DROP_PORT,
+    DROP,
+    DROP_REASONS,
+    ENQ_TIMESTAMP_MASK,
+    MAX_GROUP_ID,
+    MAX_PORT,
+    MAX_QDEPTH,
+    MAX_RECIRCULATIONS,
+    PKT_EGRESS_CLONE,
+    PKT_INGRESS_CLONE,
+    PKT_NORMAL,
+    PKT_RECIRC,  # noqa: F401 - re-exported, with the other PKT_* (defined here before)
+    PKT_REPLICATION,  # noqa: F401
+    PKT_RESUBMIT,  # noqa: F401
+    RECIRCULATE,
+    RESUBMIT,
+    egress_spec_at_egress,
+    end_of_egress,
+    end_of_ingress,
+)
 
 __all__ = [
     "DROP_REASONS",
@@ -106,27 +130,8 @@ __all__ = [
     "UnimplementedError",
 ]
 
-#: Instance types (standard_metadata.instance_type), bmv2 values.
-PKT_NORMAL = 0
-PKT_INGRESS_CLONE = 1
-PKT_EGRESS_CLONE = 2
-PKT_RECIRC = 4
-PKT_REPLICATION = 5
-PKT_RESUBMIT = 6
-
-MAX_GROUP_ID = 32767
-MAX_PORT = 511
-MAX_RECIRCULATIONS = 16
-
-DROP_REASONS = (
-    "ingress_drop",  # egress_spec == drop_port at end of ingress
-    "egress_drop",  # egress_spec == drop_port after egress
-    "mcast_group_unknown",  # mcast_grp set but group not programmed / empty
-    "no_packet_in_listener",  # packet to cpu_port with no on_packet_in callback
-    "bad_packet_out",  # packet_out without cpu_port or with bad metadata
-    "recirculation_limit",  # resubmit/recirculate loop cut off
-    "internal_error",  # an exception in the engine (logged); never expected
-)
+# The v1model constants (PKT_*, MAX_*, DROP_REASONS, ...) and the traffic manager's precedence
+# rules (end of ingress, end of egress) live in .v1model, shared with the fast path.
 
 
 # ----------------------------------------------------------------------------------- errors
@@ -357,13 +362,13 @@ class Dataplane:
     """Runtime state of one loaded pipeline plus packet execution (see module docstring)."""
 
     def __init__(self, pipeline: Pipeline, *, cpu_port: int | None = None,
-                 drop_port: int = 511, fast_path: bool = True) -> None:
+                 drop_port: int = DEFAULT_DROP_PORT, fast_path: bool = True) -> None:
         if (cpu_port is not None and not (0 < cpu_port <= MAX_PORT)) or cpu_port == drop_port:
             raise InvalidArgumentError(f"invalid cpu port {cpu_port}")
         self.pipeline = pipeline
         self.cpu_port = cpu_port
         self.drop_port = drop_port
-        self._egress_spec0 = drop_port + 1  # egress_spec when egress starts
+        self._egress_spec0 = egress_spec_at_egress(drop_port)
         self.lock = threading.RLock()
         self.on_packet_in: Callable[[bytes, dict[int, int]], None] | None = None
         self.on_digest: Callable[[int, list[bytes]], None] | None = None
@@ -857,7 +862,7 @@ class Dataplane:
                     out = self._split_cpu(ingress_port, out)
             else:
                 for frame in frames:
-                    self._now = (_monotonic_ns() // 1000 - self._t0_us) & 0xFFFFFFFFFFFF
+                    self._now = (_monotonic_ns() // 1000 - self._t0_us) & CLOCK_MASK
                     try:
                         self._ingress(ingress_port, frame, PKT_NORMAL, None, out, 0)
                     except Exception as exc:  # never let a packet kill the caller's thread
@@ -882,7 +887,8 @@ class Dataplane:
         return self._fast is not None
 
     def _queue_digests(self, digests: tuple[tuple[int, list[bytes]], ...]) -> None:
-        """Queue a packet's ingress digests (step 2 of the end of ingress, both paths)."""
+        """Queue a packet's ingress digests (step 2 of the end of ingress, both paths;
+        see .v1model)."""
         for did, members in digests:
             self._stats["digests"] += 1
             self._pending_digest.append((did, members))
@@ -936,7 +942,7 @@ class Dataplane:
             for did, members in digs:
                 self.on_digest(did, members)
 
-    # -- the v1model traffic manager
+    # -- the v1model traffic manager (the order and rules: .v1model)
     def _new_ctx(self, port: int, frame: bytes, itype: int) -> PacketCtx:
         ctx: PacketCtx = self.prog.new_ctx(frame)
         std = ctx.std
@@ -980,7 +986,7 @@ class Dataplane:
         prog.ingress(ctx)  # the generated control catches its own exit
         std = ctx.std
         # 1. I2E clone: original packet, re-parsed, metadata reset (except field list)
-        if ctx.clone_type == 1:
+        if ctx.clone_type == CLONE_I2E:
             s = self.clone_sessions.get(ctx.clone_session)
             if s is not None:
                 for eport, rid in s.replicas:
@@ -992,31 +998,25 @@ class Dataplane:
         # 2. digests
         if ctx.digests:
             self._queue_digests(ctx.digests)
-        # 3. resubmit
-        if ctx.resubmit_fl >= 0:
-            self._ingress(port, frame, PKT_RESUBMIT, (ctx, ctx.resubmit_fl), out, depth + 1)
+        # 3. resubmit, 4. multicast, 5. drop, 6. unicast
+        verdict, reps, itype = end_of_ingress(ctx.resubmit_fl >= 0, std.mcast_grp,
+                                              std.egress_spec, std.instance_type, self.mcast,
+                                              self.drop_port)
+        if verdict == DROP:
+            self._drop(port, reps)
             return
-        # 4. multicast
-        if std.mcast_grp:
-            reps = self.mcast.get(std.mcast_grp)
-            if not reps:
-                self._drop(port, "mcast_group_unknown")
-                return
-            std.instance_type = PKT_REPLICATION
-            egress = self._egress
-            last = len(reps) - 1
-            if last:  # copies for all but the last replica, which takes the packet itself
-                copy_ctx = prog.copy_ctx
-                for eport, rid in reps[:last]:
-                    egress(copy_ctx(ctx), eport, rid, out, depth)
-            eport, rid = reps[last]
-            egress(ctx, eport, rid, out, depth)
+        if verdict == RESUBMIT:
+            self._ingress(port, frame, itype, (ctx, ctx.resubmit_fl), out, depth + 1)
             return
-        # 5. drop / 6. unicast
-        if std.egress_spec == self.drop_port:
-            self._drop(port, "ingress_drop")
-            return
-        self._egress(ctx, std.egress_spec, 0, out, depth)
+        std.instance_type = itype  # FORWARD
+        egress = self._egress
+        last = len(reps) - 1
+        if last:  # copies for all but the last replica, which takes the packet itself
+            copy_ctx = prog.copy_ctx
+            for eport, rid in reps[:last]:
+                egress(copy_ctx(ctx), eport, rid, out, depth)
+        eport, rid = reps[last]
+        egress(ctx, eport, rid, out, depth)
 
     def _queue_depth(self, port: int, out: list[tuple[int, bytes]]) -> int:
         """Packets ahead of a copy for ``port``: its egress queue's depth plus the earlier
@@ -1028,7 +1028,7 @@ class Dataplane:
         for p, _ in out:
             if p == port:
                 d += 1
-        return min(d, 0x7FFFF)
+        return min(d, MAX_QDEPTH)
 
     def _egress(self, ctx: PacketCtx, eport: int, rid: int, out: list[tuple[int, bytes]],
                 depth: int) -> None:
@@ -1040,14 +1040,14 @@ class Dataplane:
         std.egress_global_timestamp = self._now
         if self._reads_queue:
             std.enq_qdepth = std.deq_qdepth = self._queue_depth(eport, out)
-            std.enq_timestamp = self._now & 0xFFFFFFFF
+            std.enq_timestamp = self._now & ENQ_TIMESTAMP_MASK
             std.deq_timedelta = 0
         if ctx.clone_type:  # class defaults 0 / -1: store only when ingress set them
             ctx.clone_type = 0
         if ctx.clone_fl != -1:
             ctx.clone_fl = -1
         prog.egress(ctx)
-        if ctx.clone_type == 2:
+        if ctx.clone_type == CLONE_E2E:
             s = self.clone_sessions.get(ctx.clone_session)
             if s is not None:
                 for ceport, crid in s.replicas:
@@ -1062,24 +1062,27 @@ class Dataplane:
                         self._egress(kc, ceport, crid, out, depth + 1)
                     else:
                         self._drop(std.ingress_port, "recirculation_limit")
-        if std.egress_spec == self.drop_port:
-            self._drop(std.ingress_port, "egress_drop")
+        verdict, arg = end_of_egress(std.egress_spec, self.drop_port, ctx.recirc_fl >= 0)
+        if verdict == DROP:
+            self._drop(std.ingress_port, arg)
             return
         prog.compute(ctx)
         data = prog.deparse(ctx)
-        if (ctx.truncate_len or ctx.recirc_fl >= 0 or eport == self.cpu_port
+        if (verdict == RECIRCULATE or ctx.truncate_len or eport == self.cpu_port
                 or self.on_log is not None):
-            self._egress_tail(ctx, eport, rid, data, out, depth)
+            self._egress_tail(ctx, eport, rid, data, out, depth, arg)
             return
-        out.append((eport, data))
+        out.append((eport, data))  # TRANSMIT
 
     def _egress_tail(self, ctx: PacketCtx, eport: int, rid: int,  # noqa: PLR0917
-                     data: bytes, out: list[tuple[int, bytes]], depth: int) -> None:
-        """The end of :meth:`_egress` for truncate, recirculate, the CPU port and logging."""
+                     data: bytes, out: list[tuple[int, bytes]], depth: int,
+                     recirc_itype: int | None) -> None:
+        """The end of :meth:`_egress` for truncate, recirculate (``recirc_itype``: the
+        instance type end_of_egress gave a RECIRCULATE, else None), the CPU port and logging."""
         if ctx.truncate_len:
             data = data[:ctx.truncate_len]
-        if ctx.recirc_fl >= 0:
-            self._ingress(eport, data, PKT_RECIRC, (ctx, ctx.recirc_fl), out, depth + 1)
+        if recirc_itype is not None:
+            self._ingress(eport, data, recirc_itype, (ctx, ctx.recirc_fl), out, depth + 1)
             return
         if self.cpu_port is not None and eport == self.cpu_port:
             self._to_cpu(ctx.std.ingress_port, data)

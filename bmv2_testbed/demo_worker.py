@@ -67,8 +67,9 @@ def batch(name: str, step: int, rank: int, world: int) -> tuple[torch.Tensor, to
 
 def main(argv: Sequence[str] | None = None) -> int:
     import torch.distributed as dist
-    from shadowgrad.trainer_hooks import attach, init_process_group
     from torch.nn.parallel import DistributedDataParallel
+
+    from shadowgrad.trainer_hooks import attach, init_process_group
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--spec", required=True)

@@ -29,10 +29,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from shadowgrad.config import JobSpec
 from shadowgrad.controller.p4runtime import P4RuntimeClient
 from shadowgrad.controller.switch import ConvergeReport, SwitchDriver
-
-from shadowgrad.config import JobSpec
 from shadowgrad.errors import ConfigError
 from shadowgrad.layout import Layout
 

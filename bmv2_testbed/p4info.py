@@ -1,7 +1,7 @@
 """P4Info emission compatible with p4c's (names, aliases, the id algorithm, scopes, defaults).
 
 Ids: ``(prefix << 24) | (jenkins_one_at_a_time(name) & 0xFFFFFF)``; names are processed in sorted
-order per resource type, ``@id`` fixes an id, and collisions linear-probe (reference §2.9).
+order per resource type, ``@id`` fixes an id, and collisions linear-probe (as p4c does).
 """
 
 from __future__ import annotations

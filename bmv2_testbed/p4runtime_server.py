@@ -32,6 +32,8 @@ from google.rpc import code_pb2, status_pb2  # type: ignore[import-untyped]
 from p4.config.v1 import p4info_pb2
 from p4.v1 import p4data_pb2, p4runtime_pb2, p4runtime_pb2_grpc
 
+from shadowgrad.errors import P4RuntimeError
+
 from . import dataplane as dp
 from ._digests import DigestBuffer
 
@@ -57,24 +59,15 @@ SC = grpc.StatusCode
 _CODE_BY_NAME: dict[str, grpc.StatusCode] = {c.name: c for c in grpc.StatusCode}
 
 
-class P4RuntimeError(Exception):
-    """An error with a gRPC status code, for one update or for a whole RPC."""
-
-    def __init__(self, code: grpc.StatusCode, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
-
-
 def _err(code: grpc.StatusCode, message: str) -> P4RuntimeError:
-    return P4RuntimeError(code, message)
+    return P4RuntimeError(message, code)
 
 
 def _from_dataplane_error(e: Exception) -> P4RuntimeError:
     name = getattr(e, "code", None) or getattr(e, "grpc_code", None) or "UNKNOWN"
     if isinstance(name, grpc.StatusCode):
-        return P4RuntimeError(name, str(e))
-    return P4RuntimeError(_CODE_BY_NAME.get(str(name), SC.UNKNOWN), str(e))
+        return P4RuntimeError(str(e), name)
+    return P4RuntimeError(str(e), _CODE_BY_NAME.get(str(name), SC.UNKNOWN))
 
 
 # ---- bytes <-> int ---------------------------------------------------------------------------
@@ -344,7 +337,7 @@ class P4RuntimeServer(p4runtime_pb2_grpc.P4RuntimeServicer):  # type: ignore[mis
 
     @staticmethod
     def _abort(context: grpc.ServicerContext, e: P4RuntimeError) -> None:
-        context.set_code(e.code)
+        context.set_code(e.code or SC.UNKNOWN)
         context.set_details(e.message)
 
     # ---- Capabilities ----------------------------------------------------------------------
@@ -466,7 +459,7 @@ class P4RuntimeServer(p4runtime_pb2_grpc.P4RuntimeServicer):  # type: ignore[mis
             for r in results:
                 err = p4runtime_pb2.Error(canonical_code=code_pb2.OK)
                 if r is not None:
-                    err.canonical_code = r.code.value[0]
+                    err.canonical_code = (r.code or SC.UNKNOWN).value[0]
                     err.message = r.message
                     err.space = "ALL-sswitch-p4org"
                 a = any_pb2.Any()
@@ -956,7 +949,7 @@ class P4RuntimeServer(p4runtime_pb2_grpc.P4RuntimeServicer):  # type: ignore[mis
                 if msg is _CLOSE:
                     break
                 if isinstance(msg, P4RuntimeError):
-                    context.set_code(msg.code)
+                    context.set_code(msg.code or SC.UNKNOWN)
                     context.set_details(msg.message)
                     break
                 assert isinstance(msg, p4runtime_pb2.StreamMessageResponse)
@@ -1099,7 +1092,7 @@ class P4RuntimeServer(p4runtime_pb2_grpc.P4RuntimeServicer):  # type: ignore[mis
             self.counters.packet_out_received += 1
         except P4RuntimeError as e:
             self.counters.packet_out_rejected += 1
-            self._stream_error(conn, e.code, e.message, req)
+            self._stream_error(conn, e.code or SC.UNKNOWN, e.message, req)
         except Exception as e:
             self.counters.packet_out_rejected += 1
             self._stream_error(conn, SC.INTERNAL, f"{type(e).__name__}: {e}", req)

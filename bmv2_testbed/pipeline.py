@@ -51,6 +51,7 @@ from .frontend.model import (
     TableInfo,
 )
 from .frontend.parser import parse_tokens
+from .v1model import egress_spec_at_egress
 
 __all__ = [
     "ARTEFACT_FORMAT",
@@ -468,7 +469,7 @@ class Pipeline:
         """Bind the generated code to ``runtime`` (a Dataplane); returns the entry points."""
         ns: dict[str, Any] = dict(_HELPERS)
         ns["R"] = _Binding(runtime)
-        ns["_EGRESS_SPEC0"] = runtime.drop_port + 1  # egress_spec when egress starts
+        ns["_EGRESS_SPEC0"] = egress_spec_at_egress(runtime.drop_port)
         exec(self.code, ns)  # our own generated code, compiled in Pipeline.compile
         return Program(ns["new_ctx"], ns["copy_ctx"], ns["reset_meta"], ns["preserve"],
                        ns["parse"], ns["verify"], ns["ingress"], ns["egress"], ns["compute"],

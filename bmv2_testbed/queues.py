@@ -14,8 +14,8 @@ thread of the ingress port whose packet is being enqueued — until the depth fa
 ``xon`` packets (XON) or ``pause_timeout_s`` passes. While that RX thread is blocked it reads
 nothing, so the ingress port's kernel socket buffer (sized large) and, behind it, the sending
 host's qdisc and socket send buffer absorb the burst: the pause propagates to the sender exactly
-as far as Linux allows (docs/switch-target.md, reference §5). If the pause times out the frame is
-admitted into ``headroom`` (counted as ``headroom_admits``). The bound is a *budget per
+as far as Linux allows (docs/switch-target.md, "Lossless queues"). If the pause times out the
+frame is admitted into ``headroom`` (counted as ``headroom_admits``). The bound is a *budget per
 congestion episode* (from the queue first filling until it is empty again, like a PFC
 watchdog): once the pauses of an episode add up to ``pause_timeout_s``, the queue gives up
 pausing until it has drained empty — frames that find it full meanwhile are admitted into

@@ -212,10 +212,9 @@ class Runner:
 
     def execute(self, label: str, faults: tuple[Fault, ...]) -> dict[str, Any]:
         """One run of the job with ``faults``; returns what it observed (see report.py)."""
-        from shadowgrad.trainer_hooks._testing import spec_toml
-
         from shadowgrad.config import parse_spec
         from shadowgrad.frames import port_mac
+        from shadowgrad.trainer_hooks._testing import spec_toml
 
         sc = self.sc
         d = self.work / label

@@ -34,6 +34,7 @@ from .p4runtime_server import P4RuntimeServer
 from .pcap import PcapWriter
 from .ports import Port
 from .queues import EgressQueue, QueueConfig
+from .v1model import DEFAULT_DROP_PORT, MAX_PORT
 
 __all__ = ["Switch", "SWITCH_DROP_REASONS", "pfc_frame", "PFC_DST", "PFC_ETHERTYPE"]
 
@@ -61,10 +62,10 @@ class Switch:
     """One software switch (device). ``start()`` / ``stop()``; also a context manager."""
 
     def __init__(self, *, device_id: int = 0, cpu_port: int | None = None,
-                 drop_port: int = 511, grpc_addr: str | None = None,
+                 drop_port: int = DEFAULT_DROP_PORT, grpc_addr: str | None = None,
                  pcap_dir: str | Path | None = None, log_packets: bool = False,
                  pfc: bool = False) -> None:
-        if cpu_port is not None and not 0 < cpu_port < 512:
+        if cpu_port is not None and not 0 < cpu_port <= MAX_PORT:
             raise ValueError(f"cpu port must be 1..511, got {cpu_port}")
         if cpu_port is not None and cpu_port == drop_port:
             raise ValueError("the cpu port cannot be the drop port")

@@ -46,7 +46,9 @@ import grpc
 from google.protobuf import text_format  # type: ignore[import-untyped]
 from p4.config.v1 import p4info_pb2
 from p4.v1 import p4runtime_pb2
-from shadowgrad.controller.p4runtime import P4RuntimeClient, P4RuntimeError
+
+from shadowgrad.controller.p4runtime import P4RuntimeClient
+from shadowgrad.errors import P4RuntimeError
 
 __all__ = ["RealBmv2Backend", "P4RuntimeClient", "VethNamespace", "P4RuntimeError",
            "compile_program"]

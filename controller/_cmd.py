@@ -59,10 +59,9 @@ def _pipeline(args: argparse.Namespace, spec: Any) -> tuple[Any, bytes] | None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from shadowgrad.config import load_spec
     from shadowgrad.controller.p4runtime import P4RuntimeClient
     from shadowgrad.controller.switch import SwitchDriver, describe, plan
-
-    from shadowgrad.config import load_spec
     from shadowgrad.layout import Layout
 
     spec = load_spec(args.spec)

@@ -77,9 +77,8 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("--timeout", args.timeout, "must be > 0 seconds")
     iteration = _iteration(args.iteration)
 
-    from shadowgrad.controller.export import export_checkpoint
-
     from shadowgrad.config import load_spec
+    from shadowgrad.controller.export import export_checkpoint
 
     spec = load_spec(args.spec)
 

@@ -43,9 +43,8 @@ def _clients(spec: Any, token: str) -> Any:
 def _statuses(spec: Any, token: str) -> dict[int, dict[str, Any] | None]:
     """Every shadow's status (None: no answer). A shadow refusing the token is an error: a
     wrong token must never read as "no state, start fresh"."""
-    from shadowgrad.shadow.control import ControlError
-
     from shadowgrad.errors import ShadowgradError
+    from shadowgrad.shadow.control import ControlError
 
     make = _clients(spec, token)
     out: dict[int, dict[str, Any] | None] = {}
@@ -68,9 +67,8 @@ def _statuses(spec: Any, token: str) -> dict[int, dict[str, Any] | None]:
 
 
 def _from_controller(spec: Any, token: str) -> dict[str, Any] | None:
-    from shadowgrad.shadow.control import ControlError, ShadowClient
-
     from shadowgrad.errors import ShadowgradError
+    from shadowgrad.shadow.control import ControlError, ShadowClient
 
     t = spec.timeouts
     try:

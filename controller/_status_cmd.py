@@ -115,9 +115,8 @@ def _emit(view: dict[str, Any], args: argparse.Namespace, *, tty: bool, colour: 
 
 
 def run(args: argparse.Namespace) -> int:
-    from shadowgrad.controller.view import exit_status, use_colour
-
     from shadowgrad.config import load_spec
+    from shadowgrad.controller.view import exit_status, use_colour
 
     _check(args)
     spec = load_spec(args.spec)

@@ -301,9 +301,8 @@ def _refused(spec: JobSpec, k: int, exc: Exception) -> ExportError:
 
 
 def _statuses(conn: _Conn) -> dict[int, dict[str, Any] | None]:
-    from shadowgrad.shadow.control import ControlError
-
     from shadowgrad.errors import ShadowgradTimeout
+    from shadowgrad.shadow.control import ControlError
 
     spec = conn.spec
     out: dict[int, dict[str, Any] | None] = {}
@@ -552,12 +551,11 @@ def export_checkpoint(
     replace a non-empty ``out``; ``progress``: called with one line per shard. Raises
     :class:`ExportError` (a ShadowgradError) and leaves nothing behind on failure.
     """
-    from shadowgrad.shadow.control import ControlError, commit_from_json
-    from shadowgrad.shadow.replay import assemble_full
-
     from shadowgrad.blob import unpack_blob
     from shadowgrad.layout import Layout
     from shadowgrad.optspec import OptimizerSpec
+    from shadowgrad.shadow.control import ControlError, commit_from_json
+    from shadowgrad.shadow.replay import assemble_full
 
     if iteration != "latest" and (isinstance(iteration, bool) or not isinstance(iteration, int)
                                   or iteration < -1):

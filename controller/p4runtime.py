@@ -42,6 +42,8 @@ from google.rpc import status_pb2  # type: ignore[import-untyped]
 from p4.config.v1 import p4info_pb2
 from p4.v1 import p4runtime_pb2, p4runtime_pb2_grpc
 
+from shadowgrad.errors import P4RuntimeError
+
 __all__ = ["P4RuntimeClient", "P4RuntimeError", "P4RuntimeWriteError"]
 
 log = logging.getLogger(__name__)
@@ -55,15 +57,6 @@ _JOIN_S = 5.0
 def _code_name(code: int) -> str:
     c = _CODE_BY_VALUE.get(code)
     return c.name if c is not None else str(code)
-
-
-class P4RuntimeError(RuntimeError):
-    """A failed P4Runtime call; ``code`` is the ``grpc.StatusCode`` (None where there was none,
-    e.g. a client that is closed)."""
-
-    def __init__(self, message: str, code: grpc.StatusCode | None = None) -> None:
-        super().__init__(message)
-        self.code = code
 
 
 class P4RuntimeWriteError(P4RuntimeError):

@@ -1,6 +1,7 @@
 """The switch driver: from the job spec and the layout, the desired state of the ToR program
 ``p4/shadowgrad.p4`` (pipeline, table entries, multicast groups), and convergence to it over
-P4Runtime — read, diff, write only the difference (DESIGN §5, invariant 6).
+P4Runtime — read, diff, write only the difference, so a restarted controller writes nothing
+that is already right (docs/switch.md, docs/operations.md).
 
 One class per P4 control file, mirroring ``p4/`` (p4app-switchML's pattern):
 

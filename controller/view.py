@@ -136,6 +136,7 @@ def lag_threshold(window: int | None) -> int:
 def _poll(spec: JobSpec, token: str, timeout_s: float) -> dict[int, Reply]:
     """``{shadow: Reply}``, every shadow polled at once (one thread each, at most 256)."""
     import zmq
+
     from shadowgrad.shadow.control import ControlError, ShadowClient
 
     count = spec.shadows.count

@@ -14,9 +14,10 @@ import math
 
 import torch
 import torch.distributed as dist
-from shadowgrad.trainer_hooks import attach, init_process_group, rng_state, set_rng_state
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
+
+from shadowgrad.trainer_hooks import attach, init_process_group, rng_state, set_rng_state
 
 
 def batch(step: int, rank: int) -> tuple[torch.Tensor, torch.Tensor]:

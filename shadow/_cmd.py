@@ -26,11 +26,11 @@ def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     import torch
-    from shadowgrad.shadow.node import ShadowNode
 
     from shadowgrad.config import load_spec
     from shadowgrad.errors import ShadowgradError
     from shadowgrad.layout import Layout
+    from shadowgrad.shadow.node import ShadowNode
 
     if args.threads < 1:
         raise ShadowgradError(f"--threads {args.threads}: must be at least 1")

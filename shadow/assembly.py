@@ -17,7 +17,9 @@ from dataclasses import dataclass
 
 import torch
 
+from shadowgrad.dtypes import DTYPES, wire_code
 from shadowgrad.layout import Box, Layout
+from shadowgrad.torch_dtypes import LAYOUT_TORCH_DTYPES
 
 __all__ = ["IntervalSet", "Segment", "ShardGeometry", "IterBuffer", "PlaceResult"]
 
@@ -120,13 +122,8 @@ class PlaceResult:
     new: int
 
 
-_TORCH_DTYPES = {
-    "float32": torch.float32,
-    "float16": torch.float16,
-    "bfloat16": torch.bfloat16,
-    "float64": torch.float64,
-}
-_WIRE_ITEM = {"float32": 1, "float16": 2, "bfloat16": 3, "float64": 4}
+#: layout dtype name -> torch dtype (the one dtype table's index, :mod:`shadowgrad.torch_dtypes`)
+_TORCH_DTYPES = LAYOUT_TORCH_DTYPES
 
 
 class ShardGeometry:
@@ -152,7 +149,7 @@ class ShardGeometry:
             if box.nbytes:
                 per_bucket[box.bucket].append(Segment(
                     k, box.bucket, box.bucket_offset, box.bucket_end, offs[k],
-                    torch.empty((), dtype=_TORCH_DTYPES[box.dtype]).element_size(),
+                    DTYPES[box.dtype].itemsize,
                 ))
         for segs in per_bucket:
             segs.sort(key=lambda s: s.start)
@@ -161,7 +158,7 @@ class ShardGeometry:
         #: wire dtype code of each bucket (DDP never mixes dtypes in a bucket)
         self.bucket_dtype: list[int | None] = [None] * nb
         for box in layout.boxes:
-            self.bucket_dtype[box.bucket] = _WIRE_ITEM[box.dtype]
+            self.bucket_dtype[box.bucket] = int(wire_code(box.dtype))
         self.bucket_nbytes = layout.bucket_nbytes
 
     def overlaps(

@@ -36,6 +36,15 @@ from typing import Any
 
 import torch
 import zmq
+
+from shadowgrad import wire
+from shadowgrad._addr import canonical, resolve
+from shadowgrad._log import event
+from shadowgrad.config import JobSpec
+from shadowgrad.errors import LayoutError, ShadowgradError, WireError
+from shadowgrad.frames import decode_frame
+from shadowgrad.layout import Layout
+from shadowgrad.optspec import OptimizerSpec
 from shadowgrad.shadow.assembly import IntervalSet, IterBuffer, ShardGeometry
 from shadowgrad.shadow.control import (
     ControlError,
@@ -47,14 +56,6 @@ from shadowgrad.shadow.control import (
 )
 from shadowgrad.shadow.replay import ReplayError, ShardReplayer
 from shadowgrad.shadow.snapshot import write_snapshot
-
-from shadowgrad import wire
-from shadowgrad._addr import canonical, resolve
-from shadowgrad._log import event
-from shadowgrad.config import JobSpec
-from shadowgrad.errors import LayoutError, ShadowgradError, WireError
-from shadowgrad.frames import decode_frame
-from shadowgrad.layout import Layout
 
 __all__ = ["NodeOptions", "ShadowNode", "NONE_ITER"]
 
@@ -275,8 +276,9 @@ class ShadowNode:
         #: per trainer rank: the newest iteration it sent DATA for (a rank sends iteration i
         #: completely before i+1, so a later iteration from every rank makes a hole a gap)
         self._rank_newest: dict[int, int] = {}
-        #: the job instance this state belongs to (DESIGN invariant 8): set by ``load``, carried
-        #: in the header's layout field (wire.session_digest); older generations are refused
+        #: the job instance this state belongs to (fencing, docs/shadow.md "Generations"): set
+        #: by ``load``, carried in the header's layout field (wire.session_digest); older
+        #: generations are refused
         self._generation = 0
         self._digest = 0  # wire.session_digest(layout digest64, generation) once loaded
         self._next_clone = 0.0
@@ -830,6 +832,7 @@ class ShadowNode:
         if failed is not None:
             with self._lock:
                 self._applying = None
+                self._cond.notify_all()  # a hold waiting for this step (_op_hold)
                 if gen != self._gen:
                     return
                 self.ev["replay_failed"] += 1
@@ -863,8 +866,6 @@ class ShadowNode:
     def _maybe_clone(self) -> None:
         """A shadow without state (restarted) clones its shard from a healthy replica. With
         replication 1 there is none: the trainers see it unloaded and seed it (docs/shadow.md)."""
-        from shadowgrad.optspec import OptimizerSpec
-
         now = time.monotonic()
         sh = self.spec.shadows
         if sh.replication < 2 or now < self._next_clone:
@@ -1150,26 +1151,27 @@ class ShadowNode:
     def _op_hold(self, req: dict[str, Any], _f: list[memoryview]) -> tuple[dict[str, Any],
                                                                            list[Any]]:
         it = int(req["iteration"])
-        with self._lock:
+        deadline = time.monotonic() + self.spec.timeouts.rpc_s
+        with self._cond:
             if self._ld is None:
                 raise ControlError("not_loaded", "shadow not loaded")
             if it != self._last_applied and it not in self._snaps:
                 raise ControlError("unavailable", f"iteration {it} not held here (available "
                                    f"{sorted({*self._snaps, self._last_applied})})")
             self._holds.add(it)
-        # a step of it+1 may have been chosen before the hold (and not retained it): wait for it
-        deadline = time.monotonic() + self.spec.timeouts.rpc_s
-        while time.monotonic() < deadline:
-            with self._lock:
-                if self._applying != it + 1:
-                    ok = it == self._last_applied or it in self._snaps
-                    if not ok:
-                        self._holds.discard(it)
-                        raise ControlError("unavailable", f"iteration {it} was replaced while "
-                                           "the hold was being placed")
-                    return {"ok": True, "iteration": it, "holds": sorted(self._holds)}, []
-            time.sleep(0.001)
-        raise ControlError("unavailable", f"hold({it}) raced with a step that did not finish")
+            # a step of it+1 may have been chosen before the hold (and not retained it): wait
+            # for it to finish (every write of _applying back to None notifies the condition)
+            while self._applying == it + 1:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise ControlError("unavailable",
+                                       f"hold({it}) raced with a step that did not finish")
+                self._cond.wait(remaining)
+            if it != self._last_applied and it not in self._snaps:
+                self._holds.discard(it)
+                raise ControlError("unavailable", f"iteration {it} was replaced while "
+                                   "the hold was being placed")
+            return {"ok": True, "iteration": it, "holds": sorted(self._holds)}, []
 
     def _op_release(self, req: dict[str, Any], _f: list[memoryview]) -> tuple[dict[str, Any],
                                                                               list[Any]]:
@@ -1232,8 +1234,6 @@ class ShadowNode:
 
     def _op_load(self, req: dict[str, Any], frames: list[memoryview]) -> tuple[dict[str, Any],
                                                                                list[Any]]:
-        from shadowgrad.optspec import OptimizerSpec
-
         layout_json = req.get("layout")
         if layout_json is not None:
             layout = Layout.from_json(layout_json)

@@ -22,7 +22,9 @@ which the layout guarantees (cuts at multiples of ``align_elems`` = 64 elements)
 ``docs/replay.md``.
 
 :func:`box_states_from_full` cuts a trainer's full state into box states (to bootstrap a
-shadow); :func:`assemble_full` glues the exports of all shards back into full tensors.
+shadow); :func:`assemble_full` glues the exports of all shards back into full tensors. Both, the
+box state form and the input errors are shared contracts that live in core
+(:mod:`shadowgrad.boxes`) and are re-exported here.
 """
 
 from __future__ import annotations
@@ -37,9 +39,17 @@ from typing import Literal
 import torch
 
 from shadowgrad._log import event
-from shadowgrad.errors import ShadowgradError
+from shadowgrad.boxes import (
+    BoxState,
+    ReplayError,
+    ReplayInputError,
+    assemble_full,
+    box_states_from_full,
+    box_where,
+)
 from shadowgrad.layout import Box, Layout
 from shadowgrad.optspec import OptimizerSpec
+from shadowgrad.torch_dtypes import LAYOUT_TORCH_DTYPES
 from shadowgrad.wire import CommitRecord
 
 __all__ = [
@@ -56,25 +66,8 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-#: layout dtype name -> torch dtype
-TORCH_DTYPES: Mapping[str, torch.dtype] = {
-    "float32": torch.float32,
-    "float16": torch.float16,
-    "bfloat16": torch.bfloat16,
-    "float64": torch.float64,
-}
-
-#: one box's state: ``"param"`` plus the torch optimizer state keys
-BoxState = dict[str, torch.Tensor]
-
-
-class ReplayError(ShadowgradError, RuntimeError):
-    """Base class of the replay errors."""
-
-
-class ReplayInputError(ReplayError, ValueError):
-    """Bad input: wrong number, shape or dtype of tensors, bad state keys, a COMMIT that does not
-    fit the spec (group count, a scale not representable in fp32, ...). Nothing was changed."""
+#: layout dtype name -> torch dtype (the one dtype table's index, :mod:`shadowgrad.torch_dtypes`)
+TORCH_DTYPES: Mapping[str, torch.dtype] = LAYOUT_TORCH_DTYPES
 
 
 class ReplayOrderError(ReplayError):
@@ -90,19 +83,6 @@ class ReplayDivergedError(ReplayError):
     """The shard cannot vouch for its state: the COMMIT contradicts its own data (non-finite
     gradients in a step the trainer did not skip; the state is unchanged then), or the optimizer
     step failed half-way (the replayer refuses to step again until :meth:`ShardReplayer.load`)."""
-
-
-def _rows(tensor: torch.Tensor, box: Box) -> torch.Tensor:
-    """The box's rows of a full tensor (a view); the tensor itself for a 0-d box."""
-    if not box.offsets:
-        return tensor
-    return tensor.narrow(0, box.offsets[0], box.lengths[0])
-
-
-def _where(box: Box) -> str:
-    if not box.offsets:
-        return repr(box.name)
-    return f"{box.name!r} rows [{box.offsets[0]}, {box.offsets[0] + box.lengths[0]})"
 
 
 def _fits(value: float, dtype: torch.dtype) -> bool:
@@ -231,7 +211,7 @@ class ShardReplayer:
                     len(self.boxes))
 
     def _check_box_state(self, i: int, box: Box, st: Mapping[str, torch.Tensor]) -> None:
-        where = f"box {i} ({_where(box)})"
+        where = f"box {i} ({box_where(box)})"
         if "param" not in st:
             raise ReplayInputError(f"{where}: no 'param' tensor")
         want = set(self.spec.state_keys(self._group_of_box[i]))
@@ -344,7 +324,7 @@ class ShardReplayer:
                     or g.dtype != self._dtypes[i] or g.device.type != "cpu"):
                 got = (f"{tuple(g.shape)} {g.dtype} on {g.device}" if isinstance(g, torch.Tensor)
                        else type(g).__name__)
-                raise ReplayInputError(f"gradient {i} ({_where(box)}) is {got}, expected"
+                raise ReplayInputError(f"gradient {i} ({box_where(box)}) is {got}, expected"
                                        f" {box.lengths} {self._dtypes[i]} on cpu")
         scale: torch.Tensor | None = None
         if commit.loss_scale is not None:
@@ -433,105 +413,3 @@ class ShardReplayer:
                 for attr in ("grad_scale", "found_inf"):
                     if hasattr(opt, attr):
                         delattr(opt, attr)
-
-
-# ---------------------------------------------------------------------------------------------
-# full state <-> box states
-# ---------------------------------------------------------------------------------------------
-
-
-def box_states_from_full(
-    layout: Layout,
-    shard: int,
-    model_state: Mapping[str, torch.Tensor],
-    optim_state: Mapping[str, Mapping[str, torch.Tensor | None]] | None = None,
-) -> list[BoxState]:
-    """Cut a trainer's full state into the box states of ``shard`` (for :meth:`ShardReplayer.load`).
-
-    ``model_state`` maps parameter names to full tensors (``model.state_dict()`` or
-    ``dict(model.named_parameters())``); ``optim_state`` maps names to that parameter's torch
-    optimizer state (:func:`shadowgrad.optspec.state_by_name`); a name without state, or
-    ``optim_state=None``, means a fresh optimizer. Tensors shaped like the parameter are cut to
-    the box's rows, 0-d ones (``step``) are shared by every box; ``None`` values are dropped.
-    The results are **views** of the inputs (``load`` copies them).
-    """
-    optim_state = optim_state or {}
-    out: list[BoxState] = []
-    for box in layout.shard_boxes(shard):
-        spec_shape = layout.placement(box.name).spec.shape
-        full = model_state.get(box.name)
-        if not isinstance(full, torch.Tensor):
-            raise ReplayInputError(f"model state has no tensor for parameter {box.name!r}")
-        if tuple(full.shape) != spec_shape:
-            raise ReplayInputError(f"model state {box.name!r} has shape {tuple(full.shape)},"
-                                   f" the layout says {spec_shape}")
-        st: BoxState = {"param": _rows(full.detach(), box)}
-        for key, value in (optim_state.get(box.name) or {}).items():
-            if value is None:
-                continue
-            if not isinstance(value, torch.Tensor):
-                raise ReplayInputError(f"optimizer state {box.name!r}.{key} is a"
-                                       f" {type(value).__name__}, not a tensor")
-            if tuple(value.shape) == spec_shape:
-                st[key] = _rows(value.detach(), box)
-            elif value.dim() == 0:
-                st[key] = value.detach()
-            else:
-                raise ReplayInputError(
-                    f"optimizer state {box.name!r}.{key} has shape {tuple(value.shape)}: neither"
-                    f" the parameter's {spec_shape} nor a scalar")
-        out.append(st)
-    return out
-
-
-def assemble_full(
-    layout: Layout, per_shard_exports: Sequence[Sequence[Mapping[str, torch.Tensor]]]
-) -> tuple[dict[str, torch.Tensor], dict[str, dict[str, torch.Tensor]]]:
-    """Glue the :meth:`ShardReplayer.export` of every shard (index = shard) into full tensors.
-
-    Returns ``(params_by_name, optim_state_by_name)``; a parameter whose boxes hold no optimizer
-    state is absent from the second. Raises :class:`ReplayError` when the boxes of a tensor
-    disagree: different state keys, or different 0-d values (``step``).
-    """
-    if len(per_shard_exports) != layout.num_shards:
-        raise ReplayInputError(
-            f"{len(per_shard_exports)} shard exports, the layout has {layout.num_shards} shards")
-    params = {p.name: torch.empty(p.shape, dtype=TORCH_DTYPES[p.dtype]) for p in layout.params}
-    states: dict[str, dict[str, torch.Tensor]] = {}
-    keys_of: dict[str, tuple[set[str], Box]] = {}
-    for shard, export in enumerate(per_shard_exports):
-        boxes = layout.shard_boxes(shard)
-        if len(export) != len(boxes):
-            raise ReplayInputError(
-                f"shard {shard} export has {len(export)} boxes, the layout has {len(boxes)}")
-        for box, st in zip(boxes, export, strict=True):
-            full = params[box.name]
-            piece = st.get("param")
-            if not isinstance(piece, torch.Tensor) or tuple(piece.shape) != box.lengths:
-                raise ReplayInputError(f"shard {shard} box {_where(box)}: bad or missing 'param'")
-            _rows(full, box).copy_(piece)
-            keys = set(st) - {"param"}
-            first = keys_of.setdefault(box.name, (keys, box))
-            if first[0] != keys:
-                raise ReplayError(
-                    f"boxes of {box.name!r} disagree on optimizer state: {_where(first[1])} has"
-                    f" {sorted(first[0])}, {_where(box)} has {sorted(keys)}")
-            tstate = states.setdefault(box.name, {}) if keys else {}
-            for key in keys:
-                value = st[key]
-                if box.lengths and value.dim() == 0:  # a scalar shared by all boxes ("step")
-                    prev = tstate.get(key)
-                    if prev is None:
-                        tstate[key] = value.detach().clone()
-                    elif not torch.equal(prev, value):
-                        raise ReplayError(
-                            f"boxes of {box.name!r} disagree on {key!r}: {prev.item()} vs"
-                            f" {value.item()} ({_where(box)})")
-                elif tuple(value.shape) == box.lengths:
-                    if key not in tstate:
-                        tstate[key] = torch.empty(full.shape, dtype=value.dtype)
-                    _rows(tstate[key], box).copy_(value)
-                else:
-                    raise ReplayInputError(f"shard {shard} box {_where(box)}: state {key!r} has"
-                                           f" shape {tuple(value.shape)}")
-    return params, states

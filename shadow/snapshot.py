@@ -21,13 +21,13 @@ import torch
 
 from shadowgrad import wire
 from shadowgrad.errors import ShadowgradError
+from shadowgrad.torch_dtypes import TORCH_DTYPES
 
 __all__ = ["SNAPSHOT_FORMAT", "SnapshotError", "write_snapshot", "read_snapshot", "list_snapshots"]
 
 SNAPSHOT_FORMAT = "shadowgrad.shadow.snapshot/1"
-_DTYPES = {str(d).removeprefix("torch."): d for d in (
-    torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int64, torch.int32,
-    torch.uint8, torch.bool)}
+#: dtype name -> torch dtype of every dtype a snapshot holds (the one dtype table's index)
+_DTYPES = TORCH_DTYPES
 
 
 class SnapshotError(ShadowgradError):

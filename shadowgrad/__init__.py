@@ -2,7 +2,7 @@
 
 A P4 program on the top-of-rack switch copies the fully reduced gradient chunks of all-reduce to
 CPU shadow nodes; the shadows replay the optimizer step, so together they hold model + optimizer
-state at every iteration. See DESIGN.md and docs/.
+state at every iteration. See README.md and docs/.
 
 Importing ``shadowgrad`` (or ``shadowgrad.wire``, ``shadowgrad.layout``, ``shadowgrad.config``,
 ``shadowgrad.trainer_hooks``) never imports grpc, protobuf, scapy or mininet.

@@ -1,4 +1,4 @@
-"""Logging conventions (DESIGN §7): ``logging.getLogger(__name__)`` everywhere, and structured
+"""Logging conventions: ``logging.getLogger(__name__)`` everywhere, and structured
 events for the things operators count and alert on (promotion, resync, drops, ...).
 
 An event is an ordinary log record whose ``extra`` carries ``event`` (a dotted name such as

@@ -1,4 +1,4 @@
-"""The job spec: one TOML file that describes a shadowgrad job (DESIGN §7).
+r"""The job spec: one TOML file that describes a shadowgrad job (DESIGN §7).
 
 :func:`load_spec` reads a file, :func:`parse_spec` a string or an already parsed mapping; both
 apply the environment overrides of :mod:`shadowgrad._env` (``SHADOWGRAD__<SECTION>__<KEY>``)
@@ -15,96 +15,118 @@ host name. Durations are strings with an explicit unit, ``us`` ``ms`` ``s`` ``m`
 ``_s``. Relative paths are kept as written (relative to the working directory of the process
 that uses them).
 
+One schema: the section dataclasses below, the fields of :class:`JobSpec`. Each field's
+metadata (``{"schema": _Key(...)}``) holds its kind, range and documentation; :data:`KNOWN_KEYS`,
+:data:`DEFAULTS`, the validation of :func:`parse_spec`, :meth:`JobSpec.to_dict` and the key
+reference that follows (rendered by :func:`render_keys`; a test checks that it is current) are
+all derived from it, so a new key is one new field.
+
 Keys (``*`` = required; default otherwise):
 
-``[job]``
-    ``id``\\* -- integer 0..2**32-1; the ``job`` field of every wire header.
-    ``name``\\* -- 1..64 characters from ``[A-Za-z0-9_.-]``.
-    ``mode`` -- ``"in-band"`` (the switch taps the all-reduce) or ``"mirror"`` (trainers send
-    their reduced slices to the shadows themselves). Default ``"in-band"``.
+``[job]``: identity and mode of the job.
+    ``id``\* -- integer 0..2**32-1; the ``job`` field of every wire header.
+    ``name``\* -- string; 1..64 characters from ``[A-Za-z0-9_.-]``.
+    ``mode`` -- ``"in-band"`` or ``"mirror"``; ``"in-band"``: the switch taps the all-reduce;
+    ``"mirror"``: trainers send their reduced slices to the shadows themselves. Default
+    ``"in-band"``.
 
-``[trainers]``
-    ``world_size``\\* -- number of data-parallel ranks, 1..65536.
-    ``addresses``\\* -- one address per rank (rank order), ``len == world_size``.
-    ``backend`` -- process-group backend, ``"gloo"`` or ``"nccl"``. Default ``"gloo"``.
+``[trainers]``: the data-parallel ranks, in rank order.
+    ``world_size``\* -- integer 1..65536; number of data-parallel ranks.
+    ``addresses``\* -- array of addresses, ``len == trainers.world_size``; one per rank, in rank
+    order.
+    ``backend`` -- ``"gloo"`` or ``"nccl"``; the process-group backend. Default ``"gloo"``.
 
-``[shadows]``
-    ``count``\\* -- number of shadow nodes, 1..65536.
-    ``replication`` -- copies of each shard; ``1 <= replication <= count`` and divides
-    ``count``, giving ``count // replication`` shards. Default ``1``.
-    ``addresses``\\* -- one data (UDP) address per shadow, ``len == count``.
-    ``control_port`` -- base TCP port of the shadows' pyzmq control endpoints: shadow ``i``
-    serves on its host at ``control_port + i`` (so shadows can share a host). Default ``47480``.
-    ``snapshot_every`` -- persist state to disk every N iterations; ``0`` = off. Default ``0``.
-    ``snapshot_dir`` -- directory for those snapshots; required when ``snapshot_every > 0``.
+``[shadows]``: the shadow nodes, in shadow-id order.
+    ``count``\* -- integer 1..65536; number of shadow nodes.
+    ``addresses``\* -- array of addresses, ``len == shadows.count``; one data (UDP) address per
+    shadow.
+    ``replication`` -- integer 1..``shadows.count``; copies of each shard; must divide ``count``,
+    giving ``count // replication`` shards. Default ``1``.
+    ``control_port`` -- integer 1..65535; base TCP port of the shadows' pyzmq control endpoints:
+    shadow ``i`` serves on its host at ``control_port + i`` (so shadows can share a host). Default
+    ``47480``.
+    ``snapshot_every`` -- integer >= 0; persist state to disk every N iterations; ``0`` = off.
+    Default ``0``.
+    ``snapshot_dir`` -- path; directory for those snapshots; required when ``snapshot_every > 0``.
     Default: none.
 
-``[switch]``
-    ``target`` -- ``"bmv2_testbed"`` (shadowgrad's P4 software target), ``"simple_switch_grpc"``
-    (real bmv2) or ``"none"`` (no programmable switch; only with ``job.mode = "mirror"``).
-    Default ``"bmv2_testbed"``.
-    ``grpc_addr`` -- P4Runtime server, ``"host:port"``. Default ``"127.0.0.1:9559"``.
-    ``device_id`` -- P4Runtime device id, 0..2**64-1. Default ``0``.
-    ``p4_program`` -- P4_16 source to load. Default ``"p4/shadowgrad.p4"``.
-    ``trainer_ports``\\* -- switch port of each trainer (rank order), ``len == world_size``.
-    ``shadow_ports``\\* -- switch port of each shadow, ``len == shadows.count``.
-    ``cpu_port`` -- the ``--cpu-port`` for PacketIn/PacketOut, 1..510. Default ``510``.
+``[switch]``: the P4 target and its port map (ports empty when ``target == "none"``).
     Switch ports are v1model's 9-bit ports, 0..510; 511 is the drop port. All ports are unique
-    across ``trainer_ports``, ``shadow_ports`` and ``cpu_port``. With ``target = "none"`` the
-    port lists are not required and must not be given. In ``"in-band"`` mode every trainer and
-    shadow address must be an IPv4 literal, since the switch matches and rewrites IPv4 headers.
-    ``loopback`` -- ``"host:port"``: the hosts reach the switch through the P4 target's
-    loopback UDP ports (``sg-switch-grpc --loopback-port N@host:port+N``), exchanging whole
-    Ethernet frames (``shadowgrad.frames``). Default: none (the hosts' own interfaces cross
-    the switch: veths, Mininet, real links).
-    ``trainer_macs``, ``shadow_macs`` -- MAC of each trainer / shadow host, ``"02:53:47:00:00:05"``.
-    Default ``02:53:47:00:0p:pp`` from the host's switch port (the testbed sets it).
+    across ``trainer_ports``, ``shadow_ports`` and ``cpu_port``. In ``"in-band"`` mode every
+    trainer and shadow address must be an IPv4 literal, since the switch matches and rewrites IPv4
+    headers.
+    ``target`` -- ``"bmv2_testbed"``, ``"simple_switch_grpc"`` or ``"none"``; ``"bmv2_testbed"``:
+    shadowgrad's P4 software target; ``"simple_switch_grpc"``: real bmv2; ``"none"``: no
+    programmable switch (only with ``job.mode = "mirror"``). Default ``"bmv2_testbed"``.
+    ``grpc_addr`` -- ``"host:port"``; the P4Runtime server. Default ``"127.0.0.1:9559"``.
+    ``device_id`` -- integer 0..2**64-1; P4Runtime device id. Default ``0``.
+    ``p4_program`` -- path; P4_16 source to load. Default ``"p4/shadowgrad.p4"``.
+    ``trainer_ports``\* -- array of switch ports 0..510, ``len == trainers.world_size``; switch
+    port of each trainer, in rank order. Not with ``target = "none"``.
+    ``shadow_ports``\* -- array of switch ports 0..510, ``len == shadows.count``; switch port of
+    each shadow. Not with ``target = "none"``.
+    ``cpu_port`` -- switch port 1..510; the ``--cpu-port`` for PacketIn/PacketOut. Default
+    ``510``.
+    ``loopback`` -- ``"host:port"``; the hosts reach the switch through the P4 target's loopback
+    UDP ports (``sg-switch-grpc --loopback-port N@host:port+N``), exchanging whole Ethernet frames
+    (``shadowgrad.frames``). Not with ``target = "none"``. Default: none (the hosts' own
+    interfaces cross the switch: veths, Mininet, real links).
+    ``trainer_macs`` -- array of MACs (``"02:53:47:00:00:05"``), ``len == trainers.world_size``;
+    MAC of each trainer host. Not with ``target = "none"``. Default: ``02:53:47:00:0p:pp`` from
+    the host's switch port (the testbed sets it).
+    ``shadow_macs`` -- array of MACs (``"02:53:47:00:00:05"``), ``len == shadows.count``; MAC of
+    each shadow host. Not with ``target = "none"``. Default: ``02:53:47:00:0p:pp`` from the host's
+    switch port (the testbed sets it).
 
-``[timeouts]``
-    ``heartbeat`` -- interval of trainer heartbeats. Default ``"500ms"``.
-    ``failure_detect`` -- silence after which a member is declared failed; must exceed
-    ``heartbeat``. Default ``"3s"``.
-    ``gap_repair`` -- how long a shadow waits for a missing chunk before asking for it again.
-    Default ``"200ms"``.
-    ``rpc`` -- deadline of one control RPC. Default ``"2s"``.
-    ``connect`` -- deadline for establishing a connection. Default ``"10s"``.
-    Fields: ``heartbeat_s``, ``failure_detect_s``, ``gap_repair_s``, ``rpc_s``, ``connect_s``.
+``[timeouts]``, in float seconds (each key is its field less the ``_s``).
+    ``heartbeat`` -- duration (float seconds in ``heartbeat_s``); interval of trainer heartbeats.
+    Default ``"500ms"``.
+    ``failure_detect`` -- duration (float seconds in ``failure_detect_s``); silence after which a
+    member is declared failed; must exceed ``heartbeat``. Default ``"3s"``.
+    ``gap_repair`` -- duration (float seconds in ``gap_repair_s``); how long a shadow waits for a
+    missing chunk before asking for it again. Default ``"200ms"``.
+    ``rpc`` -- duration (float seconds in ``rpc_s``); deadline of one control RPC. Default
+    ``"2s"``.
+    ``connect`` -- duration (float seconds in ``connect_s``); deadline for establishing a
+    connection. Default ``"10s"``.
 
-``[security]``
-    The job's auth token comes from exactly one source, read only when
-    :meth:`JobSpec.token` is called; the token is never part of the spec, its ``repr`` or
-    :meth:`JobSpec.to_dict`.
-    ``token_env`` -- name of the environment variable holding it. Default ``"SHADOWGRAD_TOKEN"``
-    (when ``token_file`` is not given).
-    ``token_file`` -- path of a file holding it (surrounding whitespace is stripped); it must
-    not be readable by group or others (``chmod 600``).
-    ``authenticate_data`` -- DATA chunks carry a MAC too (COMMIT, NACK, READY and ACK always
-    do). Default ``true`` (docs/security.md gives the cost and what ``false`` leaves open).
-    Giving both is an error.
+``[security]``: where the token is read from (exactly one of the two is set).
+    The job's auth token comes from exactly one source, read only when :meth:`JobSpec.token` is
+    called; the token is never part of the spec, its ``repr`` or :meth:`JobSpec.to_dict`. Giving
+    both ``token_env`` and ``token_file`` is an error.
+    ``token_env`` -- string; name of the environment variable holding the token. Default:
+    ``"SHADOWGRAD_TOKEN"`` (when ``token_file`` is not given).
+    ``token_file`` -- path; a file holding the token (surrounding whitespace is stripped); it must
+    not be readable by group or others (``chmod 600``). Default: none.
+    ``authenticate_data`` -- ``true`` or ``false``; DATA chunks carry a MAC too (COMMIT, NACK,
+    READY and ACK always do; docs/security.md gives the cost and what ``false`` leaves open).
+    Default ``true``.
 
-``[controller]`` (optional)
-    ``address`` -- where ``shadowgrad controller`` serves its control endpoint (ZeroMQ,
-    ``"host:port"``). With it, restarted trainers take the restore point from the controller
-    (falling back to the shadows when it does not answer), rank 0 tells it when training ends,
-    and ``shadowgrad status`` / ``restore`` show or use its state (docs/operations.md).
-    Default: no controller.
+``[controller]`` (optional): the job's controller; without it (``address = None``) the trainers
+find the restore point themselves.
+    ``address`` -- ``"host:port"``; where ``shadowgrad controller`` serves its control endpoint
+    (ZeroMQ). With it, restarted trainers take the restore point from the controller (falling back
+    to the shadows when it does not answer), rank 0 tells it when training ends, and ``shadowgrad
+    status`` / ``restore`` show or use its state (docs/operations.md). Default: no controller.
 """
 
 from __future__ import annotations
 
 import difflib
+import inspect
 import ipaddress
 import json
 import logging
 import math
 import os
 import re
+import textwrap
 import tomllib
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import MISSING, Field, dataclass, field, fields, is_dataclass
 from decimal import Decimal
 from pathlib import Path
-from typing import Any, Final, Literal, TypeVar, cast
+from typing import Any, Final, Literal, cast, get_type_hints
 
 from shadowgrad import _env
 from shadowgrad.errors import ConfigError
@@ -123,6 +145,7 @@ __all__ = [
     "parse_spec",
     "parse_duration",
     "format_duration",
+    "render_keys",
 ]
 
 _log = logging.getLogger(__name__)
@@ -150,43 +173,6 @@ DROP_PORT: Final = 511
 MAX_SWITCH_PORT: Final = 510
 #: Ranks and shadow ids go into the 16-bit ``sender`` field of the wire header.
 MAX_MEMBERS: Final = 1 << 16
-
-#: Every section and its keys, in documentation order (``_env`` checks overrides against it).
-KNOWN_KEYS: Final[Mapping[str, tuple[str, ...]]] = {
-    "job": ("id", "name", "mode"),
-    "trainers": ("world_size", "addresses", "backend"),
-    "shadows": (
-        "count",
-        "replication",
-        "addresses",
-        "control_port",
-        "snapshot_every",
-        "snapshot_dir",
-    ),
-    "switch": (
-        "target",
-        "grpc_addr",
-        "device_id",
-        "p4_program",
-        "trainer_ports",
-        "shadow_ports",
-        "cpu_port",
-        "loopback",
-        "trainer_macs",
-        "shadow_macs",
-    ),
-    "timeouts": ("heartbeat", "failure_detect", "gap_repair", "rpc", "connect"),
-    "security": ("token_env", "token_file", "authenticate_data"),
-    "controller": ("address",),
-}
-
-_TIMEOUT_DEFAULTS: Final = {
-    "heartbeat": "500ms",
-    "failure_detect": "3s",
-    "gap_repair": "200ms",
-    "rpc": "2s",
-    "connect": "10s",
-}
 
 # --------------------------------------------------------------------------------------------
 # durations
@@ -340,6 +326,87 @@ class Endpoint:
 
 
 # --------------------------------------------------------------------------------------------
+# the schema
+
+_Kind = Literal["int", "str", "choice", "bool", "path", "endpoint", "duration", "addresses",
+               "switch_port", "switch_ports", "macs"]  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class _Key:
+    """How one key is read, checked and documented: the ``"schema"`` entry of the metadata of
+    its section field, ``field(default=..., metadata={"schema": _Key("int", "...", max=9)})``.
+    A field without a default is a required key."""
+
+    kind: _Kind
+    #: the text of the key reference (after the kind and range, which are generated)
+    doc: str
+    #: integers and switch ports (each port, for an array): the lowest value allowed
+    min: int = 0
+    #: integers: the highest value allowed, or the dotted key of an earlier integer key
+    max: int | str | None = None
+    #: arrays: the dotted key of the earlier integer that gives their length
+    length: str | None = None
+    #: ``"choice"``: the allowed strings
+    choices: tuple[str, ...] = ()
+    #: durations: the unit of the field, ``"s"`` (float seconds; the key drops the ``_s``)
+    unit: str | None = None
+    #: strings: a regular expression the whole value must match, and the error if it does not
+    pattern: str | None = None
+    pattern_error: str = ""
+    #: required although the field has a default (used when the key does not apply)
+    required: bool = False
+    #: only with a switch: must not be given with ``switch.target = "none"``
+    needs_switch: bool = False
+    #: what the key reference says about the default, instead of the default itself
+    default_doc: str | None = None
+
+
+def _key_of(f: Field[Any]) -> _Key:
+    key = f.metadata.get("schema")
+    if not isinstance(key, _Key):
+        raise TypeError(f"section field {f.name!r} has no 'schema' metadata")
+    return key
+
+
+def _schema_fields(section: type[Any]) -> Iterator[tuple[str, Field[Any], _Key]]:
+    """The keys of a section dataclass: ``(TOML key, field, schema)`` in field order."""
+    for f in fields(section):
+        key = _key_of(f)
+        yield (f.name.removesuffix(f"_{key.unit}") if key.unit else f.name), f, key
+
+
+def _default(f: Field[Any]) -> Any:
+    """The field's default (``MISSING`` when it has none)."""
+    if f.default is not MISSING:
+        return f.default
+    if f.default_factory is not MISSING:
+        return f.default_factory()
+    return MISSING
+
+
+def _required(f: Field[Any], key: _Key) -> bool:
+    return key.required or _default(f) is MISSING
+
+
+def _to_toml(key: _Key, value: Any) -> Any:
+    """A field value as TOML-ready data (durations with units, addresses as strings)."""
+    if key.kind == "duration":
+        return format_duration(value)
+    if key.kind in ("endpoint", "path"):
+        return str(value)
+    if key.kind == "addresses":
+        return [str(a) for a in value]
+    if key.kind == "switch_ports":
+        return list(value)
+    if key.kind == "macs":
+        from shadowgrad.frames import format_mac
+
+        return [format_mac(m) for m in value]
+    return value
+
+
+# --------------------------------------------------------------------------------------------
 # the spec
 
 
@@ -347,30 +414,46 @@ class Endpoint:
 class JobSection:
     """``[job]``: identity and mode of the job."""
 
-    id: int
-    name: str
-    mode: Mode = "in-band"
+    id: int = field(metadata={"schema": _Key(
+        "int", "the ``job`` field of every wire header.", max=(1 << 32) - 1)})
+    name: str = field(metadata={"schema": _Key(
+        "str", "1..64 characters from ``[A-Za-z0-9_.-]``.", pattern=r"[A-Za-z0-9_.-]{1,64}",
+        pattern_error="must be 1..64 characters from [A-Za-z0-9_.-]")})
+    mode: Mode = field(default="in-band", metadata={"schema": _Key(
+        "choice", '``"in-band"``: the switch taps the all-reduce; ``"mirror"``: trainers send '
+        "their reduced slices to the shadows themselves.", choices=MODES)})
 
 
 @dataclass(frozen=True, slots=True)
 class TrainersSection:
     """``[trainers]``: the data-parallel ranks, in rank order."""
 
-    world_size: int
-    addresses: tuple[Endpoint, ...]
-    backend: Backend = "gloo"
+    world_size: int = field(metadata={"schema": _Key(
+        "int", "number of data-parallel ranks.", min=1, max=MAX_MEMBERS)})
+    addresses: tuple[Endpoint, ...] = field(metadata={"schema": _Key(
+        "addresses", "one per rank, in rank order.", length="trainers.world_size")})
+    backend: Backend = field(default="gloo", metadata={"schema": _Key(
+        "choice", "the process-group backend.", choices=BACKENDS)})
 
 
 @dataclass(frozen=True, slots=True)
 class ShadowsSection:
     """``[shadows]``: the shadow nodes, in shadow-id order."""
 
-    count: int
-    addresses: tuple[Endpoint, ...]
-    replication: int = 1
-    control_port: int = DEFAULT_CONTROL_PORT
-    snapshot_every: int = 0
-    snapshot_dir: Path | None = None
+    count: int = field(metadata={"schema": _Key(
+        "int", "number of shadow nodes.", min=1, max=MAX_MEMBERS)})
+    addresses: tuple[Endpoint, ...] = field(metadata={"schema": _Key(
+        "addresses", "one data (UDP) address per shadow.", length="shadows.count")})
+    replication: int = field(default=1, metadata={"schema": _Key(
+        "int", "copies of each shard; must divide ``count``, giving ``count // replication`` "
+        "shards.", min=1, max="shadows.count")})
+    control_port: int = field(default=DEFAULT_CONTROL_PORT, metadata={"schema": _Key(
+        "int", "base TCP port of the shadows' pyzmq control endpoints: shadow ``i`` serves on "
+        "its host at ``control_port + i`` (so shadows can share a host).", min=1, max=65535)})
+    snapshot_every: int = field(default=0, metadata={"schema": _Key(
+        "int", "persist state to disk every N iterations; ``0`` = off.")})
+    snapshot_dir: Path | None = field(default=None, metadata={"schema": _Key(
+        "path", "directory for those snapshots; required when ``snapshot_every > 0``.")})
 
     @property
     def num_shards(self) -> int:
@@ -384,21 +467,51 @@ class ShadowsSection:
         return Endpoint(self.addresses[index].host, self.control_port + index)
 
 
+_DEFAULT_MACS: Final = "``02:53:47:00:0p:pp`` from the host's switch port (the testbed sets it)"
+
+
 @dataclass(frozen=True, slots=True)
 class SwitchSection:
-    """``[switch]``: the P4 target and its port map (ports empty when ``target == "none"``)."""
+    """``[switch]``: the P4 target and its port map (ports empty when ``target == "none"``).
 
-    target: Target = "bmv2_testbed"
-    grpc_addr: Endpoint = field(default_factory=lambda: Endpoint("127.0.0.1", 9559))
-    device_id: int = 0
-    p4_program: Path = Path(DEFAULT_P4_PROGRAM)
-    trainer_ports: tuple[int, ...] = ()
-    shadow_ports: tuple[int, ...] = ()
-    cpu_port: int = DEFAULT_CPU_PORT
+    Switch ports are v1model's 9-bit ports, 0..510; 511 is the drop port. All ports are unique
+    across ``trainer_ports``, ``shadow_ports`` and ``cpu_port``. In ``"in-band"`` mode every
+    trainer and shadow address must be an IPv4 literal, since the switch matches and rewrites
+    IPv4 headers.
+    """
+
+    target: Target = field(default="bmv2_testbed", metadata={"schema": _Key(
+        "choice", '``"bmv2_testbed"``: shadowgrad\'s P4 software target; '
+        '``"simple_switch_grpc"``: real bmv2; ``"none"``: no programmable switch (only with '
+        '``job.mode = "mirror"``).', choices=TARGETS)})
+    grpc_addr: Endpoint = field(
+        default=Endpoint.parse(DEFAULT_GRPC_ADDR, "switch.grpc_addr"),
+        metadata={"schema": _Key("endpoint", "the P4Runtime server.")})
+    device_id: int = field(default=0, metadata={"schema": _Key(
+        "int", "P4Runtime device id.", max=(1 << 64) - 1)})
+    p4_program: Path = field(default=Path(DEFAULT_P4_PROGRAM), metadata={"schema": _Key(
+        "path", "P4_16 source to load.")})
+    trainer_ports: tuple[int, ...] = field(default=(), metadata={"schema": _Key(
+        "switch_ports", "switch port of each trainer, in rank order.",
+        length="trainers.world_size", required=True, needs_switch=True)})
+    shadow_ports: tuple[int, ...] = field(default=(), metadata={"schema": _Key(
+        "switch_ports", "switch port of each shadow.", length="shadows.count", required=True,
+        needs_switch=True)})
+    cpu_port: int = field(default=DEFAULT_CPU_PORT, metadata={"schema": _Key(
+        "switch_port", "the ``--cpu-port`` for PacketIn/PacketOut.", min=1)})
     #: the target's loopback UDP ports: switch port N is ``loopback.host:loopback.port + N``
-    loopback: Endpoint | None = None
-    trainer_macs: tuple[int, ...] = ()  #: 48-bit MACs; empty: ``frames.port_mac(port)``
-    shadow_macs: tuple[int, ...] = ()
+    loopback: Endpoint | None = field(default=None, metadata={"schema": _Key(
+        "endpoint", "the hosts reach the switch through the P4 target's loopback UDP ports "
+        "(``sg-switch-grpc --loopback-port N@host:port+N``), exchanging whole Ethernet frames "
+        "(``shadowgrad.frames``).", needs_switch=True, default_doc="none (the hosts' own "
+        "interfaces cross the switch: veths, Mininet, real links)")})
+    #: 48-bit MACs; empty: ``frames.port_mac(port)``
+    trainer_macs: tuple[int, ...] = field(default=(), metadata={"schema": _Key(
+        "macs", "MAC of each trainer host.", length="trainers.world_size", needs_switch=True,
+        default_doc=_DEFAULT_MACS)})
+    shadow_macs: tuple[int, ...] = field(default=(), metadata={"schema": _Key(
+        "macs", "MAC of each shadow host.", length="shadows.count", needs_switch=True,
+        default_doc=_DEFAULT_MACS)})
 
     def loopback_endpoint(self, port: int) -> Endpoint:
         """The UDP endpoint of switch port ``port`` (only with ``loopback`` set)."""
@@ -419,23 +532,42 @@ class SwitchSection:
 
 @dataclass(frozen=True, slots=True)
 class TimeoutsSection:
-    """``[timeouts]``, in float seconds."""
+    """``[timeouts]``, in float seconds (each key is its field less the ``_s``)."""
 
-    heartbeat_s: float = 0.5
-    failure_detect_s: float = 3.0
-    gap_repair_s: float = 0.2
-    rpc_s: float = 2.0
-    connect_s: float = 10.0
+    heartbeat_s: float = field(default=0.5, metadata={"schema": _Key(
+        "duration", "interval of trainer heartbeats.", unit="s")})
+    failure_detect_s: float = field(default=3.0, metadata={"schema": _Key(
+        "duration", "silence after which a member is declared failed; must exceed "
+        "``heartbeat``.", unit="s")})
+    gap_repair_s: float = field(default=0.2, metadata={"schema": _Key(
+        "duration", "how long a shadow waits for a missing chunk before asking for it again.",
+        unit="s")})
+    rpc_s: float = field(default=2.0, metadata={"schema": _Key(
+        "duration", "deadline of one control RPC.", unit="s")})
+    connect_s: float = field(default=10.0, metadata={"schema": _Key(
+        "duration", "deadline for establishing a connection.", unit="s")})
 
 
 @dataclass(frozen=True, slots=True)
 class SecuritySection:
-    """``[security]``: where the token is read from (exactly one of the two is set)."""
+    """``[security]``: where the token is read from (exactly one of the two is set).
 
-    token_env: str | None = _env.DEFAULT_TOKEN_ENV
-    token_file: Path | None = None
+    The job's auth token comes from exactly one source, read only when :meth:`JobSpec.token` is
+    called; the token is never part of the spec, its ``repr`` or :meth:`JobSpec.to_dict`.
+    Giving both ``token_env`` and ``token_file`` is an error.
+    """
+
+    token_env: str | None = field(default=_env.DEFAULT_TOKEN_ENV, metadata={"schema": _Key(
+        "str", "name of the environment variable holding the token.",
+        pattern=r"[A-Za-z_][A-Za-z0-9_]*", pattern_error="not a valid environment variable name",
+        default_doc=f'``"{_env.DEFAULT_TOKEN_ENV}"`` (when ``token_file`` is not given)')})
+    token_file: Path | None = field(default=None, metadata={"schema": _Key(
+        "path", "a file holding the token (surrounding whitespace is stripped); it must not be "
+        "readable by group or others (``chmod 600``).")})
     #: DATA chunks carry a MAC too (COMMIT, NACK, READY and ACK always do)
-    authenticate_data: bool = DEFAULT_AUTHENTICATE_DATA
+    authenticate_data: bool = field(default=DEFAULT_AUTHENTICATE_DATA, metadata={"schema": _Key(
+        "bool", "DATA chunks carry a MAC too (COMMIT, NACK, READY and ACK always do; "
+        "docs/security.md gives the cost and what ``false`` leaves open).")})
 
     def token(self, env: Mapping[str, str] | None = None) -> str:
         """Read the token now (``env`` defaults to ``os.environ``); ConfigError if unavailable."""
@@ -469,15 +601,24 @@ class SecuritySection:
 
 @dataclass(frozen=True, slots=True)
 class ControllerSection:
-    """``[controller]``: where ``shadowgrad controller`` serves its control endpoint (ZeroMQ,
-    ``tcp://host:port``); ``None``: no controller (the trainers compute I* themselves)."""
+    """``[controller]`` (optional): the job's controller; without it (``address = None``) the
+    trainers find the restore point themselves."""
 
-    address: Endpoint | None = None
+    address: Endpoint | None = field(default=None, metadata={"schema": _Key(
+        "endpoint", "where ``shadowgrad controller`` serves its control endpoint (ZeroMQ). With "
+        "it, restarted trainers take the restore point from the controller (falling back to "
+        "the shadows when it does not answer), rank 0 tells it when training ends, and "
+        "``shadowgrad status`` / ``restore`` show or use its state (docs/operations.md).",
+        default_doc="no controller")})
 
 
 @dataclass(frozen=True, slots=True)
 class JobSpec:
-    """A validated job spec. Build it with :func:`load_spec` or :func:`parse_spec`."""
+    """A validated job spec. Build it with :func:`load_spec` or :func:`parse_spec`.
+
+    Every field but ``source`` is a section: its name is the TOML table, its dataclass the
+    schema of that table's keys.
+    """
 
     job: JobSection
     trainers: TrainersSection
@@ -507,61 +648,17 @@ class JobSpec:
     def to_dict(self) -> dict[str, dict[str, Any]]:
         """The spec as TOML-ready data (durations with units, addresses as strings, no token).
 
-        ``parse_spec(spec.to_dict(), env={}) == spec``.
+        Keys whose value is unset (``None`` or empty) are left out, and so is a section left
+        empty. ``parse_spec(spec.to_dict(), env={}) == spec``.
         """
-        shadows: dict[str, Any] = {
-            "count": self.shadows.count,
-            "replication": self.shadows.replication,
-            "addresses": [str(a) for a in self.shadows.addresses],
-            "control_port": self.shadows.control_port,
-            "snapshot_every": self.shadows.snapshot_every,
-        }
-        if self.shadows.snapshot_dir is not None:
-            shadows["snapshot_dir"] = str(self.shadows.snapshot_dir)
-        switch: dict[str, Any] = {
-            "target": self.switch.target,
-            "grpc_addr": str(self.switch.grpc_addr),
-            "device_id": self.switch.device_id,
-            "p4_program": str(self.switch.p4_program),
-        }
-        if self.switch.target != "none":
-            switch["trainer_ports"] = list(self.switch.trainer_ports)
-            switch["shadow_ports"] = list(self.switch.shadow_ports)
-        switch["cpu_port"] = self.switch.cpu_port
-        if self.switch.loopback is not None:
-            switch["loopback"] = str(self.switch.loopback)
-        from shadowgrad.frames import format_mac
-
-        for name in ("trainer_macs", "shadow_macs"):
-            if getattr(self.switch, name):
-                switch[name] = [format_mac(m) for m in getattr(self.switch, name)]
-        t = self.timeouts
-        security: dict[str, Any] = (
-            {"token_file": str(self.security.token_file)}
-            if self.security.token_file is not None
-            else {"token_env": self.security.token_env}
-        )
-        security["authenticate_data"] = self.security.authenticate_data
-        return {
-            "job": {"id": self.job.id, "name": self.job.name, "mode": self.job.mode},
-            "trainers": {
-                "world_size": self.trainers.world_size,
-                "addresses": [str(a) for a in self.trainers.addresses],
-                "backend": self.trainers.backend,
-            },
-            "shadows": shadows,
-            "switch": switch,
-            "timeouts": {
-                "heartbeat": format_duration(t.heartbeat_s),
-                "failure_detect": format_duration(t.failure_detect_s),
-                "gap_repair": format_duration(t.gap_repair_s),
-                "rpc": format_duration(t.rpc_s),
-                "connect": format_duration(t.connect_s),
-            },
-            "security": security,
-            **({"controller": {"address": str(self.controller.address)}}
-               if self.controller.address is not None else {}),
-        }
+        out: dict[str, dict[str, Any]] = {}
+        for name in _SECTIONS:
+            values = getattr(self, name)
+            table = {key: _to_toml(schema, value) for key, f, schema in _schema_fields(type(values))
+                     if (value := getattr(values, f.name)) is not None and value != ()}
+            if table:
+                out[name] = table
+        return out
 
     def to_toml(self) -> str:
         """:meth:`to_dict` as TOML text (for ``shadowgrad spec show``)."""
@@ -582,6 +679,104 @@ def _toml_value(value: Any) -> str:
     if isinstance(value, list):
         return "[" + ", ".join(_toml_value(v) for v in value) + "]"
     return str(value)
+
+
+# --------------------------------------------------------------------------------------------
+# what the schema gives: sections, keys, defaults, the key reference
+
+Sections = Mapping[str, type[Any]]
+
+
+def _sections_of(spec: type[Any]) -> dict[str, type[Any]]:
+    """The sections of a spec dataclass: its fields whose type is a dataclass, in order."""
+    hints = get_type_hints(spec)
+    return {f.name: hints[f.name] for f in fields(spec) if is_dataclass(hints[f.name])}
+
+
+def _known_keys(sections: Sections) -> dict[str, tuple[str, ...]]:
+    return {name: tuple(key for key, _, _ in _schema_fields(cls)) for name, cls in sections.items()}
+
+
+def _defaults(sections: Sections) -> dict[str, dict[str, Any]]:
+    return {
+        name: {key: _to_toml(schema, d) for key, f, schema in _schema_fields(cls)
+               if (d := _default(f)) is not MISSING and d is not None and d != ()}
+        for name, cls in sections.items()
+    }  # fmt: skip
+
+
+#: Section name -> section dataclass, in documentation order (the fields of :class:`JobSpec`).
+_SECTIONS: Final[Mapping[str, type[Any]]] = _sections_of(JobSpec)
+
+#: Every section and its keys, in documentation order (``_env`` checks overrides against it).
+KNOWN_KEYS: Final[Mapping[str, tuple[str, ...]]] = _known_keys(_SECTIONS)
+
+#: Every section and the default of each of its keys that has one, as TOML-ready data.
+DEFAULTS: Final[Mapping[str, Mapping[str, Any]]] = _defaults(_SECTIONS)
+
+
+def _bound(value: int | str) -> str:
+    if isinstance(value, str):
+        return f"``{value}``"
+    if value >= 1 << 20 and value & (value + 1) == 0:
+        return f"2**{value.bit_length()}-1"
+    return str(value)
+
+
+def _kind_doc(f: Field[Any], key: _Key) -> str:
+    """The generated start of a key's entry: what kind of value, in which range."""
+    length = f"``len == {key.length}``"
+    ports = f"{key.min}..{MAX_SWITCH_PORT}"
+    if key.kind == "int":
+        if key.max is None:
+            return f"integer >= {key.min}"
+        return f"integer {key.min}..{_bound(key.max)}"
+    if key.kind == "choice":
+        *first, last = (f'``"{c}"``' for c in key.choices)
+        return f"{', '.join(first)} or {last}" if first else last
+    if key.kind == "duration":
+        return f"duration (float seconds in ``{f.name}``)"
+    return {
+        "str": "string",
+        "bool": "``true`` or ``false``",
+        "path": "path",
+        "endpoint": '``"host:port"``',
+        "addresses": f"array of addresses, {length}",
+        "switch_port": f"switch port {ports}",
+        "switch_ports": f"array of switch ports {ports}, {length}",
+        "macs": f'array of MACs (``"02:53:47:00:00:05"``), {length}',
+    }[key.kind]
+
+
+def _fill(text: str, indent: str = "") -> str:
+    return textwrap.fill(" ".join(text.split()), width=98, initial_indent=indent,
+                         subsequent_indent=indent, break_long_words=False, break_on_hyphens=False)
+
+
+def render_keys(sections: Sections | None = None) -> str:
+    r"""The key reference (reStructuredText) rendered from the section dataclasses: for each
+    section its docstring, then each key with its kind, range, doc and default, ``\*`` marking
+    the required ones. The module docstring ends with it."""
+    blocks: list[str] = []
+    for cls in (_SECTIONS if sections is None else sections).values():
+        summary, *notes = inspect.cleandoc(cls.__doc__ or "").split("\n\n")
+        lines = [_fill(summary), *(_fill(note, "    ") for note in notes)]
+        for key, f, schema in _schema_fields(cls):
+            required = _required(f, schema)
+            star = "\\*" if required else ""
+            entry = f"``{key}``{star} -- {_kind_doc(f, schema)}; {schema.doc}"
+            if schema.needs_switch:
+                entry += ' Not with ``target = "none"``.'
+            default = _default(f)
+            if schema.default_doc is not None:
+                entry += f" Default: {schema.default_doc}."
+            elif default is None:
+                entry += " Default: none."
+            elif not required:
+                entry += f" Default ``{_toml_value(_to_toml(schema, default))}``."
+            lines.append(_fill(entry, "    "))
+        blocks.append("\n".join(lines))
+    return "\n\n".join(blocks) + "\n"
 
 
 # --------------------------------------------------------------------------------------------
@@ -638,10 +833,6 @@ def _loads(text: str, source: str) -> dict[str, Any]:
         raise ConfigError(source, value, f"invalid TOML: {e}") from None
 
 
-_MISSING: Final = object()
-_T = TypeVar("_T")
-
-
 def _type_name(value: object) -> str:
     names = {bool: "boolean", int: "integer", float: "float", str: "string", list: "array",
              dict: "table"}  # fmt: skip
@@ -649,14 +840,13 @@ def _type_name(value: object) -> str:
 
 
 class _Table:
-    """One section of the raw spec: typed getters that raise ConfigError with the dotted key."""
+    """One section of the raw spec; raises ConfigError for a key not in ``known``."""
 
-    def __init__(self, raw: Mapping[str, Any], section: str) -> None:
+    def __init__(self, raw: Mapping[str, Any], section: str, known: tuple[str, ...]) -> None:
         self.section = section
         value = raw.get(section, {})
         if not isinstance(value, Mapping):
             raise ConfigError(section, value, f"expected a table [{section}]")
-        known = KNOWN_KEYS[section]
         for key in value:
             if key not in known:
                 close = difflib.get_close_matches(str(key), known, n=1)
@@ -674,44 +864,8 @@ class _Table:
     def has(self, name: str) -> bool:
         return name in self.raw
 
-    def get(self, name: str, default: object = _MISSING) -> object:
-        if name in self.raw:
-            return cast(object, self.raw[name])
-        if default is _MISSING:
-            raise ConfigError(self.key(name), None, "required key is missing")
-        return default
-
-    def int_(
-        self, name: str, default: object = _MISSING, lo: int = 0, hi: int | None = None
-    ) -> int:
-        return _check_int(self.get(name, default), self.key(name), lo, hi)
-
-    def str_(self, name: str, default: object = _MISSING) -> str:
-        value = self.get(name, default)
-        if not isinstance(value, str):
-            raise ConfigError(self.key(name), value, f"expected a string, got {_type_name(value)}")
-        return value
-
-    def choice(self, name: str, options: Sequence[_T], default: object = _MISSING) -> _T:
-        value = self.str_(name, default)
-        for option in options:
-            if value == option:
-                return option
-        raise ConfigError(
-            self.key(name), value, f"must be one of {', '.join(repr(o) for o in options)}"
-        )
-
-    def path(self, name: str, default: object = _MISSING) -> Path:
-        value = self.str_(name, default)
-        if not value or "\x00" in value:
-            raise ConfigError(self.key(name), value, "expected a non-empty path")
-        return Path(value)
-
-    def list_(self, name: str) -> list[Any]:
-        value = self.get(name)
-        if not isinstance(value, list):
-            raise ConfigError(self.key(name), value, f"expected an array, got {_type_name(value)}")
-        return value
+    def get(self, name: str, default: object = None) -> object:
+        return cast(object, self.raw.get(name, default))
 
 
 def _check_int(value: object, key: str, lo: int, hi: int | None) -> int:
@@ -723,209 +877,191 @@ def _check_int(value: object, key: str, lo: int, hi: int | None) -> int:
     return value
 
 
-def _addresses(table: _Table, name: str, expected: int, size_key: str) -> tuple[Endpoint, ...]:
-    items = table.list_(name)
-    if len(items) != expected:
-        raise ConfigError(
-            table.key(name), items, f"has {len(items)} entries but {size_key} = {expected}"
-        )
-    return tuple(
-        Endpoint.parse(item, f"{table.key(name)}[{i}]", DEFAULT_UDP_PORT)
-        for i, item in enumerate(items)
-    )
-
-
-def _switch_ports(table: _Table, name: str, expected: int, size_key: str) -> tuple[int, ...]:
-    items = table.list_(name)
-    if len(items) != expected:
-        raise ConfigError(
-            table.key(name), items, f"has {len(items)} entries but {size_key} = {expected}"
-        )
-    ports: list[int] = []
-    for i, item in enumerate(items):
-        ports.append(_switch_port(item, f"{table.key(name)}[{i}]", lo=0))
-    return tuple(ports)
-
-
 def _switch_port(value: object, key: str, lo: int) -> int:
     if isinstance(value, int) and not isinstance(value, bool) and value == DROP_PORT:
         raise ConfigError(key, value, f"port {DROP_PORT} is v1model's drop port")
     return _check_int(value, key, lo, MAX_SWITCH_PORT)
 
 
-def _build(raw: Mapping[str, Any], source: str) -> JobSpec:
+def _mac(value: object, key: str) -> int:
+    from shadowgrad.frames import parse_mac
+
+    try:
+        return parse_mac(value if isinstance(value, str) else repr(value))
+    except ValueError as exc:
+        raise ConfigError(key, value, str(exc)) from None
+
+
+def _parse_value(schema: _Key, value: object, key: str, parsed: Mapping[str, Any]) -> Any:
+    """Check ``value``, given for the dotted ``key``, against its schema and convert it;
+    ``parsed`` holds the values of the keys before it (for bounds and lengths named by key)."""
+    kind = schema.kind
+    if kind == "int":
+        hi = parsed[schema.max] if isinstance(schema.max, str) else schema.max
+        return _check_int(value, key, schema.min, hi)
+    if kind == "switch_port":
+        return _switch_port(value, key, schema.min)
+    if kind == "duration":
+        return parse_duration(value, key)
+    if kind == "endpoint":
+        return Endpoint.parse(value, key)
+    if kind == "bool":
+        if not isinstance(value, bool):
+            raise ConfigError(key, value, "must be true or false")
+        return value
+    if kind in ("str", "choice", "path"):
+        if not isinstance(value, str):
+            raise ConfigError(key, value, f"expected a string, got {_type_name(value)}")
+        if kind == "choice" and value not in schema.choices:
+            options = ", ".join(repr(o) for o in schema.choices)
+            raise ConfigError(key, value, f"must be one of {options}")
+        if kind == "path" and (not value or "\x00" in value):
+            raise ConfigError(key, value, "expected a non-empty path")
+        if schema.pattern is not None and not re.fullmatch(schema.pattern, value):
+            raise ConfigError(key, value, schema.pattern_error)
+        return Path(value) if kind == "path" else value
+    if not isinstance(value, list):
+        raise ConfigError(key, value, f"expected an array, got {_type_name(value)}")
+    if schema.length is not None and len(value) != parsed[schema.length]:
+        raise ConfigError(
+            key, value, f"has {len(value)} entries but {schema.length} = {parsed[schema.length]}"
+        )
+    item: Callable[[object, str], object] = {
+        "addresses": lambda v, k: Endpoint.parse(v, k, DEFAULT_UDP_PORT),
+        "switch_ports": lambda v, k: _switch_port(v, k, schema.min),
+        "macs": _mac,
+    }[kind]
+    return tuple(item(v, f"{key}[{i}]") for i, v in enumerate(value))
+
+
+def _build(raw: Mapping[str, Any], source: str, sections: Sections | None = None) -> JobSpec:
+    """Read every key of every section (in order) by its schema, run the checks that relate
+    keys to each other, and build the spec. ``sections`` replaces the schema (tests)."""
+    sections = _SECTIONS if sections is None else sections
+    known = KNOWN_KEYS if sections is _SECTIONS else _known_keys(sections)
     for section in raw:
-        if section not in KNOWN_KEYS:
-            close = difflib.get_close_matches(str(section), KNOWN_KEYS, n=1)
+        if section not in known:
+            close = difflib.get_close_matches(str(section), known, n=1)
             hint = f" (did you mean [{close[0]}]?)" if close else ""
             raise ConfigError(
                 str(section),
                 raw[section],
-                f"unknown section{hint}; sections: {', '.join(KNOWN_KEYS)}",
+                f"unknown section{hint}; sections: {', '.join(known)}",
             )
-    tables = {name: _Table(raw, name) for name in KNOWN_KEYS}  # unknown keys fail first
+    tables = {name: _Table(raw, name, known[name]) for name in known}  # unknown keys fail first
+    parsed: dict[str, Any] = {}  # dotted key -> value, as read so far
+    built: dict[str, Any] = {}
+    for name, cls in sections.items():
+        t = tables[name]
+        values: dict[str, Any] = {}
+        for key, f, schema in _schema_fields(cls):
+            if schema.needs_switch and parsed.get("switch.target") == "none":
+                value = _default(f)  # _check_switch refuses the key if it is given
+            elif t.has(key):
+                value = _parse_value(schema, t.get(key), t.key(key), parsed)
+            elif _required(f, schema):
+                raise ConfigError(t.key(key), None, "required key is missing")
+            else:
+                value = _default(f)
+            values[f.name] = parsed[t.key(key)] = value
+        check = _CHECKS.get(name)
+        if check is not None:
+            check(tables, values, parsed)
+        built[name] = cls(**values)
+    return JobSpec(**built, source=source)
 
-    t = tables["job"]
-    job_id = t.int_("id", hi=(1 << 32) - 1)
-    name = t.str_("name")
-    if not re.fullmatch(r"[A-Za-z0-9_.-]{1,64}", name):
-        raise ConfigError(t.key("name"), name, "must be 1..64 characters from [A-Za-z0-9_.-]")
-    job = JobSection(job_id, name, t.choice("mode", MODES, "in-band"))
 
-    t = tables["trainers"]
-    world_size = t.int_("world_size", lo=1, hi=MAX_MEMBERS)
-    trainers = TrainersSection(
-        world_size,
-        _addresses(t, "addresses", world_size, "trainers.world_size"),
-        t.choice("backend", BACKENDS, "gloo"),
-    )
+# the checks that relate keys to each other, after a section's keys are read: (tables, the
+# section's field values (may be changed), every dotted key read so far)
+_Check = Callable[[Mapping[str, _Table], dict[str, Any], Mapping[str, Any]], None]
 
+
+def _check_shadows(tables: Mapping[str, _Table], v: dict[str, Any], p: Mapping[str, Any]) -> None:
     t = tables["shadows"]
-    count = t.int_("count", lo=1, hi=MAX_MEMBERS)
-    replication = t.int_("replication", 1, lo=1, hi=count)
+    count, replication, control_port = v["count"], v["replication"], v["control_port"]
     if count % replication:
         raise ConfigError(t.key("replication"), replication, f"must divide shadows.count = {count}")
-    addresses = _addresses(t, "addresses", count, "shadows.count")
-    control_port = t.int_("control_port", DEFAULT_CONTROL_PORT, lo=1, hi=65535)
     if control_port + count - 1 > 65535:
         raise ConfigError(
             t.key("control_port"),
             control_port,
             f"shadow i uses control_port + i, and {control_port} + {count - 1} exceeds 65535",
         )
-    snapshot_every = t.int_("snapshot_every", 0, lo=0)
-    snapshot_dir = t.path("snapshot_dir") if t.has("snapshot_dir") else None
-    if snapshot_every > 0 and snapshot_dir is None:
-        raise ConfigError(
-            t.key("snapshot_dir"), None, f"required when shadows.snapshot_every = {snapshot_every}"
-        )
-    shadows = ShadowsSection(
-        count, addresses, replication, control_port, snapshot_every, snapshot_dir
-    )
-
+    if v["snapshot_every"] > 0 and v["snapshot_dir"] is None:
+        raise ConfigError(t.key("snapshot_dir"), None,
+                          f"required when shadows.snapshot_every = {v['snapshot_every']}")
     seen: dict[tuple[str, int], str] = {}
-    for prefix, eps in (("trainers", trainers.addresses), ("shadows", shadows.addresses)):
-        for i, ep in enumerate(eps):
+    for prefix in ("trainers", "shadows"):
+        for i, ep in enumerate(p[f"{prefix}.addresses"]):
             key = f"{prefix}.addresses[{i}]"
             if ep._identity() in seen:
                 raw_value = tables[prefix].raw["addresses"][i]
                 raise ConfigError(key, raw_value, f"same address as {seen[ep._identity()]}")
             seen[ep._identity()] = key
 
+
+def _check_switch(tables: Mapping[str, _Table], v: dict[str, Any], p: Mapping[str, Any]) -> None:
     t = tables["switch"]
-    target = t.choice("target", TARGETS, "bmv2_testbed")
-    if target == "none" and job.mode == "in-band":
-        raise ConfigError(
-            t.key("target"), target, "job.mode = 'in-band' needs a switch; use mode = 'mirror'"
-        )
-    grpc_addr = Endpoint.parse(t.get("grpc_addr", DEFAULT_GRPC_ADDR), t.key("grpc_addr"))
-    device_id = t.int_("device_id", 0, lo=0, hi=(1 << 64) - 1)
-    p4_program = t.path("p4_program", DEFAULT_P4_PROGRAM)
-    cpu_port = _switch_port(t.get("cpu_port", DEFAULT_CPU_PORT), t.key("cpu_port"), lo=1)
-    trainer_ports: tuple[int, ...] = ()
-    shadow_ports: tuple[int, ...] = ()
-    if target == "none":
-        for name in ("trainer_ports", "shadow_ports"):
-            if t.has(name):
-                raise ConfigError(
-                    t.key(name), t.get(name), "has no meaning with switch.target = 'none'"
-                )
-    else:
-        trainer_ports = _switch_ports(t, "trainer_ports", world_size, "trainers.world_size")
-        shadow_ports = _switch_ports(t, "shadow_ports", count, "shadows.count")
-        used: dict[int, str] = {cpu_port: "switch.cpu_port"}
-        for name, ports in (("trainer_ports", trainer_ports), ("shadow_ports", shadow_ports)):
-            for i, port in enumerate(ports):
-                key = f"switch.{name}[{i}]"
-                if port in used:
-                    raise ConfigError(key, port, f"port {port} is also {used[port]}")
-                used[port] = key
-    if job.mode == "in-band":
-        for prefix, eps in (("trainers", trainers.addresses), ("shadows", shadows.addresses)):
-            for i, ep in enumerate(eps):
+    if v["target"] == "none":
+        if p["job.mode"] == "in-band":
+            raise ConfigError(t.key("target"), v["target"],
+                              "job.mode = 'in-band' needs a switch; use mode = 'mirror'")
+        for key, _, schema in _schema_fields(SwitchSection):
+            if schema.needs_switch and t.has(key):
+                raise ConfigError(t.key(key), t.get(key),
+                                  "has no meaning with switch.target = 'none'")
+        return
+    used: dict[int, str] = {v["cpu_port"]: "switch.cpu_port"}
+    for name in ("trainer_ports", "shadow_ports"):
+        for i, port in enumerate(v[name]):
+            key = f"switch.{name}[{i}]"
+            if port in used:
+                raise ConfigError(key, port, f"port {port} is also {used[port]}")
+            used[port] = key
+    if p["job.mode"] == "in-band":
+        for prefix in ("trainers", "shadows"):
+            for i, ep in enumerate(p[f"{prefix}.addresses"]):
                 if not ep.is_ipv4:
                     raise ConfigError(
                         f"{prefix}.addresses[{i}]",
                         tables[prefix].raw["addresses"][i],
                         "in-band mode needs IPv4 addresses (the switch rewrites IPv4 headers)",
                     )
-    loopback: Endpoint | None = None
-    macs: dict[str, tuple[int, ...]] = {"trainer_macs": (), "shadow_macs": ()}
-    if target == "none":
-        for name in ("loopback", *macs):
-            if t.has(name):
-                raise ConfigError(
-                    t.key(name), t.get(name), "has no meaning with switch.target = 'none'"
-                )
-    else:
-        if t.has("loopback"):
-            loopback = Endpoint.parse(t.get("loopback"), t.key("loopback"))
-            top = loopback.port + max((*trainer_ports, *shadow_ports, cpu_port))
-            if top > 65535:
-                raise ConfigError(t.key("loopback"), t.get("loopback"),
-                                  f"base port + switch port reaches {top} > 65535")
-        from shadowgrad.frames import parse_mac
+    if v["loopback"] is not None:
+        top = v["loopback"].port + max(used)
+        if top > 65535:
+            raise ConfigError(t.key("loopback"), t.get("loopback"),
+                              f"base port + switch port reaches {top} > 65535")
 
-        for name, n, size_key in (("trainer_macs", world_size, "trainers.world_size"),
-                                  ("shadow_macs", count, "shadows.count")):
-            if not t.has(name):
-                continue
-            items = t.list_(name)
-            if len(items) != n:
-                raise ConfigError(t.key(name), items,
-                                  f"has {len(items)} entries but {size_key} = {n}")
-            vals = []
-            for i, item in enumerate(items):
-                try:
-                    vals.append(parse_mac(item if isinstance(item, str) else repr(item)))
-                except ValueError as exc:
-                    raise ConfigError(f"{t.key(name)}[{i}]", item, str(exc)) from None
-            macs[name] = tuple(vals)
-    switch = SwitchSection(
-        target, grpc_addr, device_id, p4_program, trainer_ports, shadow_ports, cpu_port,
-        loopback, macs["trainer_macs"], macs["shadow_macs"]
-    )
 
+def _check_timeouts(tables: Mapping[str, _Table], v: dict[str, Any], p: Mapping[str, Any]) -> None:
     t = tables["timeouts"]
-    secs = {k: parse_duration(t.get(k, d), t.key(k)) for k, d in _TIMEOUT_DEFAULTS.items()}
-    if secs["failure_detect"] <= secs["heartbeat"]:
+    if v["failure_detect_s"] <= v["heartbeat_s"]:
+        defaults = DEFAULTS["timeouts"]
+        heartbeat = t.get("heartbeat", defaults["heartbeat"])
         raise ConfigError(
             t.key("failure_detect"),
-            t.get("failure_detect", _TIMEOUT_DEFAULTS["failure_detect"]),
-            "must be longer than timeouts.heartbeat = "
-            f"{t.get('heartbeat', _TIMEOUT_DEFAULTS['heartbeat'])!r}",
+            t.get("failure_detect", defaults["failure_detect"]),
+            f"must be longer than timeouts.heartbeat = {heartbeat!r}",
         )
-    timeouts = TimeoutsSection(
-        secs["heartbeat"], secs["failure_detect"], secs["gap_repair"], secs["rpc"], secs["connect"]
-    )
 
+
+def _check_security(tables: Mapping[str, _Table], v: dict[str, Any], p: Mapping[str, Any]) -> None:
     t = tables["security"]
-    if t.has("token_env") and t.has("token_file"):
-        raise ConfigError(
-            t.key("token_file"),
-            t.get("token_file"),
-            "give exactly one of security.token_env and security.token_file",
-        )
-    auth_data = t.get("authenticate_data", DEFAULT_AUTHENTICATE_DATA)
-    if not isinstance(auth_data, bool):
-        raise ConfigError(t.key("authenticate_data"), auth_data, "must be true or false")
     if t.has("token_file"):
-        security = SecuritySection(token_env=None, token_file=t.path("token_file"),
-                                   authenticate_data=auth_data)
-    else:
-        token_env = t.str_("token_env", _env.DEFAULT_TOKEN_ENV)
-        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", token_env):
-            raise ConfigError(
-                t.key("token_env"), token_env, "not a valid environment variable name"
-            )
-        if token_env.startswith(_env.ENV_PREFIX):
-            raise ConfigError(
-                t.key("token_env"), token_env, f"{_env.ENV_PREFIX}* names are spec overrides"
-            )
-        security = SecuritySection(token_env=token_env, authenticate_data=auth_data)
+        if t.has("token_env"):
+            raise ConfigError(t.key("token_file"), t.get("token_file"),
+                              "give exactly one of security.token_env and security.token_file")
+        v["token_env"] = None
+    elif v["token_env"].startswith(_env.ENV_PREFIX):
+        raise ConfigError(
+            t.key("token_env"), v["token_env"], f"{_env.ENV_PREFIX}* names are spec overrides"
+        )
 
-    t = tables["controller"]
-    controller = ControllerSection(
-        Endpoint.parse(t.get("address"), t.key("address")) if t.has("address") else None)
 
-    return JobSpec(job, trainers, shadows, switch, timeouts, security, controller, source)
+_CHECKS: Final[Mapping[str, _Check]] = {
+    "shadows": _check_shadows,
+    "switch": _check_switch,
+    "timeouts": _check_timeouts,
+    "security": _check_security,
+}

@@ -1,4 +1,4 @@
-"""The shadowgrad exception hierarchy (DESIGN §7).
+"""The shadowgrad exception hierarchy.
 
 Every error the library raises on purpose derives from :class:`ShadowgradError`, so a caller can
 catch the family with one clause; the leaves say precisely what went wrong and carry the
@@ -8,7 +8,10 @@ offending key or value as attributes as well as in the message. Library code nev
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import grpc
 
 __all__ = [
     "ShadowgradError",
@@ -26,6 +29,7 @@ __all__ = [
     "ForeignJobError",
     "LayoutMismatchError",
     "ShadowgradTimeout",
+    "P4RuntimeError",
 ]
 
 
@@ -133,3 +137,17 @@ class BadMacError(WireError):
 
 class ShadowgradTimeout(ShadowgradError, TimeoutError):  # noqa: N818 (reads as TimeoutError)
     """A blocking call gave up after its timeout."""
+
+
+class P4RuntimeError(ShadowgradError, RuntimeError):
+    """A failed P4Runtime operation, on either side of the connection: the controller's client
+    (``shadowgrad.controller.p4runtime``) raises it for a failed RPC, the software switch's
+    server (``shadowgrad.bmv2_testbed.p4runtime_server``) for one update or a whole RPC that it
+    refuses. ``code`` is the ``grpc.StatusCode`` (None where there was none, e.g. a client that
+    is closed); ``message`` is the text without the code. Defined here, in the core, so that
+    both peer packages share one class without importing each other (and without grpc here)."""
+
+    def __init__(self, message: str, code: grpc.StatusCode | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.code = code

@@ -1,4 +1,4 @@
-"""Shard layout: DDP buckets, flat byte coordinates, boxes, shards and shadows (DESIGN §4).
+"""Shard layout: DDP buckets, flat byte coordinates, boxes, shards and shadows.
 
 A :class:`Layout` is the single source of truth shared by trainers, switch controller and shadows.
 It is built from the model's parameters (:class:`ParamSpec`) and the DDP bucket assignment
@@ -65,6 +65,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+from shadowgrad.dtypes import LAYOUT_ITEMSIZE
 from shadowgrad.errors import LayoutError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -82,8 +83,8 @@ __all__ = [
     "from_module",
 ]
 
-#: itemsize in bytes of every dtype a layout accepts
-DTYPE_ITEMSIZE: Mapping[str, int] = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8}
+#: itemsize in bytes of every dtype a layout accepts (the one dtype table's index)
+DTYPE_ITEMSIZE: Mapping[str, int] = LAYOUT_ITEMSIZE
 
 _FORMAT = "shadowgrad.layout/1"
 _DEFAULT_BUCKET_CAP_BYTES = 25 * 2**20

@@ -1,4 +1,4 @@
-"""What the trainer's optimizer is, so a shadow can replay it bit for bit (DESIGN §3, inv. 1).
+"""What the trainer's optimizer is, so a shadow can replay it bit for bit (docs/replay.md).
 
 An :class:`OptimizerSpec` names the ``torch.optim`` class (``"AdamW"``, ``"Adam"`` or ``"SGD"``)
 and, per param group, the fully qualified names of its parameters (as in the

@@ -10,7 +10,7 @@ the ``recovery`` time (restart, reload). Over a run of ``total`` hours the ledge
     useful          = (total - lost - checkpoint cost) / total
                     = 1 - interval / (2 mtbf) - cost / interval - recovery / mtbf
 
-(the first-order model of seed 004; the count of checkpoints is the continuous approximation).
+(a first-order model; the count of checkpoints is the continuous approximation).
 Its optimum is Young's ``sqrt(2 cost mtbf)``; Daly (2006) refines it to
 ``sqrt(2 c M) (1 + sqrt(c / 2M) / 3 + (c / 2M) / 9) - c`` for ``c < 2M`` (else ``M``).
 

@@ -1,4 +1,4 @@
-"""The restore-point rule: I* from the shadows' statuses (DESIGN invariant 2).
+"""The restore-point rule: I* from the shadows' statuses (docs/shadow.md, "Consistent apply").
 
 One implementation, used by the controller (``shadowgrad controller`` / ``shadowgrad restore``)
 and, when no controller runs, by the trainers themselves (rank 0's survey before a restart).

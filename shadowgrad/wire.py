@@ -26,6 +26,7 @@ from typing import NamedTuple
 
 from crc32c import crc32c as _crc32c
 
+from shadowgrad.dtypes import WIRE_ITEMSIZE, DType
 from shadowgrad.errors import (
     BadFieldError,
     BadMacError,
@@ -168,43 +169,9 @@ def _tag(key: bytes, prefix: bytes | memoryview, payload: bytes | bytearray | me
     return h.digest()
 
 
-class DType(enum.IntEnum):
-    """Element type of a DATA payload (header field ``dtype``); ``NONE`` for the other kinds."""
-
-    NONE = 0
-    FLOAT32 = 1
-    FLOAT16 = 2
-    BFLOAT16 = 3
-    FLOAT64 = 4
-    UINT8 = 5
-
-    @property
-    def itemsize(self) -> int:
-        return _ITEMSIZE[self]
-
-    @property
-    def torch_name(self) -> str:
-        """Name of the matching ``torch`` dtype attribute (``"float32"`` ...)."""
-        return self.name.lower()
-
-    @classmethod
-    def from_name(cls, name: str) -> DType:
-        """``"float32"``, ``"torch.float32"`` or ``"FLOAT32"`` → :class:`DType`."""
-        key = name.rsplit(".", 1)[-1].upper()
-        try:
-            return cls[key]
-        except KeyError:
-            raise BadFieldError(f"dtype {name!r} has no wire code") from None
-
-
-_ITEMSIZE = {
-    DType.NONE: 1,
-    DType.FLOAT32: 4,
-    DType.FLOAT16: 2,
-    DType.BFLOAT16: 2,
-    DType.FLOAT64: 8,
-    DType.UINT8: 1,
-}
+#: itemsize of every wire dtype code. DType (re-exported here) and its itemsizes live in the one
+#: dtype table, :mod:`shadowgrad.dtypes`
+_ITEMSIZE = WIRE_ITEMSIZE
 _DTYPE_CODES = frozenset(int(d) for d in DType)
 
 
@@ -240,7 +207,7 @@ def crc(data: bytes | bytearray | memoryview, value: int = 0) -> int:
 def session_digest(layout64: int, generation: int) -> int:
     """The value of the header's ``layout`` field for one *generation* of a job.
 
-    Every (re)start of a job gets a new generation (DESIGN invariant 8, fencing). The header has
+    Every (re)start of a job gets a new generation (fencing, docs/security.md). The header has
     no field of its own for it: its ``layout`` field carries the layout digest mixed with the
     generation, so a receiver that checks the field (every shadow and trainer does, in
     :func:`decode`) refuses the datagrams of a stale instance exactly as it refuses a foreign

@@ -17,8 +17,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from shadowgrad.shadow.control import ShadowClient
-from shadowgrad.shadow.node import NodeOptions, ShadowNode
 from torch import nn
 
 from shadowgrad import wire
@@ -26,6 +24,8 @@ from shadowgrad.config import JobSpec, parse_spec
 from shadowgrad.errors import WireError
 from shadowgrad.layout import Box, Layout, from_module
 from shadowgrad.optspec import OptimizerSpec, state_by_name
+from shadowgrad.shadow.control import ShadowClient
+from shadowgrad.shadow.node import NodeOptions, ShadowNode
 
 TOKEN = "test-token-123"
 #: the records' key the shadows derive from TOKEN (the producer seals as a trainer does)

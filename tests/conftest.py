@@ -1,4 +1,4 @@
-"""Shared fixtures: child-process reaping, marker gating, free ports."""
+"""Shared fixtures: child-process reaping and marker gating."""
 
 from __future__ import annotations
 
@@ -6,15 +6,11 @@ import contextlib
 import os
 import shutil
 import signal
-import socket
 import time
 import warnings
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def _children(pid: int) -> set[int]:
@@ -77,10 +73,3 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if "bmv2" in item.keywords and not have_bmv2:
             item.add_marker(pytest.mark.skip(reason="p4c and simple_switch_grpc not on PATH"))
 
-
-@pytest.fixture
-def free_udp_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port

@@ -121,3 +121,74 @@ def test_only_rerun_merges_into_the_recorded_run() -> None:
     page = harness.render_page(merged)
     assert "| [recovery_bench](#recovery_bench) | ok (rerun 1) | - |" in page
     assert "merged into that record" in page and "--only recovery_bench" in page
+
+
+def test_readme_benchmark_lines_and_summary_are_generated_from_the_json() -> None:
+    harness = _load("harness")
+    recorded = harness._load(harness.HARNESS_JSON)
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    block = harness.readme_block(recorded)
+    assert block in readme, (
+        "README.md's benchmark lines differ from what bench/harness.py makes of bench/results/; "
+        "run `python bench/harness.py --page-only` and commit README.md")
+    assert harness.update_readme(readme, block) == readme
+    summary = harness._load(harness.SUMMARY_JSON)
+    assert summary == harness.analyze(harness._found(recorded)), (
+        "bench/results/summary.json is not what the committed JSON gives; regenerate it")
+
+
+def _tb_run(times: list[float], every: int = 1, ckpt: bool = False) -> dict[str, object]:
+    return {"times": times, "checkpointed": [ckpt and i % every == 0 for i in range(len(times))],
+            "durable_s": [0.5] if ckpt else []}
+
+
+def test_trainer_bench_cost_per_checkpoint_is_the_excess_per_checkpoint() -> None:
+    tb = _load("trainer_bench")
+    assert tb.split_variant("dcp_async:5") == ("dcp_async", 5)
+    assert tb.split_variant("mirror") == ("mirror", 1)
+    for bad in ("mirror:2", "dcp_async:0", "nope"):
+        try:
+            tb.split_variant(bad)
+        except ValueError:
+            continue
+        raise AssertionError(bad)
+    base = [_tb_run([0.1] * 10), _tb_run([0.1] * 10)]
+    # every 5th iteration stalls 0.3 s and the next one pays 0.1 s of spill-over
+    periodic = [_tb_run([0.4, 0.2, 0.1, 0.1, 0.1] * 2, every=5, ckpt=True) for _ in range(2)]
+    s = tb.summarize(periodic, base)
+    assert abs(s["cost_per_checkpoint_s"]["median"] - 0.4) < 1e-9
+    assert abs(s["stall_at_checkpoint_s"]["median"] - 0.3) < 1e-9
+    assert s["durable_s"]["median"] == 0.5
+    assert s["rounds"] == 2 and abs(s["ratio"] - 1.0) < 1e-9  # the median iteration is 0.1
+
+
+def test_goals_follow_from_the_bench_json_by_the_planner() -> None:
+    harness = _load("harness")
+    from shadowgrad.planner import young_interval
+
+    tb = {"world": 2, "num_shadows": 2, "results": [
+        {"size": "10M", "variant": "none", "median_s": 0.2, "params": 10},
+        {"size": "10M", "variant": "mirror", "median_s": 0.21, "shadows": "real",
+         "excess_per_iteration_s": {"median": 0.001}},
+        {"size": "10M", "variant": "dcp_async", "median_s": 0.4,
+         "excess_per_iteration_s": {"median": 0.2}},
+        {"size": "10M", "variant": "dcp_async:5", "every": 5, "median_s": 0.25,
+         "cost_per_checkpoint_s": {"median": 0.3, "min": 0.2, "max": 0.4},
+         "durable_s": {"median": 1.0}}]}
+    lw = {"scenarios": [{"by_kind": {"kill_trainer": {
+        "lost_iterations": {"median": 0, "max": 1}, "recover_s": {"median": 9.0}}}}]}
+    found = {"trainer_bench": (Path("t"), tb), "lostwork_bench": (Path("l"), lw)}
+    g = harness.analyze(found)
+    stall = g["stall"][0]
+    assert abs(stall["dcp_over_mirror"] - 200) < 1e-6 and stall["meets_goal"]
+    methods = {m["method"]: m for m in g["policies"][0]["methods"]}
+    sg, dcp = methods["shadowgrad mirror"], methods["dcp_async"]
+    assert sg["min_interval_iterations"] == 1  # 0.5 % overhead every iteration
+    assert dcp["min_interval_iterations"] == 150  # 0.3 s / (1 % of 0.2 s)
+    yd = young_interval(0.3, harness.MTBF_S)
+    assert abs(dcp["interval_s"] - yd) < 1e-9
+    assert abs(dcp["lost_per_failure_s"] - (yd / 2 + 1.0)) < 1e-9
+    assert abs(sg["lost_per_failure_s"] - 0.5 * 0.201) < 1e-9
+    assert sg["useful"] > dcp["useful"]
+    text = "\n".join(harness.render_goals(g))
+    assert "every 150 it." in text and "## Goals" in text

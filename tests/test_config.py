@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import os
 import tomllib
 from collections.abc import Callable
@@ -11,10 +12,11 @@ from typing import Any
 
 import pytest
 
-from shadowgrad import _env
+from shadowgrad import _env, config
 from shadowgrad.config import (
     Endpoint,
     JobSpec,
+    TimeoutsSection,
     format_duration,
     load_spec,
     parse_duration,
@@ -542,3 +544,94 @@ def test_token_file_readable_by_others_is_refused(
     assert SECRET not in msg and SECRET not in caplog.text
     os.chmod(path, 0o600)
     assert spec.token() == SECRET
+
+
+# ------------------------------------------------------------------------------------ schema
+
+SECTIONS = {
+    "job": config.JobSection,
+    "trainers": config.TrainersSection,
+    "shadows": config.ShadowsSection,
+    "switch": config.SwitchSection,
+    "timeouts": config.TimeoutsSection,
+    "security": config.SecuritySection,
+    "controller": config.ControllerSection,
+}
+
+
+def test_known_keys_are_the_section_fields() -> None:
+    assert list(config.KNOWN_KEYS) == list(SECTIONS)
+    for name, cls in SECTIONS.items():
+        fields = dataclasses.fields(cls)
+        assert all(isinstance(f.metadata.get("schema"), config._Key) for f in fields)
+        keys = tuple(f.name.removesuffix("_s") if name == "timeouts" else f.name for f in fields)
+        assert config.KNOWN_KEYS[name] == keys
+
+
+def test_defaults_are_the_dataclass_defaults() -> None:
+    """Writing every default out changes nothing: DEFAULTS and the dataclasses agree."""
+    assert config.DEFAULTS["timeouts"] == {
+        "heartbeat": "500ms", "failure_detect": "3s", "gap_repair": "200ms", "rpc": "2s",
+        "connect": "10s",
+    }  # fmt: skip
+    assert config.DEFAULTS["switch"]["grpc_addr"] == config.DEFAULT_GRPC_ADDR
+    assert "trainer_ports" not in config.DEFAULTS["switch"]  # required (unless target = none)
+    raw = base()
+    for section, defaults in config.DEFAULTS.items():
+        raw.setdefault(section, {}).update(defaults)
+    assert parse_spec(raw, env=NOENV) == parse_spec(base(), env=NOENV)
+
+
+def test_docstring_key_reference_is_current() -> None:
+    marker = "Keys (``*`` = required; default otherwise):\n\n"
+    doc = config.__doc__ or ""
+    assert marker in doc
+    assert doc.partition(marker)[2] == config.render_keys(), (
+        "the key reference that ends shadowgrad/config.py's docstring is stale: "
+        "replace it with the output of shadowgrad.config.render_keys()"
+    )
+
+
+def test_key_reference_lists_every_key() -> None:
+    text = config.render_keys()
+    for section, keys in config.KNOWN_KEYS.items():
+        assert f"``[{section}]``" in text
+        for key in keys:
+            assert f"    ``{key}``" in text
+    assert "``world_size``\\* -- integer 1..65536;" in text  # required, range from metadata
+    assert "``backend`` -- ``\"gloo\"`` or ``\"nccl\"``;" in text
+
+
+@dataclasses.dataclass(frozen=True)
+class _TimeoutsWithDrain(TimeoutsSection):
+    drain_s: float = dataclasses.field(default=1.5, metadata={"schema": config._Key(
+        "duration", "how long to drain.", unit="s")})
+
+
+def test_a_new_field_becomes_a_key_everywhere() -> None:
+    """Adding a field to a section dataclass is all it takes: the keys, the defaults, the key
+    reference, parsing and validation, and to_dict follow."""
+    sections = {**SECTIONS, "timeouts": _TimeoutsWithDrain}
+    assert config._known_keys(sections)["timeouts"] == (*config.KNOWN_KEYS["timeouts"], "drain")
+    assert config._defaults(sections)["timeouts"]["drain"] == "1500ms"
+    rendered = " ".join(config.render_keys(sections).split())
+    assert ('``drain`` -- duration (float seconds in ``drain_s``); how long to drain. '
+            'Default ``"1500ms"``.') in rendered
+    raw = base()
+    raw["timeouts"] = {"drain": "3s"}
+    spec = config._build(raw, "<test>", sections)
+    assert isinstance(spec.timeouts, _TimeoutsWithDrain)
+    assert spec.timeouts.drain_s == 3.0
+    assert spec.to_dict()["timeouts"]["drain"] == "3s"
+    assert config._build(base(), "<test>", sections).timeouts == _TimeoutsWithDrain()
+    raw["timeouts"] = {"drain": 3}
+    with pytest.raises(ConfigError) as exc:
+        config._build(raw, "<test>", sections)
+    assert exc.value.key == "timeouts.drain" and "explicit unit" in str(exc.value)
+    raw["timeouts"] = {"drian": "3s"}
+    with pytest.raises(ConfigError) as exc:
+        config._build(raw, "<test>", sections)
+    assert exc.value.key == "timeouts.drian" and "did you mean 'drain'" in str(exc.value)
+    with pytest.raises(ConfigError) as exc:  # the real schema has no such key
+        parse_spec({**base(), "timeouts": {"drain": "3s"}}, env=NOENV)
+    assert exc.value.key == "timeouts.drain"

@@ -21,6 +21,7 @@ pytest.importorskip("grpc")
 import grpc
 from google.rpc import code_pb2
 from p4.v1 import p4runtime_pb2, p4runtime_pb2_grpc
+
 from shadowgrad.bmv2_testbed.dataplane import Pipeline
 from shadowgrad.bmv2_testbed.p4runtime_server import API_VERSION, P4RuntimeServer
 from shadowgrad.bmv2_testbed.switch import Switch
@@ -29,7 +30,6 @@ from shadowgrad.controller.p4runtime import (
     P4RuntimeError,
     P4RuntimeWriteError,
 )
-
 from tests.test_p4rt_server import Names, dmac_entry
 
 PROG = Path(__file__).resolve().parent / "p4progs" / "rt_l2l3.p4"

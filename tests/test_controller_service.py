@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 import zmq
-from shadowgrad.controller.service import Controller, ControllerOptions
-from shadowgrad.shadow.control import ControlError, ShadowClient
 
+from shadowgrad.controller.service import Controller, ControllerOptions
 from shadowgrad.restore import restore_point
+from shadowgrad.shadow.control import ControlError, ShadowClient
 from tests._training import TOKEN, Case, RefTrainer, bucket_bytes, cluster
 
 

@@ -27,11 +27,11 @@ pytest.importorskip("grpc")
 pytest.importorskip("p4")
 
 from shadowgrad.bmv2_testbed.inband import JobSwitch
-from shadowgrad.controller.service import Controller, ControllerOptions
-from shadowgrad.trainer_hooks._testing import TOKEN, free_port, shadow_cluster, switch_spec
-
 from shadowgrad.config import parse_spec
+from shadowgrad.controller.service import Controller, ControllerOptions
 from shadowgrad.layout import Layout, from_module
+from shadowgrad.shadow.testing import shadow_cluster
+from shadowgrad.trainer_hooks._testing import TOKEN, free_port, switch_spec
 from tests.test_trainer_restore import (
     _equal_states,
     _finish,

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from shadowgrad.bmv2_testbed import report as rp
 
 T0 = 1_700_000_000.0

@@ -114,8 +114,9 @@ def _diff_live(model: nn.Module, opt: torch.optim.Optimizer, sched: Any, scaler:
 def worker(argv: list[str]) -> None:
     """One trainer rank: ``attach`` into the shadows, the reference state after every step."""
     import torch.distributed as dist
-    from shadowgrad.trainer_hooks import attach
     from torch.nn.parallel import DistributedDataParallel
+
+    from shadowgrad.trainer_hooks import attach
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--spec", required=True)
@@ -154,8 +155,9 @@ def load_rank(argv: list[str]) -> None:
     ``load_export`` into a fresh DDP model, optimizer, scheduler and scaler."""
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
-    from shadowgrad.controller.export import load_export
     from torch.nn.parallel import DistributedDataParallel
+
+    from shadowgrad.controller.export import load_export
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--export", required=True)
@@ -207,15 +209,9 @@ class Job:
 
 @pytest.fixture(scope="module")
 def job(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Job]:
-    from shadowgrad.trainer_hooks._testing import (
-        TOKEN,
-        Ranks,
-        loopback_spec,
-        shadow_cluster,
-        spec_toml,
-    )
-
     from shadowgrad.config import parse_spec
+    from shadowgrad.shadow.testing import shadow_cluster
+    from shadowgrad.trainer_hooks._testing import TOKEN, Ranks, loopback_spec, spec_toml
 
     tmp = tmp_path_factory.mktemp("export-job")
     doc = loopback_spec(world=2, shadows=2)
@@ -377,9 +373,8 @@ def _flip(path: Path, pos: int) -> None:
 
 def test_verify_catches_a_flipped_byte_in_every_file(
         exported: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from shadowgrad.controller.export import MANIFEST, verify_export
-
     from shadowgrad.cli import main
+    from shadowgrad.controller.export import MANIFEST, verify_export
 
     src, manifest = exported["explicit"]
     assert verify_export(src) == []
@@ -501,13 +496,13 @@ def test_initial_state_from_the_replica_that_answers(tmp_path: Path) -> None:
     """One shard held twice (replication 2), loaded with the initial state (iteration -1) and
     replica 0 stopped: ``latest`` is -1 from replica 1; there is no COMMIT, so no scheduler,
     scaler, user state or LR; load_export leaves the optimizer's own LR alone."""
-    from shadowgrad.controller.export import export_checkpoint, load_export, verify_export
-    from shadowgrad.shadow.replay import box_states_from_full
-    from shadowgrad.trainer_hooks._testing import TOKEN, loopback_spec, shadow_cluster
-
     from shadowgrad.config import parse_spec
+    from shadowgrad.controller.export import export_checkpoint, load_export, verify_export
     from shadowgrad.layout import Layout, from_module
     from shadowgrad.optspec import OptimizerSpec
+    from shadowgrad.shadow.replay import box_states_from_full
+    from shadowgrad.shadow.testing import shadow_cluster
+    from shadowgrad.trainer_hooks._testing import TOKEN, loopback_spec
 
     spec = parse_spec(loopback_spec(world=1, shadows=2, replication=2), env={})
     torch.manual_seed(5)

@@ -35,11 +35,11 @@ TOKEN = "trainer-test-token"
 
 def _check(spec_path: str, final_path: str, steps: int) -> int:
     import torch
-    from shadowgrad.shadow.control import ShadowClient
-    from shadowgrad.shadow.replay import assemble_full
 
     from shadowgrad.config import load_spec
     from shadowgrad.layout import Layout
+    from shadowgrad.shadow.control import ShadowClient
+    from shadowgrad.shadow.replay import assemble_full
 
     spec = load_spec(spec_path)
     final = torch.load(final_path, weights_only=True)
@@ -83,7 +83,7 @@ def _Hosts(hosts: list[tuple[int, str, int]]) -> Any:
     return Namespaces(hosts, mtu=MTU)
 
 
-def _spec_doc(loss_port: int | None = None) -> dict[str, Any]:
+def _spec_doc() -> dict[str, Any]:
     return {
         "job": {"id": 4343, "name": "netns-inband", "mode": "in-band"},
         "trainers": {"world_size": 4, "addresses": [f"10.0.0.{i + 1}" for i in range(4)],
@@ -100,11 +100,10 @@ def _spec_doc(loss_port: int | None = None) -> dict[str, Any]:
 
 def _run(tmp_path: Path, loss: dict[int, float] | None = None) -> dict[str, Any]:
     from shadowgrad.bmv2_testbed.inband import JobSwitch
-    from shadowgrad.trainer_hooks._testing import spec_toml
-
     from shadowgrad.config import parse_spec
     from shadowgrad.frames import port_mac
     from shadowgrad.layout import Layout, from_module
+    from shadowgrad.trainer_hooks._testing import spec_toml
     from tests.test_trainer_restore import _model
 
     doc = _spec_doc()

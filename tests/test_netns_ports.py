@@ -11,6 +11,7 @@ import time
 from collections.abc import Iterator
 
 import pytest
+
 from shadowgrad.bmv2_testbed.ports import AfPacketPort
 
 pytestmark = pytest.mark.netns

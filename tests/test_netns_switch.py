@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 from p4.v1 import p4runtime_pb2
+
 from shadowgrad.bmv2_testbed.pcap import read_pcap
 from shadowgrad.bmv2_testbed.testing import P4RuntimeError, wait_switch_ready
-
 from tests.test_p4rt_server import Client, Names, dmac_entry, lpm_entry, mc_entity, upd
 
 pytestmark = pytest.mark.netns

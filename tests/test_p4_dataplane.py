@@ -29,6 +29,7 @@ from scapy.fields import ByteField, ShortField
 from scapy.layers.inet import IP, UDP
 from scapy.layers.l2 import Ether
 from scapy.packet import Packet, Raw, bind_layers
+
 from shadowgrad.bmv2_testbed.dataplane import (
     Dataplane,
     Exact,

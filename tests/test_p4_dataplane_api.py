@@ -26,7 +26,6 @@ from shadowgrad.bmv2_testbed.dataplane import (
     UnimplementedError,
 )
 from shadowgrad.bmv2_testbed.pipeline import Pipeline
-
 from shadowgrad.errors import ShadowgradError
 
 PROGS = Path(__file__).resolve().parent / "p4progs"

@@ -9,6 +9,7 @@ import pytest
 pytest.importorskip("p4")
 
 from google.protobuf import text_format
+
 from shadowgrad.bmv2_testbed.p4info import jenkins_one_at_a_time, p4_id
 from shadowgrad.bmv2_testbed.pipeline import P4CompileError, Pipeline
 

@@ -8,6 +8,7 @@ import pytest
 pytest.importorskip("p4")
 
 from p4.v1 import p4runtime_pb2
+
 from shadowgrad.bmv2_testbed._digests import MIN_TIMEOUT_NS, DigestBuffer
 
 MS = 1_000_000

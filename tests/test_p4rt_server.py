@@ -20,6 +20,7 @@ import pytest
 from google.rpc import code_pb2
 from p4.config.v1 import p4info_pb2
 from p4.v1 import p4runtime_pb2, p4runtime_pb2_grpc
+
 from shadowgrad.bmv2_testbed.dataplane import Pipeline
 from shadowgrad.bmv2_testbed.p4runtime_server import API_VERSION, grpc_details
 from shadowgrad.bmv2_testbed.ports import InProcessPort

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 from google.protobuf import text_format
+
 from shadowgrad.bmv2_testbed.dataplane import Pipeline
 from shadowgrad.bmv2_testbed.testing import wait_switch_ready
 

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
+
 from shadowgrad.bmv2_testbed import _switch_cmd as cmd
 from shadowgrad.bmv2_testbed.pcap import PcapWriter, read_pcap
 from shadowgrad.bmv2_testbed.ports import (

@@ -15,13 +15,13 @@ from pathlib import Path
 import pytest
 from p4.v1 import p4runtime_pb2
 from scapy.layers.l2 import Ether
+
 from shadowgrad.bmv2_testbed.dataplane import Exact, Lpm, Pipeline, TableEntry
 from shadowgrad.bmv2_testbed.pcap import read_pcap
 from shadowgrad.bmv2_testbed.ports import InProcessPort
 from shadowgrad.bmv2_testbed.queues import QueueConfig
 from shadowgrad.bmv2_testbed.switch import PFC_DST, Switch
 from shadowgrad.bmv2_testbed.testing import wait_switch_ready
-
 from tests.test_p4rt_server import Client, Names, ipv4_frame, lpm_entry, upd
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -18,15 +18,6 @@ from typing import Any
 
 import pytest
 import torch
-from shadowgrad.shadow.replay import (
-    ReplayDivergedError,
-    ReplayError,
-    ReplayInputError,
-    ReplayOrderError,
-    ShardReplayer,
-    assemble_full,
-    box_states_from_full,
-)
 from torch import nn
 
 from shadowgrad.layout import Layout, ParamSpec, from_module
@@ -36,6 +27,15 @@ from shadowgrad.optspec import (
     ParamGroupSpec,
     load_state_by_name,
     state_by_name,
+)
+from shadowgrad.shadow.replay import (
+    ReplayDivergedError,
+    ReplayError,
+    ReplayInputError,
+    ReplayOrderError,
+    ShardReplayer,
+    assemble_full,
+    box_states_from_full,
 )
 from shadowgrad.wire import CommitRecord
 

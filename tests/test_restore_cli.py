@@ -11,9 +11,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from shadowgrad.controller.service import Controller, ControllerOptions
 
 from shadowgrad.cli import main
+from shadowgrad.controller.service import Controller, ControllerOptions
 from tests._training import TOKEN
 from tests.test_status import Job
 

@@ -9,9 +9,9 @@ import numpy as np
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from shadowgrad.shadow.assembly import LOCAL_ALIGN, IntervalSet, IterBuffer, ShardGeometry
 
 from shadowgrad.layout import Layout, ParamSpec
+from shadowgrad.shadow.assembly import LOCAL_ALIGN, IntervalSet, IterBuffer, ShardGeometry
 
 
 @settings(max_examples=200, deadline=None)

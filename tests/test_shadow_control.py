@@ -17,6 +17,10 @@ from pathlib import Path
 import pytest
 import torch
 import zmq
+
+from shadowgrad.errors import ShadowgradTimeout
+from shadowgrad.layout import Layout
+from shadowgrad.optspec import state_by_name
 from shadowgrad.shadow.control import (
     ControlError,
     ShadowClient,
@@ -25,10 +29,6 @@ from shadowgrad.shadow.control import (
     encode_states,
 )
 from shadowgrad.shadow.snapshot import SnapshotError, list_snapshots, read_snapshot
-
-from shadowgrad.errors import ShadowgradTimeout
-from shadowgrad.layout import Layout
-from shadowgrad.optspec import state_by_name
 from tests._training import (
     TOKEN,
     Case,

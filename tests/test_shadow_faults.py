@@ -6,10 +6,10 @@ import copy
 import time
 
 import torch
-from shadowgrad.shadow.node import NodeOptions
 
 from shadowgrad.layout import Layout
 from shadowgrad.optspec import state_by_name
+from shadowgrad.shadow.node import NodeOptions
 from tests._training import Case, Faults, RefTrainer, bucket_bytes, cluster, compare_shard
 
 FAST_FAIL = NodeOptions(max_repair_rounds=3, repair_backoff=1.5, resync_interval_s=0.05)

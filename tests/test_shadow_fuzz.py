@@ -17,10 +17,10 @@ import time
 from collections import Counter
 
 import torch
-from shadowgrad.shadow.node import ShadowNode
 
 from shadowgrad import wire
 from shadowgrad.layout import Layout
+from shadowgrad.shadow.node import ShadowNode
 from tests._training import JOB_ID, KEY, Case, RefTrainer, bucket_bytes, cluster
 
 N_DIRECT = 100_000

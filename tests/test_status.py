@@ -19,13 +19,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from shadowgrad.cli import main
+from shadowgrad.config import JobSpec, parse_spec
 from shadowgrad.controller import view as jobview
 from shadowgrad.shadow.control import ShadowClient
 from shadowgrad.shadow.node import ShadowNode
 from shadowgrad.trainer_hooks._testing import _free_tcp_base
-
-from shadowgrad.cli import main
-from shadowgrad.config import JobSpec, parse_spec
 from tests._training import (
     JOB_ID,
     TOKEN,

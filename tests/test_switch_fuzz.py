@@ -32,6 +32,7 @@ import pytest
 pytest.importorskip("p4")
 
 from p4.v1 import p4runtime_pb2
+
 from shadowgrad.bmv2_testbed.dataplane import Exact, Pipeline, TableEntry
 from shadowgrad.bmv2_testbed.ports import InProcessPort
 from shadowgrad.bmv2_testbed.switch import Switch

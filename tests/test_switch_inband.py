@@ -18,10 +18,10 @@ pytest.importorskip("grpc")
 pytest.importorskip("p4")
 
 from shadowgrad.bmv2_testbed.inband import JobSwitch
-from shadowgrad.trainer_hooks._testing import shadow_cluster, switch_spec
-
 from shadowgrad.config import parse_spec
 from shadowgrad.layout import Layout, from_module
+from shadowgrad.shadow.testing import shadow_cluster
+from shadowgrad.trainer_hooks._testing import switch_spec
 from tests.test_trainer_restore import _equal_states, _finish, _launch, _losses, _model, _spec
 
 STEPS = 30

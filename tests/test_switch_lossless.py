@@ -1,4 +1,4 @@
-"""Dedicated lossless shadow ports (DESIGN §5, invariant 5), on the product program in-process:
+"""Dedicated lossless shadow ports (docs/switch.md), on the product program in-process:
 a shadow port limited to a quarter of the offered rate pauses a burst instead of dropping it
 (no copy lost, drop counters 0), and under sustained overload spends its pause budget, then
 drops (counted) so that the trainer's port is never held longer than the bound. The end-to-end
@@ -20,10 +20,9 @@ from shadowgrad.bmv2_testbed.inband import compile_product
 from shadowgrad.bmv2_testbed.ports import InProcessPort
 from shadowgrad.bmv2_testbed.queues import QueueConfig
 from shadowgrad.bmv2_testbed.switch import Switch
+from shadowgrad.config import parse_spec
 from shadowgrad.controller.p4runtime import P4RuntimeClient
 from shadowgrad.controller.switch import SwitchDriver
-
-from shadowgrad.config import parse_spec
 from shadowgrad.frames import encode_frame, port_mac
 from shadowgrad.layout import Layout, from_module
 from shadowgrad.wire import DType, Flag, Kind, encode

@@ -51,13 +51,13 @@ pytest.importorskip("grpc")
 
 from p4.config.v1 import p4info_pb2
 from p4.v1 import p4runtime_pb2
+
 from shadowgrad.bmv2_testbed.pipeline import Pipeline
 from shadowgrad.bmv2_testbed.ports import InProcessPort
 from shadowgrad.bmv2_testbed.switch import Switch
+from shadowgrad.config import JobSpec, parse_spec
 from shadowgrad.controller.p4runtime import P4RuntimeClient
 from shadowgrad.controller.switch import DROP_REASONS, Entry, SwitchDriver, SwitchState
-
-from shadowgrad.config import JobSpec, parse_spec
 from shadowgrad.frames import decode_frame, encode_frame, port_mac
 from shadowgrad.layout import Layout, ParamSpec, Route, from_module
 from shadowgrad.wire import (

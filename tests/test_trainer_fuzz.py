@@ -15,12 +15,12 @@ import time
 from typing import Any
 
 import torch
-from shadowgrad.trainer_hooks._mirror import MirrorSender
-from shadowgrad.trainer_hooks._plan import RankPlan
-from shadowgrad.trainer_hooks.ring import RingAllReduce, RingConfig
 
 from shadowgrad import wire
 from shadowgrad.layout import Layout, from_module
+from shadowgrad.trainer_hooks._mirror import MirrorSender
+from shadowgrad.trainer_hooks._plan import RankPlan
+from shadowgrad.trainer_hooks.ring import RingAllReduce, RingConfig
 
 JOB = 7
 KEY = wire.mac_key("fuzz-token", JOB)

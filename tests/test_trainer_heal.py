@@ -1,5 +1,5 @@
-"""The checkpoint stream heals itself (DESIGN invariants 5, 7, 8): the mirror sender never blocks
-on receive, retransmit history survives a backed-up sender, shadows that lose their state are
+"""The checkpoint stream heals itself (docs/trainer.md, "Self-healing"): the mirror sender never
+blocks on receive, retransmit history survives a backed-up sender, shadows that lose their state are
 re-seeded (from the trainers, or cloned from a replica) while training runs, stale job
 instances are fenced out, and the trainers' view of health tells the truth.
 
@@ -21,15 +21,16 @@ from typing import Any
 
 import pytest
 import torch
-from shadowgrad.shadow.node import ShadowNode
-from shadowgrad.trainer_hooks._mirror import MirrorSender
-from shadowgrad.trainer_hooks._plan import RankPlan
-from shadowgrad.trainer_hooks._testing import TOKEN, loopback_spec, shadow_cluster
 
 from shadowgrad import wire
 from shadowgrad.config import parse_spec
 from shadowgrad.errors import ShadowgradError
 from shadowgrad.layout import Layout, from_module
+from shadowgrad.shadow.node import ShadowNode
+from shadowgrad.shadow.testing import shadow_cluster
+from shadowgrad.trainer_hooks._mirror import MirrorSender
+from shadowgrad.trainer_hooks._plan import RankPlan
+from shadowgrad.trainer_hooks._testing import TOKEN, loopback_spec
 from tests.test_trainer_local import _assert_shadows_equal, _setup, _train
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -8,9 +8,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from shadowgrad.trainer_hooks._testing import loopback_spec, shadow_cluster
 
 from shadowgrad.config import parse_spec
+from shadowgrad.shadow.testing import shadow_cluster
+from shadowgrad.trainer_hooks._testing import loopback_spec
 from tests.test_trainer_restore import _equal_states, _finish, _launch, _losses, _spec
 
 

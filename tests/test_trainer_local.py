@@ -8,12 +8,13 @@ from typing import Any
 
 import pytest
 import torch
-from shadowgrad.trainer_hooks import attach
-from shadowgrad.trainer_hooks._testing import TOKEN, loopback_spec, shadow_cluster
 from torch import nn
 
 from shadowgrad.config import parse_spec
 from shadowgrad.optspec import state_by_name
+from shadowgrad.shadow.testing import shadow_cluster
+from shadowgrad.trainer_hooks import attach
+from shadowgrad.trainer_hooks._testing import TOKEN, loopback_spec
 
 
 def _setup(spec: Any, *, scaler: bool = True, fused: bool = False) -> tuple[Any, ...]:

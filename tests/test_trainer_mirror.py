@@ -10,6 +10,9 @@ from pathlib import Path
 
 import pytest
 import torch
+
+from shadowgrad.config import parse_spec
+from shadowgrad.layout import Layout, from_module
 from shadowgrad.trainer_hooks._testing import (
     TOKEN,
     Ranks,
@@ -17,9 +20,6 @@ from shadowgrad.trainer_hooks._testing import (
     shadow_cluster,
     spec_toml,
 )
-
-from shadowgrad.config import parse_spec
-from shadowgrad.layout import Layout, from_module
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"

@@ -9,12 +9,12 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from shadowgrad.trainer_hooks._plan import RankPlan, rank_slice
-from shadowgrad.trainer_hooks.link import FaultyLink, UdpLink
 
 from shadowgrad.blob import pack_blob, unpack_blob
 from shadowgrad.errors import ShadowgradError
 from shadowgrad.layout import Layout, ParamSpec
+from shadowgrad.trainer_hooks._plan import RankPlan, rank_slice
+from shadowgrad.trainer_hooks.link import FaultyLink, UdpLink
 
 
 @st.composite
@@ -104,9 +104,9 @@ def test_rng_state_round_trips_through_the_commit_blob() -> None:
     import random
 
     import numpy as np
-    from shadowgrad.trainer_hooks import rng_state, set_rng_state
 
     from shadowgrad.blob import pack_blob, unpack_blob
+    from shadowgrad.trainer_hooks import rng_state, set_rng_state
 
     torch.manual_seed(3)
     random.seed(4)

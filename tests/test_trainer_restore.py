@@ -52,8 +52,9 @@ def worker(argv: list[str]) -> None:
     import math
 
     import torch.distributed as dist
-    from shadowgrad.trainer_hooks import attach
     from torch.nn.parallel import DistributedDataParallel
+
+    from shadowgrad.trainer_hooks import attach
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--spec", required=True)
@@ -143,9 +144,9 @@ def _finish(ranks: Any, world: int, timeout_s: float = 240.0) -> str:
 
 def _reference(tmp: Path, steps: int, amp: bool, *extra: str
                ) -> tuple[dict[int, str], dict[str, Any]]:
-    from shadowgrad.trainer_hooks._testing import loopback_spec, shadow_cluster
-
     from shadowgrad.config import parse_spec
+    from shadowgrad.shadow.testing import shadow_cluster
+    from shadowgrad.trainer_hooks._testing import loopback_spec
 
     doc = loopback_spec(world=4, shadows=3)
     spec = _spec(tmp, doc, "ref.toml")
@@ -177,9 +178,9 @@ STEPS = 30
 
 def _kill_trial(tmp: Path, trial: int, amp: bool, ref_losses: dict[int, str],
                 ref_final: dict[str, Any], *more: str) -> dict[str, Any]:
-    from shadowgrad.trainer_hooks._testing import loopback_spec, shadow_cluster
-
     from shadowgrad.config import parse_spec
+    from shadowgrad.shadow.testing import shadow_cluster
+    from shadowgrad.trainer_hooks._testing import loopback_spec
 
     rng = random.Random(1000 + trial)
     kill_after = rng.randrange(2, STEPS - 4)
@@ -266,9 +267,9 @@ def test_sigkill_restore_with_batchnorm_is_bit_identical(tmp_path: Path) -> None
 
 @pytest.mark.slow
 def test_restore_from_4_ranks_into_2(tmp_path: Path) -> None:
-    from shadowgrad.trainer_hooks._testing import loopback_spec, shadow_cluster
-
     from shadowgrad.config import parse_spec
+    from shadowgrad.shadow.testing import shadow_cluster
+    from shadowgrad.trainer_hooks._testing import loopback_spec
 
     doc4 = loopback_spec(world=4, shadows=3)
     spec4 = _spec(tmp_path, doc4, "w4.toml")

@@ -28,6 +28,7 @@ def _inputs(rank: int, it: int) -> list[torch.Tensor]:
 def _worker(rank: int, world: int, port: int, faults: dict[str, float], out: str) -> None:
     try:
         import torch.distributed as dist
+
         from shadowgrad.trainer_hooks.link import FaultyLink, UdpLink
         from shadowgrad.trainer_hooks.ring import RingAllReduce, RingConfig
 
@@ -70,11 +71,11 @@ def _worker(rank: int, world: int, port: int, faults: dict[str, float], out: str
 
 
 def _ddp_run(rank: int, world: int, ring: Any) -> dict[str, torch.Tensor]:
-    from shadowgrad.trainer_hooks.hooks import LayoutReducer, layout_hook
     from torch import nn
     from torch.nn.parallel import DistributedDataParallel
 
     from shadowgrad.layout import Layout, from_module
+    from shadowgrad.trainer_hooks.hooks import LayoutReducer, layout_hook
 
     torch.manual_seed(0)
     net = nn.Sequential(nn.Linear(20, 300), nn.ReLU(), nn.Linear(300, 300), nn.ReLU(),

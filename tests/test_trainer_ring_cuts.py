@@ -13,9 +13,9 @@ from typing import Any
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from shadowgrad.trainer_hooks.ring import RingAllReduce, RingConfig
 
 from shadowgrad.layout import Layout, ParamSpec, ddp_buckets
+from shadowgrad.trainer_hooks.ring import RingAllReduce, RingConfig
 from shadowgrad.wire import Flag, peek_header
 
 

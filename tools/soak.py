@@ -207,9 +207,8 @@ def _reap(p: subprocess.Popen[bytes] | None, sig: int = signal.SIGKILL,
 
 
 def _statuses(spec_path: Path) -> list[dict[str, Any] | None]:
-    from shadowgrad.shadow.control import ShadowClient
-
     from shadowgrad.config import load_spec
+    from shadowgrad.shadow.control import ShadowClient
 
     spec = load_spec(spec_path)
     out: list[dict[str, Any] | None] = []
@@ -282,11 +281,11 @@ def _compare(a: dict[str, Any], b: dict[str, Any], path: str = "") -> list[str]:
 def _shadow_state_matches(spec_path: Path, final: dict[str, Any], steps: int) -> list[str]:
     """The shadows' state of the last iteration against the trainer's final state."""
     import torch
-    from shadowgrad.shadow.control import ShadowClient
-    from shadowgrad.shadow.replay import assemble_full
 
     from shadowgrad.config import load_spec
     from shadowgrad.layout import Layout
+    from shadowgrad.shadow.control import ShadowClient
+    from shadowgrad.shadow.replay import assemble_full
 
     spec = load_spec(spec_path)
     layout: Layout | None = None
@@ -430,9 +429,8 @@ def soak(args: argparse.Namespace, work: Path, run: int) -> dict[str, Any]:
                     last_moved[k] = (la, time.monotonic())
                 elif time.monotonic() - last_moved[k][1] > 3 and k not in stuck_dumps:
                     with contextlib.suppress(Exception):
-                        from shadowgrad.shadow.control import ShadowClient
-
                         from shadowgrad.config import load_spec
+                        from shadowgrad.shadow.control import ShadowClient
 
                         ep = load_spec(spec).shadows.control_endpoint(k)
                         with ShadowClient(f"tcp://{ep}", TOKEN, timeout_s=2.0) as c:
@@ -668,11 +666,10 @@ class _Stranger:
     def attack(self, spec_path: Path, step: int) -> dict[str, Any]:
         import secrets
 
-        from shadowgrad.shadow.control import ShadowClient
-
         from shadowgrad import wire
         from shadowgrad.config import load_spec
         from shadowgrad.layout import Layout
+        from shadowgrad.shadow.control import ShadowClient
 
         spec = load_spec(spec_path)
         # what any datagram shows: job id and the header's layout field

@@ -17,18 +17,15 @@ from dataclasses import dataclass
 
 import torch
 
+from shadowgrad.dtypes import DType, wire_code
 from shadowgrad.errors import LayoutError
 from shadowgrad.layout import Layout
-from shadowgrad.wire import DType
+from shadowgrad.torch_dtypes import LAYOUT_TORCH_DTYPES
 
 __all__ = ["Piece", "Run", "RankPlan", "rank_slice", "param_map", "box_view"]
 
-_TORCH_DTYPES: Mapping[str, torch.dtype] = {
-    "float32": torch.float32,
-    "float16": torch.float16,
-    "bfloat16": torch.bfloat16,
-    "float64": torch.float64,
-}
+#: layout dtype name -> torch dtype (the one dtype table's index, :mod:`shadowgrad.torch_dtypes`)
+_TORCH_DTYPES: Mapping[str, torch.dtype] = LAYOUT_TORCH_DTYPES
 
 
 def rank_slice(bucket_nbytes: int, itemsize: int, rank: int, world: int) -> tuple[int, int]:
@@ -104,7 +101,7 @@ class RankPlan:
                             name, b, a, z - a, (a - pl.bucket_offset) // itemsize,
                             (z - a) // itemsize, pos + (a - lo), dtype,
                         ))
-                wire = DType.from_name(dtype)
+                wire = wire_code(dtype)
                 for route in layout.bucket_routes[b]:
                     a, z = max(lo, route.start), min(hi, route.end)
                     if a < z:

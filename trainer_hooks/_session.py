@@ -17,12 +17,15 @@ import torch
 
 from shadowgrad._log import event
 from shadowgrad.blob import pack_blob, unpack_blob
+from shadowgrad.boxes import assemble_full, box_states_from_full
 from shadowgrad.config import JobSpec, load_spec
+from shadowgrad.control_client import ControllerClient, FetchReply, ShadowClient
 from shadowgrad.errors import ConfigError, ShadowgradError
 from shadowgrad.frames import MAX_FRAMED_DATAGRAM
 from shadowgrad.layout import Layout, from_module
 from shadowgrad.optspec import OptimizerSpec, load_state_by_name, state_by_name
 from shadowgrad.restore import restore_point, settle
+from shadowgrad.tensorstream import CHUNK_BYTES, commit_to_json, decode_states
 from shadowgrad.wire import (
     DEFAULT_CHUNK_BYTES,
     HEADER_SIZE,
@@ -264,9 +267,7 @@ class Shadowgrad:
 
     # -- shadows --------------------------------------------------------------------------
 
-    def _client(self, k: int, timeout_s: float) -> Any:
-        from shadowgrad.shadow.control import ShadowClient
-
+    def _client(self, k: int, timeout_s: float) -> ShadowClient:
         ep = self.spec.shadows.control_endpoint(k)
         return ShadowClient(f"tcp://{ep}", self._token, timeout_s=timeout_s)
 
@@ -299,16 +300,14 @@ class Shadowgrad:
         """Rank 0, with ``[controller] address`` in the spec: the controller's restore point
         (it fixed I* when it detected the failure, or fixes it now); None when it does not
         answer (the trainers then survey the shadows themselves, with the same rule)."""
-        from shadowgrad.shadow.control import ShadowClient
-
         addr = self.spec.controller.address
         if addr is None:
             return None
         t = self.spec.timeouts
         try:
-            with ShadowClient(f"tcp://{addr}", self._token,
-                              timeout_s=t.rpc_s + 2 * t.failure_detect_s) as c:
-                head, _ = c.call("restore_point", requester=f"rank {self.rank}")
+            with ControllerClient(f"tcp://{addr}", self._token,
+                                  timeout_s=t.rpc_s + 2 * t.failure_detect_s) as c:
+                head = c.restore_point(requester=f"rank {self.rank}")
         except Exception as exc:
             event(log, "trainer.controller_unreachable", logging.WARNING, address=str(addr),
                   error=str(exc))
@@ -356,8 +355,6 @@ class Shadowgrad:
         """The live state of ``shard``'s boxes (params + optimizer state), on the CPU;
         ``clone``: copies (a re-seed captures them on the training thread, then sends them in
         the background while training changes the originals)."""
-        from shadowgrad.shadow.replay import box_states_from_full
-
         params = {n: p.detach() for n, p in self.params.items()}
         opt_state = {n: {k: v.detach() for k, v in st.items()}
                      for n, st in state_by_name(self.optimizer, self._named).items()}
@@ -369,15 +366,11 @@ class Shadowgrad:
 
     def _send_load(self, k: int, iteration: int, states: list[dict[str, Any]],
                    commit: dict[str, Any] | None, *, reseed: bool) -> None:
-        from shadowgrad.shadow.control import encode_states
-
         shard, _ = self.layout.shard_of_shadow(k)
-        entries, frames = encode_states(list(enumerate(states)))
-        extra: dict[str, Any] = {} if commit is None else {"commit": commit}
         with self._client(k, self._bulk_timeout(3 * self.layout.shard_bytes(shard))) as c:
-            c.call("load", frames, iteration=iteration, optimizer=self.optspec.to_json(),
-                   layout=self.layout.to_json(), entries=entries, generation=self.generation,
-                   reseed=reseed, source=f"rank {self.rank}", **extra)
+            c.load(iteration, states, self.optspec.to_json(), self.layout.to_json(),
+                   commit=commit, generation=self.generation, reseed=reseed,
+                   source=f"rank {self.rank}")
 
     def _load_shadows(self, iteration: int, commit: dict[str, Any] | None = None) -> bool:
         """Bootstrap the shadows this rank is responsible for (``k % world == rank``) with the
@@ -452,9 +445,6 @@ class Shadowgrad:
         return start
 
     def _restore(self, istar: int, source: list[int]) -> Start:
-        from shadowgrad.shadow.control import decode_states
-        from shadowgrad.shadow.replay import assemble_full
-
         g = self.group
         layout = self.layout
         held: list[int] = []
@@ -468,7 +458,7 @@ class Shadowgrad:
                     event(log, "trainer.hold_failed", logging.WARNING, shadow=k, iteration=istar,
                           error=str(exc))
         # each rank fetches the shards s with s % world == rank
-        mine: dict[int, tuple[list[dict[str, Any]], list[bytes], dict[str, Any] | None]] = {}
+        mine: dict[int, FetchReply] = {}
         error: str | None = None
         for shard in range(layout.num_shards):
             if shard % g.world != g.rank:
@@ -476,10 +466,10 @@ class Shadowgrad:
             k = source[shard]
             try:
                 with self._client(k, self._bulk_timeout(3 * layout.shard_bytes(shard))) as c:
-                    head, frames = c.call("fetch", iteration=istar, boxes=None)
-                if int(head["iteration"]) != istar:
-                    raise ShadowgradError(f"shadow {k} answered iteration {head['iteration']}")
-                mine[shard] = (head["entries"], frames, head.get("commit"))
+                    reply = c.fetch_raw(istar)
+                if reply.iteration != istar:
+                    raise ShadowgradError(f"shadow {k} answered iteration {reply.iteration}")
+                mine[shard] = reply
             except Exception as exc:
                 error = f"fetch of shard {shard} from shadow {k} failed: {exc}"
                 break
@@ -492,10 +482,10 @@ class Shadowgrad:
             owner = shard % g.world
             data: bytes | None = None
             if owner == g.rank:
-                entries, frames, com = mine[shard]
-                header = json.dumps({"entries": entries, "commit": com}).encode()
+                reply = mine[shard]
+                header = json.dumps({"entries": reply.entries, "commit": reply.commit}).encode()
                 data = len(header).to_bytes(8, "big") + header + b"".join(
-                    bytes(f) for f in frames)
+                    bytes(f) for f in reply.frames)
             data = g.broadcast_bytes(data, src=owner)
             hlen = int.from_bytes(data[:8], "big")
             header_doc = json.loads(data[8:8 + hlen])
@@ -635,7 +625,6 @@ class Shadowgrad:
 
     def _start_health(self) -> None:
         import zmq
-        from shadowgrad.shadow.control import ShadowClient
 
         t = self.spec.timeouts
         # one context and one client per shadow for the monitor's polls (its thread only)
@@ -794,8 +783,6 @@ class Shadowgrad:
         """Capture the state after ``iteration`` of every shard the health monitor wants
         re-seeded (one staging copy each: the pause self-healing costs) and hand it to the
         monitor's thread, which sends it."""
-        from shadowgrad.shadow.control import commit_to_json
-
         health = self.health
         assert health is not None
         commit = commit_to_json(iteration, info.record()) if info is not None else None
@@ -848,13 +835,10 @@ class Shadowgrad:
         addr = self.spec.controller.address
         if addr is None:
             return
-        from shadowgrad.shadow.control import ShadowClient
-
         try:
-            with ShadowClient(f"tcp://{addr}", self._token,
-                              timeout_s=self.spec.timeouts.rpc_s) as c:
-                c.call("finished", iteration=self._iteration, generation=self.generation,
-                       requester=f"rank {self.rank}")
+            with ControllerClient(f"tcp://{addr}", self._token,
+                                  timeout_s=self.spec.timeouts.rpc_s) as c:
+                c.finished(self._iteration, self.generation, requester=f"rank {self.rank}")
         except Exception as exc:  # best effort: the controller may be down
             event(log, "trainer.controller_unreachable", logging.WARNING, address=str(addr),
                   error=str(exc))
@@ -950,8 +934,6 @@ def _udp_port_holder(port: int) -> str | None:
 
 def _frame_sizes(entry: Mapping[str, Any]) -> list[tuple[int, int]]:
     """(crc, size) of each chunk frame of one tensor entry of the control stream."""
-    from shadowgrad.shadow.control import CHUNK_BYTES
-
     nbytes = int(entry["nbytes"])
     crcs = [int(c) for c in entry["crc"]]
     sizes = [min(CHUNK_BYTES, nbytes - i * CHUNK_BYTES) for i in range(len(crcs))]

@@ -42,6 +42,7 @@ import torch
 
 from shadowgrad._log import event
 from shadowgrad.errors import ShadowgradError, ShadowgradTimeout, WireError
+from shadowgrad.torch_dtypes import GRAD_WIRE_DTYPES
 from shadowgrad.wire import (
     AUTHENTICATED_KINDS,
     MAX_DATAGRAM,
@@ -64,8 +65,8 @@ __all__ = ["RingConfig", "RingAllReduce", "TransportError"]
 
 log = logging.getLogger(__name__)
 
-_WIRE_DTYPE = {torch.float32: DType.FLOAT32, torch.float16: DType.FLOAT16,
-               torch.bfloat16: DType.BFLOAT16, torch.float64: DType.FLOAT64}
+#: wire code of every gradient dtype (the one dtype table's index, :mod:`shadowgrad.torch_dtypes`)
+_WIRE_DTYPE = GRAD_WIRE_DTYPES
 
 
 _REQUIRE_DATA = AUTHENTICATED_KINDS | {Kind.DATA}

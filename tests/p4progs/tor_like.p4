@@ -1,4 +1,4 @@
-/* The shape of the ToR program the design calls for (DESIGN.md §2), for the fast-path and
+/* The shape of the project's ToR program (p4/shadowgrad.p4, docs/switch.md), for the fast-path and
  * dataplane tests: Ethernet / IPv4 / UDP / the shadowgrad wire header (p4/include/headers.p4);
  * a FINAL DATA chunk of a known (job, bucket) goes to a multicast group {next ring hop, shadow
  * replicas}; egress rewrites a shadow copy's MAC and IP per egress_rid; everything else is

@@ -1,0 +1,124 @@
+"""Test and demo helpers shared by the peer packages' test helpers: the test token and loopback
+job specs with free ports (core: ``shadowgrad.trainer_hooks._testing`` and
+``shadowgrad.shadow.testing`` both build on it; no training job needs this module)."""
+
+from __future__ import annotations
+
+import random
+import socket
+from typing import Any
+
+from shadowgrad.config import parse_spec
+
+__all__ = ["TOKEN", "loopback_spec", "switch_spec", "spec_toml"]
+
+TOKEN = "trainer-test-token"
+
+
+def _free_udp(n: int) -> list[int]:
+    socks = []
+    try:
+        for _ in range(n):
+            s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+            s.bind(("127.0.0.1", 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def _free_tcp_base(n: int, tries: int = 200) -> int:
+    rng = random.Random()
+    for _ in range(tries):
+        base = rng.randrange(20000, 60000 - n)
+        ok = True
+        for k in range(n):
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+                try:
+                    s.bind(("127.0.0.1", base + k))
+                except OSError:
+                    ok = False
+                    break
+        if ok:
+            return base
+    raise RuntimeError(f"no {n} consecutive free TCP ports found")
+
+
+def loopback_spec(world: int, shadows: int, *, replication: int = 1, job_id: int = 4242,
+                  mode: str = "mirror", gap_repair: str = "50ms", heartbeat: str = "100ms",
+                  rpc: str = "5s", trainer_ports: list[int] | None = None) -> dict[str, Any]:
+    """A job spec (as a dict) with every trainer and shadow on 127.0.0.1 at free ports."""
+    udp = _free_udp(world + shadows)
+    tports = trainer_ports if trainer_ports is not None else udp[:world]
+    switch: dict[str, Any] = {"target": "none"}
+    if mode == "in-band":  # switch ports are required; nothing here talks to a switch
+        switch = {"target": "bmv2_testbed", "trainer_ports": list(range(1, world + 1)),
+                  "shadow_ports": list(range(world + 1, world + shadows + 1))}
+    return {
+        "job": {"id": job_id, "name": "trainer-test", "mode": mode},
+        "trainers": {"world_size": world,
+                     "addresses": [f"127.0.0.1:{p}" for p in tports[:world]],
+                     "backend": "gloo"},
+        "shadows": {"count": shadows, "replication": replication,
+                    "addresses": [f"127.0.0.1:{p}" for p in udp[world:]],
+                    "control_port": _free_tcp_base(shadows)},
+        "switch": switch,
+        "timeouts": {"gap_repair": gap_repair, "heartbeat": heartbeat, "failure_detect": "2s",
+                     "rpc": rpc, "connect": "20s"},
+        "security": {"token_env": "SHADOWGRAD_TOKEN"},
+    }
+
+
+def _free_udp_ports(ports: list[int], host: str = "127.0.0.1", tries: int = 200) -> int:
+    """A base such that ``base + p`` is a free UDP port on ``host`` for every ``p``."""
+    rng = random.Random()
+    for _ in range(tries):
+        base = rng.randrange(20000, 60000 - max(ports))
+        socks = []
+        try:
+            for p in ports:
+                s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+                socks.append(s)
+                s.bind((host, base + p))
+            return base
+        except OSError:
+            continue
+        finally:
+            for s in socks:
+                s.close()
+    raise RuntimeError("no free block of UDP ports found")
+
+
+def switch_spec(world: int, shadows: int, *, replication: int = 1, job_id: int = 4242,
+                gap_repair: str = "50ms", heartbeat: str = "100ms", rpc: str = "5s",
+                net: int | None = None) -> dict[str, Any]:
+    """An in-band job through the P4 target's loopback UDP ports: every host has its own
+    loopback IPv4 address ``127.N.T.x`` (trainers ``.1..``, shadows ``.101..``) on the shadowgrad
+    UDP port, switch ports 1..world (trainers) and world+1.. (shadows), and ``switch.loopback``
+    at a free base on 127.0.0.1 (port N at base + N)."""
+    n = net if net is not None else random.Random().randrange(10, 250)
+    t = random.Random().randrange(1, 250)
+    tports = list(range(1, world + 1))
+    sports = list(range(world + 1, world + shadows + 1))
+    base = _free_udp_ports([*tports, *sports, 510])
+    return {
+        "job": {"id": job_id, "name": "switch-test", "mode": "in-band"},
+        "trainers": {"world_size": world,
+                     "addresses": [f"127.{n}.{t}.{i + 1}" for i in range(world)],
+                     "backend": "gloo"},
+        "shadows": {"count": shadows, "replication": replication,
+                    "addresses": [f"127.{n}.{t}.{101 + i}" for i in range(shadows)],
+                    "control_port": _free_tcp_base(shadows)},
+        "switch": {"target": "bmv2_testbed", "trainer_ports": tports, "shadow_ports": sports,
+                   "loopback": f"127.0.0.1:{base}"},
+        "timeouts": {"gap_repair": gap_repair, "heartbeat": heartbeat, "failure_detect": "2s",
+                     "rpc": rpc, "connect": "20s"},
+        "security": {"token_env": "SHADOWGRAD_TOKEN"},
+    }
+
+
+def spec_toml(doc: dict[str, Any]) -> str:
+    """The spec dict as TOML (for a spec file a child process loads)."""
+    spec = parse_spec(doc, env={})
+    return spec.to_toml()

@@ -1,0 +1,209 @@
+"""Client side of the control protocol (pyzmq): :class:`ShadowClient`, :class:`ControllerClient`.
+
+Every request is one multipart message: a JSON header frame ``{"op": ..., "token": ..., ...}``
+followed by binary frames (``load`` only). Every reply is a JSON header frame
+``{"ok": true, ...}`` or ``{"ok": false, "code": ..., "error": ...}`` followed by binary frames
+(``fetch`` only). Tensors travel as a tensor stream (:mod:`shadowgrad.tensorstream`).
+
+Shadow ops (:class:`ShadowClient`): ``status``, ``hold``, ``release``, ``fetch``, ``load``,
+``snapshot`` (see docs/shadow.md); ``fetch`` replies and ``load`` requests also carry the
+COMMIT record of the iteration (``"commit"``, see :func:`~shadowgrad.tensorstream.commit_to_json`).
+The controller's endpoint speaks the same protocol (:class:`ControllerClient`: ``status``,
+``restore_point``, ``finished``, ``release``).
+
+In core so that the trainer hooks, the controller and the shadows share one client; the server
+side is the shadow node (``shadowgrad.shadow.node``) and the controller service.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Self
+
+import torch
+import zmq
+
+from shadowgrad.errors import ShadowgradTimeout
+from shadowgrad.tensorstream import ControlError, decode_states, encode_states
+
+__all__ = ["ControlClient", "ControllerClient", "ShadowClient", "FetchResult", "FetchReply",
+           "ControlError"]
+
+
+@dataclass(frozen=True)
+class FetchResult:
+    """State of some boxes at ``iteration``: ``states[box index] = {key: tensor}``; ``commit``:
+    the COMMIT record of ``iteration`` (:func:`commit_to_json` form), None when the shadow has
+    none (the initial state of a fresh start)."""
+
+    iteration: int
+    states: dict[int, dict[str, torch.Tensor]]
+    commit: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class FetchReply:
+    """A ``fetch`` reply before decoding: the tensor stream's ``entries`` and chunk ``frames``
+    as they came (for a caller that forwards them; :func:`decode_states` verifies and decodes),
+    and the COMMIT record of ``iteration`` (None when the shadow has none)."""
+
+    iteration: int
+    entries: list[dict[str, Any]]
+    frames: list[bytes]
+    commit: dict[str, Any] | None = None
+
+    def decode(self) -> FetchResult:
+        """Verify every chunk and decode the states (ControlError)."""
+        return FetchResult(self.iteration, decode_states(self.entries, self.frames),
+                           self.commit)
+
+
+class ControlClient:
+    """Blocking transport of a control endpoint (a shadow's or the controller's): one JSON
+    request, one JSON reply, every call has a deadline.
+
+    ``endpoint`` is a zmq address (``"tcp://127.0.0.1:47480"``). After a timeout the REQ socket
+    is discarded and a fresh one is made, so one lost reply never wedges the client.
+    """
+
+    def __init__(self, endpoint: str, token: str, *, timeout_s: float = 2.0,
+                 context: zmq.Context[zmq.Socket[bytes]] | None = None) -> None:
+        self.endpoint = endpoint
+        self._token = token
+        self.timeout_s = timeout_s
+        self._own_ctx = context is None
+        self._ctx: zmq.Context[zmq.Socket[bytes]] = context or zmq.Context()
+        self._sock: zmq.Socket[bytes] | None = None
+
+    def _socket(self) -> zmq.Socket[bytes]:
+        if self._sock is None:
+            s = self._ctx.socket(zmq.REQ)
+            s.setsockopt(zmq.LINGER, 0)
+            s.connect(self.endpoint)
+            self._sock = s
+        return self._sock
+
+    def close(self) -> None:
+        if self._sock is not None:
+            self._sock.close(linger=0)
+            self._sock = None
+        if self._own_ctx:
+            self._ctx.term()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def call(self, op: str, frames: Sequence[memoryview | bytes] = (),
+             timeout_s: float | None = None, **fields: Any) -> tuple[dict[str, Any], list[bytes]]:
+        """Send one request; return (reply header, reply frames) or raise ControlError/timeout."""
+        timeout = self.timeout_s if timeout_s is None else timeout_s
+        head = json.dumps({"op": op, "token": self._token, **fields}).encode()
+        s = self._socket()
+        ms = max(1, int(timeout * 1000))
+        try:
+            if not s.poll(ms, zmq.POLLOUT):
+                raise zmq.Again()
+            s.send_multipart([head, *frames], copy=False)
+            if not s.poll(ms, zmq.POLLIN):
+                raise zmq.Again()
+            reply = s.recv_multipart()
+        except zmq.Again:
+            self._sock = None
+            s.close(linger=0)
+            raise ShadowgradTimeout(
+                f"control {op!r} to {self.endpoint} got no reply within {timeout:g}s"
+            ) from None
+        try:
+            header = json.loads(reply[0])
+        except ValueError as e:
+            raise ControlError("bad_reply", f"{op!r}: reply header is not JSON: {e}") from None
+        if not header.get("ok"):
+            raise ControlError(str(header.get("code", "error")), str(header.get("error", "")))
+        return header, list(reply[1:])
+
+
+class ControllerClient(ControlClient):
+    """Blocking client of the controller's control endpoint (ops ``restore_point``,
+    ``finished``; ``status`` and ``release`` through :meth:`call`)."""
+
+    def restore_point(self, requester: str, timeout_s: float | None = None) -> dict[str, Any]:
+        """The controller's restore point (``fresh``/``reachable`` or ``istar``/``source``/
+        ``layout``, with ``generation_seen``); ``requester`` names the caller in its log."""
+        header, _ = self.call("restore_point", timeout_s=timeout_s, requester=requester)
+        return header
+
+    def finished(self, iteration: int | None, generation: int, requester: str,
+                 timeout_s: float | None = None) -> dict[str, Any]:
+        """Tell the controller that training ended normally after ``iteration``."""
+        header, _ = self.call("finished", timeout_s=timeout_s, iteration=iteration,
+                              generation=generation, requester=requester)
+        return header
+
+
+class ShadowClient(ControlClient):
+    """Blocking client of one shadow's control endpoint; every call has a deadline (see
+    :class:`ControlClient`)."""
+
+    # -- ops -----------------------------------------------------------------------------
+
+    def status(self, timeline: int = 16) -> dict[str, Any]:
+        header, _ = self.call("status", timeline=timeline)
+        return header
+
+    def hold(self, iteration: int) -> dict[str, Any]:
+        header, _ = self.call("hold", iteration=iteration)
+        return header
+
+    def release(self, iteration: int) -> dict[str, Any]:
+        header, _ = self.call("release", iteration=iteration)
+        return header
+
+    def fetch_raw(self, iteration: int | None = None, boxes: Sequence[int] | None = None,
+                  timeout_s: float | None = None) -> FetchReply:
+        """Like :meth:`fetch`, without decoding: the stream as it came (see :class:`FetchReply`)."""
+        header, frames = self.call(
+            "fetch", iteration=iteration, boxes=None if boxes is None else list(boxes),
+            timeout_s=timeout_s,
+        )
+        commit = header.get("commit")
+        return FetchReply(int(header["iteration"]), header["entries"], frames,
+                          commit if isinstance(commit, dict) else None)
+
+    def fetch(self, iteration: int | None = None, boxes: Sequence[int] | None = None,
+              timeout_s: float | None = None) -> FetchResult:
+        """State at ``iteration`` (None: the newest applied) of ``boxes`` (None: all)."""
+        return self.fetch_raw(iteration, boxes, timeout_s).decode()
+
+    def load(self, iteration: int, states: Sequence[Mapping[str, torch.Tensor]],
+             optimizer_json: str, layout_json: str | None = None, *,
+             timeout_s: float | None = None,
+             commit: Mapping[str, Any] | None = None, generation: int | None = None,
+             reseed: bool | None = None, source: str | None = None) -> dict[str, Any]:
+        """Bootstrap the shadow with its shard's state at ``iteration`` (per box, shard order);
+        ``commit``: COMMIT(``iteration``) (:func:`commit_to_json` form) to keep with it.
+        ``generation``, ``reseed`` and ``source`` (a trainer's bootstrap or re-seed: its
+        generation, whether it re-seeds a running shadow, who sends) travel only when given."""
+        entries, frames = encode_states(list(enumerate(states)))
+        extra: dict[str, Any] = {}
+        if generation is not None:
+            extra["generation"] = generation
+        if reseed is not None:
+            extra["reseed"] = reseed
+        if source is not None:
+            extra["source"] = source
+        if commit is not None:
+            extra["commit"] = dict(commit)
+        header, _ = self.call(
+            "load", frames, iteration=iteration, optimizer=optimizer_json, layout=layout_json,
+            entries=entries, timeout_s=timeout_s, **extra,
+        )
+        return header
+
+    def snapshot(self, wait: bool = True, timeout_s: float | None = None) -> dict[str, Any]:
+        header, _ = self.call("snapshot", wait=wait, timeout_s=timeout_s)
+        return header
