@@ -18,7 +18,7 @@ help:
 	@echo "make demo       install everything (idempotent), then run the emulated demo (SCENARIO=default)"
 	@echo "make test       install everything (idempotent), then lint, type-check and run the tests"
 	@echo "make install    system packages (root only) + $(VENV) with torch==2.13.0 and -e .[all,dev]"
-	@echo "make lint       ruff + mypy"
+	@echo "make lint       ruff check, ruff format --check, mypy"
 	@echo "make test-fast  the tests without lint, skipping tests marked slow"
 	@echo "make bench      every benchmark with its default settings, then docs/benchmarks.md"
 	@echo "make bench-quick  every benchmark in its quick mode (minutes), then docs/benchmarks.md"
@@ -53,6 +53,7 @@ demo: install
 
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
 	$(PY) tools/typecheck.py
 
 typecheck: lint

@@ -69,30 +69,44 @@ def _producer_main(argv: list[str]) -> None:
     sock.bind(("127.0.0.1", cfg.get("bind_port", 0)))
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 8 * 2**20)
     rng = np.random.default_rng(0)
-    grads = [rng.standard_normal(n // 4, dtype=np.float32).tobytes() for n in
-             layout.bucket_nbytes]
+    grads = [rng.standard_normal(n // 4, dtype=np.float32).tobytes() for n in layout.bucket_nbytes]
     seq = 0
 
     key = wire.mac_key(TOKEN, JOB)  # sealed as a trainer seals (security.authenticate_data)
 
-    def header(it: int, b: int, off: int, payload: memoryview, retx: bool = False
-               ) -> tuple[bytes, bytes]:
+    def header(
+        it: int, b: int, off: int, payload: memoryview, retx: bool = False
+    ) -> tuple[bytes, bytes]:
         nonlocal seq
         seq += 1
         flags = wire.Flag.FINAL | (wire.Flag.RETX if retx else 0)
-        return wire.seal(wire.Kind.DATA, key=key, job=JOB, sender=0, iteration=it, seq=seq,
-                         layout=layout.digest64, payload=payload, flags=flags,
-                         dtype=wire.DType.FLOAT32, bucket=b, offset=off)
+        return wire.seal(
+            wire.Kind.DATA,
+            key=key,
+            job=JOB,
+            sender=0,
+            iteration=it,
+            seq=seq,
+            layout=layout.digest64,
+            payload=payload,
+            flags=flags,
+            dtype=wire.DType.FLOAT32,
+            bucket=b,
+            offset=off,
+        )
 
     def datagram(it: int, b: int, off: int, g: bytes) -> bytes:
-        h, tag = header(it, b, off, memoryview(g)[off:off + CHUNK])
-        return h + g[off:off + CHUNK] + tag
+        h, tag = header(it, b, off, memoryview(g)[off : off + CHUNK])
+        return h + g[off : off + CHUNK] + tag
 
     if cfg["mode"] == "burst":  # part A: pre-encoded, flat out
         its = cfg["iterations"]
-        dgrams = [datagram(it, b, off, g)
-                  for it in range(its) for b, g in enumerate(grads)
-                  for off in range(0, len(g), CHUNK)]
+        dgrams = [
+            datagram(it, b, off, g)
+            for it in range(its)
+            for b, g in enumerate(grads)
+            for off in range(0, len(g), CHUNK)
+        ]
         print(json.dumps({"ready": len(dgrams)}), flush=True)
         sys.stdin.readline()  # go
         t0 = time.perf_counter()
@@ -126,14 +140,24 @@ def _producer_main(argv: list[str]) -> None:
             it = msg.header.iteration
             rec = wire.NackRecord.from_message(msg)
             if not rec.ranges:
-                sock.sendto(commit.encode(job=JOB, sender=0, iteration=it, seq=0,
-                                          layout=layout.digest64, retx=True, key=key), addr)
+                sock.sendto(
+                    commit.encode(
+                        job=JOB,
+                        sender=0,
+                        iteration=it,
+                        seq=0,
+                        layout=layout.digest64,
+                        retx=True,
+                        key=key,
+                    ),
+                    addr,
+                )
             t_r = time.perf_counter()
             sent_r = 0
             for r in rec.ranges:
                 mv = memoryview(grads[r.bucket])
                 for off in range(r.offset, r.offset + r.length, CHUNK):
-                    p = mv[off:min(off + CHUNK, r.offset + r.length)]
+                    p = mv[off : min(off + CHUNK, r.offset + r.length)]
                     h, tag = header(it, r.bucket, off, p, True)
                     sock.sendmsg([h, p, tag], [], 0, addr)
                     stats["retx"] += 1
@@ -156,7 +180,7 @@ def _producer_main(argv: list[str]) -> None:
         for b, g in enumerate(grads):
             mv = memoryview(g)
             for off in range(0, len(g), CHUNK):
-                p = mv[off:off + CHUNK]
+                p = mv[off : off + CHUNK]
                 h, tag = header(it, b, off, p)
                 sock.sendmsg([h, p, tag], [], 0, dest)
                 sent += len(p)
@@ -164,8 +188,10 @@ def _producer_main(argv: list[str]) -> None:
                 if ahead > 0.002:
                     serve_nacks()
                     time.sleep(ahead)
-        sock.sendto(commit.encode(job=JOB, sender=0, iteration=it, seq=0,
-                                  layout=layout.digest64, key=key), dest)
+        sock.sendto(
+            commit.encode(job=JOB, sender=0, iteration=it, seq=0, layout=layout.digest64, key=key),
+            dest,
+        )
         stats["send_s"].append(time.perf_counter() - t0)
     t_end = time.perf_counter() + cfg["drain_s"]
     while time.perf_counter() < t_end:
@@ -178,7 +204,9 @@ class _Producer:
     def __init__(self, cfg: dict[str, Any]) -> None:
         self.proc = subprocess.Popen(
             [sys.executable, os.path.abspath(__file__), "--producer", json.dumps(cfg)],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
         )
         assert self.proc.stdout is not None and self.proc.stdin is not None
         self.ready = json.loads(self.proc.stdout.readline())
@@ -205,13 +233,16 @@ class _Producer:
 def _spec(shadow_port: int, trainer_port: int) -> Any:
     from shadowgrad.config import parse_spec
 
-    return parse_spec({
-        "job": {"id": JOB, "name": "ingest-bench", "mode": "mirror"},
-        "trainers": {"world_size": 1, "addresses": [f"127.0.0.1:{trainer_port}"]},
-        "shadows": {"count": 1, "addresses": [f"127.0.0.1:{shadow_port}"]},
-        "switch": {"target": "none"},
-        "timeouts": {"gap_repair": "100ms", "heartbeat": "100ms", "rpc": "60s"},
-    }, env={})
+    return parse_spec(
+        {
+            "job": {"id": JOB, "name": "ingest-bench", "mode": "mirror"},
+            "trainers": {"world_size": 1, "addresses": [f"127.0.0.1:{trainer_port}"]},
+            "shadows": {"count": 1, "addresses": [f"127.0.0.1:{shadow_port}"]},
+            "switch": {"target": "none"},
+            "timeouts": {"gap_repair": "100ms", "heartbeat": "100ms", "rpc": "60s"},
+        },
+        env={},
+    )
 
 
 def _udp(rcvbuf: int = 64 * 2**20) -> socket.socket:
@@ -240,21 +271,42 @@ def _node(layout: Any, optimizer: str, window: int, rx_threads: int = 1) -> tupl
 
     sock = _udp()
     spec = _spec(sock.getsockname()[1], _free_udp_port())
-    node = ShadowNode(spec, 0, token=TOKEN, sock=sock, control_bind="tcp://127.0.0.1:*",
-                      options=NodeOptions(window=window, rx_threads=rx_threads)).start()
+    node = ShadowNode(
+        spec,
+        0,
+        token=TOKEN,
+        sock=sock,
+        control_bind="tcp://127.0.0.1:*",
+        options=NodeOptions(window=window, rx_threads=rx_threads),
+    ).start()
     names = tuple(p.name for p in layout.params)
     if optimizer == "adamw":
-        hyper: dict[str, Any] = {"betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 0.01,
-                                 "amsgrad": False, "maximize": False, "foreach": False,
-                                 "fused": True, "capturable": False, "differentiable": False,
-                                 "decoupled_weight_decay": True}
+        hyper: dict[str, Any] = {
+            "betas": (0.9, 0.999),
+            "eps": 1e-8,
+            "weight_decay": 0.01,
+            "amsgrad": False,
+            "maximize": False,
+            "foreach": False,
+            "fused": True,
+            "capturable": False,
+            "differentiable": False,
+            "decoupled_weight_decay": True,
+        }
         opt = OptimizerSpec("AdamW", (ParamGroupSpec(names, hyper),))
     else:
-        hyper = {"momentum": 0.9, "dampening": 0.0, "weight_decay": 0.0, "nesterov": False,
-                 "maximize": False, "foreach": True, "fused": False, "differentiable": False}
+        hyper = {
+            "momentum": 0.9,
+            "dampening": 0.0,
+            "weight_decay": 0.0,
+            "nesterov": False,
+            "maximize": False,
+            "foreach": True,
+            "fused": False,
+            "differentiable": False,
+        }
         opt = OptimizerSpec("SGD", (ParamGroupSpec(names, hyper),))
-    states = [{"param": torch.zeros(b.lengths, dtype=torch.float32)}
-              for b in layout.shard_boxes(0)]
+    states = [{"param": torch.zeros(b.lengths, dtype=torch.float32)} for b in layout.shard_boxes(0)]
     with ShadowClient(node.control_endpoint, TOKEN, timeout_s=120) as cl:
         cl.load(-1, states, opt.to_json(), layout.to_json())
     return node, sock
@@ -267,8 +319,15 @@ def _part_a(n_params: int, iterations: int) -> dict[str, Any]:
     layout = _layout(n_params)
     # bare receive loop
     bare = _udp()
-    prod = _Producer({"mode": "burst", "layout": layout.to_json(), "host": "127.0.0.1",
-                      "port": bare.getsockname()[1], "iterations": iterations})
+    prod = _Producer(
+        {
+            "mode": "burst",
+            "layout": layout.to_json(),
+            "host": "127.0.0.1",
+            "port": bare.getsockname()[1],
+            "iterations": iterations,
+        }
+    )
     expected = prod.ready["ready"]
     buf = bytearray(65536)
     bare.settimeout(0.5)
@@ -293,9 +352,16 @@ def _part_a(n_params: int, iterations: int) -> dict[str, Any]:
     for rx_threads in (1, 2):
         node, sock = _node(layout, "sgd", window=iterations, rx_threads=rx_threads)
         try:
-            prod = _Producer({"mode": "burst", "layout": layout.to_json(), "host": "127.0.0.1",
-                              "port": sock.getsockname()[1], "iterations": iterations,
-                              "bind_port": node.spec.trainers.addresses[0].port})
+            prod = _Producer(
+                {
+                    "mode": "burst",
+                    "layout": layout.to_json(),
+                    "host": "127.0.0.1",
+                    "port": sock.getsockname()[1],
+                    "iterations": iterations,
+                    "bind_port": node.spec.trainers.addresses[0].port,
+                }
+            )
             rx0 = sum(node.rx.values())
             prod.go()
             sent2 = prod.result(60)
@@ -313,7 +379,8 @@ def _part_a(n_params: int, iterations: int) -> dict[str, Any]:
             data_bytes = st["events"].get("data_bytes", 0)
             shadow[rx_threads] = {
                 "mbps": data_bytes / max(1e-9, max(lasts) - min(firsts)) / 1e6,
-                "counted": sum(node.rx.values()) - rx0, "data_bytes": data_bytes,
+                "counted": sum(node.rx.values()) - rx0,
+                "data_bytes": data_bytes,
                 "producer_mbps": sent2["bytes"] / sent2["seconds"] / 1e6,
             }
         finally:
@@ -321,25 +388,38 @@ def _part_a(n_params: int, iterations: int) -> dict[str, Any]:
     best = max(shadow, key=lambda k: shadow[k]["mbps"])
     shadow_mbps = shadow[best]["mbps"]
     return {
-        "datagram_payload": CHUNK, "datagrams": expected,
+        "datagram_payload": CHUNK,
+        "datagrams": expected,
         "bytes_per_pass": sent["bytes"],
         "producer_mbps_bare_run": sent["bytes"] / sent["seconds"] / 1e6,
-        "bare_recv_mbps": bare_mbps, "bare_received": got,
-        "shadow_ingest_mbps": shadow_mbps, "shadow_best_rx_threads": best,
+        "bare_recv_mbps": bare_mbps,
+        "bare_received": got,
+        "shadow_ingest_mbps": shadow_mbps,
+        "shadow_best_rx_threads": best,
         "shadow_by_rx_threads": shadow,
         "ratio": shadow_mbps / bare_mbps if bare_mbps else None,
     }
 
 
-def _part_b(n_params: int, iterations: int, optimizer: str, rate_mbps: float,
-            period_s: float) -> dict[str, Any]:
+def _part_b(
+    n_params: int, iterations: int, optimizer: str, rate_mbps: float, period_s: float
+) -> dict[str, Any]:
     layout = _layout(n_params)
     node, sock = _node(layout, optimizer, window=2)
     try:
-        prod = _Producer({"mode": "stream", "layout": layout.to_json(), "host": "127.0.0.1",
-                          "port": sock.getsockname()[1], "iterations": iterations,
-                          "period_s": period_s, "rate_mbps": rate_mbps, "drain_s": 120.0,
-                          "bind_port": node.spec.trainers.addresses[0].port})
+        prod = _Producer(
+            {
+                "mode": "stream",
+                "layout": layout.to_json(),
+                "host": "127.0.0.1",
+                "port": sock.getsockname()[1],
+                "iterations": iterations,
+                "period_s": period_s,
+                "rate_mbps": rate_mbps,
+                "drain_s": 120.0,
+                "bind_port": node.spec.trainers.addresses[0].port,
+            }
+        )
         t0 = time.time()
         prod.go()
         deadline = time.monotonic() + iterations * period_s + 30
@@ -355,63 +435,100 @@ def _part_b(n_params: int, iterations: int, optimizer: str, rate_mbps: float,
     finally:
         node.stop()
     tl = st["timeline"]
-    per = [{
-        "iteration": t["iteration"],
-        "receive_s": t["last_chunk"] - t["first_chunk"],
-        "ready_after_commit_s": t["ready"] - t["commit"],
-        "apply_s": t["applied"] - t["ready"],
-        "applied_at_s": t["applied"] - t0,
-    } for t in tl]
+    per = [
+        {
+            "iteration": t["iteration"],
+            "receive_s": t["last_chunk"] - t["first_chunk"],
+            "ready_after_commit_s": t["ready"] - t["commit"],
+            "apply_s": t["applied"] - t["ready"],
+            "applied_at_s": t["applied"] - t0,
+        }
+        for t in tl
+    ]
     applied = st["last_applied"] + 1
     # delay of each iteration: applied time minus the time its first chunk was due
     delays = [p["applied_at_s"] - p["iteration"] * period_s for p in per]
-    keeps_up = (applied == iterations and bool(delays) and max(delays) <= 2 * period_s
-                and delays[-1] - delays[0] < 0.5 * period_s)
-    med = {k: statistics.median(p[k] for p in per) if per else None
-           for k in ("receive_s", "ready_after_commit_s", "apply_s")}
-    limit = "keeps up" if keeps_up else "diverged: repair failed" if st["diverged_at"] is not None \
+    keeps_up = (
+        applied == iterations
+        and bool(delays)
+        and max(delays) <= 2 * period_s
+        and delays[-1] - delays[0] < 0.5 * period_s
+    )
+    med = {
+        k: statistics.median(p[k] for p in per) if per else None
+        for k in ("receive_s", "ready_after_commit_s", "apply_s")
+    }
+    limit = (
+        "keeps up"
+        if keeps_up
+        else "diverged: repair failed"
+        if st["diverged_at"] is not None
         else (
-        "apply (optimizer step)" if med["apply_s"] and med["apply_s"] > period_s / 2 else
-        "receive path (recv + CRC-32 + copy)" if med["receive_s"] and med["receive_s"] >
-        period_s / 2 else "loss and repair (NACK/RETX)")
+            "apply (optimizer step)"
+            if med["apply_s"] and med["apply_s"] > period_s / 2
+            else "receive path (recv + CRC-32 + copy)"
+            if med["receive_s"] and med["receive_s"] > period_s / 2
+            else "loss and repair (NACK/RETX)"
+        )
+    )
     return {
-        "params": sum(p.numel for p in layout.params), "bytes_per_iteration": layout.total_bytes,
-        "optimizer": optimizer, "period_s": period_s, "producer_rate_mbps": rate_mbps,
-        "iterations": iterations, "applied": applied, "wall_s": t_done - t0,
-        "keeps_up_at_1_it_per_s": keeps_up, "limit": limit, "median": med,
-        "per_iteration": per, "delays_s": delays, "counters": st["counters"],
-        "nacks_sent": st["events"].get("nack_sent", 0), "diverged_at": st["diverged_at"],
+        "params": sum(p.numel for p in layout.params),
+        "bytes_per_iteration": layout.total_bytes,
+        "optimizer": optimizer,
+        "period_s": period_s,
+        "producer_rate_mbps": rate_mbps,
+        "iterations": iterations,
+        "applied": applied,
+        "wall_s": t_done - t0,
+        "keeps_up_at_1_it_per_s": keeps_up,
+        "limit": limit,
+        "median": med,
+        "per_iteration": per,
+        "delays_s": delays,
+        "counters": st["counters"],
+        "nacks_sent": st["events"].get("nack_sent", 0),
+        "diverged_at": st["diverged_at"],
         "repaired_bytes": st["events"].get("repaired_bytes", 0),
     }
 
 
-def ingest_bench(n_params: int = 100_000_000, optimizers: Sequence[str] = ("sgd", "adamw"),
-                 iterations: int = 5, *, rate_mbps: float = 800.0,
-                 burst_params: int = 25_000_000, burst_iterations: int = 3) -> dict[str, Any]:
+def ingest_bench(
+    n_params: int = 100_000_000,
+    optimizers: Sequence[str] = ("sgd", "adamw"),
+    iterations: int = 5,
+    *,
+    rate_mbps: float = 800.0,
+    burst_params: int = 25_000_000,
+    burst_iterations: int = 3,
+) -> dict[str, Any]:
     """Run part A, then part B once per optimizer; print a summary; return JSON-able results."""
     a = _part_a(burst_params, burst_iterations)
     sh = a["shadow_by_rx_threads"]
-    print(f"[ingest] bare recv_into {a['bare_recv_mbps']:.0f} MB/s, shadow ingest "
-          f"{a['shadow_ingest_mbps']:.0f} MB/s -> {100 * (a['ratio'] or 0):.0f}% (target >= 60%)"
-          f" [1 rx thread {sh[1]['mbps']:.0f} MB/s, 2 rx threads {sh[2]['mbps']:.0f} MB/s];"
-          f" producer offered {a['producer_mbps_bare_run']:.0f} MB/s (bare run); bare got "
-          f"{a['bare_received']}/{a['datagrams']} datagrams, shadow counted "
-          f"{sh[1]['counted']}/{sh[2]['counted']}; {os.cpu_count()} CPUs, load "
-          f"{os.getloadavg()[0]:.1f}")
+    print(
+        f"[ingest] bare recv_into {a['bare_recv_mbps']:.0f} MB/s, shadow ingest "
+        f"{a['shadow_ingest_mbps']:.0f} MB/s -> {100 * (a['ratio'] or 0):.0f}% (target >= 60%)"
+        f" [1 rx thread {sh[1]['mbps']:.0f} MB/s, 2 rx threads {sh[2]['mbps']:.0f} MB/s];"
+        f" producer offered {a['producer_mbps_bare_run']:.0f} MB/s (bare run); bare got "
+        f"{a['bare_received']}/{a['datagrams']} datagrams, shadow counted "
+        f"{sh[1]['counted']}/{sh[2]['counted']}; {os.cpu_count()} CPUs, load "
+        f"{os.getloadavg()[0]:.1f}"
+    )
     streams: dict[str, Any] = {}
     for optimizer in optimizers:
         b = _part_b(n_params, iterations, optimizer, rate_mbps, 1.0)
         streams[optimizer] = b
         m = b["median"]
         fmt = {k: "n/a" if v is None else f"{v:.2f}s" for k, v in m.items()}
-        print(f"[stream] {b['params'] / 1e6:.0f}M params ({b['bytes_per_iteration'] / 1e6:.0f} MB)"
-              f" per iteration, {optimizer}, paced at 1 it/s ({rate_mbps:.0f} MB/s bursts): "
-              f"applied {b['applied']}/{b['iterations']}, keeps up: "
-              f"{b['keeps_up_at_1_it_per_s']}; median receive {fmt['receive_s']}, ready after "
-              f"COMMIT {fmt['ready_after_commit_s']}, apply {fmt['apply_s']}; limit: "
-              f"{b['limit']}; NACKs {b['nacks_sent']}; per-iteration delay (applied - due) "
-              f"{', '.join(f'{d:.2f}' for d in b['delays_s'])} s; load "
-              f"{os.getloadavg()[0]:.1f}")
+        print(
+            f"[stream] {b['params'] / 1e6:.0f}M params ({b['bytes_per_iteration'] / 1e6:.0f} MB)"
+            f" per iteration, {optimizer}, paced at 1 it/s ({rate_mbps:.0f} MB/s bursts): "
+            f"applied {b['applied']}/{b['iterations']}, keeps up: "
+            f"{b['keeps_up_at_1_it_per_s']}; median receive {fmt['receive_s']}, ready after "
+            f"COMMIT {fmt['ready_after_commit_s']}, apply {fmt['apply_s']}; limit: "
+            f"{b['limit']}; NACKs {b['nacks_sent']}; per-iteration delay (applied - due) "
+            f"{', '.join(f'{d:.2f}' for d in b['delays_s'])} s; load "
+            f"{os.getloadavg()[0]:.1f}"
+        )
     return {"ingest_vs_bare": a, "stream": streams, "cpus": os.cpu_count()}
 
 
@@ -426,8 +543,9 @@ def main() -> int:
     ap.add_argument("--rate", type=float, default=800.0, help="producer MB/s within a burst")
     ap.add_argument("--json", default=None, help="write the results here")
     args = ap.parse_args()
-    res = ingest_bench(int(args.params), args.optimizer or ("sgd", "adamw"), args.iterations,
-                       rate_mbps=args.rate)
+    res = ingest_bench(
+        int(args.params), args.optimizer or ("sgd", "adamw"), args.iterations, rate_mbps=args.rate
+    )
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
             json.dump(res, f, indent=1)

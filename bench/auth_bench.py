@@ -108,8 +108,7 @@ def _producer_main(argv: list[str]) -> None:
     sock.bind(("127.0.0.1", cfg["bind_port"]))  # the spec's trainer address
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 8 * 2**20)
     rng = np.random.default_rng(0)
-    grads = [rng.standard_normal(n // 4, dtype=np.float32).tobytes()
-             for n in layout.bucket_nbytes]
+    grads = [rng.standard_normal(n // 4, dtype=np.float32).tobytes() for n in layout.bucket_nbytes]
     dgrams: list[bytes] = []
     seq = 0
     first = cfg.get("first_iteration", 0)
@@ -117,11 +116,19 @@ def _producer_main(argv: list[str]) -> None:
         for b, g in enumerate(grads):
             for off in range(0, len(g), CHUNK):
                 seq += 1
-                p = g[off:off + CHUNK]
+                p = g[off : off + CHUNK]
                 fields: dict[str, Any] = {
-                    "job": JOB, "sender": 0, "iteration": it, "seq": seq,
-                    "layout": layout.digest64, "payload": p, "flags": wire.Flag.FINAL,
-                    "dtype": wire.DType.FLOAT32, "bucket": b, "offset": off}
+                    "job": JOB,
+                    "sender": 0,
+                    "iteration": it,
+                    "seq": seq,
+                    "layout": layout.digest64,
+                    "payload": p,
+                    "flags": wire.Flag.FINAL,
+                    "dtype": wire.DType.FLOAT32,
+                    "bucket": b,
+                    "offset": off,
+                }
                 if key is not None:
                     header, tag = wire.seal(wire.Kind.DATA, key=key, **fields)
                     dgrams.append(header + p + tag)
@@ -144,7 +151,9 @@ class _Producer(ING._Producer):  # type: ignore[misc]
     def __init__(self, cfg: dict[str, Any]) -> None:
         self.proc = subprocess.Popen(
             [sys.executable, os.path.abspath(__file__), "--producer", json.dumps(cfg)],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
         )
         assert self.proc.stdout is not None
         line = self.proc.stdout.readline()
@@ -166,14 +175,17 @@ class _Producer(ING._Producer):  # type: ignore[misc]
 def _spec(shadow_port: int, trainer_port: int, authenticate_data: bool) -> Any:
     from shadowgrad.config import parse_spec
 
-    return parse_spec({
-        "job": {"id": JOB, "name": "auth-bench", "mode": "mirror"},
-        "trainers": {"world_size": 1, "addresses": [f"127.0.0.1:{trainer_port}"]},
-        "shadows": {"count": 1, "addresses": [f"127.0.0.1:{shadow_port}"]},
-        "switch": {"target": "none"},
-        "timeouts": {"gap_repair": "100ms", "heartbeat": "100ms", "rpc": "60s"},
-        "security": {"token_env": TOKEN_ENV, "authenticate_data": authenticate_data},
-    }, env={})
+    return parse_spec(
+        {
+            "job": {"id": JOB, "name": "auth-bench", "mode": "mirror"},
+            "trainers": {"world_size": 1, "addresses": [f"127.0.0.1:{trainer_port}"]},
+            "shadows": {"count": 1, "addresses": [f"127.0.0.1:{shadow_port}"]},
+            "switch": {"target": "none"},
+            "timeouts": {"gap_repair": "100ms", "heartbeat": "100ms", "rpc": "60s"},
+            "security": {"token_env": TOKEN_ENV, "authenticate_data": authenticate_data},
+        },
+        env={},
+    )
 
 
 def _node(layout: Any, authenticate_data: bool, window: int) -> Any:
@@ -186,15 +198,30 @@ def _node(layout: Any, authenticate_data: bool, window: int) -> Any:
 
     sock = ING._udp()
     spec = _spec(sock.getsockname()[1], ING._free_udp_port(), authenticate_data)
-    node = ShadowNode(spec, 0, token=TOKEN, sock=sock, control_bind="tcp://127.0.0.1:*",
-                      options=NodeOptions(window=window, rx_threads=1)).start()
+    node = ShadowNode(
+        spec,
+        0,
+        token=TOKEN,
+        sock=sock,
+        control_bind="tcp://127.0.0.1:*",
+        options=NodeOptions(window=window, rx_threads=1),
+    ).start()
     try:
         names = tuple(p.name for p in layout.params)
-        hyper = {"momentum": 0.9, "dampening": 0.0, "weight_decay": 0.0, "nesterov": False,
-                 "maximize": False, "foreach": True, "fused": False, "differentiable": False}
+        hyper = {
+            "momentum": 0.9,
+            "dampening": 0.0,
+            "weight_decay": 0.0,
+            "nesterov": False,
+            "maximize": False,
+            "foreach": True,
+            "fused": False,
+            "differentiable": False,
+        }
         opt = OptimizerSpec("SGD", (ParamGroupSpec(names, hyper),))
-        states = [{"param": torch.zeros(b.lengths, dtype=torch.float32)}
-                  for b in layout.shard_boxes(0)]
+        states = [
+            {"param": torch.zeros(b.lengths, dtype=torch.float32)} for b in layout.shard_boxes(0)
+        ]
         with ShadowClient(node.control_endpoint, TOKEN, timeout_s=120) as cl:
             cl.load(-1, states, opt.to_json(), layout.to_json())
     except BaseException:
@@ -219,16 +246,30 @@ def _warm(node: Any, layout: Any, iterations: int, authenticate_data: bool) -> i
         for b, nbytes in enumerate(layout.bucket_nbytes):
             for off in range(0, nbytes, CHUNK):
                 seq += 1
-                p = zeros[:min(CHUNK, nbytes - off)]
-                d = wire.encode(wire.Kind.DATA, job=JOB, sender=0, iteration=it, seq=seq,
-                                layout=layout.digest64, payload=p, flags=wire.Flag.FINAL,
-                                dtype=wire.DType.FLOAT32, bucket=b, offset=off,
-                                key=key if authenticate_data else None)
+                p = zeros[: min(CHUNK, nbytes - off)]
+                d = wire.encode(
+                    wire.Kind.DATA,
+                    job=JOB,
+                    sender=0,
+                    iteration=it,
+                    seq=seq,
+                    layout=layout.digest64,
+                    payload=p,
+                    flags=wire.Flag.FINAL,
+                    dtype=wire.DType.FLOAT32,
+                    bucket=b,
+                    offset=off,
+                    key=key if authenticate_data else None,
+                )
                 node.handle_datagram(d, src)
     for it in range(iterations):
         seq += 1
-        node.handle_datagram(wire.CommitRecord((1e-3,)).encode(
-            job=JOB, sender=0, iteration=it, seq=seq, layout=layout.digest64, key=key), src)
+        node.handle_datagram(
+            wire.CommitRecord((1e-3,)).encode(
+                job=JOB, sender=0, iteration=it, seq=seq, layout=layout.digest64, key=key
+            ),
+            src,
+        )
     deadline = time.monotonic() + 120
     while node.status(timeline=0)["last_applied"] < iterations - 1:
         if time.monotonic() > deadline or node.failed is not None:
@@ -250,9 +291,16 @@ def _pass_bare(layout: Any, iterations: int) -> dict[str, Any]:
     sock = ING._udp()
     prod = None
     try:
-        prod = _Producer({"layout": layout.to_json(), "host": "127.0.0.1",
-                          "port": sock.getsockname()[1], "iterations": iterations,
-                          "bind_port": ING._free_udp_port(), "seal": False})
+        prod = _Producer(
+            {
+                "layout": layout.to_json(),
+                "host": "127.0.0.1",
+                "port": sock.getsockname()[1],
+                "iterations": iterations,
+                "bind_port": ING._free_udp_port(),
+                "seal": False,
+            }
+        )
         expected = prod.ready["ready"]
         buf = bytearray(65536)
         sock.settimeout(0.5)
@@ -276,10 +324,15 @@ def _pass_bare(layout: Any, iterations: int) -> dict[str, Any]:
         if prod is not None:
             prod.reap()
         sock.close()
-    return {"mbps": nbytes / max(1e-9, t_last - t_first) / 1e6, "cpu_s": cpu,
-            "cpu_s_per_gb": cpu / max(1e-12, nbytes / 1e9), "bytes": nbytes,
-            "datagrams": expected, "received": got,
-            "producer_mbps": sent["bytes"] / sent["seconds"] / 1e6}
+    return {
+        "mbps": nbytes / max(1e-9, t_last - t_first) / 1e6,
+        "cpu_s": cpu,
+        "cpu_s_per_gb": cpu / max(1e-12, nbytes / 1e9),
+        "bytes": nbytes,
+        "datagrams": expected,
+        "received": got,
+        "producer_mbps": sent["bytes"] / sent["seconds"] / 1e6,
+    }
 
 
 def _pass_node(layout: Any, iterations: int, authenticate_data: bool) -> dict[str, Any]:
@@ -288,11 +341,17 @@ def _pass_node(layout: Any, iterations: int, authenticate_data: bool) -> dict[st
     try:
         first = _warm(node, layout, iterations, authenticate_data)
         rx_cpu = _thread_cpu("shadow0-rx0")
-        prod = _Producer({"layout": layout.to_json(), "host": "127.0.0.1",
-                          "port": node.sock.getsockname()[1], "iterations": iterations,
-                          "first_iteration": first,
-                          "bind_port": node.spec.trainers.addresses[0].port,
-                          "seal": authenticate_data})
+        prod = _Producer(
+            {
+                "layout": layout.to_json(),
+                "host": "127.0.0.1",
+                "port": node.sock.getsockname()[1],
+                "iterations": iterations,
+                "first_iteration": first,
+                "bind_port": node.spec.trainers.addresses[0].port,
+                "seal": authenticate_data,
+            }
+        )
         expected = prod.ready["ready"]
         st0 = node.status(timeline=0)
         rx0 = sum(node.rx.values())
@@ -320,15 +379,20 @@ def _pass_node(layout: Any, iterations: int, authenticate_data: bool) -> dict[st
     lasts = [p["last_chunk"] for p in st["pending"].values() if p["last_chunk"]]
     data_bytes = st["events"].get("data_bytes", 0) - st0["events"].get("data_bytes", 0)
     span = max(lasts) - min(firsts) if firsts and lasts else 0.0
-    return {"mbps": data_bytes / max(1e-9, span) / 1e6, "cpu_s": cpu,
-            "cpu_s_per_gb": cpu / max(1e-12, data_bytes / 1e9),
-            "process_cpu_s_per_gb": pcpu / max(1e-12, data_bytes / 1e9),
-            "bytes": data_bytes, "datagrams": expected,
-            "counted": sum(node.rx.values()) - rx0,
-            "counters": {k: n for k, v in st["counters"].items()
-                         if (n := v - st0["counters"].get(k, 0))},
-            "nack_sent": st["events"].get("nack_sent", 0) - st0["events"].get("nack_sent", 0),
-            "producer_mbps": sent["bytes"] / sent["seconds"] / 1e6}
+    return {
+        "mbps": data_bytes / max(1e-9, span) / 1e6,
+        "cpu_s": cpu,
+        "cpu_s_per_gb": cpu / max(1e-12, data_bytes / 1e9),
+        "process_cpu_s_per_gb": pcpu / max(1e-12, data_bytes / 1e9),
+        "bytes": data_bytes,
+        "datagrams": expected,
+        "counted": sum(node.rx.values()) - rx0,
+        "counters": {
+            k: n for k, v in st["counters"].items() if (n := v - st0["counters"].get(k, 0))
+        },
+        "nack_sent": st["events"].get("nack_sent", 0) - st0["events"].get("nack_sent", 0),
+        "producer_mbps": sent["bytes"] / sent["seconds"] / 1e6,
+    }
 
 
 def _med(xs: list[float]) -> float:
@@ -339,21 +403,31 @@ def part_a(n_params: int, iterations: int, rounds: int) -> dict[str, Any]:
     layout = ING._layout(n_params)
     runs: dict[str, list[dict[str, Any]]] = {v: [] for v in VARIANTS}
     for r in range(rounds):
-        order = VARIANTS[r % 3:] + VARIANTS[:r % 3]
+        order = VARIANTS[r % 3 :] + VARIANTS[: r % 3]
         for v in order:
-            res = (_pass_bare(layout, iterations) if v == "bare" else
-                   _pass_node(layout, iterations, authenticate_data=v == "ingest_mac"))
+            res = (
+                _pass_bare(layout, iterations)
+                if v == "bare"
+                else _pass_node(layout, iterations, authenticate_data=v == "ingest_mac")
+            )
             res["round"] = r
             runs[v].append(res)
-            print(f"  round {r} {v:<10} {res['mbps']:7.0f} MB/s  {res['cpu_s_per_gb']:.3f} "
-                  f"CPU-s/GB  (producer {res['producer_mbps']:.0f} MB/s, load "
-                  f"{os.getloadavg()[0]:.1f})", flush=True)
-    summary = {v: {"mbps_median": _med([x["mbps"] for x in rs]),
-                   "mbps_min": min(x["mbps"] for x in rs),
-                   "mbps_max": max(x["mbps"] for x in rs),
-                   "cpu_s_per_gb_median": _med([x["cpu_s_per_gb"] for x in rs]),
-                   "producer_mbps_median": _med([x["producer_mbps"] for x in rs])}
-               for v, rs in runs.items()}
+            print(
+                f"  round {r} {v:<10} {res['mbps']:7.0f} MB/s  {res['cpu_s_per_gb']:.3f} "
+                f"CPU-s/GB  (producer {res['producer_mbps']:.0f} MB/s, load "
+                f"{os.getloadavg()[0]:.1f})",
+                flush=True,
+            )
+    summary = {
+        v: {
+            "mbps_median": _med([x["mbps"] for x in rs]),
+            "mbps_min": min(x["mbps"] for x in rs),
+            "mbps_max": max(x["mbps"] for x in rs),
+            "cpu_s_per_gb_median": _med([x["cpu_s_per_gb"] for x in rs]),
+            "producer_mbps_median": _med([x["producer_mbps"] for x in rs]),
+        }
+        for v, rs in runs.items()
+    }
 
     def paired(a: str, b: str, key: str) -> float:
         return _med([x[key] / y[key] for x, y in zip(runs[a], runs[b], strict=True) if y[key]])
@@ -370,9 +444,16 @@ def part_a(n_params: int, iterations: int, rounds: int) -> dict[str, Any]:
         "cpu_per_gb_mac_over_crc": c["ingest_mac"] / c["ingest_crc"],
         "cpu_s_per_gb_added_by_data_mac": c["ingest_mac"] - c["ingest_crc"],
     }
-    return {"params": sum(p.numel for p in layout.params), "iterations_per_pass": iterations,
-            "bytes_per_pass": layout.total_bytes * iterations, "datagram_payload": CHUNK,
-            "rounds": rounds, "summary": summary, "ratios": ratios, "runs": runs}
+    return {
+        "params": sum(p.numel for p in layout.params),
+        "iterations_per_pass": iterations,
+        "bytes_per_pass": layout.total_bytes * iterations,
+        "datagram_payload": CHUNK,
+        "rounds": rounds,
+        "summary": summary,
+        "ratios": ratios,
+        "runs": runs,
+    }
 
 
 # --------------------------------------------------------------------------- part B
@@ -406,10 +487,14 @@ def part_b() -> dict[str, Any]:
 
     t_crc = _per_call(lambda: crc32c(buf))
     t_b2 = _per_call(blake)
-    hashes = {"buffer_bytes": len(buf), "crc32c_gbps": len(buf) / t_crc / 1e9,
-              "blake2b128_keyed_gbps": len(buf) / t_b2 / 1e9,
-              "crc32c_us": t_crc * 1e6, "blake2b128_keyed_us": t_b2 * 1e6,
-              "blake2b_over_crc32c_time": t_b2 / t_crc}
+    hashes = {
+        "buffer_bytes": len(buf),
+        "crc32c_gbps": len(buf) / t_crc / 1e9,
+        "blake2b128_keyed_gbps": len(buf) / t_b2 / 1e9,
+        "crc32c_us": t_crc * 1e6,
+        "blake2b128_keyed_us": t_b2 * 1e6,
+        "blake2b_over_crc32c_time": t_b2 / t_crc,
+    }
 
     base = {"job": JOB, "sender": 0, "iteration": 1234, "seq": 99, "layout": layout64}
     commit = wire.CommitRecord((1e-3, 1e-4), clip_coef=0.5, loss_scale=65536.0)
@@ -417,25 +502,36 @@ def part_b() -> dict[str, Any]:
     nack = wire.NackRecord.of([(3, 65280 * 7, 65280)])
     records: dict[str, Any] = {}
     for name, body, flags, kind in (
-            ("COMMIT", commit.body(), commit.flags, wire.Kind.COMMIT),
-            ("READY", ready.body(), wire.Flag(0), wire.Kind.READY),
-            ("NACK", nack.body(), wire.Flag(0), wire.Kind.NACK)):
+        ("COMMIT", commit.body(), commit.flags, wire.Kind.COMMIT),
+        ("READY", ready.body(), wire.Flag(0), wire.Kind.READY),
+        ("NACK", nack.body(), wire.Flag(0), wire.Kind.NACK),
+    ):
         plain = wire.encode(kind, payload=body, flags=flags, **base)
         sealed = wire.encode(kind, payload=body, flags=flags, key=key, **base)
         wire.decode(sealed, job=JOB, layout=layout64, key=key)  # it verifies
         r = {
             "body_bytes": len(body),
-            "encode_header_us": _per_call(lambda k=kind, b=body, f=flags: wire.encode_header(
-                k, payload=b, flags=f, **base)) * 1e6,
-            "seal_us": _per_call(lambda k=kind, b=body, f=flags: wire.seal(
-                k, key=key, payload=b, flags=f, **base)) * 1e6,
-            "encode_us": _per_call(lambda k=kind, b=body, f=flags: wire.encode(
-                k, payload=b, flags=f, **base)) * 1e6,
-            "encode_key_us": _per_call(lambda k=kind, b=body, f=flags: wire.encode(
-                k, payload=b, flags=f, key=key, **base)) * 1e6,
+            "encode_header_us": _per_call(
+                lambda k=kind, b=body, f=flags: wire.encode_header(k, payload=b, flags=f, **base)
+            )
+            * 1e6,
+            "seal_us": _per_call(
+                lambda k=kind, b=body, f=flags: wire.seal(k, key=key, payload=b, flags=f, **base)
+            )
+            * 1e6,
+            "encode_us": _per_call(
+                lambda k=kind, b=body, f=flags: wire.encode(k, payload=b, flags=f, **base)
+            )
+            * 1e6,
+            "encode_key_us": _per_call(
+                lambda k=kind, b=body, f=flags: wire.encode(k, payload=b, flags=f, key=key, **base)
+            )
+            * 1e6,
             "decode_us": _per_call(lambda d=plain: wire.decode(d, job=JOB, layout=layout64)) * 1e6,
-            "decode_key_us": _per_call(lambda d=sealed: wire.decode(
-                d, job=JOB, layout=layout64, key=key)) * 1e6,
+            "decode_key_us": _per_call(
+                lambda d=sealed: wire.decode(d, job=JOB, layout=layout64, key=key)
+            )
+            * 1e6,
         }
         r["seal_extra_us"] = r["encode_key_us"] - r["encode_us"]
         r["verify_extra_us"] = r["decode_key_us"] - r["decode_us"]
@@ -445,24 +541,42 @@ def part_b() -> dict[str, Any]:
     payload_all = np.random.default_rng(2).bytes(65408)
     for label, chunk in (("loopback_65408", 65408), ("mtu_1408", wire.DEFAULT_CHUNK_BYTES)):
         p = memoryview(payload_all)[:chunk]
-        f = {**base, "flags": wire.Flag.FINAL, "dtype": wire.DType.FLOAT32, "bucket": 0,
-             "offset": 0, "payload": p}
+        f = {
+            **base,
+            "flags": wire.Flag.FINAL,
+            "dtype": wire.DType.FLOAT32,
+            "bucket": 0,
+            "offset": 0,
+            "payload": p,
+        }
         h_plain = wire.encode_header(wire.Kind.DATA, **f)
         h_sealed, tag = wire.seal(wire.Kind.DATA, key=key, **f)
         d_plain = h_plain + bytes(p)
         d_sealed = h_sealed + bytes(p) + tag
         t_hdr = _per_call(lambda f=f: wire.encode_header(wire.Kind.DATA, **f))
         t_seal = _per_call(lambda f=f: wire.seal(wire.Kind.DATA, key=key, **f))
-        t_dec = _per_call(lambda d=d_plain: wire.decode(d, job=JOB, layout=layout64, key=key,
-                                                        require=wire.AUTHENTICATED_KINDS))
-        t_dec_k = _per_call(lambda d=d_sealed: wire.decode(
-            d, job=JOB, layout=layout64, key=key, require=wire.AUTHENTICATED_KINDS | {
-                wire.Kind.DATA}))
+        t_dec = _per_call(
+            lambda d=d_plain: wire.decode(
+                d, job=JOB, layout=layout64, key=key, require=wire.AUTHENTICATED_KINDS
+            )
+        )
+        t_dec_k = _per_call(
+            lambda d=d_sealed: wire.decode(
+                d,
+                job=JOB,
+                layout=layout64,
+                key=key,
+                require=wire.AUTHENTICATED_KINDS | {wire.Kind.DATA},
+            )
+        )
         per_mb = 1e6 / chunk
         data[label] = {
-            "chunk_bytes": chunk, "chunks_per_mb": per_mb,
-            "encode_header_us": t_hdr * 1e6, "seal_us": t_seal * 1e6,
-            "decode_crc_us": t_dec * 1e6, "decode_mac_us": t_dec_k * 1e6,
+            "chunk_bytes": chunk,
+            "chunks_per_mb": per_mb,
+            "encode_header_us": t_hdr * 1e6,
+            "seal_us": t_seal * 1e6,
+            "decode_crc_us": t_dec * 1e6,
+            "decode_mac_us": t_dec_k * 1e6,
             "sender_us_per_mb_crc": t_hdr * 1e6 * per_mb,
             "sender_us_per_mb_mac": t_seal * 1e6 * per_mb,
             "sender_extra_us_per_mb": (t_seal - t_hdr) * 1e6 * per_mb,
@@ -477,8 +591,16 @@ def part_b() -> dict[str, Any]:
 # --------------------------------------------------------------------------- part C
 
 
-def part_c(b: dict[str, Any], a: dict[str, Any] | None, *, shadows: int, period_s: float,
-           ready_refresh_s: float, model_params: float, replication: int) -> dict[str, Any]:
+def part_c(
+    b: dict[str, Any],
+    a: dict[str, Any] | None,
+    *,
+    shadows: int,
+    period_s: float,
+    ready_refresh_s: float,
+    model_params: float,
+    replication: int,
+) -> dict[str, Any]:
     rec = b["records"]
     readies = period_s / ready_refresh_s + 2  # refreshes + READY/APPLIED state changes
 
@@ -486,36 +608,59 @@ def part_c(b: dict[str, Any], a: dict[str, Any] | None, *, shadows: int, period_
         def cost(seal: str, verify: str) -> dict[str, float]:
             trainer = s * rec["COMMIT"][seal]
             shadow = rec["COMMIT"][verify] + readies * (
-                rec["READY"][seal] + (s - 1) * rec["READY"][verify])
-            return {"trainer_rank0_us": trainer, "per_shadow_us": shadow,
-                    "job_total_us": trainer + s * shadow}
-        return {"shadows": s,
-                "added_by_mac": cost("seal_extra_us", "verify_extra_us"),
-                "with_mac_total": cost("encode_key_us", "decode_key_us"),
-                "without_mac_total": cost("encode_us", "decode_us")}
+                rec["READY"][seal] + (s - 1) * rec["READY"][verify]
+            )
+            return {
+                "trainer_rank0_us": trainer,
+                "per_shadow_us": shadow,
+                "job_total_us": trainer + s * shadow,
+            }
+
+        return {
+            "shadows": s,
+            "added_by_mac": cost("seal_extra_us", "verify_extra_us"),
+            "with_mac_total": cost("encode_key_us", "decode_key_us"),
+            "without_mac_total": cost("encode_us", "decode_us"),
+        }
 
     per_iter = {str(s): job(s) for s in sorted({1, 2, 4, 8, shadows})}
     nack = {"per_nack_added_us": rec["NACK"]["seal_extra_us"] + rec["NACK"]["verify_extra_us"]}
     mb = model_params * 4 / 1e6  # fp32 gradient bytes per iteration, MB
     d = b["data"]
     data_cost: dict[str, Any] = {
-        "model_params": model_params, "gradient_mb_per_iteration": mb,
+        "model_params": model_params,
+        "gradient_mb_per_iteration": mb,
         "replication": replication,
         "trainer_seal_added_ms_loopback_chunk": d["loopback_65408"]["sender_extra_us_per_mb"]
-        * mb * replication / 1e3,
+        * mb
+        * replication
+        / 1e3,
         "trainer_seal_added_ms_mtu_chunk": d["mtu_1408"]["sender_extra_us_per_mb"]
-        * mb * replication / 1e3,
-        "shadow_verify_added_ms_micro_loopback_chunk":
-            d["loopback_65408"]["receiver_extra_us_per_mb"] * mb / 1e3,
-        "shadow_verify_added_ms_micro_mtu_chunk":
-            d["mtu_1408"]["receiver_extra_us_per_mb"] * mb / 1e3,
+        * mb
+        * replication
+        / 1e3,
+        "shadow_verify_added_ms_micro_loopback_chunk": d["loopback_65408"][
+            "receiver_extra_us_per_mb"
+        ]
+        * mb
+        / 1e3,
+        "shadow_verify_added_ms_micro_mtu_chunk": d["mtu_1408"]["receiver_extra_us_per_mb"]
+        * mb
+        / 1e3,
     }
     if a is not None:
         data_cost["shadow_verify_added_ms_end_to_end"] = (
-            a["ratios"]["cpu_s_per_gb_added_by_data_mac"] * mb)  # CPU-s/GB x GB -> ms
-    return {"period_s": period_s, "ready_refresh_s": ready_refresh_s,
-            "readies_per_shadow_per_iteration": readies, "shadows": shadows,
-            "records_per_iteration": per_iter, "nack": nack, "data_per_iteration": data_cost}
+            a["ratios"]["cpu_s_per_gb_added_by_data_mac"] * mb
+        )  # CPU-s/GB x GB -> ms
+    return {
+        "period_s": period_s,
+        "ready_refresh_s": ready_refresh_s,
+        "readies_per_shadow_per_iteration": readies,
+        "shadows": shadows,
+        "records_per_iteration": per_iter,
+        "nack": nack,
+        "data_per_iteration": data_cost,
+    }
 
 
 # --------------------------------------------------------------------------- report
@@ -525,63 +670,96 @@ def environment() -> dict[str, Any]:
     import crc32c
     import torch
 
-    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True,
-                            text=True, check=False).stdout.strip()
-    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
-                           capture_output=True, text=True, check=False).stdout.strip()
-    return {"cpus": os.cpu_count(), "python": platform.python_version(),
-            "torch": torch.__version__, "crc32c": getattr(crc32c, "__version__", None),
-            "openssl": __import__("ssl").OPENSSL_VERSION, "machine": platform.machine(),
-            "kernel": platform.release(), "loadavg_at_start": os.getloadavg(),
-            "git_commit": commit or None, "git_dirty": bool(dirty)}
+    commit = subprocess.run(
+        ["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=False
+    ).stdout.strip()
+    dirty = subprocess.run(
+        ["git", "status", "--porcelain", "--untracked-files=no"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
+    ).stdout.strip()
+    return {
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "crc32c": getattr(crc32c, "__version__", None),
+        "openssl": __import__("ssl").OPENSSL_VERSION,
+        "machine": platform.machine(),
+        "kernel": platform.release(),
+        "loadavg_at_start": os.getloadavg(),
+        "git_commit": commit or None,
+        "git_dirty": bool(dirty),
+    }
 
 
 def report(res: dict[str, Any]) -> None:
     a, b, c = res.get("ingest"), res["micro"], res["per_iteration"]
     if a is not None:
         s, r = a["summary"], a["ratios"]
-        print(f"\nA. end to end ({a['bytes_per_pass'] / 1e6:.0f} MB/pass of {CHUNK}-byte DATA, "
-              f"{a['rounds']} rounds, medians)")
-        print(f"  {'variant':<11}{'MB/s':>8}{'min-max':>14}{'CPU-s/GB':>10}{'vs bare':>9}"
-              f"{'producer':>10}")
+        print(
+            f"\nA. end to end ({a['bytes_per_pass'] / 1e6:.0f} MB/pass of {CHUNK}-byte DATA, "
+            f"{a['rounds']} rounds, medians)"
+        )
+        print(
+            f"  {'variant':<11}{'MB/s':>8}{'min-max':>14}{'CPU-s/GB':>10}{'vs bare':>9}"
+            f"{'producer':>10}"
+        )
         for v in VARIANTS:
             x = s[v]
-            print(f"  {v:<11}{x['mbps_median']:8.0f}{x['mbps_min']:8.0f}-{x['mbps_max']:<5.0f}"
-                  f"{x['cpu_s_per_gb_median']:10.3f}"
-                  f"{x['mbps_median'] / s['bare']['mbps_median']:9.0%}"
-                  f"{x['producer_mbps_median']:10.0f}")
-        print(f"  ingest_mac / ingest_crc: {r['ingest_mac_vs_ingest_crc']:.0%} MB/s (paired "
-              f"{r['paired_ingest_mac_vs_ingest_crc']:.0%}); CPU/GB x"
-              f"{r['cpu_per_gb_mac_over_crc']:.2f} (+{r['cpu_s_per_gb_added_by_data_mac']:.3f}"
-              " CPU-s/GB)")
+            print(
+                f"  {v:<11}{x['mbps_median']:8.0f}{x['mbps_min']:8.0f}-{x['mbps_max']:<5.0f}"
+                f"{x['cpu_s_per_gb_median']:10.3f}"
+                f"{x['mbps_median'] / s['bare']['mbps_median']:9.0%}"
+                f"{x['producer_mbps_median']:10.0f}"
+            )
+        print(
+            f"  ingest_mac / ingest_crc: {r['ingest_mac_vs_ingest_crc']:.0%} MB/s (paired "
+            f"{r['paired_ingest_mac_vs_ingest_crc']:.0%}); CPU/GB x"
+            f"{r['cpu_per_gb_mac_over_crc']:.2f} (+{r['cpu_s_per_gb_added_by_data_mac']:.3f}"
+            " CPU-s/GB)"
+        )
     h = b["hashes"]
-    print(f"\nB. micro: 64 KiB: CRC-32C {h['crc32c_gbps']:.1f} GB/s, keyed BLAKE2b-128 "
-          f"{h['blake2b128_keyed_gbps']:.2f} GB/s ({h['blake2b_over_crc32c_time']:.1f}x the time)")
+    print(
+        f"\nB. micro: 64 KiB: CRC-32C {h['crc32c_gbps']:.1f} GB/s, keyed BLAKE2b-128 "
+        f"{h['blake2b128_keyed_gbps']:.2f} GB/s ({h['blake2b_over_crc32c_time']:.1f}x the time)"
+    )
     print(f"  {'record':<7}{'encode':>8}{'+key':>8}{'decode':>8}{'+key':>8}   (us)")
     for name, x in b["records"].items():
-        print(f"  {name:<7}{x['encode_us']:8.2f}{x['encode_key_us']:8.2f}{x['decode_us']:8.2f}"
-              f"{x['decode_key_us']:8.2f}")
+        print(
+            f"  {name:<7}{x['encode_us']:8.2f}{x['encode_key_us']:8.2f}{x['decode_us']:8.2f}"
+            f"{x['decode_key_us']:8.2f}"
+        )
     for label, x in b["data"].items():
-        print(f"  DATA {label}: seal {x['sender_us_per_mb_mac']:.0f} vs header "
-              f"{x['sender_us_per_mb_crc']:.0f} us/MB (+{x['sender_extra_us_per_mb']:.0f}); "
-              f"verify {x['receiver_us_per_mb_mac']:.0f} vs CRC {x['receiver_us_per_mb_crc']:.0f}"
-              f" us/MB (+{x['receiver_extra_us_per_mb']:.0f})")
-    print(f"\nC. per iteration ({c['period_s']:g} s/iteration, READY every "
-          f"{c['ready_refresh_s'] * 1e3:.0f} ms): us added by record MACs")
+        print(
+            f"  DATA {label}: seal {x['sender_us_per_mb_mac']:.0f} vs header "
+            f"{x['sender_us_per_mb_crc']:.0f} us/MB (+{x['sender_extra_us_per_mb']:.0f}); "
+            f"verify {x['receiver_us_per_mb_mac']:.0f} vs CRC {x['receiver_us_per_mb_crc']:.0f}"
+            f" us/MB (+{x['receiver_extra_us_per_mb']:.0f})"
+        )
+    print(
+        f"\nC. per iteration ({c['period_s']:g} s/iteration, READY every "
+        f"{c['ready_refresh_s'] * 1e3:.0f} ms): us added by record MACs"
+    )
     print(f"  {'shadows':>7}{'rank 0':>9}{'per shadow':>12}{'job total':>11}")
     for s, x in c["records_per_iteration"].items():
         y = x["added_by_mac"]
-        print(f"  {s:>7}{y['trainer_rank0_us']:9.1f}{y['per_shadow_us']:12.1f}"
-              f"{y['job_total_us']:11.1f}")
+        print(
+            f"  {s:>7}{y['trainer_rank0_us']:9.1f}{y['per_shadow_us']:12.1f}"
+            f"{y['job_total_us']:11.1f}"
+        )
     dc = c["data_per_iteration"]
     e2e = dc.get("shadow_verify_added_ms_end_to_end")
-    print(f"  DATA MAC for {dc['model_params'] / 1e6:.0f}M fp32 params "
-          f"({dc['gradient_mb_per_iteration']:.0f} MB): trainer seal +"
-          f"{dc['trainer_seal_added_ms_loopback_chunk']:.0f} ms (64 KiB chunks) / +"
-          f"{dc['trainer_seal_added_ms_mtu_chunk']:.0f} ms (1408 B chunks) x{dc['replication']}"
-          f" replicas; shadow verify +"
-          f"{dc['shadow_verify_added_ms_micro_loopback_chunk']:.0f} ms (micro)"
-          + ("" if e2e is None else f", +{e2e:.0f} ms CPU (end to end)"))
+    print(
+        f"  DATA MAC for {dc['model_params'] / 1e6:.0f}M fp32 params "
+        f"({dc['gradient_mb_per_iteration']:.0f} MB): trainer seal +"
+        f"{dc['trainer_seal_added_ms_loopback_chunk']:.0f} ms (64 KiB chunks) / +"
+        f"{dc['trainer_seal_added_ms_mtu_chunk']:.0f} ms (1408 B chunks) x{dc['replication']}"
+        f" replicas; shadow verify +"
+        f"{dc['shadow_verify_added_ms_micro_loopback_chunk']:.0f} ms (micro)"
+        + ("" if e2e is None else f", +{e2e:.0f} ms CPU (end to end)")
+    )
 
 
 def main() -> int:
@@ -595,8 +773,12 @@ def main() -> int:
     ap.add_argument("--shadows", type=int, default=4, help="shadows of the per-iteration figure")
     ap.add_argument("--period", type=float, default=1.0, help="seconds per training iteration")
     ap.add_argument("--ready-refresh", type=float, default=0.05, help="READY refresh period (s)")
-    ap.add_argument("--model-params", type=float, default=100e6,
-                    help="model size of the per-iteration DATA figure")
+    ap.add_argument(
+        "--model-params",
+        type=float,
+        default=100e6,
+        help="model size of the per-iteration DATA figure",
+    )
     ap.add_argument("--replication", type=int, default=1, help="copies of each DATA chunk sent")
     ap.add_argument("--micro-only", action="store_true", help="skip part A")
     ap.add_argument("--out", default=None, help="write the JSON results here")
@@ -604,17 +786,29 @@ def main() -> int:
     t0 = time.monotonic()
     from shadowgrad.config import DEFAULT_AUTHENTICATE_DATA
 
-    res: dict[str, Any] = {"env": environment(), "args": vars(args),
-                           "default_authenticate_data_at_run": DEFAULT_AUTHENTICATE_DATA}
-    print(f"auth bench: {res['env']['cpus']} CPUs, load {os.getloadavg()[0]:.1f}, git "
-          f"{(res['env']['git_commit'] or '?')[:10]}", flush=True)
+    res: dict[str, Any] = {
+        "env": environment(),
+        "args": vars(args),
+        "default_authenticate_data_at_run": DEFAULT_AUTHENTICATE_DATA,
+    }
+    print(
+        f"auth bench: {res['env']['cpus']} CPUs, load {os.getloadavg()[0]:.1f}, git "
+        f"{(res['env']['git_commit'] or '?')[:10]}",
+        flush=True,
+    )
     res["micro"] = part_b()
-    res["ingest"] = None if args.micro_only else part_a(int(args.params), args.iterations,
-                                                        args.rounds)
+    res["ingest"] = (
+        None if args.micro_only else part_a(int(args.params), args.iterations, args.rounds)
+    )
     res["per_iteration"] = part_c(
-        res["micro"], res["ingest"], shadows=args.shadows, period_s=args.period,
-        ready_refresh_s=args.ready_refresh, model_params=args.model_params,
-        replication=args.replication)
+        res["micro"],
+        res["ingest"],
+        shadows=args.shadows,
+        period_s=args.period,
+        ready_refresh_s=args.ready_refresh,
+        model_params=args.model_params,
+        replication=args.replication,
+    )
     res["wall_s"] = time.monotonic() - t0
     report(res)
     print(f"\nwall {res['wall_s']:.0f} s", flush=True)

@@ -100,8 +100,9 @@ def _numeric(cell: str) -> bool:
 
 def _table(head: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
     """A markdown table; a column whose cells are all numbers (or '-') is right-aligned."""
-    align = ["--:" if rows and all(_numeric(r[i]) for r in rows) else "---"
-             for i in range(len(head))]
+    align = [
+        "--:" if rows and all(_numeric(r[i]) for r in rows) else "---" for i in range(len(head))
+    ]
     out = ["| " + " | ".join(head) + " |", "|" + "|".join(align) + "|"]
     out += ["| " + " | ".join(r) + " |" for r in rows]
     return out
@@ -124,24 +125,37 @@ def _get(d: Any, *keys: Any) -> Any:
 
 
 def render_wire(d: Doc) -> list[str]:
-    out = [f"Baseline: `{d.get('baseline', 'memcpy')}`, a copy of the same chunks into a "
-           "preallocated buffer in the same loop. Rates in MB/s of payload (1 MB = 1e6 B); "
-           f"median and {MINMAX} of {_get(d, 'sizes', 0, 'rounds') or '?'} rounds; ratio = "
-           f"median rate / memcpy's median rate (paired: per-round ratios, {MINMAX}).", ""]
+    out = [
+        f"Baseline: `{d.get('baseline', 'memcpy')}`, a copy of the same chunks into a "
+        "preallocated buffer in the same loop. Rates in MB/s of payload (1 MB = 1e6 B); "
+        f"median and {MINMAX} of {_get(d, 'sizes', 0, 'rounds') or '?'} rounds; ratio = "
+        f"median rate / memcpy's median rate (paired: per-round ratios, {MINMAX}).",
+        "",
+    ]
     rows: list[list[str]] = []
     for s in d.get("sizes") or []:
         for name, x in (s.get("items") or {}).items():
             p = x.get("paired_ratio") or {}
-            rows.append([f"{_f(s.get('chunk_bytes'))} B", f"`{name}`",
-                         _f(x.get("mbps_median")),
-                         _range(x.get("mbps_min"), x.get("mbps_max")),
-                         _f(x.get("us_per_chunk_median"), 2), _ratio(x.get("ratio_to_memcpy")),
-                         _range(p.get("min"), p.get("max"), 3)])
-    out += _table(["chunk", "item", "MB/s", MINMAX, "µs/chunk", f"{TIMES} memcpy",
-                   f"paired {MINMAX}"], rows)
+            rows.append(
+                [
+                    f"{_f(s.get('chunk_bytes'))} B",
+                    f"`{name}`",
+                    _f(x.get("mbps_median")),
+                    _range(x.get("mbps_min"), x.get("mbps_max")),
+                    _f(x.get("us_per_chunk_median"), 2),
+                    _ratio(x.get("ratio_to_memcpy")),
+                    _range(p.get("min"), p.get("max"), 3),
+                ]
+            )
+    out += _table(
+        ["chunk", "item", "MB/s", MINMAX, "µs/chunk", f"{TIMES} memcpy", f"paired {MINMAX}"], rows
+    )
     ok = [s.get("roundtrip_ok") for s in d.get("sizes") or []]
-    out += ["", f"Round trip (decode of what was encoded, with and without MAC): "
-            f"{'ok' if ok and all(ok) else 'NOT OK'} for every size."]
+    out += [
+        "",
+        f"Round trip (decode of what was encoded, with and without MAC): "
+        f"{'ok' if ok and all(ok) else 'NOT OK'} for every size.",
+    ]
     return out
 
 
@@ -150,52 +164,102 @@ def render_shadow(d: Doc) -> list[str]:
     a = d.get("apply")
     if isinstance(a, dict):
         bw = a.get("bandwidth") or {}
-        out += [f"**Apply** ({_f(a.get('params'))} fp32 parameters, {a.get('threads')} threads, "
-                f"{a.get('boxes')} boxes). Baseline: the memory-bandwidth bound measured in the "
-                f"same run, {_f(bw.get('bound_GBps'), 1)} GB/s (best of copy "
-                f"{_f(bw.get('copy_GBps'), 1)}, scale {_f(bw.get('scale_inplace_GBps'), 1)}, "
-                f"add {_f(bw.get('add_inplace_GBps'), 1)}, triad {_f(bw.get('triad_GBps'), 1)}) "
-                f"= {_f(bw.get('bound_params_per_s'), 0, 1e-6)} M params/s at "
-                f"{a.get('bytes_per_param')} B/param. Figures from each item's best round "
-                "(the JSON keeps best and median, not every round).", ""]
+        out += [
+            f"**Apply** ({_f(a.get('params'))} fp32 parameters, {a.get('threads')} threads, "
+            f"{a.get('boxes')} boxes). Baseline: the memory-bandwidth bound measured in the "
+            f"same run, {_f(bw.get('bound_GBps'), 1)} GB/s (best of copy "
+            f"{_f(bw.get('copy_GBps'), 1)}, scale {_f(bw.get('scale_inplace_GBps'), 1)}, "
+            f"add {_f(bw.get('add_inplace_GBps'), 1)}, triad {_f(bw.get('triad_GBps'), 1)}) "
+            f"= {_f(bw.get('bound_params_per_s'), 0, 1e-6)} M params/s at "
+            f"{a.get('bytes_per_param')} B/param. Figures from each item's best round "
+            "(the JSON keeps best and median, not every round).",
+            "",
+        ]
         rows = []
-        for key in ("fused_adamw", "fused_adamw_box_tensors", "replayer_fused_adamw",
-                    "replayer_fused_adamw_scaler_clip", "replayer_forloop_adamw"):
+        for key in (
+            "fused_adamw",
+            "fused_adamw_box_tensors",
+            "replayer_fused_adamw",
+            "replayer_fused_adamw_scaler_clip",
+            "replayer_forloop_adamw",
+        ):
             x = a.get(key)
             if isinstance(x, dict):
-                rows.append([f"`{key}`", _f(x.get("params_per_s"), 0, 1e-6),
-                             _f(x.get("best_s"), 1, 1e3), _f(x.get("median_s"), 1, 1e3),
-                             _pct(x.get("ratio_to_bound")), str(x.get("reps", "-"))])
+                rows.append(
+                    [
+                        f"`{key}`",
+                        _f(x.get("params_per_s"), 0, 1e-6),
+                        _f(x.get("best_s"), 1, 1e3),
+                        _f(x.get("median_s"), 1, 1e3),
+                        _pct(x.get("ratio_to_bound")),
+                        str(x.get("reps", "-")),
+                    ]
+                )
         out += _table(["item", "M params/s", "best ms", "median ms", "of bound", "rounds"], rows)
-        out += ["", f"Replayer / torch fused AdamW: {_ratio(a.get('replayer_vs_fused'))}; target "
-                f"{_pct(a.get('target_ratio'))} of the bound: "
-                f"{'met' if a.get('meets_target') else 'NOT met'}."]
-        over = [k for k, x in a.items() if isinstance(x, dict)
-                and isinstance(x.get("ratio_to_bound"), int | float) and x["ratio_to_bound"] > 1]
+        out += [
+            "",
+            f"Replayer / torch fused AdamW: {_ratio(a.get('replayer_vs_fused'))}; target "
+            f"{_pct(a.get('target_ratio'))} of the bound: "
+            f"{'met' if a.get('meets_target') else 'NOT met'}.",
+        ]
+        over = [
+            k
+            for k, x in a.items()
+            if isinstance(x, dict)
+            and isinstance(x.get("ratio_to_bound"), int | float)
+            and x["ratio_to_bound"] > 1
+        ]
         if over:
-            out[-1] += (f" Above 100 % of the bound ({', '.join(f'`{k}`' for k in over)}): the "
-                        "bandwidth kernels ran slower than AdamW itself, i.e. other load "
-                        "disturbed this run; its bound and ratios are not trustworthy.")
+            out[-1] += (
+                f" Above 100 % of the bound ({', '.join(f'`{k}`' for k in over)}): the "
+                "bandwidth kernels ran slower than AdamW itself, i.e. other load "
+                "disturbed this run; its bound and ratios are not trustworthy."
+            )
     ing = d.get("ingest")
     if isinstance(ing, dict):
         iv = ing.get("ingest_vs_bare") or {}
-        out += ["", f"**Ingest** ({_f(iv.get('datagram_payload'))} B DATA payloads, "
-                f"{_f(iv.get('bytes_per_pass'), 0, 1e-6)} MB per pass). Baseline: a bare "
-                "`recv_into` loop fed by the same producer in the same run.", ""]
-        out += _table(["receiver", "MB/s", f"{TIMES} bare"], [
-            ["bare `recv_into`", _f(iv.get("bare_recv_mbps")), "1.000"],
-            ["shadow node", _f(iv.get("shadow_ingest_mbps")), _ratio(iv.get("ratio"))]])
+        out += [
+            "",
+            f"**Ingest** ({_f(iv.get('datagram_payload'))} B DATA payloads, "
+            f"{_f(iv.get('bytes_per_pass'), 0, 1e-6)} MB per pass). Baseline: a bare "
+            "`recv_into` loop fed by the same producer in the same run.",
+            "",
+        ]
+        out += _table(
+            ["receiver", "MB/s", f"{TIMES} bare"],
+            [
+                ["bare `recv_into`", _f(iv.get("bare_recv_mbps")), "1.000"],
+                ["shadow node", _f(iv.get("shadow_ingest_mbps")), _ratio(iv.get("ratio"))],
+            ],
+        )
         rows = []
         for opt, x in sorted((ing.get("stream") or {}).items()):
             med = x.get("median") or {}
-            rows.append([opt, _f(x.get("params")), _f(x.get("period_s"), 1),
-                         "yes" if x.get("keeps_up_at_1_it_per_s") else "no",
-                         str(x.get("limit", "-")), _f(med.get("receive_s"), 0, 1e3),
-                         _f(med.get("apply_s"), 0, 1e3)])
+            rows.append(
+                [
+                    opt,
+                    _f(x.get("params")),
+                    _f(x.get("period_s"), 1),
+                    "yes" if x.get("keeps_up_at_1_it_per_s") else "no",
+                    str(x.get("limit", "-")),
+                    _f(med.get("receive_s"), 0, 1e3),
+                    _f(med.get("apply_s"), 0, 1e3),
+                ]
+            )
         if rows:
             out += ["", "Streaming one gradient per period, paced:", ""]
-            out += _table(["optimizer", "params", "period s", "keeps up", "limit",
-                           "receive ms (median)", "apply ms (median)"], rows)
+            out += _table(
+                [
+                    "optimizer",
+                    "params",
+                    "period s",
+                    "keeps up",
+                    "limit",
+                    "receive ms (median)",
+                    "apply ms (median)",
+                ],
+                rows,
+            )
     elif "ingest" in d:
         out += ["", "**Ingest**: not in this run's JSON."]
     return out
@@ -206,47 +270,81 @@ def render_auth(d: Doc) -> list[str]:
     ing = d.get("ingest")
     if isinstance(ing, dict):
         summ, ratios = ing.get("summary") or {}, ing.get("ratios") or {}
-        out += [f"**End to end** ({_f(ing.get('datagram_payload'))} B DATA payloads, "
-                f"{_f(ing.get('bytes_per_pass'), 0, 1e-6)} MB per pass, {ing.get('rounds')} "
-                "interleaved rounds). Baseline: a bare `recv_into` loop in the same run.", ""]
+        out += [
+            f"**End to end** ({_f(ing.get('datagram_payload'))} B DATA payloads, "
+            f"{_f(ing.get('bytes_per_pass'), 0, 1e-6)} MB per pass, {ing.get('rounds')} "
+            "interleaved rounds). Baseline: a bare `recv_into` loop in the same run.",
+            "",
+        ]
         rows = []
         for name in ("bare", "ingest_crc", "ingest_mac"):
             x = summ.get(name) or {}
             r = "1.000" if name == "bare" else _ratio(ratios.get(f"{name}_vs_bare"))
             pr = "-" if name == "bare" else _ratio(ratios.get(f"paired_{name}_vs_bare"))
-            rows.append([f"`{name}`", _f(x.get("mbps_median")),
-                         _range(x.get("mbps_min"), x.get("mbps_max")), r, pr,
-                         _f(x.get("cpu_s_per_gb_median"), 3)])
-        out += _table(["receiver", "MB/s", MINMAX, f"{TIMES} bare", f"paired {TIMES} bare",
-                       "CPU s/GB"], rows)
+            rows.append(
+                [
+                    f"`{name}`",
+                    _f(x.get("mbps_median")),
+                    _range(x.get("mbps_min"), x.get("mbps_max")),
+                    r,
+                    pr,
+                    _f(x.get("cpu_s_per_gb_median"), 3),
+                ]
+            )
+        out += _table(
+            ["receiver", "MB/s", MINMAX, f"{TIMES} bare", f"paired {TIMES} bare", "CPU s/GB"], rows
+        )
     micro = d.get("micro")
     if isinstance(micro, dict):
         h = micro.get("hashes") or {}
-        out += ["", f"**In process**: CRC-32C {_f(h.get('crc32c_gbps'), 1)} GB/s, keyed "
-                f"BLAKE2b-128 {_f(h.get('blake2b128_keyed_gbps'), 2)} GB/s on "
-                f"{_f(h.get('buffer_bytes'))} B (BLAKE2b takes "
-                f"{_f(h.get('blake2b_over_crc32c_time'), 1)}{TIMES} CRC-32C's time). "
-                "DATA per MB:", ""]
+        out += [
+            "",
+            f"**In process**: CRC-32C {_f(h.get('crc32c_gbps'), 1)} GB/s, keyed "
+            f"BLAKE2b-128 {_f(h.get('blake2b128_keyed_gbps'), 2)} GB/s on "
+            f"{_f(h.get('buffer_bytes'))} B (BLAKE2b takes "
+            f"{_f(h.get('blake2b_over_crc32c_time'), 1)}{TIMES} CRC-32C's time). "
+            "DATA per MB:",
+            "",
+        ]
         rows = []
         for label, x in (micro.get("data") or {}).items():
-            rows.append([f"{_f(x.get('chunk_bytes'))} B ({label})",
-                         _f(x.get("sender_us_per_mb_crc")), _f(x.get("sender_us_per_mb_mac")),
-                         _f(x.get("receiver_us_per_mb_crc")),
-                         _f(x.get("receiver_us_per_mb_mac"))])
-        out += _table(["chunk", "send µs/MB CRC", "send µs/MB MAC", "receive µs/MB CRC",
-                       "receive µs/MB MAC"], rows)
+            rows.append(
+                [
+                    f"{_f(x.get('chunk_bytes'))} B ({label})",
+                    _f(x.get("sender_us_per_mb_crc")),
+                    _f(x.get("sender_us_per_mb_mac")),
+                    _f(x.get("receiver_us_per_mb_crc")),
+                    _f(x.get("receiver_us_per_mb_mac")),
+                ]
+            )
+        out += _table(
+            ["chunk", "send µs/MB CRC", "send µs/MB MAC", "receive µs/MB CRC", "receive µs/MB MAC"],
+            rows,
+        )
     per = _get(d, "per_iteration", "records_per_iteration")
     if isinstance(per, dict) and per:
-        out += ["", f"**Records per iteration** (period {_get(d, 'per_iteration', 'period_s')} s,"
-                " COMMIT + READY refreshes), µs of CPU for the whole job:", ""]
-        rows = [[k, _f(_get(v, "without_mac_total", "job_total_us")),
-                 _f(_get(v, "with_mac_total", "job_total_us")),
-                 _f(_get(v, "added_by_mac", "job_total_us"))]
-                for k, v in sorted(per.items(), key=lambda kv: int(kv[0]))]
+        out += [
+            "",
+            f"**Records per iteration** (period {_get(d, 'per_iteration', 'period_s')} s,"
+            " COMMIT + READY refreshes), µs of CPU for the whole job:",
+            "",
+        ]
+        rows = [
+            [
+                k,
+                _f(_get(v, "without_mac_total", "job_total_us")),
+                _f(_get(v, "with_mac_total", "job_total_us")),
+                _f(_get(v, "added_by_mac", "job_total_us")),
+            ]
+            for k, v in sorted(per.items(), key=lambda kv: int(kv[0]))
+        ]
         out += _table(["shadows", "without MAC", "with MAC", "added by MAC"], rows)
         if any(r[3].startswith("-") for r in rows):
-            out += ["", "A negative cost added by the MAC is noise larger than the effect: the "
-                    "record timings of this run were disturbed by other load."]
+            out += [
+                "",
+                "A negative cost added by the MAC is noise larger than the effect: the "
+                "record timings of this run were disturbed by other load.",
+            ]
     if not out:
         out = ["(no figures in this JSON)"]
     return out
@@ -262,8 +360,7 @@ def _med_range(st: Any, digits: int, scale: float) -> tuple[str, str]:
     """(median, min - max) cells of a ``{"median", "min", "max"}`` dict."""
     if not isinstance(st, dict):
         return "-", "-"
-    return _f(st.get("median"), digits, scale), _range(st.get("min"), st.get("max"), digits,
-                                                       scale)
+    return _f(st.get("median"), digits, scale), _range(st.get("min"), st.get("max"), digits, scale)
 
 
 def _round_range(r: Doc, scale: float, digits: int = 1) -> str:
@@ -276,59 +373,101 @@ def _round_range(r: Doc, scale: float, digits: int = 1) -> str:
 
 def render_trainer(d: Doc) -> list[str]:
     rounds = d.get("rounds") or 1
-    out = [f"{d.get('world')} DDP ranks (gloo, CPU; MLP + AdamW, batch {d.get('batch')}), "
-           f"{d.get('iters')} measured iterations per variant and round after "
-           f"{d.get('warmup', '?')} warm-up, {rounds} interleaved rounds, "
-           f"{d.get('num_shadows')} shadows. Baseline: `none` (no checkpoint) in the same run. "
-           "ms/iter: median of the pooled iterations on rank 0; min "
-           f"{DASH} max: of the {rounds} round medians. `name:K` checkpoints every K-th "
-           "iteration; its cost per checkpoint is the excess over `none` per checkpoint "
-           "(blocking stall plus the background write's spill-over into the following "
-           "iterations); *durable*: `async_save` called until its future is done. "
-           "`mirror` with `real` shadows runs them on the same 2 cores as the ranks (the "
-           "whole-machine cost); `sink` shadows only drain their sockets (the trainer's own "
-           "critical path).", ""]
+    out = [
+        f"{d.get('world')} DDP ranks (gloo, CPU; MLP + AdamW, batch {d.get('batch')}), "
+        f"{d.get('iters')} measured iterations per variant and round after "
+        f"{d.get('warmup', '?')} warm-up, {rounds} interleaved rounds, "
+        f"{d.get('num_shadows')} shadows. Baseline: `none` (no checkpoint) in the same run. "
+        "ms/iter: median of the pooled iterations on rank 0; min "
+        f"{DASH} max: of the {rounds} round medians. `name:K` checkpoints every K-th "
+        "iteration; its cost per checkpoint is the excess over `none` per checkpoint "
+        "(blocking stall plus the background write's spill-over into the following "
+        "iterations); *durable*: `async_save` called until its future is done. "
+        "`mirror` with `real` shadows runs them on the same 2 cores as the ranks (the "
+        "whole-machine cost); `sink` shadows only drain their sockets (the trainer's own "
+        "critical path).",
+        "",
+    ]
     rows = []
     for r in d.get("results") or []:
         if r.get("world", d.get("world")) != d.get("world") or (
-                r.get("num_shadows") not in (None, d.get("num_shadows"))):
+            r.get("num_shadows") not in (None, d.get("num_shadows"))
+        ):
             continue  # the scaling cells are rendered by render_scaling
         cost, cost_rng = _med_range(r.get("cost_per_checkpoint_s"), 1, 1e3)
         dur, _ = _med_range(r.get("durable_s"), 1, 1e3)
-        rows.append([str(r.get("size")), f"`{r.get('variant')}`", _f(r.get("params")),
-                     _f(r.get("median_s"), 1, 1e3), _round_range(r, 1e3),
-                     _ratio(r.get("ratio")), cost, cost_rng, dur, str(r.get("shadows") or "-")])
-    out += _table(["size", "variant", "params", "ms/iter", MINMAX, f"{TIMES} none",
-                   "ms per checkpoint", MINMAX, "durable ms", "shadows"], rows)
+        rows.append(
+            [
+                str(r.get("size")),
+                f"`{r.get('variant')}`",
+                _f(r.get("params")),
+                _f(r.get("median_s"), 1, 1e3),
+                _round_range(r, 1e3),
+                _ratio(r.get("ratio")),
+                cost,
+                cost_rng,
+                dur,
+                str(r.get("shadows") or "-"),
+            ]
+        )
+    out += _table(
+        [
+            "size",
+            "variant",
+            "params",
+            "ms/iter",
+            MINMAX,
+            f"{TIMES} none",
+            "ms per checkpoint",
+            MINMAX,
+            "durable ms",
+            "shadows",
+        ],
+        rows,
+    )
     out += ["", "![trainer iteration time](img/bench_trainer.png)"]
     return out
 
 
 def render_scaling(d: Doc) -> list[str]:
-    out = [f"Mirror mode against no checkpoint as the job grows: world sizes "
-           f"{d.get('worlds')}, shadow counts {d.get('shadow_counts')} (replication 1, real "
-           "shadow nodes in the bench's process: they share the machine's cores with the "
-           f"ranks), {d.get('rounds')} interleaved "
-           f"rounds of {d.get('iters')} iterations. Model size scaling (10M {DASH} 100M) is in "
-           "[trainer_bench](#trainer_bench).", ""]
+    out = [
+        f"Mirror mode against no checkpoint as the job grows: world sizes "
+        f"{d.get('worlds')}, shadow counts {d.get('shadow_counts')} (replication 1, real "
+        "shadow nodes in the bench's process: they share the machine's cores with the "
+        f"ranks), {d.get('rounds')} interleaved "
+        f"rounds of {d.get('iters')} iterations. Model size scaling (10M {DASH} 100M) is in "
+        "[trainer_bench](#trainer_bench).",
+        "",
+    ]
     rows = []
     for r in d.get("results") or []:
-        rows.append([str(r.get("size")), str(r.get("world")), f"`{r.get('variant')}`",
-                     "-" if r.get("num_shadows") is None else str(r.get("num_shadows")),
-                     _f(r.get("median_s"), 1, 1e3), _round_range(r, 1e3),
-                     _ratio(r.get("ratio"))])
-    out += _table(["size", "trainers", "variant", "shadows", "ms/iter", MINMAX,
-                   f"{TIMES} none"], rows)
+        rows.append(
+            [
+                str(r.get("size")),
+                str(r.get("world")),
+                f"`{r.get('variant')}`",
+                "-" if r.get("num_shadows") is None else str(r.get("num_shadows")),
+                _f(r.get("median_s"), 1, 1e3),
+                _round_range(r, 1e3),
+                _ratio(r.get("ratio")),
+            ]
+        )
+    out += _table(
+        ["size", "trainers", "variant", "shadows", "ms/iter", MINMAX, f"{TIMES} none"], rows
+    )
     out += ["", "![scaling](img/bench_scaling.png)"]
     return out
 
 
 def render_lostwork(d: Doc) -> list[str]:
-    out = [f"`shadowgrad demo` run {d.get('runs')} time(s) per scenario; each fault's work "
-           "lost (completed iterations run again after the restore, besides the interrupted "
-           "one), detection (fault -> controller's verdict) and recovery (fault -> first new "
-           "iteration, or the shadow back in step) as the demo's report measured them; median "
-           f"and {MINMAX} over the runs.", ""]
+    out = [
+        f"`shadowgrad demo` run {d.get('runs')} time(s) per scenario; each fault's work "
+        "lost (completed iterations run again after the restore, besides the interrupted "
+        "one), detection (fault -> controller's verdict) and recovery (fault -> first new "
+        "iteration, or the shadow back in step) as the demo's report measured them; median "
+        f"and {MINMAX} over the runs.",
+        "",
+    ]
     rows = []
     for sc in d.get("scenarios") or []:
         for kind, k in (sc.get("by_kind") or {}).items():
@@ -336,49 +475,121 @@ def render_lostwork(d: Doc) -> list[str]:
             det, det_r = _med_range(k.get("detect_s"), 2, 1)
             rec, rec_r = _med_range(k.get("recover_s"), 2, 1)
             d2r, _ = _med_range(k.get("detect_to_resume_s"), 2, 1)
-            rows.append([f"`{sc.get('scenario')}` ({sc.get('mode')}, {sc.get('topology')})",
-                         kind, _f(k.get("faults")), _f(lost.get("median")),
-                         _f(lost.get("max")), det, det_r, rec, rec_r, d2r])
-    out += _table(["scenario", "fault", "faults", "lost iterations", "max", "detect s",
-                   MINMAX, "recover s", MINMAX, "detect -> resume s"], rows)
+            rows.append(
+                [
+                    f"`{sc.get('scenario')}` ({sc.get('mode')}, {sc.get('topology')})",
+                    kind,
+                    _f(k.get("faults")),
+                    _f(lost.get("median")),
+                    _f(lost.get("max")),
+                    det,
+                    det_r,
+                    rec,
+                    rec_r,
+                    d2r,
+                ]
+            )
+    out += _table(
+        [
+            "scenario",
+            "fault",
+            "faults",
+            "lost iterations",
+            "max",
+            "detect s",
+            MINMAX,
+            "recover s",
+            MINMAX,
+            "detect -> resume s",
+        ],
+        rows,
+    )
     ok = [sc.get("ok") and sc.get("bit_exact") for sc in d.get("scenarios") or []]
-    out += ["", "Every run passed the demo's checks (bit-identical resume, losses equal to an "
-            "uninterrupted reference, work lost within bound): "
-            + ("yes" if ok and all(ok) else "NO") + "."]
+    out += [
+        "",
+        "Every run passed the demo's checks (bit-identical resume, losses equal to an "
+        "uninterrupted reference, work lost within bound): "
+        + ("yes" if ok and all(ok) else "NO")
+        + ".",
+    ]
     return out
 
 
 def render_inband(d: Doc) -> list[str]:
-    out = [f"{d.get('world')} DDP ranks (gloo, CPU), {d.get('iters')} iterations {TIMES} "
-           f"{d.get('rounds')} rounds per variant, {d.get('shadows')} shadows (replication "
-           f"{d.get('replication')}). Baseline: plain DDP (`ddp`) in the same run; "
-           f"per-iteration time on rank 0, median, p10 {DASH} p90 and {MINMAX}.", ""]
+    out = [
+        f"{d.get('world')} DDP ranks (gloo, CPU), {d.get('iters')} iterations {TIMES} "
+        f"{d.get('rounds')} rounds per variant, {d.get('shadows')} shadows (replication "
+        f"{d.get('replication')}). Baseline: plain DDP (`ddp`) in the same run; "
+        f"per-iteration time on rank 0, median, p10 {DASH} p90 and {MINMAX}.",
+        "",
+    ]
     rows = []
     for r in d.get("results") or []:
         st = r.get("stats_s") or {}
         last = r.get("shadows_at_last")
-        rows.append([str(r.get("size")), f"`{r.get('variant')}`", _f(r.get("params")),
-                     _f(st.get("median"), 2, 1e3), _range(st.get("p10"), st.get("p90"), 2, 1e3),
-                     _range(st.get("min"), st.get("max"), 2, 1e3), _ratio(r.get("ratio_to_ddp")),
-                     "-" if last is None else ("yes" if last else "no")])
-    out += _table(["size", "variant", "params", "ms/iter", f"p10 {DASH} p90", MINMAX,
-                   f"{TIMES} ddp", "shadows at last"], rows)
+        rows.append(
+            [
+                str(r.get("size")),
+                f"`{r.get('variant')}`",
+                _f(r.get("params")),
+                _f(st.get("median"), 2, 1e3),
+                _range(st.get("p10"), st.get("p90"), 2, 1e3),
+                _range(st.get("min"), st.get("max"), 2, 1e3),
+                _ratio(r.get("ratio_to_ddp")),
+                "-" if last is None else ("yes" if last else "no"),
+            ]
+        )
+    out += _table(
+        [
+            "size",
+            "variant",
+            "params",
+            "ms/iter",
+            f"p10 {DASH} p90",
+            MINMAX,
+            f"{TIMES} ddp",
+            "shadows at last",
+        ],
+        rows,
+    )
     return out
 
 
 def render_reseed(d: Doc) -> list[str]:
-    out = [f"Largest shard of a 3-shadow layout; {d.get('repeat')} repeats, median and "
-           f"{MINMAX}. Baseline: a `copy_` of the same bytes into preallocated memory in the "
-           "same run.", ""]
+    out = [
+        f"Largest shard of a 3-shadow layout; {d.get('repeat')} repeats, median and "
+        f"{MINMAX}. Baseline: a `copy_` of the same bytes into preallocated memory in the "
+        "same run.",
+        "",
+    ]
     rows = []
     for r in d.get("results") or []:
         p, m, it = r.get("pause_ms") or {}, r.get("memcpy_ms") or {}, r.get("iteration_ms") or {}
-        rows.append([str(r.get("size")), _f(r.get("shard_state_bytes"), 1, 2**-20),
-                     _f(p.get("median"), 2), _range(p.get("min"), p.get("max"), 2),
-                     _f(m.get("median"), 2), _ratio(r.get("pause_vs_memcpy")),
-                     _f(it.get("median"), 1), _ratio(r.get("pause_vs_iteration"))])
-    out += _table(["size", "shard MiB", "pause ms", MINMAX, "memcpy ms", f"{TIMES} memcpy",
-                   "iteration ms", f"{TIMES} iteration"], rows)
+        rows.append(
+            [
+                str(r.get("size")),
+                _f(r.get("shard_state_bytes"), 1, 2**-20),
+                _f(p.get("median"), 2),
+                _range(p.get("min"), p.get("max"), 2),
+                _f(m.get("median"), 2),
+                _ratio(r.get("pause_vs_memcpy")),
+                _f(it.get("median"), 1),
+                _ratio(r.get("pause_vs_iteration")),
+            ]
+        )
+    out += _table(
+        [
+            "size",
+            "shard MiB",
+            "pause ms",
+            MINMAX,
+            "memcpy ms",
+            f"{TIMES} memcpy",
+            "iteration ms",
+            f"{TIMES} iteration",
+        ],
+        rows,
+    )
     return out
 
 
@@ -390,19 +601,25 @@ def _phases(p: Any) -> str:
 
 def render_recovery(d: Doc) -> list[str]:
     t = d.get("timeouts") or {}
-    out = [f"World size 1, MLP + {d.get('optimizer', 'AdamW')}, a restart after "
-           f"{d.get('first_iters')} iterations; {d.get('rounds')} rounds after "
-           f"{d.get('warmup')} warm-up, each variant once per round in a rotating order; median "
-           f"and {MINMAX} over the rounds. Baseline: `dcp_load`, a new model + optimizer, "
-           "`get_state_dict`, `dcp.load` of the same state from a local directory "
-           f"({d.get('checkpoint_fs') or '?'}, files in the page cache) and `set_state_dict`, in "
-           "the same run; `torch_load` is `torch.load` of a `torch.save` file + "
-           "`load_state_dict`. `shadowgrad` is a new model + optimizer, `attach` and "
-           f"`restore_or_start` against N shadows (replication {d.get('replication')}, threads "
-           "of the bench's process on loopback). *restore*: from building the model until the "
-           "state is in place; *+ 1st iteration*: plus one forward, backward and step."
-           + (f" Quick mode: {d.get('rounds')} rounds, not the 5 of a full run." if d.get("quick")
-              else ""), ""]
+    out = [
+        f"World size 1, MLP + {d.get('optimizer', 'AdamW')}, a restart after "
+        f"{d.get('first_iters')} iterations; {d.get('rounds')} rounds after "
+        f"{d.get('warmup')} warm-up, each variant once per round in a rotating order; median "
+        f"and {MINMAX} over the rounds. Baseline: `dcp_load`, a new model + optimizer, "
+        "`get_state_dict`, `dcp.load` of the same state from a local directory "
+        f"({d.get('checkpoint_fs') or '?'}, files in the page cache) and `set_state_dict`, in "
+        "the same run; `torch_load` is `torch.load` of a `torch.save` file + "
+        "`load_state_dict`. `shadowgrad` is a new model + optimizer, `attach` and "
+        f"`restore_or_start` against N shadows (replication {d.get('replication')}, threads "
+        "of the bench's process on loopback). *restore*: from building the model until the "
+        "state is in place; *+ 1st iteration*: plus one forward, backward and step."
+        + (
+            f" Quick mode: {d.get('rounds')} rounds, not the 5 of a full run."
+            if d.get("quick")
+            else ""
+        ),
+        "",
+    ]
     rows, phases = [], []
     checked = []
     for s in d.get("sizes") or []:
@@ -411,34 +628,75 @@ def render_recovery(d: Doc) -> list[str]:
             re, rb = v.get("restore_ms") or {}, v.get("restore_plus_first_ms") or {}
             q = v.get("ratio_to_dcp_load") or {}
             shadows = "-" if v.get("shadows") is None else str(v.get("shadows"))
-            rows.append([label, f"`{v.get('variant')}`", shadows, _f(re.get("median")),
-                         _range(re.get("min"), re.get("max")), _ratio(q.get("restore")),
-                         _f(rb.get("median")), _range(rb.get("min"), rb.get("max")),
-                         _ratio(q.get("restore_plus_first"))])
-            phases.append([label, f"`{v.get('variant')}`", shadows,
-                           _phases(v.get("phases_ms_median"))])
+            rows.append(
+                [
+                    label,
+                    f"`{v.get('variant')}`",
+                    shadows,
+                    _f(re.get("median")),
+                    _range(re.get("min"), re.get("max")),
+                    _ratio(q.get("restore")),
+                    _f(rb.get("median")),
+                    _range(rb.get("min"), rb.get("max")),
+                    _ratio(q.get("restore_plus_first")),
+                ]
+            )
+            phases.append(
+                [label, f"`{v.get('variant')}`", shadows, _phases(v.get("phases_ms_median"))]
+            )
             checked.append(bool(v.get("verified")))
-    out += _table(["size (state)", "variant", "shadows", "restore ms", MINMAX,
-                   f"{TIMES} DCP load", "+ 1st iteration ms", MINMAX, f"{TIMES} DCP load"], rows)
-    out += ["", "Where a restore's time goes (median ms per phase; `survey` includes the settle, "
-            f"3 polls {TIMES} `timeouts.gap_repair` = {t.get('gap_repair', '?')}; "
-            "`fetch load`: fetch every shard, assemble, load into model and optimizer; `reseed`: "
-            "load the state back into the shadows as the new session's start):", ""]
+    out += _table(
+        [
+            "size (state)",
+            "variant",
+            "shadows",
+            "restore ms",
+            MINMAX,
+            f"{TIMES} DCP load",
+            "+ 1st iteration ms",
+            MINMAX,
+            f"{TIMES} DCP load",
+        ],
+        rows,
+    )
+    out += [
+        "",
+        "Where a restore's time goes (median ms per phase; `survey` includes the settle, "
+        f"3 polls {TIMES} `timeouts.gap_repair` = {t.get('gap_repair', '?')}; "
+        "`fetch load`: fetch every shard, assemble, load into model and optimizer; `reseed`: "
+        "load the state back into the shadows as the new session's start):",
+        "",
+    ]
     out += _table(["size (state)", "variant", "shadows", "phases"], phases)
-    out += ["", "Restored state equal (`torch.equal`, every parameter and optimizer state "
-            "tensor) to the state the previous session ended with or the files hold: "
-            f"{'yes, every round' if checked and all(checked) else 'NOT verified'}."]
+    out += [
+        "",
+        "Restored state equal (`torch.equal`, every parameter and optimizer state "
+        "tensor) to the state the previous session ended with or the files hold: "
+        f"{'yes, every round' if checked and all(checked) else 'NOT verified'}.",
+    ]
     return out
 
 
 def render_switch(d: Doc) -> list[str]:
-    out = [f"Program `{d.get('program')}`; {d.get('method')}. Baseline: a bare Python AF_PACKET "
-           f"forward loop in the same run; goal {_pct(d.get('goal_ratio'))} of it.", ""]
-    rows = [[str(r.get("copies")), f"{_f(r.get('payload'))} B", _f(r.get("bare_pps")),
-             _f(r.get("target_pps")), _ratio(r.get("ratio")),
-             "yes" if r.get("meets_goal") else "no"] for r in d.get("summary") or []]
-    out += _table(["copies", "UDP payload", "bare pps", "target pps", f"{TIMES} bare",
-                   "meets goal"], rows)
+    out = [
+        f"Program `{d.get('program')}`; {d.get('method')}. Baseline: a bare Python AF_PACKET "
+        f"forward loop in the same run; goal {_pct(d.get('goal_ratio'))} of it.",
+        "",
+    ]
+    rows = [
+        [
+            str(r.get("copies")),
+            f"{_f(r.get('payload'))} B",
+            _f(r.get("bare_pps")),
+            _f(r.get("target_pps")),
+            _ratio(r.get("ratio")),
+            "yes" if r.get("meets_goal") else "no",
+        ]
+        for r in d.get("summary") or []
+    ]
+    out += _table(
+        ["copies", "UDP payload", "bare pps", "target pps", f"{TIMES} bare", "meets goal"], rows
+    )
     return out
 
 
@@ -462,8 +720,10 @@ def _trainer_rows(d: Doc | None) -> dict[tuple[str, str], Doc]:
     """(size, variant) -> result of trainer_bench's main cells (its own world and shadows)."""
     out: dict[tuple[str, str], Doc] = {}
     for r in (d or {}).get("results") or []:
-        if r.get("world", d.get("world")) == (d or {}).get("world") and r.get(
-                "num_shadows") in (None, (d or {}).get("num_shadows")):
+        if r.get("world", d.get("world")) == (d or {}).get("world") and r.get("num_shadows") in (
+            None,
+            (d or {}).get("num_shadows"),
+        ):
             out[(str(r.get("size")), str(r.get("variant")))] = r
     return out
 
@@ -490,13 +750,16 @@ def analyze(found: dict[str, tuple[Path, Doc | None]]) -> Doc:
     lw = found.get("lostwork_bench", (Path(), None))[1]
     sb = found.get("shadow_bench", (Path(), None))[1]
     sw = found.get("switch_bench", (Path(), None))[1]
-    out: Doc = {"summary": 1, "mtbf_s": MTBF_S, "total_s": TOTAL_S,
-                "overhead_budget": OVERHEAD_BUDGET}
+    out: Doc = {
+        "summary": 1,
+        "mtbf_s": MTBF_S,
+        "total_s": TOTAL_S,
+        "overhead_budget": OVERHEAD_BUDGET,
+    }
 
     # 1. in-band: the tap's cost on the critical path (same ring through the same switch)
     inb: Doc = {"goal": GOAL_INBAND}
-    rows = {(str(r.get("size")), str(r.get("variant"))): r for r in (ib or {}).get("results")
-            or []}
+    rows = {(str(r.get("size")), str(r.get("variant"))): r for r in (ib or {}).get("results") or []}
     for (size, variant), r in rows.items():
         base = rows.get((size, "inband_notap"))
         if variant != "inband" or base is None:
@@ -505,17 +768,28 @@ def analyze(found: dict[str, tuple[Path, Doc | None]]) -> Doc:
         ra, rb_ = r.get("round_medians_s") or [], base.get("round_medians_s") or []
         paired = [x / y for x, y in zip(ra, rb_, strict=False) if y]
         if a is not None and b:
-            inb.setdefault("sizes", []).append({
-                "size": size, "overhead": a / b - 1, "inband_ms": a * 1e3,
-                "notap_ms": b * 1e3, "ddp_ratio": _num(r.get("ratio_to_ddp")),
-                "round_overhead_min": min(paired) - 1 if paired else None,
-                "round_overhead_max": max(paired) - 1 if paired else None,
-                "shadows_at_last": r.get("shadows_at_last")})
+            inb.setdefault("sizes", []).append(
+                {
+                    "size": size,
+                    "overhead": a / b - 1,
+                    "inband_ms": a * 1e3,
+                    "notap_ms": b * 1e3,
+                    "ddp_ratio": _num(r.get("ratio_to_ddp")),
+                    "round_overhead_min": min(paired) - 1 if paired else None,
+                    "round_overhead_max": max(paired) - 1 if paired else None,
+                    "shadows_at_last": r.get("shadows_at_last"),
+                }
+            )
     for x in inb.get("sizes") or []:
         x["meets_goal"] = x["overhead"] <= GOAL_INBAND
         # a tapped run faster than the untagged one is noise larger than the effect
-        x["verdict"] = ("missed" if not x["meets_goal"] else "met" if x["overhead"] >= 0
-                        else "not comparable (untagged slower)")
+        x["verdict"] = (
+            "missed"
+            if not x["meets_goal"]
+            else "met"
+            if x["overhead"] >= 0
+            else "not comparable (untagged slower)"
+        )
     out["inband"] = inb
 
     # 2. per-iteration stall: shadowgrad mirror against DCP async_save every iteration
@@ -531,34 +805,50 @@ def analyze(found: dict[str, tuple[Path, Doc | None]]) -> Doc:
         mirror, dcp = trows.get((size, "mirror")), trows.get((size, "dcp_async"))
         sm, sd = _excess(mirror, none), _excess(dcp, none)
         sink = trows.get((size, "mirror_sink"))
-        stall.append({"size": size, "params": _get(none, "params"), "iteration_s": t,
-                      "mirror_stall_s": sm, "mirror_shadows": _get(mirror, "shadows"),
-                      "trainer_only_stall_s": _excess(sink, none) if sink else None,
-                      "dcp_every_iteration_stall_s": sd,
-                      "dcp_over_mirror": (sd / sm) if sm and sd is not None and sm > 0 else None,
-                      "meets_goal": (sd is not None and sm is not None and sm > 0
-                                     and sd / sm >= GOAL_STALL) or (sm is not None and sm <= 0
-                                                                    and (sd or 0) > 0)})
+        stall.append(
+            {
+                "size": size,
+                "params": _get(none, "params"),
+                "iteration_s": t,
+                "mirror_stall_s": sm,
+                "mirror_shadows": _get(mirror, "shadows"),
+                "trainer_only_stall_s": _excess(sink, none) if sink else None,
+                "dcp_every_iteration_stall_s": sd,
+                "dcp_over_mirror": (sd / sm) if sm and sd is not None and sm > 0 else None,
+                "meets_goal": (
+                    sd is not None and sm is not None and sm > 0 and sd / sm >= GOAL_STALL
+                )
+                or (sm is not None and sm <= 0 and (sd or 0) > 0),
+            }
+        )
         # 3.-4. achievable frequency, Young-Daly interval, work lost per failure, ledger
         per_size: Doc = {"size": size, "iteration_s": t, "methods": []}
         rec = _num(_get(lw, "scenarios", 0, "by_kind", "kill_trainer", "recover_s", "median"))
-        lost_it = _num(_get(lw, "scenarios", 0, "by_kind", "kill_trainer", "lost_iterations",
-                            "median"))
-        lost_max = _num(_get(lw, "scenarios", 0, "by_kind", "kill_trainer", "lost_iterations",
-                             "max"))
+        lost_it = _num(
+            _get(lw, "scenarios", 0, "by_kind", "kill_trainer", "lost_iterations", "median")
+        )
+        lost_max = _num(
+            _get(lw, "scenarios", 0, "by_kind", "kill_trainer", "lost_iterations", "max")
+        )
         per_size["recovery_s"] = rec
         if sm is not None:
             t_sg = t + max(sm, 0.0)
             over = max(sm, 0.0) / t
-            m: Doc = {"method": "shadowgrad mirror", "overhead_every_iteration": over,
-                      "cost_per_checkpoint_s": max(sm, 0.0),
-                      "min_interval_iterations": 1 if over <= OVERHEAD_BUDGET else None,
-                      "interval_s": t_sg, "interval_iterations": 1,
-                      "lost_iterations_measured": lost_it, "lost_iterations_max": lost_max,
-                      "lost_per_failure_s": ((lost_it or 0.0) + 0.5) * t_sg}
+            m: Doc = {
+                "method": "shadowgrad mirror",
+                "overhead_every_iteration": over,
+                "cost_per_checkpoint_s": max(sm, 0.0),
+                "min_interval_iterations": 1 if over <= OVERHEAD_BUDGET else None,
+                "interval_s": t_sg,
+                "interval_iterations": 1,
+                "lost_iterations_measured": lost_it,
+                "lost_iterations_max": lost_max,
+                "lost_per_failure_s": ((lost_it or 0.0) + 0.5) * t_sg,
+            }
             if rec is not None:
-                lg = ledger(total=TOTAL_S, mtbf=MTBF_S, interval=t_sg, cost=max(sm, 0.0),
-                            recovery=rec)
+                lg = ledger(
+                    total=TOTAL_S, mtbf=MTBF_S, interval=t_sg, cost=max(sm, 0.0), recovery=rec
+                )
                 m["useful"] = lg.useful
             per_size["methods"].append(m)
         for variant in ("dcp_async:5", "torch_save:5"):
@@ -570,21 +860,32 @@ def analyze(found: dict[str, tuple[Path, Doc | None]]) -> Doc:
             durable = _num(_get(r, "durable_s", "median")) or 0.0
             k_min = max(1, math.ceil(c / (OVERHEAD_BUDGET * t)))
             yd = young_interval(c, MTBF_S)
-            m = {"method": variant.split(":")[0], "measured_every": _get(r, "every"),
-                 "cost_per_checkpoint_s": c, "durable_s": durable,
-                 "cost_min_s": _num(_get(r, "cost_per_checkpoint_s", "min")),
-                 "cost_max_s": _num(_get(r, "cost_per_checkpoint_s", "max")),
-                 "overhead_every_iteration": c / t,
-                 "min_interval_iterations": k_min, "min_interval_s": k_min * t,
-                 "interval_s": yd, "interval_iterations": yd / t,
-                 "lost_per_failure_s": yd / 2 + durable}
+            m = {
+                "method": variant.split(":")[0],
+                "measured_every": _get(r, "every"),
+                "cost_per_checkpoint_s": c,
+                "durable_s": durable,
+                "cost_min_s": _num(_get(r, "cost_per_checkpoint_s", "min")),
+                "cost_max_s": _num(_get(r, "cost_per_checkpoint_s", "max")),
+                "overhead_every_iteration": c / t,
+                "min_interval_iterations": k_min,
+                "min_interval_s": k_min * t,
+                "interval_s": yd,
+                "interval_iterations": yd / t,
+                "lost_per_failure_s": yd / 2 + durable,
+            }
             if rec is not None:
                 lg = ledger(total=TOTAL_S, mtbf=MTBF_S, interval=yd, cost=c, recovery=rec)
                 m["useful"] = lg.useful
-                m["plan"] = (f"shadowgrad plan --mtbf 3.09h --total 1296h --cost {c:.4f}s "
-                             f"--recovery {rec:.2f}s"
-                             + (f" --iteration {t + max(sm, 0.0):.4f}s --stall "
-                                f"{max(sm, 0.0):.4f}s" if sm is not None else ""))
+                m["plan"] = (
+                    f"shadowgrad plan --mtbf 3.09h --total 1296h --cost {c:.4f}s "
+                    f"--recovery {rec:.2f}s"
+                    + (
+                        f" --iteration {t + max(sm, 0.0):.4f}s --stall {max(sm, 0.0):.4f}s"
+                        if sm is not None
+                        else ""
+                    )
+                )
             per_size["methods"].append(m)
         methods.append(per_size)
     out["stall"] = stall
@@ -598,12 +899,17 @@ def analyze(found: dict[str, tuple[Path, Doc | None]]) -> Doc:
         for (variant, n), v in vs.items():
             if variant != "shadowgrad":
                 continue
-            recv.append({"size": sz.get("size"), "shadows": n,
-                         "restore_ms": _get(v, "restore_ms", "median"),
-                         "dcp_load_ms": _get(dcp, "restore_ms", "median"),
-                         "ratio": _get(v, "ratio_to_dcp_load", "restore"),
-                         "ratio_plus_first": _get(v, "ratio_to_dcp_load", "restore_plus_first"),
-                         "phases_ms": v.get("phases_ms_median")})
+            recv.append(
+                {
+                    "size": sz.get("size"),
+                    "shadows": n,
+                    "restore_ms": _get(v, "restore_ms", "median"),
+                    "dcp_load_ms": _get(dcp, "restore_ms", "median"),
+                    "ratio": _get(v, "ratio_to_dcp_load", "restore"),
+                    "ratio_plus_first": _get(v, "ratio_to_dcp_load", "restore_plus_first"),
+                    "phases_ms": v.get("phases_ms_median"),
+                }
+            )
     out["recovery"] = recv
     out["replay_of_bandwidth"] = _num(_get(sb, "apply", "replayer_fused_adamw", "ratio_to_bound"))
     sums = [x for x in (sw or {}).get("summary") or [] if isinstance(x, dict)]
@@ -614,99 +920,220 @@ def analyze(found: dict[str, tuple[Path, Doc | None]]) -> Doc:
 
 def render_goals(g: Doc) -> list[str]:
     """The *Goals* section: each goal of issue 14 against its anchor, met or not, and why."""
-    out = ["## Goals", "",
-           "Derived from the benches' JSON below by fixed rules (`bench/harness.py` "
-           "`analyze`, written to `bench/results/summary.json`); the planner figures use "
-           "`shadowgrad.planner`, the model of `shadowgrad plan`, with seed 004's MTBF of "
-           f"{MTBF_S / 3600:.2f} h over a {TOTAL_S / 3600:.0f} h run.", ""]
+    out = [
+        "## Goals",
+        "",
+        "Derived from the benches' JSON below by fixed rules (`bench/harness.py` "
+        "`analyze`, written to `bench/results/summary.json`); the planner figures use "
+        "`shadowgrad.planner`, the model of `shadowgrad plan`, with seed 004's MTBF of "
+        f"{MTBF_S / 3600:.2f} h over a {TOTAL_S / 3600:.0f} h run.",
+        "",
+    ]
     inb = g.get("inband") or {}
-    rows = [[str(x["size"]), _f(x.get("notap_ms"), 2), _f(x.get("inband_ms"), 2),
-             _pct(x.get("overhead")), _range(x.get("round_overhead_min"),
-                                             x.get("round_overhead_max"), 1, 100) + " %",
-             {"met": "yes", "missed": "**no**"}.get(str(x.get("verdict")),
-                                                    "**not comparable** (untagged slower)")]
-            for x in inb.get("sizes") or []]
-    out += [f"**In-band critical-path overhead** (goal {_pct(GOAL_INBAND)} or less): the same "
-            "ring through the same P4 target with the tap table empty (`inband_notap`) against "
-            "the tap installed (`inband`); per-round min " + DASH + " max in brackets.", ""]
-    out += _table(["size", "untagged ms/iter", "tapped ms/iter", "overhead",
-                   f"rounds {MINMAX}", "meets goal"], rows) if rows else ["Not measured."]
+    rows = [
+        [
+            str(x["size"]),
+            _f(x.get("notap_ms"), 2),
+            _f(x.get("inband_ms"), 2),
+            _pct(x.get("overhead")),
+            _range(x.get("round_overhead_min"), x.get("round_overhead_max"), 1, 100) + " %",
+            {"met": "yes", "missed": "**no**"}.get(
+                str(x.get("verdict")), "**not comparable** (untagged slower)"
+            ),
+        ]
+        for x in inb.get("sizes") or []
+    ]
+    out += [
+        f"**In-band critical-path overhead** (goal {_pct(GOAL_INBAND)} or less): the same "
+        "ring through the same P4 target with the tap table empty (`inband_notap`) against "
+        "the tap installed (`inband`); per-round min " + DASH + " max in brackets.",
+        "",
+    ]
+    out += (
+        _table(
+            [
+                "size",
+                "untagged ms/iter",
+                "tapped ms/iter",
+                "overhead",
+                f"rounds {MINMAX}",
+                "meets goal",
+            ],
+            rows,
+        )
+        if rows
+        else ["Not measured."]
+    )
     if any(x.get("overhead", 0) < 0 for x in inb.get("sizes") or []):
-        out += ["", "A negative overhead means the baseline is not clean: with the tap empty the "
-                "shadows still get every COMMIT but no data, and the trainers keep retaining "
-                "what no shadow acknowledges; that run has been slower than the tapped one in "
-                "every run so far, so this ratio does not isolate the tap's cost. A clean "
-                "baseline (the same ring with no shadow traffic at all) is not measured yet."]
+        out += [
+            "",
+            "A negative overhead means the baseline is not clean: with the tap empty the "
+            "shadows still get every COMMIT but no data, and the trainers keep retaining "
+            "what no shadow acknowledges; that run has been slower than the tapped one in "
+            "every run so far, so this ratio does not isolate the tap's cost. A clean "
+            "baseline (the same ring with no shadow traffic at all) is not measured yet.",
+        ]
     if any(not x.get("meets_goal") for x in inb.get("sizes") or []):
-        out += ["", "Where the goal is missed: on 2 cores the ranks, the switch process and "
-                "the shadow threads share the CPUs; with the tap the switch makes copies and "
-                "the shadows ingest and replay them on the same cores as the ring, so the "
-                "overhead measured here is the machine's, not the tap's on a real switch. The "
-                "spread between rounds is larger than the goal."]
-    out += ["", f"**Per-iteration stall against DCP `async_save` every iteration** (goal "
-            f"{GOAL_STALL:.0f}{TIMES} lower): excess over `none` per iteration (trainer_bench); "
-            "*with sinks*: the same against UDP sinks, the trainer's own critical path without "
-            "the shadows' CPU (`mirror_sink`).",
-            ""]
-    rows = [[str(x["size"]), _f(x.get("iteration_s"), 1, 1e3),
-             _f(x.get("mirror_stall_s"), 1, 1e3), str(x.get("mirror_shadows") or "-"),
-             _f(x.get("trainer_only_stall_s"), 1, 1e3),
-             _f(x.get("dcp_every_iteration_stall_s"), 1, 1e3),
-             _ratio(x.get("dcp_over_mirror")), "yes" if x.get("meets_goal") else "**no**"]
-            for x in g.get("stall") or []]
-    out += _table(["size", "none ms/iter", "mirror stall ms", "shadows",
-                   "with sinks ms", "DCP stall ms",
-                   "DCP / mirror", "meets goal"], rows) if rows else ["Not measured."]
+        out += [
+            "",
+            "Where the goal is missed: on 2 cores the ranks, the switch process and "
+            "the shadow threads share the CPUs; with the tap the switch makes copies and "
+            "the shadows ingest and replay them on the same cores as the ring, so the "
+            "overhead measured here is the machine's, not the tap's on a real switch. The "
+            "spread between rounds is larger than the goal.",
+        ]
+    out += [
+        "",
+        f"**Per-iteration stall against DCP `async_save` every iteration** (goal "
+        f"{GOAL_STALL:.0f}{TIMES} lower): excess over `none` per iteration (trainer_bench); "
+        "*with sinks*: the same against UDP sinks, the trainer's own critical path without "
+        "the shadows' CPU (`mirror_sink`).",
+        "",
+    ]
+    rows = [
+        [
+            str(x["size"]),
+            _f(x.get("iteration_s"), 1, 1e3),
+            _f(x.get("mirror_stall_s"), 1, 1e3),
+            str(x.get("mirror_shadows") or "-"),
+            _f(x.get("trainer_only_stall_s"), 1, 1e3),
+            _f(x.get("dcp_every_iteration_stall_s"), 1, 1e3),
+            _ratio(x.get("dcp_over_mirror")),
+            "yes" if x.get("meets_goal") else "**no**",
+        ]
+        for x in g.get("stall") or []
+    ]
+    out += (
+        _table(
+            [
+                "size",
+                "none ms/iter",
+                "mirror stall ms",
+                "shadows",
+                "with sinks ms",
+                "DCP stall ms",
+                "DCP / mirror",
+                "meets goal",
+            ],
+            rows,
+        )
+        if rows
+        else ["Not measured."]
+    )
     if any(not x.get("meets_goal") for x in g.get("stall") or []):
-        out += ["", "Where the goal is missed: in mirror mode every rank sends its slice of "
-                "the reduced gradients itself, through Python, with a CRC-32C and a MAC per "
-                "chunk (wire_bench: about half a memcpy's rate), on the critical path after the "
-                "all-reduce; with `real` shadows the shadows' ingest and replay also run on the "
-                "trainers' 2 cores. The in-band path (the switch copies; the trainers send "
-                "nothing extra) is the design's answer and is measured above."]
-    out += ["", "**Checkpoint frequency achievable at 1 % trainer overhead, work lost per "
-            "failure, effective training time.** DCP `async_save` and `torch.save`: cost per "
-            "checkpoint measured at every 5th iteration; shortest interval within the 1 % "
-            "budget = cost / (1 % of an iteration); Young-Daly interval sqrt(2 cost MTBF); "
-            "lost per failure = half the interval + the time until the save is durable. "
-            "shadowgrad: every iteration (the shadows need every gradient), at its measured "
-            "stall; lost per failure = the lost iterations the demo measured (kill_trainer, "
-            "lostwork_bench) + half the interrupted iteration. *useful*: the ledger's useful "
-            "fraction of the run with the demo's measured recovery time per failure for every "
-            "method (the restore's own difference is in the recovery table below).", ""]
+        out += [
+            "",
+            "Where the goal is missed: in mirror mode every rank sends its slice of "
+            "the reduced gradients itself, through Python, with a CRC-32C and a MAC per "
+            "chunk (wire_bench: about half a memcpy's rate), on the critical path after the "
+            "all-reduce; with `real` shadows the shadows' ingest and replay also run on the "
+            "trainers' 2 cores. The in-band path (the switch copies; the trainers send "
+            "nothing extra) is the design's answer and is measured above.",
+        ]
+    out += [
+        "",
+        "**Checkpoint frequency achievable at 1 % trainer overhead, work lost per "
+        "failure, effective training time.** DCP `async_save` and `torch.save`: cost per "
+        "checkpoint measured at every 5th iteration; shortest interval within the 1 % "
+        "budget = cost / (1 % of an iteration); Young-Daly interval sqrt(2 cost MTBF); "
+        "lost per failure = half the interval + the time until the save is durable. "
+        "shadowgrad: every iteration (the shadows need every gradient), at its measured "
+        "stall; lost per failure = the lost iterations the demo measured (kill_trainer, "
+        "lostwork_bench) + half the interrupted iteration. *useful*: the ledger's useful "
+        "fraction of the run with the demo's measured recovery time per failure for every "
+        "method (the restore's own difference is in the recovery table below).",
+        "",
+    ]
     rows = []
     for p in g.get("policies") or []:
         for m in p.get("methods") or []:
             k = m.get("min_interval_iterations")
-            rows.append([str(p.get("size")), m["method"], _f(m.get("cost_per_checkpoint_s"), 1,
-                                                               1e3),
-                         _pct(m.get("overhead_every_iteration")),
-                         ("every iteration" if k == 1 else f"every {_f(k)} it.") if k
-                         else "**not within 1 %**",
-                         _f(m.get("interval_s"), 1) + " s", _f(m.get("lost_per_failure_s"), 2)
-                         + " s", _pct(m.get("useful"))])
-    out += _table(["size", "method", "cost ms", "overhead if every it.", "1 % budget allows",
-                   "interval used", "lost / failure", "useful"], rows) \
-        if rows else ["Not measured."]
-    plans = [m["plan"] for p in g.get("policies") or [] for m in p.get("methods") or []
-             if m.get("plan")]
+            rows.append(
+                [
+                    str(p.get("size")),
+                    m["method"],
+                    _f(m.get("cost_per_checkpoint_s"), 1, 1e3),
+                    _pct(m.get("overhead_every_iteration")),
+                    ("every iteration" if k == 1 else f"every {_f(k)} it.")
+                    if k
+                    else "**not within 1 %**",
+                    _f(m.get("interval_s"), 1) + " s",
+                    _f(m.get("lost_per_failure_s"), 2) + " s",
+                    _pct(m.get("useful")),
+                ]
+            )
+    out += (
+        _table(
+            [
+                "size",
+                "method",
+                "cost ms",
+                "overhead if every it.",
+                "1 % budget allows",
+                "interval used",
+                "lost / failure",
+                "useful",
+            ],
+            rows,
+        )
+        if rows
+        else ["Not measured."]
+    )
+    plans = [
+        m["plan"] for p in g.get("policies") or [] for m in p.get("methods") or [] if m.get("plan")
+    ]
     if plans:
-        out += ["", "The same ledger from the command line (each prints the periodic policy at "
-                "Young's and Daly's interval and the shadowgrad row):", "", "```",
-                *plans, "```"]
-    out += ["", "**Recovery time against DCP load** of the same state (recovery_bench; "
-            "detection and restart are the same for every method, see lostwork_bench):", ""]
-    rows = [[str(x.get("size")), str(x.get("shadows")), _f(x.get("restore_ms")),
-             _f(x.get("dcp_load_ms")), _ratio(x.get("ratio")), _ratio(x.get("ratio_plus_first")),
-             "yes" if (_num(x.get("ratio")) or 9) <= 1 else "**no**"]
-            for x in g.get("recovery") or []]
-    out += _table(["size", "shadows", "restore ms", "DCP load ms", f"{TIMES} DCP load",
-                   f"+ 1st it. {TIMES}", "as fast"], rows) if rows else ["Not measured."]
+        out += [
+            "",
+            "The same ledger from the command line (each prints the periodic policy at "
+            "Young's and Daly's interval and the shadowgrad row):",
+            "",
+            "```",
+            *plans,
+            "```",
+        ]
+    out += [
+        "",
+        "**Recovery time against DCP load** of the same state (recovery_bench; "
+        "detection and restart are the same for every method, see lostwork_bench):",
+        "",
+    ]
+    rows = [
+        [
+            str(x.get("size")),
+            str(x.get("shadows")),
+            _f(x.get("restore_ms")),
+            _f(x.get("dcp_load_ms")),
+            _ratio(x.get("ratio")),
+            _ratio(x.get("ratio_plus_first")),
+            "yes" if (_num(x.get("ratio")) or 9) <= 1 else "**no**",
+        ]
+        for x in g.get("recovery") or []
+    ]
+    out += (
+        _table(
+            [
+                "size",
+                "shadows",
+                "restore ms",
+                "DCP load ms",
+                f"{TIMES} DCP load",
+                f"+ 1st it. {TIMES}",
+                "as fast",
+            ],
+            rows,
+        )
+        if rows
+        else ["Not measured."]
+    )
     if any((_num(x.get("ratio")) or 9) > 1 for x in g.get("recovery") or []):
-        out += ["", "Where it is slower: a restore surveys the shadows (settle polls), fetches "
-                "every shard over the control socket, assembles the full tensors and then "
-                "loads the state back into the shadows as the new session's start; DCP reads "
-                "files in the page cache. See the phases under recovery_bench."]
+        out += [
+            "",
+            "Where it is slower: a restore surveys the shadows (settle polls), fetches "
+            "every shard over the control socket, assembles the full tensors and then "
+            "loads the state back into the shadows as the new session's start; DCP reads "
+            "files in the page cache. See the phases under recovery_bench.",
+        ]
     out += ["", "![lost work and recovery](img/bench_goals.png)"]
     return out
 
@@ -718,37 +1145,54 @@ README_END = "<!-- bench-summary:end -->"
 def render_readme(g: Doc, mode: str | None) -> list[str]:
     """README's benchmark lines: the goals in one line each, from the same summary."""
     out = [README_BEGIN, ""]
-    where = ("a quick run (`make bench-quick`: small models, busy machine)" if mode == "quick"
-             else "a full run (`make bench`)" if mode == "full" else "the committed JSON")
+    where = (
+        "a quick run (`make bench-quick`: small models, busy machine)"
+        if mode == "quick"
+        else "a full run (`make bench`)"
+        if mode == "full"
+        else "the committed JSON"
+    )
     out.append(f"From {where}; details and spread in docs/benchmarks.md:")
     out.append("")
     for x in (g.get("inband") or {}).get("sizes") or []:
-        out.append(f"- in-band tap overhead on the critical path, {x['size']} parameters: "
-                   f"{_pct(x.get('overhead'))} (goal {_pct(GOAL_INBAND)}; "
-                   f"{x.get('verdict')})")
+        out.append(
+            f"- in-band tap overhead on the critical path, {x['size']} parameters: "
+            f"{_pct(x.get('overhead'))} (goal {_pct(GOAL_INBAND)}; "
+            f"{x.get('verdict')})"
+        )
     for x in g.get("stall") or []:
-        out.append(f"- mirror-mode stall per iteration, {x['size']} parameters: "
-                   f"{_f(x.get('mirror_stall_s'), 1, 1e3)} ms vs DCP `async_save` every "
-                   f"iteration {_f(x.get('dcp_every_iteration_stall_s'), 1, 1e3)} ms "
-                   f"({_ratio(x.get('dcp_over_mirror'))}{TIMES}; goal {GOAL_STALL:.0f}{TIMES}; "
-                   f"{'met' if x.get('meets_goal') else 'missed'})")
+        out.append(
+            f"- mirror-mode stall per iteration, {x['size']} parameters: "
+            f"{_f(x.get('mirror_stall_s'), 1, 1e3)} ms vs DCP `async_save` every "
+            f"iteration {_f(x.get('dcp_every_iteration_stall_s'), 1, 1e3)} ms "
+            f"({_ratio(x.get('dcp_over_mirror'))}{TIMES}; goal {GOAL_STALL:.0f}{TIMES}; "
+            f"{'met' if x.get('meets_goal') else 'missed'})"
+        )
     for p in g.get("policies") or []:
-        parts = [f"{m['method']} {_f(m.get('lost_per_failure_s'), 2)} s"
-                 for m in p.get("methods") or []]
+        parts = [
+            f"{m['method']} {_f(m.get('lost_per_failure_s'), 2)} s" for m in p.get("methods") or []
+        ]
         if parts:
-            out.append(f"- work lost per failure, {p['size']} parameters (DCP and torch.save at "
-                       "their Young-Daly interval for a 3.09 h MTBF): " + ", ".join(parts))
+            out.append(
+                f"- work lost per failure, {p['size']} parameters (DCP and torch.save at "
+                "their Young-Daly interval for a 3.09 h MTBF): " + ", ".join(parts)
+            )
     for x in g.get("recovery") or []:
-        out.append(f"- restore from {x.get('shadows')} shadow(s), {x.get('size')}: "
-                   f"{_f(x.get('restore_ms'))} ms vs DCP load {_f(x.get('dcp_load_ms'))} ms "
-                   f"({_ratio(x.get('ratio'))}{TIMES})")
+        out.append(
+            f"- restore from {x.get('shadows')} shadow(s), {x.get('size')}: "
+            f"{_f(x.get('restore_ms'))} ms vs DCP load {_f(x.get('dcp_load_ms'))} ms "
+            f"({_ratio(x.get('ratio'))}{TIMES})"
+        )
     if g.get("replay_of_bandwidth") is not None:
-        out.append(f"- optimizer replay: {_pct(g['replay_of_bandwidth'])} of the "
-                   "memory-bandwidth bound")
+        out.append(
+            f"- optimizer replay: {_pct(g['replay_of_bandwidth'])} of the memory-bandwidth bound"
+        )
     if g.get("switch_ratio_range"):
         lo, hi = g["switch_ratio_range"]
-        out.append(f"- P4 software target: {_ratio(lo)} {DASH} {_ratio(hi)}{TIMES} the packet "
-                   "rate of a bare AF_PACKET forward loop")
+        out.append(
+            f"- P4 software target: {_ratio(lo)} {DASH} {_ratio(hi)}{TIMES} the packet "
+            "rate of a bare AF_PACKET forward loop"
+        )
     out += ["", README_END]
     return out
 
@@ -778,39 +1222,130 @@ class Bench:
 _TRAINER_VARIANTS = "none,mirror,mirror_sink,dcp_async,torch_save,dcp_async:5,torch_save:5"
 
 BENCHES: tuple[Bench, ...] = (
-    Bench("wire_bench", "Wire codec vs memcpy", ("--quick",), render=render_wire,
-          timeout_quick_s=120),
-    Bench("shadow_bench", "Shadow: optimizer apply vs memory bandwidth, ingest vs bare UDP",
-          ("--quick",), render=render_shadow),
-    Bench("auth_bench", "Authentication: shadow ingest bare / CRC / CRC+MAC, record costs",
-          ("--params", "5e6", "--iterations", "2", "--rounds", "3"), render=render_auth),
-    Bench("trainer_bench", "Trainer: mirror mode vs no checkpoint, DCP async_save and "
-          "torch.save every iteration and every 5th",
-          ("--sizes", "1M", "--iters", "5", "--warmup", "1", "--rounds", "2", "--variants",
-           _TRAINER_VARIANTS),
-          ("--sizes", "10M,100M", "--iters", "10", "--warmup", "2", "--rounds", "5",
-           "--variants", _TRAINER_VARIANTS),
-          render=render_trainer, timeout_quick_s=400, timeout_full_s=3600),
-    Bench("trainer_scaling", "Scaling: mirror mode with 2 and 4 trainers, 1, 2 and 4 shadows",
-          ("--sizes", "1M", "--iters", "5", "--warmup", "1", "--rounds", "1", "--variants",
-           "none,mirror", "--worlds", "2,4", "--shadow-counts", "1,2,4"),
-          ("--sizes", "10M", "--iters", "10", "--warmup", "2", "--rounds", "5", "--variants",
-           "none,mirror", "--worlds", "2,4", "--shadow-counts", "1,2,4"),
-          render=render_scaling, timeout_quick_s=400, timeout_full_s=3600,
-          script_name="trainer_bench"),
-    Bench("inband_bench", "In-band through the P4 target vs plain DDP",
-          ("--sizes", "100K", "--iters", "10", "--warmup", "2", "--rounds", "1"),
-          ("--rounds", "5"), render=render_inband, timeout_quick_s=400,
-          timeout_full_s=3600),
-    Bench("reseed_bench", "Self-healing pause: staging copy of one shard vs memcpy",
-          ("--sizes", "1M,10M", "--repeat", "3"), render=render_reseed),
-    Bench("recovery_bench", "Recovery: restore from 1, 2, 4 shadows vs DCP load and torch.load",
-          ("--quick",), render=render_recovery, timeout_quick_s=240),
-    Bench("lostwork_bench", "Work lost per failure, detection and recovery: the emulated demo",
-          ("--runs", "1"), render=render_lostwork, timeout_quick_s=600, timeout_full_s=2400),
-    Bench("switch_bench", "P4 software target vs a bare AF_PACKET loop",
-          ("--rounds", "1", "--frames-small", "5000", "--frames-large", "1000"),
-          needs_root=True, render=render_switch),
+    Bench(
+        "wire_bench", "Wire codec vs memcpy", ("--quick",), render=render_wire, timeout_quick_s=120
+    ),
+    Bench(
+        "shadow_bench",
+        "Shadow: optimizer apply vs memory bandwidth, ingest vs bare UDP",
+        ("--quick",),
+        render=render_shadow,
+    ),
+    Bench(
+        "auth_bench",
+        "Authentication: shadow ingest bare / CRC / CRC+MAC, record costs",
+        ("--params", "5e6", "--iterations", "2", "--rounds", "3"),
+        render=render_auth,
+    ),
+    Bench(
+        "trainer_bench",
+        "Trainer: mirror mode vs no checkpoint, DCP async_save and "
+        "torch.save every iteration and every 5th",
+        (
+            "--sizes",
+            "1M",
+            "--iters",
+            "5",
+            "--warmup",
+            "1",
+            "--rounds",
+            "2",
+            "--variants",
+            _TRAINER_VARIANTS,
+        ),
+        (
+            "--sizes",
+            "10M,100M",
+            "--iters",
+            "10",
+            "--warmup",
+            "2",
+            "--rounds",
+            "5",
+            "--variants",
+            _TRAINER_VARIANTS,
+        ),
+        render=render_trainer,
+        timeout_quick_s=400,
+        timeout_full_s=3600,
+    ),
+    Bench(
+        "trainer_scaling",
+        "Scaling: mirror mode with 2 and 4 trainers, 1, 2 and 4 shadows",
+        (
+            "--sizes",
+            "1M",
+            "--iters",
+            "5",
+            "--warmup",
+            "1",
+            "--rounds",
+            "1",
+            "--variants",
+            "none,mirror",
+            "--worlds",
+            "2,4",
+            "--shadow-counts",
+            "1,2,4",
+        ),
+        (
+            "--sizes",
+            "10M",
+            "--iters",
+            "10",
+            "--warmup",
+            "2",
+            "--rounds",
+            "5",
+            "--variants",
+            "none,mirror",
+            "--worlds",
+            "2,4",
+            "--shadow-counts",
+            "1,2,4",
+        ),
+        render=render_scaling,
+        timeout_quick_s=400,
+        timeout_full_s=3600,
+        script_name="trainer_bench",
+    ),
+    Bench(
+        "inband_bench",
+        "In-band through the P4 target vs plain DDP",
+        ("--sizes", "100K", "--iters", "10", "--warmup", "2", "--rounds", "1"),
+        ("--rounds", "5"),
+        render=render_inband,
+        timeout_quick_s=400,
+        timeout_full_s=3600,
+    ),
+    Bench(
+        "reseed_bench",
+        "Self-healing pause: staging copy of one shard vs memcpy",
+        ("--sizes", "1M,10M", "--repeat", "3"),
+        render=render_reseed,
+    ),
+    Bench(
+        "recovery_bench",
+        "Recovery: restore from 1, 2, 4 shadows vs DCP load and torch.load",
+        ("--quick",),
+        render=render_recovery,
+        timeout_quick_s=240,
+    ),
+    Bench(
+        "lostwork_bench",
+        "Work lost per failure, detection and recovery: the emulated demo",
+        ("--runs", "1"),
+        render=render_lostwork,
+        timeout_quick_s=600,
+        timeout_full_s=2400,
+    ),
+    Bench(
+        "switch_bench",
+        "P4 software target vs a bare AF_PACKET loop",
+        ("--rounds", "1", "--frames-small", "5000", "--frames-large", "1000"),
+        needs_root=True,
+        render=render_switch,
+    ),
 )
 
 NOT_MEASURED = (
@@ -854,21 +1389,26 @@ def _memory_gib() -> float | None:
 def _git() -> dict[str, Any]:
     def out(*args: str) -> str | None:
         try:
-            r = subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True,
-                               timeout=30)
+            r = subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, timeout=30)
         except (OSError, subprocess.TimeoutExpired):
             return None
         return r.stdout.strip() if r.returncode == 0 else None
+
     status = out("status", "--porcelain", "--untracked-files=no")
     return {"commit": out("rev-parse", "HEAD"), "dirty": None if status is None else bool(status)}
 
 
 def machine() -> dict[str, Any]:
-    return {"cores": os.cpu_count(), "memory_GiB": _memory_gib(),
-            "python": platform.python_version(), "torch": _version("torch"),
-            "platform": platform.platform(), "machine": platform.machine(),
-            "loadavg_at_start": [round(x, 2) for x in os.getloadavg()],
-            "nice": os.nice(0)}
+    return {
+        "cores": os.cpu_count(),
+        "memory_GiB": _memory_gib(),
+        "python": platform.python_version(),
+        "torch": _version("torch"),
+        "platform": platform.platform(),
+        "machine": platform.machine(),
+        "loadavg_at_start": [round(x, 2) for x in os.getloadavg()],
+        "nice": os.nice(0),
+    }
 
 
 def _group_members(pgid: int) -> list[int]:
@@ -912,8 +1452,7 @@ def run_bench(b: Bench, mode: str, out_dir: Path) -> dict[str, Any]:
     final = out_dir / f"{b.name}.json"
     entry: dict[str, Any] = {"name": b.name, "script": b.script, "json": _rel(final)}
     if b.needs_root and os.geteuid() != 0:
-        entry.update(status="skipped", reason="skipped: needs root", rc=None, wall_s=0.0,
-                     args=[])
+        entry.update(status="skipped", reason="skipped: needs root", rc=None, wall_s=0.0, args=[])
         print(f"== {b.name}: skipped (needs root)", flush=True)
         return entry
     args = list(b.quick if mode == "quick" else b.full)
@@ -923,14 +1462,23 @@ def run_bench(b: Bench, mode: str, out_dir: Path) -> dict[str, Any]:
     cmd = [sys.executable, b.script, *args, "--out", _rel(partial)]
     entry["args"] = args
     entry["timeout_s"] = timeout
-    print(f"== {b.name}: {shlex.join(['python', b.script, *args])} (timeout {timeout:.0f} s)",
-          flush=True)
+    print(
+        f"== {b.name}: {shlex.join(['python', b.script, *args])} (timeout {timeout:.0f} s)",
+        flush=True,
+    )
     tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
     t0 = time.monotonic()
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, errors="replace",
-                            start_new_session=True,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    proc = subprocess.Popen(
+        cmd,
+        cwd=ROOT,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        errors="replace",
+        start_new_session=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
 
     def pump() -> None:
         assert proc.stdout is not None
@@ -964,13 +1512,25 @@ def run_bench(b: Bench, mode: str, out_dir: Path) -> dict[str, Any]:
     else:
         partial.unlink(missing_ok=True)
         status = "timeout" if timed_out else "failed"
-        reason = (f"timed out after {timeout:.0f} s" if timed_out else
-                  f"exit status {rc}" if rc != 0 else "exit 0 but no valid JSON written")
-    entry.update(status=status, reason=reason, rc=rc, wall_s=round(wall, 1),
-                 leftover_processes_killed=leftovers,
-                 output_tail=list(tail) if status != "ok" else list(tail)[-5:])
-    print(f"== {b.name}: {status}{'' if reason is None else ' (' + reason + ')'} "
-          f"in {wall:.1f} s", flush=True)
+        reason = (
+            f"timed out after {timeout:.0f} s"
+            if timed_out
+            else f"exit status {rc}"
+            if rc != 0
+            else "exit 0 but no valid JSON written"
+        )
+    entry.update(
+        status=status,
+        reason=reason,
+        rc=rc,
+        wall_s=round(wall, 1),
+        leftover_processes_killed=leftovers,
+        output_tail=list(tail) if status != "ok" else list(tail)[-5:],
+    )
+    print(
+        f"== {b.name}: {status}{'' if reason is None else ' (' + reason + ')'} in {wall:.1f} s",
+        flush=True,
+    )
     return entry
 
 
@@ -983,12 +1543,16 @@ def merge_rerun(old: Doc | None, new: Doc) -> Doc:
     if old is None:
         return new
     if old.get("mode") != new.get("mode"):
-        raise ValueError(f"harness.json records a {old.get('mode')} run; a {new.get('mode')} "
-                         "rerun would mix the two on one page")
+        raise ValueError(
+            f"harness.json records a {old.get('mode')} run; a {new.get('mode')} "
+            "rerun would mix the two on one page"
+        )
     reruns = [r for r in old.get("reruns") or [] if isinstance(r, dict)]
     number = len(reruns) + 1
-    reruns.append({k: new.get(k) for k in ("command", "started", "wall_s", "machine", "git")}
-                  | {"benches": [str(e.get("name")) for e in new.get("benches") or []]})
+    reruns.append(
+        {k: new.get(k) for k in ("command", "started", "wall_s", "machine", "git")}
+        | {"benches": [str(e.get("name")) for e in new.get("benches") or []]}
+    )
     entries = {str(e.get("name")): e for e in old.get("benches") or [] if isinstance(e, dict)}
     for e in new.get("benches") or []:
         entries[str(e.get("name"))] = {**e, "rerun": number}
@@ -999,8 +1563,7 @@ def merge_rerun(old: Doc | None, new: Doc) -> Doc:
             entries[n] = {**e, "rerun": renumber[int(e["rerun"])]}
     order = [b.name for b in BENCHES if b.name in entries]
     order += [n for n in entries if n not in order]
-    return {**old, "benches": [entries[n] for n in order],
-            "reruns": [reruns[i - 1] for i in live]}
+    return {**old, "benches": [entries[n] for n in order], "reruns": [reruns[i - 1] for i in live]}
 
 
 def run_all(mode: str, command: str, only: Sequence[str] | None = None) -> dict[str, Any]:
@@ -1009,14 +1572,22 @@ def run_all(mode: str, command: str, only: Sequence[str] | None = None) -> dict[
     out_dir.mkdir(parents=True, exist_ok=True)
     old = _load(HARNESS_JSON) if only is not None else None
     if old is not None and old.get("mode") != mode:  # refuse before running anything
-        raise SystemExit(f"{_rel(HARNESS_JSON)} records a {old.get('mode')} run: rerun its "
-                         f"benches with --{old.get('mode')}, or run them all with --{mode}")
+        raise SystemExit(
+            f"{_rel(HARNESS_JSON)} records a {old.get('mode')} run: rerun its "
+            f"benches with --{old.get('mode')}, or run them all with --{mode}"
+        )
     started = dt.datetime.now(dt.UTC)
     t0 = time.monotonic()
     doc: dict[str, Any] = {
-        "harness": 1, "mode": mode, "command": command,
+        "harness": 1,
+        "mode": mode,
+        "command": command,
         "started": started.strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "results_dir": _rel(out_dir), "machine": machine(), "git": _git(), "benches": []}
+        "results_dir": _rel(out_dir),
+        "machine": machine(),
+        "git": _git(),
+        "benches": [],
+    }
     for b in BENCHES:
         if only is None or b.name in only:
             doc["benches"].append(run_bench(b, mode, out_dir))
@@ -1028,8 +1599,7 @@ def run_all(mode: str, command: str, only: Sequence[str] | None = None) -> dict[
     tmp = HARNESS_JSON.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(doc, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
     tmp.replace(HARNESS_JSON)
-    print(f"wrote {_rel(HARNESS_JSON)}; the benches took {time.monotonic() - t0:.1f} s",
-          flush=True)
+    print(f"wrote {_rel(HARNESS_JSON)}; the benches took {time.monotonic() - t0:.1f} s", flush=True)
     return doc
 
 
@@ -1072,8 +1642,9 @@ def _anchor(name: str) -> str:
 
 
 def _entries(harness: Doc | None) -> dict[str, Doc]:
-    return {str(e.get("name")): e for e in (harness or {}).get("benches") or []
-            if isinstance(e, dict)}
+    return {
+        str(e.get("name")): e for e in (harness or {}).get("benches") or [] if isinstance(e, dict)
+    }
 
 
 def _found(harness: Doc | None) -> dict[str, tuple[Path, Doc | None]]:
@@ -1087,55 +1658,88 @@ def render_page(harness: Doc | None) -> str:
     goes into it (no clock, no absolute paths), so the same JSON gives the same page."""
     entries = _entries(harness)
     found = _found(harness)
-    lines = ["# Benchmarks", "",
-             "<!-- Generated by bench/harness.py from the JSON in bench/results/; do not edit. -->",
-             ""]
+    lines = [
+        "# Benchmarks",
+        "",
+        "<!-- Generated by bench/harness.py from the JSON in bench/results/; do not edit. -->",
+        "",
+    ]
     bw = _get(found["shadow_bench"][1], "apply", "bandwidth", "bound_GBps")
     if harness is None:
-        lines += ["Generated by `python bench/harness.py --page-only`; no harness run is "
-                  "recorded (`bench/results/harness.json` is missing), so each section shows "
-                  "the bench's own JSON under `bench/results/` where there is one.", ""]
+        lines += [
+            "Generated by `python bench/harness.py --page-only`; no harness run is "
+            "recorded (`bench/results/harness.json` is missing), so each section shows "
+            "the bench's own JSON under `bench/results/` where there is one.",
+            "",
+        ]
         if bw is not None:
             lines += [f"Memory bandwidth (shadow_bench): {_f(bw, 1)} GB/s.", ""]
     else:
         m = harness.get("machine") or {}
         git = harness.get("git") or {}
         commit = git.get("commit")
-        at = (f"; commit `{commit[:12]}`{' with local changes' if git.get('dirty') else ''}"
-              if isinstance(commit, str) else "")
-        lines += [f"Generated by `{harness.get('command')}` from the run that started "
-                  f"{harness.get('started')} and took {_f(harness.get('wall_s'), 0)} s in all "
-                  f"({harness.get('mode')} mode; JSON in `{harness.get('results_dir')}/` and "
-                  f"`bench/results/harness.json`{at}). `python bench/harness.py --page-only` "
-                  "regenerates this page from that JSON alone.", ""]
+        at = (
+            f"; commit `{commit[:12]}`{' with local changes' if git.get('dirty') else ''}"
+            if isinstance(commit, str)
+            else ""
+        )
+        lines += [
+            f"Generated by `{harness.get('command')}` from the run that started "
+            f"{harness.get('started')} and took {_f(harness.get('wall_s'), 0)} s in all "
+            f"({harness.get('mode')} mode; JSON in `{harness.get('results_dir')}/` and "
+            f"`bench/results/harness.json`{at}). `python bench/harness.py --page-only` "
+            "regenerates this page from that JSON alone.",
+            "",
+        ]
         reruns = [r for r in harness.get("reruns") or [] if isinstance(r, dict)]
         if reruns:
-            lines += ["Benches rerun since and merged into that record (their sections show "
-                      "the rerun's figures):", ""]
+            lines += [
+                "Benches rerun since and merged into that record (their sections show "
+                "the rerun's figures):",
+                "",
+            ]
             for i, r in enumerate(reruns, 1):
                 rm, rg = r.get("machine") or {}, r.get("git") or {}
                 rc = rg.get("commit")
-                rat = (f", commit `{rc[:12]}`{' with local changes' if rg.get('dirty') else ''}"
-                       if isinstance(rc, str) else "")
-                lines.append(f"{i}. `{r.get('command')}`, started {r.get('started')}, "
-                             f"{_f(r.get('wall_s'), 0)} s{rat}; load average "
-                             f"{rm.get('loadavg_at_start')} at the start, "
-                             f"{rm.get('loadavg_at_end')} at the end, nice {rm.get('nice')}: "
-                             + ", ".join(map(str, r.get("benches") or [])) + ".")
+                rat = (
+                    f", commit `{rc[:12]}`{' with local changes' if rg.get('dirty') else ''}"
+                    if isinstance(rc, str)
+                    else ""
+                )
+                lines.append(
+                    f"{i}. `{r.get('command')}`, started {r.get('started')}, "
+                    f"{_f(r.get('wall_s'), 0)} s{rat}; load average "
+                    f"{rm.get('loadavg_at_start')} at the start, "
+                    f"{rm.get('loadavg_at_end')} at the end, nice {rm.get('nice')}: "
+                    + ", ".join(map(str, r.get("benches") or []))
+                    + "."
+                )
             lines.append("")
         if harness.get("mode") == "quick":
-            lines += ["Quick mode: every bench ran with short settings (small models, few "
-                      "rounds) on a possibly busy machine; the figures show the shape, a full "
-                      "run (`make bench`) gives the numbers to quote.", ""]
-        bw_text = (f"{_f(bw, 1)} GB/s (best streaming kernel of shadow_bench, same run)"
-                   if bw is not None else "not measured in this run")
-        lines += [f"Machine: {m.get('cores')} cores, {_f(m.get('memory_GiB'), 1)} GiB memory, "
-                  f"memory bandwidth {bw_text}, Python {m.get('python')}, torch "
-                  f"{m.get('torch')}, {m.get('platform')}; load average "
-                  f"{m.get('loadavg_at_start')} at the start, {m.get('loadavg_at_end')} at the "
-                  f"end; the benches ran at nice {m.get('nice')}.", ""]
-    lines += ["Every ratio is against a baseline measured in the same run of the same bench; "
-              "timings are reported, never asserted.", ""]
+            lines += [
+                "Quick mode: every bench ran with short settings (small models, few "
+                "rounds) on a possibly busy machine; the figures show the shape, a full "
+                "run (`make bench`) gives the numbers to quote.",
+                "",
+            ]
+        bw_text = (
+            f"{_f(bw, 1)} GB/s (best streaming kernel of shadow_bench, same run)"
+            if bw is not None
+            else "not measured in this run"
+        )
+        lines += [
+            f"Machine: {m.get('cores')} cores, {_f(m.get('memory_GiB'), 1)} GiB memory, "
+            f"memory bandwidth {bw_text}, Python {m.get('python')}, torch "
+            f"{m.get('torch')}, {m.get('platform')}; load average "
+            f"{m.get('loadavg_at_start')} at the start, {m.get('loadavg_at_end')} at the "
+            f"end; the benches ran at nice {m.get('nice')}.",
+            "",
+        ]
+    lines += [
+        "Every ratio is against a baseline measured in the same run of the same bench; "
+        "timings are reported, never asserted.",
+        "",
+    ]
 
     rows = []
     for b in BENCHES:
@@ -1143,15 +1747,22 @@ def render_page(harness: Doc | None) -> str:
         path, doc = found[b.name]
         link = f"[{b.name}]({_anchor(b.name)})"
         if harness is None:
-            rows.append([link, "not run by the harness" if doc else "not run",
-                         "-", f"`{_rel(path)}`" if doc else "-"])
+            rows.append(
+                [
+                    link,
+                    "not run by the harness" if doc else "not run",
+                    "-",
+                    f"`{_rel(path)}`" if doc else "-",
+                ]
+            )
         elif e is None:
             rows.append([link, "not run", "-", "-"])
         elif e.get("status") == "skipped":
             rows.append([link, str(e.get("reason")), "-", "-"])
         elif e.get("status") != "ok":
-            rows.append([link, f"{e.get('status')} ({e.get('reason')})",
-                         _f(e.get("wall_s"), 1), "-"])
+            rows.append(
+                [link, f"{e.get('status')} ({e.get('reason')})", _f(e.get("wall_s"), 1), "-"]
+            )
         else:
             ok = f"ok (rerun {e['rerun']})" if e.get("rerun") else "ok"
             rows.append([link, ok, _f(e.get("wall_s"), 1), f"`{e.get('json')}`"])
@@ -1170,18 +1781,28 @@ def render_page(harness: Doc | None) -> str:
             canonical = RESULTS / f"{b.name}.json"
             if canonical.exists() and canonical.resolve() != path.resolve():
                 when = _when(_load(canonical))
-                lines += ["", f"An earlier result is in `{_rel(canonical)}`"
-                          + (f" (run {when})" if when else "") + "; not shown here."]
+                lines += [
+                    "",
+                    f"An earlier result is in `{_rel(canonical)}`"
+                    + (f" (run {when})" if when else "")
+                    + "; not shown here.",
+                ]
             lines.append("")
             continue
         if doc is None:
-            lines += ["Not run." if not path.exists() or e is None else
-                      f"`{_rel(path)}` is missing or not valid JSON.", ""]
+            lines += [
+                "Not run."
+                if not path.exists() or e is None
+                else f"`{_rel(path)}` is missing or not valid JSON.",
+                "",
+            ]
             continue
         meta = []
         if e is not None:
-            meta.append(f"Command `{shlex.join(['python', b.script, *(e.get('args') or [])])}`"
-                        f" ({_f(e.get('wall_s'), 1)} s)")
+            meta.append(
+                f"Command `{shlex.join(['python', b.script, *(e.get('args') or [])])}`"
+                f" ({_f(e.get('wall_s'), 1)} s)"
+            )
         when = _when(doc)
         if when:
             meta.append(f"run {when}" if meta else f"Run {when}")
@@ -1193,8 +1814,12 @@ def render_page(harness: Doc | None) -> str:
             lines += [f"(this JSON does not have the expected shape: {type(exc).__name__})"]
         lines.append("")
 
-    lines += ["## Not measured yet", "",
-              "Issue 14 asks for these; this harness does not produce them (yet):", ""]
+    lines += [
+        "## Not measured yet",
+        "",
+        "Issue 14 asks for these; this harness does not produce them (yet):",
+        "",
+    ]
     lines += [f"- {x}" for x in NOT_MEASURED]
     return "\n".join(lines).rstrip() + "\n"
 
@@ -1214,7 +1839,7 @@ def update_readme(text: str, block: str) -> str:
     a, b = text.find(README_BEGIN), text.find(README_END)
     if a < 0 or b < a:
         raise ValueError(f"README.md has no {README_BEGIN!r} ... {README_END!r} block")
-    return text[:a] + block + text[b + len(README_END):]
+    return text[:a] + block + text[b + len(README_END) :]
 
 
 def _atomic_write(path: Path, text: str) -> None:
@@ -1230,6 +1855,7 @@ def write_plots(found: dict[str, tuple[Path, Doc | None]], g: Doc, out: Path) ->
     wrote; nothing when matplotlib is missing."""
     try:
         import matplotlib
+
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
@@ -1261,12 +1887,17 @@ def write_plots(found: dict[str, tuple[Path, Doc | None]], g: Doc, out: Path) ->
     if sc and sc.get("results"):
         fig, ax = plt.subplots(figsize=(6, 3.6))
         for world in sc.get("worlds") or []:
-            pts = sorted((r.get("num_shadows"), r.get("ratio")) for r in sc["results"]
-                         if r.get("world") == world and r.get("kind") == "mirror"
-                         and r.get("ratio") is not None)
+            pts = sorted(
+                (r.get("num_shadows"), r.get("ratio"))
+                for r in sc["results"]
+                if r.get("world") == world
+                and r.get("kind") == "mirror"
+                and r.get("ratio") is not None
+            )
             if pts:
-                ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o",
-                        label=f"{world} trainers")
+                ax.plot(
+                    [p[0] for p in pts], [p[1] for p in pts], marker="o", label=f"{world} trainers"
+                )
         ax.axhline(1.0, color="grey", lw=0.8)
         ax.set_xlabel("shadows")
         ax.set_ylabel("mirror ms/iter / none")
@@ -1275,20 +1906,25 @@ def write_plots(found: dict[str, tuple[Path, Doc | None]], g: Doc, out: Path) ->
         written.append(out / "bench_scaling.png")
         fig.savefig(written[-1], metadata=meta)
         plt.close(fig)
-    methods = [(str(p.get("size")), m) for p in g.get("policies") or []
-               for m in p.get("methods") or []]
+    methods = [
+        (str(p.get("size")), m) for p in g.get("policies") or [] for m in p.get("methods") or []
+    ]
     if methods or g.get("recovery"):
         fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
         names = [f"{m['method']}\n{size}" for size, m in methods]
-        axes[0].bar(range(len(methods)), [m.get("lost_per_failure_s") or 0 for _, m in methods],
-                    color="tab:red")
+        axes[0].bar(
+            range(len(methods)),
+            [m.get("lost_per_failure_s") or 0 for _, m in methods],
+            color="tab:red",
+        )
         axes[0].set_xticks(range(len(methods)), names, fontsize=8)
         axes[0].set_yscale("log")
         axes[0].set_ylabel("work lost per failure, s")
         rec = g.get("recovery") or []
         labels = [f"{x.get('shadows')} shadow(s)" for x in rec] + (["DCP load"] if rec else [])
         vals = [x.get("restore_ms") or 0 for x in rec] + (
-            [rec[0].get("dcp_load_ms") or 0] if rec else [])
+            [rec[0].get("dcp_load_ms") or 0] if rec else []
+        )
         axes[1].bar(range(len(vals)), vals, color="tab:green")
         axes[1].set_xticks(range(len(vals)), labels, fontsize=8)
         axes[1].set_ylabel("restore ms")
@@ -1310,8 +1946,7 @@ def write_page(page: Path, harness_json: Path = HARNESS_JSON) -> None:
         return
     found = _found(harness)
     g = analyze(found)
-    _atomic_write(SUMMARY_JSON, json.dumps(g, indent=1, ensure_ascii=False, sort_keys=True)
-                  + "\n")
+    _atomic_write(SUMMARY_JSON, json.dumps(g, indent=1, ensure_ascii=False, sort_keys=True) + "\n")
     text = README.read_text(encoding="utf-8")
     new = update_readme(text, readme_block(harness))
     if new != text:
@@ -1322,17 +1957,33 @@ def write_page(page: Path, harness_json: Path = HARNESS_JSON) -> None:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     mode = ap.add_mutually_exclusive_group(required=True)
-    mode.add_argument("--quick", action="store_true",
-                      help="each bench in its quick/short mode; JSON under bench/results/quick/")
-    mode.add_argument("--full", action="store_true",
-                      help="each bench with its default settings; JSON under bench/results/")
-    mode.add_argument("--page-only", action="store_true",
-                      help="run nothing; regenerate the page from the JSON present")
-    ap.add_argument("--page", type=Path, default=DEFAULT_PAGE,
-                    help=f"where the page goes (default {_rel(DEFAULT_PAGE)})")
-    ap.add_argument("--only", metavar="NAME[,NAME]",
-                    help="run only these benches and merge them into the recorded "
-                         "bench/results/harness.json (same mode), then regenerate the page")
+    mode.add_argument(
+        "--quick",
+        action="store_true",
+        help="each bench in its quick/short mode; JSON under bench/results/quick/",
+    )
+    mode.add_argument(
+        "--full",
+        action="store_true",
+        help="each bench with its default settings; JSON under bench/results/",
+    )
+    mode.add_argument(
+        "--page-only",
+        action="store_true",
+        help="run nothing; regenerate the page from the JSON present",
+    )
+    ap.add_argument(
+        "--page",
+        type=Path,
+        default=DEFAULT_PAGE,
+        help=f"where the page goes (default {_rel(DEFAULT_PAGE)})",
+    )
+    ap.add_argument(
+        "--only",
+        metavar="NAME[,NAME]",
+        help="run only these benches and merge them into the recorded "
+        "bench/results/harness.json (same mode), then regenerate the page",
+    )
     args = ap.parse_args(argv)
     only: list[str] | None = None
     if args.only is not None:
@@ -1341,8 +1992,10 @@ def main(argv: list[str] | None = None) -> int:
         only = [n.strip() for n in args.only.split(",") if n.strip()]
         unknown = sorted(set(only) - {b.name for b in BENCHES})
         if unknown or not only:
-            ap.error(f"--only: unknown bench(es) {', '.join(unknown) or '(none given)'}; known: "
-                     + ", ".join(b.name for b in BENCHES))
+            ap.error(
+                f"--only: unknown bench(es) {', '.join(unknown) or '(none given)'}; known: "
+                + ", ".join(b.name for b in BENCHES)
+            )
     if not args.page_only:
         flag = "--quick" if args.quick else "--full"
         if only is not None:

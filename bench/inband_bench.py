@@ -97,8 +97,9 @@ def batch(step: int, rank: int, per_rank: int, width: int) -> tuple[Any, Any]:
     import torch
 
     g = torch.Generator().manual_seed(1_000_003 * step + rank)
-    return torch.randn(per_rank, width, generator=g), torch.randint(0, CLASSES, (per_rank,),
-                                                                    generator=g)
+    return torch.randn(per_rank, width, generator=g), torch.randint(
+        0, CLASSES, (per_rank,), generator=g
+    )
 
 
 # --------------------------------------------------------------------------- worker
@@ -173,12 +174,27 @@ def worker(args: argparse.Namespace) -> None:
     loops: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(loops, loop)
     if rank == 0:
-        print("RESULT " + json.dumps({
-            "variant": args.variant, "params": nparams, "width": args.width,
-            "depth": args.depth, "last_iteration": args.warmup + args.iters - 1,
-            "times": times, "phases": phases, "start_s": t_start, "close_s": t_close,
-            "rank_loop_cpu_s": [c for c, _ in loops], "rank_loop_wall_s": [w for _, w in loops],
-            "session": extra}, default=str), flush=True)
+        print(
+            "RESULT "
+            + json.dumps(
+                {
+                    "variant": args.variant,
+                    "params": nparams,
+                    "width": args.width,
+                    "depth": args.depth,
+                    "last_iteration": args.warmup + args.iters - 1,
+                    "times": times,
+                    "phases": phases,
+                    "start_s": t_start,
+                    "close_s": t_close,
+                    "rank_loop_cpu_s": [c for c, _ in loops],
+                    "rank_loop_wall_s": [w for _, w in loops],
+                    "session": extra,
+                },
+                default=str,
+            ),
+            flush=True,
+        )
     dist.barrier()
     dist.destroy_process_group()
     # the DDP module still holds the gloo process group; its worker threads were torn down at
@@ -196,9 +212,18 @@ def spread(xs: list[float]) -> dict[str, float]:
     """min, p10, p25, p50, p75, p90, max, IQR and mean of ``xs`` (seconds)."""
     q = statistics.quantiles(xs, n=20, method="inclusive") if len(xs) > 1 else [xs[0]] * 19
     p25, p75 = q[4], q[14]
-    return {"min": min(xs), "p10": q[1], "p25": p25, "median": statistics.median(xs),
-            "p75": p75, "p90": q[17], "max": max(xs), "iqr": p75 - p25,
-            "mean": statistics.fmean(xs), "n": len(xs)}
+    return {
+        "min": min(xs),
+        "p10": q[1],
+        "p25": p25,
+        "median": statistics.median(xs),
+        "p75": p75,
+        "p90": q[17],
+        "max": max(xs),
+        "iqr": p75 - p25,
+        "mean": statistics.fmean(xs),
+        "n": len(xs),
+    }
 
 
 class RanksFailedError(RuntimeError):
@@ -212,10 +237,15 @@ class RanksFailedError(RuntimeError):
         return str(self) + "".join(f"\n--- rank {r}\n{o}" for r, o in enumerate(self.outputs))
 
 
-def run_ranks(args: argparse.Namespace, variant: str, width: int, spec_path: Path | None,
-              close_timeout: float, *,
-              probe: Callable[[], dict[str, float | None]] | None = None
-              ) -> dict[str, Any]:
+def run_ranks(
+    args: argparse.Namespace,
+    variant: str,
+    width: int,
+    spec_path: Path | None,
+    close_timeout: float,
+    *,
+    probe: Callable[[], dict[str, float | None]] | None = None,
+) -> dict[str, Any]:
     """Run ``--world`` ranks of the worker; every child is reaped (killed on a timeout).
 
     ``probe()`` (CPU counters of this process and the switch) is sampled when rank 0 reports the
@@ -223,16 +253,37 @@ def run_ranks(args: argparse.Namespace, variant: str, width: int, spec_path: Pat
     """
     from shadowgrad.trainer_hooks._testing import TOKEN, Ranks
 
-    argv = [sys.executable, __file__, "--worker", "--variant", variant, "--width", str(width),
-            "--depth", str(args.depth), "--iters", str(args.iters), "--warmup",
-            str(args.warmup), "--batch", str(args.batch), "--close-timeout",
-            str(close_timeout), "--spec", str(spec_path or "")]
+    argv = [
+        sys.executable,
+        __file__,
+        "--worker",
+        "--variant",
+        variant,
+        "--width",
+        str(width),
+        "--depth",
+        str(args.depth),
+        "--iters",
+        str(args.iters),
+        "--warmup",
+        str(args.warmup),
+        "--batch",
+        str(args.batch),
+        "--close-timeout",
+        str(close_timeout),
+        "--spec",
+        str(spec_path or ""),
+    ]
     ranks = Ranks(argv, args.world, {"SHADOWGRAD_TOKEN": TOKEN}, str(ROOT))
     samples: dict[str, dict[str, float | None]] = {}
     try:
         deadline = time.monotonic() + args.timeout
-        while probe is not None and len(samples) < 2 and time.monotonic() < deadline \
-                and any(p.poll() is None for p in ranks.procs):
+        while (
+            probe is not None
+            and len(samples) < 2
+            and time.monotonic() < deadline
+            and any(p.poll() is None for p in ranks.procs)
+        ):
             text = ranks.output(0)
             for mark in ("begin", "end"):
                 if mark not in samples and f"\nMEASURE {mark}\n" in "\n" + text:
@@ -241,17 +292,20 @@ def run_ranks(args: argparse.Namespace, variant: str, width: int, spec_path: Pat
         codes = ranks.wait(max(0.1, deadline - time.monotonic()))
         out = ranks.output(0)
         if codes != [0] * args.world:
-            raise RanksFailedError(f"{variant}: exit codes {codes} (timeout {args.timeout}s)",
-                            [ranks.output(r) for r in range(args.world)])
+            raise RanksFailedError(
+                f"{variant}: exit codes {codes} (timeout {args.timeout}s)",
+                [ranks.output(r) for r in range(args.world)],
+            )
     finally:
         ranks.close()
     line = next(ln for ln in out.splitlines() if ln.startswith("RESULT "))
-    res: dict[str, Any] = json.loads(line[len("RESULT "):])
+    res: dict[str, Any] = json.loads(line[len("RESULT ") :])
     if len(samples) == 2:
         b, e = samples["begin"], samples["end"]
-        res["window_cpu_s"] = {k: None if b[k] is None or e[k] is None
-                               else e[k] - b[k]  # type: ignore[operator]
-                               for k in b}
+        res["window_cpu_s"] = {
+            k: None if b[k] is None or e[k] is None else e[k] - b[k]  # type: ignore[operator]
+            for k in b
+        }
     return res
 
 
@@ -268,8 +322,14 @@ def _shadow_summary(cluster: Any) -> list[dict[str, Any]]:
     out = []
     for s in cluster.status():
         c = s.get("counters", {})
-        out.append({"last_applied": s.get("last_applied"), "diverged_at": s.get("diverged_at"),
-                    "lag": s.get("lag"), "counters": {k: c[k] for k in sorted(c)}})
+        out.append(
+            {
+                "last_applied": s.get("last_applied"),
+                "diverged_at": s.get("diverged_at"),
+                "lag": s.get("lag"),
+                "counters": {k: c[k] for k in sorted(c)},
+            }
+        )
     return out
 
 
@@ -280,16 +340,24 @@ def _switch_summary(final: dict[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for port in sorted(ports, key=int):
         p, q = ports[port], queues.get(port, {})
-        out[port] = {"rx_packets": p.get("rx_packets"), "tx_packets": p.get("tx_packets"),
-                     "tx_bytes": p.get("tx_bytes"), "max_queue_depth": q.get("max_depth"),
-                     "queue_drops": sum((q.get("drops") or {}).values()),
-                     "paused_s": q.get("paused_s")}
-    return {"ports": out, "switch_drops": final.get("switch_drops"),
-            "dataplane_drops": final.get("dataplane_drops")}
+        out[port] = {
+            "rx_packets": p.get("rx_packets"),
+            "tx_packets": p.get("tx_packets"),
+            "tx_bytes": p.get("tx_bytes"),
+            "max_queue_depth": q.get("max_depth"),
+            "queue_drops": sum((q.get("drops") or {}).values()),
+            "paused_s": q.get("paused_s"),
+        }
+    return {
+        "ports": out,
+        "switch_drops": final.get("switch_drops"),
+        "dataplane_drops": final.get("dataplane_drops"),
+    }
 
 
-def run_variant(args: argparse.Namespace, variant: str, width: int, layout: Any,
-                tmp: Path) -> dict[str, Any]:
+def run_variant(
+    args: argparse.Namespace, variant: str, width: int, layout: Any, tmp: Path
+) -> dict[str, Any]:
     """One variant: its switch and shadows (if any) around one launch of the ranks."""
     from shadowgrad.bmv2_testbed.inband import JobSwitch
     from shadowgrad.config import parse_spec
@@ -303,11 +371,13 @@ def run_variant(args: argparse.Namespace, variant: str, width: int, layout: Any,
         return res
     timeouts = {"gap_repair": args.gap_repair, "heartbeat": "200ms", "rpc": "5s"}
     if variant == "mirror":
-        doc = loopback_spec(world=args.world, shadows=args.shadows,
-                            replication=args.replication, **timeouts)
+        doc = loopback_spec(
+            world=args.world, shadows=args.shadows, replication=args.replication, **timeouts
+        )
     else:
-        doc = switch_spec(world=args.world, shadows=args.shadows,
-                          replication=args.replication, **timeouts)
+        doc = switch_spec(
+            world=args.world, shadows=args.shadows, replication=args.replication, **timeouts
+        )
     spec = parse_spec(doc, env={})
     spec_path = tmp / f"{variant}-{width}.toml"
     spec_path.write_text(spec_toml(doc))
@@ -323,8 +393,9 @@ def run_variant(args: argparse.Namespace, variant: str, width: int, layout: Any,
         # The trainers' health monitor would see them stuck after timeouts.failure_detect and
         # re-seed them (a full state load during the measurement): a long failure_detect in
         # the trainers' spec too (it only sets failure detection, nothing on the happy path).
-        shadow_spec = parse_spec({**doc, "timeouts": {**doc["timeouts"],
-                                                      "gap_repair": "3600s"}}, env={})
+        shadow_spec = parse_spec(
+            {**doc, "timeouts": {**doc["timeouts"], "gap_repair": "3600s"}}, env={}
+        )
         doc["timeouts"]["failure_detect"] = "3600s"
         spec = parse_spec(doc, env={})
         spec_path.write_text(spec_toml(doc))
@@ -344,8 +415,10 @@ def run_variant(args: argparse.Namespace, variant: str, width: int, layout: Any,
         def probe() -> dict[str, float | None]:
             # this process: the shadows' threads (and the P4Runtime client); the switch is a
             # process of its own
-            return {"shadows": time.process_time(),
-                    "switch": None if pid is None else _proc_cpu_s(pid)}
+            return {
+                "shadows": time.process_time(),
+                "switch": None if pid is None else _proc_cpu_s(pid),
+            }
 
         t0 = time.monotonic()
         res = run_ranks(args, variant, width, spec_path, close_timeout, probe=probe)
@@ -357,9 +430,12 @@ def run_variant(args: argparse.Namespace, variant: str, width: int, layout: Any,
         if sw is not None:
             c = sw.counters()
             out["switch_counters"] = {
-                "tagged": c["tagged"], "commits": c["commits"],
-                "shadow_copies": c["shadow_copies"], "shard_copies": c["shard_copies"],
-                "drops": {k: v for k, v in c["drops"].items() if v[0]}}
+                "tagged": c["tagged"],
+                "commits": c["commits"],
+                "shadow_copies": c["shadow_copies"],
+                "shard_copies": c["shard_copies"],
+                "drops": {k: v for k, v in c["drops"].items() if v[0]},
+            }
         t0 = time.monotonic()
         stack.close()
         out["teardown_s"] = time.monotonic() - t0
@@ -369,8 +445,7 @@ def run_variant(args: argparse.Namespace, variant: str, width: int, layout: Any,
     return res
 
 
-def summarize(size: str, variant: str, runs: list[dict[str, Any]], buckets: int
-              ) -> dict[str, Any]:
+def summarize(size: str, variant: str, runs: list[dict[str, Any]], buckets: int) -> dict[str, Any]:
     """One row of the report: the iterations of every round of ``variant`` pooled."""
     times = [t for r in runs for t in r["times"]]
     phases = list(zip(*[ph for r in runs for ph in r.pop("phases")], strict=True))
@@ -383,20 +458,30 @@ def summarize(size: str, variant: str, runs: list[dict[str, Any]], buckets: int
         return statistics.median(vals) if vals else None
 
     entry: dict[str, Any] = {
-        "size": size, "variant": variant, "params": first["params"], "width": first["width"],
-        "depth": first["depth"], "buckets": buckets, "stats_s": spread(times),
-        "phase_median_s": {k: statistics.median(v) for k, v in
-                           zip(("forward", "backward", "step"), phases, strict=True)},
+        "size": size,
+        "variant": variant,
+        "params": first["params"],
+        "width": first["width"],
+        "depth": first["depth"],
+        "buckets": buckets,
+        "stats_s": spread(times),
+        "phase_median_s": {
+            k: statistics.median(v)
+            for k, v in zip(("forward", "backward", "step"), phases, strict=True)
+        },
         "round_medians_s": [r["median_s"] for r in runs],
         # CPU seconds per measured iteration (median over the rounds): all ranks together,
         # the switch process, this process (the shadows' threads)
         "cpu_per_iter_s": {
             "ranks": per_iter(lambda r: sum(r["rank_loop_cpu_s"])),
             "switch": per_iter(lambda r: (r.get("window_cpu_s") or {}).get("switch")),
-            "shadows": per_iter(lambda r: (r.get("window_cpu_s") or {}).get("shadows"))},
-        "shadows_at_last": None if "shadows_at_last" not in first
+            "shadows": per_iter(lambda r: (r.get("window_cpu_s") or {}).get("shadows")),
+        },
+        "shadows_at_last": None
+        if "shadows_at_last" not in first
         else all(r["shadows_at_last"] for r in runs),
-        "runs": runs}
+        "runs": runs,
+    }
     cpu = [v for v in entry["cpu_per_iter_s"].values() if v is not None]
     # everything runs on this host's cores: an iteration cannot be shorter than all the CPU
     # it costs spread over them (close to the median where the host is CPU bound)
@@ -408,24 +493,34 @@ def print_row(e: dict[str, Any]) -> None:
     st, pm = e["stats_s"], e["phase_median_s"]
     ratio = "-" if e["ratio_to_ddp"] is None else f"{e['ratio_to_ddp']:.2f}x"
     at_last = e["shadows_at_last"]
-    print(f"{e['size']:>5} {e['params'] / 1e6:6.3f}M  {e['variant']:<19} median "
-          f"{st['median'] * 1e3:7.1f} ms  p10/p90 {st['p10'] * 1e3:6.1f}/{st['p90'] * 1e3:6.1f}"
-          f"  IQR {st['iqr'] * 1e3:6.1f}  ratio {ratio:>6}  fwd/bwd/step "
-          f"{pm['forward'] * 1e3:.1f}/{pm['backward'] * 1e3:.1f}/{pm['step'] * 1e3:.1f} ms"
-          + "  cpu/iter ranks/switch/shadows " + "/".join(
-              "-" if v is None else f"{v * 1e3:.0f}" for v in e["cpu_per_iter_s"].values())
-          + f" ms (/{os.cpu_count()} cores: {e['cpu_bound_iter_s'] * 1e3:.0f} ms)"
-          + ("" if at_last is None else f"  shadows at last: {at_last}"), flush=True)
+    print(
+        f"{e['size']:>5} {e['params'] / 1e6:6.3f}M  {e['variant']:<19} median "
+        f"{st['median'] * 1e3:7.1f} ms  p10/p90 {st['p10'] * 1e3:6.1f}/{st['p90'] * 1e3:6.1f}"
+        f"  IQR {st['iqr'] * 1e3:6.1f}  ratio {ratio:>6}  fwd/bwd/step "
+        f"{pm['forward'] * 1e3:.1f}/{pm['backward'] * 1e3:.1f}/{pm['step'] * 1e3:.1f} ms"
+        + "  cpu/iter ranks/switch/shadows "
+        + "/".join("-" if v is None else f"{v * 1e3:.0f}" for v in e["cpu_per_iter_s"].values())
+        + f" ms (/{os.cpu_count()} cores: {e['cpu_bound_iter_s'] * 1e3:.0f} ms)"
+        + ("" if at_last is None else f"  shadows at last: {at_last}"),
+        flush=True,
+    )
 
 
 def environment() -> dict[str, Any]:
     import torch
 
-    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True,
-                            text=True, check=False).stdout.strip()
-    return {"cpus": os.cpu_count(), "torch": torch.__version__, "python": platform.python_version(),
-            "machine": platform.machine(), "kernel": platform.release(),
-            "loadavg_at_start": os.getloadavg(), "git_commit": commit or None}
+    commit = subprocess.run(
+        ["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=False
+    ).stdout.strip()
+    return {
+        "cpus": os.cpu_count(),
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "machine": platform.machine(),
+        "kernel": platform.release(),
+        "loadavg_at_start": os.getloadavg(),
+        "git_commit": commit or None,
+    }
 
 
 def main() -> int:
@@ -434,27 +529,44 @@ def main() -> int:
     ap.add_argument("--variant", default="ddp", help=argparse.SUPPRESS)
     ap.add_argument("--width", type=int, default=0, help=argparse.SUPPRESS)
     ap.add_argument("--spec", default="", help=argparse.SUPPRESS)
-    ap.add_argument("--sizes", default="100K,1M",
-                    help="comma list of parameter counts (100K, 1M, 250000)")
-    ap.add_argument("--variants", default=",".join(VARIANTS),
-                    help="comma list of " + ",".join(VARIANTS + EXTRA_VARIANTS))
+    ap.add_argument(
+        "--sizes", default="100K,1M", help="comma list of parameter counts (100K, 1M, 250000)"
+    )
+    ap.add_argument(
+        "--variants",
+        default=",".join(VARIANTS),
+        help="comma list of " + ",".join(VARIANTS + EXTRA_VARIANTS),
+    )
     ap.add_argument("--iters", type=int, default=40, help="measured iterations per variant")
     ap.add_argument("--warmup", type=int, default=5, help="iterations not measured")
-    ap.add_argument("--rounds", type=int, default=2,
-                    help="runs of every variant, interleaved; their iterations are pooled")
+    ap.add_argument(
+        "--rounds",
+        type=int,
+        default=2,
+        help="runs of every variant, interleaved; their iterations are pooled",
+    )
     ap.add_argument("--world", type=int, default=4, help="DDP ranks (gloo, CPU)")
     ap.add_argument("--depth", type=int, default=4, help="hidden Linear(w, w) layers of the MLP")
     ap.add_argument("--batch", type=int, default=32, help="samples per rank and iteration")
     ap.add_argument("--shadows", type=int, default=4, help="shadow nodes (real, in-process)")
     ap.add_argument("--replication", type=int, default=2)
     ap.add_argument("--gap-repair", default="100ms", help="timeouts.gap_repair of the spec")
-    ap.add_argument("--settle", type=float, default=30.0,
-                    help="seconds to wait for the shadows to apply the last iteration")
-    ap.add_argument("--close-timeout", type=float, default=30.0,
-                    help="sg.close() timeout in the ranks (s)")
+    ap.add_argument(
+        "--settle",
+        type=float,
+        default=30.0,
+        help="seconds to wait for the shadows to apply the last iteration",
+    )
+    ap.add_argument(
+        "--close-timeout", type=float, default=30.0, help="sg.close() timeout in the ranks (s)"
+    )
     ap.add_argument("--timeout", type=float, default=600.0, help="per variant (s)")
-    ap.add_argument("--retries", type=int, default=1,
-                    help="relaunches of a variant whose ranks failed (recorded in the JSON)")
+    ap.add_argument(
+        "--retries",
+        type=int,
+        default=1,
+        help="relaunches of a variant whose ranks failed (recorded in the JSON)",
+    )
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "inband_bench.json"))
     args = ap.parse_args()
     if args.worker:
@@ -476,11 +588,20 @@ def main() -> int:
         "benchmark": "inband_bench",
         "command": shlex.join(["python", "bench/inband_bench.py", *sys.argv[1:]]),
         "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "env": environment(), "world": args.world, "iters": args.iters, "rounds": args.rounds,
-        "warmup": args.warmup, "batch_per_rank": args.batch, "depth": args.depth,
-        "shadows": args.shadows, "replication": args.replication,
-        "gap_repair": args.gap_repair, "timing": "rank 0, perf_counter around forward + "
-        "backward + step; ratio = median / median of ddp in the same run", "results": []}
+        "env": environment(),
+        "world": args.world,
+        "iters": args.iters,
+        "rounds": args.rounds,
+        "warmup": args.warmup,
+        "batch_per_rank": args.batch,
+        "depth": args.depth,
+        "shadows": args.shadows,
+        "replication": args.replication,
+        "gap_repair": args.gap_repair,
+        "timing": "rank 0, perf_counter around forward + "
+        "backward + step; ratio = median / median of ddp in the same run",
+        "results": [],
+    }
     if any(v.startswith("inband") for v in variants):
         t0 = time.monotonic()
         compile_product()
@@ -505,12 +626,16 @@ def main() -> int:
                         except RanksFailedError as exc:
                             # a failed launch is kept (full rank outputs in a file outside the
                             # repository) and retried up to --retries times
-                            log = Path(tempfile.mkstemp(prefix="inband-bench-fail-",
-                                                        suffix=".log")[1])
+                            log = Path(
+                                tempfile.mkstemp(prefix="inband-bench-fail-", suffix=".log")[1]
+                            )
                             log.write_text(exc.report())
                             failures.append(f"{exc} (rank outputs: {log})")
-                            print(f"  {size} {variant} round {rnd}: FAILED, {failures[-1]}\n"
-                                  + exc.report()[-3000:], flush=True)
+                            print(
+                                f"  {size} {variant} round {rnd}: FAILED, {failures[-1]}\n"
+                                + exc.report()[-3000:],
+                                flush=True,
+                            )
                             if len(failures) > args.retries:
                                 raise
                     res["failed_attempts"] = failures
@@ -519,8 +644,11 @@ def main() -> int:
                     res["round"] = rnd
                     res["median_s"] = statistics.median(res["times"])
                     runs[variant].append(res)
-                    print(f"  {size} {variant} round {rnd}: median {res['median_s'] * 1e3:.1f} "
-                          f"ms, {res['wall_s']:.0f} s wall, load {load0:.1f}", flush=True)
+                    print(
+                        f"  {size} {variant} round {rnd}: median {res['median_s'] * 1e3:.1f} "
+                        f"ms, {res['wall_s']:.0f} s wall, load {load0:.1f}",
+                        flush=True,
+                    )
             base: float | None = None
             for variant in variants:
                 entry = summarize(size, variant, runs[variant], len(layout.buckets))

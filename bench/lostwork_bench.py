@@ -42,22 +42,35 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _stats(xs: list[float]) -> dict[str, float] | None:
-    return None if not xs else {"median": statistics.median(xs), "min": min(xs),
-                                "max": max(xs), "n": len(xs)}
+    return (
+        None
+        if not xs
+        else {"median": statistics.median(xs), "min": min(xs), "max": max(xs), "n": len(xs)}
+    )
 
 
 def run_demo(scenario: str, out: Path, cache: Path, timeout_s: float) -> dict[str, Any]:
     """One demo run; its report.json's summary (raises with the output tail if it failed)."""
     exe = Path(sys.executable).with_name("shadowgrad")
-    cmd = [str(exe) if exe.exists() else "shadowgrad", "demo", scenario, "--out", str(out),
-           "--cache", str(cache), "--no-progress"]
+    cmd = [
+        str(exe) if exe.exists() else "shadowgrad",
+        "demo",
+        scenario,
+        "--out",
+        str(out),
+        "--cache",
+        str(cache),
+        "--no-progress",
+    ]
     t0 = time.monotonic()
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout_s)
     wall = time.monotonic() - t0
     report = out / "report.json"
     if not report.exists():
-        raise RuntimeError(f"{' '.join(cmd)}: exit {proc.returncode}, no report.json\n"
-                           f"{(proc.stdout + proc.stderr)[-3000:]}")
+        raise RuntimeError(
+            f"{' '.join(cmd)}: exit {proc.returncode}, no report.json\n"
+            f"{(proc.stdout + proc.stderr)[-3000:]}"
+        )
     summary: dict[str, Any] = json.loads(report.read_text())["summary"]
     summary["exit_code"] = proc.returncode
     summary["bench_wall_s"] = wall
@@ -70,9 +83,16 @@ def collect(summaries: list[dict[str, Any]]) -> dict[str, Any]:
     for s in summaries:
         step = (s.get("trainer_overhead") or {}).get("run_median_step_s")
         for f in s.get("faults") or []:
-            k = kinds.setdefault(str(f.get("kind")), {"lost_iterations": [], "lost_s": [],
-                                                       "detect_s": [], "recover_s": [],
-                                                       "detect_to_resume_s": []})
+            k = kinds.setdefault(
+                str(f.get("kind")),
+                {
+                    "lost_iterations": [],
+                    "lost_s": [],
+                    "detect_s": [],
+                    "recover_s": [],
+                    "detect_to_resume_s": [],
+                },
+            )
             lost = f.get("lost_iterations")
             if isinstance(lost, int):
                 k["lost_iterations"].append(lost)
@@ -81,13 +101,18 @@ def collect(summaries: list[dict[str, Any]]) -> dict[str, Any]:
             for key in ("detect_s", "recover_s"):
                 if isinstance(f.get(key), int | float):
                     k[key].append(f[key])
-            if isinstance(f.get("detect_s"), int | float) and isinstance(f.get("recover_s"),
-                                                                         int | float):
+            if isinstance(f.get("detect_s"), int | float) and isinstance(
+                f.get("recover_s"), int | float
+            ):
                 k["detect_to_resume_s"].append(f["recover_s"] - f["detect_s"])
-    return {kind: {"faults": len(v["detect_s"]) or len(v["lost_iterations"]),
-                   "max_lost_iterations": max(v["lost_iterations"], default=None),
-                   **{key: _stats(xs) for key, xs in v.items()}}
-            for kind, v in kinds.items()}
+    return {
+        kind: {
+            "faults": len(v["detect_s"]) or len(v["lost_iterations"]),
+            "max_lost_iterations": max(v["lost_iterations"], default=None),
+            **{key: _stats(xs) for key, xs in v.items()},
+        }
+        for kind, v in kinds.items()
+    }
 
 
 def main() -> int:
@@ -100,7 +125,10 @@ def main() -> int:
     tmp = Path(tempfile.mkdtemp(prefix="sg-lostwork-"))
     doc: dict[str, Any] = {
         "started": dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "runs": args.runs, "as_root": os.geteuid() == 0, "scenarios": []}
+        "runs": args.runs,
+        "as_root": os.geteuid() == 0,
+        "scenarios": [],
+    }
     try:
         for name in args.scenarios.split(","):
             summaries = []
@@ -110,27 +138,51 @@ def main() -> int:
                 faults = ", ".join(
                     f"{f.get('kind')}: lost {f.get('lost_iterations')}, detect "
                     f"{f.get('detect_s') or 0:.2f} s, recover {f.get('recover_s') or 0:.2f} s"
-                    for f in s.get("faults") or [])
-                print(f"{name} run {i + 1}/{args.runs}: ok={s.get('ok')} topology "
-                      f"{s.get('topology')} {faults}", flush=True)
-            doc["scenarios"].append({
-                "scenario": name,
-                "mode": summaries[0].get("mode"),
-                "topology": summaries[0].get("topology"),
-                "trainers": (summaries[0].get("scenario") or {}).get("trainers"),
-                "shadows": (summaries[0].get("scenario") or {}).get("shadows"),
-                "ok": all(s.get("ok") for s in summaries),
-                "bit_exact": all(s.get("bit_exact_resume") for s in summaries),
-                "problems": [p for s in summaries for p in s.get("problems") or []],
-                "step_s": _stats([s["trainer_overhead"]["run_median_step_s"]
-                                  for s in summaries
-                                  if isinstance((s.get("trainer_overhead") or {}).get(
-                                      "run_median_step_s"), int | float)]),
-                "by_kind": collect(summaries),
-                "faults": [{k: f.get(k) for k in ("kind", "at_iteration", "lost_iterations",
-                                                  "detect_s", "recover_s", "within_bound")}
-                           for s in summaries for f in s.get("faults") or []],
-            })
+                    for f in s.get("faults") or []
+                )
+                print(
+                    f"{name} run {i + 1}/{args.runs}: ok={s.get('ok')} topology "
+                    f"{s.get('topology')} {faults}",
+                    flush=True,
+                )
+            doc["scenarios"].append(
+                {
+                    "scenario": name,
+                    "mode": summaries[0].get("mode"),
+                    "topology": summaries[0].get("topology"),
+                    "trainers": (summaries[0].get("scenario") or {}).get("trainers"),
+                    "shadows": (summaries[0].get("scenario") or {}).get("shadows"),
+                    "ok": all(s.get("ok") for s in summaries),
+                    "bit_exact": all(s.get("bit_exact_resume") for s in summaries),
+                    "problems": [p for s in summaries for p in s.get("problems") or []],
+                    "step_s": _stats(
+                        [
+                            s["trainer_overhead"]["run_median_step_s"]
+                            for s in summaries
+                            if isinstance(
+                                (s.get("trainer_overhead") or {}).get("run_median_step_s"),
+                                int | float,
+                            )
+                        ]
+                    ),
+                    "by_kind": collect(summaries),
+                    "faults": [
+                        {
+                            k: f.get(k)
+                            for k in (
+                                "kind",
+                                "at_iteration",
+                                "lost_iterations",
+                                "detect_s",
+                                "recover_s",
+                                "within_bound",
+                            )
+                        }
+                        for s in summaries
+                        for f in s.get("faults") or []
+                    ],
+                }
+            )
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     Path(args.out).write_text(json.dumps(doc, indent=1))

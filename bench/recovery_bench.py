@@ -108,8 +108,10 @@ def snapshot(model: Any, opt: Any) -> State:
     from shadowgrad.optspec import state_by_name
 
     params = {n: p.detach().clone() for n, p in model.named_parameters()}
-    ostate = {n: {k: v.detach().clone() for k, v in st.items()}
-              for n, st in state_by_name(opt, model.named_parameters()).items()}
+    ostate = {
+        n: {k: v.detach().clone() for k, v in st.items()}
+        for n, st in state_by_name(opt, model.named_parameters()).items()
+    }
     return params, ostate
 
 
@@ -128,13 +130,16 @@ def check_equal(what: str, model: Any, opt: Any, ref: State) -> int:
         n += 1
     for name, st in rstate.items():
         if set(st) != set(ostate[name]):
-            raise AssertionError(f"{what}: optimizer state keys of {name} differ: "
-                                 f"{sorted(ostate[name])} vs {sorted(st)}")
+            raise AssertionError(
+                f"{what}: optimizer state keys of {name} differ: "
+                f"{sorted(ostate[name])} vs {sorted(st)}"
+            )
         for k, t in st.items():
             got = ostate[name][k]
             if t.dtype != got.dtype or not torch.equal(t, got):
-                raise AssertionError(f"{what}: optimizer state {name}.{k} differs after the "
-                                     "restore")
+                raise AssertionError(
+                    f"{what}: optimizer state {name}.{k} differs after the restore"
+                )
             n += 1
     return n
 
@@ -172,6 +177,7 @@ class Timer:
         def timed(*a: Any, **kw: Any) -> Any:
             with self.phase(name):
                 return fn(*a, **kw)
+
         return timed
 
 
@@ -203,8 +209,10 @@ class ShadowVariant:
             self.first_session_s = _now() - t0
             self.iteration = first_iters  # the next iteration to run
             if not self.cluster.wait_applied(first_iters - 1, timeout_s=60):
-                raise AssertionError(f"{shadows} shadows: iteration {first_iters - 1} not "
-                                     f"applied: {self.cluster.status()}")
+                raise AssertionError(
+                    f"{shadows} shadows: iteration {first_iters - 1} not "
+                    f"applied: {self.cluster.status()}"
+                )
             self.ref = snapshot(model, opt)
         except BaseException:
             self._stack.close()
@@ -228,8 +236,9 @@ class ShadowVariant:
             restore_ms = 1000 * (_now() - t0)
             tm.phases["other"] = restore_ms - sum(tm.phases.values())
             if (start.iteration, start.restored) != (self.iteration, True):
-                raise AssertionError(f"{self.label()}: restored {start}, expected iteration "
-                                     f"{self.iteration}")
+                raise AssertionError(
+                    f"{self.label()}: restored {start}, expected iteration {self.iteration}"
+                )
             tensors = check_equal(self.label(), model, opt, self.ref)
             t1 = _now()
             sg_step(model, sg, self.size, self.iteration)
@@ -239,12 +248,19 @@ class ShadowVariant:
             sg.close()
             close_ms = 1000 * (_now() - t2)
         if not self.cluster.wait_applied(self.iteration, timeout_s=30):
-            raise AssertionError(f"{self.label()}: iteration {self.iteration} not applied after "
-                                 f"the close: {self.cluster.status()}")
+            raise AssertionError(
+                f"{self.label()}: iteration {self.iteration} not applied after "
+                f"the close: {self.cluster.status()}"
+            )
         self.iteration += 1
         self.ref = snapshot(model, opt)
-        return {"restore_ms": restore_ms, "first_iter_ms": first_ms, "phases_ms": tm.phases,
-                "close_ms": close_ms, "tensors_checked": tensors}
+        return {
+            "restore_ms": restore_ms,
+            "first_iter_ms": first_ms,
+            "phases_ms": tm.phases,
+            "close_ms": close_ms,
+            "tensors_checked": tensors,
+        }
 
     def close(self) -> None:
         self._stack.close()
@@ -294,8 +310,12 @@ class FileVariant:
         t1 = _now()
         plain_step(model, opt, self.size, self.iteration)
         first_ms = 1000 * (_now() - t1)
-        return {"restore_ms": restore_ms, "first_iter_ms": first_ms, "phases_ms": tm.phases,
-                "tensors_checked": tensors}
+        return {
+            "restore_ms": restore_ms,
+            "first_iter_ms": first_ms,
+            "phases_ms": tm.phases,
+            "tensors_checked": tensors,
+        }
 
     def close(self) -> None:
         pass
@@ -314,8 +334,9 @@ def _dir_bytes(path: Path) -> int:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
 
 
-def bench_size(size: str, shadow_counts: list[int], *, rounds: int, warmup: int,
-               first_iters: int, ckroot: Path) -> dict[str, Any]:
+def bench_size(
+    size: str, shadow_counts: list[int], *, rounds: int, warmup: int, first_iters: int, ckroot: Path
+) -> dict[str, Any]:
     import torch
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict
@@ -329,7 +350,8 @@ def bench_size(size: str, shadow_counts: list[int], *, rounds: int, warmup: int,
     ref = snapshot(model, opt)
     nparams = sum(p.numel() for p in model.parameters())
     state_bytes = sum(t.numel() * t.element_size() for t in ref[0].values()) + sum(
-        t.numel() * t.element_size() for st in ref[1].values() for t in st.values())
+        t.numel() * t.element_size() for st in ref[1].values() for t in st.values()
+    )
     ckdir = ckroot / f"{size}-dcp"
     ckfile = ckroot / f"{size}.pt"
     t0 = _now()
@@ -349,8 +371,9 @@ def bench_size(size: str, shadow_counts: list[int], *, rounds: int, warmup: int,
             v = ShadowVariant(size, n, first_iters)
             variants.append(v)
             # the same first iterations give the same state with and without shadowgrad
-            check_equal(f"{v.label()} first session vs plain training", *_as_model(v.ref, size),
-                        ref)
+            check_equal(
+                f"{v.label()} first session vs plain training", *_as_model(v.ref, size), ref
+            )
         for name, path in (("dcp_load", ckdir), ("torch_load", ckfile)):
             fv = FileVariant(name, size, path, ref)
             fv.iteration = first_iters
@@ -362,9 +385,16 @@ def bench_size(size: str, shadow_counts: list[int], *, rounds: int, warmup: int,
                 res = v.recover(seed=1000 + r)
                 if r >= warmup:
                     per[v.label()].append(res)
-            print(f"{size} round {r + 1 - warmup if r >= warmup else 'warm-up'}: " + ", ".join(
-                f"{v.label()} {per[v.label()][-1]['restore_ms']:.0f} ms" if r >= warmup
-                else v.label() for v in variants), flush=True)
+            print(
+                f"{size} round {r + 1 - warmup if r >= warmup else 'warm-up'}: "
+                + ", ".join(
+                    f"{v.label()} {per[v.label()][-1]['restore_ms']:.0f} ms"
+                    if r >= warmup
+                    else v.label()
+                    for v in variants
+                ),
+                flush=True,
+            )
         first_s = {v.label(): v.first_session_s for v in variants if isinstance(v, ShadowVariant)}
     finally:
         for v in variants:
@@ -376,26 +406,37 @@ def bench_size(size: str, shadow_counts: list[int], *, rounds: int, warmup: int,
         restore = [x["restore_ms"] for x in rs]
         first = [x["first_iter_ms"] for x in rs]
         both = [a + b for a, b in zip(restore, first, strict=True)]
-        phases = {p: statistics.median(x["phases_ms"].get(p, 0.0) for x in rs)
-                  for p in rs[0]["phases_ms"]}
+        phases = {
+            p: statistics.median(x["phases_ms"].get(p, 0.0) for x in rs) for p in rs[0]["phases_ms"]
+        }
         paired = [a["restore_ms"] / b["restore_ms"] for a, b in zip(rs, base, strict=True)]
-        paired_both = [(a["restore_ms"] + a["first_iter_ms"]) / (b["restore_ms"]
-                                                                  + b["first_iter_ms"])
-                       for a, b in zip(rs, base, strict=True)]
+        paired_both = [
+            (a["restore_ms"] + a["first_iter_ms"]) / (b["restore_ms"] + b["first_iter_ms"])
+            for a, b in zip(rs, base, strict=True)
+        ]
         row: dict[str, Any] = {
-            "variant": v.name, "shadows": v.shadows, "restore_ms": _stats(restore),
-            "first_iter_ms": _stats(first), "restore_plus_first_ms": _stats(both),
+            "variant": v.name,
+            "shadows": v.shadows,
+            "restore_ms": _stats(restore),
+            "first_iter_ms": _stats(first),
+            "restore_plus_first_ms": _stats(both),
             "phases_ms_median": phases,
             "ratio_to_dcp_load": {
                 "restore": statistics.median(restore)
                 / statistics.median(x["restore_ms"] for x in base),
-                "restore_plus_first": statistics.median(both) / statistics.median(
-                    x["restore_ms"] + x["first_iter_ms"] for x in base),
-                "paired_restore": {"median": statistics.median(paired), "min": min(paired),
-                                   "max": max(paired)},
-                "paired_restore_plus_first": {"median": statistics.median(paired_both),
-                                              "min": min(paired_both),
-                                              "max": max(paired_both)}},
+                "restore_plus_first": statistics.median(both)
+                / statistics.median(x["restore_ms"] + x["first_iter_ms"] for x in base),
+                "paired_restore": {
+                    "median": statistics.median(paired),
+                    "min": min(paired),
+                    "max": max(paired),
+                },
+                "paired_restore_plus_first": {
+                    "median": statistics.median(paired_both),
+                    "min": min(paired_both),
+                    "max": max(paired_both),
+                },
+            },
             "verified": all(x["tensors_checked"] > 0 for x in rs),
             "tensors_checked": rs[0]["tensors_checked"],
         }
@@ -403,11 +444,19 @@ def bench_size(size: str, shadow_counts: list[int], *, rounds: int, warmup: int,
             row["close_ms_median"] = statistics.median(x["close_ms"] for x in rs)
             row["first_session_s"] = first_s[v.label()]
         rows.append(row)
-    return {"size": size, "params": nparams, "state_bytes": state_bytes,
-            "dcp_bytes": _dir_bytes(ckdir), "torch_save_bytes": _dir_bytes(ckfile),
-            "dcp_save_ms": dcp_save_ms, "torch_save_ms": torch_save_ms,
-            "rounds": rounds, "warmup": warmup, "variants": rows,
-            "wall_s": time.monotonic() - t_size}
+    return {
+        "size": size,
+        "params": nparams,
+        "state_bytes": state_bytes,
+        "dcp_bytes": _dir_bytes(ckdir),
+        "torch_save_bytes": _dir_bytes(ckfile),
+        "dcp_save_ms": dcp_save_ms,
+        "torch_save_ms": torch_save_ms,
+        "rounds": rounds,
+        "warmup": warmup,
+        "variants": rows,
+        "wall_s": time.monotonic() - t_size,
+    }
 
 
 def _as_model(ref: State, size: str) -> tuple[Any, Any]:
@@ -434,10 +483,16 @@ def machine() -> dict[str, Any]:
         torch_version = None
     import torch
 
-    return {"cores": os.cpu_count(), "python": platform.python_version(),
-            "torch": torch_version, "torch_threads": torch.get_num_threads(),
-            "platform": platform.platform(), "machine": platform.machine(),
-            "loadavg_at_start": list(os.getloadavg()), "nice": os.nice(0)}
+    return {
+        "cores": os.cpu_count(),
+        "python": platform.python_version(),
+        "torch": torch_version,
+        "torch_threads": torch.get_num_threads(),
+        "platform": platform.platform(),
+        "machine": platform.machine(),
+        "loadavg_at_start": list(os.getloadavg()),
+        "nice": os.nice(0),
+    }
 
 
 def _maxrss_mib() -> float:
@@ -453,8 +508,11 @@ def _fs_type(path: Path) -> str | None:
         real = str(path.resolve())
         for line in Path("/proc/mounts").read_text().splitlines():
             parts = line.split()
-            if len(parts) > 2 and (real == parts[1] or real.startswith(parts[1].rstrip("/") + "/")
-                                   ) and len(parts[1]) >= len(best):
+            if (
+                len(parts) > 2
+                and (real == parts[1] or real.startswith(parts[1].rstrip("/") + "/"))
+                and len(parts[1]) >= len(best)
+            ):
                 best, kind = parts[1], parts[2]
     return kind
 
@@ -462,16 +520,26 @@ def _fs_type(path: Path) -> str | None:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="10M only, 3 rounds, 2 first iterations")
-    ap.add_argument("--sizes", default="", help="comma list of " + ",".join(SIZES)
-                    + " (default 1M,10M; 10M with --quick)")
+    ap.add_argument(
+        "--sizes",
+        default="",
+        help="comma list of " + ",".join(SIZES) + " (default 1M,10M; 10M with --quick)",
+    )
     ap.add_argument("--shadows", default="1,2,4", help="comma list of shadow counts")
     ap.add_argument("--rounds", type=int, default=0, help="timed rounds (default 5; 3 --quick)")
     ap.add_argument("--warmup", type=int, default=1, help="untimed rounds first")
-    ap.add_argument("--first-iters", type=int, default=0,
-                    help="iterations of the first session, whose state is restored (default 3;"
-                         " 2 with --quick)")
-    ap.add_argument("--tmp", type=Path, default=None,
-                    help="where the checkpoint files go (default: the system's temp dir)")
+    ap.add_argument(
+        "--first-iters",
+        type=int,
+        default=0,
+        help="iterations of the first session, whose state is restored (default 3; 2 with --quick)",
+    )
+    ap.add_argument(
+        "--tmp",
+        type=Path,
+        default=None,
+        help="where the checkpoint files go (default: the system's temp dir)",
+    )
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
     args = ap.parse_args(argv)
     sizes = (args.sizes or ("10M" if args.quick else "1M,10M")).split(",")
@@ -487,33 +555,56 @@ def main(argv: list[str] | None = None) -> int:
         "bench": "recovery_bench",
         "command": "python bench/recovery_bench.py" + (" --quick" if args.quick else ""),
         "time": started.strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "machine": machine(), "baseline": BASELINE, "quick": args.quick,
-        "rounds": rounds, "warmup": args.warmup, "first_iters": args.first_iters,
-        "batch": BATCH, "optimizer": f"AdamW(lr={LR})", "shadow_counts": counts,
+        "machine": machine(),
+        "baseline": BASELINE,
+        "quick": args.quick,
+        "rounds": rounds,
+        "warmup": args.warmup,
+        "first_iters": args.first_iters,
+        "batch": BATCH,
+        "optimizer": f"AdamW(lr={LR})",
+        "shadow_counts": counts,
         "replication": 1,
-        "timeouts": {k: v for k, v in loopback_spec(world=1, shadows=1)["timeouts"].items()
-                     if k in ("gap_repair", "rpc", "heartbeat")},
-        "checkpoint_fs": _fs_type(ckroot), "page_cache": "not dropped",
+        "timeouts": {
+            k: v
+            for k, v in loopback_spec(world=1, shadows=1)["timeouts"].items()
+            if k in ("gap_repair", "rpc", "heartbeat")
+        },
+        "checkpoint_fs": _fs_type(ckroot),
+        "page_cache": "not dropped",
         "method": "per round every variant recovers once, order rotating; restore = new model + "
-                  "optimizer until the state is in place; first iteration = one forward, "
-                  "backward and step after it; median, min, max over the rounds after "
-                  f"{args.warmup} warm-up round(s); every restore checked with torch.equal",
+        "optimizer until the state is in place; first iteration = one forward, "
+        "backward and step after it; median, min, max over the rounds after "
+        f"{args.warmup} warm-up round(s); every restore checked with torch.equal",
         "sizes": [],
     }
     try:
         for size in sizes:
-            r = bench_size(size, counts, rounds=rounds, warmup=args.warmup,
-                           first_iters=args.first_iters, ckroot=ckroot)
+            r = bench_size(
+                size,
+                counts,
+                rounds=rounds,
+                warmup=args.warmup,
+                first_iters=args.first_iters,
+                ckroot=ckroot,
+            )
             doc["sizes"].append(r)
-            print(f"{size} ({r['params'] / 1e6:.1f}M params, {r['state_bytes'] / 2**20:.0f} MiB "
-                  f"of state), median of {rounds} rounds:")
-            print(f"  {'variant':<14} {'shadows':>7} {'restore ms':>10} {'min':>8} {'max':>8} "
-                  f"{'x dcp':>7} {'+1st it ms':>10} {'x dcp':>7}")
+            print(
+                f"{size} ({r['params'] / 1e6:.1f}M params, {r['state_bytes'] / 2**20:.0f} MiB "
+                f"of state), median of {rounds} rounds:"
+            )
+            print(
+                f"  {'variant':<14} {'shadows':>7} {'restore ms':>10} {'min':>8} {'max':>8} "
+                f"{'x dcp':>7} {'+1st it ms':>10} {'x dcp':>7}"
+            )
             for v in r["variants"]:
                 re, rb, q = v["restore_ms"], v["restore_plus_first_ms"], v["ratio_to_dcp_load"]
-                print(f"  {v['variant']:<14} {v['shadows'] or '-':>7} {re['median']:>10.0f} "
-                      f"{re['min']:>8.0f} {re['max']:>8.0f} {q['restore']:>7.2f} "
-                      f"{rb['median']:>10.0f} {q['restore_plus_first']:>7.2f}", flush=True)
+                print(
+                    f"  {v['variant']:<14} {v['shadows'] or '-':>7} {re['median']:>10.0f} "
+                    f"{re['min']:>8.0f} {re['max']:>8.0f} {q['restore']:>7.2f} "
+                    f"{rb['median']:>10.0f} {q['restore_plus_first']:>7.2f}",
+                    flush=True,
+                )
     finally:
         shutil.rmtree(ckroot, ignore_errors=True)
     doc["wall_s"] = time.monotonic() - t0

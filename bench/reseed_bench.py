@@ -76,7 +76,10 @@ def bench(size: str, repeat: int) -> dict[str, Any]:
     dst = torch.empty(nbytes, dtype=torch.uint8)
     memcpy = _median_ms(lambda: dst.copy_(src), repeat)
     return {
-        "size": size, "params": nparams, "shard": shard, "shard_state_bytes": nbytes,
+        "size": size,
+        "params": nparams,
+        "shard": shard,
+        "shard_state_bytes": nbytes,
         "pause_ms": {"median": pause[0], "min": pause[1], "max": pause[2]},
         "memcpy_ms": {"median": memcpy[0], "min": memcpy[1], "max": memcpy[2]},
         "iteration_ms": {"median": it_ms[0], "min": it_ms[1], "max": it_ms[2]},
@@ -96,14 +99,23 @@ def main() -> int:
 
     rows = [bench(s, args.repeat) for s in args.sizes.split(",")]
     for r in rows:
-        print(f"{r['size']:>5} ({r['params'] / 1e6:.1f}M params, shard {r['shard']}: "
-              f"{r['shard_state_bytes'] / 2**20:.1f} MiB): pause {r['pause_ms']['median']:.1f} ms"
-              f" = {r['pause_vs_memcpy']:.2f}x memcpy ({r['memcpy_ms']['median']:.1f} ms), "
-              f"{r['pause_vs_iteration']:.2f}x one iteration ({r['iteration_ms']['median']:.0f} "
-              "ms)", flush=True)
-    doc = {"machine": {"python": platform.python_version(), "torch": torch.__version__,
-                       "cpus": __import__("os").cpu_count()},
-           "repeat": args.repeat, "results": rows}
+        print(
+            f"{r['size']:>5} ({r['params'] / 1e6:.1f}M params, shard {r['shard']}: "
+            f"{r['shard_state_bytes'] / 2**20:.1f} MiB): pause {r['pause_ms']['median']:.1f} ms"
+            f" = {r['pause_vs_memcpy']:.2f}x memcpy ({r['memcpy_ms']['median']:.1f} ms), "
+            f"{r['pause_vs_iteration']:.2f}x one iteration ({r['iteration_ms']['median']:.0f} "
+            "ms)",
+            flush=True,
+        )
+    doc = {
+        "machine": {
+            "python": platform.python_version(),
+            "torch": torch.__version__,
+            "cpus": __import__("os").cpu_count(),
+        },
+        "repeat": args.repeat,
+        "results": rows,
+    }
     Path(args.out).write_text(json.dumps(doc, indent=1), encoding="utf-8")
     return 0
 

@@ -76,8 +76,11 @@ class _Timed:
         self.times.append(time.perf_counter() - t0)
 
     def summary(self) -> dict[str, float]:
-        return {"best_s": min(self.times), "median_s": statistics.median(self.times),
-                "reps": len(self.times)}
+        return {
+            "best_s": min(self.times),
+            "median_s": statistics.median(self.times),
+            "reps": len(self.times),
+        }
 
 
 def _interleaved(items: dict[str, _Timed], rounds: int) -> None:
@@ -120,9 +123,16 @@ def bandwidth_items(elems: int, reps: int) -> dict[str, tuple[_Timed, int]]:
 # AdamW apply
 # ---------------------------------------------------------------------------------------------
 
-_HYPER: dict[str, Any] = {"betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 0.01,
-                          "amsgrad": False, "maximize": False, "capturable": False,
-                          "differentiable": False, "decoupled_weight_decay": True}
+_HYPER: dict[str, Any] = {
+    "betas": (0.9, 0.999),
+    "eps": 1e-8,
+    "weight_decay": 0.01,
+    "amsgrad": False,
+    "maximize": False,
+    "capturable": False,
+    "differentiable": False,
+    "decoupled_weight_decay": True,
+}
 
 
 def fused_adamw_step(sizes: list[int]) -> Callable[[], object]:
@@ -136,20 +146,23 @@ def fused_adamw_step(sizes: list[int]) -> Callable[[], object]:
     return opt.step
 
 
-def replayer_step(n: int, box_bytes: int, *, fused: bool = True,
-                  commit: CommitRecord | None = None) -> tuple[Callable[[], None], list[int]]:
+def replayer_step(
+    n: int, box_bytes: int, *, fused: bool = True, commit: CommitRecord | None = None
+) -> tuple[Callable[[], None], list[int]]:
     """A :class:`ShardReplayer` over ``n`` parameters cut into boxes of at most ``box_bytes``;
     gradients are views into one flat buffer. Returns its step function and the box sizes."""
     rows = n // ROW
-    layout = Layout.build([ParamSpec("w", (rows, ROW), "float32")], [["w"]], num_shadows=1,
-                          max_piece_bytes=box_bytes)
-    spec = OptimizerSpec("AdamW", (ParamGroupSpec(("w",), {**_HYPER, "fused": fused,
-                                                            "foreach": False}),))
+    layout = Layout.build(
+        [ParamSpec("w", (rows, ROW), "float32")], [["w"]], num_shadows=1, max_piece_bytes=box_bytes
+    )
+    spec = OptimizerSpec(
+        "AdamW", (ParamGroupSpec(("w",), {**_HYPER, "fused": fused, "foreach": False}),)
+    )
     rep = ShardReplayer(layout, 0, spec)
     gen = torch.Generator().manual_seed(0)
     rep.load(-1, box_states_from_full(layout, 0, {"w": torch.randn(rows, ROW, generator=gen)}))
     flat = torch.randn(rows * ROW, generator=gen)  # the "reassembly buffer"
-    grads = [flat[b.elem_start:b.elem_start + b.elem_count].view(b.lengths) for b in rep.boxes]
+    grads = [flat[b.elem_start : b.elem_start + b.elem_count].view(b.lengths) for b in rep.boxes]
     commit = commit or CommitRecord(lrs=(1e-3,))
     iteration = itertools.count()
     rep.step(next(iteration), grads, commit)  # creates the state
@@ -177,14 +190,17 @@ def apply_bench(args: argparse.Namespace) -> dict[str, Any]:
         # scale 0.5 then clip 0.5: both passes run and the gradient keeps its values
         scaled = CommitRecord(lrs=(1e-3,), clip_coef=0.5, loss_scale=0.5)
         items["replayer_fused_adamw_scaler_clip"] = _Timed(
-            replayer_step(n, box_bytes, commit=scaled)[0], reps)
+            replayer_step(n, box_bytes, commit=scaled)[0], reps
+        )
         items["replayer_forloop_adamw"] = _Timed(
-            replayer_step(n, box_bytes, fused=False)[0], min(reps, 3))
+            replayer_step(n, box_bytes, fused=False)[0], min(reps, 3)
+        )
     _interleaved(items, reps)
 
     bandwidth: dict[str, float] = {
         f"{k}_GBps": nbytes / items[f"bw_{k}"].summary()["best_s"] / 1e9
-        for k, (_, nbytes) in bw.items()}
+        for k, (_, nbytes) in bw.items()
+    }
     bandwidth["bound_GBps"] = max(bandwidth.values())
     bound = bandwidth["bound_GBps"] * 1e9 / ADAMW_BYTES_PER_PARAM
     results: dict[str, Any] = {
@@ -230,8 +246,10 @@ def ingest_bench(args: argparse.Namespace) -> dict[str, Any] | None:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     result: dict[str, Any] = module.ingest_bench(
-        n_params=args.params, burst_params=min(args.params, 25_000_000),
-        iterations=3 if args.quick else 5)
+        n_params=args.params,
+        burst_params=min(args.params, 25_000_000),
+        iterations=3 if args.quick else 5,
+    )
     return result
 
 
@@ -242,36 +260,56 @@ def ingest_bench(args: argparse.Namespace) -> dict[str, Any] | None:
 
 def _print_apply(r: dict[str, Any]) -> None:
     bw = r["bandwidth"]
-    print(f"memory bandwidth ({r['threads']} threads): copy {bw['copy_GBps']:.1f},"
-          f" scale {bw['scale_inplace_GBps']:.1f}, add {bw['add_inplace_GBps']:.1f},"
-          f" triad {bw['triad_GBps']:.1f} GB/s"
-          f" -> bound {bw['bound_GBps']:.1f} GB/s = {bw['bound_params_per_s'] / 1e6:.0f} M params/s"
-          f" at {r['bytes_per_param']} B/param")
-    for key in ("fused_adamw", "fused_adamw_box_tensors", "replayer_fused_adamw",
-                "replayer_fused_adamw_scaler_clip", "replayer_forloop_adamw"):
+    print(
+        f"memory bandwidth ({r['threads']} threads): copy {bw['copy_GBps']:.1f},"
+        f" scale {bw['scale_inplace_GBps']:.1f}, add {bw['add_inplace_GBps']:.1f},"
+        f" triad {bw['triad_GBps']:.1f} GB/s"
+        f" -> bound {bw['bound_GBps']:.1f} GB/s = {bw['bound_params_per_s'] / 1e6:.0f} M params/s"
+        f" at {r['bytes_per_param']} B/param"
+    )
+    for key in (
+        "fused_adamw",
+        "fused_adamw_box_tensors",
+        "replayer_fused_adamw",
+        "replayer_fused_adamw_scaler_clip",
+        "replayer_forloop_adamw",
+    ):
         if key in r:
             x = r[key]
-            print(f"{key:34s} {x['params_per_s'] / 1e6:8.0f} M params/s"
-                  f"  ({100 * x['ratio_to_bound']:5.1f}% of bound; best {x['best_s'] * 1e3:.0f} ms,"
-                  f" median {x['median_s'] * 1e3:.0f} ms)")
+            print(
+                f"{key:34s} {x['params_per_s'] / 1e6:8.0f} M params/s"
+                f"  ({100 * x['ratio_to_bound']:5.1f}% of bound; best {x['best_s'] * 1e3:.0f} ms,"
+                f" median {x['median_s'] * 1e3:.0f} ms)"
+            )
     verdict = "meets" if r["meets_target"] else "MISSES"
-    print(f"replayer / fused baseline = {r['replayer_vs_fused']:.3f}; {verdict} the"
-          f" {100 * r['target_ratio']:.0f}% target ({r['params']:,} parameters,"
-          f" {r['boxes']} boxes)")
+    print(
+        f"replayer / fused baseline = {r['replayer_vs_fused']:.3f}; {verdict} the"
+        f" {100 * r['target_ratio']:.0f}% target ({r['params']:,} parameters,"
+        f" {r['boxes']} boxes)"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--params", type=int, default=None,
-                        help="parameters per step (default 100M; 20M with --quick)")
+    parser.add_argument(
+        "--params",
+        type=int,
+        default=None,
+        help="parameters per step (default 100M; 20M with --quick)",
+    )
     parser.add_argument("--quick", action="store_true", help="20M parameters, fewer repetitions")
-    parser.add_argument("--reps", type=int, default=0,
-                        help="timed rounds (default 10; 5 with --quick)")
+    parser.add_argument(
+        "--reps", type=int, default=0, help="timed rounds (default 10; 5 with --quick)"
+    )
     parser.add_argument("--box-mib", type=int, default=16, help="layout max_piece_bytes in MiB")
-    parser.add_argument("--no-extras", action="store_true",
-                        help="skip the scaler+clip and for-loop replayer variants")
-    parser.add_argument("--threads", type=int, default=0,
-                        help="torch intra-op threads (default: torch's choice)")
+    parser.add_argument(
+        "--no-extras",
+        action="store_true",
+        help="skip the scaler+clip and for-loop replayer variants",
+    )
+    parser.add_argument(
+        "--threads", type=int, default=0, help="torch intra-op threads (default: torch's choice)"
+    )
     parser.add_argument("--only", choices=("apply", "ingest", "all"), default="all")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     args = parser.parse_args(argv)
@@ -288,12 +326,17 @@ def main(argv: list[str] | None = None) -> int:
             doc = json.loads(args.out.read_text())
         except ValueError:
             doc = {}
-    doc.update({
-        "bench": "shadow_bench",
-        "host": {"machine": platform.machine(), "cpus": os.cpu_count(),
-                 "processor": platform.processor()},
-        "torch": torch.__version__,
-    })
+    doc.update(
+        {
+            "bench": "shadow_bench",
+            "host": {
+                "machine": platform.machine(),
+                "cpus": os.cpu_count(),
+                "processor": platform.processor(),
+            },
+            "torch": torch.__version__,
+        }
+    )
     if args.only in ("apply", "all"):
         doc["apply"] = apply_bench(args)
         _print_apply(doc["apply"])

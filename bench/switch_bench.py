@@ -88,10 +88,19 @@ else:
 def frame(dst: int, payload: int) -> bytes:
     tag = bytes([0, 0, 0, 0, 0, 0])
     body = tag + b"\xab" * (payload - len(tag))
-    udp = (1000).to_bytes(2, "big") + (0x1234).to_bytes(2, "big") \
-        + (8 + len(body)).to_bytes(2, "big") + b"\0\0" + body
-    ip = bytes([0x45, 0]) + (20 + len(udp)).to_bytes(2, "big") + b"\0\1\0\0\x40\x11\0\0" \
+    udp = (
+        (1000).to_bytes(2, "big")
+        + (0x1234).to_bytes(2, "big")
+        + (8 + len(body)).to_bytes(2, "big")
+        + b"\0\0"
+        + body
+    )
+    ip = (
+        bytes([0x45, 0])
+        + (20 + len(udp)).to_bytes(2, "big")
+        + b"\0\1\0\0\x40\x11\0\0"
         + bytes([10, 0, 0, 1, 10, 0, 0, 2])
+    )
     return dst.to_bytes(6, "big") + bytes.fromhex("020000000009") + b"\x08\x00" + ip + udp
 
 
@@ -153,16 +162,16 @@ def program_target(addr: str) -> None:
             te.table_id = mc.preamble.id
             te.match.add(field_id=mc.match_fields[0].id).exact.value = DST[gid].to_bytes(6, "big")
             te.action.action.action_id = flood.preamble.id
-            te.action.action.params.add(param_id=flood.params[0].id,
-                                        value=gid.to_bytes(2, "big"))
+            te.action.action.params.add(param_id=flood.params[0].id, value=gid.to_bytes(2, "big"))
             ups.append(U(type=U.INSERT, entity=e))
         c.write(ups)
     finally:
         c.close()
 
 
-def measure(fw: Forwarder, veths: VethNamespace, *, copies: int, payload: int, n: int,
-            timeout: float) -> dict[str, Any]:
+def measure(
+    fw: Forwarder, veths: VethNamespace, *, copies: int, payload: int, n: int, timeout: float
+) -> dict[str, Any]:
     outs = [veths.switch_if[p] for p in (2, 3)[:copies]]
     f = frame(DST[copies], payload)
     fw.pause()
@@ -189,9 +198,17 @@ def measure(fw: Forwarder, veths: VethNamespace, *, copies: int, payload: int, n
         time.sleep(0.002)
     elapsed = max(t_done - t0, 1e-9)
     got = min(total, want)
-    return {"frames": n, "copies": copies, "payload": payload, "frame_bytes": len(f),
-            "delivered_copies": total, "lost_copies": want - got, "seconds": elapsed,
-            "pps": got / copies / elapsed, "copies_per_s": got / elapsed}
+    return {
+        "frames": n,
+        "copies": copies,
+        "payload": payload,
+        "frame_bytes": len(f),
+        "delivered_copies": total,
+        "lost_copies": want - got,
+        "seconds": elapsed,
+        "pps": got / copies / elapsed,
+        "copies_per_s": got / elapsed,
+    }
 
 
 def inprocess_switch(pipe: Pipeline, ports: list[Any]) -> Any:
@@ -210,8 +227,14 @@ def inprocess_switch(pipe: Pipeline, ports: list[Any]) -> Any:
     dpl.insert_multicast_group(1, [(2, 1)])
     dpl.insert_multicast_group(2, [(2, 1), (3, 2)])
     for gid in (1, 2):
-        dpl.insert_entry(TableEntry(mc.preamble.id, {mc.match_fields[0].id: Exact(DST[gid])},
-                                    flood.preamble.id, {flood.params[0].id: gid}))
+        dpl.insert_entry(
+            TableEntry(
+                mc.preamble.id,
+                {mc.match_fields[0].id: Exact(DST[gid])},
+                flood.preamble.id,
+                {flood.params[0].id: gid},
+            )
+        )
     return sw
 
 
@@ -239,8 +262,13 @@ def profile_target(copies: int, payload: int, n: int, top: int = 25) -> None:
             time.sleep(0.1)
             rx = ports[1]
 
-            def deliver(pn: int, frs: list[bytes], rx: AfPacketPort = rx, sw: Switch = sw,
-                        seen: list[int] = [0]) -> None:  # noqa: B006 (one per loop)
+            def deliver(
+                pn: int,
+                frs: list[bytes],
+                rx: AfPacketPort = rx,
+                sw: Switch = sw,
+                seen: list[int] = [0],  # noqa: B006 (one per loop)
+            ) -> None:
                 sw._deliver_batch(pn, frs)
                 seen[0] += len(frs)
                 if seen[0] >= n:
@@ -255,8 +283,10 @@ def profile_target(copies: int, payload: int, n: int, top: int = 25) -> None:
             if prof is not None:
                 prof.disable()
             dt = time.perf_counter() - t0
-            print(f"{'profiled' if profiled else 'plain':8s} {copies} copies, {payload} B: "
-                  f"{n / dt:,.0f} pkt/s ({dt / n * 1e6:.1f} us/pkt)")
+            print(
+                f"{'profiled' if profiled else 'plain':8s} {copies} copies, {payload} B: "
+                f"{n / dt:,.0f} pkt/s ({dt / n * 1e6:.1f} us/pkt)"
+            )
             sw.stop()
             if prof is not None:
                 pstats.Stats(prof).sort_stats("tottime").print_stats(top)
@@ -292,9 +322,11 @@ def cpu_per_packet(n: int = 10000, repeat: int = 7) -> None:
                             deliver(1, batch)
                         best = min(best, (time.thread_time() - t0) / (n // size * size))
                     cost.append(best * 1e6)
-                print(f"{payload:>6} B {copies} copies: {cost[0]:6.2f} us CPU per frame alone, "
-                      f"{cost[1]:6.2f} in batches of {_PROC_BATCH} (pipeline, queues, switch; "
-                      "no sockets)")
+                print(
+                    f"{payload:>6} B {copies} copies: {cost[0]:6.2f} us CPU per frame alone, "
+                    f"{cost[1]:6.2f} in batches of {_PROC_BATCH} (pipeline, queues, switch; "
+                    "no sockets)"
+                )
     finally:
         sw.stop()
 
@@ -302,18 +334,28 @@ def cpu_per_packet(n: int = 10000, repeat: int = 7) -> None:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--frames-small", type=int, default=20000,
-                    help="frames per 64 B item (they must fit the 64 MiB socket buffer)")
+    ap.add_argument(
+        "--frames-small",
+        type=int,
+        default=20000,
+        help="frames per 64 B item (they must fit the 64 MiB socket buffer)",
+    )
     ap.add_argument("--frames-large", type=int, default=3000, help="frames per 8 KiB item")
     ap.add_argument("--timeout", type=float, default=60.0)
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
     ap.add_argument("--switch", default=str(Path(sys.executable).parent / "sg-switch-grpc"))
-    ap.add_argument("--profile", metavar="COPIES:PAYLOAD", default=None,
-                    help="instead of the benchmark, cProfile the target's hot path "
-                         "(e.g. 1:64) in-process")
-    ap.add_argument("--cpu", action="store_true",
-                    help="instead of the benchmark, print the target's CPU time per frame "
-                         "without sockets (no root needed)")
+    ap.add_argument(
+        "--profile",
+        metavar="COPIES:PAYLOAD",
+        default=None,
+        help="instead of the benchmark, cProfile the target's hot path (e.g. 1:64) in-process",
+    )
+    ap.add_argument(
+        "--cpu",
+        action="store_true",
+        help="instead of the benchmark, print the target's CPU time per frame "
+        "without sockets (no root needed)",
+    )
     args = ap.parse_args(argv)
     if args.cpu:
         cpu_per_packet()
@@ -341,16 +383,37 @@ def main(argv: list[str] | None = None) -> int:
             forwarder being measured may exist."""
             if kind == "target":
                 fw = Forwarder(
-                    "target", [args.switch, str(PROG), "--device-id", "0", "-L", "warn",
-                               "-i", f"1@{s1}", "-i", f"2@{s2}", "-i", f"3@{s3}", "--",
-                               "--grpc-server-addr", "127.0.0.1:0"],
-                    "sg-switch-grpc ready", logdir / f"switch_bench_target_{veths.tag}.log")
+                    "target",
+                    [
+                        args.switch,
+                        str(PROG),
+                        "--device-id",
+                        "0",
+                        "-L",
+                        "warn",
+                        "-i",
+                        f"1@{s1}",
+                        "-i",
+                        f"2@{s2}",
+                        "-i",
+                        f"3@{s3}",
+                        "--",
+                        "--grpc-server-addr",
+                        "127.0.0.1:0",
+                    ],
+                    "sg-switch-grpc ready",
+                    logdir / f"switch_bench_target_{veths.tag}.log",
+                )
                 fws[kind] = fw
                 program_target(fw.ready_line.split("grpc=")[1].split()[0])
             else:
                 copies = int(kind[-1])
-                fw = Forwarder(kind, [sys.executable, "-c", BARE, s1, s2, s3][:4 + copies],
-                               "ready", logdir / f"switch_bench_bare_{veths.tag}.log")
+                fw = Forwarder(
+                    kind,
+                    [sys.executable, "-c", BARE, s1, s2, s3][: 4 + copies],
+                    "ready",
+                    logdir / f"switch_bench_bare_{veths.tag}.log",
+                )
                 fws[kind] = fw
             return fw
 
@@ -362,13 +425,16 @@ def main(argv: list[str] | None = None) -> int:
                         for copies in (1, 2):
                             if kind != "target" and copies != int(kind[-1]):
                                 continue
-                            r = measure(fw, veths, copies=copies, payload=payload, n=n,
-                                        timeout=args.timeout)
+                            r = measure(
+                                fw, veths, copies=copies, payload=payload, n=n, timeout=args.timeout
+                            )
                             key = f"{kind.rstrip('12')}/{copies}copy/{payload}B"
                             if key not in results or r["pps"] > results[key]["pps"]:
                                 results[key] = r
-                            print(f"  {key:24s} {r['pps']:>12,.0f} pkt/s "
-                                  f"(lost {r['lost_copies']})", flush=True)
+                            print(
+                                f"  {key:24s} {r['pps']:>12,.0f} pkt/s (lost {r['lost_copies']})",
+                                flush=True,
+                            )
                 finally:
                     fw.stop()
                     del fws[kind]
@@ -383,26 +449,43 @@ def main(argv: list[str] | None = None) -> int:
             print(f"forwarder logs kept in {logdir}", file=sys.stderr)
 
     rows = []
-    print(f"\n{'payload':>8} {'copies':>6} {'bare pkt/s':>12} {'target pkt/s':>13} "
-          f"{'ratio':>6}  goal >= {TARGET_RATIO:.0%}")
+    print(
+        f"\n{'payload':>8} {'copies':>6} {'bare pkt/s':>12} {'target pkt/s':>13} "
+        f"{'ratio':>6}  goal >= {TARGET_RATIO:.0%}"
+    )
     for payload in (64, 8192):
         for copies in (1, 2):
             b = results[f"bare/{copies}copy/{payload}B"]
             t = results[f"target/{copies}copy/{payload}B"]
             ratio = t["pps"] / b["pps"]
-            rows.append({"payload": payload, "copies": copies, "bare_pps": b["pps"],
-                         "target_pps": t["pps"], "ratio": ratio,
-                         "meets_goal": ratio >= TARGET_RATIO})
-            print(f"{payload:>8} {copies:>6} {b['pps']:>12,.0f} {t['pps']:>13,.0f} "
-                  f"{ratio:>6.0%}")
-    doc = {"benchmark": "switch_bench", "time": time.strftime("%Y-%m-%dT%H:%M:%SZ",
-                                                              time.gmtime()),
-           "command": " ".join([Path(sys.executable).name, *sys.argv]),
-           "method": "preloaded socket buffer, SIGSTOP/SIGCONT, egress tx_packets; best of "
-                     f"{args.rounds} rounds", "program": str(PROG.relative_to(ROOT)),
-           "host": {"machine": platform.machine(), "cpus": os.cpu_count(),
-                    "python": platform.python_version(), "kernel": platform.release()},
-           "goal_ratio": TARGET_RATIO, "summary": rows, "items": results}
+            rows.append(
+                {
+                    "payload": payload,
+                    "copies": copies,
+                    "bare_pps": b["pps"],
+                    "target_pps": t["pps"],
+                    "ratio": ratio,
+                    "meets_goal": ratio >= TARGET_RATIO,
+                }
+            )
+            print(f"{payload:>8} {copies:>6} {b['pps']:>12,.0f} {t['pps']:>13,.0f} {ratio:>6.0%}")
+    doc = {
+        "benchmark": "switch_bench",
+        "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "command": " ".join([Path(sys.executable).name, *sys.argv]),
+        "method": "preloaded socket buffer, SIGSTOP/SIGCONT, egress tx_packets; best of "
+        f"{args.rounds} rounds",
+        "program": str(PROG.relative_to(ROOT)),
+        "host": {
+            "machine": platform.machine(),
+            "cpus": os.cpu_count(),
+            "python": platform.python_version(),
+            "kernel": platform.release(),
+        },
+        "goal_ratio": TARGET_RATIO,
+        "summary": rows,
+        "items": results,
+    }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
     print(f"\nwrote {args.out}")

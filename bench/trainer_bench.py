@@ -60,6 +60,8 @@ def split_variant(variant: str) -> tuple[str, int]:
     if name in ("none", "mirror", "mirror_sink") and every:
         raise ValueError(f"{name} has no interval: {variant!r}")
     return name, k
+
+
 #: model size -> (width, depth) of an MLP of depth x Linear(width, width)
 SIZES = {"1M": (512, 4), "10M": (1024, 10), "100M": (2048, 24)}
 
@@ -123,16 +125,21 @@ def worker(args: argparse.Namespace) -> None:
                 if fut is not None:
                     fut.result()
                 msd, osd = get_state_dict(model, opt)
-                fut = dcp.async_save({"model": msd, "optim": osd},
-                                     checkpoint_id=str(ckdir / f"it{it % 2}"),
-                                     process_group=ckpt_pg)
+                fut = dcp.async_save(
+                    {"model": msd, "optim": osd},
+                    checkpoint_id=str(ckdir / f"it{it % 2}"),
+                    process_group=ckpt_pg,
+                )
                 if it >= args.warmup:
                     t_call = time.perf_counter()
                     fut.add_done_callback(
-                        lambda _f, t=t_call: durable.append(time.perf_counter() - t))
+                        lambda _f, t=t_call: durable.append(time.perf_counter() - t)
+                    )
             elif kind == "torch_save" and save and rank == 0:
-                torch.save({"model": model.module.state_dict(), "optim": opt.state_dict()},
-                           ckdir / "ckpt.pt")
+                torch.save(
+                    {"model": model.module.state_dict(), "optim": opt.state_dict()},
+                    ckdir / "ckpt.pt",
+                )
         dt = time.perf_counter() - t0
         if it >= args.warmup:
             times.append(dt)
@@ -146,11 +153,23 @@ def worker(args: argparse.Namespace) -> None:
         sg.close()
     dist.barrier()
     if rank == 0:
-        print("RESULT " + json.dumps({"size": args.size, "variant": args.variant,
-                                      "params": nparams, "times": times, "checkpointed": ckpt,
-                                      "durable_s": durable, "every": every,
-                                      "world": args.world, "extra": extra}),
-              flush=True)
+        print(
+            "RESULT "
+            + json.dumps(
+                {
+                    "size": args.size,
+                    "variant": args.variant,
+                    "params": nparams,
+                    "times": times,
+                    "checkpointed": ckpt,
+                    "durable_s": durable,
+                    "every": every,
+                    "world": args.world,
+                    "extra": extra,
+                }
+            ),
+            flush=True,
+        )
     dist.destroy_process_group()
 
 
@@ -180,8 +199,9 @@ class Sinks:
             self.socks.append(s)
         self.bytes = 0
         self.stop = False
-        self.threads = [threading.Thread(target=self._drain, args=(s,), daemon=True)
-                        for s in self.socks]
+        self.threads = [
+            threading.Thread(target=self._drain, args=(s,), daemon=True) for s in self.socks
+        ]
         for t in self.threads:
             t.start()
 
@@ -206,29 +226,49 @@ class Sinks:
 def _spec_doc(world: int, shadows: int) -> dict[str, Any]:
     from shadowgrad.trainer_hooks._testing import loopback_spec
 
-    return loopback_spec(world=world, shadows=shadows, rpc="1s", heartbeat="200ms",
-                         gap_repair="100ms")
+    return loopback_spec(
+        world=world, shadows=shadows, rpc="1s", heartbeat="200ms", gap_repair="100ms"
+    )
 
 
-def run_variant(args: argparse.Namespace, size: str, variant: str, spec_path: Path,
-                ckdir: Path) -> dict[str, Any]:
+def run_variant(
+    args: argparse.Namespace, size: str, variant: str, spec_path: Path, ckdir: Path
+) -> dict[str, Any]:
     from shadowgrad.trainer_hooks._testing import TOKEN, Ranks
 
-    argv = [sys.executable, __file__, "--worker", "--size", size, "--variant", variant,
-            "--iters", str(args.iters), "--warmup", str(args.warmup), "--batch",
-            str(args.batch), "--world", str(args.world), "--spec", str(spec_path),
-            "--ckdir", str(ckdir)]
+    argv = [
+        sys.executable,
+        __file__,
+        "--worker",
+        "--size",
+        size,
+        "--variant",
+        variant,
+        "--iters",
+        str(args.iters),
+        "--warmup",
+        str(args.warmup),
+        "--batch",
+        str(args.batch),
+        "--world",
+        str(args.world),
+        "--spec",
+        str(spec_path),
+        "--ckdir",
+        str(ckdir),
+    ]
     ranks = Ranks(argv, args.world, {"SHADOWGRAD_TOKEN": TOKEN}, str(ROOT))
     try:
         codes = ranks.wait(args.timeout)
         out = ranks.output(0)
         if codes != [0] * args.world:
-            raise RuntimeError(f"{size}/{variant}: exit codes {codes}\n{out[-3000:]}\n"
-                               + ranks.output(1)[-2000:])
+            raise RuntimeError(
+                f"{size}/{variant}: exit codes {codes}\n{out[-3000:]}\n" + ranks.output(1)[-2000:]
+            )
     finally:
         ranks.close()
     line = next(ln for ln in out.splitlines() if ln.startswith("RESULT "))
-    res: dict[str, Any] = json.loads(line[len("RESULT "):])
+    res: dict[str, Any] = json.loads(line[len("RESULT ") :])
     return res
 
 
@@ -242,13 +282,20 @@ def summarize(runs: list[dict[str, Any]], base_runs: list[dict[str, Any]]) -> di
     times = [t for r in runs for t in r["times"]]
     med = statistics.median(times)
     round_medians = [statistics.median(r["times"]) for r in runs]
-    out: dict[str, Any] = {"median_s": med, "round_medians_s": round_medians,
-                           "rounds": len(runs), "min_s": min(times), "max_s": max(times)}
+    out: dict[str, Any] = {
+        "median_s": med,
+        "round_medians_s": round_medians,
+        "rounds": len(runs),
+        "min_s": min(times),
+        "max_s": max(times),
+    }
     if base_runs:
         base = statistics.median([t for r in base_runs for t in r["times"]])
         out["ratio"] = med / base
-        out["round_ratios"] = [statistics.median(r["times"]) / statistics.median(b["times"])
-                               for r, b in zip(runs, base_runs, strict=False)]
+        out["round_ratios"] = [
+            statistics.median(r["times"]) / statistics.median(b["times"])
+            for r, b in zip(runs, base_runs, strict=False)
+        ]
         per_ckpt = []
         stall = []
         for r, b in zip(runs, base_runs, strict=False):
@@ -256,13 +303,15 @@ def summarize(runs: list[dict[str, Any]], base_runs: list[dict[str, Any]]) -> di
             bmed = statistics.median(b["times"])
             if n:
                 per_ckpt.append((sum(r["times"]) - len(r["times"]) * bmed) / n)
-                stall += [t - bmed for t, c in zip(r["times"], r["checkpointed"], strict=True)
-                          if c]
+                stall += [t - bmed for t, c in zip(r["times"], r["checkpointed"], strict=True) if c]
         out["cost_per_checkpoint_s"] = _stats(per_ckpt)
         out["stall_at_checkpoint_s"] = _stats(stall)
         out["excess_per_iteration_s"] = _stats(
-            [statistics.median(r["times"]) - statistics.median(b["times"])
-             for r, b in zip(runs, base_runs, strict=False)])
+            [
+                statistics.median(r["times"]) - statistics.median(b["times"])
+                for r, b in zip(runs, base_runs, strict=False)
+            ]
+        )
     out["durable_s"] = _stats([d for r in runs for d in r.get("durable_s") or []])
     return out
 
@@ -276,18 +325,29 @@ def main() -> int:
     ap.add_argument("--ckdir", default="", help=argparse.SUPPRESS)
     ap.add_argument("--sizes", default="10M,100M", help="comma list of " + ",".join(SIZES))
     ap.add_argument("--variants", default=",".join(VARIANTS))
-    ap.add_argument("--iters", type=int, default=10,
-                    help="measured iterations per variant and round (a multiple of every K)")
+    ap.add_argument(
+        "--iters",
+        type=int,
+        default=10,
+        help="measured iterations per variant and round (a multiple of every K)",
+    )
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=5, help="interleaved runs of every variant")
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--world", type=int, default=2, help="DDP ranks (gloo, CPU)")
     ap.add_argument("--worlds", default="", help="comma list of world sizes (default: --world)")
     ap.add_argument("--num-shadows", type=int, default=2)
-    ap.add_argument("--shadow-counts", default="",
-                    help="comma list of shadow counts for mirror (default: --num-shadows)")
-    ap.add_argument("--shadows", choices=("real", "sink", "auto"), default="auto",
-                    help="auto: real shadows up to 10M parameters, sinks above (memory)")
+    ap.add_argument(
+        "--shadow-counts",
+        default="",
+        help="comma list of shadow counts for mirror (default: --num-shadows)",
+    )
+    ap.add_argument(
+        "--shadows",
+        choices=("real", "sink", "auto"),
+        default="auto",
+        help="auto: real shadows up to 10M parameters, sinks above (memory)",
+    )
     ap.add_argument("--timeout", type=float, default=1800.0)
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "trainer_bench.json"))
     args = ap.parse_args()
@@ -302,36 +362,52 @@ def main() -> int:
             ap.error(f"--iters {args.iters} is not a multiple of {v}'s interval {k}")
     worlds = [int(w) for w in (args.worlds or str(args.world)).split(",")]
     counts = [int(c) for c in (args.shadow_counts or str(args.num_shadows)).split(",")]
-    report: dict[str, Any] = {"world": worlds[0], "worlds": worlds, "iters": args.iters,
-                              "warmup": args.warmup, "rounds": args.rounds,
-                              "batch": args.batch, "num_shadows": counts[0],
-                              "shadow_counts": counts, "results": []}
+    report: dict[str, Any] = {
+        "world": worlds[0],
+        "worlds": worlds,
+        "iters": args.iters,
+        "warmup": args.warmup,
+        "rounds": args.rounds,
+        "batch": args.batch,
+        "num_shadows": counts[0],
+        "shadow_counts": counts,
+        "results": [],
+    }
     tmp = Path(tempfile.mkdtemp(prefix="sg-trainer-bench-"))
     try:
         for size in args.sizes.split(","):
             for world in worlds:
                 # (variant, shadows) cells of this size and world; shadow counts only vary mirror
-                cells = [(v, n) for v in variants
-                         for n in (counts if split_variant(v)[0] == "mirror" else [None])]
+                cells = [
+                    (v, n)
+                    for v in variants
+                    for n in (counts if split_variant(v)[0] == "mirror" else [None])
+                ]
                 runs: dict[tuple[str, int | None], list[dict[str, Any]]] = {c: [] for c in cells}
                 walls: dict[tuple[str, int | None], float] = dict.fromkeys(cells, 0.0)
                 for rnd in range(args.rounds):
                     for variant, nshadows in cells:
-                        res = _one(args, size, world, variant, nshadows=nshadows,
-                                   tmp=tmp, rnd=rnd)
+                        res = _one(args, size, world, variant, nshadows=nshadows, tmp=tmp, rnd=rnd)
                         walls[(variant, nshadows)] += res.pop("wall_s")
                         runs[(variant, nshadows)].append(res)
-                        print(f"{size:>5} world {world} round {rnd + 1}/{args.rounds} "
-                              f"{variant:<13}{'' if nshadows is None else f' {nshadows} shadows'}"
-                              f" median {statistics.median(res['times']) * 1000:9.1f} ms/iter",
-                              flush=True)
+                        print(
+                            f"{size:>5} world {world} round {rnd + 1}/{args.rounds} "
+                            f"{variant:<13}{'' if nshadows is None else f' {nshadows} shadows'}"
+                            f" median {statistics.median(res['times']) * 1000:9.1f} ms/iter",
+                            flush=True,
+                        )
                 base_runs = runs.get(("none", None), [])
                 for (variant, nshadows), rs in runs.items():
                     kind, every = split_variant(variant)
                     entry: dict[str, Any] = {
-                        "size": size, "variant": variant, "kind": kind, "every": every,
-                        "world": world, "params": rs[0]["params"],
-                        "num_shadows": nshadows, "shadows": rs[0].get("shadows"),
+                        "size": size,
+                        "variant": variant,
+                        "kind": kind,
+                        "every": every,
+                        "world": world,
+                        "params": rs[0]["params"],
+                        "num_shadows": nshadows,
+                        "shadows": rs[0].get("shadows"),
                         "wall_s": walls[(variant, nshadows)],
                         "times": [t for r in rs for t in r["times"]],
                         "extra": rs[-1].get("extra"),
@@ -343,10 +419,15 @@ def main() -> int:
                         entry["ratio"] = None
                     report["results"].append(entry)
                     ratio = "-" if entry.get("ratio") is None else f"{entry['ratio']:.3f}x"
-                    print(f"{size:>5} {entry['params'] / 1e6:7.1f}M params world {world} "
-                          f"{variant:<13} median {entry['median_s'] * 1000:9.1f} ms/iter "
-                          f"ratio {ratio}" + (f" ({entry['shadows']} shadows x{nshadows})"
-                                              if kind == "mirror" else ""), flush=True)
+                    print(
+                        f"{size:>5} {entry['params'] / 1e6:7.1f}M params world {world} "
+                        f"{variant:<13} median {entry['median_s'] * 1000:9.1f} ms/iter "
+                        f"ratio {ratio}"
+                        + (
+                            f" ({entry['shadows']} shadows x{nshadows})" if kind == "mirror" else ""
+                        ),
+                        flush=True,
+                    )
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     Path(args.out).write_text(json.dumps(report, indent=1))
@@ -354,8 +435,16 @@ def main() -> int:
     return 0
 
 
-def _one(args: argparse.Namespace, size: str, world: int, variant: str, *,
-         nshadows: int | None, tmp: Path, rnd: int) -> dict[str, Any]:
+def _one(
+    args: argparse.Namespace,
+    size: str,
+    world: int,
+    variant: str,
+    *,
+    nshadows: int | None,
+    tmp: Path,
+    rnd: int,
+) -> dict[str, Any]:
     """One run of one variant: ``world`` ranks, with real shadows / sinks for mirror."""
     from shadowgrad.config import parse_spec
     from shadowgrad.shadow.testing import shadow_cluster
@@ -381,7 +470,8 @@ def _one(args: argparse.Namespace, size: str, world: int, variant: str, *,
                 res = run_variant(wargs, size, variant, spec_path, ckdir)
                 res["shadow_status"] = [
                     {k: s[k] for k in ("last_applied", "diverged_at", "lag")}
-                    for s in cluster.status()]
+                    for s in cluster.status()
+                ]
         elif kind == "mirror":
             ports = [int(a.rsplit(":", 1)[1]) for a in doc["shadows"]["addresses"]]
             sinks = Sinks(ports)

@@ -77,9 +77,18 @@ def payload_bytes(total: int, seed: int = 14) -> bytes:
 
 
 def _fields(offset: int, chunk: memoryview) -> dict[str, Any]:
-    return {"job": JOB, "sender": SENDER, "iteration": ITERATION, "seq": offset // 4,
-            "layout": LAYOUT, "payload": chunk, "flags": wire.Flag.FINAL,
-            "dtype": wire.DType.FLOAT32, "bucket": 0, "offset": offset}
+    return {
+        "job": JOB,
+        "sender": SENDER,
+        "iteration": ITERATION,
+        "seq": offset // 4,
+        "layout": LAYOUT,
+        "payload": chunk,
+        "flags": wire.Flag.FINAL,
+        "dtype": wire.DType.FLOAT32,
+        "bucket": 0,
+        "offset": offset,
+    }
 
 
 def split(payload: bytes, chunk: int) -> list[tuple[int, memoryview]]:
@@ -87,7 +96,7 @@ def split(payload: bytes, chunk: int) -> list[tuple[int, memoryview]]:
     if chunk <= 0 or chunk % 4:
         raise ValueError(f"chunk {chunk} must be a positive multiple of 4")
     mv = memoryview(payload)
-    return [(o, mv[o:o + chunk]) for o in range(0, len(payload), chunk)]
+    return [(o, mv[o : o + chunk]) for o in range(0, len(payload), chunk)]
 
 
 def encode_datagrams(payload: bytes, chunk: int, key: bytes | None = None) -> list[bytes]:
@@ -119,7 +128,7 @@ def items_for(payload: bytes, chunk: int, key: bytes) -> dict[str, Callable[[], 
 
     def memcpy() -> None:
         for o, c in chunks:
-            dmv[o:o + len(c)] = c
+            dmv[o : o + len(c)] = c
 
     def memcpy_bulk() -> None:
         dmv[:] = payload
@@ -145,8 +154,14 @@ def items_for(payload: bytes, chunk: int, key: bytes) -> dict[str, Callable[[], 
             wire.decode(d, job=JOB, layout=LAYOUT, key=key, require=require)
 
     fns: dict[str, Callable[[], object]] = {
-        "memcpy": memcpy, "encode_header": encode_header, "encode": encode, "decode": decode,
-        "seal": seal, "decode_mac": decode_mac, "memcpy_bulk": memcpy_bulk}
+        "memcpy": memcpy,
+        "encode_header": encode_header,
+        "encode": encode,
+        "decode": decode,
+        "seal": seal,
+        "decode_mac": decode_mac,
+        "memcpy_bulk": memcpy_bulk,
+    }
     return {name: fns[name] for name in ITEMS}
 
 
@@ -156,8 +171,10 @@ def bench_size(chunk: int, total: int, rounds: int, *, seed: int = 14) -> dict[s
     payload = payload_bytes(total, seed)
     key = wire.mac_key(TOKEN, JOB)
     # correctness first: what is encoded decodes back to the same bytes, with and without MAC
-    roundtrip = (decode_datagrams(encode_datagrams(payload, chunk)) == payload
-                 and decode_datagrams(encode_datagrams(payload, chunk, key), key) == payload)
+    roundtrip = (
+        decode_datagrams(encode_datagrams(payload, chunk)) == payload
+        and decode_datagrams(encode_datagrams(payload, chunk, key), key) == payload
+    )
     if not roundtrip:
         raise AssertionError(f"chunk {chunk}: decode(encode(payload)) != payload")
     fns = items_for(payload, chunk, key)
@@ -178,17 +195,28 @@ def bench_size(chunk: int, total: int, rounds: int, *, seed: int = 14) -> dict[s
     for name, rs in rates.items():
         paired = [x / b for x, b in zip(rs, base, strict=True)]
         items[name] = {
-            "mbps_median": statistics.median(rs), "mbps_min": min(rs), "mbps_max": max(rs),
+            "mbps_median": statistics.median(rs),
+            "mbps_min": min(rs),
+            "mbps_max": max(rs),
             "mbps_rounds": rs,
             "us_per_chunk_median": statistics.median(times[name]) / (total // chunk) * 1e6,
             "ratio_to_memcpy": statistics.median(rs) / base_med,
-            "paired_ratio": {"median": statistics.median(paired), "min": min(paired),
-                             "max": max(paired)},
+            "paired_ratio": {
+                "median": statistics.median(paired),
+                "min": min(paired),
+                "max": max(paired),
+            },
         }
-    return {"chunk_bytes": chunk, "total_bytes": total, "chunks": total // chunk,
-            "datagram_bytes": chunk + wire.HEADER_SIZE,
-            "datagram_bytes_mac": chunk + wire.HEADER_SIZE + wire.MAC_SIZE,
-            "roundtrip_ok": roundtrip, "rounds": rounds, "items": items}
+    return {
+        "chunk_bytes": chunk,
+        "total_bytes": total,
+        "chunks": total // chunk,
+        "datagram_bytes": chunk + wire.HEADER_SIZE,
+        "datagram_bytes_mac": chunk + wire.HEADER_SIZE + wire.MAC_SIZE,
+        "roundtrip_ok": roundtrip,
+        "rounds": rounds,
+        "items": items,
+    }
 
 
 def machine() -> dict[str, Any]:
@@ -200,18 +228,31 @@ def machine() -> dict[str, Any]:
         crc_version: str | None = importlib.metadata.version("crc32c")
     except importlib.metadata.PackageNotFoundError:
         crc_version = None
-    return {"cores": os.cpu_count(), "python": platform.python_version(),
-            "torch": torch_version, "crc32c": crc_version, "platform": platform.platform(),
-            "machine": platform.machine(), "loadavg_at_start": list(os.getloadavg())}
+    return {
+        "cores": os.cpu_count(),
+        "python": platform.python_version(),
+        "torch": torch_version,
+        "crc32c": crc_version,
+        "platform": platform.platform(),
+        "machine": platform.machine(),
+        "loadavg_at_start": list(os.getloadavg()),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="16 MB per pass, 5 rounds")
-    ap.add_argument("--sizes", default=",".join(map(str, DEFAULT_SIZES)),
-                    help="comma list of DATA payload sizes in bytes (multiples of 4)")
-    ap.add_argument("--total", type=int, default=0,
-                    help="payload bytes per pass (default 64e6; 16e6 with --quick)")
+    ap.add_argument(
+        "--sizes",
+        default=",".join(map(str, DEFAULT_SIZES)),
+        help="comma list of DATA payload sizes in bytes (multiples of 4)",
+    )
+    ap.add_argument(
+        "--total",
+        type=int,
+        default=0,
+        help="payload bytes per pass (default 64e6; 16e6 with --quick)",
+    )
     ap.add_argument("--rounds", type=int, default=0, help="timed rounds (default 10; 5 --quick)")
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
     args = ap.parse_args(argv)
@@ -227,19 +268,25 @@ def main(argv: list[str] | None = None) -> int:
         "machine": machine(),
         "baseline": BASELINE,
         "method": "one pass over the payload per item, chunk by chunk; MB/s = 1e6 payload "
-                  f"bytes/s; warm-up then {rounds} rotating rounds; median, min, max",
-        "mac_size": wire.MAC_SIZE, "header_size": wire.HEADER_SIZE,
+        f"bytes/s; warm-up then {rounds} rotating rounds; median, min, max",
+        "mac_size": wire.MAC_SIZE,
+        "header_size": wire.HEADER_SIZE,
         "sizes": [],
     }
-    print(f"{'chunk B':>8} {'item':<14} {'MB/s med':>9} {'min':>8} {'max':>8} "
-          f"{'us/chunk':>9} {'x memcpy':>9}")
+    print(
+        f"{'chunk B':>8} {'item':<14} {'MB/s med':>9} {'min':>8} {'max':>8} "
+        f"{'us/chunk':>9} {'x memcpy':>9}"
+    )
     for chunk in sizes:
         r = bench_size(chunk, total, rounds)
         doc["sizes"].append(r)
         for name, x in r["items"].items():
-            print(f"{chunk:>8} {name:<14} {x['mbps_median']:>9.0f} {x['mbps_min']:>8.0f} "
-                  f"{x['mbps_max']:>8.0f} {x['us_per_chunk_median']:>9.2f} "
-                  f"{x['ratio_to_memcpy']:>9.3f}", flush=True)
+            print(
+                f"{chunk:>8} {name:<14} {x['mbps_median']:>9.0f} {x['mbps_min']:>8.0f} "
+                f"{x['mbps_max']:>8.0f} {x['us_per_chunk_median']:>9.2f} "
+                f"{x['ratio_to_memcpy']:>9.3f}",
+                flush=True,
+            )
     doc["wall_s"] = time.monotonic() - t0
     args.out.parent.mkdir(parents=True, exist_ok=True)
     tmp = args.out.with_suffix(".json.tmp")

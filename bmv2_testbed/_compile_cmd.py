@@ -22,19 +22,30 @@ from pathlib import Path
 
 def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("source", type=Path, help="the P4_16 program (v1model)")
-    p.add_argument("-o", "--output", type=Path, default=Path("."),
-                   help="output folder (writes <stem>.bin) or a file name ending in .bin/.json")
-    p.add_argument("--p4runtime-files", default="",
-                   help="comma-separated P4Info outputs (.txtpb, .txt, .json, .bin)")
-    p.add_argument("-I", dest="include", action="append", type=Path, default=[],
-                   help="add an include folder")
-    p.add_argument("-D", dest="define", action="append", default=[],
-                   help="define a macro, NAME or NAME=VALUE")
+    p.add_argument(
+        "-o",
+        "--output",
+        type=Path,
+        default=Path("."),
+        help="output folder (writes <stem>.bin) or a file name ending in .bin/.json",
+    )
+    p.add_argument(
+        "--p4runtime-files",
+        default="",
+        help="comma-separated P4Info outputs (.txtpb, .txt, .json, .bin)",
+    )
+    p.add_argument(
+        "-I", dest="include", action="append", type=Path, default=[], help="add an include folder"
+    )
+    p.add_argument(
+        "-D", dest="define", action="append", default=[], help="define a macro, NAME or NAME=VALUE"
+    )
     p.add_argument("--target", default="bmv2", help="accepted for p4c compatibility (bmv2)")
     p.add_argument("--arch", default="v1model", help="accepted for p4c compatibility (v1model)")
     p.add_argument("--std", default="p4-16", help="accepted for p4c compatibility (p4-16)")
-    p.add_argument("--dump-python", type=Path, default=None,
-                   help="also write the generated Python (debugging)")
+    p.add_argument(
+        "--dump-python", type=Path, default=None, help="also write the generated Python (debugging)"
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -42,8 +53,10 @@ def run(args: argparse.Namespace) -> int:
 
     for opt, want in (("target", "bmv2"), ("arch", "v1model"), ("std", "p4-16")):
         if getattr(args, opt) != want:
-            print(f"error: --{opt} {getattr(args, opt)} is not supported (only {want})",
-                  file=sys.stderr)
+            print(
+                f"error: --{opt} {getattr(args, opt)} is not supported (only {want})",
+                file=sys.stderr,
+            )
             return 2
     defines: dict[str, str] = {}
     for d in args.define:

@@ -25,18 +25,37 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def configure(p: argparse.ArgumentParser) -> None:
-    p.add_argument("scenario", nargs="?", default="default",
-                   help="scenario TOML file, or a name in scenarios/ (default: default)")
-    p.add_argument("--topology", default="auto",
-                   choices=("auto", "netns", "loopback", "userns"),
-                   help="auto: netns as root, else loopback")
-    p.add_argument("--target", default="auto", choices=("auto", "sim", "bmv2"),
-                   help="sim: the project's P4 target; bmv2: real simple_switch_grpc")
-    p.add_argument("--out", type=Path, default=Path("demo-out"),
-                   help="work directory: logs, report.json, plots (default: demo-out)")
-    p.add_argument("--cache", type=Path, default=None,
-                   help="reference-run cache (default: $SHADOWGRAD_CACHE or "
-                        "$XDG_CACHE_HOME/shadowgrad or OUT/.cache/shadowgrad)")
+    p.add_argument(
+        "scenario",
+        nargs="?",
+        default="default",
+        help="scenario TOML file, or a name in scenarios/ (default: default)",
+    )
+    p.add_argument(
+        "--topology",
+        default="auto",
+        choices=("auto", "netns", "loopback", "userns"),
+        help="auto: netns as root, else loopback",
+    )
+    p.add_argument(
+        "--target",
+        default="auto",
+        choices=("auto", "sim", "bmv2"),
+        help="sim: the project's P4 target; bmv2: real simple_switch_grpc",
+    )
+    p.add_argument(
+        "--out",
+        type=Path,
+        default=Path("demo-out"),
+        help="work directory: logs, report.json, plots (default: demo-out)",
+    )
+    p.add_argument(
+        "--cache",
+        type=Path,
+        default=None,
+        help="reference-run cache (default: $SHADOWGRAD_CACHE or "
+        "$XDG_CACHE_HOME/shadowgrad or OUT/.cache/shadowgrad)",
+    )
     p.add_argument("--timeout", type=float, default=900.0, help="seconds per run")
     p.add_argument("--no-progress", action="store_true", help="no live progress line")
     p.add_argument("--json", action="store_true", help="print report.json's summary as JSON")
@@ -71,8 +90,18 @@ def _userns(args: argparse.Namespace) -> int:
         argv[i + 1] = "loopback"
     else:
         argv = [a.replace("--topology=userns", "--topology=loopback") for a in argv]
-    cmd = ["unshare", "-Urn", "sh", "-c", 'ip link set lo up && exec "$@"', "sh",
-           sys.executable, "-m", "shadowgrad.cli", *argv]
+    cmd = [
+        "unshare",
+        "-Urn",
+        "sh",
+        "-c",
+        'ip link set lo up && exec "$@"',
+        "sh",
+        sys.executable,
+        "-m",
+        "shadowgrad.cli",
+        *argv,
+    ]
     import subprocess
 
     env = {**os.environ, "SHADOWGRAD_DEMO_TOPOLOGY_LABEL": "userns"}
@@ -93,15 +122,27 @@ def run(args: argparse.Namespace) -> int:
 
     old = signal.signal(signal.SIGTERM, on_term)
     try:
-        runner = Runner(sc, args.out, topology=args.topology, target=args.target,
-                        cache_dir=args.cache, timeout_s=args.timeout,
-                        progress=not args.no_progress and sys.stderr.isatty())
-        where = ("loopback ports inside a user + network namespace"
-                 if runner.label == "userns" else runner.topology)
-        print(f"shadowgrad demo: scenario {sc.name} ({sc.source}), topology {where}, target "
-              f"{runner.target} (the project's P4 target; real bmv2 "
-              f"{'found but not driven by the demo' if _have_bmv2() else 'not installed'})",
-              file=sys.stderr, flush=True)
+        runner = Runner(
+            sc,
+            args.out,
+            topology=args.topology,
+            target=args.target,
+            cache_dir=args.cache,
+            timeout_s=args.timeout,
+            progress=not args.no_progress and sys.stderr.isatty(),
+        )
+        where = (
+            "loopback ports inside a user + network namespace"
+            if runner.label == "userns"
+            else runner.topology
+        )
+        print(
+            f"shadowgrad demo: scenario {sc.name} ({sc.source}), topology {where}, target "
+            f"{runner.target} (the project's P4 target; real bmv2 "
+            f"{'found but not driven by the demo' if _have_bmv2() else 'not installed'})",
+            file=sys.stderr,
+            flush=True,
+        )
         args.out.mkdir(parents=True, exist_ok=True)
         record = runner.run()
         from .report import write_report
@@ -113,6 +154,8 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(report["summary"]))
     else:
         print(render_summary(report, colour=sys.stdout.isatty() and "NO_COLOR" not in os.environ))
-        print(f"report: {args.out / 'report.json'}; plots: "
-              f"{', '.join(str(args.out / p) for p in report.get('plots', []))}")
+        print(
+            f"report: {args.out / 'report.json'}; plots: "
+            f"{', '.join(str(args.out / p) for p in report.get('plots', []))}"
+        )
     return 0 if report["summary"].get("ok") else 1

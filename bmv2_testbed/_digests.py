@@ -61,8 +61,7 @@ class DigestBuffer:
         self._data = []
         self._keys = []
 
-    def learn(self, sample: Sample, now_ns: int | None = None
-              ) -> p4runtime_pb2.DigestList | None:
+    def learn(self, sample: Sample, now_ns: int | None = None) -> p4runtime_pb2.DigestList | None:
         """Take one sample of an enabled digest; returns a list to send now, if one is due."""
         now = time.monotonic_ns() if now_ns is None else now_ns
         cfg = self.config
@@ -76,8 +75,7 @@ class DigestBuffer:
         if not self._data:
             self._first_ns = now
         self._data.append(sample)
-        if (cfg.max_list_size and len(self._keys) >= cfg.max_list_size) \
-                or cfg.max_timeout_ns == 0:
+        if (cfg.max_list_size and len(self._keys) >= cfg.max_list_size) or cfg.max_timeout_ns == 0:
             return self._send(now)
         return None
 
@@ -92,8 +90,11 @@ class DigestBuffer:
             limit = max(cfg.ack_timeout_ns, MIN_TIMEOUT_NS)
             for list_id in [i for i, s in self.sent.items() if now - s.at_ns >= limit]:
                 self._purge(list_id)
-        if self._data and cfg.max_timeout_ns > 0 \
-                and now - self._first_ns >= max(cfg.max_timeout_ns, MIN_TIMEOUT_NS):
+        if (
+            self._data
+            and cfg.max_timeout_ns > 0
+            and now - self._first_ns >= max(cfg.max_timeout_ns, MIN_TIMEOUT_NS)
+        ):
             return self._send(now)
         return None
 
@@ -114,8 +115,9 @@ class DigestBuffer:
     def _send(self, now: int) -> p4runtime_pb2.DigestList:
         from .p4runtime_server import encode_int  # the server imports this module
 
-        dl = p4runtime_pb2.DigestList(digest_id=self.digest_id, list_id=self.next_list_id,
-                                      timestamp=time.time_ns())
+        dl = p4runtime_pb2.DigestList(
+            digest_id=self.digest_id, list_id=self.next_list_id, timestamp=time.time_ns()
+        )
         for sample in self._data:
             d = dl.data.add()
             for v in sample:

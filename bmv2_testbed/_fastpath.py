@@ -73,9 +73,12 @@ class FastPathUnsupported(Exception):  # noqa: N818 - a reason, not an error
 def _const(node: ast.expr) -> Any:
     if isinstance(node, ast.Constant):
         return node.value
-    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub) \
-            and isinstance(node.operand, ast.Constant) \
-            and isinstance(node.operand.value, (int, float)):
+    if (
+        isinstance(node, ast.UnaryOp)
+        and isinstance(node.op, ast.USub)
+        and isinstance(node.operand, ast.Constant)
+        and isinstance(node.operand.value, (int, float))
+    ):
         return -node.operand.value
     raise FastPathUnsupported(f"non-constant initial value {ast.unparse(node)}")
 
@@ -101,27 +104,37 @@ class _Module:
         self.act_maps: dict[str, dict[int, str]] = {}
         self.pack_formats: dict[str, str] = {}  # ``_SP_<type>`` -> struct format
         for node in tree.body:
-            if isinstance(node, ast.Assign) and len(node.targets) == 1 \
-                    and isinstance(node.targets[0], ast.Name) \
-                    and node.targets[0].id.startswith("_SP_") \
-                    and isinstance(node.value, ast.Attribute) and node.value.attr == "pack" \
-                    and isinstance(node.value.value, ast.Call) \
-                    and len(node.value.value.args) == 1 \
-                    and isinstance(node.value.value.args[0], ast.Constant) \
-                    and isinstance(node.value.value.args[0].value, str):
+            if (
+                isinstance(node, ast.Assign)
+                and len(node.targets) == 1
+                and isinstance(node.targets[0], ast.Name)
+                and node.targets[0].id.startswith("_SP_")
+                and isinstance(node.value, ast.Attribute)
+                and node.value.attr == "pack"
+                and isinstance(node.value.value, ast.Call)
+                and len(node.value.value.args) == 1
+                and isinstance(node.value.value.args[0], ast.Constant)
+                and isinstance(node.value.value.args[0].value, str)
+            ):
                 self.pack_formats[node.targets[0].id] = node.value.value.args[0].value
             if isinstance(node, ast.FunctionDef):
                 self.funcs[node.name] = node
             elif isinstance(node, ast.ClassDef):
                 self.classes[node.name] = node
-            elif isinstance(node, ast.Assign) and len(node.targets) == 1 \
-                    and isinstance(node.targets[0], ast.Name) \
-                    and node.targets[0].id.startswith("ACT_t_") \
-                    and isinstance(node.value, ast.Dict):
+            elif (
+                isinstance(node, ast.Assign)
+                and len(node.targets) == 1
+                and isinstance(node.targets[0], ast.Name)
+                and node.targets[0].id.startswith("ACT_t_")
+                and isinstance(node.value, ast.Dict)
+            ):
                 m: dict[int, str] = {}
                 for k, v in zip(node.value.keys, node.value.values, strict=True):
-                    if not (isinstance(k, ast.Constant) and isinstance(k.value, int)
-                            and isinstance(v, ast.Name)):
+                    if not (
+                        isinstance(k, ast.Constant)
+                        and isinstance(k.value, int)
+                        and isinstance(v, ast.Name)
+                    ):
                         raise FastPathUnsupported("unexpected action map")
                     m[k.value] = v.id
                 self.act_maps[node.targets[0].id[4:]] = m
@@ -129,9 +142,12 @@ class _Module:
         types = {"hdr": "S_headers", "meta": "S_metadata", "std": "S_standard_metadata_t"}
         new_ctx = self.funcs.get("new_ctx")
         for node in new_ctx.body if new_ctx is not None else []:
-            if isinstance(node, ast.Assign) and len(node.targets) == 1 \
-                    and isinstance(node.value, ast.Call) \
-                    and isinstance(node.value.func, ast.Name):
+            if (
+                isinstance(node, ast.Assign)
+                and len(node.targets) == 1
+                and isinstance(node.value, ast.Call)
+                and isinstance(node.value.func, ast.Name)
+            ):
                 ch = _chain(node.targets[0])
                 if ch is not None and len(ch) == 2 and ch[0] == "C" and ch[1] in types:
                     types[ch[1]] = node.value.func.id
@@ -139,8 +155,11 @@ class _Module:
         self.headers: dict[str, dict[str, Any]] = {}  # instance -> field -> default
         for st in self._init_body(types["hdr"]):
             tgt, val = st
-            if not (isinstance(val, ast.Call) and isinstance(val.func, ast.Name)
-                    and val.func.id in self.classes):
+            if not (
+                isinstance(val, ast.Call)
+                and isinstance(val.func, ast.Name)
+                and val.func.id in self.classes
+            ):
                 raise FastPathUnsupported(f"header {tgt} is not a plain header")
             self.headers[tgt] = self._header_fields(self.classes[val.func.id])
         self.meta = {t: _const(v) for t, v in self._init_body(types["meta"])}
@@ -150,8 +169,9 @@ class _Module:
         c = self.classes.get(cls)
         if c is None:
             raise FastPathUnsupported(f"no class {cls}")
-        init = next((f for f in c.body if isinstance(f, ast.FunctionDef)
-                     and f.name == "__init__"), None)
+        init = next(
+            (f for f in c.body if isinstance(f, ast.FunctionDef) and f.name == "__init__"), None
+        )
         if init is None:
             return []
         out = []
@@ -170,8 +190,11 @@ class _Module:
     def _header_fields(c: ast.ClassDef) -> dict[str, Any]:
         fields: dict[str, Any] = {}
         for st in c.body:
-            if isinstance(st, ast.Assign) and len(st.targets) == 1 \
-                    and isinstance(st.targets[0], ast.Name):
+            if (
+                isinstance(st, ast.Assign)
+                and len(st.targets) == 1
+                and isinstance(st.targets[0], ast.Name)
+            ):
                 fields[st.targets[0].id] = _const(st.value)
         if "_v_" not in fields:
             raise FastPathUnsupported(f"{c.name} is not a header")
@@ -197,10 +220,18 @@ class _Rewriter(ast.NodeTransformer):
         base = ch[0]
         if base == "C":
             if len(ch) == 2 and ch[1] in ("buf", "off", "payload_off", "digests"):
-                return {"buf": "_buf", "off": "_off", "payload_off": "_poff",
-                        "digests": "_digests"}[ch[1]]
-            if len(ch) == 4 and ch[1] == "hdr" and ch[2] in self.mod.headers \
-                    and ch[3] in self.mod.headers[ch[2]]:
+                return {
+                    "buf": "_buf",
+                    "off": "_off",
+                    "payload_off": "_poff",
+                    "digests": "_digests",
+                }[ch[1]]
+            if (
+                len(ch) == 4
+                and ch[1] == "hdr"
+                and ch[2] in self.mod.headers
+                and ch[3] in self.mod.headers[ch[2]]
+            ):
                 return f"h_{ch[2]}_{ch[3]}"
             if len(ch) == 3 and ch[1] == "meta" and ch[2] in self.mod.meta:
                 return f"m_{ch[2]}"
@@ -209,8 +240,12 @@ class _Rewriter(ast.NodeTransformer):
         elif base == "F":
             if len(ch) == 2 and ch[1] in self.frame:
                 return self.frame[ch[1]]
-        elif base == "_h" and self.alias is not None and len(ch) == 2 \
-                and ch[1] in self.mod.headers[self.alias]:
+        elif (
+            base == "_h"
+            and self.alias is not None
+            and len(ch) == 2
+            and ch[1] in self.mod.headers[self.alias]
+        ):
             return f"h_{self.alias}_{ch[1]}"
         raise FastPathUnsupported(f"uses {'.'.join(ch)}")
 
@@ -243,26 +278,41 @@ class _Rewriter(ast.NodeTransformer):
 
     def visit_Call(self, node: ast.Call) -> ast.AST:
         f = node.func
-        if isinstance(f, ast.Name) and f.id == "_hash_csum16_fold" and len(node.args) == 2 \
-                and isinstance(node.args[1], ast.Constant) and node.args[1].value == 16:
+        if (
+            isinstance(f, ast.Name)
+            and f.id == "_hash_csum16_fold"
+            and len(node.args) == 2
+            and isinstance(node.args[1], ast.Constant)
+            and node.args[1].value == 16
+        ):
             # inline: 0xFFFF - (ones'-complement sum), the sum being s mod 0xFFFF except that
             # a non-zero multiple of 0xFFFF sums to 0xFFFF (_hash_csum16_fold's definition)
             k = next(self.uid)
             s = self.visit(node.args[0])
-            folded = ast.parse(f"(65534 - (_cs{k} - 1) % 65535) if (_cs{k} := S) else 65535",
-                               mode="eval").body
+            folded = ast.parse(
+                f"(65534 - (_cs{k} - 1) % 65535) if (_cs{k} := S) else 65535", mode="eval"
+            ).body
             assert isinstance(folded, ast.IfExp) and isinstance(folded.test, ast.NamedExpr)
             folded.test.value = s
             return ast.copy_location(folded, node)
-        if isinstance(f, ast.Name) and f.id == "_count" and len(node.args) == 3 \
-                and isinstance(node.args[2], ast.Name) and node.args[2].id == "C":
+        if (
+            isinstance(f, ast.Name)
+            and f.id == "_count"
+            and len(node.args) == 3
+            and isinstance(node.args[2], ast.Name)
+            and node.args[2].id == "C"
+        ):
             node.func = ast.Name("_count_n", ast.Load())
             node.args[2] = ast.Name("s_packet_length", ast.Load())
-        elif isinstance(f, ast.Name) and f.id == "_peek" and len(node.args) == 2 \
-                and isinstance(node.args[0], ast.Name) and node.args[0].id == "C":
+        elif (
+            isinstance(f, ast.Name)
+            and f.id == "_peek"
+            and len(node.args) == 2
+            and isinstance(node.args[0], ast.Name)
+            and node.args[0].id == "C"
+        ):
             node.func = ast.Name("_peek_b", ast.Load())
-            node.args = [ast.Name("_buf", ast.Load()), ast.Name("_off", ast.Load()),
-                         node.args[1]]
+            node.args = [ast.Name("_buf", ast.Load()), ast.Name("_off", ast.Load()), node.args[1]]
         return self.generic_visit(node)
 
 
@@ -280,31 +330,54 @@ class _Builder:
 
     def stmt(self, st: ast.stmt, rw: _Rewriter) -> list[ast.stmt]:
         # alias for parser/deparser code: ``_h = C.hdr.<h>``
-        if isinstance(st, ast.Assign) and len(st.targets) == 1 \
-                and isinstance(st.targets[0], ast.Name) and st.targets[0].id == "_h":
+        if (
+            isinstance(st, ast.Assign)
+            and len(st.targets) == 1
+            and isinstance(st.targets[0], ast.Name)
+            and st.targets[0].id == "_h"
+        ):
             ch = _chain(st.value)
-            if ch is None or len(ch) != 3 or ch[:2] != ["C", "hdr"] \
-                    or ch[2] not in self.mod.headers:
+            if (
+                ch is None
+                or len(ch) != 3
+                or ch[:2] != ["C", "hdr"]
+                or ch[2] not in self.mod.headers
+            ):
                 raise FastPathUnsupported(f"_h = {ast.unparse(st.value)}")
             rw.alias = ch[2]
             return []
         # ``F = None`` / ``F = F_x()``: the frame is made of locals
-        if isinstance(st, ast.Assign) and len(st.targets) == 1 \
-                and isinstance(st.targets[0], ast.Name) and st.targets[0].id == "F":
+        if (
+            isinstance(st, ast.Assign)
+            and len(st.targets) == 1
+            and isinstance(st.targets[0], ast.Name)
+            and st.targets[0].id == "F"
+        ):
             return []
         # ``_advance(C, bits)``
-        if isinstance(st, ast.Expr) and isinstance(st.value, ast.Call) \
-                and isinstance(st.value.func, ast.Name) and st.value.func.id == "_advance":
+        if (
+            isinstance(st, ast.Expr)
+            and isinstance(st.value, ast.Call)
+            and isinstance(st.value.func, ast.Name)
+            and st.value.func.id == "_advance"
+        ):
             call = st.value
-            if len(call.args) != 2 or not (isinstance(call.args[0], ast.Name)
-                                           and call.args[0].id == "C"):
+            if len(call.args) != 2 or not (
+                isinstance(call.args[0], ast.Name) and call.args[0].id == "C"
+            ):
                 raise FastPathUnsupported("_advance")
             bits = rw.visit(copy.deepcopy(call.args[1]))
-            return [ast.Assign([ast.Name("_off", ast.Store())],
-                               ast.Call(ast.Name("_advance_b", ast.Load()),
-                                        [ast.Name("_buf", ast.Load()),
-                                         ast.Name("_off", ast.Load()), bits], []),
-                               lineno=0)]
+            return [
+                ast.Assign(
+                    [ast.Name("_off", ast.Store())],
+                    ast.Call(
+                        ast.Name("_advance_b", ast.Load()),
+                        [ast.Name("_buf", ast.Load()), ast.Name("_off", ast.Load()), bits],
+                        [],
+                    ),
+                    lineno=0,
+                )
+            ]
         # tables: ``t_N(C, F)`` / ``x = t_N(C, F)[k]`` / ``if [not] t_N(C, F)[k]:``
         tcall = self._table_call(st)
         if tcall is not None:
@@ -327,11 +400,17 @@ class _Builder:
             orelse = self._sub(st.orelse, rw)
             return [*pre, ast.If(test, body or [ast.Pass()], orelse)]
         # direct action call ``a_N(C, F, args...)``
-        if isinstance(st, ast.Expr) and isinstance(st.value, ast.Call) \
-                and isinstance(st.value.func, ast.Name) and st.value.func.id.startswith("a_"):
+        if (
+            isinstance(st, ast.Expr)
+            and isinstance(st.value, ast.Call)
+            and isinstance(st.value.func, ast.Name)
+            and st.value.func.id.startswith("a_")
+        ):
             c = st.value
-            if len(c.args) < 2 or not all(isinstance(a, ast.Name) and a.id == n
-                                          for a, n in zip(c.args[:2], ("C", "F"), strict=False)):
+            if len(c.args) < 2 or not all(
+                isinstance(a, ast.Name) and a.id == n
+                for a, n in zip(c.args[:2], ("C", "F"), strict=False)
+            ):
                 raise FastPathUnsupported("action call")
             args = [rw.visit(copy.deepcopy(a)) for a in c.args[2:]]
             return self.action(st.value.func.id, args, None, rw)
@@ -340,18 +419,24 @@ class _Builder:
         if isinstance(st, ast.If):
             self._check(st.test)
             test = rw.visit(copy.deepcopy(st.test))
-            return [ast.If(test, self._sub(st.body, rw) or [ast.Pass()],
-                           self._sub(st.orelse, rw))]
+            return [ast.If(test, self._sub(st.body, rw) or [ast.Pass()], self._sub(st.orelse, rw))]
         if isinstance(st, ast.Try):
             handlers = []
             for h in st.handlers:
                 nh = copy.copy(h)
                 nh.body = self._sub(h.body, rw) or [ast.Pass()]
                 handlers.append(nh)
-            return [ast.Try(self._sub(st.body, rw) or [ast.Pass()], handlers,
-                            self._sub(st.orelse, rw), self._sub(st.finalbody, rw))]
-        if not isinstance(st, (ast.Assign, ast.AugAssign, ast.Expr, ast.Raise, ast.Pass,
-                               ast.Return)):
+            return [
+                ast.Try(
+                    self._sub(st.body, rw) or [ast.Pass()],
+                    handlers,
+                    self._sub(st.orelse, rw),
+                    self._sub(st.finalbody, rw),
+                )
+            ]
+        if not isinstance(
+            st, (ast.Assign, ast.AugAssign, ast.Expr, ast.Raise, ast.Pass, ast.Return)
+        ):
             raise FastPathUnsupported(type(st).__name__)
         self._check(st)
         return [rw.visit(copy.deepcopy(st))]
@@ -359,8 +444,11 @@ class _Builder:
     @staticmethod
     def _check(node: ast.AST) -> None:
         for n in ast.walk(node):
-            if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and (
-                    n.func.id.startswith(("t_", "a_", "sub_", "st_", "_look_", "_ext_"))):
+            if (
+                isinstance(n, ast.Call)
+                and isinstance(n.func, ast.Name)
+                and (n.func.id.startswith(("t_", "a_", "sub_", "st_", "_look_", "_ext_")))
+            ):
                 raise FastPathUnsupported(f"call of {n.func.id} in an unexpected place")
             if isinstance(n, (ast.Lambda, ast.NamedExpr)):
                 raise FastPathUnsupported(type(n).__name__)
@@ -373,10 +461,14 @@ class _Builder:
 
     @staticmethod
     def _is_tcall(node: ast.expr) -> str | None:
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) \
-                and node.func.id.startswith("t_") and len(node.args) == 2 \
-                and all(isinstance(a, ast.Name) for a in node.args) \
-                and [a.id for a in node.args if isinstance(a, ast.Name)] == ["C", "F"]:
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id.startswith("t_")
+            and len(node.args) == 2
+            and all(isinstance(a, ast.Name) for a in node.args)
+            and [a.id for a in node.args if isinstance(a, ast.Name)] == ["C", "F"]
+        ):
             return node.func.id
         return None
 
@@ -384,8 +476,11 @@ class _Builder:
         if isinstance(st, ast.Expr):
             t = self._is_tcall(st.value)
             return (t, "stmt", None) if t else None
-        if isinstance(st, ast.Assign) and isinstance(st.value, ast.Subscript) \
-                and isinstance(st.value.slice, ast.Constant):
+        if (
+            isinstance(st, ast.Assign)
+            and isinstance(st.value, ast.Subscript)
+            and isinstance(st.value.slice, ast.Constant)
+        ):
             t = self._is_tcall(st.value.value)
             return (t, "assign", st.value.slice.value) if t else None
         if isinstance(st, ast.If):
@@ -404,12 +499,20 @@ class _Builder:
         if fn is None or acts is None or len(fn.body) < 2:
             raise FastPathUnsupported(f"table {tname}")
         k = next(self.uid)
-        names = {"a": f"_ta{k}", "args": f"_targs{k}", "hit": f"_thit{k}", "d": f"_td{k}",
-                 "e": f"_te{k}"}
+        names = {
+            "a": f"_ta{k}",
+            "args": f"_targs{k}",
+            "hit": f"_thit{k}",
+            "d": f"_td{k}",
+            "e": f"_te{k}",
+        }
         *lookup, dispatch, ret = fn.body
-        if not (isinstance(ret, ast.Return) and isinstance(dispatch, ast.Expr)
-                and isinstance(dispatch.value, ast.Call)
-                and isinstance(dispatch.value.func, ast.Subscript)):
+        if not (
+            isinstance(ret, ast.Return)
+            and isinstance(dispatch, ast.Expr)
+            and isinstance(dispatch.value, ast.Call)
+            and isinstance(dispatch.value.func, ast.Subscript)
+        ):
             raise FastPathUnsupported(f"table {tname} shape")
         saved = rw.renames
         rw.renames = {**saved, **names}
@@ -432,18 +535,26 @@ class _Builder:
             assert isinstance(last, ast.If)
             # an unknown action id cannot happen (the control plane checks); raise like the
             # general path's dict lookup would
-            last.orelse = [ast.Raise(ast.Call(ast.Name("KeyError", ast.Load()),
-                                              [ast.Name(names["a"], ast.Load())], []), None)]
+            last.orelse = [
+                ast.Raise(
+                    ast.Call(
+                        ast.Name("KeyError", ast.Load()), [ast.Name(names["a"], ast.Load())], []
+                    ),
+                    None,
+                )
+            ]
         return [*pre, *chain[:1]], names["a"], names["hit"]
 
-    def action(self, aname: str, args: list[ast.expr] | None, args_var: str | None,
-               rw: _Rewriter) -> list[ast.stmt]:
+    def action(
+        self, aname: str, args: list[ast.expr] | None, args_var: str | None, rw: _Rewriter
+    ) -> list[ast.stmt]:
         fn = self.mod.funcs.get(aname)
         if fn is None:
             raise FastPathUnsupported(f"action {aname}")
         for node in ast.walk(fn):
-            if isinstance(node, ast.Return) or (isinstance(node, ast.Name)
-                                                and node.id == "_RETURN"):
+            if isinstance(node, ast.Return) or (
+                isinstance(node, ast.Name) and node.id == "_RETURN"
+            ):
                 raise FastPathUnsupported(f"return in action {aname}")
         params = [a.arg for a in fn.args.args[2:]]
         out: list[ast.stmt] = []
@@ -455,9 +566,13 @@ class _Builder:
                     out.append(ast.Assign([ast.Name(p, ast.Store())], a, lineno=0))
             else:
                 assert args_var is not None
-                out.append(ast.Assign([ast.Tuple([ast.Name(p, ast.Store()) for p in params],
-                                                 ast.Store())],
-                                      ast.Name(args_var, ast.Load()), lineno=0))
+                out.append(
+                    ast.Assign(
+                        [ast.Tuple([ast.Name(p, ast.Store()) for p in params], ast.Store())],
+                        ast.Name(args_var, ast.Load()),
+                        lineno=0,
+                    )
+                )
         out.extend(self.block(fn.body, rw))
         return out
 
@@ -555,8 +670,9 @@ def build_fast(source: str) -> str:
     written = _stores_except(parse, extract_ids)  # before the rewrites below copy statements
     parse = _fold_offsets(parse)
     paths: list[_Path | None] = []
-    parse = _accept_paths(parse, _PathState({h: False for h in mod.headers},
-                                            {h: None for h in mod.headers}, 0), paths)
+    parse = _accept_paths(
+        parse, _PathState({h: False for h in mod.headers}, {h: None for h in mod.headers}, 0), paths
+    )
     verify = run("verify", "fv")
     ingress = run("ingress", "fi")
     egress = run("egress", "fe")
@@ -589,17 +705,25 @@ def build_fast(source: str) -> str:
         state.append(f"s_{f}")
         values.append(v)
     # one unpack of a constant tuple: half the cost of an assignment per local
-    init: list[ast.stmt] = [ast.Assign(
-        [ast.Tuple([ast.Name(n, ast.Store()) for n in state], ast.Store())],
-        ast.Constant(tuple(values)), lineno=0)]  # type: ignore[arg-type]
+    init: list[ast.stmt] = [
+        ast.Assign(
+            [ast.Tuple([ast.Name(n, ast.Store()) for n in state], ast.Store())],
+            ast.Constant(tuple(values)),  # type: ignore[arg-type]
+            lineno=0,
+        )
+    ]
     written = _stores([*egress, *compute, *deparse])
     snap = [n for n in state if n in written]
     if snap:
         tup = ast.Tuple([ast.Name(n, ast.Load()) for n in snap], ast.Load())
         snapshot = [_assign("_snap", tup)]
-        restore: list[ast.stmt] = [ast.Assign(
-            [ast.Tuple([ast.Name(n, ast.Store()) for n in snap], ast.Store())],
-            ast.Name("_snap", ast.Load()), lineno=0)]
+        restore: list[ast.stmt] = [
+            ast.Assign(
+                [ast.Tuple([ast.Name(n, ast.Store()) for n in snap], ast.Store())],
+                ast.Name("_snap", ast.Load()),
+                lineno=0,
+            )
+        ]
     else:
         snapshot = [ast.Pass()]
         restore = [ast.Pass()]
@@ -614,18 +738,34 @@ def build_fast(source: str) -> str:
     # the queueing fields, per copy, only for a program that reads them after the TM
     queue: list[ast.stmt] = [ast.Pass()]
     qnames = {"s_enq_qdepth", "s_deq_qdepth", "s_enq_timestamp", "s_deq_timedelta"}
-    if qnames & {n.id for st in [*egress, *compute, *deparse] for n in ast.walk(st)
-                 if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}:
-        queue = ast.parse("s_enq_qdepth = s_deq_qdepth = qdepth(_eport, out)\n"
-                          f"s_enq_timestamp = now & {ENQ_TIMESTAMP_MASK}\n"
-                          "s_deq_timedelta = 0\n").body
+    if qnames & {
+        n.id
+        for st in [*egress, *compute, *deparse]
+        for n in ast.walk(st)
+        if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)
+    }:
+        queue = ast.parse(
+            "s_enq_qdepth = s_deq_qdepth = qdepth(_eport, out)\n"
+            f"s_enq_timestamp = now & {ENQ_TIMESTAMP_MASK}\n"
+            "s_deq_timedelta = 0\n"
+        ).body
 
     fast = ast.parse(_TEMPLATE).body[0]
     assert isinstance(fast, ast.FunctionDef)
-    parts = {"INIT": init, "PARSE": parse or [ast.Pass()], "VERIFY": verify,
-             "INGRESS": ingress, "END_OF_INGRESS": _end_of_ingress(),
-             "SNAPSHOT": snapshot, "RESTORE": restore, "QUEUE": queue, "EGRESS": egress,
-             "END_OF_EGRESS": _end_of_egress(), "COMPUTE": compute, "DEPARSE": deparse}
+    parts = {
+        "INIT": init,
+        "PARSE": parse or [ast.Pass()],
+        "VERIFY": verify,
+        "INGRESS": ingress,
+        "END_OF_INGRESS": _end_of_ingress(),
+        "SNAPSHOT": snapshot,
+        "RESTORE": restore,
+        "QUEUE": queue,
+        "EGRESS": egress,
+        "END_OF_EGRESS": _end_of_egress(),
+        "COMPUTE": compute,
+        "DEPARSE": deparse,
+    }
     fast = _Splice(parts).visit(fast)
     assert isinstance(fast, ast.FunctionDef)
     _cleanup(fast)
@@ -634,8 +774,7 @@ def build_fast(source: str) -> str:
     return ast.unparse(out) + "\n"
 
 
-_SAFE_OPS = (ast.Add, ast.Sub, ast.Mult, ast.BitAnd, ast.BitOr, ast.BitXor, ast.LShift,
-             ast.RShift)
+_SAFE_OPS = (ast.Add, ast.Sub, ast.Mult, ast.BitAnd, ast.BitOr, ast.BitXor, ast.LShift, ast.RShift)
 
 
 def _pure(e: ast.AST) -> bool:
@@ -645,8 +784,11 @@ def _pure(e: ast.AST) -> bool:
         return True
     if isinstance(e, ast.BinOp):
         ok = isinstance(e.op, _SAFE_OPS) or (
-            isinstance(e.op, (ast.FloorDiv, ast.Mod)) and isinstance(e.right, ast.Constant)
-            and isinstance(e.right.value, int) and e.right.value != 0)
+            isinstance(e.op, (ast.FloorDiv, ast.Mod))
+            and isinstance(e.right, ast.Constant)
+            and isinstance(e.right.value, int)
+            and e.right.value != 0
+        )
         return ok and _pure(e.left) and _pure(e.right)
     if isinstance(e, ast.UnaryOp):
         return _pure(e.operand)
@@ -666,8 +808,11 @@ class _Peephole(ast.NodeTransformer):
 
     def visit_BinOp(self, node: ast.BinOp) -> ast.AST:
         self.generic_visit(node)
-        if isinstance(node.op, (ast.RShift, ast.LShift)) and isinstance(node.right, ast.Constant) \
-                and node.right.value == 0:
+        if (
+            isinstance(node.op, (ast.RShift, ast.LShift))
+            and isinstance(node.right, ast.Constant)
+            and node.right.value == 0
+        ):
             return node.left
         return node
 
@@ -678,8 +823,9 @@ def _cleanup(fn: ast.FunctionDef) -> None:
     _Peephole().visit(fn)
     _drop_aliases(fn)
     while True:
-        loads = {n.id for n in ast.walk(fn) if isinstance(n, ast.Name)
-                 and isinstance(n.ctx, ast.Load)}
+        loads = {
+            n.id for n in ast.walk(fn) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)
+        }
         removed = False
         for node in ast.walk(fn):
             for field in ("body", "orelse", "finalbody"):
@@ -696,23 +842,29 @@ def _cleanup(fn: ast.FunctionDef) -> None:
                 for st in stmts:
                     if isinstance(st, ast.Assign) and len(st.targets) == 1:
                         tgt = st.targets[0]
-                        if isinstance(tgt, ast.Name) and tgt.id not in loads \
-                                and _pure(st.value):
+                        if isinstance(tgt, ast.Name) and tgt.id not in loads and _pure(st.value):
                             removed = True
                             continue
-                        init: Any = st.value.value if isinstance(st.value, ast.Constant) \
-                            else None  # the initialising unpack of a constant tuple
+                        init: Any = (
+                            st.value.value if isinstance(st.value, ast.Constant) else None
+                        )  # the initialising unpack of a constant tuple
                         if isinstance(tgt, ast.Tuple) and isinstance(init, tuple):
-                            pairs = [(t, v) for t, v in zip(tgt.elts, init, strict=True)
-                                     if not (isinstance(t, ast.Name) and t.id not in loads)]
+                            pairs = [
+                                (t, v)
+                                for t, v in zip(tgt.elts, init, strict=True)
+                                if not (isinstance(t, ast.Name) and t.id not in loads)
+                            ]
                             if len(pairs) != len(tgt.elts):
                                 removed = True
                                 if not pairs:
                                     continue
-                                keep.append(ast.Assign(
-                                    [ast.Tuple([t for t, _ in pairs], ast.Store())],
-                                    ast.Constant(tuple(v for _, v in pairs)),  # type: ignore[arg-type]
-                                    lineno=0))
+                                keep.append(
+                                    ast.Assign(
+                                        [ast.Tuple([t for t, _ in pairs], ast.Store())],
+                                        ast.Constant(tuple(v for _, v in pairs)),  # type: ignore[arg-type]
+                                        lineno=0,
+                                    )
+                                )
                                 continue
                     keep.append(st)
                 setattr(node, field, keep or [ast.Pass()])
@@ -729,8 +881,9 @@ def _drop_aliases(fn: ast.FunctionDef) -> None:
             for t in n.targets:
                 if isinstance(t, ast.Name):
                     stores.setdefault(t.id, []).append(n.value)
-        elif isinstance(n, (ast.AugAssign, ast.AnnAssign, ast.NamedExpr)) \
-                and isinstance(n.target, ast.Name):
+        elif isinstance(n, (ast.AugAssign, ast.AnnAssign, ast.NamedExpr)) and isinstance(
+            n.target, ast.Name
+        ):
             stores.setdefault(n.target.id, []).append(ast.Constant(None))
         elif isinstance(n, (ast.For, ast.comprehension)):
             for x in ast.walk(n.target):
@@ -751,8 +904,11 @@ def _drop_aliases(fn: ast.FunctionDef) -> None:
 
         def visit_Assign(self, node: ast.Assign) -> ast.AST | None:
             t = node.targets[0]
-            if len(node.targets) == 1 and isinstance(t, ast.Name) and (
-                    (alias and t.id == "_b") or (no_digest and t.id == "_digests")):
+            if (
+                len(node.targets) == 1
+                and isinstance(t, ast.Name)
+                and ((alias and t.id == "_b") or (no_digest and t.id == "_digests"))
+            ):
                 return None
             return self.generic_visit(node)
 
@@ -764,8 +920,9 @@ def _drop_aliases(fn: ast.FunctionDef) -> None:
     Rewrite().visit(fn)
 
 
-def _raw_extracts(stmts: list[ast.stmt], mod: _Module, raw: dict[str, int],
-                  extract_ids: set[int]) -> list[ast.stmt]:
+def _raw_extracts(
+    stmts: list[ast.stmt], mod: _Module, raw: dict[str, int], extract_ids: set[int]
+) -> list[ast.stmt]:
     """Give each extract's struct items names of their own: ``_u0, _u1 = _SU_t(...)``
     followed by ``h_X_a = <_u0, _u1 ...>`` … ``h_X__v_ = True`` becomes
     ``r_X_0, r_X_1 = _SU_t(...)`` and the field assignments read those. ``raw[X]`` is the
@@ -778,35 +935,44 @@ def _raw_extracts(stmts: list[ast.stmt], mod: _Module, raw: dict[str, int],
         if isinstance(st, ast.If):
             st.body = _raw_extracts(st.body, mod, raw, extract_ids)
             st.orelse = _raw_extracts(st.orelse, mod, raw, extract_ids)
-        if isinstance(st, ast.Assign) and len(st.targets) == 1 \
-                and isinstance(st.targets[0], ast.Tuple) \
-                and isinstance(st.value, ast.Call) and isinstance(st.value.func, ast.Name) \
-                and st.value.func.id.startswith("_SU_") \
-                and all(isinstance(e, ast.Name) for e in st.targets[0].elts):
+        if (
+            isinstance(st, ast.Assign)
+            and len(st.targets) == 1
+            and isinstance(st.targets[0], ast.Tuple)
+            and isinstance(st.value, ast.Call)
+            and isinstance(st.value.func, ast.Name)
+            and st.value.func.id.startswith("_SU_")
+            and all(isinstance(e, ast.Name) for e in st.targets[0].elts)
+        ):
             temps = [e.id for e in st.targets[0].elts if isinstance(e, ast.Name)]
             j = i + 1
             header = None
             while j < len(stmts):
                 a = stmts[j]
-                if not (isinstance(a, ast.Assign) and len(a.targets) == 1
-                        and isinstance(a.targets[0], ast.Name)
-                        and a.targets[0].id in fields_of):
+                if not (
+                    isinstance(a, ast.Assign)
+                    and len(a.targets) == 1
+                    and isinstance(a.targets[0], ast.Name)
+                    and a.targets[0].id in fields_of
+                ):
                     break
                 h = fields_of[a.targets[0].id]
                 if header is None:
                     header = h
-                if h != header or not all(isinstance(n, (ast.Name, ast.Constant, ast.BinOp,
-                                                         ast.operator, ast.Load))
-                                          for n in ast.walk(a.value)):
+                if h != header or not all(
+                    isinstance(n, (ast.Name, ast.Constant, ast.BinOp, ast.operator, ast.Load))
+                    for n in ast.walk(a.value)
+                ):
                     break
                 j += 1
             if header is not None and raw.get(header, len(temps)) == len(temps):
                 raw[header] = len(temps)
                 names = {t: f"r_{header}_{k}" for k, t in enumerate(temps)}
-                st.targets[0] = ast.Tuple([ast.Name(names[t], ast.Store()) for t in temps],
-                                          ast.Store())
+                st.targets[0] = ast.Tuple(
+                    [ast.Name(names[t], ast.Store()) for t in temps], ast.Store()
+                )
                 out.append(st)
-                for a in stmts[i + 1:j]:
+                for a in stmts[i + 1 : j]:
                     renamed = _Rename(names).visit(a)
                     extract_ids.add(id(renamed))
                     out.append(renamed)
@@ -843,29 +1009,41 @@ class _Rename(ast.NodeTransformer):
         return ast.copy_location(ast.Name(new, node.ctx), node) if new else node
 
 
-def _raw_deparse(deparse: list[ast.stmt], mod: _Module, raw: dict[str, int],
-                 written: set[str]) -> None:
+def _raw_deparse(
+    deparse: list[ast.stmt], mod: _Module, raw: dict[str, int], written: set[str]
+) -> None:
     """In the deparser's ``if h_X__v_: P.append(_SP_X(args))``, an argument made only of
     fields of X that nothing but an extract writes becomes X's raw struct item."""
     for node in ast.walk(ast.Module(deparse, [])):
-        if not (isinstance(node, ast.If) and isinstance(node.test, ast.Name)
-                and node.test.id.startswith("h_") and node.test.id.endswith("__v_")):
+        if not (
+            isinstance(node, ast.If)
+            and isinstance(node.test, ast.Name)
+            and node.test.id.startswith("h_")
+            and node.test.id.endswith("__v_")
+        ):
             continue
         h = node.test.id[2:-4]
         if h not in raw or len(node.body) != 1 or not isinstance(node.body[0], ast.Expr):
             continue
         call = node.body[0].value
-        if not (isinstance(call, ast.Call) and len(call.args) == 1
-                and isinstance(call.args[0], ast.Call)
-                and len(call.args[0].args) == raw[h]):
+        if not (
+            isinstance(call, ast.Call)
+            and len(call.args) == 1
+            and isinstance(call.args[0], ast.Call)
+            and len(call.args[0].args) == raw[h]
+        ):
             continue
         args = call.args[0].args
         prefix = f"h_{h}_"
         for k, a in enumerate(args):
             names = [n.id for n in ast.walk(a) if isinstance(n, ast.Name)]
-            if names and all(n.startswith(prefix) and n != f"{prefix}_v_"
-                             and n[len(prefix):] in mod.headers[h] and n not in written
-                             for n in names):
+            if names and all(
+                n.startswith(prefix)
+                and n != f"{prefix}_v_"
+                and n[len(prefix) :] in mod.headers[h]
+                and n not in written
+                for n in names
+            ):
                 args[k] = ast.Name(f"r_{h}_{k}", ast.Load())
 
 
@@ -905,12 +1083,15 @@ def _fold_offsets(stmts: list[ast.stmt]) -> list[ast.stmt]:
     return out
 
 
-def _fold(stmts: list[ast.stmt], known: dict[str, int]) -> tuple[list[ast.stmt],
-                                                                  dict[str, int]]:
+def _fold(stmts: list[ast.stmt], known: dict[str, int]) -> tuple[list[ast.stmt], dict[str, int]]:
     out: list[ast.stmt] = []
     for st in stmts:
-        if isinstance(st, ast.Assign) and len(st.targets) == 1 \
-                and isinstance(st.targets[0], ast.Name) and st.targets[0].id in _OFFSETS:
+        if (
+            isinstance(st, ast.Assign)
+            and len(st.targets) == 1
+            and isinstance(st.targets[0], ast.Name)
+            and st.targets[0].id in _OFFSETS
+        ):
             name = st.targets[0].id
             value = _Subst(known).visit(copy.deepcopy(st.value))
             c = _const_int(value)
@@ -946,8 +1127,11 @@ def _fold(stmts: list[ast.stmt], known: dict[str, int]) -> tuple[list[ast.stmt],
         if isinstance(st, (ast.Try, ast.While, ast.For, ast.With)):
             raise FastPathUnsupported("parser control flow")
         for node in ast.walk(st):
-            if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store) \
-                    and node.id in _OFFSETS:
+            if (
+                isinstance(node, ast.Name)
+                and isinstance(node.ctx, ast.Store)
+                and node.id in _OFFSETS
+            ):
                 raise FastPathUnsupported("parser offset")
         out.append(_Subst(known).visit(copy.deepcopy(st)))
     return out, known
@@ -968,8 +1152,9 @@ class _PathState:
     """What the parser knows on a path: header validity, each extracted header's input
     offset, the cursor (None where not a compile-time fact)."""
 
-    def __init__(self, valid: dict[str, bool | None], where: dict[str, int | None],
-                 off: int | None) -> None:
+    def __init__(
+        self, valid: dict[str, bool | None], where: dict[str, int | None], off: int | None
+    ) -> None:
         self.valid = valid
         self.where = where
         self.off = off
@@ -996,8 +1181,9 @@ class _Path:
     end: int | None  # the cursor at accept: where the payload starts
 
 
-def _accept_paths(stmts: list[ast.stmt], state: _PathState,
-                  paths: list[_Path | None]) -> list[ast.stmt]:
+def _accept_paths(
+    stmts: list[ast.stmt], state: _PathState, paths: list[_Path | None]
+) -> list[ast.stmt]:
     """Parser statements with each ``return`` (accept) replaced by ``_path = k; break``;
     ``paths[k]`` is what is known at that accept (None where validity is not known)."""
     out: list[ast.stmt] = []
@@ -1005,8 +1191,11 @@ def _accept_paths(stmts: list[ast.stmt], state: _PathState,
         if isinstance(st, ast.Return):
             k = len(paths)
             known = all(v is not None for v in state.valid.values())
-            paths.append(_Path({h: bool(v) for h, v in state.valid.items()}, dict(state.where),
-                               state.off) if known else None)
+            paths.append(
+                _Path({h: bool(v) for h, v in state.valid.items()}, dict(state.where), state.off)
+                if known
+                else None
+            )
             out.append(_assign("_path", ast.Constant(k if known else -1)))
             out.append(ast.Break())
             continue
@@ -1014,8 +1203,13 @@ def _accept_paths(stmts: list[ast.stmt], state: _PathState,
             body_state, else_state = state.copy(), state.copy()
             body = _accept_paths(st.body, body_state, paths)
             orelse = _accept_paths(st.orelse, else_state, paths)
-            state.join([v for b, v in ((st.body, body_state), (st.orelse, else_state))
-                        if not _terminates(b)])
+            state.join(
+                [
+                    v
+                    for b, v in ((st.body, body_state), (st.orelse, else_state))
+                    if not _terminates(b)
+                ]
+            )
             out.append(ast.If(st.test, body or [ast.Pass()], orelse))
             continue
         if isinstance(st, ast.Try):
@@ -1023,26 +1217,39 @@ def _accept_paths(stmts: list[ast.stmt], state: _PathState,
                 if isinstance(node, ast.Return):
                     raise FastPathUnsupported("accept inside try in the parser")
         # an extract's raw unpack: r_X_0, ... = _SU_t(_buf, <offset>)
-        if isinstance(st, ast.Assign) and isinstance(st.targets[0], ast.Tuple) \
-                and isinstance(st.value, ast.Call) and isinstance(st.value.func, ast.Name) \
-                and st.value.func.id.startswith("_SU_"):
+        if (
+            isinstance(st, ast.Assign)
+            and isinstance(st.targets[0], ast.Tuple)
+            and isinstance(st.value, ast.Call)
+            and isinstance(st.value.func, ast.Name)
+            and st.value.func.id.startswith("_SU_")
+        ):
             first = st.targets[0].elts[0] if st.targets[0].elts else None
             if isinstance(first, ast.Name) and first.id.startswith("r_"):
                 h = first.id[2:].rsplit("_", 1)[0]
                 at = st.value.args[1] if len(st.value.args) == 2 else None
                 if h in state.where:
-                    state.where[h] = at.value if isinstance(at, ast.Constant) \
-                        and type(at.value) is int else None
+                    state.where[h] = (
+                        at.value if isinstance(at, ast.Constant) and type(at.value) is int else None
+                    )
         for node in ast.walk(st):
             if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
                 if node.id == "_off":
-                    state.off = st.value.value if isinstance(st, ast.Assign) \
-                        and isinstance(st.value, ast.Constant) \
-                        and type(st.value.value) is int else None
+                    state.off = (
+                        st.value.value
+                        if isinstance(st, ast.Assign)
+                        and isinstance(st.value, ast.Constant)
+                        and type(st.value.value) is int
+                        else None
+                    )
                 elif node.id.startswith("h_") and node.id.endswith("__v_"):
                     h = node.id[2:-4]
-                    if isinstance(st, ast.Assign) and isinstance(st.value, ast.Constant) \
-                            and isinstance(st.value.value, bool) and h in state.valid:
+                    if (
+                        isinstance(st, ast.Assign)
+                        and isinstance(st.value, ast.Constant)
+                        and isinstance(st.value.value, bool)
+                        and h in state.valid
+                    ):
                         state.valid[h] = st.value.value
                     elif h in state.valid:
                         state.valid[h] = None
@@ -1053,8 +1260,9 @@ def _accept_paths(stmts: list[ast.stmt], state: _PathState,
 _ITEM_SIZE = {"B": 1, "H": 2, "I": 4, "Q": 8}
 
 
-def _path_pack(emits: list[tuple[str, str, list[ast.expr]]], path: _Path
-               ) -> tuple[str, list[ast.expr], int | None]:
+def _path_pack(
+    emits: list[tuple[str, str, list[ast.expr]]], path: _Path
+) -> tuple[str, list[ast.expr], int | None]:
     """The format and arguments that write the headers valid on ``path``, and where in the
     input the payload may start instead (None: at ``_poff``). Items that are raw extract
     values and lie back to back in the input (2 or more) become one ``Ns`` item cut from the
@@ -1084,9 +1292,13 @@ def _path_pack(emits: list[tuple[str, str, list[ast.expr]]], path: _Path
             break
         if at is not None and end is not None and j - i >= 2:
             out_fmt += f"{end - at}s"
-            out_args.append(ast.Subscript(ast.Name("_buf", ast.Load()),
-                                          ast.Slice(ast.Constant(at), ast.Constant(end)),
-                                          ast.Load()))
+            out_args.append(
+                ast.Subscript(
+                    ast.Name("_buf", ast.Load()),
+                    ast.Slice(ast.Constant(at), ast.Constant(end)),
+                    ast.Load(),
+                )
+            )
             i = j
             continue
         out_fmt += c
@@ -1095,30 +1307,49 @@ def _path_pack(emits: list[tuple[str, str, list[ast.expr]]], path: _Path
     return out_fmt, out_args, tail
 
 
-def _deparse_per_path(deparse: list[ast.stmt], paths: list[_Path | None],
-                      mod: _Module, pre: list[ast.stmt]) -> list[ast.stmt]:
+def _deparse_per_path(
+    deparse: list[ast.stmt], paths: list[_Path | None], mod: _Module, pre: list[ast.stmt]
+) -> list[ast.stmt]:
     """``if _path == k: <one pack of the headers valid on path k> + payload`` for every
     known parser path, the generic deparser otherwise. The generic deparser must be a
     sequence of ``if h_X__v_: P.append(_SP_X(...))``; anything else keeps it as it is."""
     emits: list[tuple[str, str, list[ast.expr]]] = []  # header, format, pack args
     for st in deparse:
-        if isinstance(st, ast.Assign) and isinstance(st.targets[0], ast.Name) \
-                and st.targets[0].id in ("P", "_b", "_o", "_data"):
+        if (
+            isinstance(st, ast.Assign)
+            and isinstance(st.targets[0], ast.Name)
+            and st.targets[0].id in ("P", "_b", "_o", "_data")
+        ):
             continue
-        if isinstance(st, ast.Expr) and isinstance(st.value, ast.Call) \
-                and isinstance(st.value.func, ast.Attribute) \
-                and isinstance(st.value.func.value, ast.Name) and st.value.func.value.id == "P" \
-                and st.value.args and isinstance(st.value.args[0], ast.IfExp):
+        if (
+            isinstance(st, ast.Expr)
+            and isinstance(st.value, ast.Call)
+            and isinstance(st.value.func, ast.Attribute)
+            and isinstance(st.value.func.value, ast.Name)
+            and st.value.func.value.id == "P"
+            and st.value.args
+            and isinstance(st.value.args[0], ast.IfExp)
+        ):
             continue  # the payload
-        if isinstance(st, ast.If) and isinstance(st.test, ast.Name) \
-                and st.test.id.startswith("h_") and st.test.id.endswith("__v_") \
-                and not st.orelse and len(st.body) == 1 and isinstance(st.body[0], ast.Expr):
+        if (
+            isinstance(st, ast.If)
+            and isinstance(st.test, ast.Name)
+            and st.test.id.startswith("h_")
+            and st.test.id.endswith("__v_")
+            and not st.orelse
+            and len(st.body) == 1
+            and isinstance(st.body[0], ast.Expr)
+        ):
             call = st.body[0].value
-            if isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute) \
-                    and call.func.attr == "append" and len(call.args) == 1 \
-                    and isinstance(call.args[0], ast.Call) \
-                    and isinstance(call.args[0].func, ast.Name) \
-                    and call.args[0].func.id in mod.pack_formats:
+            if (
+                isinstance(call, ast.Call)
+                and isinstance(call.func, ast.Attribute)
+                and call.func.attr == "append"
+                and len(call.args) == 1
+                and isinstance(call.args[0], ast.Call)
+                and isinstance(call.args[0].func, ast.Name)
+                and call.args[0].func.id in mod.pack_formats
+            ):
                 fmt = mod.pack_formats[call.args[0].func.id]
                 if fmt.startswith("!"):
                     emits.append((st.test.id[2:-4], fmt[1:], list(call.args[0].args)))
@@ -1136,9 +1367,13 @@ def _deparse_per_path(deparse: list[ast.stmt], paths: list[_Path | None],
             name = f"_SPP{k}"
             pre.append(_assign(name, ast.parse(f"_Struct('!{fmt}').pack", mode="eval").body))
             hdr = ast.Call(ast.Name(name, ast.Load()), args, [])
-            body = [_assign("_hd", hdr), *ast.parse(
-                f"_data = _hd + _buf[{start}:] if len(_buf) - {start} < 512 "
-                f"else b''.join((_hd, memoryview(_buf)[{start}:]))").body]
+            body = [
+                _assign("_hd", hdr),
+                *ast.parse(
+                    f"_data = _hd + _buf[{start}:] if len(_buf) - {start} < 512 "
+                    f"else b''.join((_hd, memoryview(_buf)[{start}:]))"
+                ).body,
+            ]
         arms.append((k, body))
     if not arms:
         return deparse
@@ -1148,8 +1383,7 @@ def _deparse_per_path(deparse: list[ast.stmt], paths: list[_Path | None],
         if len(arms) == 1:
             return arms[0][1]
         mid = len(arms) // 2
-        test = ast.Compare(ast.Name("_path", ast.Load()), [ast.Lt()],
-                           [ast.Constant(arms[mid][0])])
+        test = ast.Compare(ast.Name("_path", ast.Load()), [ast.Lt()], [ast.Constant(arms[mid][0])])
         return [ast.If(test, tree(arms[:mid]), tree(arms[mid:]))]
 
     test = ast.Compare(ast.Name("_path", ast.Load()), [ast.Lt()], [ast.Constant(0)])
@@ -1167,8 +1401,11 @@ class _Splice(ast.NodeTransformer):
             if isinstance(old, list) and old and isinstance(old[0], ast.stmt):
                 new: list[ast.stmt] = []
                 for st in old:
-                    if isinstance(st, ast.Expr) and isinstance(st.value, ast.Name) \
-                            and st.value.id in self.parts:
+                    if (
+                        isinstance(st, ast.Expr)
+                        and isinstance(st.value, ast.Name)
+                        and st.value.id in self.parts
+                    ):
                         new.extend(self.parts[st.value.id])
                     else:
                         v = self.visit(st)
@@ -1176,8 +1413,7 @@ class _Splice(ast.NodeTransformer):
                             new.append(v)
                 setattr(node, field, new or [ast.Pass()])
             elif isinstance(old, list):
-                setattr(node, field, [self.visit(x) if isinstance(x, ast.AST) else x
-                                      for x in old])
+                setattr(node, field, [self.visit(x) if isinstance(x, ast.AST) else x for x in old])
             elif isinstance(old, ast.AST):
                 setattr(node, field, self.visit(old))
         return node
@@ -1202,6 +1438,7 @@ def _dropped(reason: ast.expr) -> list[ast.stmt]:
 def _end_of_ingress() -> list[ast.stmt]:
     """v1model.end_of_ingress over the template's locals (no resubmit: not covered). A
     FORWARD leaves the copies in ``_reps`` and their instance type in ``s_instance_type``."""
+
     def forward(reps: ast.expr, itype: ast.expr) -> list[ast.stmt]:
         out: list[ast.stmt] = []
         for name, value in (("_reps", reps), ("s_instance_type", itype)):
@@ -1209,24 +1446,41 @@ def _end_of_ingress() -> list[ast.stmt]:
                 out.append(_assign(name, value))
         return out
 
-    args = {"resubmit": ast.Constant(False), "mcast_grp": _name("s_mcast_grp"),
-            "egress_spec": _name("s_egress_spec"), "instance_type": _name("s_instance_type"),
-            "groups": _name("mcast"), "drop_port": _name("DROP_PORT")}
-    return _inline_v1model(v1model.end_of_ingress, args, {
-        DROP: lambda reason, _itype: _dropped(reason),
-        FORWARD: forward,
-    }, {"replicas": "_reps"})
+    args = {
+        "resubmit": ast.Constant(False),
+        "mcast_grp": _name("s_mcast_grp"),
+        "egress_spec": _name("s_egress_spec"),
+        "instance_type": _name("s_instance_type"),
+        "groups": _name("mcast"),
+        "drop_port": _name("DROP_PORT"),
+    }
+    return _inline_v1model(
+        v1model.end_of_ingress,
+        args,
+        {
+            DROP: lambda reason, _itype: _dropped(reason),
+            FORWARD: forward,
+        },
+        {"replicas": "_reps"},
+    )
 
 
 def _end_of_egress() -> list[ast.stmt]:
     """v1model.end_of_egress over the template's locals (no recirculate: not covered); a
     TRANSMIT goes on to compute and deparser."""
-    args = {"egress_spec": _name("s_egress_spec"), "drop_port": _name("DROP_PORT"),
-            "recirculate": ast.Constant(False)}
-    return _inline_v1model(v1model.end_of_egress, args, {
-        DROP: _dropped,
-        TRANSMIT: lambda _none: [],
-    })
+    args = {
+        "egress_spec": _name("s_egress_spec"),
+        "drop_port": _name("DROP_PORT"),
+        "recirculate": ast.Constant(False),
+    }
+    return _inline_v1model(
+        v1model.end_of_egress,
+        args,
+        {
+            DROP: _dropped,
+            TRANSMIT: lambda _none: [],
+        },
+    )
 
 
 @functools.cache
@@ -1241,9 +1495,12 @@ def _function_def(fn: Callable[..., Any]) -> ast.FunctionDef:
     return fdef
 
 
-def _inline_v1model(fn: Callable[..., Any], args: dict[str, ast.expr],
-                    verdicts: dict[int, Callable[..., list[ast.stmt]]],
-                    names: dict[str, str] | None = None) -> list[ast.stmt]:
+def _inline_v1model(
+    fn: Callable[..., Any],
+    args: dict[str, ast.expr],
+    verdicts: dict[int, Callable[..., list[ast.stmt]]],
+    names: dict[str, str] | None = None,
+) -> list[ast.stmt]:
     """The body of ``fn`` (a :mod:`.v1model` rule, in the form that module describes) as
     statements: parameters replaced by ``args``, its other locals renamed ``_tm_<name>`` (or
     as ``names`` says), the module's ``int``/``str`` constants by their values, ``if`` on a
@@ -1252,14 +1509,17 @@ def _inline_v1model(fn: Callable[..., Any], args: dict[str, ast.expr],
     what = f"v1model.{fn.__name__}"
     fdef = _function_def(fn)
     params = [a.arg for a in fdef.args.args]
-    if set(params) != set(args) or fdef.args.vararg or fdef.args.kwarg \
-            or fdef.args.kwonlyargs:
+    if set(params) != set(args) or fdef.args.vararg or fdef.args.kwarg or fdef.args.kwonlyargs:
         raise FastPathUnsupported(f"{what}: parameters {params}")
     body = list(fdef.body)
     if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
         body = body[1:]  # the docstring
-    local = {n.id for st in body for n in ast.walk(st)
-             if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+    local = {
+        n.id
+        for st in body
+        for n in ast.walk(st)
+        if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)
+    }
     consts = getattr(fn, "__globals__", {})
 
     class Subst(ast.NodeTransformer):
@@ -1281,15 +1541,19 @@ def _inline_v1model(fn: Callable[..., Any], args: dict[str, ast.expr],
         for i, st in enumerate(stmts):
             if isinstance(st, ast.Return):
                 r = st.value
-                v = r.elts[0].value if isinstance(r, ast.Tuple) and r.elts \
-                    and isinstance(r.elts[0], ast.Constant) else None
+                v = (
+                    r.elts[0].value
+                    if isinstance(r, ast.Tuple) and r.elts and isinstance(r.elts[0], ast.Constant)
+                    else None
+                )
                 if type(v) is not int or v not in verdicts:
                     raise FastPathUnsupported(
-                        f"{what}: unexpected return {ast.unparse(r) if r else None}")
+                        f"{what}: unexpected return {ast.unparse(r) if r else None}"
+                    )
                 assert isinstance(r, ast.Tuple)
                 return [*out, *verdicts[v](*r.elts[1:])]
             if isinstance(st, ast.If):
-                rest = stmts[i + 1:]
+                rest = stmts[i + 1 :]
                 if isinstance(st.test, ast.Constant):  # a request the fast path never has
                     return [*out, *lower([*(st.body if st.test.value else st.orelse), *rest])]
                 body = lower([*st.body, *rest])

@@ -37,9 +37,16 @@ __all__ = ["main", "build_parser", "parse_args", "parse_rate", "parse_duration"]
 log = logging.getLogger("shadowgrad.bmv2_testbed.switch")
 
 PROG = "sg-switch-grpc"
-_LEVELS = {"trace": logging.DEBUG, "debug": logging.DEBUG, "info": logging.INFO,
-           "warn": logging.WARNING, "warning": logging.WARNING, "error": logging.ERROR,
-           "critical": logging.CRITICAL, "off": logging.CRITICAL + 10}
+_LEVELS = {
+    "trace": logging.DEBUG,
+    "debug": logging.DEBUG,
+    "info": logging.INFO,
+    "warn": logging.WARNING,
+    "warning": logging.WARNING,
+    "error": logging.ERROR,
+    "critical": logging.CRITICAL,
+    "off": logging.CRITICAL + 10,
+}
 
 
 def parse_rate(text: str) -> float:
@@ -59,8 +66,7 @@ def parse_duration(text: str) -> float:
     m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*(s|ms|us|ns)?\s*", text.lower())
     if not m:
         raise ValueError(f"bad duration {text!r} (e.g. 5ms, 200us, 0.1s)")
-    return float(m.group(1)) * {"s": 1.0, None: 1.0, "ms": 1e-3, "us": 1e-6,
-                                "ns": 1e-9}[m.group(2)]
+    return float(m.group(1)) * {"s": 1.0, None: 1.0, "ms": 1e-3, "us": 1e-6, "ns": 1e-9}[m.group(2)]
 
 
 def _parse_loss(text: str) -> float:
@@ -86,50 +92,117 @@ def _per_port(items: list[str], conv: Any, what: str) -> dict[int, Any]:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog=PROG, description="P4_16 v1model software switch with P4Runtime "
-        "(a stand-in for simple_switch_grpc). Target options go after '--'.")
+        prog=PROG,
+        description="P4_16 v1model software switch with P4Runtime "
+        "(a stand-in for simple_switch_grpc). Target options go after '--'.",
+    )
     p.add_argument("program", nargs="?", help="P4 source (.p4) or pipeline artefact (.bin)")
-    p.add_argument("--no-p4", action="store_true",
-                   help="start without a program; it arrives by SetForwardingPipelineConfig")
-    p.add_argument("-i", "--interface", action="append", default=[], metavar="N@IFACE",
-                   help="attach a Linux interface as port N (AF_PACKET)")
-    p.add_argument("--loopback-port", action="append", default=[],
-                   metavar="N@HOST:PORT[=PEER:PORT]",
-                   help="port N as a UDP endpoint; each datagram is one Ethernet frame")
+    p.add_argument(
+        "--no-p4",
+        action="store_true",
+        help="start without a program; it arrives by SetForwardingPipelineConfig",
+    )
+    p.add_argument(
+        "-i",
+        "--interface",
+        action="append",
+        default=[],
+        metavar="N@IFACE",
+        help="attach a Linux interface as port N (AF_PACKET)",
+    )
+    p.add_argument(
+        "--loopback-port",
+        action="append",
+        default=[],
+        metavar="N@HOST:PORT[=PEER:PORT]",
+        help="port N as a UDP endpoint; each datagram is one Ethernet frame",
+    )
     p.add_argument("--device-id", type=int, default=0)
-    p.add_argument("--thrift-port", type=int, default=None,
-                   help="accepted for compatibility; there is no Thrift server")
+    p.add_argument(
+        "--thrift-port",
+        type=int,
+        default=None,
+        help="accepted for compatibility; there is no Thrift server",
+    )
     p.add_argument("--log-console", action="store_true", help="log packet events to stderr")
     p.add_argument("--log-file", default=None, help="log to this file instead of stderr")
     p.add_argument("--log-flush", action="store_true", help="accepted (always flushed)")
     p.add_argument("-L", "--log-level", default="info", choices=sorted(_LEVELS))
-    p.add_argument("--pcap", nargs="?", const=".", default=None, metavar="DIR",
-                   help="write <iface>_in.pcap / <iface>_out.pcap per port into DIR")
+    p.add_argument(
+        "--pcap",
+        nargs="?",
+        const=".",
+        default=None,
+        metavar="DIR",
+        help="write <iface>_in.pcap / <iface>_out.pcap per port into DIR",
+    )
     p.add_argument("--dump-packet-data", type=int, default=None, help="accepted, ignored")
     for opt in ("--nanolog", "--notifications-addr", "--restore-state", "--state-file"):
         p.add_argument(opt, default=None, help="bmv2 option: accepted, ignored")
     p.add_argument("--debugger", action="store_true", help="bmv2 option: accepted, ignored")
-    p.add_argument("--port-rate", action="append", default=[], metavar="N:RATE",
-                   help="egress rate of port N in bit/s (100m, 1g)")
-    p.add_argument("--port-delay", action="append", default=[], metavar="N:DELAY",
-                   help="constant egress delay of port N (5ms)")
-    p.add_argument("--port-loss", action="append", default=[], metavar="N:P",
-                   help="egress loss probability of port N (0.01 or 1%%)")
-    p.add_argument("--lossless-port", action="append", default=[], type=int, metavar="N",
-                   help="make port N's egress queue lossless (pause, never tail-drop)")
-    p.add_argument("--queue-capacity", type=int, default=1024, metavar="PKTS",
-                   help="egress queue depth in packets (default 1024)")
-    p.add_argument("--pause-timeout", type=parse_duration, default=1.0, metavar="DUR",
-                   help="longest a lossless queue pauses a producer per frame (default 1s)")
-    p.add_argument("--lossless-headroom", type=int, default=4096, metavar="PKTS",
-                   help="packets a lossless queue admits past a timed-out pause before it "
-                        "drops (default 4096)")
+    p.add_argument(
+        "--port-rate",
+        action="append",
+        default=[],
+        metavar="N:RATE",
+        help="egress rate of port N in bit/s (100m, 1g)",
+    )
+    p.add_argument(
+        "--port-delay",
+        action="append",
+        default=[],
+        metavar="N:DELAY",
+        help="constant egress delay of port N (5ms)",
+    )
+    p.add_argument(
+        "--port-loss",
+        action="append",
+        default=[],
+        metavar="N:P",
+        help="egress loss probability of port N (0.01 or 1%%)",
+    )
+    p.add_argument(
+        "--lossless-port",
+        action="append",
+        default=[],
+        type=int,
+        metavar="N",
+        help="make port N's egress queue lossless (pause, never tail-drop)",
+    )
+    p.add_argument(
+        "--queue-capacity",
+        type=int,
+        default=1024,
+        metavar="PKTS",
+        help="egress queue depth in packets (default 1024)",
+    )
+    p.add_argument(
+        "--pause-timeout",
+        type=parse_duration,
+        default=1.0,
+        metavar="DUR",
+        help="longest a lossless queue pauses a producer per frame (default 1s)",
+    )
+    p.add_argument(
+        "--lossless-headroom",
+        type=int,
+        default=4096,
+        metavar="PKTS",
+        help="packets a lossless queue admits past a timed-out pause before it "
+        "drops (default 4096)",
+    )
     p.add_argument("--seed", type=int, default=0, help="seed of the loss RNGs")
-    p.add_argument("--pfc", action="store_true",
-                   help="emit 802.1Qbb PFC XOFF/XON frames out of an ingress port while a "
-                        "lossless queue pauses it")
-    p.add_argument("--p4info", default=None,
-                   help="P4Info text file to check a .bin artefact against (optional)")
+    p.add_argument(
+        "--pfc",
+        action="store_true",
+        help="emit 802.1Qbb PFC XOFF/XON frames out of an ingress port while a "
+        "lossless queue pauses it",
+    )
+    p.add_argument(
+        "--p4info",
+        default=None,
+        help="P4Info text file to check a .bin artefact against (optional)",
+    )
     return p
 
 
@@ -146,7 +219,7 @@ def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, argparse.Namesp
     argv = list(argv)
     if "--" in argv:
         i = argv.index("--")
-        main_argv, target_argv = argv[:i], argv[i + 1:]
+        main_argv, target_argv = argv[:i], argv[i + 1 :]
     else:
         main_argv, target_argv = argv, []
     p = build_parser()
@@ -198,16 +271,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     from .ports import AfPacketPort, Port, UdpPort, parse_iface_spec, parse_loopback_spec
 
     if args.thrift_port is not None:
-        log.info("--thrift-port %d ignored: this target has no Thrift server "
-                 "(registers are read in-process, not over Thrift)", args.thrift_port)
+        log.info(
+            "--thrift-port %d ignored: this target has no Thrift server "
+            "(registers are read in-process, not over Thrift)",
+            args.thrift_port,
+        )
     if targs.priority_queues:
         log.info("--priority-queues ignored: one egress queue per port")
     try:
         rates = _per_port(args.port_rate, parse_rate, "rate")
         delays = _per_port(args.port_delay, parse_duration, "delay")
         losses = _per_port(args.port_loss, _parse_loss, "loss")
-        specs = ([parse_iface_spec(s) for s in args.interface]
-                 + [parse_loopback_spec(s) for s in args.loopback_port])
+        specs = [parse_iface_spec(s) for s in args.interface] + [
+            parse_loopback_spec(s) for s in args.loopback_port
+        ]
     except ValueError as e:
         print(f"{PROG}: error: {e}", file=sys.stderr)
         return 2
@@ -218,8 +295,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     unknown = (set(rates) | set(delays) | set(losses) | set(args.lossless_port)) - set(numbers)
     if unknown:
-        print(f"{PROG}: error: per-port options for unattached port(s) {sorted(unknown)}",
-              file=sys.stderr)
+        print(
+            f"{PROG}: error: per-port options for unattached port(s) {sorted(unknown)}",
+            file=sys.stderr,
+        )
         return 2
 
     from .switch import Switch
@@ -235,9 +314,15 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print(f"  {d}", file=sys.stderr)
             return 1
 
-    sw = Switch(device_id=args.device_id, cpu_port=targs.cpu_port, drop_port=targs.drop_port,
-                grpc_addr=targs.grpc_server_addr, pcap_dir=args.pcap,
-                log_packets=args.log_console, pfc=args.pfc)
+    sw = Switch(
+        device_id=args.device_id,
+        cpu_port=targs.cpu_port,
+        drop_port=targs.drop_port,
+        grpc_addr=targs.grpc_server_addr,
+        pcap_dir=args.pcap,
+        log_packets=args.log_console,
+        pfc=args.pfc,
+    )
     stop = threading.Event()
 
     def on_signal(signum: int, _frame: object) -> None:
@@ -253,18 +338,29 @@ def main(argv: Sequence[str] | None = None) -> int:
                 port = AfPacketPort(s.number, s.iface)
             else:
                 port = UdpPort(s.number, s.host, s.udp_port, s.peer)
-            sw.add_port(port, QueueConfig(
-                capacity=args.queue_capacity, rate_bps=rates.get(s.number),
-                delay_s=delays.get(s.number, 0.0), loss=losses.get(s.number, 0.0),
-                seed=args.seed + s.number, lossless=s.number in args.lossless_port,
-                pause_timeout_s=args.pause_timeout, headroom=args.lossless_headroom))
+            sw.add_port(
+                port,
+                QueueConfig(
+                    capacity=args.queue_capacity,
+                    rate_bps=rates.get(s.number),
+                    delay_s=delays.get(s.number, 0.0),
+                    loss=losses.get(s.number, 0.0),
+                    seed=args.seed + s.number,
+                    lossless=s.number in args.lossless_port,
+                    pause_timeout_s=args.pause_timeout,
+                    headroom=args.lossless_headroom,
+                ),
+            )
         if pipeline is not None:
             sw.load_pipeline(pipeline)
         sw.start()
         assert sw.server is not None
         host = targs.grpc_server_addr.rpartition(":")[0] or "0.0.0.0"
-        print(f"{PROG} ready grpc={host}:{sw.server.port} device_id={args.device_id} "
-              f"ports={sorted(sw.ports)}", flush=True)
+        print(
+            f"{PROG} ready grpc={host}:{sw.server.port} device_id={args.device_id} "
+            f"ports={sorted(sw.ports)}",
+            flush=True,
+        )
         while not stop.wait(0.5):
             pass
     except OSError as e:
@@ -273,8 +369,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         # the ports' and queues' counters (drops by reason, pauses) for whoever ran us
         with contextlib.suppress(Exception):
-            print(f"{PROG} counters {json.dumps(sw.counters(), default=str)}",
-                  file=sys.stderr, flush=True)
+            print(
+                f"{PROG} counters {json.dumps(sw.counters(), default=str)}",
+                file=sys.stderr,
+                flush=True,
+            )
         sw.stop()
     return 0
 

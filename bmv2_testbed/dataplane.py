@@ -253,10 +253,18 @@ class _Entry:
         "seq",
     )
 
-    def __init__(self, matches: dict[int, Match], action_id: int,  # noqa: PLR0917
-                 params: dict[int, int],
-                 args: tuple[int, ...], priority: int, key: tuple[Any, ...], seq: int,
-                 metadata: bytes, is_const: bool) -> None:
+    def __init__(  # noqa: PLR0917
+        self,
+        matches: dict[int, Match],
+        action_id: int,
+        params: dict[int, int],
+        args: tuple[int, ...],
+        priority: int,
+        key: tuple[Any, ...],
+        seq: int,
+        metadata: bytes,
+        is_const: bool,
+    ) -> None:
         self.matches = matches
         self.action_id = action_id
         self.params = params
@@ -295,7 +303,8 @@ class _Table:
         self.counted = info.direct_counter_id is not None
         # the exact dict, for generated code to look up inline; None where lookup() must run
         self.fast: dict[tuple[int, ...], _Entry] | None = (
-            self.exact if self.kind == "exact" and not self.counted else None)
+            self.exact if self.kind == "exact" and not self.counted else None
+        )
 
     # -- lookup, called from generated code with the key tuple and the packet length
     def lookup(self, key: tuple[int, ...], nbytes: int) -> tuple[int, tuple[int, ...], bool]:
@@ -361,8 +370,14 @@ class _Counter:
 class Dataplane:
     """Runtime state of one loaded pipeline plus packet execution (see module docstring)."""
 
-    def __init__(self, pipeline: Pipeline, *, cpu_port: int | None = None,
-                 drop_port: int = DEFAULT_DROP_PORT, fast_path: bool = True) -> None:
+    def __init__(
+        self,
+        pipeline: Pipeline,
+        *,
+        cpu_port: int | None = None,
+        drop_port: int = DEFAULT_DROP_PORT,
+        fast_path: bool = True,
+    ) -> None:
         if (cpu_port is not None and not (0 < cpu_port <= MAX_PORT)) or cpu_port == drop_port:
             raise InvalidArgumentError(f"invalid cpu port {cpu_port}")
         self.pipeline = pipeline
@@ -388,8 +403,13 @@ class Dataplane:
         self.mcast: dict[int, list[tuple[int, int]]] = {}
         self.clone_sessions: dict[int, CloneSession] = {}
         self._drops: dict[tuple[int, str], int] = {}
-        self._stats: dict[str, int] = {"rx": 0, "tx": 0, "packet_in": 0, "packet_out": 0,
-                                       "digests": 0}
+        self._stats: dict[str, int] = {
+            "rx": 0,
+            "tx": 0,
+            "packet_in": 0,
+            "packet_out": 0,
+            "digests": 0,
+        }
         self._pending_pin: list[tuple[bytes, dict[int, int]]] = []
         self._pending_digest: list[tuple[int, list[bytes]]] = []
         self.prog = pipeline.instantiate(self)
@@ -421,9 +441,14 @@ class Dataplane:
                 matches[fid] = Range(x, y)
             else:
                 matches[fid] = OptionalMatch(x)
-        return TableEntry(table_id, matches, aid,
-                          {p.id: v for p, v in zip(a.params, ce.args, strict=True)},
-                          ce.priority, is_const=True)
+        return TableEntry(
+            table_id,
+            matches,
+            aid,
+            {p.id: v for p, v in zip(a.params, ce.args, strict=True)},
+            ce.priority,
+            is_const=True,
+        )
 
     # ------------------------------------------------------------------ generated-code hooks
     def now_us(self) -> int:
@@ -436,13 +461,15 @@ class Dataplane:
             raise NotFoundError(f"unknown table id {table_id}")
         return t
 
-    def _check_action(self, t: _Table, action_id: int, params: dict[int, int],
-                      default: bool) -> tuple[int, ...]:
+    def _check_action(
+        self, t: _Table, action_id: int, params: dict[int, int], default: bool
+    ) -> tuple[int, ...]:
         if action_id not in t.info.action_ids:
             if action_id in self.pipeline.actions:
                 raise InvalidArgumentError(
                     f"action {self.pipeline.actions[action_id].name} is not an action of "
-                    f"table {t.info.name}")
+                    f"table {t.info.name}"
+                )
             raise InvalidArgumentError(f"unknown action id {action_id}")
         scope = t.info.scope_ids.get(action_id, "TABLE_AND_DEFAULT")
         if default and scope == "TABLE_ONLY":
@@ -461,7 +488,8 @@ class Dataplane:
             v = params[p.id]
             if v < 0 or v >> p.bitwidth:
                 raise InvalidArgumentError(
-                    f"value {v} of param {p.name} does not fit in {p.bitwidth} bits")
+                    f"value {v} of param {p.name} does not fit in {p.bitwidth} bits"
+                )
             args.append(v)
         return tuple(args)
 
@@ -475,10 +503,12 @@ class Dataplane:
         needs_prio = t.kind == "ternary"
         if needs_prio and priority <= 0:
             raise InvalidArgumentError(
-                f"table {info.name} has ternary/range/optional fields: priority must be > 0")
+                f"table {info.name} has ternary/range/optional fields: priority must be > 0"
+            )
         if not needs_prio and priority != 0:
             raise InvalidArgumentError(
-                f"table {info.name} has no ternary/range/optional field: priority must be 0")
+                f"table {info.name} has no ternary/range/optional field: priority must be 0"
+            )
         out: list[Any] = []
         plen = 0
         for k in info.keys:
@@ -490,7 +520,8 @@ class Dataplane:
             def fits(v: int, what: str, name: str = k.name, w: int = w) -> None:
                 if v < 0 or v >> w:
                     raise InvalidArgumentError(
-                        f"{what} {v:#x} of field {name} does not fit in {w} bits")
+                        f"{what} {v:#x} of field {name} does not fit in {w} bits"
+                    )
 
             if kind == "exact":
                 if not isinstance(m, Exact):
@@ -505,11 +536,13 @@ class Dataplane:
                 fits(m.value, "value")
                 if not 0 <= m.prefix_len <= w:
                     raise InvalidArgumentError(
-                        f"field {k.name}: prefix length {m.prefix_len} out of range 0..{w}")
+                        f"field {k.name}: prefix length {m.prefix_len} out of range 0..{w}"
+                    )
                 mask = full ^ ((1 << (w - m.prefix_len)) - 1)
                 if m.value & ~mask:
                     raise InvalidArgumentError(
-                        f"field {k.name}: lpm value has bits set beyond the prefix length")
+                        f"field {k.name}: lpm value has bits set beyond the prefix length"
+                    )
                 if t.kind == "lpm":
                     out.append(m.value)
                     plen = m.prefix_len
@@ -524,7 +557,8 @@ class Dataplane:
                 fits(m.mask, "mask")
                 if m.value & ~m.mask:
                     raise InvalidArgumentError(
-                        f"field {k.name}: ternary value has bits set outside the mask")
+                        f"field {k.name}: ternary value has bits set outside the mask"
+                    )
                 out.append((0, m.value, m.mask))
             elif kind == "range":
                 if m is None:
@@ -569,8 +603,17 @@ class Dataplane:
         if len(t.entries) >= t.info.size and not allow_const:
             raise ResourceExhaustedError(f"table {t.info.name} is full ({t.info.size})")
         t.seq += 1
-        e = _Entry(dict(entry.matches), entry.action_id, dict(entry.params), args,
-                   entry.priority, key, t.seq, entry.metadata, allow_const)
+        e = _Entry(
+            dict(entry.matches),
+            entry.action_id,
+            dict(entry.params),
+            args,
+            entry.priority,
+            key,
+            t.seq,
+            entry.metadata,
+            allow_const,
+        )
         if entry.counter_bytes is not None:
             e.bytes = entry.counter_bytes
         if entry.counter_packets is not None:
@@ -638,22 +681,33 @@ class Dataplane:
         with self.lock:
             t = self._table(table_id)
             a = self.pipeline.actions[t.default_action]
-            return TableEntry(table_id, {}, t.default_action,
-                              {p.id: v for p, v in zip(a.params, t.default_args, strict=True)},
-                              is_default=True)
+            return TableEntry(
+                table_id,
+                {},
+                t.default_action,
+                {p.id: v for p, v in zip(a.params, t.default_args, strict=True)},
+                is_default=True,
+            )
 
     def read_entries(self, table_id: int | None = None) -> list[TableEntry]:
         with self.lock:
-            tables = [self._table(table_id)] if table_id is not None else list(
-                self.tables.values())
+            tables = [self._table(table_id)] if table_id is not None else list(self.tables.values())
             out: list[TableEntry] = []
             for t in tables:
                 for e in sorted(t.entries.values(), key=lambda e: e.seq):
-                    out.append(TableEntry(
-                        t.info.id, dict(e.matches), e.action_id, dict(e.params), e.priority,
-                        counter_bytes=e.bytes if t.counted else None,
-                        counter_packets=e.packets if t.counted else None,
-                        metadata=e.metadata, is_const=e.is_const))
+                    out.append(
+                        TableEntry(
+                            t.info.id,
+                            dict(e.matches),
+                            e.action_id,
+                            dict(e.params),
+                            e.priority,
+                            counter_bytes=e.bytes if t.counted else None,
+                            counter_packets=e.packets if t.counted else None,
+                            metadata=e.metadata,
+                            is_const=e.is_const,
+                        )
+                    )
             return out
 
     def write_direct_counter(self, entry: TableEntry, nbytes: int, packets: int) -> None:
@@ -689,8 +743,9 @@ class Dataplane:
         if gid == 0:
             raise InvalidArgumentError(f"{what} id 0 is invalid")
         if gid < 0 or gid > MAX_GROUP_ID:
-            raise OutOfRangeError(f"{what} id value is too high" if gid > 0
-                                  else f"{what} id {gid} invalid")
+            raise OutOfRangeError(
+                f"{what} id value is too high" if gid > 0 else f"{what} id {gid} invalid"
+            )
 
     def insert_multicast_group(self, gid: int, replicas: Iterable[tuple[int, int]]) -> None:
         with self.lock:
@@ -725,8 +780,9 @@ class Dataplane:
                 return {gid: list(self.mcast[gid])}
             return {g: list(r) for g, r in sorted(self.mcast.items())}
 
-    def _clone_checks(self, sid: int, replicas: Iterable[tuple[int, int]], cos: int,
-                      plen: int) -> CloneSession:
+    def _clone_checks(
+        self, sid: int, replicas: Iterable[tuple[int, int]], cos: int, plen: int
+    ) -> CloneSession:
         self._check_gid(sid, "Clone session")
         if cos != 0:
             raise UnimplementedError("class_of_service is not supported")
@@ -734,27 +790,43 @@ class Dataplane:
             raise UnimplementedError("packet truncation (packet_length_bytes) is not supported")
         return CloneSession(self._check_replicas(replicas), cos, plen)
 
-    def insert_clone_session(self, sid: int, replicas: Iterable[tuple[int, int]],
-                             class_of_service: int = 0, packet_length_bytes: int = 0) -> None:
+    def insert_clone_session(
+        self,
+        sid: int,
+        replicas: Iterable[tuple[int, int]],
+        class_of_service: int = 0,
+        packet_length_bytes: int = 0,
+    ) -> None:
         with self.lock:
             s = self._clone_checks(sid, replicas, class_of_service, packet_length_bytes)
             if sid in self.clone_sessions:
                 raise AlreadyExistsError(f"clone session {sid} already exists")
             self.clone_sessions[sid] = s
 
-    def modify_clone_session(self, sid: int, replicas: Iterable[tuple[int, int]],
-                             class_of_service: int = 0, packet_length_bytes: int = 0) -> None:
+    def modify_clone_session(
+        self,
+        sid: int,
+        replicas: Iterable[tuple[int, int]],
+        class_of_service: int = 0,
+        packet_length_bytes: int = 0,
+    ) -> None:
         with self.lock:
             s = self._clone_checks(sid, replicas, class_of_service, packet_length_bytes)
             if sid not in self.clone_sessions:
                 raise NotFoundError(f"clone session {sid} does not exist")
             self.clone_sessions[sid] = s
 
-    def set_clone_session(self, sid: int, replicas: Iterable[tuple[int, int]],
-                          class_of_service: int = 0, packet_length_bytes: int = 0) -> None:
+    def set_clone_session(
+        self,
+        sid: int,
+        replicas: Iterable[tuple[int, int]],
+        class_of_service: int = 0,
+        packet_length_bytes: int = 0,
+    ) -> None:
         with self.lock:
-            self.clone_sessions[sid] = self._clone_checks(sid, replicas, class_of_service,
-                                                          packet_length_bytes)
+            self.clone_sessions[sid] = self._clone_checks(
+                sid, replicas, class_of_service, packet_length_bytes
+            )
 
     def delete_clone_session(self, sid: int) -> None:
         with self.lock:
@@ -777,8 +849,7 @@ class Dataplane:
             raise NotFoundError(f"unknown counter id {cid}")
         return c
 
-    def read_counter(self, counter_id: int,
-                     index: int | None = None) -> list[tuple[int, int, int]]:
+    def read_counter(self, counter_id: int, index: int | None = None) -> list[tuple[int, int, int]]:
         with self.lock:
             c = self._counter(counter_id)
             if index is None:
@@ -788,8 +859,9 @@ class Dataplane:
             b, p = c.cells[index]
             return [(index, b, p)]
 
-    def write_counter(self, counter_id: int, index: int | None = None, nbytes: int = 0,
-                      packets: int = 0) -> None:
+    def write_counter(
+        self, counter_id: int, index: int | None = None, nbytes: int = 0, packets: int = 0
+    ) -> None:
         with self.lock:
             c = self._counter(counter_id)
             if index is None:
@@ -800,8 +872,7 @@ class Dataplane:
                 raise OutOfRangeError(f"counter index {index} out of range 0..{c.size - 1}")
             c.cells[index][0], c.cells[index][1] = nbytes, packets
 
-    def read_register(self, register_id: int,
-                      index: int | None = None) -> list[tuple[int, int]]:
+    def read_register(self, register_id: int, index: int | None = None) -> list[tuple[int, int]]:
         with self.lock:
             r = self.registers.get(register_id)
             if r is None:
@@ -844,8 +915,7 @@ class Dataplane:
             frame = bytes(frame)
         return self.process_batch(ingress_port, (frame,))
 
-    def process_batch(self, ingress_port: int,
-                      frames: Sequence[bytes]) -> list[tuple[int, bytes]]:
+    def process_batch(self, ingress_port: int, frames: Sequence[bytes]) -> list[tuple[int, bytes]]:
         """Run frames (``bytes``) received on ``ingress_port``, in order, under one
         acquisition of the dataplane lock; return the frames to transmit, in order."""
         out: list[tuple[int, bytes]] = []
@@ -856,8 +926,16 @@ class Dataplane:
             stats["rx"] += len(frames)
             fast = self._fast
             if fast is not None and self.on_log is None:
-                fast(ingress_port, frames, self._t0_us, self.mcast, out, self._drop_cb,
-                     self._digest_cb, self._qdepth_cb)
+                fast(
+                    ingress_port,
+                    frames,
+                    self._t0_us,
+                    self.mcast,
+                    out,
+                    self._drop_cb,
+                    self._digest_cb,
+                    self._qdepth_cb,
+                )
                 if out and self.cpu_port is not None:
                     out = self._split_cpu(ingress_port, out)
             else:
@@ -893,8 +971,9 @@ class Dataplane:
             self._stats["digests"] += 1
             self._pending_digest.append((did, members))
 
-    def _split_cpu(self, ingress_port: int,
-                   out: list[tuple[int, bytes]]) -> list[tuple[int, bytes]]:
+    def _split_cpu(
+        self, ingress_port: int, out: list[tuple[int, bytes]]
+    ) -> list[tuple[int, bytes]]:
         """The fast path's copies to the CPU port become packet-ins (as in _egress_tail)."""
         cpu = self.cpu_port
         if all(p != cpu for p, _ in out):
@@ -933,8 +1012,9 @@ class Dataplane:
             self._stats["packet_out"] += 1
         return self.process(self.cpu_port, head + bytes(payload))
 
-    def _deliver(self, pins: list[tuple[bytes, dict[int, int]]],
-                 digs: list[tuple[int, list[bytes]]]) -> None:
+    def _deliver(
+        self, pins: list[tuple[bytes, dict[int, int]]], digs: list[tuple[int, list[bytes]]]
+    ) -> None:
         if pins and self.on_packet_in is not None:
             for payload, md in pins:
                 self.on_packet_in(payload, md)
@@ -961,9 +1041,15 @@ class Dataplane:
         ctx.payload_off = ctx.off
         prog.verify(ctx)
 
-    def _ingress(self, port: int, frame: bytes, itype: int,  # noqa: PLR0917
-                 preserved: tuple[PacketCtx, int] | None, out: list[tuple[int, bytes]],
-                 depth: int) -> None:
+    def _ingress(  # noqa: PLR0917
+        self,
+        port: int,
+        frame: bytes,
+        itype: int,
+        preserved: tuple[PacketCtx, int] | None,
+        out: list[tuple[int, bytes]],
+        depth: int,
+    ) -> None:
         if depth > MAX_RECIRCULATIONS:
             self._drop(port, "recirculation_limit")
             return
@@ -999,9 +1085,14 @@ class Dataplane:
         if ctx.digests:
             self._queue_digests(ctx.digests)
         # 3. resubmit, 4. multicast, 5. drop, 6. unicast
-        verdict, reps, itype = end_of_ingress(ctx.resubmit_fl >= 0, std.mcast_grp,
-                                              std.egress_spec, std.instance_type, self.mcast,
-                                              self.drop_port)
+        verdict, reps, itype = end_of_ingress(
+            ctx.resubmit_fl >= 0,
+            std.mcast_grp,
+            std.egress_spec,
+            std.instance_type,
+            self.mcast,
+            self.drop_port,
+        )
         if verdict == DROP:
             self._drop(port, reps)
             return
@@ -1030,8 +1121,9 @@ class Dataplane:
                 d += 1
         return min(d, MAX_QDEPTH)
 
-    def _egress(self, ctx: PacketCtx, eport: int, rid: int, out: list[tuple[int, bytes]],
-                depth: int) -> None:
+    def _egress(
+        self, ctx: PacketCtx, eport: int, rid: int, out: list[tuple[int, bytes]], depth: int
+    ) -> None:
         prog = self.prog
         std = ctx.std
         std.egress_port = eport
@@ -1068,19 +1160,30 @@ class Dataplane:
             return
         prog.compute(ctx)
         data = prog.deparse(ctx)
-        if (verdict == RECIRCULATE or ctx.truncate_len or eport == self.cpu_port
-                or self.on_log is not None):
+        if (
+            verdict == RECIRCULATE
+            or ctx.truncate_len
+            or eport == self.cpu_port
+            or self.on_log is not None
+        ):
             self._egress_tail(ctx, eport, rid, data, out, depth, arg)
             return
         out.append((eport, data))  # TRANSMIT
 
-    def _egress_tail(self, ctx: PacketCtx, eport: int, rid: int,  # noqa: PLR0917
-                     data: bytes, out: list[tuple[int, bytes]], depth: int,
-                     recirc_itype: int | None) -> None:
+    def _egress_tail(  # noqa: PLR0917
+        self,
+        ctx: PacketCtx,
+        eport: int,
+        rid: int,
+        data: bytes,
+        out: list[tuple[int, bytes]],
+        depth: int,
+        recirc_itype: int | None,
+    ) -> None:
         """The end of :meth:`_egress` for truncate, recirculate (``recirc_itype``: the
         instance type end_of_egress gave a RECIRCULATE, else None), the CPU port and logging."""
         if ctx.truncate_len:
-            data = data[:ctx.truncate_len]
+            data = data[: ctx.truncate_len]
         if recirc_itype is not None:
             self._ingress(eport, data, recirc_itype, (ctx, ctx.recirc_fl), out, depth + 1)
             return

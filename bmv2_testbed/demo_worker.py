@@ -45,8 +45,9 @@ def build_model(name: str) -> nn.Module:
     """The scenario's model, deterministic given ``torch.manual_seed(0)`` before the call."""
     torch.manual_seed(0)
     if name == "mlp":
-        return nn.Sequential(nn.Linear(32, 96), nn.Tanh(), nn.Linear(96, 96), nn.Tanh(),
-                             nn.Linear(96, 4))
+        return nn.Sequential(
+            nn.Linear(32, 96), nn.Tanh(), nn.Linear(96, 96), nn.Tanh(), nn.Linear(96, 4)
+        )
     if name == "transformer":
         return _Tiny()
     raise ValueError(f"unknown model {name!r}; models: {', '.join(MODELS)}")
@@ -62,7 +63,7 @@ def batch(name: str, step: int, rank: int, world: int) -> tuple[torch.Tensor, to
         x = torch.randn(GLOBAL_BATCH, 32, generator=g)
         y = torch.randint(0, 4, (GLOBAL_BATCH,), generator=g)
     per = GLOBAL_BATCH // world
-    return x[rank * per:(rank + 1) * per], y[rank * per:(rank + 1) * per]
+    return x[rank * per : (rank + 1) * per], y[rank * per : (rank + 1) * per]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -85,9 +86,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     opt = torch.optim.AdamW(model.parameters(), lr=2e-3, weight_decay=0.05)
     total = args.steps
     sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: min(1.0, (s + 1) / 10) * 0.5 * (1 + math.cos(math.pi * s / total)))
-    sg = attach(model, opt, args.spec, lr_scheduler=sched, max_grad_norm=1.0,
-                chunk_bytes=args.chunk_bytes)
+        opt, lambda s: min(1.0, (s + 1) / 10) * 0.5 * (1 + math.cos(math.pi * s / total))
+    )
+    sg = attach(
+        model, opt, args.spec, lr_scheduler=sched, max_grad_norm=1.0, chunk_bytes=args.chunk_bytes
+    )
     start = sg.restore_or_start()
     if rank == 0:
         print(f"start {start.iteration} {int(start.restored)}", flush=True)
@@ -100,12 +103,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.sleep:
             time.sleep(args.sleep)
         if rank == 0:
-            print(f"step {step} loss {float(loss.item()).hex()} dt {time.perf_counter() - t0:.6f} "
-                  f"wall {time.time():.6f}", flush=True)
+            print(
+                f"step {step} loss {float(loss.item()).hex()} dt {time.perf_counter() - t0:.6f} "
+                f"wall {time.time():.6f}",
+                flush=True,
+            )
     sg.close()
     if args.out and rank == 0:
-        torch.save({"model": model.module.state_dict(), "optimizer": opt.state_dict()},
-                   args.out)
+        torch.save({"model": model.module.state_dict(), "optimizer": opt.state_dict()}, args.out)
     dist.destroy_process_group()
     return 0
 

@@ -73,26 +73,44 @@ class JobSwitch:
     (``-i N@iface``; veths to hosts in network namespaces, root needed).
     """
 
-    def __init__(self, spec: JobSpec, layout: Layout, *, loss: Mapping[int, float] | None = None,
-                 rate: Mapping[int, str] | None = None, delay: Mapping[int, str] | None = None,
-                 lossless: bool = True, pause_timeout_s: float = 1.0,
-                 queue_capacity: int = 1024, headroom: int = 4096, extra_args: Sequence[str] = (),
-                 switch_cmd: Sequence[str] | None = None, start_timeout_s: float = 60.0,
-                 request_log: str | Path | None = None, tap: bool = True,
-                 interfaces: Mapping[int, str] | None = None) -> None:
+    def __init__(
+        self,
+        spec: JobSpec,
+        layout: Layout,
+        *,
+        loss: Mapping[int, float] | None = None,
+        rate: Mapping[int, str] | None = None,
+        delay: Mapping[int, str] | None = None,
+        lossless: bool = True,
+        pause_timeout_s: float = 1.0,
+        queue_capacity: int = 1024,
+        headroom: int = 4096,
+        extra_args: Sequence[str] = (),
+        switch_cmd: Sequence[str] | None = None,
+        start_timeout_s: float = 60.0,
+        request_log: str | Path | None = None,
+        tap: bool = True,
+        interfaces: Mapping[int, str] | None = None,
+    ) -> None:
         sw = spec.switch
         if sw.loopback is None and interfaces is None:
-            raise ConfigError("switch.loopback", None, "JobSwitch runs the job's switch on "
-                              "loopback UDP ports (set switch.loopback) or on interfaces "
-                              "(give interfaces={port: ifname})")
+            raise ConfigError(
+                "switch.loopback",
+                None,
+                "JobSwitch runs the job's switch on "
+                "loopback UDP ports (set switch.loopback) or on interfaces "
+                "(give interfaces={port: ifname})",
+            )
         self.spec = spec
         self.final_counters: dict[str, Any] = {}
         self._state: dict[str, Any] = {}
         self._finalizer = weakref.finalize(self, _reap, self._state)
         cmd = list(switch_cmd or [sys.executable, "-m", "shadowgrad.bmv2_testbed._switch_cmd"])
         cmd += ["--no-p4", "--device-id", str(sw.device_id)]
-        hosts = [*zip(sw.trainer_ports, spec.trainers.addresses, strict=True),
-                 *zip(sw.shadow_ports, spec.shadows.addresses, strict=True)]
+        hosts = [
+            *zip(sw.trainer_ports, spec.trainers.addresses, strict=True),
+            *zip(sw.shadow_ports, spec.shadows.addresses, strict=True),
+        ]
         for port, ep in hosts:
             if interfaces is not None:
                 cmd += ["-i", f"{port}@{interfaces[port]}"]
@@ -108,17 +126,28 @@ class JobSwitch:
         if lossless:
             for port in sw.shadow_ports:
                 cmd += ["--lossless-port", str(port)]
-        cmd += ["--pause-timeout", f"{pause_timeout_s}s", "--queue-capacity", str(queue_capacity),
-                "--lossless-headroom", str(headroom),
-                *extra_args, "--", "--grpc-server-addr", "127.0.0.1:0",
-                "--cpu-port", str(sw.cpu_port)]
+        cmd += [
+            "--pause-timeout",
+            f"{pause_timeout_s}s",
+            "--queue-capacity",
+            str(queue_capacity),
+            "--lossless-headroom",
+            str(headroom),
+            *extra_args,
+            "--",
+            "--grpc-server-addr",
+            "127.0.0.1:0",
+            "--cpu-port",
+            str(sw.cpu_port),
+        ]
         self.cmd = cmd
         self.log_path = Path(tempfile.mkstemp(prefix="sg-switch-", suffix=".log")[1])
         try:
             logf = open(self.log_path, "w")  # noqa: SIM115 (closed by the finalizer)
             self._state["log"] = logf
-            proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=logf,
-                                    stdin=subprocess.DEVNULL, text=True)
+            proc = subprocess.Popen(
+                cmd, stdout=subprocess.PIPE, stderr=logf, stdin=subprocess.DEVNULL, text=True
+            )
             self._state["proc"] = proc
             self.proc = proc
             from .testing import wait_switch_ready
@@ -129,8 +158,9 @@ class JobSwitch:
                 raise RuntimeError(f"{exc}:\n{self.log()[-3000:]}") from None
             assert proc.stdout is not None
             proc.stdout.close()
-            client = P4RuntimeClient(self.grpc_addr, device_id=sw.device_id,
-                                     request_log=request_log)
+            client = P4RuntimeClient(
+                self.grpc_addr, device_id=sw.device_id, request_log=request_log
+            )
             self._state["client"] = client
             client.connect(wait_s=start_timeout_s)
             self.client = client

@@ -12,9 +12,17 @@ from typing import Any
 from .frontend.model import ProgramModel
 
 PREFIX = {
-    "action": 0x01, "table": 0x02, "value_set": 0x03, "controller_header": 0x04,
-    "action_profile": 0x11, "counter": 0x12, "direct_counter": 0x13, "meter": 0x14,
-    "direct_meter": 0x15, "register": 0x16, "digest": 0x17,
+    "action": 0x01,
+    "table": 0x02,
+    "value_set": 0x03,
+    "controller_header": 0x04,
+    "action_profile": 0x11,
+    "counter": 0x12,
+    "direct_counter": 0x13,
+    "meter": 0x14,
+    "direct_meter": 0x15,
+    "register": 0x16,
+    "digest": 0x17,
 }
 
 _MATCH = {"exact": 2, "lpm": 3, "ternary": 4, "range": 5, "optional": 6}
@@ -76,8 +84,17 @@ def assign_ids(m: ProgramModel) -> None:
     _assign("register", m.registers)
     _assign("digest", m.digests)
     _assign("controller_header", m.controller_headers)
-    _aliases([*m.actions, *m.tables, *m.counters, *m.direct_counters, *m.registers,
-              *m.digests, *m.controller_headers])
+    _aliases(
+        [
+            *m.actions,
+            *m.tables,
+            *m.counters,
+            *m.direct_counters,
+            *m.registers,
+            *m.digests,
+            *m.controller_headers,
+        ]
+    )
     aid = {a.name: a.id for a in m.actions}
     tid = {t.name: t.id for t in m.tables}
     dcid = {c.name: c.id for c in m.direct_counters}

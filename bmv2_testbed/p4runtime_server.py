@@ -84,8 +84,9 @@ def decode_int(data: bytes, bitwidth: int, what: str) -> int:
         raise _err(SC.INVALID_ARGUMENT, f"{what}: empty bytestring")
     v = int.from_bytes(data, "big")
     if bitwidth and v.bit_length() > bitwidth:
-        raise _err(SC.INVALID_ARGUMENT,
-                   f"{what}: bytestring does not fit within bitwidth {bitwidth}")
+        raise _err(
+            SC.INVALID_ARGUMENT, f"{what}: bytestring does not fit within bitwidth {bitwidth}"
+        )
     return v
 
 
@@ -133,10 +134,15 @@ class P4InfoIndex:
             ix.direct_counters[dc.preamble.id] = dc
         for t in p4info.tables:
             fields = {m.id: _Field(m.id, m.name, m.bitwidth, m.match_type) for m in t.match_fields}
-            needs = any(f.match_type in (p4info_pb2.MatchField.TERNARY,
-                                         p4info_pb2.MatchField.RANGE,
-                                         p4info_pb2.MatchField.OPTIONAL)
-                        for f in fields.values())
+            needs = any(
+                f.match_type
+                in (
+                    p4info_pb2.MatchField.TERNARY,
+                    p4info_pb2.MatchField.RANGE,
+                    p4info_pb2.MatchField.OPTIONAL,
+                )
+                for f in fields.values()
+            )
             tab = _Table(t, fields, {r.id: r.scope for r in t.action_refs}, needs)
             for rid in t.direct_resource_ids:
                 if rid in ix.direct_counters:
@@ -153,8 +159,9 @@ class P4InfoIndex:
             elif cpm.preamble.name == "packet_out":
                 ix.packet_out = widths
         ix.registers = {r.preamble.id for r in p4info.registers}
-        ix.meters = ({m.preamble.id for m in p4info.meters}
-                     | {m.preamble.id for m in p4info.direct_meters})
+        ix.meters = {m.preamble.id for m in p4info.meters} | {
+            m.preamble.id for m in p4info.direct_meters
+        }
         return ix
 
     def table(self, table_id: int) -> _Table:
@@ -178,8 +185,9 @@ class Target(Protocol):
     def verify_pipeline(self, p4info: p4info_pb2.P4Info, device_config: bytes) -> Any:
         """Build (not install) a pipeline; raise ValueError/ShadowgradError if invalid."""
 
-    def commit_pipeline(self, pipeline: Any, p4info: p4info_pb2.P4Info,
-                        device_config: bytes) -> None:
+    def commit_pipeline(
+        self, pipeline: Any, p4info: p4info_pb2.P4Info, device_config: bytes
+    ) -> None:
         """Install a verified pipeline: fresh state, packets flow through it from now on."""
 
     def packet_out(self, payload: bytes, metadata: dict[int, int]) -> None:
@@ -239,8 +247,9 @@ class ServerCounters:
 class P4RuntimeServer(p4runtime_pb2_grpc.P4RuntimeServicer):  # type: ignore[misc]
     """The gRPC P4Runtime service over a :class:`Target`; ``start()`` / ``stop()``."""
 
-    def __init__(self, target: Target, address: str = "0.0.0.0:9559", *,
-                 max_workers: int = 16) -> None:
+    def __init__(
+        self, target: Target, address: str = "0.0.0.0:9559", *, max_workers: int = 16
+    ) -> None:
         self.target = target
         self.address = address
         self.port = 0
@@ -262,11 +271,14 @@ class P4RuntimeServer(p4runtime_pb2_grpc.P4RuntimeServicer):  # type: ignore[mis
     # ---- lifecycle -------------------------------------------------------------------------
     def start(self) -> int:
         """Bind and serve; returns the bound TCP port (useful with ``host:0``)."""
-        server = grpc.server(futures.ThreadPoolExecutor(max_workers=self._max_workers,
-                                                        thread_name_prefix="p4rt"),
-                             options=[("grpc.so_reuseport", 0),
-                                      ("grpc.max_receive_message_length", 256 << 20),
-                                      ("grpc.max_send_message_length", 256 << 20)])
+        server = grpc.server(
+            futures.ThreadPoolExecutor(max_workers=self._max_workers, thread_name_prefix="p4rt"),
+            options=[
+                ("grpc.so_reuseport", 0),
+                ("grpc.max_receive_message_length", 256 << 20),
+                ("grpc.max_send_message_length", 256 << 20),
+            ],
+        )
         p4runtime_pb2_grpc.add_P4RuntimeServicer_to_server(self, server)
         port = int(server.add_insecure_port(self.address))
         if port == 0:
@@ -275,8 +287,9 @@ class P4RuntimeServer(p4runtime_pb2_grpc.P4RuntimeServicer):  # type: ignore[mis
         self._server = server
         self.port = port
         self._sweep_stop.clear()
-        self._sweeper = threading.Thread(target=self._sweep_digests, name="p4rt-digests",
-                                         daemon=True)
+        self._sweeper = threading.Thread(
+            target=self._sweep_digests, name="p4rt-digests", daemon=True
+        )
         self._sweeper.start()
         log.info("P4Runtime server listening on %s (port %d)", self.address, port)
         return port
@@ -301,8 +314,9 @@ class P4RuntimeServer(p4runtime_pb2_grpc.P4RuntimeServicer):  # type: ignore[mis
         with self._lock:
             self._set_committed(p4info, device_config, None)
 
-    def _set_committed(self, p4info: p4info_pb2.P4Info, device_config: bytes,
-                       cookie: int | None) -> None:
+    def _set_committed(
+        self, p4info: p4info_pb2.P4Info, device_config: bytes, cookie: int | None
+    ) -> None:
         self._p4info = p4info
         self._index = P4InfoIndex.build(p4info)
         self._device_config = device_config
@@ -317,8 +331,12 @@ class P4RuntimeServer(p4runtime_pb2_grpc.P4RuntimeServicer):  # type: ignore[mis
     def _primary(self, role: str) -> _Connection | None:
         best: _Connection | None = None
         for c in self._conns.values():
-            if c.arbitrated and c.role == role and c.election_id is not None and (
-                    best is None or c.election_id > (best.election_id or 0)):
+            if (
+                c.arbitrated
+                and c.role == role
+                and c.election_id is not None
+                and (best is None or c.election_id > (best.election_id or 0))
+            ):
                 best = c
         return best
 
@@ -341,14 +359,19 @@ class P4RuntimeServer(p4runtime_pb2_grpc.P4RuntimeServicer):  # type: ignore[mis
         context.set_details(e.message)
 
     # ---- Capabilities ----------------------------------------------------------------------
-    def Capabilities(self, request: p4runtime_pb2.CapabilitiesRequest,  # noqa: N802
-                     context: grpc.ServicerContext) -> p4runtime_pb2.CapabilitiesResponse:
+    def Capabilities(  # noqa: N802  # noqa: N802
+        self,
+        request: p4runtime_pb2.CapabilitiesRequest,
+        context: grpc.ServicerContext,
+    ) -> p4runtime_pb2.CapabilitiesResponse:
         return p4runtime_pb2.CapabilitiesResponse(p4runtime_api_version=API_VERSION)
 
     # ---- pipeline config -------------------------------------------------------------------
     def SetForwardingPipelineConfig(  # noqa: N802
-            self, request: p4runtime_pb2.SetForwardingPipelineConfigRequest,
-            context: grpc.ServicerContext) -> p4runtime_pb2.SetForwardingPipelineConfigResponse:
+        self,
+        request: p4runtime_pb2.SetForwardingPipelineConfigRequest,
+        context: grpc.ServicerContext,
+    ) -> p4runtime_pb2.SetForwardingPipelineConfigResponse:
         try:
             self._set_pipeline(request)
         except P4RuntimeError as e:
@@ -362,8 +385,12 @@ class P4RuntimeServer(p4runtime_pb2_grpc.P4RuntimeServicer):  # type: ignore[mis
         action = req.action
         if action == act_t.RECONCILE_AND_COMMIT:
             raise _err(SC.UNIMPLEMENTED, "RECONCILE_AND_COMMIT is not supported")
-        if action not in (act_t.VERIFY, act_t.VERIFY_AND_SAVE, act_t.VERIFY_AND_COMMIT,
-                          act_t.COMMIT):
+        if action not in (
+            act_t.VERIFY,
+            act_t.VERIFY_AND_SAVE,
+            act_t.VERIFY_AND_COMMIT,
+            act_t.COMMIT,
+        ):
             raise _err(SC.INVALID_ARGUMENT, "Invalid SetForwardingPipelineConfig action")
         with self._write_lock:
             if action == act_t.COMMIT:
@@ -394,20 +421,24 @@ class P4RuntimeServer(p4runtime_pb2_grpc.P4RuntimeServicer):  # type: ignore[mis
                 return
             self._commit(pipeline, cfg.p4info, cfg.p4_device_config, cookie)
 
-    def _commit(self, pipeline: Any, p4info: p4info_pb2.P4Info, blob: bytes,
-                cookie: int | None) -> None:
+    def _commit(
+        self, pipeline: Any, p4info: p4info_pb2.P4Info, blob: bytes, cookie: int | None
+    ) -> None:
         try:
             self.target.commit_pipeline(pipeline, p4info, blob)
         except Exception as e:
             raise _err(SC.INTERNAL, f"Cannot install pipeline: {e}") from e
         with self._lock:
             self._set_committed(p4info, blob, cookie)
-        log.info("pipeline committed (%d tables, %d actions)", len(p4info.tables),
-                 len(p4info.actions))
+        log.info(
+            "pipeline committed (%d tables, %d actions)", len(p4info.tables), len(p4info.actions)
+        )
 
     def GetForwardingPipelineConfig(  # noqa: N802
-            self, request: p4runtime_pb2.GetForwardingPipelineConfigRequest,
-            context: grpc.ServicerContext) -> p4runtime_pb2.GetForwardingPipelineConfigResponse:
+        self,
+        request: p4runtime_pb2.GetForwardingPipelineConfigRequest,
+        context: grpc.ServicerContext,
+    ) -> p4runtime_pb2.GetForwardingPipelineConfigResponse:
         rt_t = p4runtime_pb2.GetForwardingPipelineConfigRequest
         resp = p4runtime_pb2.GetForwardingPipelineConfigResponse()
         try:
@@ -415,8 +446,9 @@ class P4RuntimeServer(p4runtime_pb2_grpc.P4RuntimeServicer):  # type: ignore[mis
             with self._lock:
                 p4info, blob, cookie = self._p4info, self._device_config, self._cookie
             if p4info is None:
-                raise _err(SC.FAILED_PRECONDITION,
-                           "No forwarding pipeline config set for this device")
+                raise _err(
+                    SC.FAILED_PRECONDITION, "No forwarding pipeline config set for this device"
+                )
         except P4RuntimeError as e:
             self._abort(context, e)
             return resp
@@ -430,8 +462,11 @@ class P4RuntimeServer(p4runtime_pb2_grpc.P4RuntimeServicer):  # type: ignore[mis
         return resp
 
     # ---- Write -----------------------------------------------------------------------------
-    def Write(self, request: p4runtime_pb2.WriteRequest,  # noqa: N802
-              context: grpc.ServicerContext) -> p4runtime_pb2.WriteResponse:
+    def Write(  # noqa: N802
+        self,
+        request: p4runtime_pb2.WriteRequest,
+        context: grpc.ServicerContext,
+    ) -> p4runtime_pb2.WriteResponse:
         try:
             self._check_device(request.device_id)
             self._check_primary(request.role, _uint128(request.election_id))
@@ -466,7 +501,8 @@ class P4RuntimeServer(p4runtime_pb2_grpc.P4RuntimeServicer):  # type: ignore[mis
                 a.Pack(err)
                 status.details.append(a)
             context.set_trailing_metadata(
-                (("grpc-status-details-bin", status.SerializeToString()),))
+                (("grpc-status-details-bin", status.SerializeToString()),)
+            )
             context.set_code(SC.UNKNOWN)
             context.set_details("Write failure.")
         return p4runtime_pb2.WriteResponse()
@@ -504,8 +540,7 @@ class P4RuntimeServer(p4runtime_pb2_grpc.P4RuntimeServicer):  # type: ignore[mis
             raise _err(SC.UNIMPLEMENTED, f"Entity {kind} is not supported")
 
     # -- table entries --
-    def _decode_matches(self, tab: _Table,
-                        te: p4runtime_pb2.TableEntry) -> dict[int, Any]:
+    def _decode_matches(self, tab: _Table, te: p4runtime_pb2.TableEntry) -> dict[int, Any]:
         mf_t = p4info_pb2.MatchField
         out: dict[int, Any] = {}
         for m in te.match:
@@ -523,8 +558,10 @@ class P4RuntimeServer(p4runtime_pb2_grpc.P4RuntimeServicer):  # type: ignore[mis
                 v = decode_int(m.lpm.value, w, what)
                 plen = m.lpm.prefix_len
                 if plen <= 0 or plen > w:
-                    raise _err(SC.INVALID_ARGUMENT,
-                               f"{what}: invalid prefix length {plen} (omit don't-care fields)")
+                    raise _err(
+                        SC.INVALID_ARGUMENT,
+                        f"{what}: invalid prefix length {plen} (omit don't-care fields)",
+                    )
                 if v & ((1 << (w - plen)) - 1):
                     raise _err(SC.INVALID_ARGUMENT, f"{what}: bits beyond prefix length set")
                 out[f.id] = dp.Lpm(v, plen)
@@ -532,8 +569,7 @@ class P4RuntimeServer(p4runtime_pb2_grpc.P4RuntimeServicer):  # type: ignore[mis
                 v = decode_int(m.ternary.value, w, what)
                 mask = decode_int(m.ternary.mask, w, what + " mask")
                 if mask == 0:
-                    raise _err(SC.INVALID_ARGUMENT,
-                               f"{what}: zero mask (omit don't-care fields)")
+                    raise _err(SC.INVALID_ARGUMENT, f"{what}: zero mask (omit don't-care fields)")
                 if v & ~mask:
                     raise _err(SC.INVALID_ARGUMENT, f"{what}: value has bits outside the mask")
                 out[f.id] = dp.Ternary(v, mask)
@@ -543,21 +579,22 @@ class P4RuntimeServer(p4runtime_pb2_grpc.P4RuntimeServicer):  # type: ignore[mis
                 if lo > hi:
                     raise _err(SC.INVALID_ARGUMENT, f"{what}: low > high")
                 if lo == 0 and hi == (1 << w) - 1:
-                    raise _err(SC.INVALID_ARGUMENT,
-                               f"{what}: full range (omit don't-care fields)")
+                    raise _err(SC.INVALID_ARGUMENT, f"{what}: full range (omit don't-care fields)")
                 out[f.id] = dp.Range(lo, hi)
             elif f.match_type == mf_t.OPTIONAL and kind == "optional":
                 out[f.id] = dp.OptionalMatch(decode_int(m.optional.value, w, what))
             else:
-                raise _err(SC.INVALID_ARGUMENT,
-                           f"{what}: match type {kind} does not match the P4Info")
+                raise _err(
+                    SC.INVALID_ARGUMENT, f"{what}: match type {kind} does not match the P4Info"
+                )
         for f in tab.fields.values():
             if f.match_type == mf_t.EXACT and f.id not in out:
                 raise _err(SC.INVALID_ARGUMENT, f"Missing exact match field {f.name}")
         return out
 
-    def _decode_action(self, ix: P4InfoIndex, tab: _Table, te: p4runtime_pb2.TableEntry,
-                       default: bool) -> tuple[int, dict[int, int]]:
+    def _decode_action(
+        self, ix: P4InfoIndex, tab: _Table, te: p4runtime_pb2.TableEntry, default: bool
+    ) -> tuple[int, dict[int, int]]:
         if not te.HasField("action"):
             raise _err(SC.INVALID_ARGUMENT, "Missing action")
         which = te.action.WhichOneof("type")
@@ -566,9 +603,10 @@ class P4RuntimeServer(p4runtime_pb2_grpc.P4RuntimeServicer):  # type: ignore[mis
         act = te.action.action
         scope = tab.actions.get(act.action_id)
         if scope is None:
-            raise _err(SC.INVALID_ARGUMENT,
-                       f"Action id {act.action_id} is not an action of table "
-                       f"{tab.info.preamble.name}")
+            raise _err(
+                SC.INVALID_ARGUMENT,
+                f"Action id {act.action_id} is not an action of table {tab.info.preamble.name}",
+            )
         if default and scope == p4info_pb2.ActionRef.TABLE_ONLY:
             raise _err(SC.INVALID_ARGUMENT, "Action is @tableonly: cannot be a default action")
         if not default and scope == p4info_pb2.ActionRef.DEFAULT_ONLY:
@@ -583,13 +621,16 @@ class P4RuntimeServer(p4runtime_pb2_grpc.P4RuntimeServicer):  # type: ignore[mis
                 raise _err(SC.INVALID_ARGUMENT, f"Duplicate param id {p.param_id}")
             params[p.param_id] = decode_int(p.value, w, f"param {p.param_id}")
         if len(params) != len(widths):
-            raise _err(SC.INVALID_ARGUMENT,
-                       f"Action {ix.action_names.get(act.action_id)} expects {len(widths)} "
-                       f"params, got {len(params)}")
+            raise _err(
+                SC.INVALID_ARGUMENT,
+                f"Action {ix.action_names.get(act.action_id)} expects {len(widths)} "
+                f"params, got {len(params)}",
+            )
         return act.action_id, params
 
-    def _write_table_entry(self, ix: P4InfoIndex, dpl: Any, utype: int,
-                           te: p4runtime_pb2.TableEntry) -> None:
+    def _write_table_entry(
+        self, ix: P4InfoIndex, dpl: Any, utype: int, te: p4runtime_pb2.TableEntry
+    ) -> None:
         upd_t = p4runtime_pb2.Update
         tab = ix.table(te.table_id)
         if te.is_default_action:
@@ -618,18 +659,26 @@ class P4RuntimeServer(p4runtime_pb2_grpc.P4RuntimeServicer):  # type: ignore[mis
             raise _err(SC.UNIMPLEMENTED, "Meters are not supported by this target")
         matches = self._decode_matches(tab, te)
         if tab.needs_priority and te.priority <= 0:
-            raise _err(SC.INVALID_ARGUMENT,
-                       "Ternary, range and optional tables need a priority > 0")
+            raise _err(
+                SC.INVALID_ARGUMENT, "Ternary, range and optional tables need a priority > 0"
+            )
         if not tab.needs_priority and te.priority != 0:
             raise _err(SC.INVALID_ARGUMENT, "Exact and LPM tables take priority 0")
         if utype == upd_t.DELETE:
-            entry = dp.TableEntry(table_id=te.table_id, matches=matches, action_id=0,
-                                  params={}, priority=te.priority)
+            entry = dp.TableEntry(
+                table_id=te.table_id, matches=matches, action_id=0, params={}, priority=te.priority
+            )
             dpl.delete_entry(entry)
             return
         action_id, params = self._decode_action(ix, tab, te, default=False)
-        entry = dp.TableEntry(table_id=te.table_id, matches=matches, action_id=action_id,
-                              params=params, priority=te.priority, metadata=te.metadata)
+        entry = dp.TableEntry(
+            table_id=te.table_id,
+            matches=matches,
+            action_id=action_id,
+            params=params,
+            priority=te.priority,
+            metadata=te.metadata,
+        )
         if te.HasField("counter_data") and tab.direct_counter is not None:
             entry.counter_bytes = te.counter_data.byte_count
             entry.counter_packets = te.counter_data.packet_count
@@ -662,8 +711,7 @@ class P4RuntimeServer(p4runtime_pb2_grpc.P4RuntimeServicer):  # type: ignore[mis
         if gid > MAX_GROUP_ID:
             raise _err(SC.OUT_OF_RANGE, f"{what} id value is too high")
 
-    def _write_mc_group(self, dpl: Any, utype: int,
-                        g: p4runtime_pb2.MulticastGroupEntry) -> None:
+    def _write_mc_group(self, dpl: Any, utype: int, g: p4runtime_pb2.MulticastGroupEntry) -> None:
         upd_t = p4runtime_pb2.Update
         gid = g.multicast_group_id
         self._check_group_id(gid, "Group")
@@ -676,8 +724,9 @@ class P4RuntimeServer(p4runtime_pb2_grpc.P4RuntimeServicer):  # type: ignore[mis
         else:
             dpl.modify_multicast_group(gid, replicas)
 
-    def _write_clone_session(self, dpl: Any, utype: int,
-                             s: p4runtime_pb2.CloneSessionEntry) -> None:
+    def _write_clone_session(
+        self, dpl: Any, utype: int, s: p4runtime_pb2.CloneSessionEntry
+    ) -> None:
         upd_t = p4runtime_pb2.Update
         self._check_group_id(s.session_id, "Clone session")
         if utype == upd_t.DELETE:
@@ -694,8 +743,9 @@ class P4RuntimeServer(p4runtime_pb2_grpc.P4RuntimeServicer):  # type: ignore[mis
             dpl.modify_clone_session(s.session_id, replicas)
 
     # -- counters --
-    def _write_counter(self, ix: P4InfoIndex, dpl: Any, utype: int,
-                       c: p4runtime_pb2.CounterEntry) -> None:
+    def _write_counter(
+        self, ix: P4InfoIndex, dpl: Any, utype: int, c: p4runtime_pb2.CounterEntry
+    ) -> None:
         if utype != p4runtime_pb2.Update.MODIFY:
             raise _err(SC.INVALID_ARGUMENT, "Counter entries can only be modified")
         info = ix.counters.get(c.counter_id)
@@ -707,8 +757,9 @@ class P4RuntimeServer(p4runtime_pb2_grpc.P4RuntimeServicer):  # type: ignore[mis
             raise _err(SC.OUT_OF_RANGE, f"Counter index {c.index.index} out of range")
         dpl.write_counter(c.counter_id, c.index.index, c.data.byte_count, c.data.packet_count)
 
-    def _write_direct_counter(self, ix: P4InfoIndex, dpl: Any, utype: int,
-                              c: p4runtime_pb2.DirectCounterEntry) -> None:
+    def _write_direct_counter(
+        self, ix: P4InfoIndex, dpl: Any, utype: int, c: p4runtime_pb2.DirectCounterEntry
+    ) -> None:
         if utype != p4runtime_pb2.Update.MODIFY:
             raise _err(SC.INVALID_ARGUMENT, "Direct counter entries can only be modified")
         te = c.table_entry
@@ -716,13 +767,15 @@ class P4RuntimeServer(p4runtime_pb2_grpc.P4RuntimeServicer):  # type: ignore[mis
         if tab.direct_counter is None:
             raise _err(SC.INVALID_ARGUMENT, "Table has no direct counter")
         matches = self._decode_matches(tab, te)
-        entry = dp.TableEntry(table_id=te.table_id, matches=matches, action_id=0, params={},
-                              priority=te.priority)
+        entry = dp.TableEntry(
+            table_id=te.table_id, matches=matches, action_id=0, params={}, priority=te.priority
+        )
         dpl.write_direct_counter(entry, c.data.byte_count, c.data.packet_count)
 
     # -- digests --
-    def _write_digest_entry(self, ix: P4InfoIndex, utype: int,
-                            d: p4runtime_pb2.DigestEntry) -> None:
+    def _write_digest_entry(
+        self, ix: P4InfoIndex, utype: int, d: p4runtime_pb2.DigestEntry
+    ) -> None:
         upd_t = p4runtime_pb2.Update
         if d.digest_id not in ix.digests:
             raise _err(SC.NOT_FOUND, f"Digest id {d.digest_id} not found")
@@ -743,8 +796,11 @@ class P4RuntimeServer(p4runtime_pb2_grpc.P4RuntimeServicer):  # type: ignore[mis
             buf.configure(cfg)
 
     # ---- Read ------------------------------------------------------------------------------
-    def Read(self, request: p4runtime_pb2.ReadRequest,  # noqa: N802
-             context: grpc.ServicerContext) -> Iterator[p4runtime_pb2.ReadResponse]:
+    def Read(  # noqa: N802
+        self,
+        request: p4runtime_pb2.ReadRequest,
+        context: grpc.ServicerContext,
+    ) -> Iterator[p4runtime_pb2.ReadResponse]:
         try:
             self._check_device(request.device_id)
             ix, dpl = self._state()
@@ -758,10 +814,11 @@ class P4RuntimeServer(p4runtime_pb2_grpc.P4RuntimeServicer):  # type: ignore[mis
             self._abort(context, _from_dataplane_error(e))
             return
         for i in range(0, max(len(entities), 1), 1000):
-            yield p4runtime_pb2.ReadResponse(entities=entities[i:i + 1000])
+            yield p4runtime_pb2.ReadResponse(entities=entities[i : i + 1000])
 
-    def _read_entity(self, ix: P4InfoIndex, dpl: Any,
-                     ent: p4runtime_pb2.Entity) -> list[p4runtime_pb2.Entity]:
+    def _read_entity(
+        self, ix: P4InfoIndex, dpl: Any, ent: p4runtime_pb2.Entity
+    ) -> list[p4runtime_pb2.Entity]:
         kind = ent.WhichOneof("entity")
         if kind == "table_entry":
             return self._read_table_entries(ix, dpl, ent.table_entry)
@@ -799,8 +856,11 @@ class P4RuntimeServer(p4runtime_pb2_grpc.P4RuntimeServicer):  # type: ignore[mis
             req = p4runtime_pb2.TableEntry()
             req.CopyFrom(te)
             out = []
-            tids = [te.table_id] if te.table_id else [
-                t for t, tab in ix.tables.items() if tab.direct_counter is not None]
+            tids = (
+                [te.table_id]
+                if te.table_id
+                else [t for t, tab in ix.tables.items() if tab.direct_counter is not None]
+            )
             for tid in tids:
                 if ix.table(tid).direct_counter is None:
                     raise _err(SC.INVALID_ARGUMENT, "Table has no direct counter")
@@ -816,8 +876,9 @@ class P4RuntimeServer(p4runtime_pb2_grpc.P4RuntimeServicer):  # type: ignore[mis
         if kind == "digest_entry":
             out = []
             with self._lock:
-                cfgs = {did: b.config for did, b in self._digest_buf.items()
-                        if b.config is not None}
+                cfgs = {
+                    did: b.config for did, b in self._digest_buf.items() if b.config is not None
+                }
             for did, cfg in sorted(cfgs.items()):
                 if ent.digest_entry.digest_id in (0, did):
                     e = p4runtime_pb2.Entity()
@@ -836,13 +897,17 @@ class P4RuntimeServer(p4runtime_pb2_grpc.P4RuntimeServicer):  # type: ignore[mis
         return sorted((int(g), [(int(p), int(i)) for p, i in reps]) for g, reps in raw.items())
 
     @staticmethod
-    def _sessions(raw: dict[int, dp.CloneSession]
-                  ) -> list[tuple[int, list[tuple[int, int]], int, int]]:
-        return sorted((int(sid), list(cs.replicas), cs.class_of_service,
-                       cs.packet_length_bytes) for sid, cs in raw.items())
+    def _sessions(
+        raw: dict[int, dp.CloneSession],
+    ) -> list[tuple[int, list[tuple[int, int]], int, int]]:
+        return sorted(
+            (int(sid), list(cs.replicas), cs.class_of_service, cs.packet_length_bytes)
+            for sid, cs in raw.items()
+        )
 
-    def _entry_to_pb(self, ix: P4InfoIndex, e: Any, with_counter: bool,
-                     is_default: bool = False) -> p4runtime_pb2.Entity:
+    def _entry_to_pb(
+        self, ix: P4InfoIndex, e: Any, with_counter: bool, is_default: bool = False
+    ) -> p4runtime_pb2.Entity:
         out = p4runtime_pb2.Entity()
         te = out.table_entry
         te.table_id = e.table_id
@@ -880,8 +945,9 @@ class P4RuntimeServer(p4runtime_pb2_grpc.P4RuntimeServicer):  # type: ignore[mis
             te.counter_data.packet_count = e.counter_packets or 0
         return out
 
-    def _read_table_entries(self, ix: P4InfoIndex, dpl: Any,
-                            te: p4runtime_pb2.TableEntry) -> list[p4runtime_pb2.Entity]:
+    def _read_table_entries(
+        self, ix: P4InfoIndex, dpl: Any, te: p4runtime_pb2.TableEntry
+    ) -> list[p4runtime_pb2.Entity]:
         with_counter = te.HasField("counter_data")
         out: list[p4runtime_pb2.Entity] = []
         if te.table_id:
@@ -903,8 +969,9 @@ class P4RuntimeServer(p4runtime_pb2_grpc.P4RuntimeServicer):  # type: ignore[mis
             out.append(self._entry_to_pb(ix, e, with_counter))
         return out
 
-    def _read_counters(self, ix: P4InfoIndex, dpl: Any,
-                       c: p4runtime_pb2.CounterEntry) -> list[p4runtime_pb2.Entity]:
+    def _read_counters(
+        self, ix: P4InfoIndex, dpl: Any, c: p4runtime_pb2.CounterEntry
+    ) -> list[p4runtime_pb2.Entity]:
         ids = [c.counter_id] if c.counter_id else sorted(ix.counters)
         out: list[p4runtime_pb2.Entity] = []
         for cid in ids:
@@ -928,15 +995,20 @@ class P4RuntimeServer(p4runtime_pb2_grpc.P4RuntimeServicer):  # type: ignore[mis
 
     # ---- StreamChannel ---------------------------------------------------------------------
     def StreamChannel(  # noqa: N802
-            self, request_iterator: Iterator[p4runtime_pb2.StreamMessageRequest],
-            context: grpc.ServicerContext) -> Iterator[p4runtime_pb2.StreamMessageResponse]:
+        self,
+        request_iterator: Iterator[p4runtime_pb2.StreamMessageRequest],
+        context: grpc.ServicerContext,
+    ) -> Iterator[p4runtime_pb2.StreamMessageResponse]:
         conn = _Connection(context.peer())
         with self._lock:
             self._conns[conn.id] = conn
         context.add_callback(conn.close)
-        reader = threading.Thread(target=self._stream_reader,
-                                  args=(conn, request_iterator, context),
-                                  name=f"p4rt-stream-{conn.id}", daemon=True)
+        reader = threading.Thread(
+            target=self._stream_reader,
+            args=(conn, request_iterator, context),
+            name=f"p4rt-stream-{conn.id}",
+            daemon=True,
+        )
         reader.start()
         try:
             while True:
@@ -967,9 +1039,12 @@ class P4RuntimeServer(p4runtime_pb2_grpc.P4RuntimeServicer):  # type: ignore[mis
             self._notify_role(conn.role)
         log.debug("stream %d (%s) closed", conn.id, conn.peer)
 
-    def _stream_reader(self, conn: _Connection,
-                       it: Iterator[p4runtime_pb2.StreamMessageRequest],
-                       context: grpc.ServicerContext) -> None:
+    def _stream_reader(
+        self,
+        conn: _Connection,
+        it: Iterator[p4runtime_pb2.StreamMessageRequest],
+        context: grpc.ServicerContext,
+    ) -> None:
         try:
             for req in it:
                 which = req.WhichOneof("update")
@@ -981,9 +1056,12 @@ class P4RuntimeServer(p4runtime_pb2_grpc.P4RuntimeServicer):  # type: ignore[mis
                         return
                 elif not conn.arbitrated:
                     with contextlib.suppress(queue.Full):
-                        conn.out.put_nowait(_err(
-                            SC.FAILED_PRECONDITION,
-                            "The first message on a stream must be an arbitration update"))
+                        conn.out.put_nowait(
+                            _err(
+                                SC.FAILED_PRECONDITION,
+                                "The first message on a stream must be an arbitration update",
+                            )
+                        )
                     return
                 elif which == "packet":
                     self._packet_out(conn, req.packet)
@@ -993,8 +1071,7 @@ class P4RuntimeServer(p4runtime_pb2_grpc.P4RuntimeServicer):  # type: ignore[mis
                         if buf is not None:
                             buf.ack(req.digest_ack.list_id)
                 else:
-                    self._stream_error(conn, SC.UNIMPLEMENTED, f"Stream message {which}",
-                                       req)
+                    self._stream_error(conn, SC.UNIMPLEMENTED, f"Stream message {which}", req)
         except grpc.RpcError:
             pass
         except Exception:
@@ -1002,8 +1079,13 @@ class P4RuntimeServer(p4runtime_pb2_grpc.P4RuntimeServicer):  # type: ignore[mis
         finally:
             conn.close()
 
-    def _stream_error(self, conn: _Connection, code: grpc.StatusCode, message: str,
-                      req: p4runtime_pb2.StreamMessageRequest) -> None:
+    def _stream_error(
+        self,
+        conn: _Connection,
+        code: grpc.StatusCode,
+        message: str,
+        req: p4runtime_pb2.StreamMessageRequest,
+    ) -> None:
         resp = p4runtime_pb2.StreamMessageResponse()
         resp.error.canonical_code = code.value[0]
         resp.error.message = message
@@ -1011,8 +1093,9 @@ class P4RuntimeServer(p4runtime_pb2_grpc.P4RuntimeServicer):  # type: ignore[mis
             resp.error.packet_out.packet_out.CopyFrom(req.packet)
         conn.send(resp)
 
-    def _arbitrate(self, conn: _Connection,
-                   arb: p4runtime_pb2.MasterArbitrationUpdate) -> P4RuntimeError | None:
+    def _arbitrate(
+        self, conn: _Connection, arb: p4runtime_pb2.MasterArbitrationUpdate
+    ) -> P4RuntimeError | None:
         if arb.device_id != self.target.device_id:
             return _err(SC.NOT_FOUND, f"Invalid device id {arb.device_id}")
         role = arb.role.name if arb.HasField("role") else ""
@@ -1024,10 +1107,10 @@ class P4RuntimeServer(p4runtime_pb2_grpc.P4RuntimeServicer):  # type: ignore[mis
                 return _err(SC.FAILED_PRECONDITION, "A stream cannot change its role")
             if eid is not None:
                 for c in self._conns.values():
-                    if c is not conn and c.arbitrated and c.role == role and \
-                            c.election_id == eid:
-                        return _err(SC.INVALID_ARGUMENT,
-                                    "Election id already used by another connection")
+                    if c is not conn and c.arbitrated and c.role == role and c.election_id == eid:
+                        return _err(
+                            SC.INVALID_ARGUMENT, "Election id already used by another connection"
+                        )
             before = self._primary(role)
             conn.arbitrated = True
             conn.role = role
@@ -1039,8 +1122,7 @@ class P4RuntimeServer(p4runtime_pb2_grpc.P4RuntimeServicer):  # type: ignore[mis
             self._send_arbitration(conn, role, after)
         return None
 
-    def _send_arbitration(self, conn: _Connection, role: str,
-                          primary: _Connection | None) -> None:
+    def _send_arbitration(self, conn: _Connection, role: str, primary: _Connection | None) -> None:
         resp = p4runtime_pb2.StreamMessageResponse()
         a = resp.arbitration
         a.device_id = self.target.device_id
@@ -1084,10 +1166,10 @@ class P4RuntimeServer(p4runtime_pb2_grpc.P4RuntimeServicer):  # type: ignore[mis
             for m in pkt.metadata:
                 w = ix.packet_out.get(m.metadata_id)
                 if w is None:
-                    raise _err(SC.INVALID_ARGUMENT, f"Unknown packet_out metadata id "
-                                                    f"{m.metadata_id}")
-                md[m.metadata_id] = decode_int(m.value, w, f"packet_out metadata "
-                                                           f"{m.metadata_id}")
+                    raise _err(
+                        SC.INVALID_ARGUMENT, f"Unknown packet_out metadata id {m.metadata_id}"
+                    )
+                md[m.metadata_id] = decode_int(m.value, w, f"packet_out metadata {m.metadata_id}")
             self.target.packet_out(pkt.payload, md)
             self.counters.packet_out_received += 1
         except P4RuntimeError as e:

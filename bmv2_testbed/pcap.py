@@ -26,8 +26,9 @@ _RECORD = struct.Struct("<IIII")
 class PcapWriter:
     """Append Ethernet frames to a classic pcap file; thread-safe; ``close()`` is idempotent."""
 
-    def __init__(self, path: str | os.PathLike[str], snaplen: int = 65535,
-                 linktype: int = LINKTYPE_ETHERNET) -> None:
+    def __init__(
+        self, path: str | os.PathLike[str], snaplen: int = 65535, linktype: int = LINKTYPE_ETHERNET
+    ) -> None:
         self.path = Path(path)
         self.snaplen = snaplen
         self._lock = threading.Lock()
@@ -86,5 +87,5 @@ def read_pcap(path: str | os.PathLike[str]) -> Iterator[tuple[float, bytes]]:
         off += rec.size
         if off + incl > len(data):
             raise ValueError(f"{path}: truncated record at offset {off - rec.size}")
-        yield sec + frac * scale, data[off: off + incl]
+        yield sec + frac * scale, data[off : off + incl]
         off += incl

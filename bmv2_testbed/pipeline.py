@@ -124,7 +124,7 @@ def _peek(ctx: PacketCtx, bits: int) -> int:
     o = ctx.off
     if o + nb > len(ctx.buf):
         raise _ParserError(1)  # PacketTooShort
-    v = int.from_bytes(ctx.buf[o:o + nb], "big")
+    v = int.from_bytes(ctx.buf[o : o + nb], "big")
     return v >> (nb * 8 - bits)
 
 
@@ -142,7 +142,7 @@ def _peek_b(buf: bytes, off: int, bits: int) -> int:
     nb = (bits + 7) // 8
     if off + nb > len(buf):
         raise _ParserError(1)
-    return int.from_bytes(buf[off:off + nb], "big") >> (nb * 8 - bits)
+    return int.from_bytes(buf[off : off + nb], "big") >> (nb * 8 - bits)
 
 
 def _advance_b(buf: bytes, off: int, bits: int) -> int:
@@ -284,16 +284,36 @@ def _rand(lo: int, hi: int) -> int:
 
 
 _HELPERS: dict[str, Any] = {
-    "PacketCtx": PacketCtx, "_ParserError": _ParserError, "_EXIT": _EXIT, "_ExitType": _Exit,
-    "_RETURN": _RETURN, "_ReturnType": _Return,
-    "_peek": _peek, "_advance": _advance, "_count": _count, "_rread": _rread,
-    "_peek_b": _peek_b, "_advance_b": _advance_b, "_count_n": _count_n,
+    "PacketCtx": PacketCtx,
+    "_ParserError": _ParserError,
+    "_EXIT": _EXIT,
+    "_ExitType": _Exit,
+    "_RETURN": _RETURN,
+    "_ReturnType": _Return,
+    "_peek": _peek,
+    "_advance": _advance,
+    "_count": _count,
+    "_rread": _rread,
+    "_peek_b": _peek_b,
+    "_advance_b": _advance_b,
+    "_count_n": _count_n,
     "_monotonic_ns": time.monotonic_ns,
-    "_rwrite": _rwrite, "_bits": _bits, "_bits_valid": _bits_valid, "_hash_csum16": _hash_csum16,
+    "_rwrite": _rwrite,
+    "_bits": _bits,
+    "_bits_valid": _bits_valid,
+    "_hash_csum16": _hash_csum16,
     "_hash_csum16_fold": _hash_csum16_fold,
-    "_hash_crc16": _hash_crc16, "_hash_crc32": _hash_crc32, "_hash_identity": _hash_identity,
-    "_hash_xor16": _hash_xor16, "_hashmod": _hashmod, "_be": _be, "_div": _div, "_mod": _mod,
-    "_random": _rand, "_new": object.__new__, "_Struct": struct.Struct,
+    "_hash_crc16": _hash_crc16,
+    "_hash_crc32": _hash_crc32,
+    "_hash_identity": _hash_identity,
+    "_hash_xor16": _hash_xor16,
+    "_hashmod": _hashmod,
+    "_be": _be,
+    "_div": _div,
+    "_mod": _mod,
+    "_random": _rand,
+    "_new": object.__new__,
+    "_Struct": struct.Struct,
 }
 
 
@@ -329,9 +349,15 @@ _QUEUE_FIELDS = re.compile(r"\bC\.std\.(enq_qdepth|deq_qdepth|enq_timestamp|deq_
 class Pipeline:
     """A checked, compiled P4 program plus its P4Info (see the module docstring)."""
 
-    def __init__(self, model: ProgramModel, source: str,  # noqa: PLR0917
-                 files: dict[str, str], main: str,
-                 include_dirs: list[str], defines: dict[str, str] | None = None) -> None:
+    def __init__(  # noqa: PLR0917
+        self,
+        model: ProgramModel,
+        source: str,
+        files: dict[str, str],
+        main: str,
+        include_dirs: list[str],
+        defines: dict[str, str] | None = None,
+    ) -> None:
         self.model = model
         self.defines = dict(defines or {})
         #: whether the program reads the queueing fields of standard_metadata (then each copy's
@@ -368,16 +394,22 @@ class Pipeline:
 
     # -- construction
     @classmethod
-    def compile(cls, path_or_source: str | Path, include_dirs: list[str | Path] | tuple[
-            str | Path, ...] = (), *, filename: str | None = None,
-                defines: dict[str, str] | None = None) -> Pipeline:
+    def compile(
+        cls,
+        path_or_source: str | Path,
+        include_dirs: list[str | Path] | tuple[str | Path, ...] = (),
+        *,
+        filename: str | None = None,
+        defines: dict[str, str] | None = None,
+    ) -> Pipeline:
         """Compile a P4 file (a ``Path``, or a ``str`` naming an existing ``.p4`` file) or
         P4 source text (any other ``str``; shown as ``filename`` or ``<string>``)."""
         dirs = [Path(d) for d in include_dirs]
         pp = Preprocessor(dirs)
         pp.predefine(defines or {})
         is_path = isinstance(path_or_source, Path) or (
-            "\n" not in path_or_source and path_or_source.endswith(".p4"))
+            "\n" not in path_or_source and path_or_source.endswith(".p4")
+        )
         try:
             if is_path:
                 p = Path(path_or_source)
@@ -392,8 +424,14 @@ class Pipeline:
         return cls._check(prog, dict(pp.files), main, [str(d) for d in dirs], defines)
 
     def to_device_config(self) -> bytes:
-        doc = {"format": ARTEFACT_FORMAT, "version": 1, "main": self.main, "files": self.files,
-               "include_dirs": self.include_dirs, "defines": self.defines}
+        doc = {
+            "format": ARTEFACT_FORMAT,
+            "version": 1,
+            "main": self.main,
+            "files": self.files,
+            "include_dirs": self.include_dirs,
+            "defines": self.defines,
+        }
         return json.dumps(doc, sort_keys=True).encode()
 
     @classmethod
@@ -402,24 +440,30 @@ class Pipeline:
         try:
             doc = json.loads(blob.decode())
         except (UnicodeDecodeError, ValueError):
-            raise P4CompileError(["<device_config>:0:0: not a shadowgrad pipeline artefact "
-                                  "(expected JSON from `shadowgrad p4 compile`)"]) from None
+            raise P4CompileError(
+                [
+                    "<device_config>:0:0: not a shadowgrad pipeline artefact "
+                    "(expected JSON from `shadowgrad p4 compile`)"
+                ]
+            ) from None
         if not isinstance(doc, dict) or doc.get("format") != ARTEFACT_FORMAT:
-            hint = " (this looks like bmv2 JSON from p4c)" if isinstance(doc, dict) and \
-                "header_types" in doc else ""
-            raise P4CompileError([f"<device_config>:0:0: not a shadowgrad pipeline "
-                                  f"artefact{hint}"])
+            hint = (
+                " (this looks like bmv2 JSON from p4c)"
+                if isinstance(doc, dict) and "header_types" in doc
+                else ""
+            )
+            raise P4CompileError([f"<device_config>:0:0: not a shadowgrad pipeline artefact{hint}"])
         files: dict[str, str] = doc["files"]
         main: str = doc["main"]
-        pipe = cls._compile_files(main, files, doc.get("include_dirs", []),
-                                  doc.get("defines", {}))
+        pipe = cls._compile_files(main, files, doc.get("include_dirs", []), doc.get("defines", {}))
         if p4info is not None:
             pipe.check_p4info(p4info)
         return pipe
 
     @classmethod
-    def _compile_files(cls, main: str, files: dict[str, str], include_dirs: list[str],
-                       defines: dict[str, str]) -> Pipeline:
+    def _compile_files(
+        cls, main: str, files: dict[str, str], include_dirs: list[str], defines: dict[str, str]
+    ) -> Pipeline:
         pp = Preprocessor([Path(d) for d in include_dirs], virtual=files)
         pp.predefine(defines)
         try:
@@ -428,13 +472,20 @@ class Pipeline:
         except Diagnostic as d:
             raise P4CompileError([str(d)]) from None
         except KeyError:
-            raise P4CompileError([f"<device_config>:0:0: artefact lacks its main file {main}"]
-                                 ) from None
+            raise P4CompileError(
+                [f"<device_config>:0:0: artefact lacks its main file {main}"]
+            ) from None
         return cls._check(prog, files, main, include_dirs, defines)
 
     @classmethod
-    def _check(cls, prog: Any, files: dict[str, str], main: str, include_dirs: list[str],
-               defines: dict[str, str] | None = None) -> Pipeline:
+    def _check(
+        cls,
+        prog: Any,
+        files: dict[str, str],
+        main: str,
+        include_dirs: list[str],
+        defines: dict[str, str] | None = None,
+    ) -> Pipeline:
         ck = Checker(prog)
         try:
             ck.run()
@@ -451,10 +502,18 @@ class Pipeline:
 
     def check_p4info(self, p4info: Any) -> None:
         """Raise P4CompileError unless ``p4info`` names the same objects with the same ids."""
+
         def ids(p: Any) -> set[tuple[str, int, str]]:
             out = set()
-            for kind in ("tables", "actions", "counters", "direct_counters", "registers",
-                         "digests", "controller_packet_metadata"):
+            for kind in (
+                "tables",
+                "actions",
+                "counters",
+                "direct_counters",
+                "registers",
+                "digests",
+                "controller_packet_metadata",
+            ):
                 for o in getattr(p, kind):
                     out.add((kind, o.preamble.id, o.preamble.name))
             return out
@@ -462,8 +521,12 @@ class Pipeline:
         mine, theirs = ids(self.p4info), ids(p4info)
         if mine != theirs:
             diff = sorted(mine ^ theirs)[:5]
-            raise P4CompileError([f"<device_config>:0:0: the P4Info does not match the program "
-                                  f"(first differences: {diff})"])
+            raise P4CompileError(
+                [
+                    f"<device_config>:0:0: the P4Info does not match the program "
+                    f"(first differences: {diff})"
+                ]
+            )
 
     def instantiate(self, runtime: Any) -> Program:
         """Bind the generated code to ``runtime`` (a Dataplane); returns the entry points."""
@@ -471,9 +534,19 @@ class Pipeline:
         ns["R"] = _Binding(runtime)
         ns["_EGRESS_SPEC0"] = egress_spec_at_egress(runtime.drop_port)
         exec(self.code, ns)  # our own generated code, compiled in Pipeline.compile
-        return Program(ns["new_ctx"], ns["copy_ctx"], ns["reset_meta"], ns["preserve"],
-                       ns["parse"], ns["verify"], ns["ingress"], ns["egress"], ns["compute"],
-                       ns["deparse"], ns.get("fast"))
+        return Program(
+            ns["new_ctx"],
+            ns["copy_ctx"],
+            ns["reset_meta"],
+            ns["preserve"],
+            ns["parse"],
+            ns["verify"],
+            ns["ingress"],
+            ns["egress"],
+            ns["compute"],
+            ns["deparse"],
+            ns.get("fast"),
+        )
 
     def write_p4info(self, path: str | Path) -> None:
         _p4info.write_p4info(self.p4info, path)

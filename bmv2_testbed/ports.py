@@ -92,8 +92,7 @@ class Port:
         frames at once, to ``deliver_batch``, in order)."""
         self._deliver = deliver
         self._deliver_batch = deliver_batch
-        self._thread = threading.Thread(target=self._rx_loop, name=f"rx-{self.name}",
-                                        daemon=True)
+        self._thread = threading.Thread(target=self._rx_loop, name=f"rx-{self.name}", daemon=True)
         self._thread.start()
 
     def _rx_loop(self) -> None:  # pragma: no cover - overridden
@@ -119,9 +118,13 @@ class Port:
             t.join(timeout)
 
     def counters(self) -> dict[str, int]:
-        return {"rx_packets": self.rx_packets, "rx_bytes": self.rx_bytes,
-                "tx_packets": self.tx_packets, "tx_bytes": self.tx_bytes,
-                "rx_errors": self.rx_errors}
+        return {
+            "rx_packets": self.rx_packets,
+            "rx_bytes": self.rx_bytes,
+            "tx_packets": self.tx_packets,
+            "tx_bytes": self.tx_bytes,
+            "rx_errors": self.rx_errors,
+        }
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.number}@{self.name})"
@@ -144,8 +147,9 @@ def disable_offloads(iface: str, netns: str | None = None) -> bool:
     def run(features: tuple[str, ...]) -> bool:
         args = [a for f in features for a in (f, "off")]
         try:
-            r = subprocess.run([*prefix, exe, "-K", iface, *args], capture_output=True,
-                               text=True, timeout=10)
+            r = subprocess.run(
+                [*prefix, exe, "-K", iface, *args], capture_output=True, text=True, timeout=10
+            )
         except (OSError, subprocess.TimeoutExpired) as e:
             log.warning("ethtool -K %s failed: %s", iface, e)
             return False
@@ -164,8 +168,15 @@ class AfPacketPort(Port):
 
     kind = "af_packet"
 
-    def __init__(self, number: int, iface: str, *, rcvbuf: int = 64 << 20,
-                 sndbuf: int = 4 << 20, offloads: bool = False) -> None:
+    def __init__(
+        self,
+        number: int,
+        iface: str,
+        *,
+        rcvbuf: int = 64 << 20,
+        sndbuf: int = 4 << 20,
+        offloads: bool = False,
+    ) -> None:
         super().__init__(number, iface)
         self.iface = iface
         self.kernel_drops = 0
@@ -175,8 +186,10 @@ class AfPacketPort(Port):
         s = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(ETH_P_ALL))
         try:
             s.bind((iface, 0))
-            for opt, force, size in ((socket.SO_RCVBUF, 33, rcvbuf),  # SO_RCVBUFFORCE
-                                     (socket.SO_SNDBUF, 32, sndbuf)):  # SO_SNDBUFFORCE
+            for opt, force, size in (
+                (socket.SO_RCVBUF, 33, rcvbuf),  # SO_RCVBUFFORCE
+                (socket.SO_SNDBUF, 32, sndbuf),
+            ):  # SO_SNDBUFFORCE
                 try:
                     s.setsockopt(socket.SOL_SOCKET, force, size)
                 except OSError:
@@ -195,8 +208,11 @@ class AfPacketPort(Port):
             # a kernel receive timeout (not Python's settimeout, which polls before every
             # recv) lets the RX thread notice close() within _RX_POLL_S
             usec = int(_RX_POLL_S * 1e6)
-            s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO,
-                         struct.pack("ll", usec // 1_000_000, usec % 1_000_000))
+            s.setsockopt(
+                socket.SOL_SOCKET,
+                socket.SO_RCVTIMEO,
+                struct.pack("ll", usec // 1_000_000, usec % 1_000_000),
+            )
         except BaseException:
             s.close()
             raise
@@ -328,8 +344,15 @@ class UdpPort(Port):
 
     kind = "udp"
 
-    def __init__(self, number: int, host: str, port: int,
-                 peer: tuple[str, int] | None = None, *, rcvbuf: int = 16 << 20) -> None:
+    def __init__(
+        self,
+        number: int,
+        host: str,
+        port: int,
+        peer: tuple[str, int] | None = None,
+        *,
+        rcvbuf: int = 16 << 20,
+    ) -> None:
         super().__init__(number, f"port{number}")
         self.fixed_peer = peer is not None
         self.peer = peer
@@ -463,5 +486,10 @@ def parse_loopback_spec(spec: str) -> PortSpec:
         raise ValueError(f"loopback spec must be N@host:port[=peer:port], got {spec!r}")
     local, eq, peer = rest.partition("=")
     host, udp = _hostport(local, spec)
-    return PortSpec(_port_number(num, spec), "udp", host=host, udp_port=udp,
-                    peer=_hostport(peer, spec) if eq else None)
+    return PortSpec(
+        _port_number(num, spec),
+        "udp",
+        host=host,
+        udp_port=udp,
+        peer=_hostport(peer, spec) if eq else None,
+    )

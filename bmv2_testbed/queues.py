@@ -100,19 +100,31 @@ class QueueStats:
     max_pause_s: float = 0.0  #: the longest a producer was held by one pause
 
     def copy(self) -> QueueStats:
-        return QueueStats(self.enqueued, self.transmitted, self.tx_bytes, dict(self.drops),
-                          self.max_depth, self.pause_events, self.paused_s, self.headroom_admits,
-                          self.max_pause_s)
+        return QueueStats(
+            self.enqueued,
+            self.transmitted,
+            self.tx_bytes,
+            dict(self.drops),
+            self.max_depth,
+            self.pause_events,
+            self.paused_s,
+            self.headroom_admits,
+            self.max_pause_s,
+        )
 
 
 class EgressQueue:
     """One port's egress FIFO with its transmit thread (started by the constructor)."""
 
-    def __init__(self, port: int, transmit: Callable[[bytes], None],
-                 config: QueueConfig | None = None, *,
-                 on_pause: Callable[[int, bool], None] | None = None,
-                 transmit_many: Callable[[Sequence[bytes]], tuple[int, int]] | None = None,
-                 ) -> None:
+    def __init__(
+        self,
+        port: int,
+        transmit: Callable[[bytes], None],
+        config: QueueConfig | None = None,
+        *,
+        on_pause: Callable[[int, bool], None] | None = None,
+        transmit_many: Callable[[Sequence[bytes]], tuple[int, int]] | None = None,
+    ) -> None:
         self.port = port
         self.config = config or QueueConfig()
         self._transmit = transmit
@@ -214,8 +226,9 @@ class EgressQueue:
                     self._gave_up = True
                     if len(self._q) >= cfg.capacity + cfg.headroom:
                         self._stats.drops["lossless_overflow"] += 1
-                        log.error("lossless queue %d overflowed its headroom: frame dropped",
-                                  self.port)
+                        log.error(
+                            "lossless queue %d overflowed its headroom: frame dropped", self.port
+                        )
                         return False
                     self._stats.headroom_admits += 1
                 if self._is_closed():
@@ -233,8 +246,9 @@ class EgressQueue:
 
     def _would_block(self) -> bool:
         with self._cv:
-            return (self.config.lossless and not self._gave_up
-                    and len(self._q) >= self.config.capacity)
+            return (
+                self.config.lossless and not self._gave_up and len(self._q) >= self.config.capacity
+            )
 
     def _is_closed(self) -> bool:
         return self._closed  # a method, so mypy does not narrow it across waits

@@ -83,8 +83,16 @@ _KIND_COLOURS: dict[str, str] = {
     "loss": "#7f7f7f",
     "reload_pipeline": "#17becf",
 }
-_SHADOW_COLOURS = ("#1f77b4", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2",
-                   "#17becf", "#bcbd22")
+_SHADOW_COLOURS = (
+    "#1f77b4",
+    "#2ca02c",
+    "#ff7f0e",
+    "#9467bd",
+    "#8c564b",
+    "#e377c2",
+    "#17becf",
+    "#bcbd22",
+)
 
 
 # --------------------------------------------------------------------------- record access
@@ -161,8 +169,9 @@ def _steps(record: Mapping[str, Any]) -> list[tuple[float, int, float]]:
     return out
 
 
-def _samples(record: Mapping[str, Any]) -> list[tuple[float, int | None, int | None,
-                                                      list[int | None]]]:
+def _samples(
+    record: Mapping[str, Any],
+) -> list[tuple[float, int | None, int | None, list[int | None]]]:
     """``samples`` as (wall, trainer iteration, I*, [last_applied per shadow]), in time order."""
     out: list[tuple[float, int | None, int | None, list[int | None]]] = []
     for entry in _seq(record.get("samples")):
@@ -205,19 +214,22 @@ def _started(record: Mapping[str, Any]) -> float:
 # --------------------------------------------------------------------------- segments
 
 
-def _segments(steps: Sequence[tuple[float, int, float]],
-              faults: Sequence[Mapping[str, Any]]) -> list[tuple[int, int | None]]:
+def _segments(
+    steps: Sequence[tuple[float, int, float]], faults: Sequence[Mapping[str, Any]]
+) -> list[tuple[int, int | None]]:
     """Split ``steps`` into execution segments: [(index of the first step, index of the fault
     that ended the previous segment or None)], the first segment included (cause None).
 
     A new segment starts at the first step after a trainer fault's injection, and wherever the
     iteration does not increase (a restart from an earlier iteration, whatever caused it; such a
     boundary is blamed on the latest fault injected before it, if any)."""
-    kills = [(t, i) for i, f in enumerate(faults)
-             if FAULT_CLASS.get(str(f.get("kind"))) == "trainer"
-             and (t := _num(f.get("t_inject"))) is not None]
-    injected = [(t, i) for i, f in enumerate(faults)
-                if (t := _num(f.get("t_inject"))) is not None]
+    kills = [
+        (t, i)
+        for i, f in enumerate(faults)
+        if FAULT_CLASS.get(str(f.get("kind"))) == "trainer"
+        and (t := _num(f.get("t_inject"))) is not None
+    ]
+    injected = [(t, i) for i, f in enumerate(faults) if (t := _num(f.get("t_inject"))) is not None]
     out: list[tuple[int, int | None]] = []
     for k, (wall, it, _) in enumerate(steps):
         if k == 0:
@@ -233,9 +245,9 @@ def _segments(steps: Sequence[tuple[float, int, float]],
     return out
 
 
-def _step_analysis(steps: Sequence[tuple[float, int, float]],
-                   faults: Sequence[Mapping[str, Any]]) -> tuple[set[int], set[int],
-                                                                 dict[int, int]]:
+def _step_analysis(
+    steps: Sequence[tuple[float, int, float]], faults: Sequence[Mapping[str, Any]]
+) -> tuple[set[int], set[int], dict[int, int]]:
     """(indices of post-restart warm-up steps, indices of repeated executions, {fault index:
     repeated executions in the segment it started})."""
     segs = _segments(steps, faults)
@@ -263,8 +275,9 @@ def _step_analysis(steps: Sequence[tuple[float, int, float]],
 # --------------------------------------------------------------------------- summary
 
 
-def _loss_check(run: Mapping[int, str], ref: Mapping[int, str],
-                unlogged: set[int] | None = None) -> dict[str, Any]:
+def _loss_check(
+    run: Mapping[int, str], ref: Mapping[int, str], unlogged: set[int] | None = None
+) -> dict[str, Any]:
     """``unlogged``: iterations a trainer fault hid: executed (the restore resumed after them)
     but killed before rank 0 printed their loss; not a mismatch when the run has no loss."""
     mismatches: list[dict[str, Any]] = []
@@ -283,8 +296,12 @@ def _loss_check(run: Mapping[int, str], ref: Mapping[int, str],
     }
 
 
-def _fault_rows(faults: Sequence[Mapping[str, Any]], observed: Mapping[int, int], have_steps: bool,
-                started: float) -> tuple[list[dict[str, Any]], list[str], list[str]]:
+def _fault_rows(
+    faults: Sequence[Mapping[str, Any]],
+    observed: Mapping[int, int],
+    have_steps: bool,
+    started: float,
+) -> tuple[list[dict[str, Any]], list[str], list[str]]:
     rows: list[dict[str, Any]] = []
     problems: list[str] = []
     notes: list[str] = []
@@ -294,8 +311,9 @@ def _fault_rows(faults: Sequence[Mapping[str, Any]], observed: Mapping[int, int]
         t_inject = _num(f.get("t_inject"))
         t_detect, t_recovered = _num(f.get("t_detect")), _num(f.get("t_recovered"))
         detect = t_detect - t_inject if t_inject is not None and t_detect is not None else None
-        recover = (t_recovered - t_inject
-                   if t_inject is not None and t_recovered is not None else None)
+        recover = (
+            t_recovered - t_inject if t_inject is not None and t_recovered is not None else None
+        )
         repeats = observed.get(i, 0) if have_steps else None
         lost, source = _int(f.get("lost_iterations")), "record"
         if lost is None and repeats is not None:
@@ -313,35 +331,40 @@ def _fault_rows(faults: Sequence[Mapping[str, Any]], observed: Mapping[int, int]
         elif not within:
             problems.append(f"{label}: lost {lost} iteration(s), at most {bound} allowed")
         if repeats is not None and source == "record" and lost is not None and repeats != lost:
-            notes.append(f"{label}: the record says {lost} iteration(s) lost, the step times "
-                         f"show {repeats} repeated")
+            notes.append(
+                f"{label}: the record says {lost} iteration(s) lost, the step times "
+                f"show {repeats} repeated"
+            )
         if t_detect is None:
             notes.append(f"{label}: no detection recorded")
         if t_recovered is None:
             notes.append(f"{label}: no recovery recorded")
-        rows.append({
-            "index": i + 1,
-            "kind": kind,
-            "class": cls,
-            "target": f.get("target"),
-            "at_iteration": _int(f.get("at_iteration")),
-            "last_logged": _int(f.get("last_logged")),
-            "resumed_at": _int(f.get("resumed_at")),
-            "t_inject_s": None if t_inject is None else t_inject - started,
-            "detect_s": detect,
-            "recover_s": recover,
-            "lost_iterations": lost,
-            "lost_source": source,
-            "repeated_observed": repeats,
-            "max_lost": bound,
-            "within_bound": within,
-            "note": str(f.get("note") or ""),
-        })
+        rows.append(
+            {
+                "index": i + 1,
+                "kind": kind,
+                "class": cls,
+                "target": f.get("target"),
+                "at_iteration": _int(f.get("at_iteration")),
+                "last_logged": _int(f.get("last_logged")),
+                "resumed_at": _int(f.get("resumed_at")),
+                "t_inject_s": None if t_inject is None else t_inject - started,
+                "detect_s": detect,
+                "recover_s": recover,
+                "lost_iterations": lost,
+                "lost_source": source,
+                "repeated_observed": repeats,
+                "max_lost": bound,
+                "within_bound": within,
+                "note": str(f.get("note") or ""),
+            }
+        )
     return rows, problems, notes
 
 
-def _overhead(record: Mapping[str, Any], steps: Sequence[tuple[float, int, float]],
-              warmup: set[int]) -> dict[str, Any]:
+def _overhead(
+    record: Mapping[str, Any], steps: Sequence[tuple[float, int, float]], warmup: set[int]
+) -> dict[str, Any]:
     used = [s[2] for k, s in enumerate(steps) if k not in warmup]
     mean = statistics.fmean(used) if used else None
     ref = _num(_map(record.get("reference")).get("mean_step_s"))
@@ -357,22 +380,27 @@ def _overhead(record: Mapping[str, Any], steps: Sequence[tuple[float, int, float
     }
 
 
-def _lag(samples: Sequence[tuple[float, int | None, int | None, list[int | None]]],
-         ) -> list[dict[str, Any]]:
+def _lag(
+    samples: Sequence[tuple[float, int | None, int | None, list[int | None]]],
+) -> list[dict[str, Any]]:
     nshadows = max((len(s[3]) for s in samples), default=0)
     out: list[dict[str, Any]] = []
     for j in range(nshadows):
-        lags = [trainer - applied for _, trainer, _, shadows in samples
-                if trainer is not None and j < len(shadows)
-                and (applied := shadows[j]) is not None]
+        lags = [
+            trainer - applied
+            for _, trainer, _, shadows in samples
+            if trainer is not None and j < len(shadows) and (applied := shadows[j]) is not None
+        ]
         unreachable = sum(1 for s in samples if j >= len(s[3]) or s[3][j] is None)
-        out.append({
-            "shadow": j,
-            "max_lag": max(lags) if lags else None,
-            "mean_lag": statistics.fmean(lags) if lags else None,
-            "final_lag": lags[-1] if lags else None,
-            "unreachable_samples": unreachable,
-        })
+        out.append(
+            {
+                "shadow": j,
+                "max_lag": max(lags) if lags else None,
+                "mean_lag": statistics.fmean(lags) if lags else None,
+                "final_lag": lags[-1] if lags else None,
+                "unreachable_samples": unreachable,
+            }
+        )
     return out
 
 
@@ -417,8 +445,9 @@ def summarize(record: Mapping[str, Any]) -> dict[str, Any]:
 
     loss = _loss_check(run, ref, unlogged)
     if unlogged:
-        notes.append(f"iterations {sorted(unlogged)} ran but a kill came before rank 0 "
-                     "logged their loss")
+        notes.append(
+            f"iterations {sorted(unlogged)} ran but a kill came before rank 0 logged their loss"
+        )
     if not run:
         problems.append("no losses recorded for the run")
     elif not ref:
@@ -429,8 +458,10 @@ def summarize(record: Mapping[str, Any]) -> dict[str, Any]:
         elif m["reference"] is None:
             problems.append(f"iteration {m['iteration']}: no loss in the reference")
         else:
-            problems.append(f"iteration {m['iteration']}: loss {m['run']} differs from the "
-                            f"reference's {m['reference']}")
+            problems.append(
+                f"iteration {m['iteration']}: loss {m['run']} differs from the "
+                f"reference's {m['reference']}"
+            )
     hidden = loss["loss_mismatch_count"] - len(loss["loss_mismatches"])
     if hidden > 0:
         problems.append(f"... and {hidden} more loss mismatch(es)")
@@ -472,10 +503,10 @@ def summarize(record: Mapping[str, Any]) -> dict[str, Any]:
         "faults_by_kind": dict(sorted(Counter(r["kind"] for r in rows).items())),
         "faults": rows,
         "trainer_overhead": _overhead(record, steps, warmup),
-        "switch_replicated_packets": None if switch is None else _int(
-            switch.get("replicated_packets")),
-        "switch_replicated_bytes": None if switch is None else _int(
-            switch.get("replicated_bytes")),
+        "switch_replicated_packets": None
+        if switch is None
+        else _int(switch.get("replicated_packets")),
+        "switch_replicated_bytes": None if switch is None else _int(switch.get("replicated_bytes")),
         "drops": {
             "switch": switch_drops,
             "shadow": shadow_drops,
@@ -483,8 +514,10 @@ def summarize(record: Mapping[str, Any]) -> dict[str, Any]:
             "total": sum(by_reason.values()),
         },
         "shadow_lag": _lag(samples),
-        "reference": {"cached": bool(reference.get("cached")),
-                      "seconds": _num(reference.get("seconds"))},
+        "reference": {
+            "cached": bool(reference.get("cached")),
+            "seconds": _num(reference.get("seconds")),
+        },
         "bit_exact_resume": bit_ok,
         "bit_exact_compared": compared,
         "bit_exact_differ": differ,
@@ -524,8 +557,12 @@ def write_report(record: Mapping[str, Any], out_dir: Path) -> dict[str, Any]:
     out_dir.mkdir(parents=True, exist_ok=True)
     summary = summarize(record)
     plots, skipped = _plot_all(record, summary, out_dir)
-    report: dict[str, Any] = {"record": dict(record), "summary": summary, "plots": plots,
-                              "plots_skipped": skipped}
+    report: dict[str, Any] = {
+        "record": dict(record),
+        "summary": summary,
+        "plots": plots,
+        "plots_skipped": skipped,
+    }
 
     def dump(tmp: Path) -> None:
         with tmp.open("w", encoding="utf-8") as f:
@@ -541,8 +578,9 @@ def write_report(record: Mapping[str, Any], out_dir: Path) -> dict[str, Any]:
 # --------------------------------------------------------------------------- plots
 
 
-def _plot_all(record: Mapping[str, Any], summary: Mapping[str, Any],
-              out_dir: Path) -> tuple[list[str], dict[str, str]]:
+def _plot_all(
+    record: Mapping[str, Any], summary: Mapping[str, Any], out_dir: Path
+) -> tuple[list[str], dict[str, str]]:
     try:
         from matplotlib.backends.backend_agg import FigureCanvasAgg
     except ImportError as exc:
@@ -578,8 +616,16 @@ def _plot_all(record: Mapping[str, Any], summary: Mapping[str, Any],
 
 def _title(summary: Mapping[str, Any], what: str) -> str:
     name = summary.get("name") or "run"
-    bits = [str(b) for b in (summary.get("model"), summary.get("mode"),
-                             summary.get("topology"), summary.get("target")) if b]
+    bits = [
+        str(b)
+        for b in (
+            summary.get("model"),
+            summary.get("mode"),
+            summary.get("topology"),
+            summary.get("target"),
+        )
+        if b
+    ]
     return f"{what} — {name}" + (f" ({', '.join(bits)})" if bits else "")
 
 
@@ -592,19 +638,33 @@ def _fault_markers(ax: Axes, marks: Iterable[tuple[float, str]], *, label: bool 
         colour = _KIND_COLOURS.get(kind, "#444444")
         ax.axvline(x, color=colour, linestyle="--", linewidth=1.3, alpha=0.9, zorder=1)
         if label:
-            ax.text(x, 0.98, f" {kind}", transform=ax.get_xaxis_transform(), rotation=90,
-                    va="top", ha="right", fontsize=8, color=colour)
+            ax.text(
+                x,
+                0.98,
+                f" {kind}",
+                transform=ax.get_xaxis_transform(),
+                rotation=90,
+                va="top",
+                ha="right",
+                fontsize=8,
+                color=colour,
+            )
         if kind not in kinds:
             kinds.append(kind)
     if label and kinds:
         handles, _ = ax.get_legend_handles_labels()
-        extra = [Line2D([], [], color=_KIND_COLOURS.get(k, "#444444"), linestyle="--",
-                        label=f"fault: {k}") for k in kinds]
+        extra = [
+            Line2D(
+                [], [], color=_KIND_COLOURS.get(k, "#444444"), linestyle="--", label=f"fault: {k}"
+            )
+            for k in kinds
+        ]
         ax.legend(handles=[*handles, *extra], fontsize=8, loc="best")
 
 
-def _figure(rows: int = 1, *, height: float = 4.8,
-            ratios: Sequence[float] | None = None) -> tuple[Figure, list[Axes]]:
+def _figure(
+    rows: int = 1, *, height: float = 4.8, ratios: Sequence[float] | None = None
+) -> tuple[Figure, list[Axes]]:
     from matplotlib.figure import Figure
 
     fig = Figure(figsize=(10.0, height), layout="constrained")
@@ -619,20 +679,42 @@ def _plot_loss(record: Mapping[str, Any], summary: Mapping[str, Any]) -> Figure 
         return "no losses recorded"
     fig, (ax, dax) = _figure(2, height=5.6, ratios=(3, 1))
     if ref:
-        ax.plot(list(ref), [_loss_value(v) for v in ref.values()], color="#999999",
-                linewidth=4, alpha=0.55, label="reference (no faults)")
+        ax.plot(
+            list(ref),
+            [_loss_value(v) for v in ref.values()],
+            color="#999999",
+            linewidth=4,
+            alpha=0.55,
+            label="reference (no faults)",
+        )
     if run:
-        ax.plot(list(run), [_loss_value(v) for v in run.values()], color="#1f77b4",
-                linewidth=1.3, label="run (faults injected)")
-    bad = [m["iteration"] for m in summary.get("loss_mismatches", ())
-           if m.get("run") is not None]
+        ax.plot(
+            list(run),
+            [_loss_value(v) for v in run.values()],
+            color="#1f77b4",
+            linewidth=1.3,
+            label="run (faults injected)",
+        )
+    bad = [m["iteration"] for m in summary.get("loss_mismatches", ()) if m.get("run") is not None]
     if bad:
-        ax.plot(bad, [_loss_value(run[i]) for i in bad], "x", color="#d62728", markersize=8,
-                markeredgewidth=2, label="differs from reference")
+        ax.plot(
+            bad,
+            [_loss_value(run[i]) for i in bad],
+            "x",
+            color="#d62728",
+            markersize=8,
+            markeredgewidth=2,
+            label="differs from reference",
+        )
     both = sorted(set(run) & set(ref))
     diffs = [_loss_value(run[i]) - _loss_value(ref[i]) for i in both]
-    dax.plot(both, diffs, color="#d62728" if any(d != 0 for d in diffs) else "#2ca02c",
-             linewidth=1.2, marker="." if len(both) < 60 else None)
+    dax.plot(
+        both,
+        diffs,
+        color="#d62728" if any(d != 0 for d in diffs) else "#2ca02c",
+        linewidth=1.2,
+        marker="." if len(both) < 60 else None,
+    )
     dax.axhline(0.0, color="#444444", linewidth=0.8)
     dax.set_ylabel("run - reference")
     dax.set_xlabel("iteration")
@@ -651,8 +733,11 @@ def _plot_loss(record: Mapping[str, Any], summary: Mapping[str, Any]) -> Figure 
     _fault_markers(dax, marks, label=False)
     if not marks:
         ax.legend(fontsize=8, loc="best")
-    verdict = "all losses equal the reference's" if summary.get("losses_match") else (
-        f"{summary.get('loss_mismatch_count', 0)} loss(es) differ")
+    verdict = (
+        "all losses equal the reference's"
+        if summary.get("losses_match")
+        else (f"{summary.get('loss_mismatch_count', 0)} loss(es) differ")
+    )
     dax.set_title(verdict, fontsize=9)
     return fig
 
@@ -678,29 +763,63 @@ def _plot_step_time(record: Mapping[str, Any], summary: Mapping[str, Any]) -> Fi
         line_y.append(y)
     ax.plot(line_x, line_y, color="#1f77b4", linewidth=0.8, alpha=0.6, zorder=2)
     normal = [k for k in range(len(steps)) if k not in warmup and k not in repeated]
-    ax.plot([xs[k] for k in normal], [ms[k] for k in normal], ".", color="#1f77b4",
-            markersize=4, label="step", zorder=3)
+    ax.plot(
+        [xs[k] for k in normal],
+        [ms[k] for k in normal],
+        ".",
+        color="#1f77b4",
+        markersize=4,
+        label="step",
+        zorder=3,
+    )
     if repeated:
         ks = sorted(repeated)
-        ax.plot([xs[k] for k in ks], [ms[k] for k in ks], "s", color="#d62728", markersize=6,
-                fillstyle="none", label="repeated iteration", zorder=4)
+        ax.plot(
+            [xs[k] for k in ks],
+            [ms[k] for k in ks],
+            "s",
+            color="#d62728",
+            markersize=6,
+            fillstyle="none",
+            label="repeated iteration",
+            zorder=4,
+        )
     if warmup:
         ks = sorted(warmup - repeated)
-        ax.plot([xs[k] for k in ks], [ms[k] for k in ks], "o", color="#ff7f0e", markersize=6,
-                fillstyle="none", label="after restart (not in the mean)", zorder=4)
+        ax.plot(
+            [xs[k] for k in ks],
+            [ms[k] for k in ks],
+            "o",
+            color="#ff7f0e",
+            markersize=6,
+            fillstyle="none",
+            label="after restart (not in the mean)",
+            zorder=4,
+        )
     over = _map(summary.get("trainer_overhead"))
     mean, ref = _num(over.get("run_mean_step_s")), _num(over.get("reference_mean_step_s"))
     if mean is not None:
-        ax.axhline(mean * 1000.0, color="#1f77b4", linewidth=1.0,
-                   label=f"run mean {mean * 1000.0:.1f} ms")
+        ax.axhline(
+            mean * 1000.0, color="#1f77b4", linewidth=1.0, label=f"run mean {mean * 1000.0:.1f} ms"
+        )
     if ref is not None:
-        ax.axhline(ref * 1000.0, color="#555555", linewidth=1.0, linestyle=":",
-                   label=f"reference mean {ref * 1000.0:.1f} ms")
+        ax.axhline(
+            ref * 1000.0,
+            color="#555555",
+            linewidth=1.0,
+            linestyle=":",
+            label=f"reference mean {ref * 1000.0:.1f} ms",
+        )
     for f in faults:
         t0, t1 = _num(f.get("t_inject")), _num(f.get("t_recovered"))
         if t0 is not None and t1 is not None and t1 > t0:
-            ax.axvspan(t0 - started, t1 - started, color=_KIND_COLOURS.get(
-                str(f.get("kind")), "#444444"), alpha=0.08, zorder=0)
+            ax.axvspan(
+                t0 - started,
+                t1 - started,
+                color=_KIND_COLOURS.get(str(f.get("kind")), "#444444"),
+                alpha=0.08,
+                zorder=0,
+            )
     ax.set_xlabel("wall time since start (s)")
     ax.set_ylabel("trainer step time, rank 0 (ms)")
     ratio = _num(over.get("ratio"))
@@ -713,12 +832,21 @@ def _plot_step_time(record: Mapping[str, Any], summary: Mapping[str, Any]) -> Fi
     top = max(ms)
     if typical > 0 and top > 8 * typical:
         ax.set_ylim(0, 8 * typical)
-        ax.text(0.01, 0.97, f"axis capped; slowest step {top:.0f} ms", fontsize=8,
-                transform=ax.transAxes, va="top")
+        ax.text(
+            0.01,
+            0.97,
+            f"axis capped; slowest step {top:.0f} ms",
+            fontsize=8,
+            transform=ax.transAxes,
+            va="top",
+        )
     else:
         ax.set_ylim(bottom=0)
-    marks = [(t - started, str(f.get("kind"))) for f in faults
-             if (t := _num(f.get("t_inject"))) is not None]
+    marks = [
+        (t - started, str(f.get("kind")))
+        for f in faults
+        if (t := _num(f.get("t_inject"))) is not None
+    ]
     _fault_markers(ax, marks)
     if not marks:
         ax.legend(fontsize=8, loc="best")
@@ -731,22 +859,43 @@ def _nan(v: int | None) -> float:
 
 def _plot_lag(record: Mapping[str, Any], summary: Mapping[str, Any]) -> Figure | str:
     samples = _samples(record)
-    if not samples or all(s[1] is None and s[2] is None and all(v is None for v in s[3])
-                          for s in samples):
+    if not samples or all(
+        s[1] is None and s[2] is None and all(v is None for v in s[3]) for s in samples
+    ):
         return "no samples recorded"
     started = _started(record)
     nshadows = max((len(s[3]) for s in samples), default=0)
     fig, (ax, lax) = _figure(2, height=6.4, ratios=(3, 2))
     xs = [s[0] - started for s in samples]
-    ax.step(xs, [_nan(s[1]) for s in samples], where="post", color="black", linewidth=1.6,
-            label="trainer iteration")
-    ax.step(xs, [_nan(s[2]) for s in samples], where="post", color="#d4a017", linewidth=1.4,
-            linestyle="--", label="I* (committed)")
+    ax.step(
+        xs,
+        [_nan(s[1]) for s in samples],
+        where="post",
+        color="black",
+        linewidth=1.6,
+        label="trainer iteration",
+    )
+    ax.step(
+        xs,
+        [_nan(s[2]) for s in samples],
+        where="post",
+        color="#d4a017",
+        linewidth=1.4,
+        linestyle="--",
+        label="I* (committed)",
+    )
     for j in range(nshadows):
         colour = _SHADOW_COLOURS[j % len(_SHADOW_COLOURS)]
         applied = [_nan(s[3][j]) if j < len(s[3]) else math.nan for s in samples]
-        ax.step(xs, applied, where="post", color=colour, linewidth=1.0, alpha=0.85,
-                label=f"shadow {j} last_applied")
+        ax.step(
+            xs,
+            applied,
+            where="post",
+            color=colour,
+            linewidth=1.0,
+            alpha=0.85,
+            label=f"shadow {j} last_applied",
+        )
         lag = [_nan(s[1]) - a for s, a in zip(samples, applied, strict=True)]
         lax.step(xs, lag, where="post", color=colour, linewidth=1.0, label=f"shadow {j}")
         down = [x for x, a in zip(xs, applied, strict=True) if math.isnan(a)]
@@ -757,18 +906,27 @@ def _plot_lag(record: Mapping[str, Any], summary: Mapping[str, Any]) -> Figure |
         t0, t1 = _num(f.get("t_inject")), _num(f.get("t_recovered"))
         if t0 is not None and t1 is not None and t1 > t0:
             for a in (ax, lax):
-                a.axvspan(t0 - started, t1 - started, color=_KIND_COLOURS.get(
-                    str(f.get("kind")), "#444444"), alpha=0.08, zorder=0)
+                a.axvspan(
+                    t0 - started,
+                    t1 - started,
+                    color=_KIND_COLOURS.get(str(f.get("kind")), "#444444"),
+                    alpha=0.08,
+                    zorder=0,
+                )
     ax.set_ylabel("iteration")
     ax.set_title(_title(summary, "Trainer, I* and shadows"))
     lax.set_ylabel("lag (iterations)")
     lax.set_xlabel("wall time since start (s)")
-    lax.set_title("lag = trainer iteration - shadow last_applied (| : shadow unreachable)",
-                  fontsize=9)
+    lax.set_title(
+        "lag = trainer iteration - shadow last_applied (| : shadow unreachable)", fontsize=9
+    )
     ax.grid(alpha=0.3)
     lax.grid(alpha=0.3)
-    marks = [(t - started, str(f.get("kind"))) for f in faults
-             if (t := _num(f.get("t_inject"))) is not None]
+    marks = [
+        (t - started, str(f.get("kind")))
+        for f in faults
+        if (t := _num(f.get("t_inject"))) is not None
+    ]
     _fault_markers(ax, marks)
     _fault_markers(lax, marks, label=False)
     if not marks:
@@ -786,8 +944,15 @@ def _plot_recovery(record: Mapping[str, Any], summary: Mapping[str, Any]) -> Fig
 
     fig, (ax,) = _figure(1, height=max(2.6, 1.2 + 0.75 * len(rows)))
     labels: list[str] = []
-    span = max([v for r in rows for v in (_num(r.get("detect_s")), _num(r.get("recover_s")))
-                if v is not None] or [1.0])
+    span = max(
+        [
+            v
+            for r in rows
+            for v in (_num(r.get("detect_s")), _num(r.get("recover_s")))
+            if v is not None
+        ]
+        or [1.0]
+    )
     for y, r in enumerate(rows):
         detect, recover = _num(r.get("detect_s")), _num(r.get("recover_s"))
         target = f" {r['target']}" if r.get("target") is not None else ""
@@ -800,8 +965,9 @@ def _plot_recovery(record: Mapping[str, Any], summary: Mapping[str, Any]) -> Fig
         if recover is not None:
             left = detect if detect is not None and detect <= recover else 0.0
             ax.barh(y, recover - left, left=left, height=0.5, color="#2ca02c")
-        ax.plot([0], [y], marker="v", color=_KIND_COLOURS.get(str(r["kind"]), "#444444"),
-                markersize=9)
+        ax.plot(
+            [0], [y], marker="v", color=_KIND_COLOURS.get(str(r["kind"]), "#444444"), markersize=9
+        )
         parts = []
         if detect is not None:
             parts.append(f"detect {detect:.2f} s")
@@ -810,8 +976,11 @@ def _plot_recovery(record: Mapping[str, Any], summary: Mapping[str, Any]) -> Fig
         lost = r.get("lost_iterations")
         parts.append(f"lost {lost if lost is not None else '?'}")
         end = max(v for v in (detect, recover, 0.0) if v is not None)
-        text = ", ".join(parts) if detect is not None or recover is not None else (
-            "no detection or recovery recorded; " + parts[-1])
+        text = (
+            ", ".join(parts)
+            if detect is not None or recover is not None
+            else ("no detection or recovery recorded; " + parts[-1])
+        )
         ax.text(end + span * 0.01, y, text, va="center", fontsize=8)
     ax.set_yticks(range(len(rows)), labels, fontsize=8)
     ax.invert_yaxis()
@@ -819,9 +988,14 @@ def _plot_recovery(record: Mapping[str, Any], summary: Mapping[str, Any]) -> Fig
     ax.set_xlabel("seconds since the fault was injected")
     ax.set_title(_title(summary, "Fault detection and recovery"))
     ax.grid(axis="x", alpha=0.3)
-    ax.legend(handles=[Patch(color="#ff7f0e", label="inject → detect"),
-                       Patch(color="#2ca02c", label="detect → recovered")],
-              fontsize=8, loc="lower right")
+    ax.legend(
+        handles=[
+            Patch(color="#ff7f0e", label="inject → detect"),
+            Patch(color="#2ca02c", label="detect → recovered"),
+        ],
+        fontsize=8,
+        loc="lower right",
+    )
     return fig
 
 
@@ -862,33 +1036,49 @@ def render_summary(report_or_summary: Mapping[str, Any], *, colour: bool = False
     sc = _map(s.get("scenario"))
     lines: list[str] = []
     desc = [str(v) for v in (sc.get("model"), sc.get("mode")) if v is not None]
-    for key, word in (("trainers", "trainers"), ("shards", "shards"),
-                      ("replication", "replication")):
+    for key, word in (
+        ("trainers", "trainers"),
+        ("shards", "shards"),
+        ("replication", "replication"),
+    ):
         if sc.get(key) is not None:
             desc.append(f"{word} {sc[key]}")
-    lines.append(paint(f"scenario {s.get('name') or '?'}", "1")
-                 + (f": {', '.join(desc)}" if desc else ""))
+    lines.append(
+        paint(f"scenario {s.get('name') or '?'}", "1") + (f": {', '.join(desc)}" if desc else "")
+    )
     wall = _num(s.get("wall_s"))
-    lines.append(f"topology {s.get('topology') or '?'}, target {s.get('target') or '?'}"
-                 + (f", {wall:.1f} s wall" if wall is not None else ""))
+    lines.append(
+        f"topology {s.get('topology') or '?'}, target {s.get('target') or '?'}"
+        + (f", {wall:.1f} s wall" if wall is not None else "")
+    )
     planned = s.get("iterations_planned")
     of = f" of {planned}" if planned is not None else ""
-    lines.append(f"iterations: {s.get('iterations', 0)}{of} ({s.get('steps_executed', 0)} "
-                 f"steps executed, {s.get('repeated_steps', 0)} repeated)")
+    lines.append(
+        f"iterations: {s.get('iterations', 0)}{of} ({s.get('steps_executed', 0)} "
+        f"steps executed, {s.get('repeated_steps', 0)} repeated)"
+    )
     cached = " (cached)" if _map(s.get("reference")).get("cached") else ""
     if s.get("losses_match"):
         lines.append(f"losses: all {s.get('losses_compared', 0)} equal the reference's{cached}")
     else:
         bad = [str(m.get("iteration")) for m in s.get("loss_mismatches", ())]
-        lines.append(paint(f"losses: {s.get('loss_mismatch_count', 0)} differ from the "
-                           f"reference (first: {', '.join(bad) or 'none compared'})", "31"))
+        lines.append(
+            paint(
+                f"losses: {s.get('loss_mismatch_count', 0)} differ from the "
+                f"reference (first: {', '.join(bad) or 'none compared'})",
+                "31",
+            )
+        )
     rows = list(s.get("faults", ()))
     by_kind = _map(s.get("faults_by_kind"))
-    lines.append(f"faults: {len(rows)}"
-                 + (f" ({', '.join(f'{k}: {v}' for k, v in by_kind.items())})" if rows else ""))
+    lines.append(
+        f"faults: {len(rows)}"
+        + (f" ({', '.join(f'{k}: {v}' for k, v in by_kind.items())})" if rows else "")
+    )
     if rows:
-        lines.append(f"  {'kind':<19}{'target':>6}{'at':>6}{'detect s':>10}{'recover s':>11}"
-                     f"{'lost':>6}")
+        lines.append(
+            f"  {'kind':<19}{'target':>6}{'at':>6}{'detect s':>10}{'recover s':>11}{'lost':>6}"
+        )
         for r in rows:
             lost = r.get("lost_iterations")
             cell = f"{'?' if lost is None else lost:>6}"
@@ -896,9 +1086,10 @@ def render_summary(report_or_summary: Mapping[str, Any], *, colour: bool = False
                 cell = paint(cell, "31")
             target = "-" if r.get("target") is None else str(r["target"])
             at = "-" if r.get("at_iteration") is None else str(r["at_iteration"])
-            lines.append(f"  {r.get('kind')!s:<19}{target:>6}{at:>6}"
-                         f"{_secs(r.get('detect_s')):>10}{_secs(r.get('recover_s')):>11}"
-                         + cell)
+            lines.append(
+                f"  {r.get('kind')!s:<19}{target:>6}{at:>6}"
+                f"{_secs(r.get('detect_s')):>10}{_secs(r.get('recover_s')):>11}" + cell
+            )
     over = _map(s.get("trainer_overhead"))
     mean, ref = _num(over.get("run_mean_step_s")), _num(over.get("reference_mean_step_s"))
     ratio, pct = _num(over.get("ratio")), _num(over.get("overhead_pct"))
@@ -907,21 +1098,30 @@ def render_summary(report_or_summary: Mapping[str, Any], *, colour: bool = False
     elif ratio is None or ref is None or pct is None:
         lines.append(f"trainer overhead: {mean * 1000:.2f} ms/step, no reference time")
     else:
-        lines.append(f"trainer overhead: x{ratio:.3f} ({pct:+.1f} %), {mean * 1000:.2f} ms/step"
-                     f" vs {ref * 1000:.2f} ms reference ({over.get('steps_excluded', 0)} "
-                     f"post-restart steps left out)")
+        lines.append(
+            f"trainer overhead: x{ratio:.3f} ({pct:+.1f} %), {mean * 1000:.2f} ms/step"
+            f" vs {ref * 1000:.2f} ms reference ({over.get('steps_excluded', 0)} "
+            f"post-restart steps left out)"
+        )
     nbytes = s.get("switch_replicated_bytes")
     if nbytes is None and s.get("switch_replicated_packets") is None:
         lines.append("switch: no counters")
     else:
         packets = s.get("switch_replicated_packets")
-        lines.append(f"switch replicated: {_human_bytes(nbytes)}"
-                     + (f" in {packets:,} packets" if isinstance(packets, int) else ""))
+        lines.append(
+            f"switch replicated: {_human_bytes(nbytes)}"
+            + (f" in {packets:,} packets" if isinstance(packets, int) else "")
+        )
     drops = _map(s.get("drops"))
-    lines.append(f"drops: switch: {_reasons(_map(drops.get('switch')))}; "
-                 f"shadows: {_reasons(_map(drops.get('shadow')))}")
-    lags = [f"shadow {g.get('shadow')}: {g.get('max_lag')}" for g in s.get("shadow_lag", ())
-            if g.get("max_lag") is not None]
+    lines.append(
+        f"drops: switch: {_reasons(_map(drops.get('switch')))}; "
+        f"shadows: {_reasons(_map(drops.get('shadow')))}"
+    )
+    lags = [
+        f"shadow {g.get('shadow')}: {g.get('max_lag')}"
+        for g in s.get("shadow_lag", ())
+        if g.get("max_lag") is not None
+    ]
     if lags:
         lines.append(f"max shadow lag (iterations): {', '.join(lags)}")
     if is_report:
@@ -942,16 +1142,17 @@ def render_summary(report_or_summary: Mapping[str, Any], *, colour: bool = False
         lines.append(paint("result: OK", "32;1"))
     else:
         shown = problems[:3] + ([f"... {len(problems) - 3} more"] if len(problems) > 3 else [])
-        lines.append(paint("result: FAILED", "31;1") + (f" ({'; '.join(shown)})" if shown
-                                                        else ""))
+        lines.append(paint("result: FAILED", "31;1") + (f" ({'; '.join(shown)})" if shown else ""))
     if s.get("bit_exact_resume"):
         lines.append(paint("bit-exact resume: yes", "32;1"))
     else:
         differ = [str(d) for d in s.get("bit_exact_differ", ())]
         if differ:
             more = f", +{len(differ) - _MAX_LISTED} more" if len(differ) > _MAX_LISTED else ""
-            why = (f"{len(differ)} of {s.get('bit_exact_compared', 0)} differ: "
-                   f"{', '.join(differ[:_MAX_LISTED])}{more}")
+            why = (
+                f"{len(differ)} of {s.get('bit_exact_compared', 0)} differ: "
+                f"{', '.join(differ[:_MAX_LISTED])}{more}"
+            )
         else:
             why = "not checked" if not s.get("bit_exact_compared") else "resume not bit-exact"
         lines.append(paint(f"bit-exact resume: NO ({why})", "31;1"))

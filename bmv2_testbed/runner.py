@@ -50,10 +50,14 @@ def choose_target(requested: str = "auto") -> str:
     have = shutil.which("p4c") is not None and shutil.which("simple_switch_grpc") is not None
     if requested == "bmv2":
         if not have:
-            raise ShadowgradError("--target bmv2: p4c and simple_switch_grpc are not on PATH "
-                                  "(use --target sim, the project's P4 target)")
-        raise ShadowgradError("--target bmv2: the demo runner drives the project's P4 target "
-                              "only so far (the dataplane tests run on real bmv2)")
+            raise ShadowgradError(
+                "--target bmv2: p4c and simple_switch_grpc are not on PATH "
+                "(use --target sim, the project's P4 target)"
+            )
+        raise ShadowgradError(
+            "--target bmv2: the demo runner drives the project's P4 target "
+            "only so far (the dataplane tests run on real bmv2)"
+        )
     if requested not in ("auto", "sim"):
         raise ShadowgradError(f"--target {requested!r}: expected auto, sim or bmv2")
     return "sim"
@@ -70,12 +74,14 @@ def _free_port() -> int:
 class _Proc:
     """A child process in its own session (killed as a group), with its log file."""
 
-    def __init__(self, name: str, argv: list[str], log_path: Path, env: dict[str, str],
-                 cwd: Path) -> None:
+    def __init__(
+        self, name: str, argv: list[str], log_path: Path, env: dict[str, str], cwd: Path
+    ) -> None:
         self.name, self.argv, self.log, self.env, self.cwd = name, argv, log_path, env, cwd
         with log_path.open("ab") as f:
-            self.p = subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT, env=env,
-                                      cwd=cwd, start_new_session=True)
+            self.p = subprocess.Popen(
+                argv, stdout=f, stderr=subprocess.STDOUT, env=env, cwd=cwd, start_new_session=True
+            )
 
     def signal(self, sig: int) -> None:
         with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -102,9 +108,17 @@ class _Proc:
 class Runner:
     """One scenario on one topology. ``work``: where logs, specs and the report go."""
 
-    def __init__(self, scenario: Scenario, work: Path, *, topology: str = "auto",
-                 target: str = "auto", cache_dir: Path | None = None,
-                 progress: bool = False, timeout_s: float = 900.0) -> None:
+    def __init__(
+        self,
+        scenario: Scenario,
+        work: Path,
+        *,
+        topology: str = "auto",
+        target: str = "auto",
+        cache_dir: Path | None = None,
+        progress: bool = False,
+        timeout_s: float = 900.0,
+    ) -> None:
         self.sc = scenario
         self.work = work
         self.topology = choose(topology)
@@ -112,9 +126,12 @@ class Runner:
         if self.sc.mode == "mirror" and self.topology == "netns":
             # mirror mode does not use the switch: its trainers send to the shadows directly
             self.topology = "loopback"
-        self.cache_dir = cache_dir or Path(os.environ.get(
-            "SHADOWGRAD_CACHE", Path(os.environ.get("XDG_CACHE_HOME", work / ".cache"))
-            / "shadowgrad"))
+        self.cache_dir = cache_dir or Path(
+            os.environ.get(
+                "SHADOWGRAD_CACHE",
+                Path(os.environ.get("XDG_CACHE_HOME", work / ".cache")) / "shadowgrad",
+            )
+        )
         self.progress = progress
         self.timeout_s = timeout_s
         self._procs: list[_Proc] = []
@@ -124,9 +141,18 @@ class Runner:
         self.run_id = secrets.token_hex(8)
         self.label = os.environ.get("SHADOWGRAD_DEMO_TOPOLOGY_LABEL", self.topology)
         work.mkdir(parents=True, exist_ok=True)
-        (work / "topology.json").write_text(json.dumps(
-            {"topology": self.topology, "label": self.label, "run_id": self.run_id,
-             "tag": self.run_id[:4], "target": self.target, "pid": os.getpid()}))
+        (work / "topology.json").write_text(
+            json.dumps(
+                {
+                    "topology": self.topology,
+                    "label": self.label,
+                    "run_id": self.run_id,
+                    "tag": self.run_id[:4],
+                    "target": self.target,
+                    "pid": os.getpid(),
+                }
+            )
+        )
 
     # ---------------------------------------------------------------- the job
 
@@ -134,31 +160,40 @@ class Runner:
         from shadowgrad.trainer_hooks._testing import loopback_spec, switch_spec
 
         sc = self.sc
-        t = {"gap_repair": "30ms", "heartbeat": "100ms", "failure_detect": "2s", "rpc": "5s",
-             "connect": "20s"}
+        t = {
+            "gap_repair": "30ms",
+            "heartbeat": "100ms",
+            "failure_detect": "2s",
+            "rpc": "5s",
+            "connect": "20s",
+        }
         if self.topology == "netns":
             world, shadows = sc.trainers, sc.shadows
             doc: dict[str, Any] = {
-                "job": {"id": 5000 + secrets.randbelow(1000), "name": sc.name,
-                        "mode": "in-band"},
-                "trainers": {"world_size": world,
-                             "addresses": [f"10.0.0.{i + 1}" for i in range(world)],
-                             "backend": "gloo"},
-                "shadows": {"count": shadows, "replication": sc.replication,
-                            "addresses": [f"10.0.1.{i + 1}" for i in range(shadows)],
-                            "control_port": 47480},
-                "switch": {"target": "bmv2_testbed",
-                           "trainer_ports": list(range(1, world + 1)),
-                           "shadow_ports": list(range(world + 1, world + shadows + 1))},
+                "job": {"id": 5000 + secrets.randbelow(1000), "name": sc.name, "mode": "in-band"},
+                "trainers": {
+                    "world_size": world,
+                    "addresses": [f"10.0.0.{i + 1}" for i in range(world)],
+                    "backend": "gloo",
+                },
+                "shadows": {
+                    "count": shadows,
+                    "replication": sc.replication,
+                    "addresses": [f"10.0.1.{i + 1}" for i in range(shadows)],
+                    "control_port": 47480,
+                },
+                "switch": {
+                    "target": "bmv2_testbed",
+                    "trainer_ports": list(range(1, world + 1)),
+                    "shadow_ports": list(range(world + 1, world + shadows + 1)),
+                },
                 "controller": {"address": "10.0.0.1:47600"},
             }
         elif sc.mode == "in-band":
-            doc = switch_spec(world=sc.trainers, shadows=sc.shadows,
-                              replication=sc.replication)
+            doc = switch_spec(world=sc.trainers, shadows=sc.shadows, replication=sc.replication)
             doc["controller"] = {"address": f"127.0.0.1:{_free_port()}"}
         else:
-            doc = loopback_spec(world=sc.trainers, shadows=sc.shadows,
-                                replication=sc.replication)
+            doc = loopback_spec(world=sc.trainers, shadows=sc.shadows, replication=sc.replication)
             doc["controller"] = {"address": f"127.0.0.1:{_free_port()}"}
         doc["job"]["name"] = sc.name
         if sc.mode == "in-band":
@@ -182,26 +217,45 @@ class Runner:
             return []
         return self._net.exec_prefix(port)
 
-    def _start(self, name: str, argv: list[str], port: int | None, d: Path,
-               env: dict[str, str]) -> _Proc:
+    def _start(
+        self, name: str, argv: list[str], port: int | None, d: Path, env: dict[str, str]
+    ) -> _Proc:
         p = _Proc(name, [*self._prefix(port), *argv], d / f"{name}.log", env, Path.cwd())
         self._procs.append(p)
         return p
 
-    def _ranks(self, spec: Any, path: Path, d: Path, env: dict[str, str], *, attempt: int,
-               final: Path) -> list[_Proc]:
+    def _ranks(
+        self, spec: Any, path: Path, d: Path, env: dict[str, str], *, attempt: int, final: Path
+    ) -> list[_Proc]:
         sc = self.sc
         master = "10.0.0.1" if self.topology == "netns" else "127.0.0.1"
         port = 29500 + secrets.randbelow(20000) if self.topology == "netns" else _free_port()
         out = []
         for r in range(sc.trainers):
-            e = {**env, "RANK": str(r), "WORLD_SIZE": str(sc.trainers), "LOCAL_RANK": str(r),
-                 "MASTER_ADDR": master, "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1"}
+            e = {
+                **env,
+                "RANK": str(r),
+                "WORLD_SIZE": str(sc.trainers),
+                "LOCAL_RANK": str(r),
+                "MASTER_ADDR": master,
+                "MASTER_PORT": str(port),
+                "OMP_NUM_THREADS": "1",
+            }
             if self.topology == "netns":
                 e["GLOO_SOCKET_IFNAME"] = "eth0"
-            argv = [sys.executable, "-m", "shadowgrad.bmv2_testbed.demo_worker", "--spec",
-                    str(path), "--model", sc.model, "--steps", str(sc.iterations), "--out",
-                    str(final)]
+            argv = [
+                sys.executable,
+                "-m",
+                "shadowgrad.bmv2_testbed.demo_worker",
+                "--spec",
+                str(path),
+                "--model",
+                sc.model,
+                "--steps",
+                str(sc.iterations),
+                "--out",
+                str(final),
+            ]
             if self.chunk is not None:
                 argv += ["--chunk-bytes", str(self.chunk)]
             if sc.sleep_s:
@@ -231,24 +285,35 @@ class Runner:
         env.pop("OMP_NUM_THREADS", None)
         final = d / "final.pt"
         final.unlink(missing_ok=True)
-        obs: dict[str, Any] = {"label": label, "steps": [], "samples": [], "faults": [],
-                               "starts": []}
+        obs: dict[str, Any] = {
+            "label": label,
+            "steps": [],
+            "samples": [],
+            "faults": [],
+            "starts": [],
+        }
         t_begin = time.time()
         try:
             if sc.mode == "in-band":
                 from .inband import JobSwitch
 
-                loss = {spec.switch.shadow_ports[f.target]: f.percent / 100
-                        for f in faults if f.kind == "loss" and f.target is not None}
+                loss = {
+                    spec.switch.shadow_ports[f.target]: f.percent / 100
+                    for f in faults
+                    if f.kind == "loss" and f.target is not None
+                }
                 if self.topology == "netns":
-                    hosts = [(p, ep.host, port_mac(p)) for p, ep in
-                             [*zip(spec.switch.trainer_ports, spec.trainers.addresses,
-                                   strict=True),
-                              *zip(spec.switch.shadow_ports, spec.shadows.addresses,
-                                   strict=True)]]
+                    hosts = [
+                        (p, ep.host, port_mac(p))
+                        for p, ep in [
+                            *zip(spec.switch.trainer_ports, spec.trainers.addresses, strict=True),
+                            *zip(spec.switch.shadow_ports, spec.shadows.addresses, strict=True),
+                        ]
+                    ]
                     self._net = Namespaces(hosts, tag=self.run_id[:4])
-                    self._switch = JobSwitch(spec, layout, loss=loss or None,
-                                             interfaces=self._net.switch_if)
+                    self._switch = JobSwitch(
+                        spec, layout, loss=loss or None, interfaces=self._net.switch_if
+                    )
                 else:
                     self._switch = JobSwitch(spec, layout, loss=loss or None)
                     doc.setdefault("switch", {})["grpc_addr"] = self._switch.grpc_addr
@@ -258,11 +323,21 @@ class Runner:
             shadows: dict[int, _Proc] = {}
             for k in range(sc.shadows):
                 port = spec.switch.shadow_ports[k] if self.topology == "netns" else None
-                shadows[k] = self._start(f"shadow{k}", [cli, "shadow", "--spec", str(path),
-                                                         "--id", str(k)], port, d, env)
+                shadows[k] = self._start(
+                    f"shadow{k}", [cli, "shadow", "--spec", str(path), "--id", str(k)], port, d, env
+                )
             status_file = d / "controller-status.json"
-            ctl_argv = [cli, "--log-json", "controller", "--spec", str(path), "--status-json",
-                        str(status_file), "--status-interval", "0.2"]
+            ctl_argv = [
+                cli,
+                "--log-json",
+                "controller",
+                "--spec",
+                str(path),
+                "--status-json",
+                str(status_file),
+                "--status-interval",
+                "0.2",
+            ]
             ctl_port: int | None = None
             if self.topology == "netns":
                 ctl_argv.append("--no-switch")  # the switch's gRPC is in the root namespace
@@ -284,8 +359,9 @@ class Runner:
             while True:
                 now = time.monotonic()
                 if now > deadline:
-                    raise ShadowgradError(f"{label}: the run did not finish in "
-                                          f"{self.timeout_s:.0f}s (logs in {d})")
+                    raise ShadowgradError(
+                        f"{label}: the run did not finish in {self.timeout_s:.0f}s (logs in {d})"
+                    )
                 # rank 0's output since the last look
                 text = rank0_log.read_text(errors="replace") if rank0_log.exists() else ""
                 new, read_pos = text[read_pos:], len(text)
@@ -293,8 +369,14 @@ class Runner:
                 read_pos -= len(new) - cut
                 new = new[:cut]
                 for m in _START.finditer(new):
-                    obs["starts"].append({"attempt": attempt, "iteration": int(m[1]),
-                                          "restored": bool(int(m[2])), "wall": time.time()})
+                    obs["starts"].append(
+                        {
+                            "attempt": attempt,
+                            "iteration": int(m[1]),
+                            "restored": bool(int(m[2])),
+                            "wall": time.time(),
+                        }
+                    )
                     if open_fault is not None and open_fault["resumed_at"] is None:
                         open_fault["resumed_at"] = int(m[1])
                 for m in _STEP.finditer(new):
@@ -308,30 +390,46 @@ class Runner:
                 # sample the job through the controller
                 with contextlib.suppress(OSError, ValueError):
                     st = json.loads(status_file.read_text())
-                    obs["samples"].append([
-                        float(st.get("time") or time.time()), st["trainers"].get("iteration"),
-                        st.get("live_istar"),
-                        [(st["shadows"].get(str(k)) or {}).get("last_applied")
-                         for k in range(sc.shadows)]])
+                    obs["samples"].append(
+                        [
+                            float(st.get("time") or time.time()),
+                            st["trainers"].get("iteration"),
+                            st.get("live_istar"),
+                            [
+                                (st["shadows"].get(str(k)) or {}).get("last_applied")
+                                for k in range(sc.shadows)
+                            ],
+                        ]
+                    )
                 for when, action in [t for t in timers if t[0] <= now]:
                     timers.remove((when, action))
                     action()
                 # faults due
-                while pending and pending[0].at is not None and last_logged >= pending[0].at \
-                        and open_fault is None:
+                while (
+                    pending
+                    and pending[0].at is not None
+                    and last_logged >= pending[0].at
+                    and open_fault is None
+                ):
                     f = pending.pop(0)
-                    rec: dict[str, Any] = {"kind": f.kind, "target": f.target,
-                                           "at_iteration": f.at, "t_inject": time.time(),
-                                           "t_detect": None, "t_recovered": None,
-                                           "last_logged": last_logged, "resumed_at": None,
-                                           "lost_iterations": 0 if f.kind != "kill_trainer"
-                                           else None, "note": ""}
+                    rec: dict[str, Any] = {
+                        "kind": f.kind,
+                        "target": f.target,
+                        "at_iteration": f.at,
+                        "t_inject": time.time(),
+                        "t_detect": None,
+                        "t_recovered": None,
+                        "last_logged": last_logged,
+                        "resumed_at": None,
+                        "lost_iterations": 0 if f.kind != "kill_trainer" else None,
+                        "note": "",
+                    }
                     obs["faults"].append(rec)
                     if f.kind == "kill_trainer":
                         assert f.target is not None
                         ranks[f.target].kill()
                         for r in ranks:  # the others hang in the all-reduce: a launcher
-                            r.kill()     # (torchrun) would take them down too
+                            r.kill()  # (torchrun) would take them down too
                         attempt += 1
                         ranks = self._ranks(spec, path, d, env, attempt=attempt, final=final)
                         rank0_log, read_pos = ranks[0].log, 0
@@ -346,18 +444,21 @@ class Runner:
                             def back(k: int = k) -> None:
                                 shadows[k] = shadows[k].restart()
                                 self._procs.append(shadows[k])
+
                             rec["note"] = f"shadow {k} SIGKILLed, restarted after {f.down_s}s"
                         else:
                             shadows[k].signal(signal.SIGSTOP)
 
                             def back(k: int = k) -> None:
                                 shadows[k].signal(signal.SIGCONT)
+
                             rec["note"] = f"shadow {k} SIGSTOPped for {f.down_s}s"
                         rec["t_back"] = None
                         timers.append((now + f.down_s, back))
 
                         def mark(rec: dict[str, Any] = rec) -> None:
                             rec["t_back"] = time.time()
+
                         timers.append((now + f.down_s, mark))
                     elif f.kind == "restart_controller":
                         ctl.kill()
@@ -372,8 +473,9 @@ class Runner:
                 sys.stderr.write("\n")
             codes = [r.p.returncode for r in ranks]
             if codes != [0] * len(ranks):
-                tails = "\n".join(f"--- {r.log.name}\n{r.log.read_text(errors='replace')[-2000:]}"
-                                  for r in ranks)
+                tails = "\n".join(
+                    f"--- {r.log.name}\n{r.log.read_text(errors='replace')[-2000:]}" for r in ranks
+                )
                 raise ShadowgradError(f"{label}: trainer exit codes {codes}\n{tails}")
             time.sleep(0.5)  # the controller's last status and events
             obs["events"] = _events(d / "controller.log")
@@ -383,12 +485,14 @@ class Runner:
                 obs["switch"] = {
                     "replicated_packets": sum(int(p) for p, _ in c.get("shadow_copies", [])),
                     "replicated_bytes": sum(int(b) for _, b in c.get("shadow_copies", [])),
-                    "drops": {k: int(v[0]) for k, v in (c.get("drops") or {}).items()}}
+                    "drops": {k: int(v[0]) for k, v in (c.get("drops") or {}).items()},
+                }
                 self._switch.close()  # its final port counters: the emulated loss
                 fc = self._switch.final_counters or {}
                 obs["switch"]["emulated_loss"] = sum(
                     int((q.get("drops") or {}).get("emulated_loss", 0))
-                    for q in (fc.get("queues") or {}).values())
+                    for q in (fc.get("queues") or {}).values()
+                )
             obs["seconds"] = time.time() - t_begin
             obs["final"] = str(final)
             _settle_faults(obs)
@@ -401,9 +505,14 @@ class Runner:
         cli = str(Path(sys.executable).parent / "shadowgrad")
         port = spec.switch.trainer_ports[0] if self.topology == "netns" else None
         try:
-            out = subprocess.run([*self._prefix(port), cli, "status", "--spec", str(path),
-                                  "--json"], capture_output=True, text=True, env=env,
-                                 timeout=60, check=False)
+            out = subprocess.run(
+                [*self._prefix(port), cli, "status", "--spec", str(path), "--json"],
+                capture_output=True,
+                text=True,
+                env=env,
+                timeout=60,
+                check=False,
+            )
             return dict(json.loads(out.stdout.strip().splitlines()[-1]))
         except (ValueError, IndexError, subprocess.TimeoutExpired) as e:
             return {"error": str(e)}
@@ -414,9 +523,11 @@ class Runner:
         n = self.sc.iterations
         istar = obs["samples"][-1][2] if obs["samples"] else None
         bar = int(30 * max(0, it + 1) / n)
-        sys.stderr.write(f"\r{label:>9} [{'#' * bar}{'.' * (30 - bar)}] {it + 1}/{n}  "
-                         f"I* {istar if istar is not None else '-'}  faults "
-                         f"{len(obs['faults'])}  ")
+        sys.stderr.write(
+            f"\r{label:>9} [{'#' * bar}{'.' * (30 - bar)}] {it + 1}/{n}  "
+            f"I* {istar if istar is not None else '-'}  faults "
+            f"{len(obs['faults'])}  "
+        )
         sys.stderr.flush()
 
     def _teardown(self) -> None:
@@ -424,8 +535,11 @@ class Runner:
         import threading
 
         main = threading.current_thread() is threading.main_thread()
-        saved = {sig: signal.signal(sig, signal.SIG_IGN) for sig in
-                 (signal.SIGINT, signal.SIGTERM)} if main else {}
+        saved = (
+            {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGINT, signal.SIGTERM)}
+            if main
+            else {}
+        )
         try:
             self._teardown_all()
         finally:
@@ -461,9 +575,12 @@ class Runner:
         obs = self.execute("reference", ())
         cdir.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(obs["final"], cdir / "final.pt")
-        ref = {"losses": {str(s[1]): s[3] for s in obs["steps"]},
-               "mean_step_s": _mean([s[2] for s in obs["steps"][2:]]),
-               "seconds": obs["seconds"], "key": key}
+        ref = {
+            "losses": {str(s[1]): s[3] for s in obs["steps"]},
+            "mean_step_s": _mean([s[2] for s in obs["steps"][2:]]),
+            "seconds": obs["seconds"],
+            "key": key,
+        }
         meta.write_text(json.dumps(ref))
         ref["cached"] = False
         ref["final"] = str(cdir / "final.pt")
@@ -480,8 +597,11 @@ class Runner:
 
         mine = torch.load(obs["final"], weights_only=True)
         theirs = torch.load(ref["final"], weights_only=True)
-        differ = [f"model.{k}" for k in theirs["model"]
-                  if not torch.equal(mine["model"][k], theirs["model"][k])]
+        differ = [
+            f"model.{k}"
+            for k in theirs["model"]
+            if not torch.equal(mine["model"][k], theirs["model"][k])
+        ]
         so, st = mine["optimizer"]["state"], theirs["optimizer"]["state"]
         compared = len(theirs["model"])
         for i in st:
@@ -499,19 +619,29 @@ class Runner:
             losses[str(s[1])] = s[3]  # the last execution of each iteration
         t0 = obs["steps"][0][0] if obs["steps"] else time.time()
         return {
-            "scenario": self.sc.to_json(), "topology": self.label, "target": self.target,
-            "started": t0, "ended": obs["steps"][-1][0] if obs["steps"] else t0,
+            "scenario": self.sc.to_json(),
+            "topology": self.label,
+            "target": self.target,
+            "started": t0,
+            "ended": obs["steps"][-1][0] if obs["steps"] else t0,
             "losses": {"run": losses, "reference": ref["losses"]},
             "step_times": [[s[0], s[1], s[2]] for s in obs["steps"]],
-            "samples": obs["samples"], "faults": obs["faults"],
-            "switch": obs.get("switch"), "shadow_drops": drops,
+            "samples": obs["samples"],
+            "faults": obs["faults"],
+            "switch": obs.get("switch"),
+            "shadow_drops": drops,
             "bit_exact": {"resume": not differ, "compared": compared, "differ": differ[:20]},
-            "reference": {"cached": ref["cached"], "seconds": ref["seconds"],
-                          "mean_step_s": ref["mean_step_s"]},
+            "reference": {
+                "cached": ref["cached"],
+                "seconds": ref["seconds"],
+                "mean_step_s": ref["mean_step_s"],
+            },
             "events": obs.get("events", []),
             "final_status_summary": fs.get("summary"),
-            "shadow_repaired_bytes": sum(int((row.get("events") or {}).get("repaired_bytes", 0))
-                                         for row in fs.get("shadows") or []),
+            "shadow_repaired_bytes": sum(
+                int((row.get("events") or {}).get("repaired_bytes", 0))
+                for row in fs.get("shadows") or []
+            ),
         }
 
 
@@ -526,9 +656,12 @@ def _events(path: Path) -> list[dict[str, Any]]:
             with contextlib.suppress(ValueError):
                 d = json.loads(line)
                 if isinstance(d, dict) and "event" in d:
-                    out.append({"t": float(d.get("ts", 0.0)), **{k: v for k, v in d.items()
-                                                                 if k not in ("ts", "level",
-                                                                              "logger")}})
+                    out.append(
+                        {
+                            "t": float(d.get("ts", 0.0)),
+                            **{k: v for k, v in d.items() if k not in ("ts", "level", "logger")},
+                        }
+                    )
     return out
 
 
@@ -538,14 +671,20 @@ def _settle_faults(obs: dict[str, Any]) -> None:
     for f in obs["faults"]:
         t = f["t_inject"]
         if f["kind"] == "kill_trainer":
-            det = [e["t"] for e in events if e["event"] == "controller.trainer_failed"
-                   and e["t"] >= t]
+            det = [
+                e["t"] for e in events if e["event"] == "controller.trainer_failed" and e["t"] >= t
+            ]
             f["t_detect"] = min(det) if det else None
             if f["resumed_at"] is not None and f["last_logged"] is not None:
                 f["lost_iterations"] = max(0, f["last_logged"] - f["resumed_at"] + 1)
         elif f["kind"] in ("kill_shadow", "pause_shadow"):
-            det = [e["t"] for e in events if e["event"] == "controller.shadow_failed"
-                   and e.get("shadow") == f["target"] and e["t"] >= t]
+            det = [
+                e["t"]
+                for e in events
+                if e["event"] == "controller.shadow_failed"
+                and e.get("shadow") == f["target"]
+                and e["t"] >= t
+            ]
             f["t_detect"] = min(det) if det else None
             back = f.get("t_back") or t
             for wall, it, _istar, applied in obs["samples"]:

@@ -35,12 +35,21 @@ from typing import Any
 from shadowgrad.config import parse_duration
 from shadowgrad.errors import ShadowgradError
 
-__all__ = ["FAULT_KINDS", "Fault", "Scenario", "ScenarioError", "load_scenario",
-           "parse_scenario"]
+__all__ = ["FAULT_KINDS", "Fault", "Scenario", "ScenarioError", "load_scenario", "parse_scenario"]
 
 FAULT_KINDS = ("kill_trainer", "kill_shadow", "pause_shadow", "restart_controller", "loss")
-_TOP = ("name", "model", "mode", "trainers", "shards", "replication", "iterations", "sleep",
-        "seed", "faults")
+_TOP = (
+    "name",
+    "model",
+    "mode",
+    "trainers",
+    "shards",
+    "replication",
+    "iterations",
+    "sleep",
+    "seed",
+    "faults",
+)
 _FAULT = ("kind", "target", "at", "down", "percent")
 
 
@@ -130,8 +139,7 @@ def parse_scenario(doc: dict[str, Any], source: str = "<string>") -> Scenario:
                 raise ScenarioError(f"{where}{k}: unknown key; keys: {', '.join(_FAULT)}")
         kind = f.get("kind")
         if kind not in FAULT_KINDS:
-            raise ScenarioError(f"{where}kind = {kind!r}: expected one of "
-                                f"{', '.join(FAULT_KINDS)}")
+            raise ScenarioError(f"{where}kind = {kind!r}: expected one of {', '.join(FAULT_KINDS)}")
         target: int | None = None
         if kind in ("kill_trainer",):
             target = _int(f, "target", where, 0, trainers - 1, default=0)
@@ -142,14 +150,28 @@ def parse_scenario(doc: dict[str, Any], source: str = "<string>") -> Scenario:
             at = _int(f, "at", where, 0, iterations - 2, default=iterations // 2)
         down = parse_duration(f["down"], where + "down") if "down" in f else 1.0
         percent = f.get("percent", 0.0)
-        if kind == "loss" and (isinstance(percent, bool) or not isinstance(percent, int | float)
-                               or not 0 < float(percent) < 50):
+        if kind == "loss" and (
+            isinstance(percent, bool)
+            or not isinstance(percent, int | float)
+            or not 0 < float(percent) < 50
+        ):
             raise ScenarioError(f"{where}percent = {percent!r}: expected a number in (0, 50)")
         if kind == "loss" and mode != "in-band":
             raise ScenarioError(f"{where}kind = 'loss' needs mode = 'in-band' (the switch drops)")
         faults.append(Fault(kind, target, at, down, float(percent)))
-    return Scenario(name, model, mode, trainers, shards, replication, iterations, sleep, seed,
-                    tuple(sorted(faults, key=lambda x: -1 if x.at is None else x.at)), source)
+    return Scenario(
+        name,
+        model,
+        mode,
+        trainers,
+        shards,
+        replication,
+        iterations,
+        sleep,
+        seed,
+        tuple(sorted(faults, key=lambda x: -1 if x.at is None else x.at)),
+        source,
+    )
 
 
 def load_scenario(path: str | Path) -> Scenario:

@@ -53,18 +53,29 @@ def pfc_frame(port: int, pause: bool) -> bytes:
     pause time 0xFFFF quanta (XOFF) or 0 (XON); padded to the 60-byte minimum."""
     src = bytes([0x02, 0x53, 0x47, 0x00, port >> 8, port & 0xFF])  # locally administered
     quanta = 0xFFFF if pause else 0
-    body = (PFC_ETHERTYPE.to_bytes(2, "big") + PFC_OPCODE.to_bytes(2, "big")
-            + (0x00FF).to_bytes(2, "big") + quanta.to_bytes(2, "big") * 8)
+    body = (
+        PFC_ETHERTYPE.to_bytes(2, "big")
+        + PFC_OPCODE.to_bytes(2, "big")
+        + (0x00FF).to_bytes(2, "big")
+        + quanta.to_bytes(2, "big") * 8
+    )
     return (PFC_DST + src + body).ljust(60, b"\0")
 
 
 class Switch:
     """One software switch (device). ``start()`` / ``stop()``; also a context manager."""
 
-    def __init__(self, *, device_id: int = 0, cpu_port: int | None = None,
-                 drop_port: int = DEFAULT_DROP_PORT, grpc_addr: str | None = None,
-                 pcap_dir: str | Path | None = None, log_packets: bool = False,
-                 pfc: bool = False) -> None:
+    def __init__(
+        self,
+        *,
+        device_id: int = 0,
+        cpu_port: int | None = None,
+        drop_port: int = DEFAULT_DROP_PORT,
+        grpc_addr: str | None = None,
+        pcap_dir: str | Path | None = None,
+        log_packets: bool = False,
+        pfc: bool = False,
+    ) -> None:
         if cpu_port is not None and not 0 < cpu_port <= MAX_PORT:
             raise ValueError(f"cpu port must be 1..511, got {cpu_port}")
         if cpu_port is not None and cpu_port == drop_port:
@@ -107,8 +118,9 @@ class Switch:
     def verify_pipeline(self, p4info: p4info_pb2.P4Info, device_config: bytes) -> Pipeline:
         return Pipeline.from_device_config(device_config, p4info)
 
-    def commit_pipeline(self, pipeline: Any, p4info: p4info_pb2.P4Info,
-                        device_config: bytes) -> None:
+    def commit_pipeline(
+        self, pipeline: Any, p4info: p4info_pb2.P4Info, device_config: bytes
+    ) -> None:
         """Replace the running pipeline; all runtime state starts fresh (as on bmv2)."""
         dpl = Dataplane(pipeline, cpu_port=self.cpu_port, drop_port=self.drop_port)
         dpl.on_packet_in = self._on_packet_in
@@ -156,8 +168,9 @@ class Switch:
             for d in ("in", "out"):
                 self._pcap[(n, d)] = PcapWriter(self.pcap_dir / f"{port.name}_{d}.pcap")
         many = getattr(port, "send_many", None) if (n, "out") not in self._pcap else None
-        self.queues[n] = EgressQueue(n, self._transmitter(port), cfg, on_pause=self._on_pause,
-                                     transmit_many=many)
+        self.queues[n] = EgressQueue(
+            n, self._transmitter(port), cfg, on_pause=self._on_pause, transmit_many=many
+        )
         if self._started:
             port.start(self._deliver, self._deliver_batch)
         return port
@@ -187,8 +200,7 @@ class Switch:
             self.server.start()
             dpl = self._dataplane
             if dpl is not None and self._p4info is not None:
-                self.server.install_initial_pipeline(self._p4info,
-                                                     dpl.pipeline.to_device_config())
+                self.server.install_initial_pipeline(self._p4info, dpl.pipeline.to_device_config())
         for port in self.ports.values():
             port.start(self._deliver, self._deliver_batch)
 
@@ -280,8 +292,9 @@ class Switch:
     def _pfc_sender(self, ingress: int) -> Callable[[bool], None]:
         def send(pause: bool) -> None:
             frame = pfc_frame(ingress, pause)
-            self.pfc_sent[(ingress, "xoff" if pause else "xon")] = self.pfc_sent.get(
-                (ingress, "xoff" if pause else "xon"), 0) + 1
+            self.pfc_sent[(ingress, "xoff" if pause else "xon")] = (
+                self.pfc_sent.get((ingress, "xoff" if pause else "xon"), 0) + 1
+            )
             w = self._pcap.get((ingress, "out"))
             if w is not None:
                 w.write(frame)
@@ -321,8 +334,9 @@ class Switch:
         pkt_log.info("%s", line)
 
     def _on_pause(self, port: int, paused: bool) -> None:
-        log.info("lossless queue of port %d %s", port, "paused (XOFF)" if paused
-                 else "resumed (XON)")
+        log.info(
+            "lossless queue of port %d %s", port, "paused (XOFF)" if paused else "resumed (XON)"
+        )
 
     # ---- observability ---------------------------------------------------------------------
     def drain(self, timeout: float = 5.0) -> bool:
@@ -337,7 +351,8 @@ class Switch:
             "ports": {n: p.counters() for n, p in sorted(self.ports.items())},
             "queues": {n: vars(q.stats()) for n, q in sorted(self.queues.items())},
             "dataplane_drops": {f"{p}:{r}": c for (p, r), c in dpl.drop_counts().items()}
-            if dpl is not None else {},
+            if dpl is not None
+            else {},
         }
         if self.server is not None:
             out["p4runtime"] = vars(self.server.counters)

@@ -50,8 +50,13 @@ from p4.v1 import p4runtime_pb2
 from shadowgrad.controller.p4runtime import P4RuntimeClient
 from shadowgrad.errors import P4RuntimeError
 
-__all__ = ["RealBmv2Backend", "P4RuntimeClient", "VethNamespace", "P4RuntimeError",
-           "compile_program"]
+__all__ = [
+    "RealBmv2Backend",
+    "P4RuntimeClient",
+    "VethNamespace",
+    "P4RuntimeError",
+    "compile_program",
+]
 
 log = logging.getLogger(__name__)
 
@@ -77,9 +82,23 @@ def compile_program(p4c: str, source: Path, outdir: Path) -> tuple[p4info_pb2.P4
     outdir.mkdir(parents=True, exist_ok=True)
     stem = source.stem
     info_path = outdir / f"{stem}.p4info.txtpb"
-    r = subprocess.run([p4c, "--target", "bmv2", "--arch", "v1model", "-o", str(outdir),
-                        "--p4runtime-files", str(info_path), str(source)],
-                       capture_output=True, text=True, timeout=300)
+    r = subprocess.run(
+        [
+            p4c,
+            "--target",
+            "bmv2",
+            "--arch",
+            "v1model",
+            "-o",
+            str(outdir),
+            "--p4runtime-files",
+            str(info_path),
+            str(source),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     if r.returncode != 0:
         raise RuntimeError(f"{p4c} failed on {source} ({r.returncode}):\n{r.stderr[-4000:]}")
     for name in (f"{stem}.json", f"{stem}.bin"):
@@ -129,8 +148,9 @@ class VethNamespace:
     """``n`` veth pairs: switch sides in the root namespace, host sides in a fresh netns, with
     an AF_PACKET socket per host side. Unique names; :meth:`close` removes everything."""
 
-    def __init__(self, ports: Sequence[int], *, tag: str | None = None,
-                 rcvbuf: int = 8 << 20) -> None:
+    def __init__(
+        self, ports: Sequence[int], *, tag: str | None = None, rcvbuf: int = 8 << 20
+    ) -> None:
         self.tag = tag or secrets.token_hex(3)
         self.netns = f"sgbk{self.tag}"
         self.ports = list(ports)
@@ -150,20 +170,64 @@ class VethNamespace:
         ns = self.netns
         _sh("ip", "netns", "add", ns)
         self._created.append("netns")
-        _sh("ip", "netns", "exec", ns, "sysctl", "-qw", "net.ipv6.conf.all.disable_ipv6=1",
-            check=False)
-        _sh("ip", "netns", "exec", ns, "sysctl", "-qw",
-            "net.ipv6.conf.default.disable_ipv6=1", check=False)
+        _sh(
+            "ip",
+            "netns",
+            "exec",
+            ns,
+            "sysctl",
+            "-qw",
+            "net.ipv6.conf.all.disable_ipv6=1",
+            check=False,
+        )
+        _sh(
+            "ip",
+            "netns",
+            "exec",
+            ns,
+            "sysctl",
+            "-qw",
+            "net.ipv6.conf.default.disable_ipv6=1",
+            check=False,
+        )
         for p in self.ports:
             s, h = self.switch_if[p], self.host_if[p]
             _sh("ip", "link", "add", s, "type", "veth", "peer", "name", h)
             self._created.append(s)
             _sh("ip", "link", "set", h, "netns", ns)
             _sh("sysctl", "-qw", f"net.ipv6.conf.{s}.disable_ipv6=1", check=False)
-            _sh("ip", "netns", "exec", ns, "sysctl", "-qw",
-                f"net.ipv6.conf.{h}.disable_ipv6=1", check=False)
-            _sh("ip", "netns", "exec", ns, "ethtool", "-K", h, "rx", "off", "tx", "off",
-                "sg", "off", "tso", "off", "gso", "off", "gro", "off", check=False)
+            _sh(
+                "ip",
+                "netns",
+                "exec",
+                ns,
+                "sysctl",
+                "-qw",
+                f"net.ipv6.conf.{h}.disable_ipv6=1",
+                check=False,
+            )
+            _sh(
+                "ip",
+                "netns",
+                "exec",
+                ns,
+                "ethtool",
+                "-K",
+                h,
+                "rx",
+                "off",
+                "tx",
+                "off",
+                "sg",
+                "off",
+                "tso",
+                "off",
+                "gso",
+                "off",
+                "gro",
+                "off",
+                check=False,
+            )
             _sh("ip", "link", "set", s, "mtu", "9500", check=False)
             _sh("ip", "-n", ns, "link", "set", h, "mtu", "9500", check=False)
             _sh("ip", "link", "set", s, "up")
@@ -173,8 +237,7 @@ class VethNamespace:
             out: dict[int, socket.socket] = {}
             try:
                 for p in self.ports:
-                    sk = socket.socket(socket.AF_PACKET, socket.SOCK_RAW,
-                                       socket.htons(ETH_P_ALL))
+                    sk = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(ETH_P_ALL))
                     out[p] = sk
                     sk.bind((self.host_if[p], 0))
                     with contextlib.suppress(OSError):
@@ -213,8 +276,9 @@ class VethNamespace:
                 n += 1
         return n
 
-    def collect(self, first_timeout: float, quiet: float, limit: float = 10.0
-                ) -> list[tuple[int, bytes]]:
+    def collect(
+        self, first_timeout: float, quiet: float, limit: float = 10.0
+    ) -> list[tuple[int, bytes]]:
         """Frames that come out of the host sides: wait up to ``first_timeout`` for the first,
         then until none arrived for ``quiet`` seconds (at most ``limit`` in all)."""
         out: list[tuple[int, bytes]] = []
@@ -328,11 +392,19 @@ class RealBmv2Backend:
     backend serves many test cases.
     """
 
-    def __init__(self, p4c: str = "p4c", switch: str = "simple_switch_grpc", *,
-                 ports: Sequence[int] = tuple(range(10)), cpu_port: int = 255,
-                 prog_dir: str | Path | None = None, first_timeout: float = 0.5,
-                 quiet: float = 0.1, switch_args: Sequence[str] = (),
-                 start_timeout: float = 60.0) -> None:
+    def __init__(
+        self,
+        p4c: str = "p4c",
+        switch: str = "simple_switch_grpc",
+        *,
+        ports: Sequence[int] = tuple(range(10)),
+        cpu_port: int = 255,
+        prog_dir: str | Path | None = None,
+        first_timeout: float = 0.5,
+        quiet: float = 0.1,
+        switch_args: Sequence[str] = (),
+        start_timeout: float = 60.0,
+    ) -> None:
         self.p4c = p4c
         self.switch = switch
         self.ports = list(ports)
@@ -365,12 +437,20 @@ class RealBmv2Backend:
         cmd = [self.switch, "--device-id", "0"]
         for p in self.ports:
             cmd += ["-i", f"{p}@{self.veths.switch_if[p]}"]
-        cmd += ["--no-p4", *switch_args, "--", "--grpc-server-addr", self.grpc_addr,
-                "--cpu-port", str(self.cpu_port)]
+        cmd += [
+            "--no-p4",
+            *switch_args,
+            "--",
+            "--grpc-server-addr",
+            self.grpc_addr,
+            "--cpu-port",
+            str(self.cpu_port),
+        ]
         self.log_path = self.workdir / "switch.log"
         with open(self.log_path, "wb") as logf:
-            proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT,
-                                    stdin=subprocess.DEVNULL)
+            proc = subprocess.Popen(
+                cmd, stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+            )
         self._state["proc"] = proc
         self.proc = proc
         client = P4RuntimeClient(self.grpc_addr)
@@ -378,8 +458,9 @@ class RealBmv2Backend:
         deadline = time.monotonic() + start_timeout
         while True:
             if proc.poll() is not None:
-                raise RuntimeError(f"{self.switch} exited with {proc.returncode}:\n"
-                                   f"{self.switch_log()[-3000:]}")
+                raise RuntimeError(
+                    f"{self.switch} exited with {proc.returncode}:\n{self.switch_log()[-3000:]}"
+                )
             try:
                 client.connect(wait_s=min(1.0, max(0.1, deadline - time.monotonic())))
                 break
@@ -387,9 +468,10 @@ class RealBmv2Backend:
                 if e.code != grpc.StatusCode.UNAVAILABLE:
                     raise
                 if time.monotonic() > deadline:
-                    raise RuntimeError(f"{self.switch} did not serve P4Runtime on "
-                                       f"{self.grpc_addr}:\n{self.switch_log()[-3000:]}"
-                                       ) from None
+                    raise RuntimeError(
+                        f"{self.switch} did not serve P4Runtime on "
+                        f"{self.grpc_addr}:\n{self.switch_log()[-3000:]}"
+                    ) from None
         self.client = client
 
     def switch_log(self) -> str:
@@ -419,9 +501,14 @@ class RealBmv2Backend:
                 return o
         raise KeyError(f"{kind[:-1]} {name!r} not in the P4Info")
 
-    def _table_entry(self, table: str, match: dict[str, Any], action: str | None,
-                     params: dict[str, int] | None, priority: int
-                     ) -> p4runtime_pb2.TableEntry:
+    def _table_entry(
+        self,
+        table: str,
+        match: dict[str, Any],
+        action: str | None,
+        params: dict[str, int] | None,
+        priority: int,
+    ) -> p4runtime_pb2.TableEntry:
         t = self._obj("tables", table)
         te = p4runtime_pb2.TableEntry(table_id=t.preamble.id, priority=priority)
         known = {mf.name for mf in t.match_fields}
@@ -506,15 +593,20 @@ class RealBmv2Backend:
         e.table_entry.CopyFrom(te)
         self.client.write([U(type=kind, entity=e)])
 
-    def insert(self, table: str, match: dict[str, Any], action: str,
-               params: dict[str, int] | None = None, priority: int = 0) -> None:
+    def insert(
+        self,
+        table: str,
+        match: dict[str, Any],
+        action: str,
+        params: dict[str, int] | None = None,
+        priority: int = 0,
+    ) -> None:
         self._write_te(U.INSERT, self._table_entry(table, match, action, params, priority))
 
     def delete(self, table: str, match: dict[str, Any], priority: int = 0) -> None:
         self._write_te(U.DELETE, self._table_entry(table, match, None, None, priority))
 
-    def set_default(self, table: str, action: str, params: dict[str, int] | None = None
-                    ) -> None:
+    def set_default(self, table: str, action: str, params: dict[str, int] | None = None) -> None:
         te = self._table_entry(table, {}, action, params, 0)
         te.is_default_action = True
         self._write_te(U.MODIFY, te)
@@ -548,8 +640,10 @@ class RealBmv2Backend:
                 pin = self.client.packet_ins.get_nowait()
             except queue.Empty:
                 break
-            md = {names_in.get(m.metadata_id, str(m.metadata_id)): int.from_bytes(m.value, "big")
-                  for m in pin.metadata}
+            md = {
+                names_in.get(m.metadata_id, str(m.metadata_id)): int.from_bytes(m.value, "big")
+                for m in pin.metadata
+            }
             for name in names_in.values():
                 md.setdefault(name, 0)
             self.packet_ins.append((pin.payload, md))
@@ -566,16 +660,20 @@ class RealBmv2Backend:
                 else:
                     members = [data.bitstring]
                 # canonical bitstrings (P4Runtime 1.3+) padded back to the member widths
-                members = [b.rjust(_width_bytes(widths[i]), b"\0") if i < len(widths) else b
-                           for i, b in enumerate(members)]
+                members = [
+                    b.rjust(_width_bytes(widths[i]), b"\0") if i < len(widths) else b
+                    for i, b in enumerate(members)
+                ]
                 self.digests.append((d.preamble.name, members))
 
     def _digest_widths(self, d: Any) -> list[int]:
         spec = d.type_spec
         if spec.WhichOneof("type_spec") == "struct":
             st = self._p4info().type_info.structs[spec.struct.name]
-            return [m.type_spec.bitstring.bit.bitwidth or m.type_spec.bitstring.int.bitwidth
-                    for m in st.members]
+            return [
+                m.type_spec.bitstring.bit.bitwidth or m.type_spec.bitstring.int.bitwidth
+                for m in st.members
+            ]
         if spec.WhichOneof("type_spec") == "bitstring":
             return [spec.bitstring.bit.bitwidth]
         return []
@@ -591,8 +689,9 @@ class RealBmv2Backend:
         return self._collect()
 
     def packet_out(self, payload: bytes, **metadata: int) -> list[tuple[int, bytes]]:
-        cpm = next(c for c in self._p4info().controller_packet_metadata
-                   if c.preamble.name == "packet_out")
+        cpm = next(
+            c for c in self._p4info().controller_packet_metadata if c.preamble.name == "packet_out"
+        )
         by_name = {m.name: m for m in cpm.metadata}
         md = [(by_name[k].id, _enc(v, by_name[k].bitwidth)) for k, v in metadata.items()]
         for m in cpm.metadata:  # bmv2 wants every field of the header
@@ -610,11 +709,13 @@ class RealBmv2Backend:
         d = r.counter_entry.data
         return d.byte_count, d.packet_count
 
-    def direct_counter(self, table: str, match: dict[str, Any], priority: int = 0
-                       ) -> tuple[int, int]:
+    def direct_counter(
+        self, table: str, match: dict[str, Any], priority: int = 0
+    ) -> tuple[int, int]:
         e = p4runtime_pb2.Entity()
         e.direct_counter_entry.table_entry.CopyFrom(
-            self._table_entry(table, match, None, None, priority))
+            self._table_entry(table, match, None, None, priority)
+        )
         (r,) = self.client.read([e])
         d = r.direct_counter_entry.data
         return d.byte_count, d.packet_count

@@ -42,8 +42,10 @@ def choose(requested: str = "auto") -> str:
     if requested == "auto":
         return "netns" if can_namespaces() else "loopback"
     if requested == "netns" and not can_namespaces():
-        raise PermissionError("--topology netns needs root and iproute2 (ip); "
-                              "use --topology loopback (any user) or userns")
+        raise PermissionError(
+            "--topology netns needs root and iproute2 (ip); "
+            "use --topology loopback (any user) or userns"
+        )
     return requested
 
 
@@ -51,16 +53,18 @@ def leftovers(tag: str) -> dict[str, list[str]]:
     """Namespaces and interfaces of topology ``tag`` that still exist."""
     names = _sh("ip", "netns", "list", check=False).stdout.split()
     ns = [n for n in names if n.startswith(f"{PREFIX}{tag}")]
-    links = [p.name for p in Path("/sys/class/net").iterdir()
-             if p.name.startswith(f"{PREFIX}{tag}")]
+    links = [
+        p.name for p in Path("/sys/class/net").iterdir() if p.name.startswith(f"{PREFIX}{tag}")
+    ]
     return {"namespaces": ns, "links": links}
 
 
 class Namespaces:
     """``hosts``: (switch port, IPv4 address, MAC as int) per host."""
 
-    def __init__(self, hosts: list[tuple[int, str, int]], *, mtu: int = MTU,
-                 tag: str | None = None) -> None:
+    def __init__(
+        self, hosts: list[tuple[int, str, int]], *, mtu: int = MTU, tag: str | None = None
+    ) -> None:
         self.tag = tag or secrets.token_hex(2)
         self.mtu = mtu
         self.ns: dict[int, str] = {}
@@ -68,8 +72,11 @@ class Namespaces:
         self._links: list[str] = []
         try:
             for port, ip, mac in hosts:
-                ns, sif, hif = (f"{PREFIX}{self.tag}h{port}", f"{PREFIX}{self.tag}s{port}",
-                                f"{PREFIX}{self.tag}t{port}")
+                ns, sif, hif = (
+                    f"{PREFIX}{self.tag}h{port}",
+                    f"{PREFIX}{self.tag}s{port}",
+                    f"{PREFIX}{self.tag}t{port}",
+                )
                 _sh("ip", "netns", "add", ns)
                 self.ns[port] = ns
                 _sh("ip", "link", "add", sif, "type", "veth", "peer", "name", hif)
@@ -78,9 +85,26 @@ class Namespaces:
                 _sh("ip", "link", "set", hif, "netns", ns)
                 _sh("ip", "-n", ns, "link", "set", hif, "name", "eth0")
                 _sh("sysctl", "-qw", f"net.ipv6.conf.{sif}.disable_ipv6=1", check=False)
-                for cmd in (["sysctl", "-qw", "net.ipv6.conf.all.disable_ipv6=1"],
-                            ["ethtool", "-K", "eth0", "rx", "off", "tx", "off", "sg", "off",
-                             "tso", "off", "gso", "off", "gro", "off"]):
+                for cmd in (
+                    ["sysctl", "-qw", "net.ipv6.conf.all.disable_ipv6=1"],
+                    [
+                        "ethtool",
+                        "-K",
+                        "eth0",
+                        "rx",
+                        "off",
+                        "tx",
+                        "off",
+                        "sg",
+                        "off",
+                        "tso",
+                        "off",
+                        "gso",
+                        "off",
+                        "gro",
+                        "off",
+                    ],
+                ):
                     _sh("ip", "netns", "exec", ns, *cmd, check=False)
                 mac_s = ":".join(f"{b:02x}" for b in mac.to_bytes(6, "big"))
                 _sh("ip", "-n", ns, "link", "set", "eth0", "address", mac_s, "mtu", str(mtu))
@@ -92,8 +116,20 @@ class Namespaces:
                 for p2, ip2, mac2 in hosts:
                     if p2 != port:
                         m = ":".join(f"{b:02x}" for b in mac2.to_bytes(6, "big"))
-                        _sh("ip", "-n", self.ns[port], "neigh", "replace", ip2, "lladdr", m,
-                            "dev", "eth0", "nud", "permanent")
+                        _sh(
+                            "ip",
+                            "-n",
+                            self.ns[port],
+                            "neigh",
+                            "replace",
+                            ip2,
+                            "lladdr",
+                            m,
+                            "dev",
+                            "eth0",
+                            "nud",
+                            "permanent",
+                        )
         except BaseException:
             self.close()
             raise

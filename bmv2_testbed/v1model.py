@@ -113,9 +113,14 @@ def egress_spec_at_egress(drop_port: int) -> int:
     return drop_port + 1
 
 
-def end_of_ingress(resubmit: bool, mcast_grp: int, egress_spec: int,  # noqa: PLR0917
-                   instance_type: int, groups: Mapping[int, Sequence[tuple[int, int]]],
-                   drop_port: int) -> tuple[int, Any, int]:
+def end_of_ingress(  # noqa: PLR0917
+    resubmit: bool,
+    mcast_grp: int,
+    egress_spec: int,
+    instance_type: int,
+    groups: Mapping[int, Sequence[tuple[int, int]]],
+    drop_port: int,
+) -> tuple[int, Any, int]:
     """Steps 3-6 of the end of ingress: what becomes of the packet, given whether a resubmit
     is pending, ``mcast_grp``, ``egress_spec``, ``instance_type`` and the PRE's multicast
     ``groups`` (id -> replicas).

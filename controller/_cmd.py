@@ -27,11 +27,17 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--spec", required=True, type=Path, help="job spec (TOML)")
     p.add_argument("--layout", required=True, type=Path, help="layout JSON (shadowgrad layout)")
     p.add_argument("--p4info", type=Path, help="P4Info (text format) of the pipeline")
-    p.add_argument("--device-config", type=Path,
-                   help="device config of the pipeline (bmv2 JSON or the target's .bin)")
+    p.add_argument(
+        "--device-config",
+        type=Path,
+        help="device config of the pipeline (bmv2 JSON or the target's .bin)",
+    )
     p.add_argument("--request-log", type=Path, help="append every P4Runtime write request here")
-    p.add_argument("--no-tap", action="store_true",
-                   help="program everything but the tap (the ring runs through, nothing copied)")
+    p.add_argument(
+        "--no-tap",
+        action="store_true",
+        help="program everything but the tap (the ring runs through, nothing copied)",
+    )
     p.add_argument("--timeout", type=float, default=10.0, help="seconds per P4Runtime call")
     p.add_argument("--json", action="store_true", help="machine-readable output")
 
@@ -51,8 +57,11 @@ def _pipeline(args: argparse.Namespace, spec: Any) -> tuple[Any, bytes] | None:
     if args.action != "program":
         return None
     if spec.switch.target != "bmv2_testbed":
-        raise ConfigError("switch.target", spec.switch.target,
-                          "compile the program with p4c and pass --p4info and --device-config")
+        raise ConfigError(
+            "switch.target",
+            spec.switch.target,
+            "compile the program with p4c and pass --p4info and --device-config",
+        )
     from shadowgrad.bmv2_testbed.inband import compile_product
 
     return compile_product(spec.switch.p4_program)
@@ -69,22 +78,34 @@ def run(args: argparse.Namespace) -> int:
     if args.action == "plan":
         want = plan(spec, layout, tap=not args.no_tap)
         print("\n".join(describe(want)))
-        print(f"{len(want.entries)} entries, {len(want.groups)} multicast groups "
-              "(group ids from 1; on a switch the driver picks the job's block)")
+        print(
+            f"{len(want.entries)} entries, {len(want.groups)} multicast groups "
+            "(group ids from 1; on a switch the driver picks the job's block)"
+        )
         return 0
     pipeline = _pipeline(args, spec)
     sw = spec.switch
-    with P4RuntimeClient(str(sw.grpc_addr), device_id=sw.device_id, election_id=1,
-                         timeout_s=args.timeout, request_log=args.request_log) as client:
+    with P4RuntimeClient(
+        str(sw.grpc_addr),
+        device_id=sw.device_id,
+        election_id=1,
+        timeout_s=args.timeout,
+        request_log=args.request_log,
+    ) as client:
         client.connect(wait_s=spec.timeouts.connect_s)
         driver = SwitchDriver(client, spec, layout, pipeline=pipeline, tap=not args.no_tap)
         out: dict[str, Any]
         if args.action == "program":
             rep = driver.converge()
-            out = {"writes": rep.writes, "pipeline_pushed": rep.pipeline_pushed,
-                   "inserted": rep.inserted, "modified": rep.modified, "deleted": rep.deleted,
-                   "groups": [rep.groups_inserted, rep.groups_modified, rep.groups_deleted],
-                   "group_base": rep.group_base}
+            out = {
+                "writes": rep.writes,
+                "pipeline_pushed": rep.pipeline_pushed,
+                "inserted": rep.inserted,
+                "modified": rep.modified,
+                "deleted": rep.deleted,
+                "groups": [rep.groups_inserted, rep.groups_modified, rep.groups_deleted],
+                "group_base": rep.group_base,
+            }
         elif args.action == "remove":
             rep = driver.remove()
             out = {"deleted": rep.deleted, "groups_deleted": rep.groups_deleted}

@@ -25,17 +25,32 @@ from shadowgrad.errors import ConfigError, ShadowgradError
 
 def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--spec", type=Path, help="job spec (TOML)")
-    p.add_argument("--iteration", default="latest",
-                   help="iteration to export, or 'latest' (the restore point I*; default)")
+    p.add_argument(
+        "--iteration",
+        default="latest",
+        help="iteration to export, or 'latest' (the restore point I*; default)",
+    )
     p.add_argument("--out", type=Path, help="directory to write (must not exist or be empty)")
     p.add_argument("--force", action="store_true", help="replace a non-empty --out")
-    p.add_argument("--timeout", type=float, default=None,
-                   help="seconds per control call (default: the spec's timeouts.rpc; fetches "
-                        "get more time by size)")
-    p.add_argument("--verify", type=Path, metavar="DIR", default=None,
-                   help="check the export DIR instead of writing one")
-    p.add_argument("--json", action="store_true",
-                   help="print the manifest (export) or the findings (--verify) as JSON")
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=None,
+        help="seconds per control call (default: the spec's timeouts.rpc; fetches "
+        "get more time by size)",
+    )
+    p.add_argument(
+        "--verify",
+        type=Path,
+        metavar="DIR",
+        default=None,
+        help="check the export DIR instead of writing one",
+    )
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help="print the manifest (export) or the findings (--verify) as JSON",
+    )
 
 
 def _iteration(text: str) -> int | Literal["latest"]:
@@ -57,8 +72,15 @@ def _verify(args: argparse.Namespace) -> int:
         raise ShadowgradError("--verify DIR takes no --spec or --out")
     problems = verify_export(args.verify)
     if args.json:
-        print(json.dumps({"ok": not problems, "dir": str(args.verify),
-                          "problems": [{"file": p.path, "reason": p.reason} for p in problems]}))
+        print(
+            json.dumps(
+                {
+                    "ok": not problems,
+                    "dir": str(args.verify),
+                    "problems": [{"file": p.path, "reason": p.reason} for p in problems],
+                }
+            )
+        )
     elif problems:
         for p in problems:
             print(f"bad {p.path}: {p.reason}", file=sys.stderr)
@@ -85,17 +107,20 @@ def run(args: argparse.Namespace) -> int:
     def progress(line: str) -> None:
         print(line, file=sys.stderr, flush=True)
 
-    manifest = export_checkpoint(spec, iteration, args.out, timeout_s=args.timeout,
-                                 force=args.force, progress=progress)
+    manifest = export_checkpoint(
+        spec, iteration, args.out, timeout_s=args.timeout, force=args.force, progress=progress
+    )
     if args.json:
         print(json.dumps(manifest, sort_keys=True))
         return 0
     files = manifest["files"]
     size = sum(f["size"] for f in files.values())
-    print(f"exported iteration {manifest['iteration']} of job {spec.job.name} "
-          f"(id {spec.job.id}, generation {manifest['generation']}) to {args.out}: "
-          f"{len(manifest['param_names'])} parameters, {len(manifest['module_state'])} module "
-          f"tensors, user state {'yes' if manifest['user_state'] else 'no'}; "
-          f"{len(files)} files, {size / 2**20:.2f} MiB")
+    print(
+        f"exported iteration {manifest['iteration']} of job {spec.job.name} "
+        f"(id {spec.job.id}, generation {manifest['generation']}) to {args.out}: "
+        f"{len(manifest['param_names'])} parameters, {len(manifest['module_state'])} module "
+        f"tensors, user state {'yes' if manifest['user_state'] else 'no'}; "
+        f"{len(files)} files, {size / 2**20:.2f} MiB"
+    )
     print(f"check it with: shadowgrad export --verify {args.out}")
     return 0

@@ -22,21 +22,33 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--spec", required=True, type=Path, help="job spec (TOML)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.add_argument("--no-hold", action="store_true", help="only show I*, hold nothing")
-    p.add_argument("--release", action="store_true",
-                   help="release the holds placed by an earlier 'shadowgrad restore'")
-    p.add_argument("--no-controller", action="store_true",
-                   help="ask the shadows directly even when a controller is configured")
-    p.add_argument("--exec", dest="exec_cmd", nargs=argparse.REMAINDER,
-                   help="then run this command (the trainers' launch command, e.g. torchrun "
-                        "...) and release the holds when it exits; its exit status is returned")
+    p.add_argument(
+        "--release",
+        action="store_true",
+        help="release the holds placed by an earlier 'shadowgrad restore'",
+    )
+    p.add_argument(
+        "--no-controller",
+        action="store_true",
+        help="ask the shadows directly even when a controller is configured",
+    )
+    p.add_argument(
+        "--exec",
+        dest="exec_cmd",
+        nargs=argparse.REMAINDER,
+        help="then run this command (the trainers' launch command, e.g. torchrun "
+        "...) and release the holds when it exits; its exit status is returned",
+    )
 
 
 def _clients(spec: Any, token: str) -> Any:
     from shadowgrad.shadow.control import ShadowClient
 
     def make(k: int) -> ShadowClient:
-        return ShadowClient(f"tcp://{spec.shadows.control_endpoint(k)}", token,
-                            timeout_s=spec.timeouts.rpc_s)
+        return ShadowClient(
+            f"tcp://{spec.shadows.control_endpoint(k)}", token, timeout_s=spec.timeouts.rpc_s
+        )
+
     return make
 
 
@@ -56,13 +68,16 @@ def _statuses(spec: Any, token: str) -> dict[int, dict[str, Any] | None]:
             if e.code == "bad_token":
                 where = spec.security.token_file or spec.security.token_env
                 raise ShadowgradError(
-                    f"shadow {k} refused the job token ({e}): check {where}") from None
+                    f"shadow {k} refused the job token ({e}): check {where}"
+                ) from None
             out[k] = None
         except ShadowgradError:
             out[k] = None
     if not any(v is not None for v in out.values()):
-        raise ShadowgradError(f"no shadow of job {spec.job.id} answers (tried "
-                              f"{spec.shadows.count}); is the spec right, are they running?")
+        raise ShadowgradError(
+            f"no shadow of job {spec.job.id} answers (tried "
+            f"{spec.shadows.count}); is the spec right, are they running?"
+        )
     return out
 
 
@@ -72,8 +87,9 @@ def _from_controller(spec: Any, token: str) -> dict[str, Any] | None:
 
     t = spec.timeouts
     try:
-        with ShadowClient(f"tcp://{spec.controller.address}", token,
-                          timeout_s=t.rpc_s + 2 * t.failure_detect_s) as c:
+        with ShadowClient(
+            f"tcp://{spec.controller.address}", token, timeout_s=t.rpc_s + 2 * t.failure_detect_s
+        ) as c:
             head, _ = c.call("restore_point", requester="shadowgrad restore")
     except ControlError as e:
         if e.code == "bad_token":
@@ -101,21 +117,31 @@ def run(args: argparse.Namespace) -> int:
                 with make(k) as c:
                     c.release(int(it))
                 released.append((k, int(it)))
-        print(json.dumps({"released": released}) if args.json else
-              f"released {len(released)} hold(s): {released}")
+        print(
+            json.dumps({"released": released})
+            if args.json
+            else f"released {len(released)} hold(s): {released}"
+        )
         return 0
     doc: dict[str, Any] | None = None
     if spec.controller.address is not None and not args.no_controller:
         doc = _from_controller(spec, token)
         if doc is None:
-            print("shadowgrad restore: the controller does not answer; asking the shadows",
-                  file=sys.stderr)
+            print(
+                "shadowgrad restore: the controller does not answer; asking the shadows",
+                file=sys.stderr,
+            )
     held_here: list[int] = []
     if doc is None:
-        settled = settle(lambda: _statuses(spec, token), _statuses(spec, token),
-                     interval_s=max(0.05, t.gap_repair_s), timeout_s=t.failure_detect_s)
-        point = restore_point(settled, num_shards=spec.num_shards,
-                              replication=spec.shadows.replication)
+        settled = settle(
+            lambda: _statuses(spec, token),
+            _statuses(spec, token),
+            interval_s=max(0.05, t.gap_repair_s),
+            timeout_s=t.failure_detect_s,
+        )
+        point = restore_point(
+            settled, num_shards=spec.num_shards, replication=spec.shadows.replication
+        )
         doc = {**point.to_json(), "by": "shadows"}
         if not point.fresh and not args.no_hold:
             for k in point.source:
@@ -128,13 +154,17 @@ def run(args: argparse.Namespace) -> int:
     elif doc.get("fresh"):
         print("no shadow holds state: the job starts fresh (iteration 0)")
     else:
-        print(f"I* = {doc['istar']}  (from the {doc['by']}; the trainers resume at "
-              f"iteration {int(doc['istar']) + 1})")
+        print(
+            f"I* = {doc['istar']}  (from the {doc['by']}; the trainers resume at "
+            f"iteration {int(doc['istar']) + 1})"
+        )
         for shard, (k, u) in enumerate(zip(doc["source"], doc["usable"], strict=True)):
             print(f"  shard {shard}: shadow {k} (newest usable iteration {u})")
         print(f"held on shadows {doc.get('held', [])}")
-        print("restart the trainers with their usual launch command (e.g. the same torchrun "
-              "line): attach() restores I* from the shadows and resumes")
+        print(
+            "restart the trainers with their usual launch command (e.g. the same torchrun "
+            "line): attach() restores I* from the shadows and resumes"
+        )
     if not args.exec_cmd:
         return 0
     try:

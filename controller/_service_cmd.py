@@ -24,23 +24,48 @@ from typing import Any
 def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--spec", required=True, type=Path, help="job spec (TOML)")
     p.add_argument("--layout", type=Path, help="layout JSON (needed to program a switch)")
-    p.add_argument("--bind", help="control endpoint, e.g. tcp://0.0.0.0:47600 "
-                                  "(default: [controller] address of the spec)")
-    p.add_argument("--no-switch", action="store_true",
-                   help="do not program or watch the switch (another process owns it)")
+    p.add_argument(
+        "--bind",
+        help="control endpoint, e.g. tcp://0.0.0.0:47600 "
+        "(default: [controller] address of the spec)",
+    )
+    p.add_argument(
+        "--no-switch",
+        action="store_true",
+        help="do not program or watch the switch (another process owns it)",
+    )
     p.add_argument("--p4info", type=Path, help="P4Info (text) of the pipeline (real p4c)")
     p.add_argument("--device-config", type=Path, help="device config of the pipeline")
     p.add_argument("--request-log", type=Path, help="append every P4Runtime write request here")
-    p.add_argument("--election-id", type=int, default=1,
-                   help="P4Runtime election id (the highest connected client is the primary)")
-    p.add_argument("--poll", type=float, default=None,
-                   help="seconds between polls of the shadows (default: min(heartbeat, 0.25))")
-    p.add_argument("--status-json", type=Path,
-                   help="rewrite this file with the controller's status every --status-interval")
-    p.add_argument("--status-interval", type=float, default=1.0,
-                   help="seconds between --status-json rewrites (default 1)")
-    p.add_argument("--duration", type=float, default=None,
-                   help="stop after this many seconds (default: run until SIGINT/SIGTERM)")
+    p.add_argument(
+        "--election-id",
+        type=int,
+        default=1,
+        help="P4Runtime election id (the highest connected client is the primary)",
+    )
+    p.add_argument(
+        "--poll",
+        type=float,
+        default=None,
+        help="seconds between polls of the shadows (default: min(heartbeat, 0.25))",
+    )
+    p.add_argument(
+        "--status-json",
+        type=Path,
+        help="rewrite this file with the controller's status every --status-interval",
+    )
+    p.add_argument(
+        "--status-interval",
+        type=float,
+        default=1.0,
+        help="seconds between --status-json rewrites (default 1)",
+    )
+    p.add_argument(
+        "--duration",
+        type=float,
+        default=None,
+        help="stop after this many seconds (default: run until SIGINT/SIGTERM)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -52,8 +77,11 @@ def run(args: argparse.Namespace) -> int:
     spec = load_spec(args.spec)
     bind = args.bind
     if bind is None and spec.controller.address is None:
-        raise ConfigError("controller.address", None,
-                          "give [controller] address = \"host:port\" in the spec or --bind")
+        raise ConfigError(
+            "controller.address",
+            None,
+            'give [controller] address = "host:port" in the spec or --bind',
+        )
     client: Any = None
     driver: Any = None
     layout: Any = None
@@ -61,9 +89,13 @@ def run(args: argparse.Namespace) -> int:
     SwitchDriver: Any = None  # noqa: N806 (the class, imported with the switch extra)
     if spec.switch.target != "none" and not args.no_switch:
         if args.layout is None:
-            raise ConfigError("--layout", None, "programming the switch needs the layout "
-                              "(shadowgrad layout --spec ... --model ... -o layout.json), or "
-                              "pass --no-switch")
+            raise ConfigError(
+                "--layout",
+                None,
+                "programming the switch needs the layout "
+                "(shadowgrad layout --spec ... --model ... -o layout.json), or "
+                "pass --no-switch",
+            )
         from shadowgrad.layout import Layout
 
         from ._cmd import _pipeline
@@ -71,14 +103,18 @@ def run(args: argparse.Namespace) -> int:
         from .switch import SwitchDriver
 
         layout = Layout.from_json(args.layout.read_text())
-        ns = argparse.Namespace(p4info=args.p4info, device_config=args.device_config,
-                                action="program")
+        ns = argparse.Namespace(
+            p4info=args.p4info, device_config=args.device_config, action="program"
+        )
         pipeline = _pipeline(ns, spec)
         sw = spec.switch
-        client = P4RuntimeClient(str(sw.grpc_addr), device_id=sw.device_id,
-                                 election_id=args.election_id,
-                                 timeout_s=spec.timeouts.rpc_s * 5,
-                                 request_log=args.request_log)
+        client = P4RuntimeClient(
+            str(sw.grpc_addr),
+            device_id=sw.device_id,
+            election_id=args.election_id,
+            timeout_s=spec.timeouts.rpc_s * 5,
+            request_log=args.request_log,
+        )
         client.connect(wait_s=spec.timeouts.connect_s)
         driver = SwitchDriver(client, spec, layout, pipeline=pipeline)
     stop = threading.Event()

@@ -35,16 +35,27 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.formatter_class = argparse.RawDescriptionHelpFormatter
     p.epilog = EPILOG
     p.add_argument("--spec", required=True, type=Path, help="job spec (TOML)")
-    p.add_argument("--json", action="store_true",
-                   help="print the view as one JSON object (one per line with --watch)")
-    p.add_argument("--watch", action="store_true",
-                   help="refresh every --interval seconds until Ctrl-C")
-    p.add_argument("--interval", type=float, default=1.0,
-                   help="seconds between refreshes with --watch (default 1)")
-    p.add_argument("--count", type=int, default=None,
-                   help="with --watch: stop after N refreshes")
-    p.add_argument("--timeout", type=float, default=None,
-                   help="seconds to wait for each shadow's reply (default: timeouts.rpc)")
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help="print the view as one JSON object (one per line with --watch)",
+    )
+    p.add_argument(
+        "--watch", action="store_true", help="refresh every --interval seconds until Ctrl-C"
+    )
+    p.add_argument(
+        "--interval",
+        type=float,
+        default=1.0,
+        help="seconds between refreshes with --watch (default 1)",
+    )
+    p.add_argument("--count", type=int, default=None, help="with --watch: stop after N refreshes")
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=None,
+        help="seconds to wait for each shadow's reply (default: timeouts.rpc)",
+    )
 
 
 def _check(args: argparse.Namespace) -> None:
@@ -60,8 +71,9 @@ def _check(args: argparse.Namespace) -> None:
         raise ShadowgradError(f"--timeout must be positive, got {args.timeout:g}")
 
 
-def _collect(spec: Any, token: str, timeout_s: float | None,
-             previous: dict[str, Any] | None) -> dict[str, Any]:
+def _collect(
+    spec: Any, token: str, timeout_s: float | None, previous: dict[str, Any] | None
+) -> dict[str, Any]:
     """Where the view comes from. The hook for the controller: when ``spec.controller.address``
     is set, a later version asks the controller for this view (``source = "controller"``) and
     falls back to polling the shadows; today it always polls the shadows (``"shadows"``)."""
@@ -71,10 +83,13 @@ def _collect(spec: Any, token: str, timeout_s: float | None,
     if spec.controller.address is not None:
         view["controller_state"] = _controller_state(spec, token, timeout_s)
         st = view["controller_state"]
-        problem = (f"controller {spec.controller.address} unreachable: {st['error']}"
-                   if "error" in st else
-                   None if st.get("state") in ("running", "starting") else
-                   f"controller: {st.get('state')} ({st.get('reason')})")
+        problem = (
+            f"controller {spec.controller.address} unreachable: {st['error']}"
+            if "error" in st
+            else None
+            if st.get("state") in ("running", "starting")
+            else f"controller: {st.get('state')} ({st.get('reason')})"
+        )
         if problem is not None:
             view["problems"].append(problem)
             view["healthy"] = False
@@ -88,13 +103,16 @@ def _controller_state(spec: Any, token: str, timeout_s: float | None) -> dict[st
     from shadowgrad.shadow.control import ShadowClient
 
     try:
-        with ShadowClient(f"tcp://{spec.controller.address}", token,
-                          timeout_s=timeout_s or spec.timeouts.rpc_s) as c:
+        with ShadowClient(
+            f"tcp://{spec.controller.address}", token, timeout_s=timeout_s or spec.timeouts.rpc_s
+        ) as c:
             head, _ = c.call("status")
     except Exception as e:  # reported in the view, never a crash
         return {"error": str(e)}
-    return {k: head.get(k) for k in ("state", "reason", "istar", "held", "failure",
-                                      "detections", "counters")}
+    return {
+        k: head.get(k)
+        for k in ("state", "reason", "istar", "held", "failure", "detections", "counters")
+    }
 
 
 def _emit(view: dict[str, Any], args: argparse.Namespace, *, tty: bool, colour: bool) -> None:

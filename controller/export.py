@@ -105,13 +105,15 @@ class Problem:
 
 
 def _canonical(doc: Mapping[str, Any]) -> bytes:
-    return json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=True,
-                      allow_nan=False).encode("ascii")
+    return json.dumps(
+        doc, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False
+    ).encode("ascii")
 
 
 def _manifest_checksum(doc: Mapping[str, Any]) -> str:
-    return hashlib.sha256(_canonical({k: v for k, v in doc.items()
-                                      if k != "manifest_sha256"})).hexdigest()
+    return hashlib.sha256(
+        _canonical({k: v for k, v in doc.items() if k != "manifest_sha256"})
+    ).hexdigest()
 
 
 def _manifest_bytes(doc: Mapping[str, Any]) -> bytes:
@@ -138,8 +140,9 @@ def _parse_manifest(raw: bytes) -> tuple[dict[str, Any] | None, str | None]:
         return None, "bytes differ from the canonical form of its content (edited or corrupted)"
     files = doc.get("files")
     if not isinstance(files, dict) or not all(
-            isinstance(v, dict) and isinstance(v.get("sha256"), str)
-            and isinstance(v.get("size"), int) for v in files.values()):
+        isinstance(v, dict) and isinstance(v.get("sha256"), str) and isinstance(v.get("size"), int)
+        for v in files.values()
+    ):
         return None, "has no valid 'files' table"
     for rel in files:
         parts = PurePosixPath(rel).parts
@@ -237,8 +240,9 @@ def verify_export(path: str | os.PathLike[str]) -> list[Problem]:
     return problems
 
 
-def _check_metadata(root: Path, doc: Mapping[str, Any], intact: set[str],
-                    listed: Mapping[str, Mapping[str, Any]]) -> list[Problem]:
+def _check_metadata(
+    root: Path, doc: Mapping[str, Any], intact: set[str], listed: Mapping[str, Mapping[str, Any]]
+) -> list[Problem]:
     from torch.distributed.checkpoint.filesystem import FileSystemReader
 
     try:
@@ -256,8 +260,9 @@ def _check_metadata(root: Path, doc: Mapping[str, Any], intact: set[str],
         rel = str(getattr(info, "relative_path", ""))
         end = int(getattr(info, "offset", 0)) + int(getattr(info, "length", 0))
         if rel not in listed:
-            out.append(Problem(".metadata", f"{index.fqn} is stored in {rel!r}, not an export "
-                                            "file"))
+            out.append(
+                Problem(".metadata", f"{index.fqn} is stored in {rel!r}, not an export file")
+            )
             break
         if rel in intact and end > int(listed[rel]["size"]):
             out.append(Problem(rel, f"shorter than the metadata says ({index.fqn} ends at {end})"))
@@ -283,8 +288,9 @@ class _Conn:
         from shadowgrad.shadow.control import ShadowClient
 
         ep = self.spec.shadows.control_endpoint(k)
-        return ShadowClient(f"tcp://{ep}", self.token,
-                            timeout_s=self.rpc_s if timeout_s is None else timeout_s)
+        return ShadowClient(
+            f"tcp://{ep}", self.token, timeout_s=self.rpc_s if timeout_s is None else timeout_s
+        )
 
 
 def _token_source(spec: JobSpec) -> str:
@@ -296,8 +302,10 @@ def _token_source(spec: JobSpec) -> str:
 
 def _refused(spec: JobSpec, k: int, exc: Exception) -> ExportError:
     ep = spec.shadows.control_endpoint(k)
-    return ExportError(f"shadow {k} (tcp://{ep}) refused the token (bad_token): the token from "
-                       f"{_token_source(spec)} is not this job's; nothing was exported ({exc})")
+    return ExportError(
+        f"shadow {k} (tcp://{ep}) refused the token (bad_token): the token from "
+        f"{_token_source(spec)} is not this job's; nothing was exported ({exc})"
+    )
 
 
 def _statuses(conn: _Conn) -> dict[int, dict[str, Any] | None]:
@@ -341,8 +349,11 @@ def _describe(k: int, status: Mapping[str, Any] | None) -> str:
     return f"shadow {k}: available {status.get('available')}{tail}"
 
 
-def _sources(spec: JobSpec, statuses: Mapping[int, Mapping[str, Any] | None],
-             iteration: int | Literal["latest"]) -> tuple[int, list[int]]:
+def _sources(
+    spec: JobSpec,
+    statuses: Mapping[int, Mapping[str, Any] | None],
+    iteration: int | Literal["latest"],
+) -> tuple[int, list[int]]:
     """(I, source shadow per shard)."""
     from shadowgrad.restore import restore_point
 
@@ -351,13 +362,18 @@ def _sources(spec: JobSpec, statuses: Mapping[int, Mapping[str, Any] | None],
     if iteration == "latest":
         point = restore_point(statuses, num_shards=n, replication=r)
         if point.fresh and point.reachable == 0:
-            eps = ", ".join(f"tcp://{spec.shadows.control_endpoint(k)}"
-                            for k in range(spec.shadows.count))
-            raise ExportError(f"no shadow of job {spec.job.name!r} answers ({eps}): are they "
-                              "running, and is this the job's spec?")
+            eps = ", ".join(
+                f"tcp://{spec.shadows.control_endpoint(k)}" for k in range(spec.shadows.count)
+            )
+            raise ExportError(
+                f"no shadow of job {spec.job.name!r} answers ({eps}): are they "
+                "running, and is this the job's spec?"
+            )
         if point.fresh:
-            raise ExportError(f"no shadow holds state ({point.reachable} of "
-                              f"{spec.shadows.count} answer, none loaded): nothing to export")
+            raise ExportError(
+                f"no shadow holds state ({point.reachable} of "
+                f"{spec.shadows.count} answer, none loaded): nothing to export"
+            )
         it, preferred = point.istar, list(point.source)
     else:
         it = int(iteration)
@@ -379,8 +395,9 @@ def _sources(spec: JobSpec, statuses: Mapping[int, Mapping[str, Any] | None],
 
 
 @contextlib.contextmanager
-def _holding(conn: _Conn, statuses: Mapping[int, Mapping[str, Any] | None],
-             sources: Sequence[int], it: int) -> Iterator[None]:
+def _holding(
+    conn: _Conn, statuses: Mapping[int, Mapping[str, Any] | None], sources: Sequence[int], it: int
+) -> Iterator[None]:
     """``hold(it)`` on every source; on exit release the holds this export placed (a hold that
     was there before, e.g. the controller's, stays: holds are not counted)."""
     from shadowgrad.shadow.control import ControlError
@@ -405,13 +422,19 @@ def _holding(conn: _Conn, statuses: Mapping[int, Mapping[str, Any] | None],
                 with conn.client(k) as c:
                     c.release(it)
             except Exception as e:  # keep releasing the others; the hold is soft state
-                event(log, "export.release_failed", logging.WARNING, shadow=k, iteration=it,
-                      error=str(e))
+                event(
+                    log,
+                    "export.release_failed",
+                    logging.WARNING,
+                    shadow=k,
+                    iteration=it,
+                    error=str(e),
+                )
 
 
-def _fetch(conn: _Conn, layout: Layout, sources: Sequence[int], it: int,
-           progress: Progress | None
-           ) -> tuple[list[list[dict[str, torch.Tensor]]], dict[str, Any] | None, set[int]]:
+def _fetch(
+    conn: _Conn, layout: Layout, sources: Sequence[int], it: int, progress: Progress | None
+) -> tuple[list[list[dict[str, torch.Tensor]]], dict[str, Any] | None, set[int]]:
     """Every shard's boxes at ``it``; COMMIT(it) (shard 0's, else any shard's); generations."""
     from shadowgrad.shadow.control import decode_states
 
@@ -426,13 +449,17 @@ def _fetch(conn: _Conn, layout: Layout, sources: Sequence[int], it: int,
         with conn.client(k, bulk) as c:
             head, frames = c.call("fetch", iteration=it, boxes=None)
         if int(head.get("iteration", -2)) != it or int(head.get("shard", -1)) != shard:
-            raise ExportError(f"shadow {k} answered iteration {head.get('iteration')} of shard "
-                              f"{head.get('shard')}, asked for iteration {it} of shard {shard}")
+            raise ExportError(
+                f"shadow {k} answered iteration {head.get('iteration')} of shard "
+                f"{head.get('shard')}, asked for iteration {it} of shard {shard}"
+            )
         states = decode_states(head["entries"], frames)
         nbox = len(layout.shard_boxes(shard))
         if sorted(states) != list(range(nbox)):
-            raise ExportError(f"shadow {k} sent boxes {sorted(states)[:8]}... of shard {shard}, "
-                              f"the layout has {nbox}")
+            raise ExportError(
+                f"shadow {k} sent boxes {sorted(states)[:8]}... of shard {shard}, "
+                f"the layout has {nbox}"
+            )
         exports.append([states[b] for b in range(nbox)])
         generations.add(int(head.get("generation") or 0))
         got = head.get("commit")
@@ -440,14 +467,19 @@ def _fetch(conn: _Conn, layout: Layout, sources: Sequence[int], it: int,
             commit = got
         size = sum(len(f) for f in frames)
         if progress is not None:
-            progress(f"shard {shard + 1}/{n} from shadow {k}: {len(head['entries'])} tensors, "
-                     f"{size / 2**20:.2f} MiB in {time.monotonic() - t0:.2f}s")
+            progress(
+                f"shard {shard + 1}/{n} from shadow {k}: {len(head['entries'])} tensors, "
+                f"{size / 2**20:.2f} MiB in {time.monotonic() - t0:.2f}s"
+            )
     return exports, commit, generations
 
 
-def _optimizer_state(optspec: OptimizerSpec, opt_state: Mapping[str, Mapping[str, Any]],
-                     lrs: Sequence[float] | None, initial_lrs: Sequence[float] | None
-                     ) -> dict[str, Any]:
+def _optimizer_state(
+    optspec: OptimizerSpec,
+    opt_state: Mapping[str, Mapping[str, Any]],
+    lrs: Sequence[float] | None,
+    initial_lrs: Sequence[float] | None,
+) -> dict[str, Any]:
     """``optimizer.state_dict()`` form: parameters numbered in the spec's group order (as torch
     numbers them), every hyperparameter the spec records, ``lr`` (and ``initial_lr`` when a
     scheduler set it) as the optimizer had them after step I."""
@@ -469,8 +501,9 @@ def _optimizer_state(optspec: OptimizerSpec, opt_state: Mapping[str, Mapping[str
     return {"state": state, "param_groups": groups}
 
 
-def _group_lrs(optspec: OptimizerSpec, rec: Any, scheduler: Any, it: int
-               ) -> tuple[list[float] | None, list[float] | None]:
+def _group_lrs(
+    optspec: OptimizerSpec, rec: Any, scheduler: Any, it: int
+) -> tuple[list[float] | None, list[float] | None]:
     """LR per group after step I: the scheduler's ``_last_lr`` when it kept one (the LR the next
     step would use, as in the live optimizer), else the LR step I ran with (COMMIT ``lrs``);
     None for the initial state (-1), which has no COMMIT: the groups then carry no ``lr``."""
@@ -485,8 +518,10 @@ def _group_lrs(optspec: OptimizerSpec, rec: Any, scheduler: Any, it: int
     if rec is None:
         event(log, "export.without_lr", logging.WARNING, iteration=it)
         return None, initial
-    raise ExportError(f"no learning rate for the {n} param groups (the COMMIT record of "
-                      f"iteration {it} has {len(rec.lrs)})")
+    raise ExportError(
+        f"no learning rate for the {n} param groups (the COMMIT record of "
+        f"iteration {it} has {len(rec.lrs)})"
+    )
 
 
 def _check_out(out: Path, force: bool) -> None:
@@ -528,8 +563,9 @@ def _save(state_dict: dict[str, Any], path: Path) -> None:
     from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
     with warnings.catch_warnings():  # no_dist=True always warns that it assumes one process
-        warnings.filterwarnings("ignore", message=".*assuming the intent is to save",
-                                category=UserWarning)
+        warnings.filterwarnings(
+            "ignore", message=".*assuming the intent is to save", category=UserWarning
+        )
         dcp_save(state_dict, checkpoint_id=str(path), no_dist=True)
 
 
@@ -557,13 +593,17 @@ def export_checkpoint(
     from shadowgrad.shadow.control import ControlError, commit_from_json
     from shadowgrad.shadow.replay import assemble_full
 
-    if iteration != "latest" and (isinstance(iteration, bool) or not isinstance(iteration, int)
-                                  or iteration < -1):
+    if iteration != "latest" and (
+        isinstance(iteration, bool) or not isinstance(iteration, int) or iteration < -1
+    ):
         raise ExportError(f"iteration {iteration!r}: an iteration >= -1 or 'latest'")
     out = Path(out)
     _check_out(out, force)
-    conn = _Conn(spec, spec.token() if token is None else token,
-                 spec.timeouts.rpc_s if timeout_s is None else float(timeout_s))
+    conn = _Conn(
+        spec,
+        spec.token() if token is None else token,
+        spec.timeouts.rpc_s if timeout_s is None else float(timeout_s),
+    )
     t_start = time.monotonic()
     attempts = _LATEST_ATTEMPTS if iteration == "latest" else 1
     for attempt in range(attempts):
@@ -578,11 +618,15 @@ def export_checkpoint(
                 for k in sources:
                     digest = (statuses[k] or {}).get("layout")
                     if digest != layout.digest:
-                        raise ExportError(f"shadow {k} holds layout {str(digest)[:16]}, shadow "
-                                          f"{sources[0]}'s config says {layout.digest[:16]}")
+                        raise ExportError(
+                            f"shadow {k} holds layout {str(digest)[:16]}, shadow "
+                            f"{sources[0]}'s config says {layout.digest[:16]}"
+                        )
                 if layout.num_shards != spec.shadows.num_shards:
-                    raise ExportError(f"the layout has {layout.num_shards} shards, the spec "
-                                      f"{spec.shadows.num_shards}")
+                    raise ExportError(
+                        f"the layout has {layout.num_shards} shards, the spec "
+                        f"{spec.shadows.num_shards}"
+                    )
                 exports, commit, generations = _fetch(conn, layout, sources, it, progress)
             break
         except ControlError as e:
@@ -591,8 +635,10 @@ def export_checkpoint(
                 continue
             raise ExportError(f"iteration {it}: {e}") from None
     if len(generations) > 1:
-        raise ExportError(f"the shards of iteration {it} come from generations "
-                          f"{sorted(generations)}: not one consistent cut")
+        raise ExportError(
+            f"the shards of iteration {it} come from generations "
+            f"{sorted(generations)}: not one consistent cut"
+        )
     params, opt_state = assemble_full(layout, exports)
     rec = None
     blob: dict[str, Any] = {}
@@ -601,8 +647,13 @@ def export_checkpoint(
         if rec.user_state:
             blob = unpack_blob(bytes(rec.user_state))
     if not blob and it >= 0:
-        event(log, "export.without_user_state", logging.WARNING, iteration=it,
-              reason="no COMMIT record" if rec is None else "empty user-state blob")
+        event(
+            log,
+            "export.without_user_state",
+            logging.WARNING,
+            iteration=it,
+            reason="no COMMIT record" if rec is None else "empty user-state blob",
+        )
     lrs, initial = _group_lrs(optspec, rec, blob.get("scheduler"), it)
     model: dict[str, Any] = dict(params)
     module_state = dict(blob.get("module") or {})
@@ -634,14 +685,21 @@ def export_checkpoint(
             "param_names": list(optspec.param_names),
             "module_state": sorted(module_state),
             "user_state": bool(blob),
-            "commit": None if rec is None else {
-                "lrs": [float(x) for x in rec.lrs], "skipped": rec.skipped,
-                "clip_coef": _finite(rec.clip_coef), "loss_scale": _finite(rec.loss_scale)},
+            "commit": None
+            if rec is None
+            else {
+                "lrs": [float(x) for x in rec.lrs],
+                "skipped": rec.skipped,
+                "clip_coef": _finite(rec.clip_coef),
+                "loss_scale": _finite(rec.loss_scale),
+            },
             "torch": _torch_version(),
             "shadowgrad": __version__,
             "created_unix": round(time.time(), 3),
-            "files": {rel: {"sha256": _sha256(tmp / rel), "size": (tmp / rel).stat().st_size}
-                      for rel in files},
+            "files": {
+                rel: {"sha256": _sha256(tmp / rel), "size": (tmp / rel).stat().st_size}
+                for rel in files
+            },
         }
         manifest["manifest_sha256"] = _manifest_checksum(manifest)
         with (tmp / MANIFEST).open("wb") as f:
@@ -654,8 +712,15 @@ def export_checkpoint(
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     total = sum(v["size"] for v in manifest["files"].values())
-    event(log, "export.done", iteration=it, out=str(out), files=len(files), bytes=total,
-          seconds=round(time.monotonic() - t_start, 3))
+    event(
+        log,
+        "export.done",
+        iteration=it,
+        out=str(out),
+        files=len(files),
+        bytes=total,
+        seconds=round(time.monotonic() - t_start, 3),
+    )
     return manifest
 
 
@@ -734,8 +799,7 @@ def load_export(
             raise ExportError(f"{root}: " + "; ".join(str(p) for p in bad))
     manifest = read_manifest(root)
     names: list[str] = list(manifest["param_names"])
-    module = model.module if isinstance(
-        model, torch.nn.parallel.DistributedDataParallel) else model
+    module = model.module if isinstance(model, torch.nn.parallel.DistributedDataParallel) else model
     try:
         md = FileSystemReader(str(root)).read_metadata()
     except Exception as e:
@@ -760,14 +824,17 @@ def load_export(
     unknown = sorted(exported_model - set(live))
     absent = sorted(n for n in set(live) - exported_model if n in trained)
     if unknown or absent:
-        raise ExportError(f"{root}: the model does not match the export (export only: "
-                          f"{unknown[:6]}, model parameters not exported: {absent[:6]})")
+        raise ExportError(
+            f"{root}: the model does not match the export (export only: "
+            f"{unknown[:6]}, model parameters not exported: {absent[:6]})"
+        )
     missing_state = sorted(set(live) - exported_model)
     if missing_state:
         event(log, "export.load_without_module_state", logging.WARNING, names=missing_state[:8])
     with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=".*assuming the intent is to load",
-                                category=UserWarning)
+        warnings.filterwarnings(
+            "ignore", message=".*assuming the intent is to load", category=UserWarning
+        )
         dcp_load(target, checkpoint_id=str(root))
     with torch.no_grad():  # in place already; load_state_dict also covers a model that copies
         module.load_state_dict(target["model"], strict=False)
@@ -778,16 +845,27 @@ def load_export(
         if optimizer is not None and hasattr(scheduler, "get_last_lr"):
             for group, lr in zip(optimizer.param_groups, scheduler.get_last_lr(), strict=True):
                 group["lr"] = lr
-    if scaler is not None and target.get("scaler") is not None and (
-            not hasattr(scaler, "is_enabled") or scaler.is_enabled()):
+    if (
+        scaler is not None
+        and target.get("scaler") is not None
+        and (not hasattr(scaler, "is_enabled") or scaler.is_enabled())
+    ):
         scaler.load_state_dict(target["scaler"])
     it = int(target["iteration"])
-    return {"iteration": it, "next_iteration": it + 1, "user_state": target.get("user"),
-            "missing_module_state": missing_state}
+    return {
+        "iteration": it,
+        "next_iteration": it + 1,
+        "user_state": target.get("user"),
+        "missing_module_state": missing_state,
+    }
 
 
-def _load_optimizer(optimizer: torch.optim.Optimizer, module: torch.nn.Module,
-                    names: Sequence[str], saved: Mapping[str, Any]) -> None:
+def _load_optimizer(
+    optimizer: torch.optim.Optimizer,
+    module: torch.nn.Module,
+    names: Sequence[str],
+    saved: Mapping[str, Any],
+) -> None:
     """The exported optimizer state by parameter name, then the exported hyperparameters."""
     from shadowgrad.optspec import load_state_by_name
 
@@ -795,14 +873,18 @@ def _load_optimizer(optimizer: torch.optim.Optimizer, module: torch.nn.Module,
     name_of = {id(p): n for n, p in named.items()}
     groups = saved.get("param_groups") or []
     if len(groups) != len(optimizer.param_groups):
-        raise ExportError(f"the export has {len(groups)} param groups, the optimizer "
-                          f"{len(optimizer.param_groups)}")
+        raise ExportError(
+            f"the export has {len(groups)} param groups, the optimizer "
+            f"{len(optimizer.param_groups)}"
+        )
     for g, (doc, live) in enumerate(zip(groups, optimizer.param_groups, strict=True)):
         want = {names[int(i)] for i in doc.get("params") or ()}
         have = {name_of.get(id(p), "?") for p in live["params"]}
         if want != have:
-            raise ExportError(f"param group {g} holds {sorted(have)[:4]}..., the export's "
-                              f"{sorted(want)[:4]}...: not the exported optimizer")
+            raise ExportError(
+                f"param group {g} holds {sorted(have)[:4]}..., the export's "
+                f"{sorted(want)[:4]}...: not the exported optimizer"
+            )
     state = {names[int(i)]: st for i, st in (saved.get("state") or {}).items()}
     load_state_by_name(optimizer, named, state)
     for doc, live in zip(groups, optimizer.param_groups, strict=True):

@@ -64,9 +64,12 @@ class P4RuntimeWriteError(P4RuntimeError):
     that failed (those that succeeded are left out); it is empty when the switch refused the
     RPC as a whole (no details; e.g. ``PERMISSION_DENIED``), then ``code`` tells why."""
 
-    def __init__(self, message: str, code: grpc.StatusCode | None,
-                 errors: Sequence[tuple[int, p4runtime_pb2.Update, p4runtime_pb2.Error]] = ()
-                 ) -> None:
+    def __init__(
+        self,
+        message: str,
+        code: grpc.StatusCode | None,
+        errors: Sequence[tuple[int, p4runtime_pb2.Update, p4runtime_pb2.Error]] = (),
+    ) -> None:
         super().__init__(message, code)
         self.errors = list(errors)
 
@@ -182,9 +185,16 @@ class P4RuntimeClient:
     Thread-safe; also a context manager (which closes, and does not connect).
     """
 
-    def __init__(self, addr: str, device_id: int = 0, election_id: int = 1, *,
-                 timeout_s: float = 10.0, request_log: str | Path | None = None,
-                 role: str = "") -> None:
+    def __init__(
+        self,
+        addr: str,
+        device_id: int = 0,
+        election_id: int = 1,
+        *,
+        timeout_s: float = 10.0,
+        request_log: str | Path | None = None,
+        role: str = "",
+    ) -> None:
         if not 0 < election_id < (1 << 128):
             raise ValueError(f"election id must be 1..2**128-1, got {election_id}")
         self.addr = addr
@@ -232,8 +242,12 @@ class P4RuntimeClient:
             self._check_open()
             if self._channel is None:
                 self._channel = grpc.insecure_channel(
-                    self.addr, options=[("grpc.max_receive_message_length", 256 << 20),
-                                        ("grpc.max_send_message_length", 256 << 20)])
+                    self.addr,
+                    options=[
+                        ("grpc.max_receive_message_length", 256 << 20),
+                        ("grpc.max_send_message_length", 256 << 20),
+                    ],
+                )
                 self._stub = p4runtime_pb2_grpc.P4RuntimeStub(self._channel)
             return self._stub
 
@@ -267,8 +281,9 @@ class P4RuntimeClient:
             fut.result(timeout=wait_s)
         except grpc.FutureTimeoutError:
             fut.cancel()
-            raise P4RuntimeError(f"P4Runtime server {self.addr} not reachable within "
-                                 f"{wait_s:g}s", SC.UNAVAILABLE) from None
+            raise P4RuntimeError(
+                f"P4Runtime server {self.addr} not reachable within {wait_s:g}s", SC.UNAVAILABLE
+            ) from None
         while True:
             err = self._arbitrate(stub)
             if err is None:
@@ -294,18 +309,22 @@ class P4RuntimeClient:
         try:
             upd = s.arb.get(timeout=self.timeout_s)
         except queue.Empty:
-            return P4RuntimeError(f"{self.addr}: no arbitration answer within "
-                                  f"{self.timeout_s:g}s", SC.DEADLINE_EXCEEDED)
+            return P4RuntimeError(
+                f"{self.addr}: no arbitration answer within {self.timeout_s:g}s",
+                SC.DEADLINE_EXCEEDED,
+            )
         if upd is None:
             why = _rpc_details(s.error) if s.error is not None else "closed"
             code = _rpc_code(s.error) if s.error is not None else None
-            return P4RuntimeError(f"{self.addr}: stream ended during arbitration: {why}",
-                                  code or SC.UNAVAILABLE)
+            return P4RuntimeError(
+                f"{self.addr}: stream ended during arbitration: {why}", code or SC.UNAVAILABLE
+            )
         if upd.status.code != 0:
             return P4RuntimeError(
                 f"{self.addr}: not primary for device {self.device_id} (election id "
                 f"{self.election_id}): {upd.status.message!r}",
-                _CODE_BY_VALUE.get(upd.status.code, SC.UNKNOWN))
+                _CODE_BY_VALUE.get(upd.status.code, SC.UNKNOWN),
+            )
         return None
 
     def _drop_stream(self) -> None:
@@ -373,21 +392,27 @@ class P4RuntimeClient:
         short.config.ClearField("p4_device_config")
         info = req.config.p4info
         name = info.pkg_info.name or "-"
-        summary = (f"# p4info: {name}: {len(info.tables)} tables, {len(info.actions)} actions, "
-                   f"{len(info.counters)} counters, {len(info.direct_counters)} direct "
-                   f"counters, {len(info.digests)} digests, {len(info.registers)} registers\n"
-                   f"# p4_device_config: {len(req.config.p4_device_config)} bytes\n")
-        self._log_request("SetForwardingPipelineConfigRequest",
-                          text_format.MessageToString(short) + summary)
+        summary = (
+            f"# p4info: {name}: {len(info.tables)} tables, {len(info.actions)} actions, "
+            f"{len(info.counters)} counters, {len(info.direct_counters)} direct "
+            f"counters, {len(info.digests)} digests, {len(info.registers)} registers\n"
+            f"# p4_device_config: {len(req.config.p4_device_config)} bytes\n"
+        )
+        self._log_request(
+            "SetForwardingPipelineConfigRequest", text_format.MessageToString(short) + summary
+        )
 
     # ---- pipeline --------------------------------------------------------------------------
-    def set_pipeline(self, p4info: p4info_pb2.P4Info, device_config: bytes,
-                     cookie: int = 0) -> None:
+    def set_pipeline(
+        self, p4info: p4info_pb2.P4Info, device_config: bytes, cookie: int = 0
+    ) -> None:
         """SetForwardingPipelineConfig(VERIFY_AND_COMMIT): install a program (which resets all
         switch state)."""
         req = p4runtime_pb2.SetForwardingPipelineConfigRequest(
-            device_id=self.device_id, role=self.role,
-            action=p4runtime_pb2.SetForwardingPipelineConfigRequest.VERIFY_AND_COMMIT)
+            device_id=self.device_id,
+            role=self.role,
+            action=p4runtime_pb2.SetForwardingPipelineConfigRequest.VERIFY_AND_COMMIT,
+        )
         _set_eid(req, self.election_id)
         req.config.p4info.CopyFrom(p4info)
         req.config.p4_device_config = device_config
@@ -396,22 +421,25 @@ class P4RuntimeClient:
         try:
             self._stub_now().SetForwardingPipelineConfig(req, timeout=self.timeout_s)
         except grpc.RpcError as e:
-            raise P4RuntimeError(f"SetForwardingPipelineConfig: {_rpc_details(e)}",
-                                 _rpc_code(e)) from None
+            raise P4RuntimeError(
+                f"SetForwardingPipelineConfig: {_rpc_details(e)}", _rpc_code(e)
+            ) from None
 
     def get_pipeline(self) -> tuple[p4info_pb2.P4Info | None, bytes, int]:
         """GetForwardingPipelineConfig(ALL): ``(p4info, device_config, cookie)``;
         ``(None, b"", 0)`` when no pipeline is set (the switch answers FAILED_PRECONDITION)."""
         req = p4runtime_pb2.GetForwardingPipelineConfigRequest(
             device_id=self.device_id,
-            response_type=p4runtime_pb2.GetForwardingPipelineConfigRequest.ALL)
+            response_type=p4runtime_pb2.GetForwardingPipelineConfigRequest.ALL,
+        )
         try:
             resp = self._stub_now().GetForwardingPipelineConfig(req, timeout=self.timeout_s)
         except grpc.RpcError as e:
             if _rpc_code(e) == SC.FAILED_PRECONDITION:
                 return None, b"", 0
-            raise P4RuntimeError(f"GetForwardingPipelineConfig: {_rpc_details(e)}",
-                                 _rpc_code(e)) from None
+            raise P4RuntimeError(
+                f"GetForwardingPipelineConfig: {_rpc_details(e)}", _rpc_code(e)
+            ) from None
         cfg = resp.config
         p4info = cfg.p4info if cfg.HasField("p4info") else None
         return p4info, bytes(cfg.p4_device_config), int(cfg.cookie.cookie)
@@ -419,8 +447,9 @@ class P4RuntimeClient:
     def capabilities(self) -> str:
         """The switch's P4Runtime API version (Capabilities RPC)."""
         try:
-            resp = self._stub_now().Capabilities(p4runtime_pb2.CapabilitiesRequest(),
-                                                 timeout=self.timeout_s)
+            resp = self._stub_now().Capabilities(
+                p4runtime_pb2.CapabilitiesRequest(), timeout=self.timeout_s
+            )
         except grpc.RpcError as e:
             raise P4RuntimeError(f"Capabilities: {_rpc_details(e)}", _rpc_code(e)) from None
         return str(resp.p4runtime_api_version)
@@ -440,8 +469,10 @@ class P4RuntimeClient:
         self._ensure_stream()
         retried = False
         while True:
-            self._log_request("WriteRequest" + (" (retry after reconnect)" if retried else ""),
-                              text_format.MessageToString(req))
+            self._log_request(
+                "WriteRequest" + (" (retry after reconnect)" if retried else ""),
+                text_format.MessageToString(req),
+            )
             with self._count_lock:
                 self.write_rpcs += 1
             try:
@@ -456,19 +487,24 @@ class P4RuntimeClient:
                 self.writes += len(ups)
             return
 
-    def _write_error(self, e: grpc.RpcError, ups: list[p4runtime_pb2.Update],
-                     why: str) -> P4RuntimeWriteError:
+    def _write_error(
+        self, e: grpc.RpcError, ups: list[p4runtime_pb2.Update], why: str
+    ) -> P4RuntimeWriteError:
         details = status_details(e)
-        failed = [(i, ups[i], er) for i, er in enumerate(details[:len(ups)])
-                  if er.canonical_code != 0]
+        failed = [
+            (i, ups[i], er) for i, er in enumerate(details[: len(ups)]) if er.canonical_code != 0
+        ]
         if details:
             with self._count_lock:
                 self.writes += min(len(details), len(ups)) - len(failed)
         code = _rpc_code(e)
         if failed:
             kinds = p4runtime_pb2.Update.Type
-            parts = [f"#{i} {kinds.Name(u.type)} {u.entity.WhichOneof('entity')}: "
-                     f"{_code_name(er.canonical_code)}: {er.message}" for i, u, er in failed]
+            parts = [
+                f"#{i} {kinds.Name(u.type)} {u.entity.WhichOneof('entity')}: "
+                f"{_code_name(er.canonical_code)}: {er.message}"
+                for i, u, er in failed
+            ]
             msg = f"Write: {len(failed)} of {len(ups)} updates failed: " + "; ".join(parts)
         else:
             msg = f"Write: {code.name if code else 'error'}: {_rpc_details(e)}{why}"
@@ -497,8 +533,9 @@ class P4RuntimeClient:
                     retried = True
                     continue
                 code = _rpc_code(e)
-                raise P4RuntimeError(f"Read: {code.name if code else 'error'}: "
-                                     f"{_rpc_details(e)}{why}", code) from None
+                raise P4RuntimeError(
+                    f"Read: {code.name if code else 'error'}: {_rpc_details(e)}{why}", code
+                ) from None
             return out
 
     # ---- stream ----------------------------------------------------------------------------
@@ -507,8 +544,7 @@ class P4RuntimeClient:
         the switch reports come back in ``stream_errors``."""
         s = self._stream
         if s is None or s.ended.is_set():
-            raise P4RuntimeError(f"P4Runtime stream to {self.addr} is not open",
-                                 SC.UNAVAILABLE)
+            raise P4RuntimeError(f"P4Runtime stream to {self.addr} is not open", SC.UNAVAILABLE)
         r = p4runtime_pb2.StreamMessageRequest()
         r.packet.payload = payload
         for mid, value in metadata:

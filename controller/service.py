@@ -79,17 +79,23 @@ class Controller:
     ``endpoints``: shadow id -> control endpoint (default: the spec's); ``statuses``: a
     callable returning every shadow's status (default: polled from the endpoints)."""
 
-    def __init__(self, spec: JobSpec, *, token: str | None = None, driver: Any = None,
-                 bind: str | None = None, options: ControllerOptions | None = None,
-                 statuses: Callable[[], dict[int, dict[str, Any] | None]] | None = None,
-                 endpoints: Mapping[int, str] | None = None) -> None:
+    def __init__(
+        self,
+        spec: JobSpec,
+        *,
+        token: str | None = None,
+        driver: Any = None,
+        bind: str | None = None,
+        options: ControllerOptions | None = None,
+        statuses: Callable[[], dict[int, dict[str, Any] | None]] | None = None,
+        endpoints: Mapping[int, str] | None = None,
+    ) -> None:
         self.spec = spec
         self.opts = options or ControllerOptions()
         self._token = token if token is not None else spec.token()
         self.driver = driver
         t = spec.timeouts
-        self.poll_s = self.opts.poll_s if self.opts.poll_s is not None else min(
-            t.heartbeat_s, 0.25)
+        self.poll_s = self.opts.poll_s if self.opts.poll_s is not None else min(t.heartbeat_s, 0.25)
         # a status is small and local: a shadow that does not answer in this long is counted
         # as not answering (failure_detect of those makes it failed), so one dead shadow never
         # stalls a tick for timeouts.rpc
@@ -97,11 +103,15 @@ class Controller:
         if bind is None and spec.controller.address is not None:
             bind = f"tcp://{spec.controller.address}"
         self.bind = bind
-        self._endpoints = dict(endpoints) if endpoints is not None else {
-            k: f"tcp://{spec.shadows.control_endpoint(k)}" for k in range(spec.shadows.count)}
+        self._endpoints = (
+            dict(endpoints)
+            if endpoints is not None
+            else {k: f"tcp://{spec.shadows.control_endpoint(k)}" for k in range(spec.shadows.count)}
+        )
         self._poll_statuses = statuses or self._poll_shadows
-        self._pool = ThreadPoolExecutor(max_workers=max(1, spec.shadows.count),
-                                        thread_name_prefix="ctl-poll")
+        self._pool = ThreadPoolExecutor(
+            max_workers=max(1, spec.shadows.count), thread_name_prefix="ctl-poll"
+        )
         self._lock = threading.RLock()
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
@@ -112,8 +122,10 @@ class Controller:
         self.state = "starting"
         self.reason = "started"
         self.statuses: dict[int, dict[str, Any] | None] = {}
-        self.members = {k: _Member(since=time.monotonic(), last_ok=time.monotonic())
-                        for k in range(spec.shadows.count)}
+        self.members = {
+            k: _Member(since=time.monotonic(), last_ok=time.monotonic())
+            for k in range(spec.shadows.count)
+        }
         self.istar: dict[str, Any] | None = None  # the published restore point
         self.held: list[int] = []
         self.failure: dict[str, Any] | None = None
@@ -147,8 +159,14 @@ class Controller:
             self.ev["tick_error"] += 1
             log.exception("controller tick failed: %s", e)
         self._spawn(self._watch_loop, "ctl-watch")
-        event(log, "controller.started", job=self.spec.job.id, mode=self.spec.job.mode,
-              bind=self.bind, switch=self.driver is not None)
+        event(
+            log,
+            "controller.started",
+            job=self.spec.job.id,
+            mode=self.spec.job.mode,
+            bind=self.bind,
+            switch=self.driver is not None,
+        )
         return self
 
     def _spawn(self, target: Callable[[], None], name: str) -> None:
@@ -194,8 +212,13 @@ class Controller:
                 self.ev["shadow_refused_token"] += 1
                 if k not in self._refused:  # once per shadow, not once per poll
                     self._refused.add(k)
-                    event(log, "controller.shadow_refused_token", level=logging.ERROR,
-                          shadow=k, error=str(e))
+                    event(
+                        log,
+                        "controller.shadow_refused_token",
+                        level=logging.ERROR,
+                        shadow=k,
+                        error=str(e),
+                    )
             return None
         except Exception as e:  # unreachable, timeout, ...: reported by the caller
             log.debug("status of shadow %d failed: %s", k, e)
@@ -232,8 +255,12 @@ class Controller:
                 if cur is None or float(d["silent_s"]) < float(cur["silent_s"]):
                     ranks[r] = dict(d)
         newest = max((int(s.get("newest_seen", -1)) for s in sts), default=None)
-        out: dict[str, Any] = {"silent_s": min(silent) if silent else None, "ranks": ranks,
-                               "iteration": newest, "shadows_reporting": len(sts)}
+        out: dict[str, Any] = {
+            "silent_s": min(silent) if silent else None,
+            "ranks": ranks,
+            "iteration": newest,
+            "shadows_reporting": len(sts),
+        }
         if self._switch_commits is not None:
             out["switch_commits"] = self._switch_commits[0]
             out["switch_silent_s"] = round(time.monotonic() - self._switch_commits[1], 3)
@@ -276,16 +303,27 @@ class Controller:
                     m.reachable, m.since = True, now
                     if m.failed:
                         m.rejoining = True
-                        event(log, "controller.shadow_back", shadow=k,
-                              loaded=bool(st.get("loaded")), last_applied=st.get("last_applied"))
+                        event(
+                            log,
+                            "controller.shadow_back",
+                            shadow=k,
+                            loaded=bool(st.get("loaded")),
+                            last_applied=st.get("last_applied"),
+                        )
                 if m.rejoining and st.get("loaded") and st.get("diverged_at") is None:
                     it = self.trainers_signal().get("iteration")
                     la = st.get("last_applied")
-                    if la is not None and (it is None or int(it) - int(la)
-                                           <= self.opts.lag_iterations):
+                    if la is not None and (
+                        it is None or int(it) - int(la) <= self.opts.lag_iterations
+                    ):
                         m.rejoining = m.failed = False
-                        event(log, "controller.shadow_rejoined", shadow=k, last_applied=la,
-                              down_s=round(now - m.since, 3))
+                        event(
+                            log,
+                            "controller.shadow_rejoined",
+                            shadow=k,
+                            last_applied=la,
+                            down_s=round(now - m.since, 3),
+                        )
                 continue
             if m.reachable:
                 # unreachable since its last answer (the poll before this one)
@@ -299,13 +337,25 @@ class Controller:
                 shard = k % self.spec.num_shards
                 from shadowgrad.layout import shadows_of_shard
 
-                peers = [j for j in shadows_of_shard(shard, self.spec.num_shards,
-                                                     self.spec.shadows.replication)
-                         if j != k and self.statuses.get(j) is not None]
-                event(log, "controller.shadow_failed", level=logging.WARNING, shadow=k,
-                      shard=shard, replicas_answering=peers, degraded=not peers,
-                      evidence=f"no status reply for {now - m.since:.1f}s" if m.seen else
-                      f"never answered in {now - m.since:.1f}s since the controller started")
+                peers = [
+                    j
+                    for j in shadows_of_shard(
+                        shard, self.spec.num_shards, self.spec.shadows.replication
+                    )
+                    if j != k and self.statuses.get(j) is not None
+                ]
+                event(
+                    log,
+                    "controller.shadow_failed",
+                    level=logging.WARNING,
+                    shadow=k,
+                    shard=shard,
+                    replicas_answering=peers,
+                    degraded=not peers,
+                    evidence=f"no status reply for {now - m.since:.1f}s"
+                    if m.seen
+                    else f"never answered in {now - m.since:.1f}s since the controller started",
+                )
 
     def _watch_trainers(self, now: float) -> None:
         fd = self.spec.timeouts.failure_detect_s
@@ -314,8 +364,9 @@ class Controller:
         if silent is None:
             return  # no loaded shadow: nothing to say about the trainers yet
         if self.state == "finished":
-            gen = max((int(s.get("generation") or 0) for s in self.statuses.values() if s),
-                      default=0)
+            gen = max(
+                (int(s.get("generation") or 0) for s in self.statuses.values() if s), default=0
+            )
             if self._generation_at_failure is None:
                 self._generation_at_failure = gen  # finished before the first poll
             elif silent < fd and gen > self._generation_at_failure:
@@ -327,31 +378,50 @@ class Controller:
             if silent >= fd:
                 self._trainers_failed(sig, evidence="shadows")
         elif self.state in ("trainers_failed", "restoring") and silent < fd:
-            gen = max((int(s.get("generation") or 0) for s in self.statuses.values() if s),
-                      default=0)
+            gen = max(
+                (int(s.get("generation") or 0) for s in self.statuses.values() if s), default=0
+            )
             newer = self._generation_at_failure is None or gen > self._generation_at_failure
             istar = (self.istar or {}).get("istar")
             # a paused job that goes on (same generation) sends iterations past I* + 1
-            resumed = istar is not None and sig.get("iteration") is not None \
+            resumed = (
+                istar is not None
+                and sig.get("iteration") is not None
                 and int(sig["iteration"]) > int(istar) + 1
+            )
             if newer or resumed:
                 self._recovered(sig, gen)
 
-    def _trainers_failed(self, sig: dict[str, Any], *, evidence: str,
-                         requester: str | None = None) -> None:
+    def _trainers_failed(
+        self, sig: dict[str, Any], *, evidence: str, requester: str | None = None
+    ) -> None:
         ranks = sig.get("ranks") or {}
         quiet = sorted(ranks, key=lambda r: -float(ranks[r]["silent_s"]))
         member = f"rank {quiet[0]}" if quiet else "trainers"
-        self.failure = {"member": member, "evidence": evidence, "requester": requester,
-                        "signal": sig, "wall": time.time()}
+        self.failure = {
+            "member": member,
+            "evidence": evidence,
+            "requester": requester,
+            "signal": sig,
+            "wall": time.time(),
+        }
         self.detections.append(self.failure)
         self.ev["trainer_failures"] += 1
         self._generation_at_failure = max(
-            (int(s.get("generation") or 0) for s in self.statuses.values() if s), default=0)
-        event(log, "controller.trainer_failed", level=logging.WARNING, member=member,
-              evidence=evidence, requester=requester, silent_s=sig.get("silent_s"),
-              ranks={r: d.get("silent_s") for r, d in ranks.items()},
-              switch_silent_s=sig.get("switch_silent_s"), last_iteration=sig.get("iteration"))
+            (int(s.get("generation") or 0) for s in self.statuses.values() if s), default=0
+        )
+        event(
+            log,
+            "controller.trainer_failed",
+            level=logging.WARNING,
+            member=member,
+            evidence=evidence,
+            requester=requester,
+            silent_s=sig.get("silent_s"),
+            ranks={r: d.get("silent_s") for r, d in ranks.items()},
+            switch_silent_s=sig.get("switch_silent_s"),
+            last_iteration=sig.get("iteration"),
+        )
         self._set("trainers_failed", f"{member} silent ({evidence})")
         try:
             self._fix_istar()
@@ -365,8 +435,15 @@ class Controller:
         for k in held:
             self._release(k, istar)
         down = None if self.failure is None else round(time.time() - self.failure["wall"], 3)
-        event(log, "controller.recovered", istar=istar, generation=generation,
-              iteration=sig.get("iteration"), down_s=down, released=held)
+        event(
+            log,
+            "controller.recovered",
+            istar=istar,
+            generation=generation,
+            iteration=sig.get("iteration"),
+            down_s=down,
+            released=held,
+        )
         self.ev["recoveries"] += 1
         self._set("running", f"trainers running again (generation {generation})")
 
@@ -380,11 +457,16 @@ class Controller:
     def _fix_istar(self) -> dict[str, Any]:
         """Settle, compute I* with the core rule, hold it on its sources, publish it."""
         t = self.spec.timeouts
-        statuses = settle(self._poll_statuses, self.statuses,
-                          interval_s=max(0.05, t.gap_repair_s), timeout_s=t.failure_detect_s)
+        statuses = settle(
+            self._poll_statuses,
+            self.statuses,
+            interval_s=max(0.05, t.gap_repair_s),
+            timeout_s=t.failure_detect_s,
+        )
         self.statuses = {k: (None if v is None else dict(v)) for k, v in statuses.items()}
-        point = restore_point(statuses, num_shards=self.spec.num_shards,
-                              replication=self.spec.shadows.replication)
+        point = restore_point(
+            statuses, num_shards=self.spec.num_shards, replication=self.spec.shadows.replication
+        )
         doc = point.to_json()
         if not point.fresh:
             held = []
@@ -394,18 +476,32 @@ class Controller:
                         c.hold(point.istar)
                     held.append(k)
                 except Exception as e:
-                    event(log, "controller.hold_failed", level=logging.WARNING, shadow=k,
-                          iteration=point.istar, error=str(e))
+                    event(
+                        log,
+                        "controller.hold_failed",
+                        level=logging.WARNING,
+                        shadow=k,
+                        iteration=point.istar,
+                        error=str(e),
+                    )
             for k in self.held:
                 if k not in held:
                     self._release(k, (self.istar or {}).get("istar"))
             self.held = held
         doc["held"] = list(self.held)
         doc["generation_seen"] = max(
-            (int(s.get("generation") or 0) for s in statuses.values() if s), default=0)
+            (int(s.get("generation") or 0) for s in statuses.values() if s), default=0
+        )
         self.istar = doc
-        event(log, "controller.restore_point", istar=point.istar, fresh=point.fresh,
-              source=list(point.source), usable=list(point.usable), held=self.held)
+        event(
+            log,
+            "controller.restore_point",
+            istar=point.istar,
+            fresh=point.fresh,
+            source=list(point.source),
+            usable=list(point.usable),
+            held=self.held,
+        )
         return doc
 
     def _release(self, k: int, istar: Any) -> None:
@@ -415,28 +511,39 @@ class Controller:
             with self._client(k, self.spec.timeouts.rpc_s) as c:
                 c.release(int(istar))
         except Exception as e:
-            event(log, "controller.release_failed", level=logging.WARNING, shadow=k,
-                  error=str(e))
+            event(log, "controller.release_failed", level=logging.WARNING, shadow=k, error=str(e))
 
     def restore_point(self, requester: str = "operator") -> dict[str, Any]:
         """The restore point restarted trainers use: the published one while the failure is
         being handled; otherwise (a restart the controller had not detected yet, e.g.
         torchrun restarting faster than failure_detect) the request is itself the evidence."""
         with self._lock:
-            if self.state in ("trainers_failed", "restoring") and self.istar is not None \
-                    and "error" not in self.istar:
+            if (
+                self.state in ("trainers_failed", "restoring")
+                and self.istar is not None
+                and "error" not in self.istar
+            ):
                 self._set("restoring", f"restart requested by {requester}")
                 return dict(self.istar)
             self.statuses = self._poll_statuses()
             if not any(s is not None and s.get("loaded") for s in self.statuses.values()):
                 # a new job (no shadow holds state yet): not a failure
-                point = restore_point(self.statuses, num_shards=self.spec.num_shards,
-                                      replication=self.spec.shadows.replication)
-                return {**point.to_json(), "held": [], "generation_seen": max(
-                    (int(s.get("generation") or 0) for s in self.statuses.values() if s),
-                    default=0)}
-            self._trainers_failed(self.trainers_signal(), evidence="restart request",
-                                  requester=requester)
+                point = restore_point(
+                    self.statuses,
+                    num_shards=self.spec.num_shards,
+                    replication=self.spec.shadows.replication,
+                )
+                return {
+                    **point.to_json(),
+                    "held": [],
+                    "generation_seen": max(
+                        (int(s.get("generation") or 0) for s in self.statuses.values() if s),
+                        default=0,
+                    ),
+                }
+            self._trainers_failed(
+                self.trainers_signal(), evidence="restart request", requester=requester
+            )
             if self.istar is None or "error" in self.istar:
                 raise NoRestorePointError((self.istar or {}).get("error", "no restore point"))
             self._set("restoring", f"restart requested by {requester}")
@@ -447,19 +554,32 @@ class Controller:
         replaced at another address. The job, the counts and the token must not change; with a
         switch, the driver of the new spec converges at once, writing only the entries that
         differ (the replaced shadow's rewrite and route). Returns that convergence report."""
-        if (spec.job.id, spec.shadows.count, spec.shadows.replication, spec.trainers.world_size
-                ) != (self.spec.job.id, self.spec.shadows.count, self.spec.shadows.replication,
-                      self.spec.trainers.world_size):
-            raise ShadowgradError("reload: the job id, shadow count, replication and world size "
-                                  "cannot change under a running controller; restart it")
+        if (
+            spec.job.id,
+            spec.shadows.count,
+            spec.shadows.replication,
+            spec.trainers.world_size,
+        ) != (
+            self.spec.job.id,
+            self.spec.shadows.count,
+            self.spec.shadows.replication,
+            self.spec.trainers.world_size,
+        ):
+            raise ShadowgradError(
+                "reload: the job id, shadow count, replication and world size "
+                "cannot change under a running controller; restart it"
+            )
         with self._lock:
-            changed = [k for k in range(spec.shadows.count)
-                       if spec.shadows.addresses[k] != self.spec.shadows.addresses[k]
-                       or spec.shadows.control_endpoint(k)
-                       != self.spec.shadows.control_endpoint(k)]
+            changed = [
+                k
+                for k in range(spec.shadows.count)
+                if spec.shadows.addresses[k] != self.spec.shadows.addresses[k]
+                or spec.shadows.control_endpoint(k) != self.spec.shadows.control_endpoint(k)
+            ]
             self.spec = spec
-            self._endpoints = {k: f"tcp://{spec.shadows.control_endpoint(k)}"
-                               for k in range(spec.shadows.count)}
+            self._endpoints = {
+                k: f"tcp://{spec.shadows.control_endpoint(k)}" for k in range(spec.shadows.count)
+            }
             if driver is not None:
                 self.driver = driver
             event(log, "controller.reloaded", changed_shadows=changed, source=spec.source)
@@ -480,22 +600,34 @@ class Controller:
             if initial:
                 raise
             return
-        doc = {"writes": rep.writes, "pipeline_pushed": rep.pipeline_pushed,
-               "inserted": rep.inserted, "modified": rep.modified, "deleted": rep.deleted,
-               "initial": initial}
+        doc = {
+            "writes": rep.writes,
+            "pipeline_pushed": rep.pipeline_pushed,
+            "inserted": rep.inserted,
+            "modified": rep.modified,
+            "deleted": rep.deleted,
+            "initial": initial,
+        }
         self.converge_reports.append(doc)
         del self.converge_reports[:-16]
         if initial or rep.writes:
-            event(log, "controller.switch_converged" if initial else "controller.switch_repaired",
-                  level=logging.INFO if initial else logging.WARNING, **doc)
+            event(
+                log,
+                "controller.switch_converged" if initial else "controller.switch_repaired",
+                level=logging.INFO if initial else logging.WARNING,
+                **doc,
+            )
 
     # ---------------------------------------------------------------- view
 
     def live_istar(self) -> int | None:
         """I* of the statuses last polled (None: none yet)."""
         try:
-            point = restore_point(self.statuses, num_shards=self.spec.num_shards,
-                                  replication=self.spec.shadows.replication)
+            point = restore_point(
+                self.statuses,
+                num_shards=self.spec.num_shards,
+                replication=self.spec.shadows.replication,
+            )
         except ShadowgradError:
             return None
         return None if point.fresh else point.istar
@@ -505,19 +637,29 @@ class Controller:
             return {
                 "live_istar": self.live_istar(),
                 "time": time.time(),
-                "ok": True, "source": "controller", "job": self.spec.job.id,
-                "state": self.state, "reason": self.reason, "trainers": self.trainers_signal(),
-                "istar": self.istar, "held": list(self.held), "failure": self.failure,
+                "ok": True,
+                "source": "controller",
+                "job": self.spec.job.id,
+                "state": self.state,
+                "reason": self.reason,
+                "trainers": self.trainers_signal(),
+                "istar": self.istar,
+                "held": list(self.held),
+                "failure": self.failure,
                 "detections": len(self.detections),
-                "shadows": {str(k): {"reachable": m.reachable, "failed": m.failed,
-                                     "rejoining": m.rejoining,
-                                     "last_applied": (self.statuses.get(k) or {}).get(
-                                         "last_applied"),
-                                     "diverged_at": (self.statuses.get(k) or {}).get(
-                                         "diverged_at")}
-                            for k, m in self.members.items()},
-                "switch": None if self.driver is None else {
-                    "converge": self.converge_reports[-1] if self.converge_reports else None},
+                "shadows": {
+                    str(k): {
+                        "reachable": m.reachable,
+                        "failed": m.failed,
+                        "rejoining": m.rejoining,
+                        "last_applied": (self.statuses.get(k) or {}).get("last_applied"),
+                        "diverged_at": (self.statuses.get(k) or {}).get("diverged_at"),
+                    }
+                    for k, m in self.members.items()
+                },
+                "switch": None
+                if self.driver is None
+                else {"converge": self.converge_reports[-1] if self.converge_reports else None},
                 "counters": dict(self.ev),
             }
 
@@ -539,7 +681,7 @@ class Controller:
                 continue
             reply = self._serve(parts[sep + 1])
             try:
-                rep.send_multipart([*parts[:sep + 1], json.dumps(reply).encode()])
+                rep.send_multipart([*parts[: sep + 1], json.dumps(reply).encode()])
             except zmq.ZMQError as e:
                 self.ev["control_send_error"] += 1
                 log.warning("controller reply failed: %s", e)
@@ -555,8 +697,7 @@ class Controller:
         tok = req.get("token")
         if not isinstance(tok, str) or not hmac.compare_digest(tok.encode(), self._token.encode()):
             self.ev["control_bad_token"] += 1
-            event(log, "controller.control_bad_token", level=logging.WARNING,
-                  op=str(req.get("op")))
+            event(log, "controller.control_bad_token", level=logging.WARNING, op=str(req.get("op")))
             return {"ok": False, "code": "bad_token", "error": "wrong or missing job token"}
         op = req.get("op")
         self.ev[f"control_{op}"] += 1
@@ -576,14 +717,20 @@ class Controller:
                     seen = [int(s.get("generation") or 0) for s in self.statuses.values() if s]
                     finished = gen if isinstance(gen, int) else (max(seen) if seen else None)
                     if self.state in ("trainers_failed", "restoring") and (
-                            finished is None or self._generation_at_failure is None
-                            or finished > self._generation_at_failure):
+                        finished is None
+                        or self._generation_at_failure is None
+                        or finished > self._generation_at_failure
+                    ):
                         # a rerun so short that it ended before a poll saw it run: it recovered
                         self._recovered(self.trainers_signal(), finished or 0)
                     self._generation_at_failure = finished
-                    event(log, "controller.job_finished", iteration=req.get("iteration"),
-                          generation=self._generation_at_failure,
-                          requester=str(req.get("requester", "client")))
+                    event(
+                        log,
+                        "controller.job_finished",
+                        iteration=req.get("iteration"),
+                        generation=self._generation_at_failure,
+                        requester=str(req.get("requester", "client")),
+                    )
                     self._set("finished", f"training ended at iteration {req.get('iteration')}")
                 return {"ok": True}
             if op == "release":

@@ -51,8 +51,20 @@ from shadowgrad.wire import DEFAULT_UDP_PORT
 
 from .p4runtime import P4RuntimeClient
 
-__all__ = ["DROP_REASONS", "Entry", "SwitchState", "ConvergeReport", "SwitchDriver", "describe",
-           "plan", "ForwardStage", "GuardStage", "TapStage", "EgressStage", "pipeline_cookie"]
+__all__ = [
+    "DROP_REASONS",
+    "Entry",
+    "SwitchState",
+    "ConvergeReport",
+    "SwitchDriver",
+    "describe",
+    "plan",
+    "ForwardStage",
+    "GuardStage",
+    "TapStage",
+    "EgressStage",
+    "pipeline_cookie",
+]
 
 log = logging.getLogger(__name__)
 
@@ -81,11 +93,23 @@ class Entry:
     metadata: bytes = b""
 
     @staticmethod
-    def make(table: str, match: Mapping[str, MatchValue], action: str,
-             params: Mapping[str, int] | None = None, priority: int = 0, *,
-             metadata: bytes = b"") -> Entry:
-        return Entry(table, tuple(sorted(match.items())), action,
-                     tuple(sorted((params or {}).items())), priority, metadata)
+    def make(
+        table: str,
+        match: Mapping[str, MatchValue],
+        action: str,
+        params: Mapping[str, int] | None = None,
+        priority: int = 0,
+        *,
+        metadata: bytes = b"",
+    ) -> Entry:
+        return Entry(
+            table,
+            tuple(sorted(match.items())),
+            action,
+            tuple(sorted((params or {}).items())),
+            priority,
+            metadata,
+        )
 
     @property
     def key(self) -> tuple[str, tuple[tuple[str, MatchValue], ...], int]:
@@ -165,8 +189,14 @@ class ConvergeReport:
 
     @property
     def writes(self) -> int:
-        return (self.inserted + self.modified + self.deleted + self.groups_inserted
-                + self.groups_modified + self.groups_deleted)
+        return (
+            self.inserted
+            + self.modified
+            + self.deleted
+            + self.groups_inserted
+            + self.groups_modified
+            + self.groups_deleted
+        )
 
 
 def pipeline_cookie(p4info: p4info_pb2.P4Info, device_config: bytes) -> int:
@@ -192,31 +222,41 @@ class _Job:
         sw = spec.switch
         if sw.target == "none":
             raise ConfigError("switch.target", "none", "the switch driver needs a switch")
-        if (layout.num_shadows, layout.replication) != (spec.shadows.count,
-                                                        spec.shadows.replication):
-            raise ConfigError("shadows.count", spec.shadows.count,
-                              f"the layout has {layout.num_shadows} shadows / replication "
-                              f"{layout.replication}")
+        if (layout.num_shadows, layout.replication) != (
+            spec.shadows.count,
+            spec.shadows.replication,
+        ):
+            raise ConfigError(
+                "shadows.count",
+                spec.shadows.count,
+                f"the layout has {layout.num_shadows} shadows / replication {layout.replication}",
+            )
         self.id = spec.job.id
         self.world = spec.trainers.world_size
         self.layout = layout
         self.trainers: list[_Host] = []
         self.shadows: list[_Host] = []
         for kind, addrs, hosts, mac in (
-                ("trainers", spec.trainers.addresses, self.trainers, sw.trainer_mac),
-                ("shadows", spec.shadows.addresses, self.shadows, sw.shadow_mac)):
+            ("trainers", spec.trainers.addresses, self.trainers, sw.trainer_mac),
+            ("shadows", spec.shadows.addresses, self.shadows, sw.shadow_mac),
+        ):
             ports = sw.trainer_ports if kind == "trainers" else sw.shadow_ports
             for i, ep in enumerate(addrs):
                 if not ep.is_ipv4:
-                    raise ConfigError(f"{kind}.addresses[{i}]", str(ep),
-                                      "the switch matches and rewrites IPv4 headers")
+                    raise ConfigError(
+                        f"{kind}.addresses[{i}]",
+                        str(ep),
+                        "the switch matches and rewrites IPv4 headers",
+                    )
                 if spec.job.mode == "in-band" and ep.port != DEFAULT_UDP_PORT:
-                    raise ConfigError(f"{kind}.addresses[{i}]", str(ep),
-                                      f"in-band through a switch needs UDP port "
-                                      f"{DEFAULT_UDP_PORT}: the P4 parser recognises the "
-                                      f"shadowgrad header by it (give each host its own IP)")
-                hosts.append(_Host(ports[i], mac(i), int(ipaddress.IPv4Address(ep.host)),
-                                   ep.port))
+                    raise ConfigError(
+                        f"{kind}.addresses[{i}]",
+                        str(ep),
+                        f"in-band through a switch needs UDP port "
+                        f"{DEFAULT_UDP_PORT}: the P4 parser recognises the "
+                        f"shadowgrad header by it (give each host its own IP)",
+                    )
+                hosts.append(_Host(ports[i], mac(i), int(ipaddress.IPv4Address(ep.host)), ep.port))
         #: the tag of the job's entries in tables without a job key (TableEntry.metadata)
         self.owner_tag = f"shadowgrad-job:{self.id}".encode()
         self.ports = frozenset(h.port for h in (*self.trainers, *self.shadows))
@@ -264,13 +304,33 @@ class ForwardStage(_Stage):
         hosts = [*job.trainers, *job.shadows]
         tag = job.owner_tag
         for h in hosts:
-            out.add(Entry.make("SgIngress.ipv4_forward", {"hdr.ipv4.dstAddr": (h.ip, 32)},
-                               "SgIngress.route", {"port": h.port, "dmac": h.mac},
-                               metadata=tag))
-            out.add(Entry.make("SgIngress.l2_forward", {"hdr.ethernet.dstAddr": h.mac},
-                               "SgIngress.bridge", {"port": h.port}, metadata=tag))
-            out.add(Entry.make("SgIngress.l2_flood", {"standard_metadata.ingress_port": h.port},
-                               "SgIngress.flood", {"grp": job.flood_gid(base)}, metadata=tag))
+            out.add(
+                Entry.make(
+                    "SgIngress.ipv4_forward",
+                    {"hdr.ipv4.dstAddr": (h.ip, 32)},
+                    "SgIngress.route",
+                    {"port": h.port, "dmac": h.mac},
+                    metadata=tag,
+                )
+            )
+            out.add(
+                Entry.make(
+                    "SgIngress.l2_forward",
+                    {"hdr.ethernet.dstAddr": h.mac},
+                    "SgIngress.bridge",
+                    {"port": h.port},
+                    metadata=tag,
+                )
+            )
+            out.add(
+                Entry.make(
+                    "SgIngress.l2_flood",
+                    {"standard_metadata.ingress_port": h.port},
+                    "SgIngress.flood",
+                    {"grp": job.flood_gid(base)},
+                    metadata=tag,
+                )
+            )
         out.groups[job.flood_gid(base)] = frozenset((h.port, 0) for h in hosts)
 
     def owns(self, job: _Job, e: Entry, base: int | None) -> bool:
@@ -282,7 +342,8 @@ class ForwardStage(_Stage):
             return e.metadata == job.owner_tag
         if e.table == "SgIngress.l2_flood":
             return e.m("standard_metadata.ingress_port") in job.ports or (
-                base is not None and e.p("grp") == job.flood_gid(base))
+                base is not None and e.p("grp") == job.flood_gid(base)
+            )
         if dict(e.params).get("port") in job.ports:
             return True
         if e.table == "SgIngress.ipv4_forward":
@@ -299,14 +360,26 @@ class GuardStage(_Stage):
     TABLES = ("SgIngress.jobs", "SgIngress.trainer_ports")
 
     def desired(self, job: _Job, base: int, out: SwitchState) -> None:
-        out.add(Entry.make("SgIngress.jobs", {"hdr.sg.job": job.id}, "SgIngress.job_known",
-                           {"commit_grp": job.commit_gid(base)}))
+        out.add(
+            Entry.make(
+                "SgIngress.jobs",
+                {"hdr.sg.job": job.id},
+                "SgIngress.job_known",
+                {"commit_grp": job.commit_gid(base)},
+            )
+        )
         for rank, h in enumerate(job.trainers):
-            out.add(Entry.make("SgIngress.trainer_ports",
-                               {"standard_metadata.ingress_port": h.port, "hdr.sg.job": job.id},
-                               "SgIngress.trainer", {"rank": rank}))
+            out.add(
+                Entry.make(
+                    "SgIngress.trainer_ports",
+                    {"standard_metadata.ingress_port": h.port, "hdr.sg.job": job.id},
+                    "SgIngress.trainer",
+                    {"rank": rank},
+                )
+            )
         out.groups[job.commit_gid(base)] = frozenset(
-            (h.port, k + 1) for k, h in enumerate(job.shadows))
+            (h.port, k + 1) for k, h in enumerate(job.shadows)
+        )
 
     def gids(self, job: _Job, e: Entry) -> Iterable[int]:
         return (e.p("commit_grp"),) if e.table == "SgIngress.jobs" else ()
@@ -324,18 +397,35 @@ class TapStage(_Stage):
             for r in routes:
                 if r.end <= r.start:
                     continue
-                out.add(Entry.make("SgIngress.tap",
-                                   {"hdr.sg.job": job.id, "hdr.sg.bucket": b,
-                                    "hdr.sg.offset": (r.start, r.end - 1)},
-                                   "SgIngress.to_shard", {"shard": r.shard}, priority=1))
+                out.add(
+                    Entry.make(
+                        "SgIngress.tap",
+                        {
+                            "hdr.sg.job": job.id,
+                            "hdr.sg.bucket": b,
+                            "hdr.sg.offset": (r.start, r.end - 1),
+                        },
+                        "SgIngress.to_shard",
+                        {"shard": r.shard},
+                        priority=1,
+                    )
+                )
         for s in range(lay.num_shards):
             replicas = [(job.shadows[k].port, k + 1) for k in lay.shadows_of_shard(s)]
             for t, h in enumerate(job.trainers):
                 gid = job.shard_gid(base, s, t)
-                out.add(Entry.make("SgIngress.shard_groups",
-                                   {"hdr.sg.job": job.id, "meta.shard": s,
-                                    "standard_metadata.egress_spec": h.port},
-                                   "SgIngress.replicate", {"grp": gid}))
+                out.add(
+                    Entry.make(
+                        "SgIngress.shard_groups",
+                        {
+                            "hdr.sg.job": job.id,
+                            "meta.shard": s,
+                            "standard_metadata.egress_spec": h.port,
+                        },
+                        "SgIngress.replicate",
+                        {"grp": gid},
+                    )
+                )
                 out.groups[gid] = frozenset([(h.port, 0), *replicas])
 
     def gids(self, job: _Job, e: Entry) -> Iterable[int]:
@@ -350,9 +440,14 @@ class EgressStage(_Stage):
 
     def desired(self, job: _Job, base: int, out: SwitchState) -> None:
         for k, h in enumerate(job.shadows):
-            out.add(Entry.make("SgEgress.shadow_rewrite",
-                               {"hdr.sg.job": job.id, "standard_metadata.egress_rid": k + 1},
-                               "SgEgress.to_shadow", {"dmac": h.mac, "dip": h.ip, "dport": h.udp}))
+            out.add(
+                Entry.make(
+                    "SgEgress.shadow_rewrite",
+                    {"hdr.sg.job": job.id, "standard_metadata.egress_rid": k + 1},
+                    "SgEgress.to_shadow",
+                    {"dmac": h.mac, "dip": h.ip, "dport": h.udp},
+                )
+            )
 
 
 STAGES: tuple[_Stage, ...] = (ForwardStage(), GuardStage(), TapStage(), EgressStage())
@@ -398,13 +493,15 @@ class _Codec:
         try:
             return self.tables[name]
         except KeyError:
-            raise ShadowgradError(f"the switch's P4Info has no table {name!r}: is it running "
-                                  "p4/shadowgrad.p4?") from None
+            raise ShadowgradError(
+                f"the switch's P4Info has no table {name!r}: is it running p4/shadowgrad.p4?"
+            ) from None
 
     def encode(self, e: Entry) -> p4runtime_pb2.TableEntry:
         t = self.table(e.table)
-        te = p4runtime_pb2.TableEntry(table_id=t.preamble.id, priority=e.priority,
-                                      metadata=e.metadata)
+        te = p4runtime_pb2.TableEntry(
+            table_id=t.preamble.id, priority=e.priority, metadata=e.metadata
+        )
         match = dict(e.match)
         mt = p4info_pb2.MatchField
         for mf in t.match_fields:
@@ -452,8 +549,14 @@ class _Codec:
             return None
         pnames = {p.id: p.name for p in a.params}
         params = {pnames[p.param_id]: _dec(p.value) for p in te.action.action.params}
-        return Entry.make(t.preamble.name, match, a.preamble.name, params, te.priority,
-                          metadata=bytes(te.metadata))
+        return Entry.make(
+            t.preamble.name,
+            match,
+            a.preamble.name,
+            params,
+            te.priority,
+            metadata=bytes(te.metadata),
+        )
 
 
 # ------------------------------------------------------------------------------ the driver
@@ -466,9 +569,15 @@ class SwitchDriver:
     switch must already run the program (its P4Info is read back).
     """
 
-    def __init__(self, client: P4RuntimeClient, spec: JobSpec, layout: Layout, *,
-                 pipeline: tuple[p4info_pb2.P4Info, bytes] | None = None,
-                 tap: bool = True) -> None:
+    def __init__(
+        self,
+        client: P4RuntimeClient,
+        spec: JobSpec,
+        layout: Layout,
+        *,
+        pipeline: tuple[p4info_pb2.P4Info, bytes] | None = None,
+        tap: bool = True,
+    ) -> None:
         #: ``tap=False`` leaves the tap empty (the same ring, no copies: a benchmark baseline)
         self.tap = tap
         self.client = client
@@ -567,8 +676,11 @@ class SwitchDriver:
 
     def _allocate(self, others: set[int]) -> int:
         n = self.job.n_groups
-        if self.base is not None and self.base + n - 1 <= MAX_GROUP_ID and \
-                not any(g in others for g in range(self.base, self.base + n)):
+        if (
+            self.base is not None
+            and self.base + n - 1 <= MAX_GROUP_ID
+            and not any(g in others for g in range(self.base, self.base + n))
+        ):
             return self.base
         base = 1
         while base + n - 1 <= MAX_GROUP_ID:
@@ -642,10 +754,18 @@ class SwitchDriver:
                 rep.groups_deleted += 1
         self._write(ups)
         self.base = base
-        event(log, "controller.switch.converged", job=self.job.id, writes=rep.writes,
-              inserted=rep.inserted, modified=rep.modified, deleted=rep.deleted,
-              groups=(rep.groups_inserted, rep.groups_modified, rep.groups_deleted),
-              pipeline_pushed=rep.pipeline_pushed, group_base=base)
+        event(
+            log,
+            "controller.switch.converged",
+            job=self.job.id,
+            writes=rep.writes,
+            inserted=rep.inserted,
+            modified=rep.modified,
+            deleted=rep.deleted,
+            groups=(rep.groups_inserted, rep.groups_modified, rep.groups_deleted),
+            pipeline_pushed=rep.pipeline_pushed,
+            group_base=base,
+        )
         return rep
 
     def remove(self) -> ConvergeReport:
@@ -673,7 +793,7 @@ class SwitchDriver:
 
     def _write(self, ups: Sequence[Any]) -> None:
         for i in range(0, len(ups), _BATCH):
-            self.client.write(ups[i:i + _BATCH])
+            self.client.write(ups[i : i + _BATCH])
 
     # -- counters ------------------------------------------------------------------------
     def _counter(self, name: str) -> dict[int, tuple[int, int]]:
@@ -711,7 +831,11 @@ class SwitchDriver:
             "commits": [commits.get(h.port, zero) for h in job.trainers],
             "shadow_copies": shadow,
             "shard_copies": shard,
-            "drops": {r: (drops.get(i, zero)[0] + edrops.get(i, zero)[0],
-                          drops.get(i, zero)[1] + edrops.get(i, zero)[1])
-                      for i, r in enumerate(DROP_REASONS)},
+            "drops": {
+                r: (
+                    drops.get(i, zero)[0] + edrops.get(i, zero)[0],
+                    drops.get(i, zero)[1] + edrops.get(i, zero)[1],
+                )
+                for i, r in enumerate(DROP_REASONS)
+            },
         }

@@ -79,17 +79,40 @@ HEALTH = ("ok", "lagging", "stale", "diverged", "unloaded", "error", "unreachabl
 #: ``stale``, ``ahead_of_window``, ``out_of_layout``, ``dtype_mismatch``, ``not_mine``,
 #: ``no_buffer``, ``commit_ahead``, ``commit_not_rank0``, ``ready_bad_sender``,
 #: ``ready_bad_shard``, ``unexpected_kind`` and any reason added later -- is a drop.
-NOT_DROPS = frozenset({
-    "data", "retx", "duplicate",
-    "commit", "commit_filled", "commit_duplicate", "commit_stale",
-    "ready", "ready_stale",
-})
+NOT_DROPS = frozenset(
+    {
+        "data",
+        "retx",
+        "duplicate",
+        "commit",
+        "commit_filled",
+        "commit_duplicate",
+        "commit_stale",
+        "ready",
+        "ready_stale",
+    }
+)
 
 #: events of a shadow worth showing (always present in the view, 0 when not counted yet)
-EVENTS = ("nack_sent", "nack_ranges", "repaired_bytes", "diverged", "resynced", "seeded",
-          "cloned", "loads", "replay_failed", "resync_failed", "clone_failed",
-          "repair_trainers_silent", "snapshots", "snapshot_failed", "load_stale_generation",
-          "control_bad_token", "send_error")
+EVENTS = (
+    "nack_sent",
+    "nack_ranges",
+    "repaired_bytes",
+    "diverged",
+    "resynced",
+    "seeded",
+    "cloned",
+    "loads",
+    "replay_failed",
+    "resync_failed",
+    "clone_failed",
+    "repair_trainers_silent",
+    "snapshots",
+    "snapshot_failed",
+    "load_stale_generation",
+    "control_bad_token",
+    "send_error",
+)
 
 #: a shadow is lagging when more than this many iterations behind the trainers (or a quarter
 #: of its window, when that is smaller, but never below 2: iterations in flight are normal)
@@ -155,17 +178,23 @@ def _poll(spec: JobSpec, token: str, timeout_s: float) -> dict[int, Reply]:
             return Reply(None, "unreachable", f"{ep}: {e}", False)
 
     try:
-        with ThreadPoolExecutor(max_workers=max(1, min(count, 256)),
-                                thread_name_prefix="sg-status") as pool:
+        with ThreadPoolExecutor(
+            max_workers=max(1, min(count, 256)), thread_name_prefix="sg-status"
+        ) as pool:
             results = list(pool.map(one, range(count)))
     finally:
         ctx.term()
     return dict(enumerate(results))
 
 
-def collect(spec: JobSpec, *, token: str | None = None, timeout_s: float | None = None,
-            switch: SwitchCounters | None = None,
-            previous: Mapping[str, Any] | None = None) -> dict[str, Any]:
+def collect(
+    spec: JobSpec,
+    *,
+    token: str | None = None,
+    timeout_s: float | None = None,
+    switch: SwitchCounters | None = None,
+    previous: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
     """Poll every shadow of ``spec`` (``status`` over its control endpoint, ``timeout_s``
     each, default ``timeouts.rpc``; all at once) and return the job view (module docstring).
     ``token``: the job's token (default ``spec.token()``); ``switch``: an object with
@@ -185,8 +214,9 @@ def collect(spec: JobSpec, *, token: str | None = None, timeout_s: float | None 
             sw = dict(switch.counters())
         except Exception as e:  # the switch is optional: report, do not fail the view
             sw = {"error": f"{type(e).__name__}: {e}"}
-    return build(spec, polled, now=now, elapsed_s=time.monotonic() - t0, switch=sw,
-                 previous=previous)
+    return build(
+        spec, polled, now=now, elapsed_s=time.monotonic() - t0, switch=sw, previous=previous
+    )
 
 
 # ------------------------------------------------------------------------------- the view
@@ -233,40 +263,61 @@ def _shadow_row(spec: JobSpec, k: int, reply: Reply) -> dict[str, Any]:
     }
 
 
-def build(spec: JobSpec, polled: Mapping[int, Reply], *, now: float | None = None,
-          elapsed_s: float = 0.0, switch: Mapping[str, Any] | None = None,
-          previous: Mapping[str, Any] | None = None) -> dict[str, Any]:
+def build(
+    spec: JobSpec,
+    polled: Mapping[int, Reply],
+    *,
+    now: float | None = None,
+    elapsed_s: float = 0.0,
+    switch: Mapping[str, Any] | None = None,
+    previous: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
     """The view from already polled replies, ``polled[shadow]`` (what :func:`collect` gathers;
     a controller that polls the shadows itself builds the same view; a shadow missing from
     ``polled`` counts as unreachable)."""
     t = spec.timeouts
     num_shards, replication = spec.num_shards, spec.shadows.replication
-    replies = {k: polled.get(k, Reply(None, "unreachable", "not polled", False))
-               for k in range(spec.shadows.count)}
+    replies = {
+        k: polled.get(k, Reply(None, "unreachable", "not polled", False))
+        for k in range(spec.shadows.count)
+    }
     statuses = {k: r.status for k, r in replies.items()}
     answering = {k: s for k, s in statuses.items() if s is not None}
     rows = [_shadow_row(spec, k, r) for k, r in replies.items()]
     problems: list[str] = []
 
     # trainers: as the shadows hear them
-    seen = [int(s["newest_seen"]) for s in answering.values()
-            if s.get("newest_seen") is not None]
+    seen = [int(s["newest_seen"]) for s in answering.values() if s.get("newest_seen") is not None]
     iteration = max(seen) if seen else None
-    silent = [float(s["trainers_silent_s"]) for s in answering.values()
-              if s.get("trainers_silent_s") is not None]
+    silent = [
+        float(s["trainers_silent_s"])
+        for s in answering.values()
+        if s.get("trainers_silent_s") is not None
+    ]
     silent_s = min(silent) if silent else None
     alive = None if silent_s is None else silent_s < t.failure_detect_s
     state = "unknown" if alive is None else "running" if alive else "silent"
     trainers: dict[str, Any] = {
-        "world_size": spec.trainers.world_size, "iteration": iteration, "silent_s": silent_s,
-        "failure_detect_s": t.failure_detect_s, "alive": alive, "state": state,
+        "world_size": spec.trainers.world_size,
+        "iteration": iteration,
+        "silent_s": silent_s,
+        "failure_detect_s": t.failure_detect_s,
+        "alive": alive,
+        "state": state,
         "iterations_per_s": None,
     }
 
     # I*: the one rule, in core
-    istar: dict[str, Any] = {"iteration": None, "fresh": False, "source": [], "usable": [],
-                             "layout": None, "generations": [], "reason": None,
-                             "reachable": len(answering)}
+    istar: dict[str, Any] = {
+        "iteration": None,
+        "fresh": False,
+        "source": [],
+        "usable": [],
+        "layout": None,
+        "generations": [],
+        "reason": None,
+        "reachable": len(answering),
+    }
     try:
         point = restore_point(statuses, num_shards=num_shards, replication=replication)
     except NoRestorePointError as e:
@@ -280,11 +331,18 @@ def build(spec: JobSpec, polled: Mapping[int, Reply], *, now: float | None = Non
             # not answer (or refuse), whether they hold state is not known: report no I*
             istar["reason"] = (
                 f"unknown: {silent_shadows} of {spec.shadows.count} shadows did not answer and "
-                "none of the others holds state")
+                "none of the others holds state"
+            )
         else:
-            istar.update(iteration=point.istar, fresh=point.fresh, source=list(point.source),
-                         usable=list(point.usable), layout=point.digest,
-                         generations=list(point.generations), reachable=point.reachable)
+            istar.update(
+                iteration=point.istar,
+                fresh=point.fresh,
+                source=list(point.source),
+                usable=list(point.usable),
+                layout=point.digest,
+                generations=list(point.generations),
+                reachable=point.reachable,
+            )
 
     # every shadow
     loaded_gens = [int(s.get("generation") or 0) for s in answering.values() if s.get("loaded")]
@@ -310,16 +368,22 @@ def build(spec: JobSpec, polled: Mapping[int, Reply], *, now: float | None = Non
             row["lag"] = max(0, iteration - int(la))
         if row["diverged_at"] is not None:
             row["health"] = "diverged"
-            problems.append(f"shadow {k} diverged at iteration {row['diverged_at']} "
-                            "(waiting for a resync or a re-seed)")
+            problems.append(
+                f"shadow {k} diverged at iteration {row['diverged_at']} "
+                "(waiting for a resync or a re-seed)"
+            )
         elif job_gen is not None and int(row["generation"] or 0) < job_gen:
             row["health"] = "stale"
-            problems.append(f"shadow {k} holds generation {row['generation']}, the job runs "
-                            f"{job_gen} (an older instance's state)")
+            problems.append(
+                f"shadow {k} holds generation {row['generation']}, the job runs "
+                f"{job_gen} (an older instance's state)"
+            )
         elif row["lag"] is not None and row["lag"] > row["lag_threshold"]:
             row["health"] = "lagging"
-            problems.append(f"shadow {k} is lagging: {row['lag']} iterations behind "
-                            f"(applied {la}, trainers at {iteration})")
+            problems.append(
+                f"shadow {k} is lagging: {row['lag']} iterations behind "
+                f"(applied {la}, trainers at {iteration})"
+            )
         else:
             row["health"] = "ok"
 
@@ -330,23 +394,36 @@ def build(spec: JobSpec, polled: Mapping[int, Reply], *, now: float | None = Non
         ans = [m for m in members if statuses[m] is not None]
         usable = [m for m in ans if usable_iteration(statuses[m] or {}) is not None]
         healthy = [m for m in members if rows[m]["health"] in ("ok", "lagging")]
-        st = ("unavailable" if not usable else
-              "ok" if len(healthy) == len(members) else "degraded")
+        st = "unavailable" if not usable else "ok" if len(healthy) == len(members) else "degraded"
         if st == "unavailable":
-            why = ("no replica answers" if not ans else
-                   f"no replica holds usable state ({len(ans)} of {len(members)} answer)")
+            why = (
+                "no replica answers"
+                if not ans
+                else f"no replica holds usable state ({len(ans)} of {len(members)} answer)"
+            )
             problems.append(f"shard {shard} unavailable: {why} (replication {replication})")
         elif st == "degraded":
-            problems.append(f"shard {shard} degraded: {len(healthy)} of {len(members)} "
-                            "replicas healthy")
-        shards.append({"shard": shard, "shadows": list(members), "answering": len(ans),
-                       "usable": len(usable), "healthy": len(healthy), "state": st})
+            problems.append(
+                f"shard {shard} degraded: {len(healthy)} of {len(members)} replicas healthy"
+            )
+        shards.append(
+            {
+                "shard": shard,
+                "shadows": list(members),
+                "answering": len(ans),
+                "usable": len(usable),
+                "healthy": len(healthy),
+                "state": st,
+            }
+        )
 
     if istar["reason"] is not None:
         problems.append(f"no restore point: {istar['reason']}")
     if state == "silent":
-        problems.append(f"trainers silent for {silent_s:.1f}s (failure_detect "
-                        f"{t.failure_detect_s:g}s): the job is stopped, crashed or restarting")
+        problems.append(
+            f"trainers silent for {silent_s:.1f}s (failure_detect "
+            f"{t.failure_detect_s:g}s): the job is stopped, crashed or restarting"
+        )
     elif state == "unknown":
         problems.append("trainers: unknown (no shadow answers)")
     if switch is not None and "error" in switch:
@@ -362,33 +439,39 @@ def build(spec: JobSpec, polled: Mapping[int, Reply], *, now: float | None = Non
         prev_rows = {int(r["id"]): r for r in previous.get("shadows") or []}
         for row in rows:
             p = prev_rows.get(row["id"])
-            if p is None or row["last_applied"] is None or p.get("generation") != row[
-                    "generation"]:
+            if p is None or row["last_applied"] is None or p.get("generation") != row["generation"]:
                 continue
             row["rates"] = {
                 "applied_per_s": _rate(row["last_applied"], p.get("last_applied"), dt),
                 "drops_per_s": _rate(row["drops_total"], p.get("drops_total"), dt),
-                "nacks_per_s": _rate(row["events"]["nack_sent"],
-                                     (p.get("events") or {}).get("nack_sent"), dt),
+                "nacks_per_s": _rate(
+                    row["events"]["nack_sent"], (p.get("events") or {}).get("nack_sent"), dt
+                ),
             }
 
     ok = sum(r["health"] == "ok" for r in rows)
     if not problems:
-        summary = (f"healthy: I* = {istar['iteration']}, trainers {state} at iteration "
-                   f"{iteration}, {ok}/{len(rows)} shadows ok")
+        summary = (
+            f"healthy: I* = {istar['iteration']}, trainers {state} at iteration "
+            f"{iteration}, {ok}/{len(rows)} shadows ok"
+        )
     else:
         more = f" (+{len(problems) - 1} more)" if len(problems) > 1 else ""
         summary = f"DEGRADED: {problems[0]}{more}"
     view: dict[str, Any] = {
         "schema": SCHEMA,
         "source": SOURCE_SHADOWS,
-        "controller": (None if spec.controller.address is None
-                       else str(spec.controller.address)),
+        "controller": (None if spec.controller.address is None else str(spec.controller.address)),
         "time": now if now is not None else time.time(),
         "elapsed_s": round(elapsed_s, 3),
-        "job": {"id": spec.job.id, "name": spec.job.name, "mode": spec.job.mode,
-                "shadows": spec.shadows.count, "shards": num_shards,
-                "replication": replication},
+        "job": {
+            "id": spec.job.id,
+            "name": spec.job.name,
+            "mode": spec.job.mode,
+            "shadows": spec.shadows.count,
+            "shards": num_shards,
+            "replication": replication,
+        },
         "trainers": trainers,
         "istar": istar,
         "shards": shards,
@@ -410,15 +493,25 @@ def exit_status(view: Mapping[str, Any]) -> int:
 # ------------------------------------------------------------------------------- text
 
 _RED, _YELLOW, _GREEN, _BOLD, _RESET = "\x1b[31m", "\x1b[33m", "\x1b[32m", "\x1b[1m", "\x1b[0m"
-_HEALTH_COLOUR = {"ok": _GREEN, "lagging": _YELLOW, "unloaded": _YELLOW, "stale": _RED,
-                  "diverged": _RED, "error": _RED, "unreachable": _RED}
+_HEALTH_COLOUR = {
+    "ok": _GREEN,
+    "lagging": _YELLOW,
+    "unloaded": _YELLOW,
+    "stale": _RED,
+    "diverged": _RED,
+    "error": _RED,
+    "unreachable": _RED,
+}
 
 
 def use_colour(stream: Any) -> bool:
     """ANSI colours: only on a terminal, and never with ``NO_COLOR`` set (no-color.org)."""
     isatty = getattr(stream, "isatty", None)
-    return bool(isatty and isatty()) and "NO_COLOR" not in os.environ \
+    return (
+        bool(isatty and isatty())
+        and "NO_COLOR" not in os.environ
         and os.environ.get("TERM") != "dumb"
+    )
 
 
 def _fmt(v: Any) -> str:
@@ -438,20 +531,25 @@ def _drops_text(row: Mapping[str, Any], top: int = 3) -> str:
 
 def render_text(view: Mapping[str, Any], *, colour: bool = False) -> str:
     """The view as the plain-text table of ``shadowgrad status`` (ANSI colours if asked)."""
+
     def paint(text: str, code: str | None) -> str:
         return f"{code}{text}{_RESET}" if colour and code else text
 
     job, tr, ist = view["job"], view["trainers"], view["istar"]
     when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(view["time"])))
-    title = (f"job {job['id']} {job['name']} ({job['mode']}): {job['shadows']} shadows, "
-             f"{job['shards']} shards x {job['replication']} "
-             f"{'replica' if job['replication'] == 1 else 'replicas'}")
+    title = (
+        f"job {job['id']} {job['name']} ({job['mode']}): {job['shadows']} shadows, "
+        f"{job['shards']} shards x {job['replication']} "
+        f"{'replica' if job['replication'] == 1 else 'replicas'}"
+    )
     lines = [paint(title, _BOLD) + f"   {when}   source: {view['source']}"]
     silent = "-" if tr["silent_s"] is None else f"{tr['silent_s']:.2f}s"
     tstate = paint(tr["state"], {"running": _GREEN, "silent": _RED}.get(tr["state"], _YELLOW))
     rate = "" if tr.get("iterations_per_s") is None else f", {tr['iterations_per_s']:g} it/s"
-    lines.append(f"trainers: iteration {_fmt(tr['iteration'])}, {tstate}, silent {silent} "
-                 f"(failure_detect {tr['failure_detect_s']:g}s){rate}")
+    lines.append(
+        f"trainers: iteration {_fmt(tr['iteration'])}, {tstate}, silent {silent} "
+        f"(failure_detect {tr['failure_detect_s']:g}s){rate}"
+    )
     cs = view.get("controller_state")
     if cs is not None:
         if "error" in cs:
@@ -459,9 +557,11 @@ def render_text(view: Mapping[str, Any], *, colour: bool = False) -> str:
         else:
             held = (cs.get("istar") or {}).get("istar")
             extra = f", I* {held} held on {cs.get('held')}" if cs.get("held") else ""
-            lines.append("controller: " + paint(
-                str(cs.get("state")), _GREEN if cs.get("state") == "running" else _YELLOW)
-                + f" ({cs.get('reason')}){extra}")
+            lines.append(
+                "controller: "
+                + paint(str(cs.get("state")), _GREEN if cs.get("state") == "running" else _YELLOW)
+                + f" ({cs.get('reason')}){extra}"
+            )
     if ist["reason"] is not None:
         lines.append("I*: " + paint(f"none: {ist['reason']}", _RED))
     elif ist["fresh"]:
@@ -469,8 +569,10 @@ def render_text(view: Mapping[str, Any], *, colour: bool = False) -> str:
     else:
         srcs = ", ".join(f"shard {s} <- shadow {k}" for s, k in enumerate(ist["source"]))
         lines.append(f"I*: {ist['iteration']}   sources: {srcs}")
-    head = (f"{'shadow':>6}  {'shard/rep':<9}  {'health':<11}  {'applied':>8}  {'lag':>5}  "
-            f"{'diverged':>8}  {'gen':>13}  drops")
+    head = (
+        f"{'shadow':>6}  {'shard/rep':<9}  {'health':<11}  {'applied':>8}  {'lag':>5}  "
+        f"{'diverged':>8}  {'gen':>13}  drops"
+    )
     lines.append(head)
     for r in view["shadows"]:
         health = f"{r['health']:<11}"
@@ -478,7 +580,8 @@ def render_text(view: Mapping[str, Any], *, colour: bool = False) -> str:
             f"{r['id']:>6}  {str(r['shard']) + '/' + str(r['replica']):<9}  "
             f"{paint(health, _HEALTH_COLOUR.get(r['health']))}  {_fmt(r['last_applied']):>8}  "
             f"{_fmt(r['lag']):>5}  {_fmt(r['diverged_at']):>8}  {_fmt(r['generation']):>13}  "
-            f"{_drops_text(r)}")
+            f"{_drops_text(r)}"
+        )
     if view.get("switch") is not None:
         sw = view["switch"]
         if "error" in sw:

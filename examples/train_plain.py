@@ -29,16 +29,29 @@ def main() -> None:
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     torch.manual_seed(0)
-    net = nn.Sequential(nn.Linear(64, 128), nn.GELU(), nn.Linear(128, 128), nn.GELU(),
-                        nn.LayerNorm(128), nn.Linear(128, 2))
+    net = nn.Sequential(
+        nn.Linear(64, 128),
+        nn.GELU(),
+        nn.Linear(128, 128),
+        nn.GELU(),
+        nn.LayerNorm(128),
+        nn.Linear(128, 2),
+    )
     model = DistributedDataParallel(net)
     decay = [p for n, p in model.named_parameters() if n.endswith("weight")]
     rest = [p for n, p in model.named_parameters() if not n.endswith("weight")]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1},
-                             {"params": rest, "weight_decay": 0.0}], lr=3e-3)
+    opt = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": 0.1}, {"params": rest, "weight_decay": 0.0}], lr=3e-3
+    )
     warm = 5
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / warm) * 0.5 * (
-        1 + math.cos(math.pi * min(s, args.steps) / args.steps)))
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt,
+        lambda s: (
+            min(1.0, (s + 1) / warm)
+            * 0.5
+            * (1 + math.cos(math.pi * min(s, args.steps) / args.steps))
+        ),
+    )
     scaler = torch.amp.GradScaler("cpu", init_scale=2.0**126, growth_interval=10)
     for step in range(0, args.steps):
         x, y = batch(step, rank)
@@ -53,8 +66,14 @@ def main() -> None:
         if rank == 0:
             print(f"step {step} loss {loss.item().hex()}", flush=True)
     if args.out and rank == 0:
-        torch.save({"model": model.module.state_dict(),
-                    "optimizer": opt.state_dict(), "scaler": scaler.state_dict()}, args.out)
+        torch.save(
+            {
+                "model": model.module.state_dict(),
+                "optimizer": opt.state_dict(),
+                "scaler": scaler.state_dict(),
+            },
+            args.out,
+        )
     dist.destroy_process_group()
 
 

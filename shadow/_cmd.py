@@ -7,17 +7,31 @@ import argparse
 
 def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--spec", required=True, help="job spec (TOML)")
-    p.add_argument("--id", type=int, required=True, dest="shadow_id",
-                   help="this shadow's index in shadows.addresses")
-    p.add_argument("--layout", default=None,
-                   help="layout JSON (shadowgrad layout output); otherwise it comes with 'load'")
-    p.add_argument("--threads", type=int, default=1,
-                   help="torch intra-op threads for the optimizer replay (default 1: the replay "
-                        "is memory-bound, and a shadow sharing cores with trainers or other "
-                        "shadows must not spin idle OpenMP threads on them)")
-    p.add_argument("--control-bind", default=None,
-                   help="zmq bind address of the control endpoint "
-                        "(default tcp://<host>:<control_port + id>)")
+    p.add_argument(
+        "--id",
+        type=int,
+        required=True,
+        dest="shadow_id",
+        help="this shadow's index in shadows.addresses",
+    )
+    p.add_argument(
+        "--layout",
+        default=None,
+        help="layout JSON (shadowgrad layout output); otherwise it comes with 'load'",
+    )
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch intra-op threads for the optimizer replay (default 1: the replay "
+        "is memory-bound, and a shadow sharing cores with trainers or other "
+        "shadows must not spin idle OpenMP threads on them)",
+    )
+    p.add_argument(
+        "--control-bind",
+        default=None,
+        help="zmq bind address of the control endpoint (default tcp://<host>:<control_port + id>)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:

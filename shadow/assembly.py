@@ -147,10 +147,16 @@ class ShardGeometry:
         per_bucket: list[list[Segment]] = [[] for _ in range(nb)]
         for k, box in enumerate(self.boxes):
             if box.nbytes:
-                per_bucket[box.bucket].append(Segment(
-                    k, box.bucket, box.bucket_offset, box.bucket_end, offs[k],
-                    DTYPES[box.dtype].itemsize,
-                ))
+                per_bucket[box.bucket].append(
+                    Segment(
+                        k,
+                        box.bucket,
+                        box.bucket_offset,
+                        box.bucket_end,
+                        offs[k],
+                        DTYPES[box.dtype].itemsize,
+                    )
+                )
         for segs in per_bucket:
             segs.sort(key=lambda s: s.start)
         self.segments: tuple[tuple[Segment, ...], ...] = tuple(tuple(s) for s in per_bucket)
@@ -161,9 +167,7 @@ class ShardGeometry:
             self.bucket_dtype[box.bucket] = int(wire_code(box.dtype))
         self.bucket_nbytes = layout.bucket_nbytes
 
-    def overlaps(
-        self, bucket: int, offset: int, length: int
-    ) -> Iterator[tuple[Segment, int, int]]:
+    def overlaps(self, bucket: int, offset: int, length: int) -> Iterator[tuple[Segment, int, int]]:
         """Segments of ``bucket`` overlapping bucket bytes ``[offset, offset+length)``, with the
         overlap ``[a, b)`` in bucket coordinates."""
         segs = self.segments[bucket]
@@ -214,7 +218,7 @@ class ShardGeometry:
         out: list[torch.Tensor] = []
         for k, box in enumerate(self.boxes):
             lo = self.local_offsets[k]
-            t = buf[lo:lo + box.nbytes].view(_TORCH_DTYPES[box.dtype])
+            t = buf[lo : lo + box.nbytes].view(_TORCH_DTYPES[box.dtype])
             out.append(t.view(box.lengths))
         return out
 
@@ -248,7 +252,7 @@ class IterBuffer:
             if offset + n <= seg.end:  # fast path: the chunk lies inside one box
                 ls = seg.local + (offset - seg.start)
                 for x, y in self.cov.add(ls, ls + n):
-                    mv[x:y] = payload[x - ls:y - ls]
+                    mv[x:y] = payload[x - ls : y - ls]
                     new += y - x
                 return PlaceResult(n, new)
         for seg, a, b in geom.overlaps(bucket, offset, n):
@@ -256,7 +260,7 @@ class IterBuffer:
             ls = seg.local + (a - seg.start)
             for x, y in self.cov.add(ls, ls + (b - a)):
                 src = a + (x - ls) - offset
-                mv[x:y] = payload[src:src + (y - x)]
+                mv[x:y] = payload[src : src + (y - x)]
                 new += y - x
         return PlaceResult(owned, new)
 

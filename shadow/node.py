@@ -194,8 +194,11 @@ class ShadowNode:
         self._job = spec.job.id
         self._layout_hint = layout
         self._peer_controls = dict(peer_controls or {})
-        self._refresh_s = (self.opts.ready_refresh_s if self.opts.ready_refresh_s is not None
-                           else min(spec.timeouts.heartbeat_s, 0.05))
+        self._refresh_s = (
+            self.opts.ready_refresh_s
+            if self.opts.ready_refresh_s is not None
+            else min(spec.timeouts.heartbeat_s, 0.05)
+        )
         self._gap_s = spec.timeouts.gap_repair_s
         # the trainers are "silent" (the job is stopped, crashed or restarting) when nothing came
         # from any of them for failure_detect: unanswered NACKs are then no sign of divergence
@@ -205,15 +208,17 @@ class ShadowNode:
         # sockets
         if sock is None:
             ep = spec.shadows.addresses[shadow_id]
-            sock = socket.socket(socket.AF_INET6 if ":" in ep.host else socket.AF_INET,
-                                 socket.SOCK_DGRAM)
+            sock = socket.socket(
+                socket.AF_INET6 if ":" in ep.host else socket.AF_INET, socket.SOCK_DGRAM
+            )
             try:
                 sock.bind((ep.host, ep.port))
             except OSError as e:
                 sock.close()
                 raise ShadowgradError(
                     f"shadow {shadow_id}: cannot bind its data address "
-                    f"shadows.addresses[{shadow_id}] = {ep}: {e}") from None
+                    f"shadows.addresses[{shadow_id}] = {ep}: {e}"
+                ) from None
         self.sock = sock
         self._set_rcvbuf()
         self.sock.settimeout(self.opts.tick_s)
@@ -222,8 +227,11 @@ class ShadowNode:
         # records are authenticated with the job's key (never the token itself); DATA and
         # COMMIT are taken only from the trainers' addresses, READY only from the peers'
         self._key = wire.mac_key(self._token, self._job)
-        self._require = (wire.AUTHENTICATED_KINDS | {wire.Kind.DATA}
-                         if spec.security.authenticate_data else wire.AUTHENTICATED_KINDS)
+        self._require = (
+            wire.AUTHENTICATED_KINDS | {wire.Kind.DATA}
+            if spec.security.authenticate_data
+            else wire.AUTHENTICATED_KINDS
+        )
         self._trainer_src = {resolve(a) for a in self._trainer_addrs}
         self._peer_src = {resolve(a) for k, a in enumerate(self._peer_addrs) if k != shadow_id}
         self._src_cache: dict[tuple[str, int], tuple[bool, bool]] = {}
@@ -313,15 +321,25 @@ class ShadowNode:
         if self._layout_hint is not None:
             self._check_layout(self._layout_hint)
         loops: list[tuple[str, Any, tuple[int, ...]]] = [
-            (f"rx{k}", self._rx_loop, (k,)) for k in range(self.opts.rx_threads)]
+            (f"rx{k}", self._rx_loop, (k,)) for k in range(self.opts.rx_threads)
+        ]
         loops += [("apply", self._apply_loop, ()), ("control", self._control_loop, ())]
         for name, target, args in loops:
-            t = threading.Thread(target=self._guard, args=(target, *args),
-                                 name=f"shadow{self.id}-{name}", daemon=True)
+            t = threading.Thread(
+                target=self._guard,
+                args=(target, *args),
+                name=f"shadow{self.id}-{name}",
+                daemon=True,
+            )
             t.start()
             self._threads.append(t)
-        event(log, "shadow.start", shadow=self.id, data=f"{self.data_address}",
-              control=self.control_endpoint)
+        event(
+            log,
+            "shadow.start",
+            shadow=self.id,
+            data=f"{self.data_address}",
+            control=self.control_endpoint,
+        )
         return self
 
     def _guard(self, target: Any, *args: Any) -> None:
@@ -329,8 +347,12 @@ class ShadowNode:
             target(*args)
         except BaseException as e:  # a thread must not die silently
             self._error = e
-            log.error("shadow %d thread %s died:\n%s", self.id, threading.current_thread().name,
-                      traceback.format_exc())
+            log.error(
+                "shadow %d thread %s died:\n%s",
+                self.id,
+                threading.current_thread().name,
+                traceback.format_exc(),
+            )
             self._stop.set()
 
     def stop(self, timeout_s: float = 5.0) -> None:
@@ -397,15 +419,21 @@ class ShadowNode:
                     self._timers(now)
                     next_timer = now + self.opts.tick_s
 
-    def handle_datagram(self, data: memoryview | bytes | bytearray,
-                        src: tuple[str, int] | None = None) -> str:
+    def handle_datagram(
+        self, data: memoryview | bytes | bytearray, src: tuple[str, int] | None = None
+    ) -> str:
         """Verify and handle one datagram from ``src``; return the rx counter it was counted
         under. DATA and COMMIT count only from a trainer's address and READY only from a
         peer's (``src=None``: a caller that has checked the source itself)."""
         ld = self._ld
         try:
-            msg = wire.decode(data, job=self._job, layout=None if ld is None else self._digest,
-                              key=self._key, require=self._require)
+            msg = wire.decode(
+                data,
+                job=self._job,
+                layout=None if ld is None else self._digest,
+                key=self._key,
+                require=self._require,
+            )
         except WireError as e:
             reason = "wire." + e.reason
             self.rx[reason] += 1
@@ -461,8 +489,10 @@ class ShadowNode:
         if it > self._last_applied + ld.window:
             return "ahead_of_window"
         geom = ld.geom
-        if h.bucket >= len(geom.bucket_nbytes) or h.offset + h.length > geom.bucket_nbytes[
-                h.bucket]:
+        if (
+            h.bucket >= len(geom.bucket_nbytes)
+            or h.offset + h.length > geom.bucket_nbytes[h.bucket]
+        ):
             return "out_of_layout"
         if h.dtype != geom.bucket_dtype[h.bucket]:
             return "dtype_mismatch"
@@ -641,8 +671,14 @@ class ShadowNode:
         body = wire.ReadyRecord(ld.shard, ld.replica, state, _enc(self._last_applied)).body()
         self._seq = max(self._seq + 1, time.time_ns())
         data = wire.encode(
-            wire.Kind.READY, job=self._job, sender=self.id, iteration=_enc(it), seq=self._seq,
-            layout=self._digest, payload=body, flags=wire.Flag.RETX if retx else 0,
+            wire.Kind.READY,
+            job=self._job,
+            sender=self.id,
+            iteration=_enc(it),
+            seq=self._seq,
+            layout=self._digest,
+            payload=body,
+            flags=wire.Flag.RETX if retx else 0,
             key=self._key,
         )
         for sid, addr in enumerate(self._peer_addrs):
@@ -698,7 +734,8 @@ class ShadowNode:
                 rec.nack_rounds = 0  # progress since the last round
             if rec.nack_rounds >= self.opts.max_repair_rounds:
                 if now - self._trainer_rx_at > self._silent_s and (
-                        self._holds or not self._replica_applied(i)):
+                    self._holds or not self._replica_applied(i)
+                ):
                     # no trainer has sent anything for failure_detect (the job was killed, is
                     # paused or is restarting): nobody can answer, which says nothing about the
                     # data. Keep asking at the slowest rate; one more unanswered round once a
@@ -711,20 +748,29 @@ class ShadowNode:
                     if not rec.waited_silent:
                         rec.waited_silent = True
                         self.ev["repair_trainers_silent"] += 1
-                        event(log, "shadow.repair_waiting", level=logging.INFO, shadow=self.id,
-                              iteration=i, silent_s=round(now - self._trainer_rx_at, 3))
+                        event(
+                            log,
+                            "shadow.repair_waiting",
+                            level=logging.INFO,
+                            shadow=self.id,
+                            iteration=i,
+                            silent_s=round(now - self._trainer_rx_at, 3),
+                        )
                     rec.nack_rounds = self.opts.max_repair_rounds - 1
                 else:
                     self._diverge(i, covered)
                     continue
             rec.nack_rounds += 1
             rec.covered_at_nack = covered
-            rec.next_nack = now + self._gap_s * self.opts.repair_backoff ** rec.nack_rounds
+            rec.next_nack = now + self._gap_s * self.opts.repair_backoff**rec.nack_rounds
             if rec.buf is None:
                 rec.buf = self._take_buf(ld)
             cov = rec.buf.cov if rec.buf is not None else IntervalSet()
-            self._send_nack(i, ld.geom.missing(cov) if not rec.complete() else [],
-                            commit_missing=rec.commit is None)
+            self._send_nack(
+                i,
+                ld.geom.missing(cov) if not rec.complete() else [],
+                commit_missing=rec.commit is None,
+            )
 
     def _replica_applied(self, it: int) -> bool:
         """Whether a replica of this shard, not diverged, reports iteration ``it`` applied (its
@@ -737,8 +783,9 @@ class ShadowNode:
                 return True
         return False
 
-    def _send_nack(self, it: int, missing: list[tuple[int, int, int]], *,
-                   commit_missing: bool) -> None:
+    def _send_nack(
+        self, it: int, missing: list[tuple[int, int, int]], *, commit_missing: bool
+    ) -> None:
         ld = self._ld
         assert ld is not None
         by_rank: dict[int, list[tuple[int, int, int]]] = {}
@@ -753,20 +800,34 @@ class ShadowNode:
             if rank >= len(self._trainer_addrs):
                 continue
             for lo in range(0, max(1, len(ranges)), per):
-                body = wire.NackRecord.of(ranges[lo:lo + per]).body()
+                body = wire.NackRecord.of(ranges[lo : lo + per]).body()
                 self._seq = max(self._seq + 1, time.time_ns())
-                data = wire.encode(wire.Kind.NACK, job=self._job, sender=self.id, iteration=it,
-                                   seq=self._seq, layout=self._digest, payload=body,
-                                   key=self._key)
+                data = wire.encode(
+                    wire.Kind.NACK,
+                    job=self._job,
+                    sender=self.id,
+                    iteration=it,
+                    seq=self._seq,
+                    layout=self._digest,
+                    payload=body,
+                    key=self._key,
+                )
                 try:
                     self.sock.sendto(data, self._trainer_addrs[rank])
                     self.ev["nack_sent"] += 1
-                    self.ev["nack_ranges"] += len(ranges[lo:lo + per])
+                    self.ev["nack_ranges"] += len(ranges[lo : lo + per])
                 except OSError as e:
                     self.ev["send_error"] += 1
                     log.debug("NACK to rank %d failed: %s", rank, e)
-        event(log, "shadow.repair", level=logging.DEBUG, shadow=self.id, iteration=it,
-              ranges=len(missing), commit_missing=commit_missing)
+        event(
+            log,
+            "shadow.repair",
+            level=logging.DEBUG,
+            shadow=self.id,
+            iteration=it,
+            ranges=len(missing),
+            commit_missing=commit_missing,
+        )
 
     def _diverge(self, it: int, covered: int) -> None:
         if self._diverged_at is not None and self._diverged_at <= it:
@@ -775,9 +836,17 @@ class ShadowNode:
         self.ev["diverged"] += 1
         ld = self._ld
         assert ld is not None
-        event(log, "shadow.diverged", level=logging.WARNING, shadow=self.id, shard=ld.shard,
-              iteration=it, last_applied=self._last_applied, covered=covered,
-              owned=ld.geom.owned_nbytes)
+        event(
+            log,
+            "shadow.diverged",
+            level=logging.WARNING,
+            shadow=self.id,
+            shard=ld.shard,
+            iteration=it,
+            last_applied=self._last_applied,
+            covered=covered,
+            owned=ld.geom.owned_nbytes,
+        )
         self._send_ready(retx=False)
         self._cond.notify_all()
 
@@ -836,8 +905,14 @@ class ShadowNode:
                 if gen != self._gen:
                     return
                 self.ev["replay_failed"] += 1
-                event(log, "shadow.replay_failed", level=logging.ERROR, shadow=self.id,
-                      iteration=i, error=str(failed))
+                event(
+                    log,
+                    "shadow.replay_failed",
+                    level=logging.ERROR,
+                    shadow=self.id,
+                    iteration=i,
+                    error=str(failed),
+                )
                 self._diverge(i, rec.buf.cov.total)
             return
         with self._lock:
@@ -850,8 +925,11 @@ class ShadowNode:
             ld.pool.append(rec.buf)
             rec.buf = None
             self._timeline[i] = {
-                "first_chunk": rec.t_first, "last_chunk": rec.t_last, "commit": rec.t_commit,
-                "ready": rec.t_ready, "applied": time.time(),
+                "first_chunk": rec.t_first,
+                "last_chunk": rec.t_last,
+                "commit": rec.t_commit,
+                "ready": rec.t_ready,
+                "applied": time.time(),
             }
             while len(self._timeline) > self.opts.timeline_len:
                 self._timeline.popitem(last=False)
@@ -879,8 +957,9 @@ class ShadowNode:
             if sid == self.id or self._ld is not None or self._stop.is_set():
                 continue
             try:
-                with ShadowClient(self._peer_control(sid), self._token,
-                                  timeout_s=self.spec.timeouts.rpc_s) as client:
+                with ShadowClient(
+                    self._peer_control(sid), self._token, timeout_s=self.spec.timeouts.rpc_s
+                ) as client:
                     cfg, _ = client.call("config")
                     if cfg.get("diverged_at") is not None:
                         continue
@@ -893,14 +972,27 @@ class ShadowNode:
                 continue
             opt_json = str(cfg["optimizer"])
             try:
-                self._load_state(layout, res.iteration, res.states, opt_json,
-                                 OptimizerSpec.from_json(opt_json), commit=res.commit,
-                                 generation=int(cfg.get("generation") or 0), reseed=False,
-                                 source=f"shadow {sid}")
+                self._load_state(
+                    layout,
+                    res.iteration,
+                    res.states,
+                    opt_json,
+                    OptimizerSpec.from_json(opt_json),
+                    commit=res.commit,
+                    generation=int(cfg.get("generation") or 0),
+                    reseed=False,
+                    source=f"shadow {sid}",
+                )
             except (ShadowgradError, ReplayError) as e:
                 self.ev["clone_failed"] += 1
-                event(log, "shadow.clone_failed", level=logging.WARNING, shadow=self.id,
-                      replica=sid, error=str(e))
+                event(
+                    log,
+                    "shadow.clone_failed",
+                    level=logging.WARNING,
+                    shadow=self.id,
+                    replica=sid,
+                    error=str(e),
+                )
                 continue
             self.ev["cloned"] += 1
             return
@@ -923,16 +1015,23 @@ class ShadowNode:
         for sid in replicas:
             endpoint = self._peer_control(sid)
             try:
-                with ShadowClient(endpoint, self._token,
-                                  timeout_s=self.spec.timeouts.rpc_s) as client:
+                with ShadowClient(
+                    endpoint, self._token, timeout_s=self.spec.timeouts.rpc_s
+                ) as client:
                     st = client.status(timeline=0)
                     if st.get("diverged_at") is not None or int(st["last_applied"]) < d:
                         continue
                     res = client.fetch(None, timeout_s=max(self.spec.timeouts.rpc_s, 30.0))
             except (ShadowgradError, zmq.ZMQError, KeyError, ValueError) as e:
                 self.ev["resync_failed"] += 1
-                event(log, "shadow.resync_failed", level=logging.WARNING, shadow=self.id,
-                      replica=sid, error=str(e))
+                event(
+                    log,
+                    "shadow.resync_failed",
+                    level=logging.WARNING,
+                    shadow=self.id,
+                    replica=sid,
+                    error=str(e),
+                )
                 continue
             self._install(res.iteration, res.states, source=f"shadow {sid}", commit=res.commit)
             return
@@ -945,8 +1044,13 @@ class ShadowNode:
         """Tell this node where shadow ``shadow_id`` serves its control endpoint."""
         self._peer_controls[shadow_id] = endpoint
 
-    def _install(self, iteration: int, states: Mapping[int, Mapping[str, torch.Tensor]],
-                 source: str, commit: dict[str, Any] | None = None) -> None:
+    def _install(
+        self,
+        iteration: int,
+        states: Mapping[int, Mapping[str, torch.Tensor]],
+        source: str,
+        commit: dict[str, Any] | None = None,
+    ) -> None:
         """Resync: load a replica's state of ``iteration`` and continue with buffered data."""
         ld = self._ld
         assert ld is not None
@@ -956,8 +1060,14 @@ class ShadowNode:
                 ld.replayer.load(iteration, boxes)
         except (KeyError, ReplayError) as e:
             self.ev["resync_failed"] += 1
-            event(log, "shadow.resync_failed", level=logging.WARNING, shadow=self.id,
-                  source=source, error=str(e))
+            event(
+                log,
+                "shadow.resync_failed",
+                level=logging.WARNING,
+                shadow=self.id,
+                source=source,
+                error=str(e),
+            )
             return
         with self._lock:
             self._gen += 1
@@ -978,8 +1088,16 @@ class ShadowNode:
                 except ControlError as e:
                     log.warning("shadow %d: resync from %s: bad COMMIT: %s", self.id, source, e)
             self.ev["resynced"] += 1
-            event(log, "shadow.resync", level=logging.WARNING, shadow=self.id, shard=ld.shard,
-                  source=source, iteration=iteration, previous=old)
+            event(
+                log,
+                "shadow.resync",
+                level=logging.WARNING,
+                shadow=self.id,
+                shard=ld.shard,
+                source=source,
+                iteration=iteration,
+                previous=old,
+            )
             self._update_istar()
             self._send_ready(retx=False)
             self._cond.notify_all()
@@ -1018,8 +1136,12 @@ class ShadowNode:
         self._snap_next = (it // every + 1) * every if every > 0 else self._snap_next
         info: dict[str, Any] = {"iteration": it}
         kw: dict[str, Any] = {
-            "shadow_id": self.id, "shard": ld.shard, "replica": ld.replica, "iteration": it,
-            "layout_digest": ld.layout.digest, "optimizer_json": ld.optimizer_json,
+            "shadow_id": self.id,
+            "shard": ld.shard,
+            "replica": ld.replica,
+            "iteration": it,
+            "layout_digest": ld.layout.digest,
+            "optimizer_json": ld.optimizer_json,
             "states": states,
         }
 
@@ -1030,8 +1152,14 @@ class ShadowNode:
             except ShadowgradError as e:
                 self.ev["snapshot_failed"] += 1
                 info["error"] = str(e)
-                event(log, "shadow.snapshot_failed", level=logging.ERROR, shadow=self.id,
-                      iteration=it, error=str(e))
+                event(
+                    log,
+                    "shadow.snapshot_failed",
+                    level=logging.ERROR,
+                    shadow=self.id,
+                    iteration=it,
+                    error=str(e),
+                )
                 return
             info["path"] = str(path)
             info["seconds"] = time.monotonic() - t0
@@ -1039,8 +1167,9 @@ class ShadowNode:
             self._last_snapshot = info
             event(log, "shadow.snapshot", shadow=self.id, iteration=it, path=str(path))
 
-        self._snap_thread = threading.Thread(target=write, name=f"shadow{self.id}-snap",
-                                             daemon=True)
+        self._snap_thread = threading.Thread(
+            target=write, name=f"shadow{self.id}-snap", daemon=True
+        )
         self._snap_thread.start()
         if force:
             self._snap_thread.join(120.0)
@@ -1061,12 +1190,13 @@ class ShadowNode:
             if sep is None or sep + 1 >= len(parts):
                 self.ev["control_malformed"] += 1
                 continue
-            envelope = [p.bytes for p in parts[:sep + 1]]
-            head, frames = parts[sep + 1], [p.buffer for p in parts[sep + 2:]]
+            envelope = [p.bytes for p in parts[: sep + 1]]
+            head, frames = parts[sep + 1], [p.buffer for p in parts[sep + 2 :]]
             reply_head, reply_frames = self._serve(head.bytes, frames)
             try:
-                rep.send_multipart([*envelope, json.dumps(reply_head).encode(), *reply_frames],
-                                   copy=False)
+                rep.send_multipart(
+                    [*envelope, json.dumps(reply_head).encode(), *reply_frames], copy=False
+                )
             except zmq.ZMQError as e:
                 self.ev["control_send_error"] += 1
                 log.warning("control reply failed: %s", e)
@@ -1082,13 +1212,22 @@ class ShadowNode:
         tok = req.get("token")
         if not isinstance(tok, str) or not hmac.compare_digest(tok.encode(), self._token.encode()):
             self.ev["control_bad_token"] += 1
-            event(log, "shadow.control_bad_token", level=logging.WARNING, shadow=self.id,
-                  op=str(req.get("op")))
+            event(
+                log,
+                "shadow.control_bad_token",
+                level=logging.WARNING,
+                shadow=self.id,
+                op=str(req.get("op")),
+            )
             return {"ok": False, "code": "bad_token", "error": "wrong or missing job token"}, []
         op = req.get("op")
         handler = {
-            "status": self._op_status, "hold": self._op_hold, "release": self._op_release,
-            "fetch": self._op_fetch, "load": self._op_load, "snapshot": self._op_snapshot,
+            "status": self._op_status,
+            "hold": self._op_hold,
+            "release": self._op_release,
+            "fetch": self._op_fetch,
+            "load": self._op_load,
+            "snapshot": self._op_snapshot,
             "config": self._op_config,
         }.get(op if isinstance(op, str) else "")
         if handler is None:
@@ -1108,14 +1247,21 @@ class ShadowNode:
             ld = self._ld
             tl = list(self._timeline.items())[-timeline:] if timeline > 0 else []
             pending = {
-                str(k): {"first_chunk": r.t_first, "last_chunk": r.t_last, "commit": r.t_commit,
-                         "ready": r.t_ready,
-                         "covered": r.buf.cov.total if r.buf is not None else 0,
-                         "nack_rounds": r.nack_rounds}
-                for k, r in sorted(self._iters.items())[:timeline] if timeline > 0
+                str(k): {
+                    "first_chunk": r.t_first,
+                    "last_chunk": r.t_last,
+                    "commit": r.t_commit,
+                    "ready": r.t_ready,
+                    "covered": r.buf.cov.total if r.buf is not None else 0,
+                    "nack_rounds": r.nack_rounds,
+                }
+                for k, r in sorted(self._iters.items())[:timeline]
+                if timeline > 0
             }
             return {
-                "ok": True, "shadow": self.id, "loaded": ld is not None,
+                "ok": True,
+                "shadow": self.id,
+                "loaded": ld is not None,
                 "shard": None if ld is None else ld.shard,
                 "replica": None if ld is None else ld.replica,
                 "layout": None if ld is None else ld.layout.digest,
@@ -1127,62 +1273,81 @@ class ShadowNode:
                 "lag": max(0, self._newest_seen - self._last_applied),
                 "diverged_at": self._diverged_at,
                 "trainers_silent_s": round(max(0.0, time.monotonic() - self._trainer_rx_at), 3),
-                "ranks": {str(r): {"newest": self._rank_newest.get(r),
-                                   "silent_s": round(max(0.0, time.monotonic() - t), 3)}
-                          for r, t in sorted(self._rank_rx_at.items())},
+                "ranks": {
+                    str(r): {
+                        "newest": self._rank_newest.get(r),
+                        "silent_s": round(max(0.0, time.monotonic() - t), 3),
+                    }
+                    for r, t in sorted(self._rank_rx_at.items())
+                },
                 "generation": self._generation,
                 "window": None if ld is None else ld.window,
                 "buffered": len(self._iters),
                 "holds": sorted(self._holds),
                 "available": sorted({*self._snaps, self._last_applied}) if ld is not None else [],
-                "counters": dict(self.rx), "events": dict(self.ev),
-                "peers": {str(k): {"ready_through": p.ready_through,
-                                   "last_applied": p.last_applied, "diverged": p.diverged}
-                          for k, p in sorted(self._peers.items())},
+                "counters": dict(self.rx),
+                "events": dict(self.ev),
+                "peers": {
+                    str(k): {
+                        "ready_through": p.ready_through,
+                        "last_applied": p.last_applied,
+                        "diverged": p.diverged,
+                    }
+                    for k, p in sorted(self._peers.items())
+                },
                 "timeline": [{"iteration": k, **v} for k, v in tl],
                 "pending": pending,
                 "last_snapshot": self._last_snapshot,
             }
 
-    def _op_status(self, req: dict[str, Any], _f: list[memoryview]) -> tuple[dict[str, Any],
-                                                                             list[Any]]:
+    def _op_status(
+        self, req: dict[str, Any], _f: list[memoryview]
+    ) -> tuple[dict[str, Any], list[Any]]:
         return self.status(int(req.get("timeline", 16))), []
 
-    def _op_hold(self, req: dict[str, Any], _f: list[memoryview]) -> tuple[dict[str, Any],
-                                                                           list[Any]]:
+    def _op_hold(
+        self, req: dict[str, Any], _f: list[memoryview]
+    ) -> tuple[dict[str, Any], list[Any]]:
         it = int(req["iteration"])
         deadline = time.monotonic() + self.spec.timeouts.rpc_s
         with self._cond:
             if self._ld is None:
                 raise ControlError("not_loaded", "shadow not loaded")
             if it != self._last_applied and it not in self._snaps:
-                raise ControlError("unavailable", f"iteration {it} not held here (available "
-                                   f"{sorted({*self._snaps, self._last_applied})})")
+                raise ControlError(
+                    "unavailable",
+                    f"iteration {it} not held here (available "
+                    f"{sorted({*self._snaps, self._last_applied})})",
+                )
             self._holds.add(it)
             # a step of it+1 may have been chosen before the hold (and not retained it): wait
             # for it to finish (every write of _applying back to None notifies the condition)
             while self._applying == it + 1:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
-                    raise ControlError("unavailable",
-                                       f"hold({it}) raced with a step that did not finish")
+                    raise ControlError(
+                        "unavailable", f"hold({it}) raced with a step that did not finish"
+                    )
                 self._cond.wait(remaining)
             if it != self._last_applied and it not in self._snaps:
                 self._holds.discard(it)
-                raise ControlError("unavailable", f"iteration {it} was replaced while "
-                                   "the hold was being placed")
+                raise ControlError(
+                    "unavailable", f"iteration {it} was replaced while the hold was being placed"
+                )
             return {"ok": True, "iteration": it, "holds": sorted(self._holds)}, []
 
-    def _op_release(self, req: dict[str, Any], _f: list[memoryview]) -> tuple[dict[str, Any],
-                                                                              list[Any]]:
+    def _op_release(
+        self, req: dict[str, Any], _f: list[memoryview]
+    ) -> tuple[dict[str, Any], list[Any]]:
         it = int(req["iteration"])
         with self._lock:
             self._holds.discard(it)
             self._gc_snaps()
             return {"ok": True, "holds": sorted(self._holds)}, []
 
-    def _op_fetch(self, req: dict[str, Any], _f: list[memoryview]) -> tuple[dict[str, Any],
-                                                                            list[Any]]:
+    def _op_fetch(
+        self, req: dict[str, Any], _f: list[memoryview]
+    ) -> tuple[dict[str, Any], list[Any]]:
         ld = self._ld
         if ld is None:
             raise ControlError("not_loaded", "shadow not loaded")
@@ -1209,31 +1374,47 @@ class ShadowNode:
                 raise ControlError("unavailable", f"iteration {it} not available here")
         ids = {k: (box.name, box.offsets) for k, box in enumerate(ld.geom.boxes)}
         entries, frames = encode_states(states, ids)
-        return {"ok": True, "iteration": it, "shard": ld.shard, "entries": entries,
-                "commit": commit, "generation": self._generation}, frames
+        return {
+            "ok": True,
+            "iteration": it,
+            "shard": ld.shard,
+            "entries": entries,
+            "commit": commit,
+            "generation": self._generation,
+        }, frames
 
-    def _op_config(self, req: dict[str, Any], _f: list[memoryview]) -> tuple[dict[str, Any],
-                                                                             list[Any]]:
+    def _op_config(
+        self, req: dict[str, Any], _f: list[memoryview]
+    ) -> tuple[dict[str, Any], list[Any]]:
         """What a restarted replica needs to clone this shard: layout, optimizer, generation."""
         with self._lock:
             ld = self._ld
             if ld is None:
                 raise ControlError("not_loaded", "shadow not loaded")
-            return {"ok": True, "shard": ld.shard, "replica": ld.replica,
-                    "layout": ld.layout.to_json(), "optimizer": ld.optimizer_json,
-                    "generation": self._generation, "last_applied": self._last_applied,
-                    "diverged_at": self._diverged_at}, []
+            return {
+                "ok": True,
+                "shard": ld.shard,
+                "replica": ld.replica,
+                "layout": ld.layout.to_json(),
+                "optimizer": ld.optimizer_json,
+                "generation": self._generation,
+                "last_applied": self._last_applied,
+                "diverged_at": self._diverged_at,
+            }, []
 
     def _check_layout(self, layout: Layout) -> None:
-        if (layout.num_shadows, layout.replication) != (self.spec.shadows.count,
-                                                        self.spec.shadows.replication):
+        if (layout.num_shadows, layout.replication) != (
+            self.spec.shadows.count,
+            self.spec.shadows.replication,
+        ):
             raise LayoutError(
                 f"layout has {layout.num_shadows} shadows / replication {layout.replication}, "
                 f"the job spec {self.spec.shadows.count} / {self.spec.shadows.replication}"
             )
 
-    def _op_load(self, req: dict[str, Any], frames: list[memoryview]) -> tuple[dict[str, Any],
-                                                                               list[Any]]:
+    def _op_load(
+        self, req: dict[str, Any], frames: list[memoryview]
+    ) -> tuple[dict[str, Any], list[Any]]:
         layout_json = req.get("layout")
         if layout_json is not None:
             layout = Layout.from_json(layout_json)
@@ -1248,21 +1429,39 @@ class ShadowNode:
         if req.get("commit") is not None:
             c_it, c_rec = commit_from_json(req["commit"])  # validated, kept normalised
             if c_it != iteration:
-                raise ControlError("bad_request", f"load of iteration {iteration} with the "
-                                   f"COMMIT of iteration {c_it}")
+                raise ControlError(
+                    "bad_request",
+                    f"load of iteration {iteration} with the COMMIT of iteration {c_it}",
+                )
             commit = commit_to_json(c_it, c_rec)
         opt_json = str(req["optimizer"])
         opt = OptimizerSpec.from_json(opt_json)
         states = decode_states(req["entries"], frames)
-        return self._load_state(layout, iteration, states, opt_json, opt, commit=commit,
-                                generation=int(req.get("generation") or 0),
-                                reseed=bool(req.get("reseed", False)),
-                                source=str(req.get("source", "load")))
+        return self._load_state(
+            layout,
+            iteration,
+            states,
+            opt_json,
+            opt,
+            commit=commit,
+            generation=int(req.get("generation") or 0),
+            reseed=bool(req.get("reseed", False)),
+            source=str(req.get("source", "load")),
+        )
 
-    def _load_state(self, layout: Layout, iteration: int,
-                    states: Mapping[int, Mapping[str, torch.Tensor]], opt_json: str, opt: Any,
-                    *, commit: dict[str, Any] | None, generation: int, reseed: bool,
-                    source: str) -> tuple[dict[str, Any], list[Any]]:
+    def _load_state(
+        self,
+        layout: Layout,
+        iteration: int,
+        states: Mapping[int, Mapping[str, torch.Tensor]],
+        opt_json: str,
+        opt: Any,
+        *,
+        commit: dict[str, Any] | None,
+        generation: int,
+        reseed: bool,
+        source: str,
+    ) -> tuple[dict[str, Any], list[Any]]:
         """Install a whole shard state as ``iteration`` (``load``, and the clone of a restarted
         replica). ``reseed``: the job goes on (self-healing), so data already buffered for later
         iterations of the same generation is kept; otherwise everything in flight is dropped."""
@@ -1270,8 +1469,10 @@ class ShadowNode:
         shard, replica = layout.shard_of_shadow(self.id)
         geom = ShardGeometry(layout, shard)
         if sorted(states) != list(range(len(geom.boxes))):
-            raise ControlError("bad_request", f"load has boxes {sorted(states)}, shard {shard} "
-                               f"has {len(geom.boxes)}")
+            raise ControlError(
+                "bad_request",
+                f"load has boxes {sorted(states)}, shard {shard} has {len(geom.boxes)}",
+            )
         replayer = ShardReplayer(layout, shard, opt)
         replayer.load(iteration, [dict(states[k]) for k in range(len(geom.boxes))])
         window = self.opts.window
@@ -1281,9 +1482,12 @@ class ShadowNode:
         with self._state_lock, self._lock:
             if generation < self._generation:
                 self.ev["load_stale_generation"] += 1
-                raise ControlError("stale_generation", f"load of generation {generation}: this "
-                                   f"shadow serves generation {self._generation} of the job (a "
-                                   "newer instance started; this one is fenced out)")
+                raise ControlError(
+                    "stale_generation",
+                    f"load of generation {generation}: this "
+                    f"shadow serves generation {self._generation} of the job (a "
+                    "newer instance started; this one is fenced out)",
+                )
             old = self._ld
             same = old is not None and old.layout == layout and old.shard == shard
             keep = reseed and same and generation == self._generation
@@ -1298,8 +1502,17 @@ class ShadowNode:
             else:
                 pool, allocated = [], 0
                 self._iters.clear()
-            self._ld = _Loaded(layout, shard, replica, geom, replayer, opt_json, pool,
-                               window=window, allocated=allocated)
+            self._ld = _Loaded(
+                layout,
+                shard,
+                replica,
+                geom,
+                replayer,
+                opt_json,
+                pool,
+                window=window,
+                allocated=allocated,
+            )
             self._gen += 1
             self._generation = generation
             self._digest = wire.session_digest(layout.digest64, generation)
@@ -1324,11 +1537,20 @@ class ShadowNode:
             self.ev["loads"] += 1
             if reseed:
                 self.ev["seeded"] += 1
-            event(log, "shadow.seeded" if reseed else "shadow.load",
-                  level=logging.WARNING if reseed else logging.INFO, shadow=self.id,
-                  shard=shard, replica=replica, iteration=iteration, source=source,
-                  generation=generation, layout=layout.digest[:16], boxes=len(geom.boxes),
-                  kept_ahead=len(self._iters))
+            event(
+                log,
+                "shadow.seeded" if reseed else "shadow.load",
+                level=logging.WARNING if reseed else logging.INFO,
+                shadow=self.id,
+                shard=shard,
+                replica=replica,
+                iteration=iteration,
+                source=source,
+                generation=generation,
+                layout=layout.digest[:16],
+                boxes=len(geom.boxes),
+                kept_ahead=len(self._iters),
+            )
             self._update_istar()
             self._send_ready(retx=False)
             if reseed and commit is None and iteration >= 0:
@@ -1336,11 +1558,17 @@ class ShadowNode:
                 # at I* = iteration still has the scheduler, scaler and user state
                 self._send_nack(iteration, [], commit_missing=True)
             self._cond.notify_all()
-        return {"ok": True, "shard": shard, "replica": replica, "iteration": iteration,
-                "generation": generation}, []
+        return {
+            "ok": True,
+            "shard": shard,
+            "replica": replica,
+            "iteration": iteration,
+            "generation": generation,
+        }, []
 
-    def _op_snapshot(self, req: dict[str, Any], _f: list[memoryview]) -> tuple[dict[str, Any],
-                                                                               list[Any]]:
+    def _op_snapshot(
+        self, req: dict[str, Any], _f: list[memoryview]
+    ) -> tuple[dict[str, Any], list[Any]]:
         if self.spec.shadows.snapshot_dir is None:
             raise ControlError("bad_request", "shadows.snapshot_dir is not configured")
         info = self._maybe_snapshot(force=bool(req.get("wait", True)))

@@ -102,11 +102,18 @@ class ShardReplayer:
     then :meth:`step` for every iteration in order. Not thread-safe: one caller at a time.
     """
 
-    def __init__(self, layout: Layout, shard: int, spec: OptimizerSpec, *,
-                 dtype_policy: Literal["trainer"] = "trainer") -> None:
+    def __init__(
+        self,
+        layout: Layout,
+        shard: int,
+        spec: OptimizerSpec,
+        *,
+        dtype_policy: Literal["trainer"] = "trainer",
+    ) -> None:
         if dtype_policy != "trainer":
             raise ReplayInputError(
-                f"dtype_policy {dtype_policy!r}: only 'trainer' keeps replay bit-exact")
+                f"dtype_policy {dtype_policy!r}: only 'trainer' keeps replay bit-exact"
+            )
         self.layout = layout
         self.shard = shard
         self.spec = spec
@@ -116,21 +123,28 @@ class ShardReplayer:
         if missing:
             raise ReplayInputError(
                 f"layout parameter {missing[0]!r} is in no param group of the optimizer spec"
-                f" ({len(missing)} missing)")
+                f" ({len(missing)} missing)"
+            )
         if spec.torch_version is not None and spec.torch_version != torch.__version__:
             logger.warning(
                 "optimizer spec recorded torch %s, this shadow runs torch %s: replay is only"
-                " bit-exact with the same torch build", spec.torch_version, torch.__version__)
+                " bit-exact with the same torch build",
+                spec.torch_version,
+                torch.__version__,
+            )
         self._dtypes = [TORCH_DTYPES[b.dtype] for b in self.boxes]
-        self._params = [torch.nn.Parameter(torch.empty(b.lengths, dtype=dt))
-                        for b, dt in zip(self.boxes, self._dtypes, strict=True)]
+        self._params = [
+            torch.nn.Parameter(torch.empty(b.lengths, dtype=dt))
+            for b, dt in zip(self.boxes, self._dtypes, strict=True)
+        ]
         index = {p.name: i for i, p in enumerate(layout.params)}
         #: layout parameter index of each box (COMMIT.no_grad names parameters by it)
         self._box_param = [index[b.name] for b in self.boxes]
         # clip_grad_norm_'s coefficient has the dtype of the total norm: the promotion of all
         # gradient dtypes of the model (torch.stack of the per-tensor norms)
         self._clip_dtype: torch.dtype = functools.reduce(
-            torch.promote_types, (TORCH_DTYPES[p.dtype] for p in layout.params))
+            torch.promote_types, (TORCH_DTYPES[p.dtype] for p in layout.params)
+        )
         by_dtype: dict[torch.dtype, list[int]] = defaultdict(list)
         for i, dt in enumerate(self._dtypes):
             by_dtype[dt].append(i)
@@ -145,14 +159,20 @@ class ShardReplayer:
                 self._group_index.append(g)
         self._opt: torch.optim.Optimizer | None = None
         if torch_groups:
-            build: Callable[[list[dict[str, object]]], torch.optim.Optimizer] = \
-                spec.optimizer_class()  # every group carries all of its hyperparameters
+            build: Callable[[list[dict[str, object]]], torch.optim.Optimizer] = (
+                spec.optimizer_class()
+            )  # every group carries all of its hyperparameters
             self._opt = build(torch_groups)
         self._fused_amp = spec.fused
         self._last_applied: int | None = None
         self._broken = False
-        logger.debug("shard %d replayer: %d boxes, %d bytes of parameters, %s", shard,
-                     len(self.boxes), layout.shard_bytes(shard), spec.type)
+        logger.debug(
+            "shard %d replayer: %d boxes, %d bytes of parameters, %s",
+            shard,
+            len(self.boxes),
+            layout.shard_bytes(shard),
+            spec.type,
+        )
 
     # -- properties ----------------------------------------------------------------------------
 
@@ -185,7 +205,8 @@ class ShardReplayer:
             raise ReplayInputError(f"iteration must be an int >= -1, got {iteration!r}")
         if len(states) != len(self.boxes):
             raise ReplayInputError(
-                f"{len(states)} box states for shard {self.shard}, which has {len(self.boxes)}")
+                f"{len(states)} box states for shard {self.shard}, which has {len(self.boxes)}"
+            )
         for i, (box, st) in enumerate(zip(self.boxes, states, strict=True)):
             self._check_box_state(i, box, st)
         with torch.no_grad():
@@ -207,8 +228,9 @@ class ShardReplayer:
                     self._opt.state[p] = fresh
         self._last_applied = iteration
         self._broken = False
-        logger.info("shard %d loaded at iteration %d (%d boxes)", self.shard, iteration,
-                    len(self.boxes))
+        logger.info(
+            "shard %d loaded at iteration %d (%d boxes)", self.shard, iteration, len(self.boxes)
+        )
 
     def _check_box_state(self, i: int, box: Box, st: Mapping[str, torch.Tensor]) -> None:
         where = f"box {i} ({box_where(box)})"
@@ -218,20 +240,25 @@ class ShardReplayer:
         got = set(st) - {"param"}
         if got and got != want:
             raise ReplayInputError(
-                f"{where}: optimizer state keys {sorted(got)}, expected {sorted(want)} or none")
+                f"{where}: optimizer state keys {sorted(got)}, expected {sorted(want)} or none"
+            )
         for key, value in st.items():
             if not isinstance(value, torch.Tensor):
                 raise ReplayInputError(
-                    f"{where}: {key!r} is a {type(value).__name__}, not a tensor")
+                    f"{where}: {key!r} is a {type(value).__name__}, not a tensor"
+                )
             if key == "step":
                 if value.dim() != 0 or not value.is_floating_point():
-                    raise ReplayInputError(f"{where}: 'step' must be a 0-d floating tensor,"
-                                           f" got shape {tuple(value.shape)} {value.dtype}")
+                    raise ReplayInputError(
+                        f"{where}: 'step' must be a 0-d floating tensor,"
+                        f" got shape {tuple(value.shape)} {value.dtype}"
+                    )
                 continue
             if tuple(value.shape) != box.lengths or value.dtype != self._dtypes[i]:
                 raise ReplayInputError(
                     f"{where}: {key!r} is {tuple(value.shape)} {value.dtype},"
-                    f" expected {box.lengths} {self._dtypes[i]}")
+                    f" expected {box.lengths} {self._dtypes[i]}"
+                )
 
     def export(self, *, copy: bool = True) -> list[BoxState]:
         """Per box (``shard_boxes`` order): ``"param"`` and the optimizer state torch holds.
@@ -245,8 +272,11 @@ class ShardReplayer:
         for p in self._params:
             st: BoxState = {"param": p.detach()}
             if self._opt is not None:
-                st.update((k, v.detach()) for k, v in self._opt.state.get(p, {}).items()
-                          if isinstance(v, torch.Tensor))
+                st.update(
+                    (k, v.detach())
+                    for k, v in self._opt.state.get(p, {}).items()
+                    if isinstance(v, torch.Tensor)
+                )
             out.append({k: v.clone() for k, v in st.items()} if copy else st)
         return out
 
@@ -265,7 +295,8 @@ class ShardReplayer:
             raise ReplayInputError(f"shard {self.shard}: step before load")
         if self._broken:
             raise ReplayDivergedError(
-                f"shard {self.shard}: a previous step failed half-way; load a state first")
+                f"shard {self.shard}: a previous step failed half-way; load a state first"
+            )
         if iteration != self._last_applied + 1:
             raise ReplayOrderError(self._last_applied + 1, iteration)
         scale, coef = self._check_step_input(grads, commit)
@@ -287,8 +318,13 @@ class ShardReplayer:
             if skipped:
                 self._check_fused_sgd_first_skip(iteration)
             found_inf = torch.full((), 1.0 if skipped else 0.0, dtype=torch.float32)
-            self._apply(iteration, grads, commit, found_inf=found_inf,
-                        grad_scale=None if explicit else scale)
+            self._apply(
+                iteration,
+                grads,
+                commit,
+                found_inf=found_inf,
+                grad_scale=None if explicit else scale,
+            )
         elif skipped:
             pass  # the trainer never called optimizer.step: nothing to do at all
         elif scale is not None:
@@ -305,8 +341,12 @@ class ShardReplayer:
             self._apply(iteration, grads, commit)
         self._last_applied = iteration
         if logger.isEnabledFor(logging.DEBUG):
-            logger.debug("shard %d applied iteration %d%s", self.shard, iteration,
-                         " (skipped step)" if skipped else "")
+            logger.debug(
+                "shard %d applied iteration %d%s",
+                self.shard,
+                iteration,
+                " (skipped step)" if skipped else "",
+            )
 
     def _check_step_input(
         self, grads: Sequence[torch.Tensor], commit: CommitRecord
@@ -314,29 +354,45 @@ class ShardReplayer:
         if not isinstance(commit, CommitRecord):
             raise ReplayInputError(f"commit must be a CommitRecord, got {type(commit).__name__}")
         if len(commit.lrs) != len(self.spec.groups):
-            raise ReplayInputError(f"COMMIT carries {len(commit.lrs)} learning rates, the"
-                                   f" optimizer has {len(self.spec.groups)} param groups")
+            raise ReplayInputError(
+                f"COMMIT carries {len(commit.lrs)} learning rates, the"
+                f" optimizer has {len(self.spec.groups)} param groups"
+            )
         if len(grads) != len(self.boxes):
             raise ReplayInputError(
-                f"{len(grads)} gradients for shard {self.shard}, which has {len(self.boxes)} boxes")
+                f"{len(grads)} gradients for shard {self.shard}, which has {len(self.boxes)} boxes"
+            )
         for i, (g, box) in enumerate(zip(grads, self.boxes, strict=True)):
-            if (not isinstance(g, torch.Tensor) or tuple(g.shape) != box.lengths
-                    or g.dtype != self._dtypes[i] or g.device.type != "cpu"):
-                got = (f"{tuple(g.shape)} {g.dtype} on {g.device}" if isinstance(g, torch.Tensor)
-                       else type(g).__name__)
-                raise ReplayInputError(f"gradient {i} ({box_where(box)}) is {got}, expected"
-                                       f" {box.lengths} {self._dtypes[i]} on cpu")
+            if (
+                not isinstance(g, torch.Tensor)
+                or tuple(g.shape) != box.lengths
+                or g.dtype != self._dtypes[i]
+                or g.device.type != "cpu"
+            ):
+                got = (
+                    f"{tuple(g.shape)} {g.dtype} on {g.device}"
+                    if isinstance(g, torch.Tensor)
+                    else type(g).__name__
+                )
+                raise ReplayInputError(
+                    f"gradient {i} ({box_where(box)}) is {got}, expected"
+                    f" {box.lengths} {self._dtypes[i]} on cpu"
+                )
         scale: torch.Tensor | None = None
         if commit.loss_scale is not None:
             s = commit.loss_scale
             if not (math.isfinite(s) and s > 0.0 and _fits(s, torch.float32)):
-                raise ReplayInputError(f"COMMIT loss_scale {s!r} is not a positive finite fp32"
-                                       " value (GradScaler keeps its scale in fp32)")
+                raise ReplayInputError(
+                    f"COMMIT loss_scale {s!r} is not a positive finite fp32"
+                    " value (GradScaler keeps its scale in fp32)"
+                )
             scale = torch.tensor(s, dtype=torch.float32)
         coef = commit.clip_coef
         if coef is not None and not _fits(coef, self._clip_dtype):
-            raise ReplayInputError(f"COMMIT clip_coef {coef!r} is not a {self._clip_dtype}"
-                                   " value (clip_grad_norm_ computes it in the gradients' dtype)")
+            raise ReplayInputError(
+                f"COMMIT clip_coef {coef!r} is not a {self._clip_dtype}"
+                " value (clip_grad_norm_ computes it in the gradients' dtype)"
+            )
         return scale, coef
 
     def _unscale(self, grads: list[torch.Tensor], inv_scale: torch.Tensor) -> bool:
@@ -344,7 +400,8 @@ class ShardReplayer:
         found = torch.zeros((), dtype=torch.float32)
         for idxs in self._by_dtype:
             torch._amp_foreach_non_finite_check_and_unscale_(
-                [grads[i] for i in idxs], found, inv_scale)
+                [grads[i] for i in idxs], found, inv_scale
+            )
         return bool(found.item())
 
     def _clip(self, grads: list[torch.Tensor], coef: float | None) -> None:
@@ -357,11 +414,18 @@ class ShardReplayer:
 
     def _check_found(self, iteration: int, found: bool, skipped: bool) -> None:
         if found and not skipped:
-            event(logger, "shadow.replay.diverged", logging.WARNING, shard=self.shard,
-                  iteration=iteration, reason="nonfinite_grad_not_skipped")
+            event(
+                logger,
+                "shadow.replay.diverged",
+                logging.WARNING,
+                shard=self.shard,
+                iteration=iteration,
+                reason="nonfinite_grad_not_skipped",
+            )
             raise ReplayDivergedError(
                 f"shard {self.shard} iteration {iteration}: non-finite gradients, but the COMMIT"
-                " says the trainer did not skip the step")
+                " says the trainer did not skip the step"
+            )
 
     def _check_fused_sgd_first_skip(self, iteration: int) -> None:
         """torch's fused SGD allocates momentum buffers with ``empty_like`` on a first step and
@@ -371,17 +435,31 @@ class ShardReplayer:
             return
         for group in self._opt.param_groups:
             if group["momentum"] != 0 and any(
-                    "momentum_buffer" not in self._opt.state.get(p, {}) for p in group["params"]):
-                event(logger, "shadow.replay.diverged", logging.WARNING, shard=self.shard,
-                      iteration=iteration, reason="fused_sgd_skipped_first_step")
+                "momentum_buffer" not in self._opt.state.get(p, {}) for p in group["params"]
+            ):
+                event(
+                    logger,
+                    "shadow.replay.diverged",
+                    logging.WARNING,
+                    shard=self.shard,
+                    iteration=iteration,
+                    reason="fused_sgd_skipped_first_step",
+                )
                 raise ReplayDivergedError(
                     f"shard {self.shard} iteration {iteration}: fused SGD skipped its first step"
                     " under GradScaler; torch leaves the momentum buffer uninitialised on the"
-                    " trainer, so it cannot be replayed")
+                    " trainer, so it cannot be replayed"
+                )
 
-    def _apply(self, iteration: int, grads: list[torch.Tensor], commit: CommitRecord, *,
-               found_inf: torch.Tensor | None = None,
-               grad_scale: torch.Tensor | None = None) -> None:
+    def _apply(
+        self,
+        iteration: int,
+        grads: list[torch.Tensor],
+        commit: CommitRecord,
+        *,
+        found_inf: torch.Tensor | None = None,
+        grad_scale: torch.Tensor | None = None,
+    ) -> None:
         opt = self._opt
         if opt is None:
             return
@@ -401,8 +479,14 @@ class ShardReplayer:
             opt.step()
         except Exception as exc:
             self._broken = True
-            event(logger, "shadow.replay.diverged", logging.ERROR, shard=self.shard,
-                  iteration=iteration, reason="step_failed")
+            event(
+                logger,
+                "shadow.replay.diverged",
+                logging.ERROR,
+                shard=self.shard,
+                iteration=iteration,
+                reason="step_failed",
+            )
             raise ReplayDivergedError(
                 f"shard {self.shard} iteration {iteration}: optimizer step failed: {exc}"
             ) from exc

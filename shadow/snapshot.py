@@ -78,18 +78,30 @@ def write_snapshot(
                     t = state[key].detach().contiguous().reshape(-1)
                     raw = t.view(torch.uint8).numpy().data.cast("B")
                     f.write(raw)
-                    entries.append({
-                        "box": box, "key": key, "dtype": str(state[key].dtype).removeprefix(
-                            "torch."), "shape": list(state[key].shape), "offset": pos,
-                        "nbytes": raw.nbytes, "crc32c": wire.crc(raw),
-                    })
+                    entries.append(
+                        {
+                            "box": box,
+                            "key": key,
+                            "dtype": str(state[key].dtype).removeprefix("torch."),
+                            "shape": list(state[key].shape),
+                            "offset": pos,
+                            "nbytes": raw.nbytes,
+                            "crc32c": wire.crc(raw),
+                        }
+                    )
                     pos += raw.nbytes
             f.flush()
             os.fsync(f.fileno())
         manifest = {
-            "format": SNAPSHOT_FORMAT, "iteration": iteration, "layout_digest": layout_digest,
-            "shadow_id": shadow_id, "shard": shard, "replica": replica,
-            "optimizer": optimizer_json, "boxes": len(states), "tensors": entries,
+            "format": SNAPSHOT_FORMAT,
+            "iteration": iteration,
+            "layout_digest": layout_digest,
+            "shadow_id": shadow_id,
+            "shard": shard,
+            "replica": replica,
+            "optimizer": optimizer_json,
+            "boxes": len(states),
+            "tensors": entries,
             "state_bytes": pos,
         }
         with open(tmp / "manifest.json", "w", encoding="utf-8") as f:
@@ -103,8 +115,9 @@ def write_snapshot(
         _fsync_dir(base)
     except OSError as e:
         shutil.rmtree(tmp, ignore_errors=True)
-        raise SnapshotError(f"cannot write snapshot of iteration {iteration} to {final}: {e}") \
-            from None
+        raise SnapshotError(
+            f"cannot write snapshot of iteration {iteration} to {final}: {e}"
+        ) from None
     for old in list_snapshots(root, shadow_id)[:-keep] if keep > 0 else []:
         shutil.rmtree(old, ignore_errors=True)
     return final
@@ -121,15 +134,19 @@ def read_snapshot(path: Path) -> tuple[dict[str, Any], list[dict[str, torch.Tens
     if manifest.get("format") != SNAPSHOT_FORMAT:
         raise SnapshotError(f"{path}: format {manifest.get('format')!r}, want {SNAPSHOT_FORMAT}")
     if len(data) != manifest["state_bytes"]:
-        raise SnapshotError(f"{path}: state.bin has {len(data)} bytes, manifest says "
-                            f"{manifest['state_bytes']}")
+        raise SnapshotError(
+            f"{path}: state.bin has {len(data)} bytes, manifest says {manifest['state_bytes']}"
+        )
     states: list[dict[str, torch.Tensor]] = [{} for _ in range(int(manifest["boxes"]))]
     mv = memoryview(data)
     for ent in manifest["tensors"]:
-        raw = mv[ent["offset"]:ent["offset"] + ent["nbytes"]]
+        raw = mv[ent["offset"] : ent["offset"] + ent["nbytes"]]
         if wire.crc(raw) != ent["crc32c"]:
             raise SnapshotError(f"{path}: {ent['key']!r} of box {ent['box']} fails CRC-32")
-        buf = torch.frombuffer(bytearray(raw), dtype=torch.uint8) if ent["nbytes"] else \
-            torch.empty(0, dtype=torch.uint8)
+        buf = (
+            torch.frombuffer(bytearray(raw), dtype=torch.uint8)
+            if ent["nbytes"]
+            else torch.empty(0, dtype=torch.uint8)
+        )
         states[ent["box"]][ent["key"]] = buf.view(_DTYPES[ent["dtype"]]).reshape(ent["shape"])
     return manifest, states

@@ -36,8 +36,7 @@ class ShadowCluster:
         except BaseException:
             self.close()
             raise
-        self.clients = [ShadowClient(n.control_endpoint, token, timeout_s=30.0)
-                        for n in self.nodes]
+        self.clients = [ShadowClient(n.control_endpoint, token, timeout_s=30.0) for n in self.nodes]
 
     def close(self) -> None:
         for c in getattr(self, "clients", []):
@@ -67,8 +66,9 @@ class ShadowCluster:
             time.sleep(0.01)
         return False
 
-    def full_state(self, layout: Layout, iteration: int | None = None
-                   ) -> tuple[int, dict[str, torch.Tensor], dict[str, dict[str, torch.Tensor]]]:
+    def full_state(
+        self, layout: Layout, iteration: int | None = None
+    ) -> tuple[int, dict[str, torch.Tensor], dict[str, dict[str, torch.Tensor]]]:
         """Every shard's state (replica 0) at ``iteration`` glued into full tensors."""
         exports = []
         its = set()

@@ -16,16 +16,27 @@ from shadowgrad.errors import LayoutError
 
 def configure(p: argparse.ArgumentParser) -> None:
     src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--model", metavar="MODULE:CALLABLE",
-                     help="build the model by calling this, e.g. torch.nn:Transformer")
+    src.add_argument(
+        "--model",
+        metavar="MODULE:CALLABLE",
+        help="build the model by calling this, e.g. torch.nn:Transformer",
+    )
     src.add_argument("--params", type=Path, help="JSON list of [name, shape, dtype] in model order")
     p.add_argument("--spec", type=Path, help="take shadows and replication from this job spec")
     p.add_argument("--shadows", type=int, default=None, help="number of shadows (default 1)")
     p.add_argument("--replication", type=int, default=None, help="replicas per shard (default 1)")
-    p.add_argument("--bucket-cap-mb", type=float, default=None,
-                   help="DDP bucket_cap_mb (default: DDP's, 25 MiB after a 1 MiB first bucket)")
-    p.add_argument("--max-piece-bytes", type=int, default=None,
-                   help="split tensors larger than this (default: total / (4 * shards))")
+    p.add_argument(
+        "--bucket-cap-mb",
+        type=float,
+        default=None,
+        help="DDP bucket_cap_mb (default: DDP's, 25 MiB after a 1 MiB first bucket)",
+    )
+    p.add_argument(
+        "--max-piece-bytes",
+        type=int,
+        default=None,
+        help="split tensors larger than this (default: total / (4 * shards))",
+    )
     p.add_argument("-o", "--output", type=Path, help="write the layout JSON here")
 
 
@@ -61,18 +72,27 @@ def run(args: argparse.Namespace) -> int:
         shadows = shadows or spec.shadows.count
         replication = replication or spec.shadows.replication
     params, buckets = _load_params(args)
-    layout = Layout.build(params, buckets, shadows or 1, replication or 1,  # type: ignore[arg-type]
-                          max_piece_bytes=args.max_piece_bytes)
+    layout = Layout.build(
+        params,  # type: ignore[arg-type]
+        buckets,
+        shadows or 1,
+        replication or 1,
+        max_piece_bytes=args.max_piece_bytes,
+    )
     total = layout.total_bytes
     mean = total / layout.num_shards
-    print(f"{len(params)} tensors, {total / 2**20:.2f} MiB of gradient in {len(buckets)} buckets; "
-          f"{layout.num_shadows} shadows = {layout.num_shards} shards x {layout.replication}")
+    print(
+        f"{len(params)} tensors, {total / 2**20:.2f} MiB of gradient in {len(buckets)} buckets; "
+        f"{layout.num_shadows} shadows = {layout.num_shards} shards x {layout.replication}"
+    )
     print(f"{'shard':>5} {'shadows':>10} {'boxes':>6} {'MiB':>10} {'vs mean':>8}")
     for s in range(layout.num_shards):
         nbytes = layout.shard_bytes(s)
         shadow_ids = ",".join(str(k) for k in layout.shadows_of_shard(s))
-        print(f"{s:>5} {shadow_ids:>10} {len(layout.shard_boxes(s)):>6} "
-              f"{nbytes / 2**20:>10.3f} {nbytes / mean if mean else 1.0:>8.3f}")
+        print(
+            f"{s:>5} {shadow_ids:>10} {len(layout.shard_boxes(s)):>6} "
+            f"{nbytes / 2**20:>10.3f} {nbytes / mean if mean else 1.0:>8.3f}"
+        )
     print(f"digest {layout.digest} (wire layout field 0x{layout.digest64:016x})")
     if args.output is not None:
         args.output.write_text(layout.to_json())

@@ -7,8 +7,11 @@ import json
 
 
 def configure(p: argparse.ArgumentParser) -> None:
-    p.add_argument("action", choices=["check", "show"],
-                   help="check: validate and summarise; show: the resolved spec as JSON")
+    p.add_argument(
+        "action",
+        choices=["check", "show"],
+        help="check: validate and summarise; show: the resolved spec as JSON",
+    )
     p.add_argument("file", help="job spec (TOML)")
 
 

@@ -20,9 +20,17 @@ def configure(p: argparse.ArgumentParser) -> None:
 def _describe(msg: wire.Message) -> dict[str, object]:
     h = msg.header
     out: dict[str, object] = {
-        "kind": h.kind.name, "flags": str(h.flags.name or "0"), "dtype": h.dtype.name,
-        "sender": h.sender, "job": h.job, "bucket": h.bucket, "iteration": h.iteration,
-        "seq": h.seq, "offset": h.offset, "layout": f"{h.layout:016x}", "length": h.length,
+        "kind": h.kind.name,
+        "flags": str(h.flags.name or "0"),
+        "dtype": h.dtype.name,
+        "sender": h.sender,
+        "job": h.job,
+        "bucket": h.bucket,
+        "iteration": h.iteration,
+        "seq": h.seq,
+        "offset": h.offset,
+        "layout": f"{h.layout:016x}",
+        "length": h.length,
     }
     body: object = None
     if h.kind is wire.Kind.COMMIT:

@@ -22,8 +22,7 @@ def event(logger: logging.Logger, name: str, level: int = logging.INFO, **fields
     if not logger.isEnabledFor(level):
         return
     text = " ".join(f"{k}={v}" for k, v in fields.items())
-    logger.log(level, "%s %s", name, text, extra={"event": name, "fields": fields},
-               stacklevel=2)
+    logger.log(level, "%s %s", name, text, extra={"event": name, "fields": fields}, stacklevel=2)
 
 
 class JsonFormatter(logging.Formatter):
@@ -52,8 +51,9 @@ def configure(level: str | int = "INFO", *, json_lines: bool = False) -> None:
     if json_lines:
         handler.setFormatter(JsonFormatter())
     else:
-        fmt = logging.Formatter("%(asctime)s.%(msecs)03d %(levelname)-5s %(name)s: %(message)s",
-                                "%H:%M:%S")
+        fmt = logging.Formatter(
+            "%(asctime)s.%(msecs)03d %(levelname)-5s %(name)s: %(message)s", "%H:%M:%S"
+        )
         fmt.converter = time.gmtime
         handler.setFormatter(fmt)
     root = logging.getLogger()

@@ -45,27 +45,49 @@ def _free_tcp_base(n: int, tries: int = 200) -> int:
     raise RuntimeError(f"no {n} consecutive free TCP ports found")
 
 
-def loopback_spec(world: int, shadows: int, *, replication: int = 1, job_id: int = 4242,
-                  mode: str = "mirror", gap_repair: str = "50ms", heartbeat: str = "100ms",
-                  rpc: str = "5s", trainer_ports: list[int] | None = None) -> dict[str, Any]:
+def loopback_spec(
+    world: int,
+    shadows: int,
+    *,
+    replication: int = 1,
+    job_id: int = 4242,
+    mode: str = "mirror",
+    gap_repair: str = "50ms",
+    heartbeat: str = "100ms",
+    rpc: str = "5s",
+    trainer_ports: list[int] | None = None,
+) -> dict[str, Any]:
     """A job spec (as a dict) with every trainer and shadow on 127.0.0.1 at free ports."""
     udp = _free_udp(world + shadows)
     tports = trainer_ports if trainer_ports is not None else udp[:world]
     switch: dict[str, Any] = {"target": "none"}
     if mode == "in-band":  # switch ports are required; nothing here talks to a switch
-        switch = {"target": "bmv2_testbed", "trainer_ports": list(range(1, world + 1)),
-                  "shadow_ports": list(range(world + 1, world + shadows + 1))}
+        switch = {
+            "target": "bmv2_testbed",
+            "trainer_ports": list(range(1, world + 1)),
+            "shadow_ports": list(range(world + 1, world + shadows + 1)),
+        }
     return {
         "job": {"id": job_id, "name": "trainer-test", "mode": mode},
-        "trainers": {"world_size": world,
-                     "addresses": [f"127.0.0.1:{p}" for p in tports[:world]],
-                     "backend": "gloo"},
-        "shadows": {"count": shadows, "replication": replication,
-                    "addresses": [f"127.0.0.1:{p}" for p in udp[world:]],
-                    "control_port": _free_tcp_base(shadows)},
+        "trainers": {
+            "world_size": world,
+            "addresses": [f"127.0.0.1:{p}" for p in tports[:world]],
+            "backend": "gloo",
+        },
+        "shadows": {
+            "count": shadows,
+            "replication": replication,
+            "addresses": [f"127.0.0.1:{p}" for p in udp[world:]],
+            "control_port": _free_tcp_base(shadows),
+        },
         "switch": switch,
-        "timeouts": {"gap_repair": gap_repair, "heartbeat": heartbeat, "failure_detect": "2s",
-                     "rpc": rpc, "connect": "20s"},
+        "timeouts": {
+            "gap_repair": gap_repair,
+            "heartbeat": heartbeat,
+            "failure_detect": "2s",
+            "rpc": rpc,
+            "connect": "20s",
+        },
         "security": {"token_env": "SHADOWGRAD_TOKEN"},
     }
 
@@ -90,9 +112,17 @@ def _free_udp_ports(ports: list[int], host: str = "127.0.0.1", tries: int = 200)
     raise RuntimeError("no free block of UDP ports found")
 
 
-def switch_spec(world: int, shadows: int, *, replication: int = 1, job_id: int = 4242,
-                gap_repair: str = "50ms", heartbeat: str = "100ms", rpc: str = "5s",
-                net: int | None = None) -> dict[str, Any]:
+def switch_spec(
+    world: int,
+    shadows: int,
+    *,
+    replication: int = 1,
+    job_id: int = 4242,
+    gap_repair: str = "50ms",
+    heartbeat: str = "100ms",
+    rpc: str = "5s",
+    net: int | None = None,
+) -> dict[str, Any]:
     """An in-band job through the P4 target's loopback UDP ports: every host has its own
     loopback IPv4 address ``127.N.T.x`` (trainers ``.1..``, shadows ``.101..``) on the shadowgrad
     UDP port, switch ports 1..world (trainers) and world+1.. (shadows), and ``switch.loopback``
@@ -104,16 +134,30 @@ def switch_spec(world: int, shadows: int, *, replication: int = 1, job_id: int =
     base = _free_udp_ports([*tports, *sports, 510])
     return {
         "job": {"id": job_id, "name": "switch-test", "mode": "in-band"},
-        "trainers": {"world_size": world,
-                     "addresses": [f"127.{n}.{t}.{i + 1}" for i in range(world)],
-                     "backend": "gloo"},
-        "shadows": {"count": shadows, "replication": replication,
-                    "addresses": [f"127.{n}.{t}.{101 + i}" for i in range(shadows)],
-                    "control_port": _free_tcp_base(shadows)},
-        "switch": {"target": "bmv2_testbed", "trainer_ports": tports, "shadow_ports": sports,
-                   "loopback": f"127.0.0.1:{base}"},
-        "timeouts": {"gap_repair": gap_repair, "heartbeat": heartbeat, "failure_detect": "2s",
-                     "rpc": rpc, "connect": "20s"},
+        "trainers": {
+            "world_size": world,
+            "addresses": [f"127.{n}.{t}.{i + 1}" for i in range(world)],
+            "backend": "gloo",
+        },
+        "shadows": {
+            "count": shadows,
+            "replication": replication,
+            "addresses": [f"127.{n}.{t}.{101 + i}" for i in range(shadows)],
+            "control_port": _free_tcp_base(shadows),
+        },
+        "switch": {
+            "target": "bmv2_testbed",
+            "trainer_ports": tports,
+            "shadow_ports": sports,
+            "loopback": f"127.0.0.1:{base}",
+        },
+        "timeouts": {
+            "gap_repair": gap_repair,
+            "heartbeat": heartbeat,
+            "failure_detect": "2s",
+            "rpc": rpc,
+            "connect": "20s",
+        },
         "security": {"token_env": "SHADOWGRAD_TOKEN"},
     }
 

@@ -18,13 +18,21 @@ __all__ = ["BLOB_VERSION", "pack_blob", "unpack_blob"]
 BLOB_VERSION = 1
 
 
-def pack_blob(iteration: int, scheduler: Any, scaler: Any, user: Any,
-              module: Any = None) -> bytes:
+def pack_blob(iteration: int, scheduler: Any, scaler: Any, user: Any, module: Any = None) -> bytes:
     """``module``: the module state that is not a trained parameter (persistent buffers such as
     BatchNorm statistics, frozen parameters), by name."""
     buf = io.BytesIO()
-    torch.save({"v": BLOB_VERSION, "iteration": iteration, "scheduler": scheduler,
-                "scaler": scaler, "user": user, "module": module}, buf)
+    torch.save(
+        {
+            "v": BLOB_VERSION,
+            "iteration": iteration,
+            "scheduler": scheduler,
+            "scaler": scaler,
+            "user": user,
+            "module": module,
+        },
+        buf,
+    )
     return buf.getvalue()
 
 

@@ -79,15 +79,18 @@ def box_states_from_full(
         if not isinstance(full, torch.Tensor):
             raise ReplayInputError(f"model state has no tensor for parameter {box.name!r}")
         if tuple(full.shape) != spec_shape:
-            raise ReplayInputError(f"model state {box.name!r} has shape {tuple(full.shape)},"
-                                   f" the layout says {spec_shape}")
+            raise ReplayInputError(
+                f"model state {box.name!r} has shape {tuple(full.shape)},"
+                f" the layout says {spec_shape}"
+            )
         st: BoxState = {"param": box_rows(full.detach(), box)}
         for key, value in (optim_state.get(box.name) or {}).items():
             if value is None:
                 continue
             if not isinstance(value, torch.Tensor):
-                raise ReplayInputError(f"optimizer state {box.name!r}.{key} is a"
-                                       f" {type(value).__name__}, not a tensor")
+                raise ReplayInputError(
+                    f"optimizer state {box.name!r}.{key} is a {type(value).__name__}, not a tensor"
+                )
             if tuple(value.shape) == spec_shape:
                 st[key] = box_rows(value.detach(), box)
             elif value.dim() == 0:
@@ -95,7 +98,8 @@ def box_states_from_full(
             else:
                 raise ReplayInputError(
                     f"optimizer state {box.name!r}.{key} has shape {tuple(value.shape)}: neither"
-                    f" the parameter's {spec_shape} nor a scalar")
+                    f" the parameter's {spec_shape} nor a scalar"
+                )
         out.append(st)
     return out
 
@@ -111,29 +115,34 @@ def assemble_full(
     """
     if len(per_shard_exports) != layout.num_shards:
         raise ReplayInputError(
-            f"{len(per_shard_exports)} shard exports, the layout has {layout.num_shards} shards")
-    params = {p.name: torch.empty(p.shape, dtype=LAYOUT_TORCH_DTYPES[p.dtype])
-              for p in layout.params}
+            f"{len(per_shard_exports)} shard exports, the layout has {layout.num_shards} shards"
+        )
+    params = {
+        p.name: torch.empty(p.shape, dtype=LAYOUT_TORCH_DTYPES[p.dtype]) for p in layout.params
+    }
     states: dict[str, dict[str, torch.Tensor]] = {}
     keys_of: dict[str, tuple[set[str], Box]] = {}
     for shard, export in enumerate(per_shard_exports):
         boxes = layout.shard_boxes(shard)
         if len(export) != len(boxes):
             raise ReplayInputError(
-                f"shard {shard} export has {len(export)} boxes, the layout has {len(boxes)}")
+                f"shard {shard} export has {len(export)} boxes, the layout has {len(boxes)}"
+            )
         for box, st in zip(boxes, export, strict=True):
             full = params[box.name]
             piece = st.get("param")
             if not isinstance(piece, torch.Tensor) or tuple(piece.shape) != box.lengths:
                 raise ReplayInputError(
-                    f"shard {shard} box {box_where(box)}: bad or missing 'param'")
+                    f"shard {shard} box {box_where(box)}: bad or missing 'param'"
+                )
             box_rows(full, box).copy_(piece)
             keys = set(st) - {"param"}
             first = keys_of.setdefault(box.name, (keys, box))
             if first[0] != keys:
                 raise ReplayError(
                     f"boxes of {box.name!r} disagree on optimizer state: {box_where(first[1])} has"
-                    f" {sorted(first[0])}, {box_where(box)} has {sorted(keys)}")
+                    f" {sorted(first[0])}, {box_where(box)} has {sorted(keys)}"
+                )
             tstate = states.setdefault(box.name, {}) if keys else {}
             for key in keys:
                 value = st[key]
@@ -144,12 +153,15 @@ def assemble_full(
                     elif not torch.equal(prev, value):
                         raise ReplayError(
                             f"boxes of {box.name!r} disagree on {key!r}: {prev.item()} vs"
-                            f" {value.item()} ({box_where(box)})")
+                            f" {value.item()} ({box_where(box)})"
+                        )
                 elif tuple(value.shape) == box.lengths:
                     if key not in tstate:
                         tstate[key] = torch.empty(full.shape, dtype=value.dtype)
                     box_rows(tstate[key], box).copy_(value)
                 else:
-                    raise ReplayInputError(f"shard {shard} box {box_where(box)}: state {key!r} has"
-                                           f" shape {tuple(value.shape)}")
+                    raise ReplayInputError(
+                        f"shard {shard} box {box_where(box)}: state {key!r} has"
+                        f" shape {tuple(value.shape)}"
+                    )
     return params, states

@@ -29,22 +29,38 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "layout": ("shadowgrad._cmd_layout", "compute the shard layout of a model and its digest"),
     "wire": ("shadowgrad._cmd_wire", "decode shadowgrad datagrams (hex) and check them"),
     "shadow": ("shadowgrad.shadow._cmd", "run one shadow node"),
-    "plan": ("shadowgrad._cmd_plan",
-             "checkpoint interval planner: Young-Daly vs per-iteration shadow checkpoints"),
-    "controller": ("shadowgrad.controller._service_cmd",
-                   "run the job's controller: failure detection, I*, holds, switch convergence"),
-    "status": ("shadowgrad.controller._status_cmd",
-               "the job's health: trainers, I*, every shadow, switch counters (--watch, --json)"),
-    "restore": ("shadowgrad.controller._restore_cmd",
-                "show and hold the restore point I* and what restarted trainers need"),
-    "export": ("shadowgrad.controller._export_cmd",
-               "write an iteration as a torch.distributed.checkpoint directory; --verify DIR"),
-    "switch": ("shadowgrad.controller._cmd",
-               "plan, program, read or clear the job's ToR switch over P4Runtime"),
-    "demo": ("shadowgrad.bmv2_testbed._demo_cmd",
-             "run an emulated job (switch, shadows, controller, trainers), inject faults, report"),
-    "p4c": ("shadowgrad.bmv2_testbed._compile_cmd",
-            "compile a P4_16 v1model program for the software target (p4c-like)"),
+    "plan": (
+        "shadowgrad._cmd_plan",
+        "checkpoint interval planner: Young-Daly vs per-iteration shadow checkpoints",
+    ),
+    "controller": (
+        "shadowgrad.controller._service_cmd",
+        "run the job's controller: failure detection, I*, holds, switch convergence",
+    ),
+    "status": (
+        "shadowgrad.controller._status_cmd",
+        "the job's health: trainers, I*, every shadow, switch counters (--watch, --json)",
+    ),
+    "restore": (
+        "shadowgrad.controller._restore_cmd",
+        "show and hold the restore point I* and what restarted trainers need",
+    ),
+    "export": (
+        "shadowgrad.controller._export_cmd",
+        "write an iteration as a torch.distributed.checkpoint directory; --verify DIR",
+    ),
+    "switch": (
+        "shadowgrad.controller._cmd",
+        "plan, program, read or clear the job's ToR switch over P4Runtime",
+    ),
+    "demo": (
+        "shadowgrad.bmv2_testbed._demo_cmd",
+        "run an emulated job (switch, shadows, controller, trainers), inject faults, report",
+    ),
+    "p4c": (
+        "shadowgrad.bmv2_testbed._compile_cmd",
+        "compile a P4_16 v1model program for the software target (p4c-like)",
+    ),
 }
 
 #: exit status for a ShadowgradError (bad spec, bad input, ...); argparse uses 2 for usage
@@ -57,17 +73,23 @@ def build_parser() -> argparse.ArgumentParser:
         description="In-network per-iteration checkpointing for data-parallel training.",
     )
     parser.add_argument("--version", action="version", version=f"shadowgrad {__version__}")
-    parser.add_argument("--log-level", default="INFO",
-                        choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="default: INFO")
-    parser.add_argument("--log-json", action="store_true",
-                        help="write logs and events as one JSON object per line")
+    parser.add_argument(
+        "--log-level",
+        default="INFO",
+        choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+        help="default: INFO",
+    )
+    parser.add_argument(
+        "--log-json", action="store_true", help="write logs and events as one JSON object per line"
+    )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name, (module_name, help_text) in COMMANDS.items():
         try:
             module = importlib.import_module(module_name)
         except ImportError as e:  # an extra is not installed: say so when the command is used
-            p = sub.add_parser(name, help=f"{help_text} [unavailable: {e.name or e}]",
-                               description=help_text)
+            p = sub.add_parser(
+                name, help=f"{help_text} [unavailable: {e.name or e}]", description=help_text
+            )
             p.add_argument("rest", nargs=argparse.REMAINDER)
             p.set_defaults(_run=_unavailable(name, e))
             continue

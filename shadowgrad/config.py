@@ -414,46 +414,104 @@ def _to_toml(key: _Key, value: Any) -> Any:
 class JobSection:
     """``[job]``: identity and mode of the job."""
 
-    id: int = field(metadata={"schema": _Key(
-        "int", "the ``job`` field of every wire header.", max=(1 << 32) - 1)})
-    name: str = field(metadata={"schema": _Key(
-        "str", "1..64 characters from ``[A-Za-z0-9_.-]``.", pattern=r"[A-Za-z0-9_.-]{1,64}",
-        pattern_error="must be 1..64 characters from [A-Za-z0-9_.-]")})
-    mode: Mode = field(default="in-band", metadata={"schema": _Key(
-        "choice", '``"in-band"``: the switch taps the all-reduce; ``"mirror"``: trainers send '
-        "their reduced slices to the shadows themselves.", choices=MODES)})
+    id: int = field(
+        metadata={
+            "schema": _Key("int", "the ``job`` field of every wire header.", max=(1 << 32) - 1)
+        }
+    )
+    name: str = field(
+        metadata={
+            "schema": _Key(
+                "str",
+                "1..64 characters from ``[A-Za-z0-9_.-]``.",
+                pattern=r"[A-Za-z0-9_.-]{1,64}",
+                pattern_error="must be 1..64 characters from [A-Za-z0-9_.-]",
+            )
+        }
+    )
+    mode: Mode = field(
+        default="in-band",
+        metadata={
+            "schema": _Key(
+                "choice",
+                '``"in-band"``: the switch taps the all-reduce; ``"mirror"``: trainers send '
+                "their reduced slices to the shadows themselves.",
+                choices=MODES,
+            )
+        },
+    )
 
 
 @dataclass(frozen=True, slots=True)
 class TrainersSection:
     """``[trainers]``: the data-parallel ranks, in rank order."""
 
-    world_size: int = field(metadata={"schema": _Key(
-        "int", "number of data-parallel ranks.", min=1, max=MAX_MEMBERS)})
-    addresses: tuple[Endpoint, ...] = field(metadata={"schema": _Key(
-        "addresses", "one per rank, in rank order.", length="trainers.world_size")})
-    backend: Backend = field(default="gloo", metadata={"schema": _Key(
-        "choice", "the process-group backend.", choices=BACKENDS)})
+    world_size: int = field(
+        metadata={"schema": _Key("int", "number of data-parallel ranks.", min=1, max=MAX_MEMBERS)}
+    )
+    addresses: tuple[Endpoint, ...] = field(
+        metadata={
+            "schema": _Key(
+                "addresses", "one per rank, in rank order.", length="trainers.world_size"
+            )
+        }
+    )
+    backend: Backend = field(
+        default="gloo",
+        metadata={"schema": _Key("choice", "the process-group backend.", choices=BACKENDS)},
+    )
 
 
 @dataclass(frozen=True, slots=True)
 class ShadowsSection:
     """``[shadows]``: the shadow nodes, in shadow-id order."""
 
-    count: int = field(metadata={"schema": _Key(
-        "int", "number of shadow nodes.", min=1, max=MAX_MEMBERS)})
-    addresses: tuple[Endpoint, ...] = field(metadata={"schema": _Key(
-        "addresses", "one data (UDP) address per shadow.", length="shadows.count")})
-    replication: int = field(default=1, metadata={"schema": _Key(
-        "int", "copies of each shard; must divide ``count``, giving ``count // replication`` "
-        "shards.", min=1, max="shadows.count")})
-    control_port: int = field(default=DEFAULT_CONTROL_PORT, metadata={"schema": _Key(
-        "int", "base TCP port of the shadows' pyzmq control endpoints: shadow ``i`` serves on "
-        "its host at ``control_port + i`` (so shadows can share a host).", min=1, max=65535)})
-    snapshot_every: int = field(default=0, metadata={"schema": _Key(
-        "int", "persist state to disk every N iterations; ``0`` = off.")})
-    snapshot_dir: Path | None = field(default=None, metadata={"schema": _Key(
-        "path", "directory for those snapshots; required when ``snapshot_every > 0``.")})
+    count: int = field(
+        metadata={"schema": _Key("int", "number of shadow nodes.", min=1, max=MAX_MEMBERS)}
+    )
+    addresses: tuple[Endpoint, ...] = field(
+        metadata={
+            "schema": _Key(
+                "addresses", "one data (UDP) address per shadow.", length="shadows.count"
+            )
+        }
+    )
+    replication: int = field(
+        default=1,
+        metadata={
+            "schema": _Key(
+                "int",
+                "copies of each shard; must divide ``count``, giving ``count // replication`` "
+                "shards.",
+                min=1,
+                max="shadows.count",
+            )
+        },
+    )
+    control_port: int = field(
+        default=DEFAULT_CONTROL_PORT,
+        metadata={
+            "schema": _Key(
+                "int",
+                "base TCP port of the shadows' pyzmq control endpoints: shadow ``i`` serves on "
+                "its host at ``control_port + i`` (so shadows can share a host).",
+                min=1,
+                max=65535,
+            )
+        },
+    )
+    snapshot_every: int = field(
+        default=0,
+        metadata={"schema": _Key("int", "persist state to disk every N iterations; ``0`` = off.")},
+    )
+    snapshot_dir: Path | None = field(
+        default=None,
+        metadata={
+            "schema": _Key(
+                "path", "directory for those snapshots; required when ``snapshot_every > 0``."
+            )
+        },
+    )
 
     @property
     def num_shards(self) -> int:
@@ -480,38 +538,98 @@ class SwitchSection:
     IPv4 headers.
     """
 
-    target: Target = field(default="bmv2_testbed", metadata={"schema": _Key(
-        "choice", '``"bmv2_testbed"``: shadowgrad\'s P4 software target; '
-        '``"simple_switch_grpc"``: real bmv2; ``"none"``: no programmable switch (only with '
-        '``job.mode = "mirror"``).', choices=TARGETS)})
+    target: Target = field(
+        default="bmv2_testbed",
+        metadata={
+            "schema": _Key(
+                "choice",
+                '``"bmv2_testbed"``: shadowgrad\'s P4 software target; '
+                '``"simple_switch_grpc"``: real bmv2; ``"none"``: no programmable switch '
+                '(only with ``job.mode = "mirror"``).',
+                choices=TARGETS,
+            )
+        },
+    )
     grpc_addr: Endpoint = field(
         default=Endpoint.parse(DEFAULT_GRPC_ADDR, "switch.grpc_addr"),
-        metadata={"schema": _Key("endpoint", "the P4Runtime server.")})
-    device_id: int = field(default=0, metadata={"schema": _Key(
-        "int", "P4Runtime device id.", max=(1 << 64) - 1)})
-    p4_program: Path = field(default=Path(DEFAULT_P4_PROGRAM), metadata={"schema": _Key(
-        "path", "P4_16 source to load.")})
-    trainer_ports: tuple[int, ...] = field(default=(), metadata={"schema": _Key(
-        "switch_ports", "switch port of each trainer, in rank order.",
-        length="trainers.world_size", required=True, needs_switch=True)})
-    shadow_ports: tuple[int, ...] = field(default=(), metadata={"schema": _Key(
-        "switch_ports", "switch port of each shadow.", length="shadows.count", required=True,
-        needs_switch=True)})
-    cpu_port: int = field(default=DEFAULT_CPU_PORT, metadata={"schema": _Key(
-        "switch_port", "the ``--cpu-port`` for PacketIn/PacketOut.", min=1)})
+        metadata={"schema": _Key("endpoint", "the P4Runtime server.")},
+    )
+    device_id: int = field(
+        default=0, metadata={"schema": _Key("int", "P4Runtime device id.", max=(1 << 64) - 1)}
+    )
+    p4_program: Path = field(
+        default=Path(DEFAULT_P4_PROGRAM), metadata={"schema": _Key("path", "P4_16 source to load.")}
+    )
+    trainer_ports: tuple[int, ...] = field(
+        default=(),
+        metadata={
+            "schema": _Key(
+                "switch_ports",
+                "switch port of each trainer, in rank order.",
+                length="trainers.world_size",
+                required=True,
+                needs_switch=True,
+            )
+        },
+    )
+    shadow_ports: tuple[int, ...] = field(
+        default=(),
+        metadata={
+            "schema": _Key(
+                "switch_ports",
+                "switch port of each shadow.",
+                length="shadows.count",
+                required=True,
+                needs_switch=True,
+            )
+        },
+    )
+    cpu_port: int = field(
+        default=DEFAULT_CPU_PORT,
+        metadata={
+            "schema": _Key("switch_port", "the ``--cpu-port`` for PacketIn/PacketOut.", min=1)
+        },
+    )
     #: the target's loopback UDP ports: switch port N is ``loopback.host:loopback.port + N``
-    loopback: Endpoint | None = field(default=None, metadata={"schema": _Key(
-        "endpoint", "the hosts reach the switch through the P4 target's loopback UDP ports "
-        "(``sg-switch-grpc --loopback-port N@host:port+N``), exchanging whole Ethernet frames "
-        "(``shadowgrad.frames``).", needs_switch=True, default_doc="none (the hosts' own "
-        "interfaces cross the switch: veths, Mininet, real links)")})
+    loopback: Endpoint | None = field(
+        default=None,
+        metadata={
+            "schema": _Key(
+                "endpoint",
+                "the hosts reach the switch through the P4 target's loopback UDP ports "
+                "(``sg-switch-grpc --loopback-port N@host:port+N``), exchanging whole Ethernet "
+                "frames (``shadowgrad.frames``).",
+                needs_switch=True,
+                default_doc="none (the hosts' own "
+                "interfaces cross the switch: veths, Mininet, real links)",
+            )
+        },
+    )
     #: 48-bit MACs; empty: ``frames.port_mac(port)``
-    trainer_macs: tuple[int, ...] = field(default=(), metadata={"schema": _Key(
-        "macs", "MAC of each trainer host.", length="trainers.world_size", needs_switch=True,
-        default_doc=_DEFAULT_MACS)})
-    shadow_macs: tuple[int, ...] = field(default=(), metadata={"schema": _Key(
-        "macs", "MAC of each shadow host.", length="shadows.count", needs_switch=True,
-        default_doc=_DEFAULT_MACS)})
+    trainer_macs: tuple[int, ...] = field(
+        default=(),
+        metadata={
+            "schema": _Key(
+                "macs",
+                "MAC of each trainer host.",
+                length="trainers.world_size",
+                needs_switch=True,
+                default_doc=_DEFAULT_MACS,
+            )
+        },
+    )
+    shadow_macs: tuple[int, ...] = field(
+        default=(),
+        metadata={
+            "schema": _Key(
+                "macs",
+                "MAC of each shadow host.",
+                length="shadows.count",
+                needs_switch=True,
+                default_doc=_DEFAULT_MACS,
+            )
+        },
+    )
 
     def loopback_endpoint(self, port: int) -> Endpoint:
         """The UDP endpoint of switch port ``port`` (only with ``loopback`` set)."""
@@ -534,18 +652,37 @@ class SwitchSection:
 class TimeoutsSection:
     """``[timeouts]``, in float seconds (each key is its field less the ``_s``)."""
 
-    heartbeat_s: float = field(default=0.5, metadata={"schema": _Key(
-        "duration", "interval of trainer heartbeats.", unit="s")})
-    failure_detect_s: float = field(default=3.0, metadata={"schema": _Key(
-        "duration", "silence after which a member is declared failed; must exceed "
-        "``heartbeat``.", unit="s")})
-    gap_repair_s: float = field(default=0.2, metadata={"schema": _Key(
-        "duration", "how long a shadow waits for a missing chunk before asking for it again.",
-        unit="s")})
-    rpc_s: float = field(default=2.0, metadata={"schema": _Key(
-        "duration", "deadline of one control RPC.", unit="s")})
-    connect_s: float = field(default=10.0, metadata={"schema": _Key(
-        "duration", "deadline for establishing a connection.", unit="s")})
+    heartbeat_s: float = field(
+        default=0.5,
+        metadata={"schema": _Key("duration", "interval of trainer heartbeats.", unit="s")},
+    )
+    failure_detect_s: float = field(
+        default=3.0,
+        metadata={
+            "schema": _Key(
+                "duration",
+                "silence after which a member is declared failed; must exceed ``heartbeat``.",
+                unit="s",
+            )
+        },
+    )
+    gap_repair_s: float = field(
+        default=0.2,
+        metadata={
+            "schema": _Key(
+                "duration",
+                "how long a shadow waits for a missing chunk before asking for it again.",
+                unit="s",
+            )
+        },
+    )
+    rpc_s: float = field(
+        default=2.0, metadata={"schema": _Key("duration", "deadline of one control RPC.", unit="s")}
+    )
+    connect_s: float = field(
+        default=10.0,
+        metadata={"schema": _Key("duration", "deadline for establishing a connection.", unit="s")},
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -557,17 +694,39 @@ class SecuritySection:
     Giving both ``token_env`` and ``token_file`` is an error.
     """
 
-    token_env: str | None = field(default=_env.DEFAULT_TOKEN_ENV, metadata={"schema": _Key(
-        "str", "name of the environment variable holding the token.",
-        pattern=r"[A-Za-z_][A-Za-z0-9_]*", pattern_error="not a valid environment variable name",
-        default_doc=f'``"{_env.DEFAULT_TOKEN_ENV}"`` (when ``token_file`` is not given)')})
-    token_file: Path | None = field(default=None, metadata={"schema": _Key(
-        "path", "a file holding the token (surrounding whitespace is stripped); it must not be "
-        "readable by group or others (``chmod 600``).")})
+    token_env: str | None = field(
+        default=_env.DEFAULT_TOKEN_ENV,
+        metadata={
+            "schema": _Key(
+                "str",
+                "name of the environment variable holding the token.",
+                pattern=r"[A-Za-z_][A-Za-z0-9_]*",
+                pattern_error="not a valid environment variable name",
+                default_doc=f'``"{_env.DEFAULT_TOKEN_ENV}"`` (when ``token_file`` is not given)',
+            )
+        },
+    )
+    token_file: Path | None = field(
+        default=None,
+        metadata={
+            "schema": _Key(
+                "path",
+                "a file holding the token (surrounding whitespace is stripped); it must not be "
+                "readable by group or others (``chmod 600``).",
+            )
+        },
+    )
     #: DATA chunks carry a MAC too (COMMIT, NACK, READY and ACK always do)
-    authenticate_data: bool = field(default=DEFAULT_AUTHENTICATE_DATA, metadata={"schema": _Key(
-        "bool", "DATA chunks carry a MAC too (COMMIT, NACK, READY and ACK always do; "
-        "docs/security.md gives the cost and what ``false`` leaves open).")})
+    authenticate_data: bool = field(
+        default=DEFAULT_AUTHENTICATE_DATA,
+        metadata={
+            "schema": _Key(
+                "bool",
+                "DATA chunks carry a MAC too (COMMIT, NACK, READY and ACK always do; "
+                "docs/security.md gives the cost and what ``false`` leaves open).",
+            )
+        },
+    )
 
     def token(self, env: Mapping[str, str] | None = None) -> str:
         """Read the token now (``env`` defaults to ``os.environ``); ConfigError if unavailable."""
@@ -579,10 +738,13 @@ class SecuritySection:
             except (OSError, UnicodeDecodeError) as e:
                 raise ConfigError(key, str(self.token_file), f"cannot read token: {e}") from None
             if mode & 0o077:
-                raise ConfigError(key, str(self.token_file),
-                                  f"the token file is readable by group or others (mode "
-                                  f"{mode & 0o777:04o}); make it private: chmod 600 "
-                                  f"{self.token_file}")
+                raise ConfigError(
+                    key,
+                    str(self.token_file),
+                    f"the token file is readable by group or others (mode "
+                    f"{mode & 0o777:04o}); make it private: chmod 600 "
+                    f"{self.token_file}",
+                )
             tok = text.strip()
             if not tok:
                 raise ConfigError(key, str(self.token_file), "token file is empty")
@@ -604,12 +766,19 @@ class ControllerSection:
     """``[controller]`` (optional): the job's controller; without it (``address = None``) the
     trainers find the restore point themselves."""
 
-    address: Endpoint | None = field(default=None, metadata={"schema": _Key(
-        "endpoint", "where ``shadowgrad controller`` serves its control endpoint (ZeroMQ). With "
-        "it, restarted trainers take the restore point from the controller (falling back to "
-        "the shadows when it does not answer), rank 0 tells it when training ends, and "
-        "``shadowgrad status`` / ``restore`` show or use its state (docs/operations.md).",
-        default_doc="no controller")})
+    address: Endpoint | None = field(
+        default=None,
+        metadata={
+            "schema": _Key(
+                "endpoint",
+                "where ``shadowgrad controller`` serves its control endpoint (ZeroMQ). With "
+                "it, restarted trainers take the restore point from the controller (falling back "
+                "to the shadows when it does not answer), rank 0 tells it when training ends, and "
+                "``shadowgrad status`` / ``restore`` show or use its state (docs/operations.md).",
+                default_doc="no controller",
+            )
+        },
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -654,8 +823,11 @@ class JobSpec:
         out: dict[str, dict[str, Any]] = {}
         for name in _SECTIONS:
             values = getattr(self, name)
-            table = {key: _to_toml(schema, value) for key, f, schema in _schema_fields(type(values))
-                     if (value := getattr(values, f.name)) is not None and value != ()}
+            table = {
+                key: _to_toml(schema, value)
+                for key, f, schema in _schema_fields(type(values))
+                if (value := getattr(values, f.name)) is not None and value != ()
+            }
             if table:
                 out[name] = table
         return out
@@ -749,8 +921,14 @@ def _kind_doc(f: Field[Any], key: _Key) -> str:
 
 
 def _fill(text: str, indent: str = "") -> str:
-    return textwrap.fill(" ".join(text.split()), width=98, initial_indent=indent,
-                         subsequent_indent=indent, break_long_words=False, break_on_hyphens=False)
+    return textwrap.fill(
+        " ".join(text.split()),
+        width=98,
+        initial_indent=indent,
+        subsequent_indent=indent,
+        break_long_words=False,
+        break_on_hyphens=False,
+    )
 
 
 def render_keys(sections: Sections | None = None) -> str:
@@ -988,8 +1166,11 @@ def _check_shadows(tables: Mapping[str, _Table], v: dict[str, Any], p: Mapping[s
             f"shadow i uses control_port + i, and {control_port} + {count - 1} exceeds 65535",
         )
     if v["snapshot_every"] > 0 and v["snapshot_dir"] is None:
-        raise ConfigError(t.key("snapshot_dir"), None,
-                          f"required when shadows.snapshot_every = {v['snapshot_every']}")
+        raise ConfigError(
+            t.key("snapshot_dir"),
+            None,
+            f"required when shadows.snapshot_every = {v['snapshot_every']}",
+        )
     seen: dict[tuple[str, int], str] = {}
     for prefix in ("trainers", "shadows"):
         for i, ep in enumerate(p[f"{prefix}.addresses"]):
@@ -1004,12 +1185,16 @@ def _check_switch(tables: Mapping[str, _Table], v: dict[str, Any], p: Mapping[st
     t = tables["switch"]
     if v["target"] == "none":
         if p["job.mode"] == "in-band":
-            raise ConfigError(t.key("target"), v["target"],
-                              "job.mode = 'in-band' needs a switch; use mode = 'mirror'")
+            raise ConfigError(
+                t.key("target"),
+                v["target"],
+                "job.mode = 'in-band' needs a switch; use mode = 'mirror'",
+            )
         for key, _, schema in _schema_fields(SwitchSection):
             if schema.needs_switch and t.has(key):
-                raise ConfigError(t.key(key), t.get(key),
-                                  "has no meaning with switch.target = 'none'")
+                raise ConfigError(
+                    t.key(key), t.get(key), "has no meaning with switch.target = 'none'"
+                )
         return
     used: dict[int, str] = {v["cpu_port"]: "switch.cpu_port"}
     for name in ("trainer_ports", "shadow_ports"):
@@ -1030,8 +1215,11 @@ def _check_switch(tables: Mapping[str, _Table], v: dict[str, Any], p: Mapping[st
     if v["loopback"] is not None:
         top = v["loopback"].port + max(used)
         if top > 65535:
-            raise ConfigError(t.key("loopback"), t.get("loopback"),
-                              f"base port + switch port reaches {top} > 65535")
+            raise ConfigError(
+                t.key("loopback"),
+                t.get("loopback"),
+                f"base port + switch port reaches {top} > 65535",
+            )
 
 
 def _check_timeouts(tables: Mapping[str, _Table], v: dict[str, Any], p: Mapping[str, Any]) -> None:
@@ -1050,8 +1238,11 @@ def _check_security(tables: Mapping[str, _Table], v: dict[str, Any], p: Mapping[
     t = tables["security"]
     if t.has("token_file"):
         if t.has("token_env"):
-            raise ConfigError(t.key("token_file"), t.get("token_file"),
-                              "give exactly one of security.token_env and security.token_file")
+            raise ConfigError(
+                t.key("token_file"),
+                t.get("token_file"),
+                "give exactly one of security.token_env and security.token_file",
+            )
         v["token_env"] = None
     elif v["token_env"].startswith(_env.ENV_PREFIX):
         raise ConfigError(

@@ -28,8 +28,14 @@ import zmq
 from shadowgrad.errors import ShadowgradTimeout
 from shadowgrad.tensorstream import ControlError, decode_states, encode_states
 
-__all__ = ["ControlClient", "ControllerClient", "ShadowClient", "FetchResult", "FetchReply",
-           "ControlError"]
+__all__ = [
+    "ControlClient",
+    "ControllerClient",
+    "ShadowClient",
+    "FetchResult",
+    "FetchReply",
+    "ControlError",
+]
 
 
 @dataclass(frozen=True)
@@ -56,8 +62,7 @@ class FetchReply:
 
     def decode(self) -> FetchResult:
         """Verify every chunk and decode the states (ControlError)."""
-        return FetchResult(self.iteration, decode_states(self.entries, self.frames),
-                           self.commit)
+        return FetchResult(self.iteration, decode_states(self.entries, self.frames), self.commit)
 
 
 class ControlClient:
@@ -68,8 +73,14 @@ class ControlClient:
     is discarded and a fresh one is made, so one lost reply never wedges the client.
     """
 
-    def __init__(self, endpoint: str, token: str, *, timeout_s: float = 2.0,
-                 context: zmq.Context[zmq.Socket[bytes]] | None = None) -> None:
+    def __init__(
+        self,
+        endpoint: str,
+        token: str,
+        *,
+        timeout_s: float = 2.0,
+        context: zmq.Context[zmq.Socket[bytes]] | None = None,
+    ) -> None:
         self.endpoint = endpoint
         self._token = token
         self.timeout_s = timeout_s
@@ -98,8 +109,13 @@ class ControlClient:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def call(self, op: str, frames: Sequence[memoryview | bytes] = (),
-             timeout_s: float | None = None, **fields: Any) -> tuple[dict[str, Any], list[bytes]]:
+    def call(
+        self,
+        op: str,
+        frames: Sequence[memoryview | bytes] = (),
+        timeout_s: float | None = None,
+        **fields: Any,
+    ) -> tuple[dict[str, Any], list[bytes]]:
         """Send one request; return (reply header, reply frames) or raise ControlError/timeout."""
         timeout = self.timeout_s if timeout_s is None else timeout_s
         head = json.dumps({"op": op, "token": self._token, **fields}).encode()
@@ -137,11 +153,17 @@ class ControllerClient(ControlClient):
         header, _ = self.call("restore_point", timeout_s=timeout_s, requester=requester)
         return header
 
-    def finished(self, iteration: int | None, generation: int, requester: str,
-                 timeout_s: float | None = None) -> dict[str, Any]:
+    def finished(
+        self, iteration: int | None, generation: int, requester: str, timeout_s: float | None = None
+    ) -> dict[str, Any]:
         """Tell the controller that training ended normally after ``iteration``."""
-        header, _ = self.call("finished", timeout_s=timeout_s, iteration=iteration,
-                              generation=generation, requester=requester)
+        header, _ = self.call(
+            "finished",
+            timeout_s=timeout_s,
+            iteration=iteration,
+            generation=generation,
+            requester=requester,
+        )
         return header
 
 
@@ -163,27 +185,49 @@ class ShadowClient(ControlClient):
         header, _ = self.call("release", iteration=iteration)
         return header
 
-    def fetch_raw(self, iteration: int | None = None, boxes: Sequence[int] | None = None,
-                  timeout_s: float | None = None) -> FetchReply:
+    def fetch_raw(
+        self,
+        iteration: int | None = None,
+        boxes: Sequence[int] | None = None,
+        timeout_s: float | None = None,
+    ) -> FetchReply:
         """Like :meth:`fetch`, without decoding: the stream as it came (see :class:`FetchReply`)."""
         header, frames = self.call(
-            "fetch", iteration=iteration, boxes=None if boxes is None else list(boxes),
+            "fetch",
+            iteration=iteration,
+            boxes=None if boxes is None else list(boxes),
             timeout_s=timeout_s,
         )
         commit = header.get("commit")
-        return FetchReply(int(header["iteration"]), header["entries"], frames,
-                          commit if isinstance(commit, dict) else None)
+        return FetchReply(
+            int(header["iteration"]),
+            header["entries"],
+            frames,
+            commit if isinstance(commit, dict) else None,
+        )
 
-    def fetch(self, iteration: int | None = None, boxes: Sequence[int] | None = None,
-              timeout_s: float | None = None) -> FetchResult:
+    def fetch(
+        self,
+        iteration: int | None = None,
+        boxes: Sequence[int] | None = None,
+        timeout_s: float | None = None,
+    ) -> FetchResult:
         """State at ``iteration`` (None: the newest applied) of ``boxes`` (None: all)."""
         return self.fetch_raw(iteration, boxes, timeout_s).decode()
 
-    def load(self, iteration: int, states: Sequence[Mapping[str, torch.Tensor]],
-             optimizer_json: str, layout_json: str | None = None, *,
-             timeout_s: float | None = None,
-             commit: Mapping[str, Any] | None = None, generation: int | None = None,
-             reseed: bool | None = None, source: str | None = None) -> dict[str, Any]:
+    def load(
+        self,
+        iteration: int,
+        states: Sequence[Mapping[str, torch.Tensor]],
+        optimizer_json: str,
+        layout_json: str | None = None,
+        *,
+        timeout_s: float | None = None,
+        commit: Mapping[str, Any] | None = None,
+        generation: int | None = None,
+        reseed: bool | None = None,
+        source: str | None = None,
+    ) -> dict[str, Any]:
         """Bootstrap the shadow with its shard's state at ``iteration`` (per box, shard order);
         ``commit``: COMMIT(``iteration``) (:func:`commit_to_json` form) to keep with it.
         ``generation``, ``reseed`` and ``source`` (a trainer's bootstrap or re-seed: its
@@ -199,8 +243,14 @@ class ShadowClient(ControlClient):
         if commit is not None:
             extra["commit"] = dict(commit)
         header, _ = self.call(
-            "load", frames, iteration=iteration, optimizer=optimizer_json, layout=layout_json,
-            entries=entries, timeout_s=timeout_s, **extra,
+            "load",
+            frames,
+            iteration=iteration,
+            optimizer=optimizer_json,
+            layout=layout_json,
+            entries=entries,
+            timeout_s=timeout_s,
+            **extra,
         )
         return header
 

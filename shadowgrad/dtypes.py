@@ -85,26 +85,34 @@ class UnknownDTypeError(ShadowgradError, ValueError):
 
 #: every dtype shadowgrad handles, by name; layout dtypes first, in the order error messages list
 #: them. Tensor streams and snapshots carry all of them (optimizer state: ``step`` counters, ...)
-DTYPES: Mapping[str, DTypeInfo] = MappingProxyType({
-    info.name: info for info in (
-        DTypeInfo("float32", 4, DType.FLOAT32, True),
-        DTypeInfo("float16", 2, DType.FLOAT16, True),
-        DTypeInfo("bfloat16", 2, DType.BFLOAT16, True),
-        DTypeInfo("float64", 8, DType.FLOAT64, True),
-        DTypeInfo("int64", 8, None, False),
-        DTypeInfo("int32", 4, None, False),
-        DTypeInfo("uint8", 1, DType.UINT8, False),
-        DTypeInfo("bool", 1, None, False),
-    )
-})
+DTYPES: Mapping[str, DTypeInfo] = MappingProxyType(
+    {
+        info.name: info
+        for info in (
+            DTypeInfo("float32", 4, DType.FLOAT32, True),
+            DTypeInfo("float16", 2, DType.FLOAT16, True),
+            DTypeInfo("bfloat16", 2, DType.BFLOAT16, True),
+            DTypeInfo("float64", 8, DType.FLOAT64, True),
+            DTypeInfo("int64", 8, None, False),
+            DTypeInfo("int32", 4, None, False),
+            DTypeInfo("uint8", 1, DType.UINT8, False),
+            DTypeInfo("bool", 1, None, False),
+        )
+    }
+)
 
 #: itemsize in bytes of every dtype a layout accepts (``shadowgrad.layout.DTYPE_ITEMSIZE``)
 LAYOUT_ITEMSIZE: Mapping[str, int] = MappingProxyType(
-    {name: info.itemsize for name, info in DTYPES.items() if info.layout})
+    {name: info.itemsize for name, info in DTYPES.items() if info.layout}
+)
 
 #: itemsize of every wire code; ``NONE`` (a message without a dtype) counts as 1
-WIRE_ITEMSIZE: Mapping[DType, int] = MappingProxyType({DType.NONE: 1, **{
-    info.wire: info.itemsize for info in DTYPES.values() if info.wire is not None}})
+WIRE_ITEMSIZE: Mapping[DType, int] = MappingProxyType(
+    {
+        DType.NONE: 1,
+        **{info.wire: info.itemsize for info in DTYPES.values() if info.wire is not None},
+    }
+)
 
 if set(WIRE_ITEMSIZE) != set(DType):  # pragma: no cover - a table edit gone wrong
     raise AssertionError(f"wire codes without a table entry: {set(DType) - set(WIRE_ITEMSIZE)}")
@@ -116,7 +124,8 @@ def dtype_info(name: str) -> DTypeInfo:
         return DTYPES[name]
     except (KeyError, TypeError):
         raise UnknownDTypeError(
-            f"unknown dtype {name!r} (supported: {', '.join(DTYPES)})") from None
+            f"unknown dtype {name!r} (supported: {', '.join(DTYPES)})"
+        ) from None
 
 
 def layout_itemsize(name: str) -> int:

@@ -18,8 +18,17 @@ import ipaddress
 import struct
 from typing import NamedTuple
 
-__all__ = ["FRAME_OVERHEAD", "MAX_FRAMED_DATAGRAM", "Frame", "port_mac", "parse_mac", "csum16",
-           "format_mac", "encode_frame", "decode_frame"]
+__all__ = [
+    "FRAME_OVERHEAD",
+    "MAX_FRAMED_DATAGRAM",
+    "Frame",
+    "port_mac",
+    "parse_mac",
+    "csum16",
+    "format_mac",
+    "encode_frame",
+    "decode_frame",
+]
 
 _ETH = struct.Struct("!6s6sH")
 _IP = struct.Struct("!BBHHHBBH4s4s")
@@ -73,22 +82,35 @@ def csum16(data: bytes) -> int:
     return ~s & 0xFFFF
 
 
-def encode_frame(datagram: bytes | bytearray | memoryview, *, src: tuple[str, int],
-                 dst: tuple[str, int], src_mac: int, dst_mac: int, ident: int = 0) -> bytes:
+def encode_frame(
+    datagram: bytes | bytearray | memoryview,
+    *,
+    src: tuple[str, int],
+    dst: tuple[str, int],
+    src_mac: int,
+    dst_mac: int,
+    ident: int = 0,
+) -> bytes:
     """The frame carrying ``datagram`` from ``src`` (IPv4, UDP port) to ``dst``."""
     n = len(datagram)
     if n > MAX_FRAMED_DATAGRAM:
-        raise ValueError(f"datagram of {n} bytes does not fit a framed loopback datagram "
-                         f"(at most {MAX_FRAMED_DATAGRAM})")
+        raise ValueError(
+            f"datagram of {n} bytes does not fit a framed loopback datagram "
+            f"(at most {MAX_FRAMED_DATAGRAM})"
+        )
     sip = ipaddress.IPv4Address(src[0]).packed
     dip = ipaddress.IPv4Address(dst[0]).packed
     total = _IP.size + _UDP.size + n
     ip0 = _IP.pack(0x45, 0, total, ident & 0xFFFF, 0x4000, 64, _PROTO_UDP, 0, sip, dip)
-    ip = _IP.pack(0x45, 0, total, ident & 0xFFFF, 0x4000, 64, _PROTO_UDP, csum16(ip0),
-                  sip, dip)
-    return b"".join((_ETH.pack(dst_mac.to_bytes(6, "big"), src_mac.to_bytes(6, "big"),
-                               _ETHERTYPE_IPV4), ip,
-                     _UDP.pack(src[1], dst[1], _UDP.size + n, 0), bytes(datagram)))
+    ip = _IP.pack(0x45, 0, total, ident & 0xFFFF, 0x4000, 64, _PROTO_UDP, csum16(ip0), sip, dip)
+    return b"".join(
+        (
+            _ETH.pack(dst_mac.to_bytes(6, "big"), src_mac.to_bytes(6, "big"), _ETHERTYPE_IPV4),
+            ip,
+            _UDP.pack(src[1], dst[1], _UDP.size + n, 0),
+            bytes(datagram),
+        )
+    )
 
 
 def decode_frame(frame: bytes | bytearray | memoryview) -> Frame | None:
@@ -104,13 +126,16 @@ def decode_frame(frame: bytes | bytearray | memoryview) -> Frame | None:
     vihl, _tos, total, _id, frag, _ttl, proto, _c, sip, dip = _IP.unpack_from(mv, _ETH.size)
     if vihl != 0x45 or proto != _PROTO_UDP or frag & 0x3FFF:
         return None
-    if csum16(bytes(mv[_ETH.size:_ETH.size + _IP.size])) != 0:
+    if csum16(bytes(mv[_ETH.size : _ETH.size + _IP.size])) != 0:
         return None
     sport, dport, ulen, _uc = _UDP.unpack_from(mv, _ETH.size + _IP.size)
     if total != _IP.size + ulen or _ETH.size + total > len(mv) or ulen < _UDP.size:
         return None
     start = FRAME_OVERHEAD
-    return Frame(int.from_bytes(dmac, "big"), int.from_bytes(smac, "big"),
-                 (str(ipaddress.IPv4Address(sip)), sport),
-                 (str(ipaddress.IPv4Address(dip)), dport),
-                 mv[start:start + ulen - _UDP.size])
+    return Frame(
+        int.from_bytes(dmac, "big"),
+        int.from_bytes(smac, "big"),
+        (str(ipaddress.IPv4Address(sip)), sport),
+        (str(ipaddress.IPv4Address(dip)), dport),
+        mv[start : start + ulen - _UDP.size],
+    )

@@ -294,8 +294,9 @@ def ddp_buckets(
             raise LayoutError(f"grad_ready_order misses parameter {missing[0]!r}")
         if last_bucket_small:
             order.reverse()
-        items = [(index_of[n], params[index_of[n]].dtype, params[index_of[n]].nbytes)
-                 for n in order]
+        items = [
+            (index_of[n], params[index_of[n]].dtype, params[index_of[n]].nbytes) for n in order
+        ]
         buckets = _assign_by_size(items, limits, sort=False)
         if last_bucket_small:
             buckets.reverse()
@@ -384,15 +385,16 @@ def _split_rows(spec: ParamSpec, max_piece_bytes: int, align_elems: int) -> list
 
 
 def _canonical(obj: Any) -> str:
-    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True,
-                      allow_nan=False)
-
+    return json.dumps(
+        obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False
+    )
 
 
 def shadows_of_shard(shard: int, num_shards: int, replication: int) -> tuple[int, ...]:
     """Shadow ids holding ``shard`` (replica 0 first): shadow ``k`` holds shard
     ``k % num_shards`` as replica ``k // num_shards``. The one copy of the rule."""
     return tuple(shard + r * num_shards for r in range(replication))
+
 
 class Layout:
     """An immutable shard layout; build it with :meth:`build` or :meth:`from_json`.
@@ -405,10 +407,27 @@ class Layout:
     """
 
     __slots__ = (  # noqa: RUF023 - grouped: public first, then private indexes
-        "params", "buckets", "placements", "bucket_nbytes", "total_bytes", "num_shadows",
-        "replication", "num_shards", "align_elems", "max_piece_bytes", "boxes", "box_shards",
-        "bucket_routes", "digest", "digest64", "_json", "_shard_boxes", "_shard_bytes",
-        "_bucket_starts", "_bucket_boxes", "_tensor_boxes",
+        "params",
+        "buckets",
+        "placements",
+        "bucket_nbytes",
+        "total_bytes",
+        "num_shadows",
+        "replication",
+        "num_shards",
+        "align_elems",
+        "max_piece_bytes",
+        "boxes",
+        "box_shards",
+        "bucket_routes",
+        "digest",
+        "digest64",
+        "_json",
+        "_shard_boxes",
+        "_shard_bytes",
+        "_bucket_starts",
+        "_bucket_boxes",
+        "_tensor_boxes",
     )
 
     params: tuple[ParamSpec, ...]
@@ -529,8 +548,13 @@ class Layout:
             heapq.heappush(heap, (load + sizes[i], s))
         assigned = [(n, a, b, s) for (n, a, b), s in zip(pieces, shards, strict=True)]
         return cls._make(
-            ordered, bucket_lists, assigned, num_shadows=num_shadows, replication=replication,
-            align_elems=align_elems, max_piece_bytes=max_piece_bytes,
+            ordered,
+            bucket_lists,
+            assigned,
+            num_shadows=num_shadows,
+            replication=replication,
+            align_elems=align_elems,
+            max_piece_bytes=max_piece_bytes,
         )
 
     @classmethod
@@ -598,11 +622,20 @@ class Layout:
                 elem_count = 1
             byte_start = elem_start * spec.itemsize
             tensor_boxes[name].append(len(boxes))
-            boxes.append(Box(
-                name, offsets, lengths, spec.dtype, elem_start, elem_count, pl.bucket,
-                pl.bucket_offset + byte_start, pl.global_offset + byte_start,
-                elem_count * spec.itemsize,
-            ))
+            boxes.append(
+                Box(
+                    name,
+                    offsets,
+                    lengths,
+                    spec.dtype,
+                    elem_start,
+                    elem_count,
+                    pl.bucket,
+                    pl.bucket_offset + byte_start,
+                    pl.global_offset + byte_start,
+                    elem_count * spec.itemsize,
+                )
+            )
             box_shards.append(shard)
             next_row = stop
             if stop == rows:
@@ -684,8 +717,15 @@ class Layout:
             keys = sorted(doc) if isinstance(doc, dict) else type(doc).__name__
             raise LayoutError(f"layout JSON must have exactly keys digest, layout; got {keys!r}")
         content, claimed = doc["layout"], doc["digest"]
-        want = {"format", "num_shadows", "replication", "align_elems", "max_piece_bytes",
-                "buckets", "pieces"}
+        want = {
+            "format",
+            "num_shadows",
+            "replication",
+            "align_elems",
+            "max_piece_bytes",
+            "buckets",
+            "pieces",
+        }
         if not isinstance(content, dict) or set(content) != want:
             keys = sorted(content) if isinstance(content, dict) else content
             raise LayoutError(f"layout JSON content keys {keys!r}, expected {sorted(want)!r}")
@@ -719,13 +759,22 @@ class Layout:
             raise LayoutError(f"layout pieces must be a list, got {raw_pieces!r}")
         pieces: list[tuple[str, int, int, int]] = []
         for piece in raw_pieces:
-            if not (isinstance(piece, list) and len(piece) == 4 and isinstance(piece[0], str)
-                    and all(_is_int(x) for x in piece[1:])):
+            if not (
+                isinstance(piece, list)
+                and len(piece) == 4
+                and isinstance(piece[0], str)
+                and all(_is_int(x) for x in piece[1:])
+            ):
                 raise LayoutError(f"bad piece entry {piece!r}")
             pieces.append((piece[0], piece[1], piece[2], piece[3]))
         layout = cls._make(
-            ordered, bucket_lists, pieces, num_shadows=num_shadows, replication=replication,
-            align_elems=align, max_piece_bytes=cap,
+            ordered,
+            bucket_lists,
+            pieces,
+            num_shadows=num_shadows,
+            replication=replication,
+            align_elems=align,
+            max_piece_bytes=cap,
         )
         if layout.digest != claimed:
             raise LayoutError(
@@ -805,4 +854,3 @@ class Layout:
             f" shadows={self.num_shadows}, replication={self.replication},"
             f" bytes={self.total_bytes})"
         )
-

@@ -96,8 +96,11 @@ _SGD_HYPER: Mapping[str, str] = {
     "fused": "bool",
     "differentiable": "false",
 }
-_HYPER: Mapping[str, Mapping[str, str]] = {"AdamW": _ADAM_HYPER, "Adam": _ADAM_HYPER,
-                                           "SGD": _SGD_HYPER}
+_HYPER: Mapping[str, Mapping[str, str]] = {
+    "AdamW": _ADAM_HYPER,
+    "Adam": _ADAM_HYPER,
+    "SGD": _SGD_HYPER,
+}
 # group keys that are not hyperparameters and that a shadow does not need
 _NOT_HYPER = frozenset({"params", "lr", "initial_lr"})
 
@@ -130,8 +133,11 @@ def _check_hyper(key: str, kind: str, value: object) -> HyperValue:
             raise OptSpecError(key, value, "not supported by shadow replay (must be false)")
         return value
     if kind == "betas":
-        if (not isinstance(value, (list, tuple)) or len(value) != 2
-                or not all(_is_number(b) for b in value)):
+        if (
+            not isinstance(value, (list, tuple))
+            or len(value) != 2
+            or not all(_is_number(b) for b in value)
+        ):
             raise OptSpecError(key, value, "must be two numbers (tensors are not supported)")
         b1, b2 = float(value[0]), float(value[1])
         if not (0.0 <= b1 < 1.0 and 0.0 <= b2 < 1.0):
@@ -163,8 +169,9 @@ class ParamGroupSpec:
         return dict(self.hyper)
 
 
-def _validate_group(opt_type: OptimizerType, index: int, group: ParamGroupSpec,
-                    seen: dict[str, int]) -> ParamGroupSpec:
+def _validate_group(
+    opt_type: OptimizerType, index: int, group: ParamGroupSpec, seen: dict[str, int]
+) -> ParamGroupSpec:
     where = f"groups[{index}]"
     if not isinstance(group, ParamGroupSpec):
         raise OptSpecError(where, group, "must be a ParamGroupSpec")
@@ -172,15 +179,18 @@ def _validate_group(opt_type: OptimizerType, index: int, group: ParamGroupSpec,
         if not isinstance(name, str) or not name:
             raise OptSpecError(f"{where}.params[{j}]", name, "must be a non-empty string")
         if name in seen:
-            raise OptSpecError(f"{where}.params[{j}]", name,
-                               f"parameter already in groups[{seen[name]}]")
+            raise OptSpecError(
+                f"{where}.params[{j}]", name, f"parameter already in groups[{seen[name]}]"
+            )
         seen[name] = index
     schema = _HYPER[opt_type]
     unknown = sorted(set(group.hyper) - set(schema))
     if unknown:
-        raise OptSpecError(f"{where}.hyper.{unknown[0]}", group.hyper[unknown[0]],
-                           f"unknown hyperparameter for {opt_type}"
-                           f" (known: {', '.join(sorted(schema))})")
+        raise OptSpecError(
+            f"{where}.hyper.{unknown[0]}",
+            group.hyper[unknown[0]],
+            f"unknown hyperparameter for {opt_type} (known: {', '.join(sorted(schema))})",
+        )
     canon: dict[str, HyperValue] = {}
     for key, kind in schema.items():
         if key not in group.hyper:
@@ -189,12 +199,17 @@ def _validate_group(opt_type: OptimizerType, index: int, group: ParamGroupSpec,
     if canon["fused"] and canon["foreach"]:
         raise OptSpecError(f"{where}.hyper.foreach", True, "fused and foreach cannot both be true")
     if opt_type == "AdamW" and not canon["decoupled_weight_decay"]:
-        raise OptSpecError(f"{where}.hyper.decoupled_weight_decay", False,
-                           "AdamW always decouples weight decay")
-    if opt_type == "SGD" and canon["nesterov"] and (
-            cast(float, canon["momentum"]) <= 0.0 or canon["dampening"] != 0.0):
-        raise OptSpecError(f"{where}.hyper.nesterov", True,
-                           "nesterov needs momentum > 0 and dampening == 0")
+        raise OptSpecError(
+            f"{where}.hyper.decoupled_weight_decay", False, "AdamW always decouples weight decay"
+        )
+    if (
+        opt_type == "SGD"
+        and canon["nesterov"]
+        and (cast(float, canon["momentum"]) <= 0.0 or canon["dampening"] != 0.0)
+    ):
+        raise OptSpecError(
+            f"{where}.hyper.nesterov", True, "nesterov needs momentum > 0 and dampening == 0"
+        )
     return ParamGroupSpec(group.params, canon)
 
 
@@ -216,22 +231,32 @@ class OptimizerSpec:
 
     def __post_init__(self) -> None:
         if self.type not in OPTIMIZER_TYPES:
-            raise OptSpecError("type", self.type, "cannot replay this optimizer"
-                               f" (supported: {', '.join(OPTIMIZER_TYPES)})")
+            raise OptSpecError(
+                "type",
+                self.type,
+                f"cannot replay this optimizer (supported: {', '.join(OPTIMIZER_TYPES)})",
+            )
         if not isinstance(self.groups, (list, tuple)) or not self.groups:
             raise OptSpecError("groups", self.groups, "must be a non-empty list of param groups")
         if self.scaler_unscale not in _SCALER_UNSCALE:
-            raise OptSpecError("scaler_unscale", self.scaler_unscale,
-                               f"must be one of {', '.join(_SCALER_UNSCALE)}")
+            raise OptSpecError(
+                "scaler_unscale",
+                self.scaler_unscale,
+                f"must be one of {', '.join(_SCALER_UNSCALE)}",
+            )
         if self.torch_version is not None and (
-                not isinstance(self.torch_version, str) or not self.torch_version):
+            not isinstance(self.torch_version, str) or not self.torch_version
+        ):
             raise OptSpecError("torch_version", self.torch_version, "must be a non-empty string")
         seen: dict[str, int] = {}
         groups = tuple(_validate_group(self.type, i, g, seen) for i, g in enumerate(self.groups))
         for i, g in enumerate(groups):
             if g.hyper["fused"] != groups[0].hyper["fused"]:
-                raise OptSpecError(f"groups[{i}].hyper.fused", g.hyper["fused"],
-                                   "all param groups must agree on fused (as GradScaler assumes)")
+                raise OptSpecError(
+                    f"groups[{i}].hyper.fused",
+                    g.hyper["fused"],
+                    "all param groups must agree on fused (as GradScaler assumes)",
+                )
         object.__setattr__(self, "groups", groups)
         object.__setattr__(self, "_group_of", types.MappingProxyType(seen))
 
@@ -278,17 +303,26 @@ class OptimizerSpec:
             "scaler_unscale": self.scaler_unscale,
             "torch_version": self.torch_version,
             "groups": [
-                {"params": list(g.params),
-                 "hyper": {k: list(v) if isinstance(v, tuple) else v
-                           for k, v in sorted(g.hyper.items())}}
+                {
+                    "params": list(g.params),
+                    "hyper": {
+                        k: list(v) if isinstance(v, tuple) else v
+                        for k, v in sorted(g.hyper.items())
+                    },
+                }
                 for g in self.groups
             ],
         }
 
     def to_json(self) -> str:
         """Canonical JSON (sorted keys, no whitespace, shortest round-trip floats)."""
-        return json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"),
-                          ensure_ascii=True, allow_nan=False)
+        return json.dumps(
+            self.to_dict(),
+            sort_keys=True,
+            separators=(",", ":"),
+            ensure_ascii=True,
+            allow_nan=False,
+        )
 
     @property
     def digest(self) -> str:
@@ -311,8 +345,9 @@ class OptimizerSpec:
             raise OptSpecError("<root>", doc, "must be an object")
         unknown, missing = sorted(set(doc) - want), sorted(want - set(doc))
         if unknown:
-            raise OptSpecError(unknown[0], doc[unknown[0]],
-                               f"unknown key (known: {', '.join(sorted(want))})")
+            raise OptSpecError(
+                unknown[0], doc[unknown[0]], f"unknown key (known: {', '.join(sorted(want))})"
+            )
         if missing:
             raise OptSpecError(missing[0], None, "required")
         if doc["format"] != _FORMAT:
@@ -351,19 +386,27 @@ class OptimizerSpec:
         """
         import torch
 
-        opt_type = next((t for t in OPTIMIZER_TYPES if type(optimizer) is getattr(torch.optim, t)),
-                        None)
+        opt_type = next(
+            (t for t in OPTIMIZER_TYPES if type(optimizer) is getattr(torch.optim, t)), None
+        )
         if opt_type is None:
-            raise OptSpecError("type", type(optimizer).__qualname__,
-                               "cannot replay this optimizer class exactly (supported:"
-                               f" {', '.join('torch.optim.' + t for t in OPTIMIZER_TYPES)})")
+            raise OptSpecError(
+                "type",
+                type(optimizer).__qualname__,
+                "cannot replay this optimizer class exactly (supported:"
+                f" {', '.join('torch.optim.' + t for t in OPTIMIZER_TYPES)})",
+            )
         schema = _HYPER[opt_type]
         extra = sorted(set(optimizer.defaults) - set(schema) - _NOT_HYPER)
         if extra:
-            raise OptSpecError(f"defaults.{extra[0]}", optimizer.defaults[extra[0]],
-                               "hyperparameter unknown to shadow replay (newer torch?)")
-        items = named_parameters.items() if isinstance(named_parameters, Mapping) \
-            else named_parameters
+            raise OptSpecError(
+                f"defaults.{extra[0]}",
+                optimizer.defaults[extra[0]],
+                "hyperparameter unknown to shadow replay (newer torch?)",
+            )
+        items = (
+            named_parameters.items() if isinstance(named_parameters, Mapping) else named_parameters
+        )
         name_of: dict[int, str] = {}
         for name, tensor in items:
             name_of.setdefault(id(tensor), name)
@@ -374,23 +417,32 @@ class OptimizerSpec:
             names: list[str] = []
             for j, p in enumerate(params):
                 if id(p) not in name_of:
-                    raise OptSpecError(f"{where}.params[{j}]", tuple(p.shape),
-                                       "parameter has no name in named_parameters")
+                    raise OptSpecError(
+                        f"{where}.params[{j}]",
+                        tuple(p.shape),
+                        "parameter has no name in named_parameters",
+                    )
                 names.append(name_of[id(p)])
             if isinstance(group.get("lr"), torch.Tensor):
-                raise OptSpecError(f"{where}.lr", group["lr"],
-                                   "a tensor learning rate is not supported (use a float)")
+                raise OptSpecError(
+                    f"{where}.lr",
+                    group["lr"],
+                    "a tensor learning rate is not supported (use a float)",
+                )
             hyper: dict[str, Any] = {}
             for key in schema:
                 if key not in group:
-                    raise OptSpecError(f"{where}.hyper.{key}", None,
-                                       "missing from the optimizer's param group")
+                    raise OptSpecError(
+                        f"{where}.hyper.{key}", None, "missing from the optimizer's param group"
+                    )
                 value = group[key]
                 if isinstance(value, torch.Tensor) or (
-                        isinstance(value, (tuple, list))
-                        and any(isinstance(v, torch.Tensor) for v in value)):
-                    raise OptSpecError(f"{where}.hyper.{key}", value,
-                                       "tensor hyperparameters are not supported")
+                    isinstance(value, (tuple, list))
+                    and any(isinstance(v, torch.Tensor) for v in value)
+                ):
+                    raise OptSpecError(
+                        f"{where}.hyper.{key}", value, "tensor hyperparameters are not supported"
+                    )
                 hyper[key] = value
             # record the implementation torch actually runs
             fused = bool(hyper["fused"])
@@ -421,8 +473,7 @@ def _default_foreach(params: list[torch.Tensor], differentiable: bool) -> bool:
 def _names_by_id(
     named_parameters: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]],
 ) -> dict[int, str]:
-    items = named_parameters.items() if isinstance(named_parameters, Mapping) \
-        else named_parameters
+    items = named_parameters.items() if isinstance(named_parameters, Mapping) else named_parameters
     out: dict[int, str] = {}
     for name, tensor in items:
         out.setdefault(id(tensor), name)
@@ -445,8 +496,9 @@ def state_by_name(
             if not st:
                 continue
             if id(p) not in name_of:
-                raise OptSpecError("params", tuple(p.shape),
-                                   "parameter has no name in named_parameters")
+                raise OptSpecError(
+                    "params", tuple(p.shape), "parameter has no name in named_parameters"
+                )
             out[name_of[id(p)]] = {k: v for k, v in st.items() if isinstance(v, torch.Tensor)}
     return out
 
@@ -467,13 +519,16 @@ def load_state_by_name(
         for p in group["params"]:
             name = name_of.get(id(p))
             if name is None:
-                raise OptSpecError("params", tuple(p.shape),
-                                   "parameter has no name in named_parameters")
+                raise OptSpecError(
+                    "params", tuple(p.shape), "parameter has no name in named_parameters"
+                )
             if name in state:
                 new_state[index] = {k: v.clone() for k, v in state[name].items()}
             index += 1
-    unknown = sorted(set(state) - {name_of[id(p)] for g in optimizer.param_groups
-                                   for p in g["params"] if id(p) in name_of})
+    unknown = sorted(
+        set(state)
+        - {name_of[id(p)] for g in optimizer.param_groups for p in g["params"] if id(p) in name_of}
+    )
     if unknown:
         raise OptSpecError("state", unknown[0], "names no parameter of this optimizer")
     sd["state"] = new_state

@@ -56,8 +56,9 @@ def _positive(name: str, value: float, *, zero_ok: bool = False) -> float:
     return v
 
 
-def ledger(*, total: float, mtbf: float, interval: float, cost: float,
-           recovery: float = 0.0) -> Ledger:
+def ledger(
+    *, total: float, mtbf: float, interval: float, cost: float, recovery: float = 0.0
+) -> Ledger:
     """The ledger for checkpoints every ``interval`` costing ``cost`` each (hours)."""
     total = _positive("total", total)
     mtbf = _positive("mtbf", mtbf)
@@ -70,8 +71,19 @@ def ledger(*, total: float, mtbf: float, interval: float, cost: float,
     checkpoints = total / interval
     overhead = checkpoints * cost
     useful = (total - lost - overhead) / total
-    return Ledger(total, mtbf, interval, cost, recovery, failures, lost_per, lost, checkpoints,
-                  overhead, useful)
+    return Ledger(
+        total,
+        mtbf,
+        interval,
+        cost,
+        recovery,
+        failures,
+        lost_per,
+        lost,
+        checkpoints,
+        overhead,
+        useful,
+    )
 
 
 def young_interval(cost: float, mtbf: float) -> float:

@@ -42,9 +42,14 @@ class RestorePoint:
     generations: tuple[int, ...] = field(default=())
 
     def to_json(self) -> dict[str, Any]:
-        return {"istar": self.istar, "source": list(self.source), "usable": list(self.usable),
-                "fresh": self.fresh, "reachable": self.reachable,
-                "layout": self.digest}
+        return {
+            "istar": self.istar,
+            "source": list(self.source),
+            "usable": list(self.usable),
+            "fresh": self.fresh,
+            "reachable": self.reachable,
+            "layout": self.digest,
+        }
 
 
 def usable_iteration(status: Mapping[str, Any]) -> int | None:
@@ -58,8 +63,13 @@ def usable_iteration(status: Mapping[str, Any]) -> int | None:
     return usable
 
 
-def restore_point(statuses: Mapping[int, Mapping[str, Any] | None], *, num_shards: int,
-                  replication: int, digest: str | None = None) -> RestorePoint:
+def restore_point(
+    statuses: Mapping[int, Mapping[str, Any] | None],
+    *,
+    num_shards: int,
+    replication: int,
+    digest: str | None = None,
+) -> RestorePoint:
     """I* and its sources from ``statuses[shadow]`` (a shadow's ``status`` reply, or ``None``
     when it does not answer), for a job of ``num_shards`` shards held ``replication`` times.
     ``digest``: the layout the caller trains (None: whatever the shadows hold, as long as they
@@ -76,7 +86,8 @@ def restore_point(statuses: Mapping[int, Mapping[str, Any] | None], *, num_shard
         if s.get("layout") != digest:
             raise ShadowgradError(
                 f"shadow {k} holds layout {str(s.get('layout'))[:16]}, this job uses "
-                f"{digest[:16]}: not this job's state (restart the shadows for a new job)")
+                f"{digest[:16]}: not this job's state (restart the shadows for a new job)"
+            )
     best: list[tuple[int, int]] = []  # per shard: (usable, shadow)
     for shard in range(num_shards):
         cands = []
@@ -91,30 +102,45 @@ def restore_point(statuses: Mapping[int, Mapping[str, Any] | None], *, num_shard
                 raise NoRestorePointError(
                     f"cannot restore: shard {shard}'s shadows {answering} answer but hold no "
                     "state (restarted, and the job stopped before it re-seeded them); the "
-                    "checkpoint is incomplete: restart every shadow to start the job fresh")
+                    "checkpoint is incomplete: restart every shadow to start the job fresh"
+                )
             raise NoRestorePointError(f"cannot restore: no shadow holding shard {shard} answers")
         best.append(max(cands))
     gens = tuple(sorted({int(s.get("generation") or 0) for s in loaded.values()}))
-    return RestorePoint(istar=min(u for u, _ in best), source=tuple(k for _, k in best),
-                        usable=tuple(u for u, _ in best), reachable=reachable, digest=digest,
-                        generations=gens)
+    return RestorePoint(
+        istar=min(u for u, _ in best),
+        source=tuple(k for _, k in best),
+        usable=tuple(u for u, _ in best),
+        reachable=reachable,
+        digest=digest,
+        generations=gens,
+    )
 
 
-def settle(poll: Callable[[], Mapping[int, Mapping[str, Any] | None]],
-           statuses: Mapping[int, Mapping[str, Any] | None], *, interval_s: float,
-           timeout_s: float) -> Mapping[int, Mapping[str, Any] | None]:
+def settle(
+    poll: Callable[[], Mapping[int, Mapping[str, Any] | None]],
+    statuses: Mapping[int, Mapping[str, Any] | None],
+    *,
+    interval_s: float,
+    timeout_s: float,
+) -> Mapping[int, Mapping[str, Any] | None]:
     """Let the shadows finish what they can still apply before I* is fixed: the data of the
     iterations every rank completed may still be in flight or in repair. Polls (``poll()``)
     until no shadow's ``last_applied`` moved for three polls, at most ``timeout_s``; returns the
     last statuses."""
     deadline = time.monotonic() + timeout_s
     quiet = 0
-    while quiet < 3 and time.monotonic() < deadline and any(
-            s is not None and s.get("loaded") for s in statuses.values()):
+    while (
+        quiet < 3
+        and time.monotonic() < deadline
+        and any(s is not None and s.get("loaded") for s in statuses.values())
+    ):
         time.sleep(interval_s)
         now = poll()
-        moved = any((now.get(k) or {}).get("last_applied")
-                    != (statuses.get(k) or {}).get("last_applied") for k in now)
+        moved = any(
+            (now.get(k) or {}).get("last_applied") != (statuses.get(k) or {}).get("last_applied")
+            for k in now
+        )
         quiet = 0 if moved else quiet + 1
         statuses = now
     return statuses

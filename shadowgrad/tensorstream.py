@@ -78,12 +78,16 @@ def encode_states(
             raw = _raw(t)
             crcs: list[int] = []
             for lo in range(0, raw.nbytes, CHUNK_BYTES):
-                chunk = raw[lo:lo + CHUNK_BYTES]
+                chunk = raw[lo : lo + CHUNK_BYTES]
                 crcs.append(wire.crc(chunk))
                 frames.append(chunk)
             entry: dict[str, Any] = {
-                "box": box, "key": key, "dtype": _dtype_name(t), "shape": list(t.shape),
-                "nbytes": raw.nbytes, "crc": crcs,
+                "box": box,
+                "key": key,
+                "dtype": _dtype_name(t),
+                "shape": list(t.shape),
+                "nbytes": raw.nbytes,
+                "crc": crcs,
             }
             if box_ids is not None and box in box_ids:
                 entry["name"], offsets = box_ids[box]
@@ -120,7 +124,7 @@ def decode_states(
                 raise ControlError("checksum", f"chunk {k} of {key!r} (box {box}) fails CRC-32")
             if lo + chunk.nbytes > nbytes:
                 raise ControlError("bad_request", f"{key!r} of box {box}: more bytes than nbytes")
-            mv[lo:lo + chunk.nbytes] = chunk
+            mv[lo : lo + chunk.nbytes] = chunk
             lo += chunk.nbytes
         if lo != nbytes:
             raise ControlError("bad_request", f"{key!r} of box {box}: {lo} of {nbytes} bytes")
@@ -166,8 +170,11 @@ def commit_from_json(doc: Any) -> tuple[int, wire.CommitRecord]:
     if isinstance(it, bool) or not isinstance(it, int) or it < 0:
         raise ControlError("bad_request", f"commit.iteration = {it!r} is not an iteration")
     lrs = doc.get("lrs")
-    if (not isinstance(lrs, list) or len(lrs) > 0xFFFF or any(
-            isinstance(x, bool) or not isinstance(x, int | float) for x in lrs)):
+    if (
+        not isinstance(lrs, list)
+        or len(lrs) > 0xFFFF
+        or any(isinstance(x, bool) or not isinstance(x, int | float) for x in lrs)
+    ):
         raise ControlError("bad_request", f"commit.lrs = {lrs!r} is not a list of numbers")
     skipped = doc.get("skipped", False)
     if not isinstance(skipped, bool):
@@ -180,14 +187,23 @@ def commit_from_json(doc: Any) -> tuple[int, wire.CommitRecord]:
     except (binascii.Error, ValueError) as e:
         raise ControlError("bad_request", f"commit.user_state is not base64: {e}") from None
     nograd = doc.get("no_grad", [])
-    if (not isinstance(nograd, list) or len(nograd) > 0xFFFF or any(
-            isinstance(x, bool) or not isinstance(x, int) or x < 0 for x in nograd)
-            or sorted(set(nograd)) != nograd):
-        raise ControlError("bad_request",
-                           f"commit.no_grad = {nograd!r} is not an ascending list of indices")
-    rec = wire.CommitRecord(tuple(float(x) for x in lrs), clip_coef=_opt_float(doc, "clip_coef"),
-                            loss_scale=_opt_float(doc, "loss_scale"), skipped=skipped,
-                            user_state=user, no_grad=tuple(nograd))
+    if (
+        not isinstance(nograd, list)
+        or len(nograd) > 0xFFFF
+        or any(isinstance(x, bool) or not isinstance(x, int) or x < 0 for x in nograd)
+        or sorted(set(nograd)) != nograd
+    ):
+        raise ControlError(
+            "bad_request", f"commit.no_grad = {nograd!r} is not an ascending list of indices"
+        )
+    rec = wire.CommitRecord(
+        tuple(float(x) for x in lrs),
+        clip_coef=_opt_float(doc, "clip_coef"),
+        loss_scale=_opt_float(doc, "loss_scale"),
+        skipped=skipped,
+        user_state=user,
+        no_grad=tuple(nograd),
+    )
     return it, rec
 
 

@@ -33,16 +33,17 @@ def _torch(name: str) -> torch.dtype:
 
 
 #: every dtype of the table: name -> torch dtype (what tensor streams and snapshots carry)
-TORCH_DTYPES: Mapping[str, torch.dtype] = MappingProxyType(
-    {name: _torch(name) for name in DTYPES})
+TORCH_DTYPES: Mapping[str, torch.dtype] = MappingProxyType({name: _torch(name) for name in DTYPES})
 
 #: the layout (parameter / gradient) dtypes: name -> torch dtype
 LAYOUT_TORCH_DTYPES: Mapping[str, torch.dtype] = MappingProxyType(
-    {name: TORCH_DTYPES[name] for name in LAYOUT_ITEMSIZE})
+    {name: TORCH_DTYPES[name] for name in LAYOUT_ITEMSIZE}
+)
 
 #: torch dtype -> name, for every dtype of the table
 DTYPE_NAMES: Mapping[torch.dtype, str] = MappingProxyType(
-    {dt: name for name, dt in TORCH_DTYPES.items()})
+    {dt: name for name, dt in TORCH_DTYPES.items()}
+)
 
 
 def _grad_wire() -> dict[torch.dtype, DType]:
@@ -65,7 +66,8 @@ def torch_dtype(name: str) -> torch.dtype:
         return TORCH_DTYPES[name]
     except (KeyError, TypeError):
         raise UnknownDTypeError(
-            f"unknown dtype {name!r} (supported: {', '.join(TORCH_DTYPES)})") from None
+            f"unknown dtype {name!r} (supported: {', '.join(TORCH_DTYPES)})"
+        ) from None
 
 
 def layout_torch_dtype(name: str) -> torch.dtype:
@@ -73,8 +75,9 @@ def layout_torch_dtype(name: str) -> torch.dtype:
     try:
         return LAYOUT_TORCH_DTYPES[name]
     except (KeyError, TypeError):
-        raise UnknownDTypeError(f"dtype {name!r} is not a layout dtype"
-                                f" (supported: {', '.join(LAYOUT_TORCH_DTYPES)})") from None
+        raise UnknownDTypeError(
+            f"dtype {name!r} is not a layout dtype (supported: {', '.join(LAYOUT_TORCH_DTYPES)})"
+        ) from None
 
 
 def dtype_name(dtype: torch.dtype) -> str:
@@ -82,5 +85,6 @@ def dtype_name(dtype: torch.dtype) -> str:
     try:
         return DTYPE_NAMES[dtype]
     except (KeyError, TypeError):
-        raise UnknownDTypeError(f"dtype {dtype} is not one shadowgrad handles"
-                                f" (supported: {', '.join(TORCH_DTYPES)})") from None
+        raise UnknownDTypeError(
+            f"dtype {dtype} is not one shadowgrad handles (supported: {', '.join(TORCH_DTYPES)})"
+        ) from None

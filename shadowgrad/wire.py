@@ -157,12 +157,12 @@ def mac_key(token: str | bytes, job: int) -> bytes:
     the job id and personalised for this use, so the token itself never travels and every job
     sharing a token still has its own key."""
     raw = token.encode() if isinstance(token, str) else bytes(token)
-    return hashlib.blake2b(raw, digest_size=32, salt=int(job).to_bytes(8, "big"),
-                           person=_MAC_PERSON).digest()
+    return hashlib.blake2b(
+        raw, digest_size=32, salt=int(job).to_bytes(8, "big"), person=_MAC_PERSON
+    ).digest()
 
 
-def _tag(key: bytes, prefix: bytes | memoryview, payload: bytes | bytearray | memoryview
-         ) -> bytes:
+def _tag(key: bytes, prefix: bytes | memoryview, payload: bytes | bytearray | memoryview) -> bytes:
     h = hashlib.blake2b(key=key, digest_size=MAC_SIZE)
     h.update(prefix)
     h.update(payload)
@@ -216,16 +216,17 @@ def session_digest(layout64: int, generation: int) -> int:
     """
     if generation == 0:
         return layout64
-    h = hashlib.blake2b(layout64.to_bytes(8, "big") + generation.to_bytes(8, "big"),
-                        digest_size=8, person=b"sg-generation")
+    h = hashlib.blake2b(
+        layout64.to_bytes(8, "big") + generation.to_bytes(8, "big"),
+        digest_size=8,
+        person=b"sg-generation",
+    )
     return int.from_bytes(h.digest(), "big")
 
 
 def _check_range(name: str, value: int) -> None:
     if not 0 <= value <= _LIMITS[name]:
-        raise BadFieldError(
-            f"header field {name} = {value!r} out of range 0..{_LIMITS[name]}"
-        )
+        raise BadFieldError(f"header field {name} = {value!r} out of range 0..{_LIMITS[name]}")
 
 
 def encode_header(
@@ -250,9 +251,21 @@ def encode_header(
     """
     if int(flags) & Flag.MAC:
         raise BadFieldError("Flag.MAC is set by seal(), which computes the tag")
-    return _header(kind, job=job, sender=sender, iteration=iteration, seq=seq, layout=layout,
-                   payload=payload, flags=flags, dtype=dtype, bucket=bucket, offset=offset,
-                   version=version, key=None)[0]
+    return _header(
+        kind,
+        job=job,
+        sender=sender,
+        iteration=iteration,
+        seq=seq,
+        layout=layout,
+        payload=payload,
+        flags=flags,
+        dtype=dtype,
+        bucket=bucket,
+        offset=offset,
+        version=version,
+        key=None,
+    )[0]
 
 
 def seal(
@@ -273,9 +286,21 @@ def seal(
     """``(header, tag)`` of an authenticated datagram: send ``header + payload + tag``. The
     header has ``Flag.MAC`` and a length counting the tag; the tag is keyed BLAKE2b over the
     header (up to the checksum) and the payload; the CRC covers header, payload and tag."""
-    return _header(kind, job=job, sender=sender, iteration=iteration, seq=seq, layout=layout,
-                   payload=payload, flags=int(flags) | Flag.MAC, dtype=dtype, bucket=bucket,
-                   offset=offset, version=VERSION, key=key)
+    return _header(
+        kind,
+        job=job,
+        sender=sender,
+        iteration=iteration,
+        seq=seq,
+        layout=layout,
+        payload=payload,
+        flags=int(flags) | Flag.MAC,
+        dtype=dtype,
+        bucket=bucket,
+        offset=offset,
+        version=VERSION,
+        key=key,
+    )
 
 
 def _header(
@@ -318,15 +343,37 @@ def _header(
         if length + MAC_SIZE > MAX_PAYLOAD:
             raise OversizeError(f"payload of {length} bytes + MAC exceeds MAX_PAYLOAD")
         prefix = _PREFIX.pack(
-            MAGIC, version, kind, flags, dtype, sender, job, bucket, iteration, seq, offset,
-            layout, length + MAC_SIZE,
+            MAGIC,
+            version,
+            kind,
+            flags,
+            dtype,
+            sender,
+            job,
+            bucket,
+            iteration,
+            seq,
+            offset,
+            layout,
+            length + MAC_SIZE,
         )
         tag = _tag(key, prefix, payload)
         crc = _crc32c(tag, _crc32c(payload, _crc32c(prefix)))
         return prefix + crc.to_bytes(4, "big"), tag
     prefix = _PREFIX.pack(
-        MAGIC, version, kind, flags, dtype, sender, job, bucket, iteration, seq, offset,
-        layout, length,
+        MAGIC,
+        version,
+        kind,
+        flags,
+        dtype,
+        sender,
+        job,
+        bucket,
+        iteration,
+        seq,
+        offset,
+        layout,
+        length,
     )
     return prefix + _crc32c(payload, _crc32c(prefix)).to_bytes(4, "big"), tag
 
@@ -349,13 +396,33 @@ def encode(
     """Header + payload (+ MAC tag with ``key``) as one ``bytes`` (a copy; for small control
     messages, tests and pcaps)."""
     if key is not None:
-        header, tag = seal(kind, key=key, job=job, sender=sender, iteration=iteration, seq=seq,
-                           layout=layout, payload=payload, flags=flags, dtype=dtype,
-                           bucket=bucket, offset=offset)
+        header, tag = seal(
+            kind,
+            key=key,
+            job=job,
+            sender=sender,
+            iteration=iteration,
+            seq=seq,
+            layout=layout,
+            payload=payload,
+            flags=flags,
+            dtype=dtype,
+            bucket=bucket,
+            offset=offset,
+        )
         return header + bytes(payload) + tag
     header = encode_header(
-        kind, job=job, sender=sender, iteration=iteration, seq=seq, layout=layout,
-        payload=payload, flags=flags, dtype=dtype, bucket=bucket, offset=offset,
+        kind,
+        job=job,
+        sender=sender,
+        iteration=iteration,
+        seq=seq,
+        layout=layout,
+        payload=payload,
+        flags=flags,
+        dtype=dtype,
+        bucket=bucket,
+        offset=offset,
     )
     return header + bytes(payload)
 
@@ -381,12 +448,27 @@ def peek_header(buf: bytes | bytearray | memoryview) -> Header:
     mv = memoryview(buf)
     if mv.nbytes < HEADER_SIZE:
         raise TruncatedError(f"{mv.nbytes} bytes, header needs {HEADER_SIZE}")
-    (_, version, kind, flags, dtype, sender, job, bucket, iteration, seq, offset, layout, length,
-     _) = _STRUCT.unpack_from(mv)
+    (
+        _,
+        version,
+        kind,
+        flags,
+        dtype,
+        sender,
+        job,
+        bucket,
+        iteration,
+        seq,
+        offset,
+        layout,
+        length,
+        _,
+    ) = _STRUCT.unpack_from(mv)
     if flags & Flag.MAC and length >= MAC_SIZE:
         length -= MAC_SIZE  # the payload's length, as decode() reports it
-    return Header(kind, flags, dtype, sender, job, bucket, iteration, seq, offset, layout,
-                  length, version)
+    return Header(
+        kind, flags, dtype, sender, job, bucket, iteration, seq, offset, layout, length, version
+    )
 
 
 def decode(
@@ -412,8 +494,22 @@ def decode(
     n = mv.nbytes
     if n < HEADER_SIZE:
         raise TruncatedError(f"{n} bytes, header needs {HEADER_SIZE}")
-    (magic, version, kind, flags, dtype, sender, job_, bucket, iteration, seq, offset, layout_,
-     length, checksum) = _STRUCT.unpack_from(mv)
+    (
+        magic,
+        version,
+        kind,
+        flags,
+        dtype,
+        sender,
+        job_,
+        bucket,
+        iteration,
+        seq,
+        offset,
+        layout_,
+        length,
+        checksum,
+    ) = _STRUCT.unpack_from(mv)
     if magic != MAGIC:
         raise BadMagicError(f"magic 0x{magic:04x}, expected 0x{MAGIC:04x}")
     if version != VERSION:
@@ -460,8 +556,20 @@ def decode(
         elif kind in require:
             raise UnauthenticatedError(f"{kind.name} without a MAC; this job requires one")
     return Message(
-        Header(kind, Flag(flags), dtype, sender, job_, bucket, iteration, seq, offset, layout_,
-               length, version),
+        Header(
+            kind,
+            Flag(flags),
+            dtype,
+            sender,
+            job_,
+            bucket,
+            iteration,
+            seq,
+            offset,
+            layout_,
+            length,
+            version,
+        ),
         payload,
     )
 
@@ -518,11 +626,29 @@ class CommitRecord:
         nograd = struct.pack(f"!{len(self.no_grad)}I", *sorted(self.no_grad))
         return head + lrs + nograd + bytes(self.user_state)
 
-    def encode(self, *, job: int, sender: int, iteration: int, seq: int, layout: int,
-               retx: bool = False, key: bytes | None = None) -> bytes:
+    def encode(
+        self,
+        *,
+        job: int,
+        sender: int,
+        iteration: int,
+        seq: int,
+        layout: int,
+        retx: bool = False,
+        key: bytes | None = None,
+    ) -> bytes:
         flags = self.flags | (Flag.RETX if retx else Flag(0))
-        return encode(Kind.COMMIT, job=job, sender=sender, iteration=iteration, seq=seq,
-                      layout=layout, payload=self.body(), flags=flags, key=key)
+        return encode(
+            Kind.COMMIT,
+            job=job,
+            sender=sender,
+            iteration=iteration,
+            seq=seq,
+            layout=layout,
+            payload=self.body(),
+            flags=flags,
+            key=key,
+        )
 
     @classmethod
     def from_message(cls, msg: Message) -> CommitRecord:
@@ -532,7 +658,7 @@ class CommitRecord:
         clip, scale, n, m, _ = _COMMIT_FIXED.unpack_from(msg.payload)
         lrs = struct.unpack_from(f"!{n}d", msg.payload, _COMMIT_FIXED.size)
         nograd = struct.unpack_from(f"!{m}I", msg.payload, _COMMIT_FIXED.size + 8 * n)
-        user = bytes(msg.payload[_COMMIT_FIXED.size + 8 * n + 4 * m:])
+        user = bytes(msg.payload[_COMMIT_FIXED.size + 8 * n + 4 * m :])
         f = msg.header.flags
         return cls(
             lrs=tuple(lrs),
@@ -649,10 +775,14 @@ class NackRecord:
     def from_message(cls, msg: Message) -> NackRecord:
         _check_nack(msg.payload)
         (n, _) = _NACK_HEAD.unpack_from(msg.payload)
-        return cls(tuple(
-            NackRange(*_NACK_ENTRY.unpack_from(msg.payload, _NACK_HEAD.size + i * _NACK_ENTRY.size))
-            for i in range(n)
-        ))
+        return cls(
+            tuple(
+                NackRange(
+                    *_NACK_ENTRY.unpack_from(msg.payload, _NACK_HEAD.size + i * _NACK_ENTRY.size)
+                )
+                for i in range(n)
+            )
+        )
 
     @classmethod
     def of(cls, ranges: Sequence[tuple[int, int, int]]) -> NackRecord:

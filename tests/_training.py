@@ -55,8 +55,9 @@ class TinyTransformer(nn.Module):
         super().__init__()
         self.emb = nn.Embedding(vocab, d)
         self.pos = nn.Parameter(torch.randn(seq, d) * 0.02)
-        layer = nn.TransformerEncoderLayer(d, nhead=4, dim_feedforward=64, dropout=0.0,
-                                           batch_first=True)
+        layer = nn.TransformerEncoderLayer(
+            d, nhead=4, dim_feedforward=64, dropout=0.0, batch_first=True
+        )
         self.enc = nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
         self.head = nn.Linear(d, vocab)
 
@@ -71,6 +72,7 @@ def _warmup_cosine(warmup: int, total: int) -> Callable[[int], float]:
             return (step + 1) / warmup
         t = (step - warmup) / max(1, total - warmup)
         return 0.5 * (1.0 + math.cos(math.pi * min(1.0, t)))
+
     return f
 
 
@@ -105,20 +107,32 @@ class RefTrainer:
         no_decay = [p for n, p in self.model.named_parameters() if p.dim() < 2]
         if case.optimizer == "adamw":
             self.opt: torch.optim.Optimizer = torch.optim.AdamW(
-                [{"params": decay, "weight_decay": 0.1},
-                 {"params": no_decay, "weight_decay": 0.0}],
-                lr=3e-3, betas=(0.9, 0.95), eps=1e-8, foreach=case.foreach, fused=case.fused,
+                [{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
+                lr=3e-3,
+                betas=(0.9, 0.95),
+                eps=1e-8,
+                foreach=case.foreach,
+                fused=case.fused,
             )
         else:
             self.opt = torch.optim.SGD(
-                [{"params": decay, "weight_decay": 1e-4},
-                 {"params": no_decay, "weight_decay": 0.0}],
-                lr=0.05, momentum=0.9, nesterov=True, foreach=case.foreach,
+                [
+                    {"params": decay, "weight_decay": 1e-4},
+                    {"params": no_decay, "weight_decay": 0.0},
+                ],
+                lr=0.05,
+                momentum=0.9,
+                nesterov=True,
+                foreach=case.foreach,
             )
         self.sched = torch.optim.lr_scheduler.LambdaLR(
-            self.opt, _warmup_cosine(10, case.iterations))
-        self.scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10, growth_interval=7) \
-            if case.scaler else None
+            self.opt, _warmup_cosine(10, case.iterations)
+        )
+        self.scaler = (
+            torch.amp.GradScaler("cpu", init_scale=2.0**10, growth_interval=7)
+            if case.scaler
+            else None
+        )
         self.named = dict(self.model.named_parameters())
 
     def optimizer_spec(self) -> OptimizerSpec:
@@ -147,12 +161,12 @@ class RefTrainer:
             self.scaler.scale(loss).backward()  # type: ignore[no-untyped-call]
         else:
             loss.backward()  # type: ignore[no-untyped-call]
-        grads = {n: p.grad.detach().clone() for n, p in self.named.items()
-                 if p.grad is not None}
+        grads = {n: p.grad.detach().clone() for n, p in self.named.items() if p.grad is not None}
         if self.scaler is not None:
             self.scaler.unscale_(self.opt)
         skipped = self.scaler is not None and not all(
-            bool(torch.isfinite(p.grad).all()) for p in self.named.values() if p.grad is not None)
+            bool(torch.isfinite(p.grad).all()) for p in self.named.values() if p.grad is not None
+        )
         clip_coef: float | None = None
         if self.case.clip is not None:
             total = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.case.clip)
@@ -163,14 +177,13 @@ class RefTrainer:
         else:
             self.opt.step()
         self.sched.step()
-        return grads, wire.CommitRecord(lrs, clip_coef=clip_coef, loss_scale=scale,
-                                        skipped=skipped)
+        return grads, wire.CommitRecord(lrs, clip_coef=clip_coef, loss_scale=scale, skipped=skipped)
 
-    def layout(self, num_shadows: int, replication: int = 1,
-               max_piece_bytes: int = 4096) -> Layout:
+    def layout(self, num_shadows: int, replication: int = 1, max_piece_bytes: int = 4096) -> Layout:
         params, buckets = from_module(self.model, bucket_cap_mb=0.004)
-        return Layout.build(params, buckets, num_shadows, replication,
-                            max_piece_bytes=max_piece_bytes)
+        return Layout.build(
+            params, buckets, num_shadows, replication, max_piece_bytes=max_piece_bytes
+        )
 
 
 def bucket_bytes(layout: Layout, grads: Mapping[str, torch.Tensor]) -> list[bytes]:
@@ -185,19 +198,25 @@ def bucket_bytes(layout: Layout, grads: Mapping[str, torch.Tensor]) -> list[byte
 def box_slice(t: torch.Tensor, box: Box) -> torch.Tensor:
     if not box.lengths or t.dim() == 0:
         return t
-    return t[box.offsets[0]:box.offsets[0] + box.lengths[0]]
+    return t[box.offsets[0] : box.offsets[0] + box.lengths[0]]
 
 
-def initial_states(layout: Layout, shard: int,
-                   named: Mapping[str, torch.Tensor]) -> list[dict[str, torch.Tensor]]:
+def initial_states(
+    layout: Layout, shard: int, named: Mapping[str, torch.Tensor]
+) -> list[dict[str, torch.Tensor]]:
     """Per box of ``shard``: ``{"param": rows of the parameter}`` (iteration -1)."""
-    return [{"param": box_slice(named[b.name].detach(), b).clone()}
-            for b in layout.shard_boxes(shard)]
+    return [
+        {"param": box_slice(named[b.name].detach(), b).clone()} for b in layout.shard_boxes(shard)
+    ]
 
 
-def compare_shard(layout: Layout, shard: int, fetched: Mapping[int, Mapping[str, torch.Tensor]],
-                  named: Mapping[str, torch.Tensor],
-                  opt_state: Mapping[str, Mapping[str, torch.Tensor]]) -> list[str]:
+def compare_shard(
+    layout: Layout,
+    shard: int,
+    fetched: Mapping[int, Mapping[str, torch.Tensor]],
+    named: Mapping[str, torch.Tensor],
+    opt_state: Mapping[str, Mapping[str, torch.Tensor]],
+) -> list[str]:
     """Mismatches (empty list = bit-exact) between a shard's fetched boxes and the trainer."""
     bad: list[str] = []
     boxes = layout.shard_boxes(shard)
@@ -247,8 +266,14 @@ class Producer:
     answered with RETX chunks (or the COMMIT for a zero-range NACK). Faults are injected per
     (datagram, destination)."""
 
-    def __init__(self, layout: Layout, *, chunk_bytes: int = 1408, faults: Faults | None = None,
-                 keep: int = 16) -> None:
+    def __init__(
+        self,
+        layout: Layout,
+        *,
+        chunk_bytes: int = 1408,
+        faults: Faults | None = None,
+        keep: int = 16,
+    ) -> None:
         self.layout = layout
         self.chunk = chunk_bytes
         self.faults = faults or Faults()
@@ -277,8 +302,9 @@ class Producer:
             self._routes.append(chunks)
 
     def _dests_of(self, bucket: int, off: int, n: int) -> tuple[int, ...]:
-        shards = {r.shard for r in self.layout.bucket_routes[bucket]
-                  if r.start < off + n and off < r.end}
+        shards = {
+            r.shard for r in self.layout.bucket_routes[bucket] if r.start < off + n and off < r.end
+        }
         return tuple(sorted(s for sh in shards for s in self.layout.shadows_of_shard(sh)))
 
     def start(self, dests: Sequence[tuple[str, int]]) -> None:
@@ -311,8 +337,12 @@ class Producer:
         if copies == 2:
             self.stats.sent["duplicated"] += 1
         for _ in range(copies):
-            if faulty and f.reorder and self.rng.random() < f.reorder and self._held.get(
-                    sid) is None:
+            if (
+                faulty
+                and f.reorder
+                and self.rng.random() < f.reorder
+                and self._held.get(sid) is None
+            ):
                 self._held[sid] = data  # sent after the next datagram to this shadow
                 self.stats.sent["reordered"] += 1
                 continue
@@ -338,23 +368,39 @@ class Producer:
                     self._held[sid] = None
                     self._send(held, self.dests[sid])
 
-    def _data(self, it: int, bucket: int, off: int, payload: memoryview, retx: bool
-              ) -> tuple[bytes, bytes]:
+    def _data(
+        self, it: int, bucket: int, off: int, payload: memoryview, retx: bool
+    ) -> tuple[bytes, bytes]:
         """(header, MAC tag) of a DATA chunk, sealed with the job's key as a trainer does."""
         dtype = self._dtype(bucket)
         flags = wire.Flag.FINAL | (wire.Flag.RETX if retx else 0)
         return wire.seal(
-            wire.Kind.DATA, key=KEY, job=JOB_ID, sender=0, iteration=it, seq=self._next_seq(),
-            layout=self.layout.digest64, payload=payload, flags=flags, dtype=dtype,
-            bucket=bucket, offset=off,
+            wire.Kind.DATA,
+            key=KEY,
+            job=JOB_ID,
+            sender=0,
+            iteration=it,
+            seq=self._next_seq(),
+            layout=self.layout.digest64,
+            payload=payload,
+            flags=flags,
+            dtype=dtype,
+            bucket=bucket,
+            offset=off,
         )
 
     def _dtype(self, bucket: int) -> wire.DType:
         name = self.layout.buckets[bucket][0]
         return wire.DType.from_name(self.layout.placement(name).spec.dtype)
 
-    def send_iteration(self, it: int, buckets: list[bytes], commit: wire.CommitRecord,
-                       *, commit_first: bool = False) -> None:
+    def send_iteration(
+        self,
+        it: int,
+        buckets: list[bytes],
+        commit: wire.CommitRecord,
+        *,
+        commit_first: bool = False,
+    ) -> None:
         with self._lock:
             self.store[it] = (buckets, commit)
             for old in [k for k in self.store if k <= it - self.keep]:
@@ -364,7 +410,7 @@ class Producer:
             for b, chunks in enumerate(self._routes):
                 mv = memoryview(buckets[b])
                 for off, n, dests in chunks:
-                    payload = mv[off:off + n]
+                    payload = mv[off : off + n]
                     header, tag = self._data(it, b, off, payload, retx=False)
                     for sid in dests:
                         w = self.faults.withhold
@@ -376,10 +422,18 @@ class Producer:
                 self._send_commit(it, commit, retx=False)
         self.flush()
 
-    def _send_commit(self, it: int, commit: wire.CommitRecord, *, retx: bool,
-                     only: int | None = None) -> None:
-        data = commit.encode(job=JOB_ID, sender=0, iteration=it, seq=self._next_seq(),
-                             layout=self.layout.digest64, retx=retx, key=KEY)
+    def _send_commit(
+        self, it: int, commit: wire.CommitRecord, *, retx: bool, only: int | None = None
+    ) -> None:
+        data = commit.encode(
+            job=JOB_ID,
+            sender=0,
+            iteration=it,
+            seq=self._next_seq(),
+            layout=self.layout.digest64,
+            retx=retx,
+            key=KEY,
+        )
         for sid in range(len(self.dests)) if only is None else (only,):
             dc = self.faults.drop_commit
             if dc is not None and dc(it, sid, retx):
@@ -401,8 +455,9 @@ class Producer:
             except OSError:
                 return
             try:
-                msg = wire.decode(memoryview(buf)[:n], job=JOB_ID, layout=self.layout.digest64,
-                                  key=KEY)
+                msg = wire.decode(
+                    memoryview(buf)[:n], job=JOB_ID, layout=self.layout.digest64, key=KEY
+                )
             except WireError:
                 self.stats.sent["bad_nack"] += 1
                 continue
@@ -428,7 +483,7 @@ class Producer:
                         if w is not None and w(it, r.bucket, off - off % self.chunk, sid):
                             self.stats.sent["withheld"] += 1
                             continue
-                        payload = mv[off:off + n2]
+                        payload = mv[off : off + n2]
                         header, tag = self._data(it, r.bucket, off, payload, True)
                         self._emit(sid, (header, payload, tag))
                         self.stats.sent["retx"] += 1
@@ -444,46 +499,83 @@ def _udp() -> socket.socket:
     return s
 
 
-def make_spec(shadow_addrs: Sequence[tuple[str, int]], trainer_addrs: Sequence[tuple[str, int]],
-              replication: int, *, gap_repair: str = "40ms", snapshot_every: int = 0,
-              snapshot_dir: str | None = None) -> JobSpec:
+def make_spec(
+    shadow_addrs: Sequence[tuple[str, int]],
+    trainer_addrs: Sequence[tuple[str, int]],
+    replication: int,
+    *,
+    gap_repair: str = "40ms",
+    snapshot_every: int = 0,
+    snapshot_dir: str | None = None,
+) -> JobSpec:
     shadows: dict[str, Any] = {
-        "count": len(shadow_addrs), "replication": replication,
+        "count": len(shadow_addrs),
+        "replication": replication,
         "addresses": [f"{h}:{p}" for h, p in shadow_addrs],
-        "control_port": 40000, "snapshot_every": snapshot_every,
+        "control_port": 40000,
+        "snapshot_every": snapshot_every,
     }
     if snapshot_dir is not None:
         shadows["snapshot_dir"] = snapshot_dir
-    return parse_spec({
-        "job": {"id": JOB_ID, "name": "shadow-test", "mode": "mirror"},
-        "trainers": {"world_size": len(trainer_addrs),
-                     "addresses": [f"{h}:{p}" for h, p in trainer_addrs]},
-        "shadows": shadows,
-        "switch": {"target": "none"},
-        "timeouts": {"gap_repair": gap_repair, "heartbeat": "20ms", "failure_detect": "1s",
-                     "rpc": "2s"},
-    }, env={})
+    return parse_spec(
+        {
+            "job": {"id": JOB_ID, "name": "shadow-test", "mode": "mirror"},
+            "trainers": {
+                "world_size": len(trainer_addrs),
+                "addresses": [f"{h}:{p}" for h, p in trainer_addrs],
+            },
+            "shadows": shadows,
+            "switch": {"target": "none"},
+            "timeouts": {
+                "gap_repair": gap_repair,
+                "heartbeat": "20ms",
+                "failure_detect": "1s",
+                "rpc": "2s",
+            },
+        },
+        env={},
+    )
 
 
 class Cluster:
     """``num_shadows`` real ShadowNodes (threads in this process) + a Producer, on loopback."""
 
-    def __init__(self, layout: Layout, *, faults: Faults | None = None,
-                 options: NodeOptions | None = None, chunk_bytes: int = 1408,
-                 gap_repair: str = "40ms", snapshot_every: int = 0,
-                 snapshot_dir: str | None = None) -> None:
+    def __init__(
+        self,
+        layout: Layout,
+        *,
+        faults: Faults | None = None,
+        options: NodeOptions | None = None,
+        chunk_bytes: int = 1408,
+        gap_repair: str = "40ms",
+        snapshot_every: int = 0,
+        snapshot_dir: str | None = None,
+    ) -> None:
         self.layout = layout
         self.producer = Producer(layout, chunk_bytes=chunk_bytes, faults=faults)
         socks = [_udp() for _ in range(layout.num_shadows)]
         addrs = [s.getsockname() for s in socks]
-        self.spec = make_spec(addrs, [self.producer.address], layout.replication,
-                              gap_repair=gap_repair, snapshot_every=snapshot_every,
-                              snapshot_dir=snapshot_dir)
+        self.spec = make_spec(
+            addrs,
+            [self.producer.address],
+            layout.replication,
+            gap_repair=gap_repair,
+            snapshot_every=snapshot_every,
+            snapshot_dir=snapshot_dir,
+        )
         self.nodes: list[ShadowNode] = []
         try:
             for k, s in enumerate(socks):
-                self.nodes.append(ShadowNode(self.spec, k, token=TOKEN, sock=s,
-                                             control_bind="tcp://127.0.0.1:*", options=options))
+                self.nodes.append(
+                    ShadowNode(
+                        self.spec,
+                        k,
+                        token=TOKEN,
+                        sock=s,
+                        control_bind="tcp://127.0.0.1:*",
+                        options=options,
+                    )
+                )
             for a in self.nodes:
                 for b in self.nodes:
                     if a is not b:
@@ -494,8 +586,7 @@ class Cluster:
         except BaseException:
             self.close()
             raise
-        self.clients = [ShadowClient(n.control_endpoint, TOKEN, timeout_s=10.0)
-                        for n in self.nodes]
+        self.clients = [ShadowClient(n.control_endpoint, TOKEN, timeout_s=10.0) for n in self.nodes]
 
     def close(self) -> None:
         for c in getattr(self, "clients", []):
@@ -519,11 +610,16 @@ class Cluster:
     def load(self, named: Mapping[str, torch.Tensor], opt: OptimizerSpec) -> None:
         for n, c in zip(self.nodes, self.clients, strict=True):
             shard, _ = self.layout.shard_of_shadow(n.id)
-            c.load(-1, initial_states(self.layout, shard, named), opt.to_json(),
-                   self.layout.to_json())
+            c.load(
+                -1, initial_states(self.layout, shard, named), opt.to_json(), self.layout.to_json()
+            )
 
-    def wait(self, pred: Callable[[ShadowNode, dict[str, Any]], bool], timeout_s: float,
-             nodes: Sequence[int] | None = None) -> bool:
+    def wait(
+        self,
+        pred: Callable[[ShadowNode, dict[str, Any]], bool],
+        timeout_s: float,
+        nodes: Sequence[int] | None = None,
+    ) -> bool:
         deadline = time.monotonic() + timeout_s
         ids = range(len(self.nodes)) if nodes is None else nodes
         while time.monotonic() < deadline:
@@ -535,30 +631,48 @@ class Cluster:
             time.sleep(0.002)
         return False
 
-    def wait_applied(self, it: int, timeout_s: float = 20.0,
-                     nodes: Sequence[int] | None = None) -> None:
-        ok = self.wait(lambda _n, st: st["last_applied"] is not None and st["last_applied"] >= it,
-                       timeout_s, nodes)
+    def wait_applied(
+        self, it: int, timeout_s: float = 20.0, nodes: Sequence[int] | None = None
+    ) -> None:
+        ok = self.wait(
+            lambda _n, st: st["last_applied"] is not None and st["last_applied"] >= it,
+            timeout_s,
+            nodes,
+        )
         if not ok:
-            raise AssertionError(f"iteration {it} not applied in {timeout_s}s: "
-                                 f"{[self._brief(n) for n in self.nodes]}")
+            raise AssertionError(
+                f"iteration {it} not applied in {timeout_s}s: "
+                f"{[self._brief(n) for n in self.nodes]}"
+            )
 
     def wait_istar(self, it: int, timeout_s: float = 10.0) -> None:
         """Until every shadow's I* is ``it``: a shadow learns that its peers applied an
         iteration from their READY records (soft state, resent every <= 50 ms), so right after
         the last apply its own view may still be one behind."""
         if not self.wait(lambda _n, st: st["istar"] == it, timeout_s):
-            raise AssertionError(f"I* did not reach {it} in {timeout_s}s: "
-                                 f"{[self._brief(n) for n in self.nodes]}")
+            raise AssertionError(
+                f"I* did not reach {it} in {timeout_s}s: {[self._brief(n) for n in self.nodes]}"
+            )
 
     @staticmethod
     def _brief(n: ShadowNode) -> dict[str, Any]:
         st = n.status(timeline=0)
-        return {k: st[k] for k in ("shadow", "last_ready", "last_applied", "istar",
-                                   "diverged_at", "counters", "peers")}
+        return {
+            k: st[k]
+            for k in (
+                "shadow",
+                "last_ready",
+                "last_applied",
+                "istar",
+                "diverged_at",
+                "counters",
+                "peers",
+            )
+        }
 
-    def check(self, it: int, trainer: RefTrainer,
-              replicas: Sequence[int] | None = None) -> list[str]:
+    def check(
+        self, it: int, trainer: RefTrainer, replicas: Sequence[int] | None = None
+    ) -> list[str]:
         """Fetch every shard's state of ``it`` (from each listed replica index) and compare."""
         named = trainer.named
         opt_state = state_by_name(trainer.opt, trainer.model.named_parameters())
@@ -569,8 +683,10 @@ class Cluster:
                     continue
                 res = self.clients[sid].fetch(it)
                 assert res.iteration == it
-                bad += [f"shadow {sid}: {m}" for m in
-                        compare_shard(self.layout, shard, res.states, named, opt_state)]
+                bad += [
+                    f"shadow {sid}: {m}"
+                    for m in compare_shard(self.layout, shard, res.states, named, opt_state)
+                ]
         return bad
 
 

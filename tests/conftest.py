@@ -72,4 +72,3 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.skip(reason="netns tests need root"))
         if "bmv2" in item.keywords and not have_bmv2:
             item.add_marker(pytest.mark.skip(reason="p4c and simple_switch_grpc not on PATH"))
-

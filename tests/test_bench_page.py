@@ -32,17 +32,30 @@ def test_page_is_generated_from_the_committed_json(tmp_path: Path) -> None:
     committed = (ROOT / "docs" / "benchmarks.md").read_text(encoding="utf-8")
     assert page.read_text(encoding="utf-8") == committed, (
         "docs/benchmarks.md differs from what `python bench/harness.py --page-only` makes of "
-        "bench/results/; regenerate it (and commit the JSON it comes from)")
+        "bench/results/; regenerate it (and commit the JSON it comes from)"
+    )
 
 
 def test_page_without_any_json_says_not_run() -> None:
     harness = _load("harness")
-    text = harness.render_page({"command": "python bench/harness.py --quick", "mode": "quick",
-                                "started": "2000-01-01T00:00:00Z", "wall_s": 1.0,
-                                "benches": [{"name": "wire_bench", "status": "failed",
-                                             "reason": "exit status 1", "wall_s": 0.5,
-                                             "json": "bench/results/quick/none.json",
-                                             "output_tail": ["Traceback"]}]})
+    text = harness.render_page(
+        {
+            "command": "python bench/harness.py --quick",
+            "mode": "quick",
+            "started": "2000-01-01T00:00:00Z",
+            "wall_s": 1.0,
+            "benches": [
+                {
+                    "name": "wire_bench",
+                    "status": "failed",
+                    "reason": "exit status 1",
+                    "wall_s": 0.5,
+                    "json": "bench/results/quick/none.json",
+                    "output_tail": ["Traceback"],
+                }
+            ],
+        }
+    )
     assert "failed (exit status 1)" in text
     assert "| [auth_bench](#auth_bench) | not run |" in text
     assert "## Not measured yet" in text
@@ -68,16 +81,36 @@ def test_wire_bench_rates_and_round_trip() -> None:
 
 def _recovery_doc() -> dict[str, object]:
     def row(variant: str, shadows: int | None, ms: float) -> dict[str, object]:
-        return {"variant": variant, "shadows": shadows,
-                "restore_ms": {"median": ms, "min": ms - 1, "max": ms + 1},
-                "restore_plus_first_ms": {"median": ms + 10, "min": ms + 9, "max": ms + 11},
-                "ratio_to_dcp_load": {"restore": ms / 100, "restore_plus_first": (ms + 10) / 110},
-                "phases_ms_median": {"build": 5.0, "read": ms - 5}, "verified": True}
-    return {"rounds": 3, "warmup": 1, "first_iters": 2, "quick": True, "replication": 1,
-            "checkpoint_fs": "ext4", "timeouts": {"gap_repair": "50ms"},
-            "sizes": [{"size": "10M", "state_bytes": 120 * 2**20,
-                       "variants": [row("shadowgrad", 1, 300.0), row("shadowgrad", 4, 200.0),
-                                    row("dcp_load", None, 100.0)]}]}
+        return {
+            "variant": variant,
+            "shadows": shadows,
+            "restore_ms": {"median": ms, "min": ms - 1, "max": ms + 1},
+            "restore_plus_first_ms": {"median": ms + 10, "min": ms + 9, "max": ms + 11},
+            "ratio_to_dcp_load": {"restore": ms / 100, "restore_plus_first": (ms + 10) / 110},
+            "phases_ms_median": {"build": 5.0, "read": ms - 5},
+            "verified": True,
+        }
+
+    return {
+        "rounds": 3,
+        "warmup": 1,
+        "first_iters": 2,
+        "quick": True,
+        "replication": 1,
+        "checkpoint_fs": "ext4",
+        "timeouts": {"gap_repair": "50ms"},
+        "sizes": [
+            {
+                "size": "10M",
+                "state_bytes": 120 * 2**20,
+                "variants": [
+                    row("shadowgrad", 1, 300.0),
+                    row("shadowgrad", 4, 200.0),
+                    row("dcp_load", None, 100.0),
+                ],
+            }
+        ],
+    }
 
 
 def test_recovery_bench_rendering() -> None:
@@ -93,16 +126,28 @@ def test_recovery_bench_rendering() -> None:
 
 def test_only_rerun_merges_into_the_recorded_run() -> None:
     harness = _load("harness")
-    old = {"mode": "quick", "command": "python bench/harness.py --quick", "started": "A",
-           "wall_s": 100.0, "machine": {"cores": 2},
-           "benches": [{"name": "wire_bench", "status": "ok"},
-                       {"name": "recovery_bench", "status": "failed"}]}
-    new = {"mode": "quick", "command": "python bench/harness.py --quick --only recovery_bench",
-           "started": "B", "wall_s": 9.0, "machine": {"cores": 2, "loadavg_at_end": [1.0]},
-           "git": {"commit": None}, "benches": [{"name": "recovery_bench", "status": "ok"}]}
+    old = {
+        "mode": "quick",
+        "command": "python bench/harness.py --quick",
+        "started": "A",
+        "wall_s": 100.0,
+        "machine": {"cores": 2},
+        "benches": [
+            {"name": "wire_bench", "status": "ok"},
+            {"name": "recovery_bench", "status": "failed"},
+        ],
+    }
+    new = {
+        "mode": "quick",
+        "command": "python bench/harness.py --quick --only recovery_bench",
+        "started": "B",
+        "wall_s": 9.0,
+        "machine": {"cores": 2, "loadavg_at_end": [1.0]},
+        "git": {"commit": None},
+        "benches": [{"name": "recovery_bench", "status": "ok"}],
+    }
     merged = harness.merge_rerun(old, new)
-    assert (merged["command"], merged["started"], merged["wall_s"]) == (
-        old["command"], "A", 100.0)
+    assert (merged["command"], merged["started"], merged["wall_s"]) == (old["command"], "A", 100.0)
     assert [e["name"] for e in merged["benches"]] == ["wire_bench", "recovery_bench"]
     assert merged["benches"][0] == {"name": "wire_bench", "status": "ok"}
     assert merged["benches"][1] == {"name": "recovery_bench", "status": "ok", "rerun": 1}
@@ -130,16 +175,21 @@ def test_readme_benchmark_lines_and_summary_are_generated_from_the_json() -> Non
     block = harness.readme_block(recorded)
     assert block in readme, (
         "README.md's benchmark lines differ from what bench/harness.py makes of bench/results/; "
-        "run `python bench/harness.py --page-only` and commit README.md")
+        "run `python bench/harness.py --page-only` and commit README.md"
+    )
     assert harness.update_readme(readme, block) == readme
     summary = harness._load(harness.SUMMARY_JSON)
     assert summary == harness.analyze(harness._found(recorded)), (
-        "bench/results/summary.json is not what the committed JSON gives; regenerate it")
+        "bench/results/summary.json is not what the committed JSON gives; regenerate it"
+    )
 
 
 def _tb_run(times: list[float], every: int = 1, ckpt: bool = False) -> dict[str, object]:
-    return {"times": times, "checkpointed": [ckpt and i % every == 0 for i in range(len(times))],
-            "durable_s": [0.5] if ckpt else []}
+    return {
+        "times": times,
+        "checkpointed": [ckpt and i % every == 0 for i in range(len(times))],
+        "durable_s": [0.5] if ckpt else [],
+    }
 
 
 def test_trainer_bench_cost_per_checkpoint_is_the_excess_per_checkpoint() -> None:
@@ -166,17 +216,46 @@ def test_goals_follow_from_the_bench_json_by_the_planner() -> None:
     harness = _load("harness")
     from shadowgrad.planner import young_interval
 
-    tb = {"world": 2, "num_shadows": 2, "results": [
-        {"size": "10M", "variant": "none", "median_s": 0.2, "params": 10},
-        {"size": "10M", "variant": "mirror", "median_s": 0.21, "shadows": "real",
-         "excess_per_iteration_s": {"median": 0.001}},
-        {"size": "10M", "variant": "dcp_async", "median_s": 0.4,
-         "excess_per_iteration_s": {"median": 0.2}},
-        {"size": "10M", "variant": "dcp_async:5", "every": 5, "median_s": 0.25,
-         "cost_per_checkpoint_s": {"median": 0.3, "min": 0.2, "max": 0.4},
-         "durable_s": {"median": 1.0}}]}
-    lw = {"scenarios": [{"by_kind": {"kill_trainer": {
-        "lost_iterations": {"median": 0, "max": 1}, "recover_s": {"median": 9.0}}}}]}
+    tb = {
+        "world": 2,
+        "num_shadows": 2,
+        "results": [
+            {"size": "10M", "variant": "none", "median_s": 0.2, "params": 10},
+            {
+                "size": "10M",
+                "variant": "mirror",
+                "median_s": 0.21,
+                "shadows": "real",
+                "excess_per_iteration_s": {"median": 0.001},
+            },
+            {
+                "size": "10M",
+                "variant": "dcp_async",
+                "median_s": 0.4,
+                "excess_per_iteration_s": {"median": 0.2},
+            },
+            {
+                "size": "10M",
+                "variant": "dcp_async:5",
+                "every": 5,
+                "median_s": 0.25,
+                "cost_per_checkpoint_s": {"median": 0.3, "min": 0.2, "max": 0.4},
+                "durable_s": {"median": 1.0},
+            },
+        ],
+    }
+    lw = {
+        "scenarios": [
+            {
+                "by_kind": {
+                    "kill_trainer": {
+                        "lost_iterations": {"median": 0, "max": 1},
+                        "recover_s": {"median": 9.0},
+                    }
+                }
+            }
+        ]
+    }
     found = {"trainer_bench": (Path("t"), tb), "lostwork_bench": (Path("l"), lw)}
     g = harness.analyze(found)
     stall = g["stall"][0]

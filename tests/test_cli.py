@@ -36,16 +36,28 @@ def test_spec_check_and_show(capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_spec_error_names_the_key(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     bad = tmp_path / "bad.toml"
-    bad.write_text((ROOT / "examples" / "job-loopback.toml").read_text()
-                   .replace("replication = 1", "replication = 2"))
+    bad.write_text(
+        (ROOT / "examples" / "job-loopback.toml")
+        .read_text()
+        .replace("replication = 1", "replication = 2")
+    )
     assert "replication = 2" in bad.read_text()
     assert main(["spec", "check", str(bad)]) == 1
     assert "shadows.replication" in capsys.readouterr().err
 
 
 def test_wire_decodes_and_rejects(capsys: pytest.CaptureFixture[str]) -> None:
-    good = wire.encode(wire.Kind.DATA, job=7, sender=1, iteration=3, seq=4, layout=5,
-                       dtype=wire.DType.FLOAT32, payload=bytes(8), flags=wire.Flag.FINAL)
+    good = wire.encode(
+        wire.Kind.DATA,
+        job=7,
+        sender=1,
+        iteration=3,
+        seq=4,
+        layout=5,
+        dtype=wire.DType.FLOAT32,
+        payload=bytes(8),
+        flags=wire.Flag.FINAL,
+    )
     assert main(["wire", "--json", good.hex()]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["kind"] == "DATA" and out["iteration"] == 3 and out["flags"] == "FINAL"
@@ -60,11 +72,32 @@ def test_wire_decodes_and_rejects(capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_layout_from_params_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     params = tmp_path / "p.json"
-    params.write_text(json.dumps([["emb.weight", [1000, 64], "float32"], ["fc.weight", [64, 64],
-                                  "float32"], ["fc.bias", [64], "float32"]]))
+    params.write_text(
+        json.dumps(
+            [
+                ["emb.weight", [1000, 64], "float32"],
+                ["fc.weight", [64, 64], "float32"],
+                ["fc.bias", [64], "float32"],
+            ]
+        )
+    )
     out = tmp_path / "layout.json"
-    assert main(["layout", "--params", str(params), "--shadows", "4", "--replication", "2",
-                 "-o", str(out)]) == 0
+    assert (
+        main(
+            [
+                "layout",
+                "--params",
+                str(params),
+                "--shadows",
+                "4",
+                "--replication",
+                "2",
+                "-o",
+                str(out),
+            ]
+        )
+        == 0
+    )
     text = capsys.readouterr().out
     assert "4 shadows = 2 shards x 2" in text
     from shadowgrad.layout import Layout

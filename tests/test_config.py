@@ -599,13 +599,14 @@ def test_key_reference_lists_every_key() -> None:
         for key in keys:
             assert f"    ``{key}``" in text
     assert "``world_size``\\* -- integer 1..65536;" in text  # required, range from metadata
-    assert "``backend`` -- ``\"gloo\"`` or ``\"nccl\"``;" in text
+    assert '``backend`` -- ``"gloo"`` or ``"nccl"``;' in text
 
 
 @dataclasses.dataclass(frozen=True)
 class _TimeoutsWithDrain(TimeoutsSection):
-    drain_s: float = dataclasses.field(default=1.5, metadata={"schema": config._Key(
-        "duration", "how long to drain.", unit="s")})
+    drain_s: float = dataclasses.field(
+        default=1.5, metadata={"schema": config._Key("duration", "how long to drain.", unit="s")}
+    )
 
 
 def test_a_new_field_becomes_a_key_everywhere() -> None:
@@ -615,8 +616,10 @@ def test_a_new_field_becomes_a_key_everywhere() -> None:
     assert config._known_keys(sections)["timeouts"] == (*config.KNOWN_KEYS["timeouts"], "drain")
     assert config._defaults(sections)["timeouts"]["drain"] == "1500ms"
     rendered = " ".join(config.render_keys(sections).split())
-    assert ('``drain`` -- duration (float seconds in ``drain_s``); how long to drain. '
-            'Default ``"1500ms"``.') in rendered
+    assert (
+        "``drain`` -- duration (float seconds in ``drain_s``); how long to drain. "
+        'Default ``"1500ms"``.'
+    ) in rendered
     raw = base()
     raw["timeouts"] = {"drain": "3s"}
     spec = config._build(raw, "<test>", sections)

@@ -50,14 +50,22 @@ ALIASES = [
 ]
 
 #: every module that handles dtypes (scanned for private copies of a table)
-DTYPE_MODULES = sorted({m for m, _, _ in ALIASES} | {
-    "shadowgrad.control_client", "shadowgrad.boxes", "shadowgrad.shadow.control",
-    "shadowgrad.shadow.node", "shadowgrad.trainer_hooks._mirror",
-    "shadowgrad.trainer_hooks._session"})
+DTYPE_MODULES = sorted(
+    {m for m, _, _ in ALIASES}
+    | {
+        "shadowgrad.control_client",
+        "shadowgrad.boxes",
+        "shadowgrad.shadow.control",
+        "shadowgrad.shadow.node",
+        "shadowgrad.trainer_hooks._mirror",
+        "shadowgrad.trainer_hooks._session",
+    }
+)
 
 
-@pytest.mark.parametrize(("module", "attr", "table"), ALIASES,
-                         ids=[f"{m}.{a}" for m, a, _ in ALIASES])
+@pytest.mark.parametrize(
+    ("module", "attr", "table"), ALIASES, ids=[f"{m}.{a}" for m, a, _ in ALIASES]
+)
 def test_modules_alias_the_core_tables(module: str, attr: str, table: object) -> None:
     got = getattr(importlib.import_module(module), attr)
     assert got is table, f"{module}.{attr} is a copy, not the core table"
@@ -94,13 +102,24 @@ def test_shadow_control_reexports_core() -> None:
     from shadowgrad import boxes, control_client, tensorstream
     from shadowgrad.shadow import control, replay
 
-    for name in ("CHUNK_BYTES", "ControlError", "encode_states", "decode_states",
-                 "commit_to_json", "commit_from_json"):
+    for name in (
+        "CHUNK_BYTES",
+        "ControlError",
+        "encode_states",
+        "decode_states",
+        "commit_to_json",
+        "commit_from_json",
+    ):
         assert getattr(control, name) is getattr(tensorstream, name), name
     for name in ("ShadowClient", "FetchResult", "FetchReply"):
         assert getattr(control, name) is getattr(control_client, name), name
-    for name in ("box_states_from_full", "assemble_full", "ReplayError", "ReplayInputError",
-                 "BoxState"):
+    for name in (
+        "box_states_from_full",
+        "assemble_full",
+        "ReplayError",
+        "ReplayInputError",
+        "BoxState",
+    ):
         assert getattr(replay, name) is getattr(boxes, name), name
     assert issubclass(replay.ReplayOrderError, boxes.ReplayError)
     assert issubclass(replay.ReplayDivergedError, boxes.ReplayError)
@@ -126,11 +145,18 @@ def test_table_agrees_with_torch_and_the_wire_enum() -> None:
     layout = [n for n, info in DTYPES.items() if info.layout]
     assert list(dtypes.LAYOUT_ITEMSIZE) == layout == ["float32", "float16", "bfloat16", "float64"]
     assert list(torch_dtypes.LAYOUT_TORCH_DTYPES) == layout
-    assert {torch_dtypes.TORCH_DTYPES[n]: DTYPES[n].wire for n in layout} == \
-        dict(torch_dtypes.GRAD_WIRE_DTYPES)
+    assert {torch_dtypes.TORCH_DTYPES[n]: DTYPES[n].wire for n in layout} == dict(
+        torch_dtypes.GRAD_WIRE_DTYPES
+    )
     # the wire codes are part of the format (the P4 headers are tested against them)
     assert {d.name: int(d) for d in DType} == {
-        "NONE": 0, "FLOAT32": 1, "FLOAT16": 2, "BFLOAT16": 3, "FLOAT64": 4, "UINT8": 5}
+        "NONE": 0,
+        "FLOAT32": 1,
+        "FLOAT16": 2,
+        "BFLOAT16": 3,
+        "FLOAT64": 4,
+        "UINT8": 5,
+    }
 
 
 def test_tables_are_read_only() -> None:
@@ -168,10 +194,11 @@ def test_core_dtype_side_is_torch_free() -> None:
     import subprocess
     import sys
 
-    code = ("import sys; import shadowgrad.dtypes, shadowgrad.layout, shadowgrad.wire; "
-            "assert 'torch' not in sys.modules, 'torch imported'")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         timeout=120)
+    code = (
+        "import sys; import shadowgrad.dtypes, shadowgrad.layout, shadowgrad.wire; "
+        "assert 'torch' not in sys.modules, 'torch imported'"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
 
 
@@ -195,7 +222,7 @@ def _imports(path: Path, package: str) -> Iterator[tuple[int, str]]:
         elif isinstance(node, ast.ImportFrom):
             if node.level:
                 base = package.split(".")
-                base = base[:len(base) - (node.level - 1)]
+                base = base[: len(base) - (node.level - 1)]
                 mod = ".".join(base + ([node.module] if node.module else []))
             else:
                 mod = node.module or ""
@@ -205,8 +232,12 @@ def _imports(path: Path, package: str) -> Iterator[tuple[int, str]]:
         elif isinstance(node, ast.Call):
             f = node.func
             name = f.attr if isinstance(f, ast.Attribute) else getattr(f, "id", "")
-            if name in ("import_module", "__import__") and node.args and isinstance(
-                    node.args[0], ast.Constant) and isinstance(node.args[0].value, str):
+            if (
+                name in ("import_module", "__import__")
+                and node.args
+                and isinstance(node.args[0], ast.Constant)
+                and isinstance(node.args[0].value, str)
+            ):
                 yield node.lineno, node.args[0].value
 
 
@@ -221,8 +252,11 @@ def test_trainer_hooks_import_no_peer_package() -> None:
         package = ".".join(("shadowgrad", "trainer_hooks", *rel.parent.parts))
         for line, mod in _imports(path, package):
             if any(mod == p or mod.startswith(p + ".") for p in PEERS):
-                ok = [(f, m) for f, m in ALLOWED
-                      if f == rel.as_posix() and (mod == m or mod.startswith(m + "."))]
+                ok = [
+                    (f, m)
+                    for f, m in ALLOWED
+                    if f == rel.as_posix() and (mod == m or mod.startswith(m + "."))
+                ]
                 if ok:
                     found.update(ok)
                 else:
@@ -242,7 +276,13 @@ def test_import_scan_sees_every_form(tmp_path: Path) -> None:
         "def f():\n"
         "    import importlib\n"
         "    importlib.import_module('shadowgrad.bmv2_testbed.runner')\n",
-        encoding="utf-8")
+        encoding="utf-8",
+    )
     mods = {m for _, m in _imports(src, "shadowgrad.trainer_hooks.sub")}
-    assert {"shadowgrad.shadow.control", "shadowgrad.shadow.replay", "shadowgrad.shadow",
-            "shadowgrad.controller", "shadowgrad.bmv2_testbed.runner"} <= mods
+    assert {
+        "shadowgrad.shadow.control",
+        "shadowgrad.shadow.replay",
+        "shadowgrad.shadow",
+        "shadowgrad.controller",
+        "shadowgrad.bmv2_testbed.runner",
+    } <= mods

@@ -105,8 +105,9 @@ def wait_until(cond: Callable[[], bool], timeout_s: float = 10.0) -> None:
 
 
 # ---- session and pipeline ---------------------------------------------------------------------
-def test_connect_capabilities_and_pipeline_round_trip(switches: Callable[..., Switch],
-                                                      pipeline: Pipeline) -> None:
+def test_connect_capabilities_and_pipeline_round_trip(
+    switches: Callable[..., Switch], pipeline: Pipeline
+) -> None:
     with P4RuntimeClient(addr_of(switches()), election_id=3, timeout_s=5.0) as c:
         c.connect(wait_s=10)
         assert c.connected and c.is_primary
@@ -122,8 +123,10 @@ def test_connect_capabilities_and_pipeline_round_trip(switches: Callable[..., Sw
 
 def test_not_primary_is_refused(switches: Callable[..., Switch]) -> None:
     sw = switches()
-    with P4RuntimeClient(addr_of(sw), election_id=5, timeout_s=5.0) as first, \
-            P4RuntimeClient(addr_of(sw), election_id=2, timeout_s=5.0) as second:
+    with (
+        P4RuntimeClient(addr_of(sw), election_id=5, timeout_s=5.0) as first,
+        P4RuntimeClient(addr_of(sw), election_id=2, timeout_s=5.0) as second,
+    ):
         first.connect(wait_s=10)
         with pytest.raises(P4RuntimeError, match="not primary") as ei:
             second.connect(wait_s=10)
@@ -132,8 +135,7 @@ def test_not_primary_is_refused(switches: Callable[..., Switch]) -> None:
 
 
 # ---- Write errors and counters ----------------------------------------------------------------
-def test_batch_write_names_only_the_failed_update(client: P4RuntimeClient,
-                                                  names: Names) -> None:
+def test_batch_write_names_only_the_failed_update(client: P4RuntimeClient, names: Names) -> None:
     x = dmac_entry(names, 0x0A, FWD, 1)
     client.write([ins(x)])
     assert (client.writes, client.write_rpcs) == (1, 1)
@@ -153,8 +155,9 @@ def test_batch_write_names_only_the_failed_update(client: P4RuntimeClient,
         client.write(ins(x))  # type: ignore[arg-type]
 
 
-def test_write_refused_as_a_whole_has_no_update_errors(switches: Callable[..., Switch],
-                                                       names: Names) -> None:
+def test_write_refused_as_a_whole_has_no_update_errors(
+    switches: Callable[..., Switch], names: Names
+) -> None:
     with P4RuntimeClient(addr_of(switches()), timeout_s=5.0) as c:
         c.connect(wait_s=10)
         with pytest.raises(P4RuntimeWriteError) as ei:
@@ -203,8 +206,10 @@ def test_calls_against_a_server_that_never_answers_time_out() -> None:
             with pytest.raises(P4RuntimeError) as ci:
                 c.connect(wait_s=5)
             assert time.monotonic() - t0 < 8
-            assert ci.value.code in (grpc.StatusCode.DEADLINE_EXCEEDED,
-                                     grpc.StatusCode.UNIMPLEMENTED)
+            assert ci.value.code in (
+                grpc.StatusCode.DEADLINE_EXCEEDED,
+                grpc.StatusCode.UNIMPLEMENTED,
+            )
     finally:
         servicer.release.set()
         server.stop(0).wait(5)
@@ -228,8 +233,9 @@ def test_tcp_peer_that_never_speaks_times_out() -> None:
 
 
 # ---- reconnection -----------------------------------------------------------------------------
-def test_reconnect_after_switch_restart(switches: Callable[..., Switch], pipeline: Pipeline,
-                                        names: Names) -> None:
+def test_reconnect_after_switch_restart(
+    switches: Callable[..., Switch], pipeline: Pipeline, names: Names
+) -> None:
     sw = switches()
     addr = addr_of(sw)
     port = int(addr.rsplit(":", 1)[1])
@@ -278,8 +284,11 @@ def _flaky_write(monkeypatch: pytest.MonkeyPatch, failures: int) -> list[int]:
 
 
 def test_write_retried_once_after_reconnect_on_unavailable(
-        monkeypatch: pytest.MonkeyPatch, switches: Callable[..., Switch], pipeline: Pipeline,
-        names: Names) -> None:
+    monkeypatch: pytest.MonkeyPatch,
+    switches: Callable[..., Switch],
+    pipeline: Pipeline,
+    names: Names,
+) -> None:
     calls = _flaky_write(monkeypatch, failures=1)
     with P4RuntimeClient(addr_of(switches(0, pipeline)), timeout_s=5.0) as c:
         c.connect(wait_s=10)
@@ -289,9 +298,12 @@ def test_write_retried_once_after_reconnect_on_unavailable(
         assert dmac_entries(c, names) == {mac(0x0A)}
 
 
-def test_write_not_retried_twice(monkeypatch: pytest.MonkeyPatch,
-                                 switches: Callable[..., Switch], pipeline: Pipeline,
-                                 names: Names) -> None:
+def test_write_not_retried_twice(
+    monkeypatch: pytest.MonkeyPatch,
+    switches: Callable[..., Switch],
+    pipeline: Pipeline,
+    names: Names,
+) -> None:
     calls = _flaky_write(monkeypatch, failures=5)
     with P4RuntimeClient(addr_of(switches(0, pipeline)), timeout_s=5.0) as c:
         c.connect(wait_s=10)
@@ -302,8 +314,9 @@ def test_write_not_retried_twice(monkeypatch: pytest.MonkeyPatch,
 
 
 # ---- request log, close -----------------------------------------------------------------------
-def test_request_log(switches: Callable[..., Switch], pipeline: Pipeline,
-                     names: Names, tmp_path: Path) -> None:
+def test_request_log(
+    switches: Callable[..., Switch], pipeline: Pipeline, names: Names, tmp_path: Path
+) -> None:
     path = tmp_path / "logs" / "s1-p4runtime-requests.txt"
     config = pipeline.to_device_config()
     with P4RuntimeClient(addr_of(switches()), timeout_s=5.0, request_log=path) as c:
@@ -316,13 +329,14 @@ def test_request_log(switches: Callable[..., Switch], pipeline: Pipeline,
     assert re.search(stamp + r"WriteRequest$", text, re.M)
     assert f"# p4_device_config: {len(config)} bytes" in text
     assert "tables {" not in text  # a summary of the P4Info, not the P4Info
-    write_part = text[text.index("] WriteRequest"):]
+    write_part = text[text.index("] WriteRequest") :]
     assert "updates {" in write_part and "table_entry {" in write_part
     assert f"table_id: {names['MyIngress.dmac']}" in write_part
 
 
-def test_close_is_idempotent_and_ends_the_reader(switches: Callable[..., Switch],
-                                                 names: Names) -> None:
+def test_close_is_idempotent_and_ends_the_reader(
+    switches: Callable[..., Switch], names: Names
+) -> None:
     c = P4RuntimeClient(addr_of(switches()), timeout_s=5.0)
     with pytest.raises(P4RuntimeError):
         c.packet_out(b"x", [])  # no stream yet

@@ -49,8 +49,9 @@ def test_trainer_silence_is_detected_istar_held_and_released_on_recovery() -> No
         c.load(trainer.named, trainer.optimizer_spec())
         eps = {n.id: n.control_endpoint for n in c.nodes}
         bind = _free_tcp()
-        ctl = Controller(c.spec, token=TOKEN, endpoints=eps, bind=bind,
-                         options=ControllerOptions(poll_s=0.05))
+        ctl = Controller(
+            c.spec, token=TOKEN, endpoints=eps, bind=bind, options=ControllerOptions(poll_s=0.05)
+        )
         with ctl:
             _run(c, trainer, range(8))
             assert _wait(lambda: ctl.state == "running", 2.0), ctl.status()
@@ -63,8 +64,9 @@ def test_trainer_silence_is_detected_istar_held_and_released_on_recovery() -> No
             assert st["failure"]["evidence"] == "shadows"
             # I* is the core rule's answer, and it is held on its sources
             statuses = {n.id: n.status(timeline=0) for n in c.nodes}
-            want = restore_point(statuses, num_shards=layout.num_shards,
-                                 replication=layout.replication)
+            want = restore_point(
+                statuses, num_shards=layout.num_shards, replication=layout.replication
+            )
             assert st["istar"]["istar"] == want.istar == 7
             assert sorted(st["held"]) == sorted(want.source)
             for k in want.source:
@@ -91,12 +93,15 @@ def test_restore_point_endpoint_refuses_a_wrong_or_missing_token_and_changes_not
         c.load(trainer.named, trainer.optimizer_spec())
         eps = {n.id: n.control_endpoint for n in c.nodes}
         bind = _free_tcp()
-        with Controller(c.spec, token=TOKEN, endpoints=eps, bind=bind,
-                        options=ControllerOptions(poll_s=0.05)) as ctl:
+        with Controller(
+            c.spec, token=TOKEN, endpoints=eps, bind=bind, options=ControllerOptions(poll_s=0.05)
+        ) as ctl:
             _run(c, trainer, range(3))
             for op in ("restore_point", "status", "release"):
-                with ShadowClient(bind, "not-the-token", timeout_s=5.0) as cl, \
-                        pytest.raises(ControlError, match="bad_token"):
+                with (
+                    ShadowClient(bind, "not-the-token", timeout_s=5.0) as cl,
+                    pytest.raises(ControlError, match="bad_token"),
+                ):
                     cl.call(op)
             # no token at all
             ctx = zmq.Context()
@@ -123,8 +128,9 @@ def test_a_new_job_asking_for_its_restore_point_is_not_a_failure() -> None:
     with cluster(layout) as c:
         eps = {n.id: n.control_endpoint for n in c.nodes}
         bind = _free_tcp()
-        with Controller(c.spec, token=TOKEN, endpoints=eps, bind=bind,
-                        options=ControllerOptions(poll_s=0.05)) as ctl:
+        with Controller(
+            c.spec, token=TOKEN, endpoints=eps, bind=bind, options=ControllerOptions(poll_s=0.05)
+        ) as ctl:
             with ShadowClient(bind, TOKEN, timeout_s=5.0) as cl:
                 head, _ = cl.call("restore_point", requester="rank 0")
             assert head["fresh"] is True and head["istar"] == -1
@@ -148,8 +154,13 @@ def test_a_dead_shadow_is_reported_failed_and_rejoins_when_it_answers_again() ->
         def statuses() -> dict[int, dict[str, Any] | None]:
             return {n.id: (None if n.id in dead else n.status(timeline=0)) for n in c.nodes}
 
-        with Controller(c.spec, token=TOKEN, endpoints=eps, statuses=statuses,
-                        options=ControllerOptions(poll_s=0.05)) as ctl:
+        with Controller(
+            c.spec,
+            token=TOKEN,
+            endpoints=eps,
+            statuses=statuses,
+            options=ControllerOptions(poll_s=0.05),
+        ) as ctl:
             _run(c, trainer, range(3))
             assert _wait(lambda: all(m.seen for m in ctl.members.values()), 4.0)
             dead.add(1)  # it answered before: now it stops
@@ -160,7 +171,12 @@ def test_a_dead_shadow_is_reported_failed_and_rejoins_when_it_answers_again() ->
     with cluster(layout) as c:  # shadow 1 down from the start: not failed within connect_s
         dead = {1}
         eps = {n.id: n.control_endpoint for n in c.nodes}
-        with Controller(c.spec, token=TOKEN, endpoints=eps, statuses=statuses,
-                        options=ControllerOptions(poll_s=0.05)) as ctl:
+        with Controller(
+            c.spec,
+            token=TOKEN,
+            endpoints=eps,
+            statuses=statuses,
+            options=ControllerOptions(poll_s=0.05),
+        ) as ctl:
             time.sleep(c.spec.timeouts.failure_detect_s + 0.5)
             assert not ctl.members[1].failed and ctl.ev["shadow_failures"] == 0

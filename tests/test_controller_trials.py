@@ -81,8 +81,9 @@ def _wait(pred: Any, timeout_s: float) -> bool:
     return bool(pred())
 
 
-def _trial(tmp: Path, trial: int, ref_losses: dict[int, str],
-           ref_final: dict[str, Any]) -> dict[str, Any]:
+def _trial(
+    tmp: Path, trial: int, ref_losses: dict[int, str], ref_final: dict[str, Any]
+) -> dict[str, Any]:
     rng = random.Random(3000 + trial)
     kill_after = rng.randrange(2, STEPS - 6)
     victim = rng.randrange(4)
@@ -91,9 +92,13 @@ def _trial(tmp: Path, trial: int, ref_losses: dict[int, str],
     spec = parse_spec(doc, env={})
     path = _spec(tmp, doc, f"trial{trial}.toml")
     out = tmp / f"trial{trial}.pt"
-    with JobSwitch(spec, _layout()) as sw, shadow_cluster(spec) as cluster, \
-            Controller(spec, token=TOKEN, driver=sw.driver,
-                       options=ControllerOptions(poll_s=0.05)) as ctl:
+    with (
+        JobSwitch(spec, _layout()) as sw,
+        shadow_cluster(spec) as cluster,
+        Controller(
+            spec, token=TOKEN, driver=sw.driver, options=ControllerOptions(poll_s=0.05)
+        ) as ctl,
+    ):
         # the switch was programmed already: the controller's convergence writes nothing
         assert ctl.converge_reports[0]["writes"] == 0, ctl.converge_reports
         ranks = _launch(path, 4, STEPS, "--amp")
@@ -138,8 +143,13 @@ def _trial(tmp: Path, trial: int, ref_losses: dict[int, str],
     assert not bad, f"trial {trial}: {bad}"
     assert all(s["diverged_at"] is None for s in status)
     assert ev["trainer_failures"] == 1 and ev["recoveries"] == 1, ev
-    return {"kill_after": kill_after, "victim": victim, "last_logged": max(first, default=-1),
-            "resumed_at": start, "detect_s": detect_s}
+    return {
+        "kill_after": kill_after,
+        "victim": victim,
+        "last_logged": max(first, default=-1),
+        "resumed_at": start,
+        "detect_s": detect_s,
+    }
 
 
 @pytest.mark.slow
@@ -170,15 +180,18 @@ def _events(path: Path) -> list[dict[str, Any]]:
 def _controller(spec: Path, layout: Path, log: Path) -> subprocess.Popen[bytes]:
     cli = str(Path(sys.executable).parent / "shadowgrad")
     with log.open("ab") as f:
-        return subprocess.Popen([cli, "--log-json", "controller", "--spec", str(spec), "--layout",
-                                 str(layout)], stdout=f, stderr=subprocess.STDOUT,
-                                env={**os.environ, "SHADOWGRAD_TOKEN": TOKEN}, cwd=ROOT)
+        return subprocess.Popen(
+            [cli, "--log-json", "controller", "--spec", str(spec), "--layout", str(layout)],
+            stdout=f,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "SHADOWGRAD_TOKEN": TOKEN},
+            cwd=ROOT,
+        )
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-def test_controller_sigkill_and_restart_writes_nothing_and_training_goes_on(
-        tmp_path: Path) -> None:
+def test_controller_sigkill_and_restart_writes_nothing_and_training_goes_on(tmp_path: Path) -> None:
     doc = _doc()
     spec = parse_spec(doc, env={})
     layout = _layout()
@@ -195,8 +208,9 @@ def test_controller_sigkill_and_restart_writes_nothing_and_training_goes_on(
         ranks = None
         try:
             procs.append(_controller(path, lpath, log))
-            assert _wait(lambda: any(e["event"] == "controller.switch_converged"
-                                     for e in _events(log)), 60.0), log.read_text()[-3000:]
+            assert _wait(
+                lambda: any(e["event"] == "controller.switch_converged" for e in _events(log)), 60.0
+            ), log.read_text()[-3000:]
             first = next(e for e in _events(log) if e["event"] == "controller.switch_converged")
             assert first["writes"] > 0
             ranks = _launch(path, 4, steps, "--amp")
@@ -205,15 +219,18 @@ def test_controller_sigkill_and_restart_writes_nothing_and_training_goes_on(
             procs[0].send_signal(signal.SIGKILL)
             procs[0].wait(10)
             procs.append(_controller(path, lpath, log))
-            assert _wait(lambda: sum(e["event"] == "controller.switch_converged"
-                                     for e in _events(log)) == 2, 60.0), log.read_text()[-3000:]
+            assert _wait(
+                lambda: sum(e["event"] == "controller.switch_converged" for e in _events(log)) == 2,
+                60.0,
+            ), log.read_text()[-3000:]
             second = [e for e in _events(log) if e["event"] == "controller.switch_converged"][1]
             # invariant 6: the restarted controller read the switch back and wrote nothing
             assert second["writes"] == 0 and not second["pipeline_pushed"], second
             text = _finish(ranks, 4)
             after = cluster.status()
-            assert _wait(lambda: any(e["event"] == "controller.job_finished"
-                                     for e in _events(log)), 10.0)
+            assert _wait(
+                lambda: any(e["event"] == "controller.job_finished" for e in _events(log)), 10.0
+            )
             assert procs[1].poll() is None, log.read_text()[-3000:]
         finally:
             if ranks is not None:
@@ -248,15 +265,15 @@ def test_a_shadow_replaced_at_a_new_address_rewrites_only_its_entries() -> None:
     spec = parse_spec(doc, env={})
     layout = _layout()
     with JobSwitch(spec, layout) as sw:
-        ctl = Controller(spec, token=TOKEN, driver=sw.driver,
-                         statuses=lambda: dict.fromkeys(range(4)))
+        ctl = Controller(
+            spec, token=TOKEN, driver=sw.driver, statuses=lambda: dict.fromkeys(range(4))
+        )
         with ctl:
             assert ctl.converge_reports[0]["writes"] == 0
             old = doc["shadows"]["addresses"][1]
             doc["shadows"]["addresses"][1] = old.rsplit(".", 1)[0] + ".201"
             new = parse_spec(doc, env={})
-            rep = ctl.reload(new, SwitchDriver(sw.client, new, layout,
-                                               pipeline=compile_product()))
+            rep = ctl.reload(new, SwitchDriver(sw.client, new, layout, pipeline=compile_product()))
             assert rep is not None and 0 < rep["writes"] <= 3, rep
             assert rep["modified"] + rep["inserted"] + rep["deleted"] == rep["writes"]
             again = SwitchDriver(sw.client, new, layout, pipeline=compile_product()).converge()

@@ -42,10 +42,26 @@ def cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return d
 
 
-def _demo(out: Path, scenario: str, *extra: str, cache: Path,
-          prefix: tuple[str, ...] = (), timeout: float = 900) -> dict[str, Any]:
-    cmd = [*prefix, CLI, "demo", str(SCEN / f"{scenario}.toml"), "--out", str(out), "--cache",
-           str(cache), "--no-progress", *extra]
+def _demo(
+    out: Path,
+    scenario: str,
+    *extra: str,
+    cache: Path,
+    prefix: tuple[str, ...] = (),
+    timeout: float = 900,
+) -> dict[str, Any]:
+    cmd = [
+        *prefix,
+        CLI,
+        "demo",
+        str(SCEN / f"{scenario}.toml"),
+        "--out",
+        str(out),
+        "--cache",
+        str(cache),
+        "--no-progress",
+        *extra,
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
     report_path = out / "report.json"
     assert report_path.exists(), proc.stdout[-3000:] + proc.stderr[-5000:]
@@ -106,15 +122,21 @@ def _as_nobody(tmp: Path) -> tuple[str, ...]:
     namespace where that directory is replaced by a world-readable view of the interpreter's
     tree only (nothing on the machine changes)."""
     real = Path(os.path.realpath(sys.executable))
-    blocked = next((p for p in reversed(real.parents) if p != Path("/")
-                    and not os.stat(p).st_mode & 0o001), None)
+    blocked = next(
+        (p for p in reversed(real.parents) if p != Path("/") and not os.stat(p).st_mode & 0o001),
+        None,
+    )
     script = tmp / "as-nobody.sh"
     lines = ["set -e"]
     if blocked is not None:
         inner = real.relative_to(blocked).parts[0]
-        lines += [f"mkdir -p {tmp}/view", f"mount --bind {blocked}/{inner} {tmp}/view",
-                  f"mount -t tmpfs -o mode=755 sgview {blocked}",
-                  f"mkdir -p {blocked}/{inner}", f"mount --bind {tmp}/view {blocked}/{inner}"]
+        lines += [
+            f"mkdir -p {tmp}/view",
+            f"mount --bind {blocked}/{inner} {tmp}/view",
+            f"mount -t tmpfs -o mode=755 sgview {blocked}",
+            f"mkdir -p {blocked}/{inner}",
+            f"mount --bind {tmp}/view {blocked}/{inner}",
+        ]
     lines.append(f'exec runuser -u nobody -- env HOME={tmp} "$@"')
     script.write_text("\n".join(lines) + "\n")
     return ("unshare", "-m", "--propagation", "private", "sh", str(script))
@@ -133,8 +155,14 @@ def test_default_scenario_as_an_ordinary_user_in_a_user_namespace() -> None:
     work = Path(tempfile.mkdtemp(prefix="sg-demo-nobody-", dir="/tmp"))
     try:
         work.chmod(0o777)
-        rep = _demo(work / "out", "t-default", "--topology", "userns", cache=work / "cache",
-                    prefix=_as_nobody(work))
+        rep = _demo(
+            work / "out",
+            "t-default",
+            "--topology",
+            "userns",
+            cache=work / "cache",
+            prefix=_as_nobody(work),
+        )
         _check(rep)
         assert rep["record"]["topology"] == "userns"
         assert (work / "out" / "report.json").stat().st_uid != 0  # written by nobody
@@ -171,15 +199,26 @@ def _marked(run_id: str) -> list[int]:
 @pytest.mark.netns
 @needs_root
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
-def test_a_signal_mid_scenario_leaves_nothing_behind(tmp_path: Path, cache: Path,
-                                                     sig: int) -> None:
+def test_a_signal_mid_scenario_leaves_nothing_behind(tmp_path: Path, cache: Path, sig: int) -> None:
     from shadowgrad.bmv2_testbed.topology import leftovers
 
     out = tmp_path / "out"
-    proc = subprocess.Popen([CLI, "demo", str(SCEN / "t-default.toml"), "--topology", "netns",
-                             "--out", str(out), "--cache", str(tmp_path / "own-cache"),
-                             "--no-progress"], stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(
+        [
+            CLI,
+            "demo",
+            str(SCEN / "t-default.toml"),
+            "--topology",
+            "netns",
+            "--out",
+            str(out),
+            "--cache",
+            str(tmp_path / "own-cache"),
+            "--no-progress",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
     try:
         deadline = time.monotonic() + 240
         topo = out / "topology.json"
@@ -188,8 +227,7 @@ def test_a_signal_mid_scenario_leaves_nothing_behind(tmp_path: Path, cache: Path
             logs = list(out.glob("*/rank0-0.log"))
             if topo.exists() and logs and "step 5 " in logs[0].read_text(errors="replace"):
                 break
-            assert proc.poll() is None, proc.stdout.read().decode()[-3000:] if proc.stdout \
-                else ""
+            assert proc.poll() is None, proc.stdout.read().decode()[-3000:] if proc.stdout else ""
             time.sleep(0.2)
         info = json.loads(topo.read_text())
         assert _marked(info["run_id"]), "nothing was running"
@@ -210,9 +248,21 @@ def test_target_bmv2_without_the_binaries_fails_at_once(tmp_path: Path) -> None:
     if shutil.which("p4c") and shutil.which("simple_switch_grpc"):
         pytest.skip("real bmv2 is installed")
     t0 = time.monotonic()
-    proc = subprocess.run([CLI, "demo", str(SCEN / "t-default.toml"), "--target", "bmv2",
-                           "--out", str(tmp_path / "out")], capture_output=True, text=True,
-                          timeout=60, check=False)
+    proc = subprocess.run(
+        [
+            CLI,
+            "demo",
+            str(SCEN / "t-default.toml"),
+            "--target",
+            "bmv2",
+            "--out",
+            str(tmp_path / "out"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert proc.returncode == 1 and time.monotonic() - t0 < 30
     assert "--target bmv2: p4c and simple_switch_grpc are not on PATH" in proc.stderr
 
@@ -221,23 +271,36 @@ def test_scenario_errors_name_the_key_and_the_value(tmp_path: Path) -> None:
     from shadowgrad.bmv2_testbed.scenario import ScenarioError, load_scenario, parse_scenario
 
     sc = load_scenario(ROOT / "scenarios" / "default.toml")
-    assert sc.trainers == 4 and sc.shadows == 4 and [f.kind for f in sc.faults] == [
-        "kill_trainer", "kill_shadow"]
+    assert (
+        sc.trainers == 4
+        and sc.shadows == 4
+        and [f.kind for f in sc.faults] == ["kill_trainer", "kill_shadow"]
+    )
     for shipped in (ROOT / "scenarios").glob("*.toml"):
         load_scenario(shipped)
     cases = [
         ({"name": "x", "trainers": 5}, "trainers = 5: must divide"),
         ({"name": "x", "faults": [{"kind": "explode"}]}, "faults[0].kind = 'explode'"),
-        ({"name": "x", "faults": [{"kind": "kill_trainer", "target": 9}]},
-         "faults[0].target = 9"),
-        ({"name": "x", "mode": "mirror", "faults": [{"kind": "loss", "target": 0,
-                                                     "percent": 2}]}, "needs mode = 'in-band'"),
+        ({"name": "x", "faults": [{"kind": "kill_trainer", "target": 9}]}, "faults[0].target = 9"),
+        (
+            {
+                "name": "x",
+                "mode": "mirror",
+                "faults": [{"kind": "loss", "target": 0, "percent": 2}],
+            },
+            "needs mode = 'in-band'",
+        ),
         ({"name": "x", "colour": 1}, "unknown key 'colour'"),
         ({"name": "x", "sleep": 5}, "sleep"),
     ]
     for doc, msg in cases:
-        with pytest.raises((ScenarioError, Exception), match=msg.replace("[", r"\[")
-                           .replace("]", r"\]").replace("(", r"\(").replace(")", r"\)")):
+        with pytest.raises(
+            (ScenarioError, Exception),
+            match=msg.replace("[", r"\[")
+            .replace("]", r"\]")
+            .replace("(", r"\(")
+            .replace(")", r"\)"),
+        ):
             parse_scenario(doc)
     bad = tmp_path / "bad.toml"
     bad.write_text("name = \n")

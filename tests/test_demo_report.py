@@ -76,8 +76,15 @@ def make_record(iterations: int = 200) -> dict[str, Any]:
 
     losses = {str(i): _loss(i).hex() for i in range(iterations)}
     return {
-        "scenario": {"name": "kill-trainer-and-shadow", "model": "mlp", "mode": "in-band",
-                     "trainers": 2, "shards": 4, "replication": 2, "iterations": iterations},
+        "scenario": {
+            "name": "kill-trainer-and-shadow",
+            "model": "mlp",
+            "mode": "in-band",
+            "trainers": 2,
+            "shards": 4,
+            "replication": 2,
+            "iterations": iterations,
+        },
         "topology": "loopback",
         "target": "sim",
         "started": T0,
@@ -86,21 +93,43 @@ def make_record(iterations: int = 200) -> dict[str, Any]:
         "step_times": steps,
         "samples": samples,
         "faults": [
-            {"kind": "kill_trainer", "target": 1, "at_iteration": KILL_AT, "t_inject": kill_t,
-             "t_detect": kill_t + 0.35, "t_recovered": kill_t + 3.0, "last_logged": KILL_AT,
-             "resumed_at": KILL_AT, "lost_iterations": 1, "note": "SIGKILL rank 1"},
-            {"kind": "kill_shadow", "target": 0, "at_iteration": SHADOW_KILL_AT,
-             "t_inject": shadow_t, "t_detect": shadow_t + 0.4, "t_recovered": shadow_t + 2.0,
-             "last_logged": None, "resumed_at": None, "lost_iterations": 0,
-             "note": "SIGKILL shadow 0; spare promoted"},
+            {
+                "kind": "kill_trainer",
+                "target": 1,
+                "at_iteration": KILL_AT,
+                "t_inject": kill_t,
+                "t_detect": kill_t + 0.35,
+                "t_recovered": kill_t + 3.0,
+                "last_logged": KILL_AT,
+                "resumed_at": KILL_AT,
+                "lost_iterations": 1,
+                "note": "SIGKILL rank 1",
+            },
+            {
+                "kind": "kill_shadow",
+                "target": 0,
+                "at_iteration": SHADOW_KILL_AT,
+                "t_inject": shadow_t,
+                "t_detect": shadow_t + 0.4,
+                "t_recovered": shadow_t + 2.0,
+                "last_logged": None,
+                "resumed_at": None,
+                "lost_iterations": 0,
+                "note": "SIGKILL shadow 0; spare promoted",
+            },
         ],
-        "switch": {"replicated_packets": 123_456, "replicated_bytes": 187_654_321,
-                   "drops": {"crc": 0, "no_route": 3}},
+        "switch": {
+            "replicated_packets": 123_456,
+            "replicated_bytes": 187_654_321,
+            "drops": {"crc": 0, "no_route": 3},
+        },
         "shadow_drops": {"stale_epoch": 12, "crc": 1},
         "bit_exact": {"resume": True, "compared": 24, "differ": []},
         "reference": {"cached": True, "seconds": 9.8, "mean_step_s": REF_STEP_S},
-        "events": [{"t": kill_t + 0.35, "event": "trainer.failed", "rank": 1},
-                   {"t": shadow_t + 0.4, "event": "shadow.failed", "shadow": 0}],
+        "events": [
+            {"t": kill_t + 0.35, "event": "trainer.failed", "rank": 1},
+            {"t": shadow_t + 0.4, "event": "shadow.failed", "shadow": 0},
+        ],
     }
 
 
@@ -115,14 +144,16 @@ def test_summary_figures() -> None:
     assert s["repeated_steps"] == 1
     assert s["faults_by_kind"] == {"kill_shadow": 1, "kill_trainer": 1}
     kill, shadow = s["faults"]
-    assert (kill["kind"], kill["class"], kill["lost_iterations"]) == ("kill_trainer",
-                                                                      "trainer", 1)
+    assert (kill["kind"], kill["class"], kill["lost_iterations"]) == ("kill_trainer", "trainer", 1)
     assert kill["repeated_observed"] == 1
     assert kill["detect_s"] == pytest.approx(0.35)
     assert kill["recover_s"] == pytest.approx(3.0)
     assert kill["within_bound"] is True
     assert (shadow["class"], shadow["lost_iterations"], shadow["repeated_observed"]) == (
-        "shadow", 0, 0)
+        "shadow",
+        0,
+        0,
+    )
     assert shadow["detect_s"] == pytest.approx(0.4)
     assert shadow["recover_s"] == pytest.approx(2.0)
     assert 0 < kill["t_inject_s"] < shadow["t_inject_s"] < s["wall_s"]
@@ -168,8 +199,7 @@ def test_missing_loss_is_a_mismatch() -> None:
     del rec["losses"]["run"]["57"]
     s = rp.summarize(rec)
     assert s["losses_match"] is False and s["ok"] is False
-    assert s["loss_mismatches"][0] == {"iteration": 57, "run": None,
-                                       "reference": _loss(57).hex()}
+    assert s["loss_mismatches"][0] == {"iteration": 57, "run": None, "reference": _loss(57).hex()}
 
 
 def test_shadow_fault_that_lost_work_is_not_ok() -> None:
@@ -195,7 +225,9 @@ def test_lost_iterations_derived_from_step_times() -> None:
         f["lost_iterations"] = None
     s = rp.summarize(rec)
     assert [(f["lost_iterations"], f["lost_source"]) for f in s["faults"]] == [
-        (1, "step_times"), (0, "step_times")]
+        (1, "step_times"),
+        (0, "step_times"),
+    ]
     assert s["ok"] is True
 
 
@@ -245,11 +277,25 @@ def test_write_report_and_plots(tmp_path: Path) -> None:
 def test_empty_record_skips_plots(tmp_path: Path) -> None:
     pytest.importorskip("matplotlib")
     rec: dict[str, Any] = {
-        "scenario": {"name": "empty", "model": "mlp", "mode": "mirror", "trainers": 1,
-                     "shards": 1, "replication": 1, "iterations": 10},
-        "topology": "netns", "target": "bmv2", "started": T0, "ended": T0 + 1.0,
-        "losses": {"run": {}, "reference": {}}, "step_times": [], "samples": [],
-        "faults": [], "switch": None, "shadow_drops": {},
+        "scenario": {
+            "name": "empty",
+            "model": "mlp",
+            "mode": "mirror",
+            "trainers": 1,
+            "shards": 1,
+            "replication": 1,
+            "iterations": 10,
+        },
+        "topology": "netns",
+        "target": "bmv2",
+        "started": T0,
+        "ended": T0 + 1.0,
+        "losses": {"run": {}, "reference": {}},
+        "step_times": [],
+        "samples": [],
+        "faults": [],
+        "switch": None,
+        "shadow_drops": {},
         "bit_exact": {"resume": True, "compared": 0, "differ": []},
         "reference": {"cached": False, "seconds": 0.0, "mean_step_s": None},
     }
@@ -283,11 +329,21 @@ def test_garbage_tolerated(tmp_path: Path) -> None:
     """Odd values in the record (missing keys, nulls, non-numbers) never crash the report."""
     pytest.importorskip("matplotlib")
     rec = make_record(iterations=20)
-    rec["faults"] = [{"kind": "reload_pipeline", "target": None, "at_iteration": None,
-                      "t_inject": T0 + 1.2, "t_detect": None, "t_recovered": None,
-                      "last_logged": None, "resumed_at": None, "lost_iterations": 0,
-                      "note": ""},
-                     {"kind": "something_new", "t_inject": None}]
+    rec["faults"] = [
+        {
+            "kind": "reload_pipeline",
+            "target": None,
+            "at_iteration": None,
+            "t_inject": T0 + 1.2,
+            "t_detect": None,
+            "t_recovered": None,
+            "last_logged": None,
+            "resumed_at": None,
+            "lost_iterations": 0,
+            "note": "",
+        },
+        {"kind": "something_new", "t_inject": None},
+    ]
     rec["samples"].append([T0 + 0.5, None, None, [None, None]])
     rec["step_times"].append(["bad", None, 1])
     del rec["events"]

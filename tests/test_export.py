@@ -51,9 +51,11 @@ def _lr_lambda(step: int) -> float:
 def _objects(model: nn.Module) -> tuple[torch.optim.Optimizer, Any, Any]:
     decay = [p for p in model.parameters() if p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.05},
-                             {"params": no_decay, "weight_decay": 0.0}],
-                            lr=3e-3, betas=(0.9, 0.95))
+    opt = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": 0.05}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=3e-3,
+        betas=(0.9, 0.95),
+    )
     sched = torch.optim.lr_scheduler.LambdaLR(opt, _lr_lambda)
     scaler = torch.amp.GradScaler("cpu", init_scale=2.0**12, growth_interval=3)
     return opt, sched, scaler
@@ -64,14 +66,17 @@ def _batch(step: int, rank: int, world: int) -> tuple[torch.Tensor, torch.Tensor
     x = torch.randn(48, 16, generator=g)
     y = torch.randint(0, 4, (48,), generator=g)
     per = 48 // world
-    return x[rank * per:(rank + 1) * per], y[rank * per:(rank + 1) * per]
+    return x[rank * per : (rank + 1) * per], y[rank * per : (rank + 1) * per]
 
 
 def _diff_tensors(got: dict[str, Any], want: dict[str, Any], where: str) -> list[str]:
     if set(got) != set(want):
         return [f"{where}: keys {sorted(got)} != {sorted(want)}"]
-    return [f"{where}.{k}" for k, v in want.items()
-            if got[k].dtype != v.dtype or not torch.equal(got[k], v)]
+    return [
+        f"{where}.{k}"
+        for k, v in want.items()
+        if got[k].dtype != v.dtype or not torch.equal(got[k], v)
+    ]
 
 
 def _diff_optim(got: dict[str, Any], want: dict[str, Any]) -> list[str]:
@@ -97,8 +102,9 @@ def _diff_optim(got: dict[str, Any], want: dict[str, Any]) -> list[str]:
     return bad
 
 
-def _diff_live(model: nn.Module, opt: torch.optim.Optimizer, sched: Any, scaler: Any,
-               ref: dict[str, Any]) -> list[str]:
+def _diff_live(
+    model: nn.Module, opt: torch.optim.Optimizer, sched: Any, scaler: Any, ref: dict[str, Any]
+) -> list[str]:
     bad = _diff_tensors(dict(model.state_dict()), ref["model"], "model")
     bad += _diff_optim(opt.state_dict(), ref["optim"])
     if sched.state_dict() != ref["scheduler"]:
@@ -137,9 +143,15 @@ def worker(argv: list[str]) -> None:
         sg.backward(nn.functional.cross_entropy(ddp(x), y))
         sg.step(user_state={"step": step, "note": USER_NOTE})
         if rank == 0:
-            torch.save({"model": model.state_dict(), "optim": opt.state_dict(),
-                        "scheduler": sched.state_dict(), "scaler": scaler.state_dict()},
-                       Path(args.refdir) / f"ref{step}.pt")
+            torch.save(
+                {
+                    "model": model.state_dict(),
+                    "optim": opt.state_dict(),
+                    "scheduler": sched.state_dict(),
+                    "scaler": scaler.state_dict(),
+                },
+                Path(args.refdir) / f"ref{step}.pt",
+            )
         if step == PAUSE:  # until the test holds iteration PAUSE on every shadow
             deadline = time.monotonic() + 90
             while not Path(args.go).exists():
@@ -177,7 +189,9 @@ def load_rank(argv: list[str]) -> None:
     res = load_export(args.export, ddp, opt, sched, scaler)
     bad += _diff_live(model, opt, sched, scaler, ref)
     if res["iteration"] != args.iteration or res["user_state"] != {
-            "step": args.iteration, "note": USER_NOTE}:
+        "step": args.iteration,
+        "note": USER_NOTE,
+    }:
         bad.append(f"load_export returned {res}")
     print(f"rank {rank} of {dist.get_world_size()}: {bad if bad else 'ok'}", flush=True)
     dist.barrier()
@@ -222,16 +236,30 @@ def job(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Job]:
     refdir.mkdir()
     go = tmp / "go"
     with shadow_cluster(spec) as cluster:
-        argv = [sys.executable, __file__, "--worker", "--spec", str(spec_path),
-                "--refdir", str(refdir), "--go", str(go)]
+        argv = [
+            sys.executable,
+            __file__,
+            "--worker",
+            "--spec",
+            str(spec_path),
+            "--refdir",
+            str(refdir),
+            "--go",
+            str(go),
+        ]
         ranks = Ranks(argv, 2, {"SHADOWGRAD_TOKEN": TOKEN}, str(ROOT))
         try:
             deadline = time.monotonic() + 120
-            while not all(s["last_applied"] is not None and s["last_applied"] >= PAUSE
-                          for s in cluster.status()):
+            while not all(
+                s["last_applied"] is not None and s["last_applied"] >= PAUSE
+                for s in cluster.status()
+            ):
                 if time.monotonic() > deadline or any(p.poll() is not None for p in ranks.procs):
-                    raise AssertionError(f"shadows did not reach {PAUSE}: {cluster.status()}\n"
-                                         + ranks.output(0)[-3000:] + ranks.output(1)[-3000:])
+                    raise AssertionError(
+                        f"shadows did not reach {PAUSE}: {cluster.status()}\n"
+                        + ranks.output(0)[-3000:]
+                        + ranks.output(1)[-3000:]
+                    )
                 time.sleep(0.01)
             for c in cluster.clients:  # what a controller does to keep an iteration exportable
                 c.hold(PAUSE)
@@ -252,13 +280,18 @@ def exported(job: Job, tmp_path_factory: pytest.TempPathFactory) -> dict[str, An
 
     tmp = tmp_path_factory.mktemp("exports")
     lines: list[str] = []
-    latest = export_checkpoint(job.spec, "latest", tmp / "latest", token=TOKEN,
-                               progress=lines.append)
+    latest = export_checkpoint(
+        job.spec, "latest", tmp / "latest", token=TOKEN, progress=lines.append
+    )
     holds_after_latest = [s["holds"] for s in job.cluster.status()]
     explicit = export_checkpoint(job.spec, PAUSE, tmp / "explicit", token=TOKEN)
     holds_after_explicit = [s["holds"] for s in job.cluster.status()]
-    return {"latest": (tmp / "latest", latest), "explicit": (tmp / "explicit", explicit),
-            "progress": lines, "holds": (holds_after_latest, holds_after_explicit)}
+    return {
+        "latest": (tmp / "latest", latest),
+        "explicit": (tmp / "explicit", explicit),
+        "progress": lines,
+        "holds": (holds_after_latest, holds_after_explicit),
+    }
 
 
 # --------------------------------------------------------------------------- export
@@ -270,9 +303,13 @@ def _plain_load(path: Path, ref: dict[str, Any]) -> dict[str, Any]:
 
     target: dict[str, Any] = {
         "model": {k: torch.zeros_like(v) for k, v in ref["model"].items()},
-        "optim": {"state": {i: {k: torch.zeros_like(v) for k, v in st.items()}
-                            for i, st in ref["optim"]["state"].items()},
-                  "param_groups": copy.deepcopy(ref["optim"]["param_groups"])},
+        "optim": {
+            "state": {
+                i: {k: torch.zeros_like(v) for k, v in st.items()}
+                for i, st in ref["optim"]["state"].items()
+            },
+            "param_groups": copy.deepcopy(ref["optim"]["param_groups"]),
+        },
         "scheduler": copy.deepcopy(ref["scheduler"]),
         "scaler": copy.deepcopy(ref["scaler"]),
         "user": {"step": -1, "note": ""},
@@ -294,10 +331,17 @@ def test_export_equals_the_reference(job: Job, exported: dict[str, Any], which: 
     want_it = STEPS - 1 if which == "latest" else PAUSE
     assert manifest["iteration"] == want_it
     ref = job.ref(want_it)
-    assert manifest["param_names"] == ["0.weight", "3.weight", "0.bias", "1.weight", "1.bias",
-                                       "3.bias"]  # optimizer-index order: decay group first
+    assert manifest["param_names"] == [
+        "0.weight",
+        "3.weight",
+        "0.bias",
+        "1.weight",
+        "1.bias",
+        "3.bias",
+    ]  # optimizer-index order: decay group first
     assert {"1.running_mean", "1.running_var", "1.num_batches_tracked"} <= set(
-        manifest["module_state"])
+        manifest["module_state"]
+    )
     assert manifest["user_state"] and manifest["generation"] > 0
     assert manifest["job"] == {"id": job.spec.job.id, "name": job.spec.job.name}
     # 1. plain torch.distributed.checkpoint.load, one process
@@ -337,8 +381,10 @@ def test_export_holds_and_releases(job: Job, exported: dict[str, Any]) -> None:
     # one progress line per shard; the export's own hold on I* is gone afterwards, the hold
     # the test placed on PAUSE (as a controller would) is left alone
     assert len(exported["progress"]) == 2
-    assert all(line.startswith(f"shard {i + 1}/2 from shadow ")
-               for i, line in enumerate(exported["progress"])), exported["progress"]
+    assert all(
+        line.startswith(f"shard {i + 1}/2 from shadow ")
+        for i, line in enumerate(exported["progress"])
+    ), exported["progress"]
     after_latest, after_explicit = exported["holds"]
     assert after_latest == [[PAUSE], [PAUSE]]
     assert after_explicit == [[PAUSE], [PAUSE]]
@@ -349,8 +395,17 @@ def test_load_into_three_ranks(job: Job, exported: dict[str, Any], tmp_path: Pat
 
     path, manifest = exported["latest"]
     it = manifest["iteration"]
-    argv = [sys.executable, __file__, "--load-rank", "--export", str(path),
-            "--ref", str(job.refdir / f"ref{it}.pt"), "--iteration", str(it)]
+    argv = [
+        sys.executable,
+        __file__,
+        "--load-rank",
+        "--export",
+        str(path),
+        "--ref",
+        str(job.refdir / f"ref{it}.pt"),
+        "--iteration",
+        str(it),
+    ]
     ranks = Ranks(argv, 3, {}, str(ROOT))
     try:
         codes = ranks.wait(120)
@@ -372,7 +427,8 @@ def _flip(path: Path, pos: int) -> None:
 
 
 def test_verify_catches_a_flipped_byte_in_every_file(
-        exported: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    exported: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     from shadowgrad.cli import main
     from shadowgrad.controller.export import MANIFEST, verify_export
 
@@ -407,11 +463,21 @@ def test_verify_catches_a_flipped_byte_in_every_file(
     assert (data, "missing") in problems and ("notes.txt", "not in the manifest") in problems
     # the real exit status of the console entry point
     bad = tmp_path / "c1"  # a flipped byte in the middle of the first file
-    proc = subprocess.run([sys.executable, "-m", "shadowgrad.cli", "export", "--verify",
-                           str(bad)], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    proc = subprocess.run(
+        [sys.executable, "-m", "shadowgrad.cli", "export", "--verify", str(bad)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
     assert proc.returncode == 1 and f"bad {files[0]}: " in proc.stderr, proc.stderr
-    proc = subprocess.run([sys.executable, "-m", "shadowgrad.cli", "export", "--verify",
-                           str(src)], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    proc = subprocess.run(
+        [sys.executable, "-m", "shadowgrad.cli", "export", "--verify", str(src)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
     assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr
 
 
@@ -425,8 +491,8 @@ def _cli(job: Job, out: Path, *extra: str) -> int:
 
 
 def test_wrong_token_is_refused_and_writes_nothing(
-        job: Job, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-        capsys: pytest.CaptureFixture[str]) -> None:
+    job: Job, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     monkeypatch.setenv("SHADOWGRAD_TOKEN", "not-the-token")
     before = [s["events"].get("control_bad_token", 0) for s in job.cluster.status()]
     assert _cli(job, tmp_path / "out", "--iteration", "latest") == 1
@@ -438,8 +504,8 @@ def test_wrong_token_is_refused_and_writes_nothing(
 
 
 def test_an_iteration_no_shadow_serves_is_named(
-        job: Job, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-        capsys: pytest.CaptureFixture[str]) -> None:
+    job: Job, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     from shadowgrad.trainer_hooks._testing import TOKEN
 
     monkeypatch.setenv("SHADOWGRAD_TOKEN", TOKEN)
@@ -454,8 +520,8 @@ def test_an_iteration_no_shadow_serves_is_named(
 
 
 def test_existing_out_is_refused_unless_force(
-        job: Job, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-        capsys: pytest.CaptureFixture[str]) -> None:
+    job: Job, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     import json
 
     from shadowgrad.controller.export import verify_export
@@ -484,11 +550,19 @@ def test_existing_out_is_refused_unless_force(
 
 
 def test_export_module_imports_no_grpc() -> None:
-    code = ("import sys, shadowgrad.controller.export, shadowgrad.controller._export_cmd; "
-            "bad = [m for m in sys.modules if m.split('.')[0] in ('grpc', 'p4runtime_sh', 'p4')"
-            " or m.startswith('google.protobuf')]; assert not bad, bad")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=60, cwd=ROOT, env={**os.environ})
+    code = (
+        "import sys, shadowgrad.controller.export, shadowgrad.controller._export_cmd; "
+        "bad = [m for m in sys.modules if m.split('.')[0] in ('grpc', 'p4runtime_sh', 'p4')"
+        " or m.startswith('google.protobuf')]; assert not bad, bad"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+        env={**os.environ},
+    )
     assert proc.returncode == 0, proc.stderr
 
 
@@ -510,15 +584,17 @@ def test_initial_state_from_the_replica_that_answers(tmp_path: Path) -> None:
     opt, _sched, _scaler = _objects(model)
     layout = Layout.build(*from_module(model), num_shadows=2, replication=2)
     optspec = OptimizerSpec.from_optimizer(opt, model.named_parameters())
-    states = box_states_from_full(layout, 0, {n: p.detach() for n, p in
-                                              model.named_parameters()}, {})
+    states = box_states_from_full(
+        layout, 0, {n: p.detach() for n, p in model.named_parameters()}, {}
+    )
     with shadow_cluster(spec) as cluster:
         for c in cluster.clients:
             c.load(-1, states, optspec.to_json(), layout.to_json())
         cluster.nodes[0].stop()
         lines: list[str] = []
-        manifest = export_checkpoint(spec, "latest", tmp_path / "init", token=TOKEN,
-                                     timeout_s=0.5, progress=lines.append)
+        manifest = export_checkpoint(
+            spec, "latest", tmp_path / "init", token=TOKEN, timeout_s=0.5, progress=lines.append
+        )
     assert manifest["iteration"] == -1 and manifest["sources"] == [1]
     assert manifest["commit"] is None and not manifest["user_state"]
     assert lines == [lines[0]] and lines[0].startswith("shard 1/1 from shadow 1:")
@@ -528,10 +604,16 @@ def test_initial_state_from_the_replica_that_answers(tmp_path: Path) -> None:
     lrs = [g["lr"] for g in fopt.param_groups]
     res = load_export(tmp_path / "init", fresh, fopt, fsched)
     assert res["iteration"] == -1 and res["user_state"] is None
-    trained = {n: p for n, p in model.state_dict().items() if not n.startswith("1.running")
-               and not n.endswith("num_batches_tracked")}
+    trained = {
+        n: p
+        for n, p in model.state_dict().items()
+        if not n.startswith("1.running") and not n.endswith("num_batches_tracked")
+    }
     assert not _diff_tensors({n: fresh.state_dict()[n] for n in trained}, trained, "model")
-    assert res["missing_module_state"] == ["1.num_batches_tracked", "1.running_mean",
-                                           "1.running_var"]
+    assert res["missing_module_state"] == [
+        "1.num_batches_tracked",
+        "1.running_mean",
+        "1.running_var",
+    ]
     assert fopt.state_dict()["state"] == {}
     assert [g["lr"] for g in fopt.param_groups] == lrs  # the live LR: none was exported

@@ -54,12 +54,14 @@ def layouts(draw: st.DrawFn) -> tuple[Layout, int | None]:
     bounds = [0, *cuts, n]
     buckets = [list(names[a:b]) for a, b in itertools.pairwise(bounds)]
     num_shadows = draw(st.integers(1, 8))
-    replication = draw(st.sampled_from([r for r in range(1, num_shadows + 1)
-                                        if num_shadows % r == 0]))
+    replication = draw(
+        st.sampled_from([r for r in range(1, num_shadows + 1) if num_shadows % r == 0])
+    )
     cap = draw(st.one_of(st.none(), st.integers(1, 3000)))
     align = draw(st.sampled_from([64, 64, 64, 16, 48, 1]))
-    layout = Layout.build(params, buckets, num_shadows, replication,
-                          max_piece_bytes=cap, align_elems=align)
+    layout = Layout.build(
+        params, buckets, num_shadows, replication, max_piece_bytes=cap, align_elems=align
+    )
     return layout, cap
 
 
@@ -95,8 +97,9 @@ def test_layout_properties(case: tuple[Layout, int | None]) -> None:
         pl = layout.placement(p.name)
         boxes = layout.tensor_boxes(p.name)
         row_numel = math.prod(p.shape[1:]) if p.shape else 1
-        granule_bytes = layout.align_elems // math.gcd(row_numel, layout.align_elems) * \
-            row_numel * p.itemsize
+        granule_bytes = (
+            layout.align_elems // math.gcd(row_numel, layout.align_elems) * row_numel * p.itemsize
+        )
         if p.nbytes <= layout.max_piece_bytes:
             assert len(boxes) == 1
         for box in boxes:
@@ -199,8 +202,14 @@ def test_digest_same_across_processes_and_hash_seeds() -> None:
     script = _FIXED_SRC + "\nprint(make().digest)\n"
     for seed in ("0", "1", "random"):
         env = dict(os.environ, PYTHONHASHSEED=seed, PYTHONPATH=str(ROOT))
-        out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
-                             text=True, timeout=60, check=True)
+        out = subprocess.run(
+            [sys.executable, "-c", script],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
+        )
         assert out.stdout.strip() == want, (seed, out.stderr)
 
 
@@ -209,8 +218,9 @@ def test_digest_same_across_processes_and_hash_seeds() -> None:
 # ----------------------------------------------------------------------------------------------
 
 
-def _torch_assignment(params: list[ParamSpec], cap: int, first: int,
-                      ready: list[str] | None = None) -> list[list[str]]:
+def _torch_assignment(
+    params: list[ParamSpec], cap: int, first: int, ready: list[str] | None = None
+) -> list[list[str]]:
     """What DDP computes, via torch's own C++ function (limits chosen as DDP chooses them)."""
     limits = [first, cap] if first < cap else [cap]
     if ready is None:
@@ -219,10 +229,13 @@ def _torch_assignment(params: list[ParamSpec], cap: int, first: int,
         idx = list(reversed(idx))
     else:
         index = {p.name: i for i, p in enumerate(params)}
-        tensors = [torch.empty(params[index[n]].shape, dtype=TORCH_DTYPES[params[index[n]].dtype])
-                   for n in ready]
-        idx, _ = dist._compute_bucket_assignment_by_size(tensors, limits, [],
-                                                         [index[n] for n in ready])
+        tensors = [
+            torch.empty(params[index[n]].shape, dtype=TORCH_DTYPES[params[index[n]].dtype])
+            for n in ready
+        ]
+        idx, _ = dist._compute_bucket_assignment_by_size(
+            tensors, limits, [], [index[n] for n in ready]
+        )
     return [[params[i].name for i in b] for b in idx]
 
 
@@ -263,8 +276,9 @@ def test_ddp_buckets_match_torch(seed: int) -> None:
         assert ddp_buckets(params, cap, first) == _torch_assignment(params, cap, first)
         ready = [p.name for p in params]
         rng.shuffle(ready)
-        assert ddp_buckets(params, cap, first, grad_ready_order=ready) == \
-            _torch_assignment(params, cap, first, ready)
+        assert ddp_buckets(params, cap, first, grad_ready_order=ready) == _torch_assignment(
+            params, cap, first, ready
+        )
         got = ddp_buckets(params, cap, first, grad_ready_order=ready, last_bucket_small=True)
         want = _torch_assignment(params, cap, first, ready[::-1])[::-1]
         assert got == want
@@ -274,11 +288,13 @@ def test_rebuilt_trailing_bucket_order_all_dtype_orders() -> None:
     """In a rebuild, leftover per-dtype buckets come out in C++ map order: pin it exhaustively."""
     for k in range(1, 5):
         for dtypes in itertools.permutations(TORCH_DTYPES, k):
-            params = [ParamSpec(f"p{i}", (3,), d) for i, d in enumerate(dtypes)] + \
-                     [ParamSpec(f"q{i}", (2,), d) for i, d in enumerate(reversed(dtypes))]
+            params = [ParamSpec(f"p{i}", (3,), d) for i, d in enumerate(dtypes)] + [
+                ParamSpec(f"q{i}", (2,), d) for i, d in enumerate(reversed(dtypes))
+            ]
             ready = [p.name for p in params]
-            assert ddp_buckets(params, 10**6, 10**6, grad_ready_order=ready) == \
-                _torch_assignment(params, 10**6, 10**6, ready)
+            assert ddp_buckets(params, 10**6, 10**6, grad_ready_order=ready) == _torch_assignment(
+                params, 10**6, 10**6, ready
+            )
 
 
 class _Mixed(torch.nn.Module):
@@ -296,16 +312,18 @@ class _Mixed(torch.nn.Module):
 
 @pytest.fixture
 def gloo_group(tmp_path: Path) -> Iterator[None]:
-    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}",
-                            rank=0, world_size=1)
+    dist.init_process_group(
+        "gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1
+    )
     try:
         yield
     finally:
         dist.destroy_process_group()
 
 
-def _observe_ddp(model: torch.nn.Module, iterations: int, width: int,
-                 **ddp_kwargs: Any) -> tuple[list[str], list[list[list[str]]]]:
+def _observe_ddp(
+    model: torch.nn.Module, iterations: int, width: int, **ddp_kwargs: Any
+) -> tuple[list[str], list[list[list[str]]]]:
     """Run a real DDP; return the first backward's grad-ready order and each iteration's buckets.
 
     A comm hook records, per bucket, ``bucket.index()`` and the parameter names in
@@ -314,23 +332,35 @@ def _observe_ddp(model: torch.nn.Module, iterations: int, width: int,
     """
     names = {id(p): n for n, p in model.named_parameters()}
     ready: list[str] = []
-    handles = [p.register_post_accumulate_grad_hook(lambda p: ready.append(names[id(p)]))
-               for p in model.parameters() if p.requires_grad]
+    handles = [
+        p.register_post_accumulate_grad_hook(lambda p: ready.append(names[id(p)]))
+        for p in model.parameters()
+        if p.requires_grad
+    ]
     ddp = torch.nn.parallel.DistributedDataParallel(model, **ddp_kwargs)
     seen: list[tuple[int, list[str], torch.Tensor, list[torch.Tensor]]] = []
 
     def hook(state: object, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
         params = bucket.parameters()
-        seen.append((bucket.index(), [names[id(p)] for p in params], bucket.buffer().clone(),
-                     [p.grad.detach().clone() for p in params]))
+        seen.append(
+            (
+                bucket.index(),
+                [names[id(p)] for p in params],
+                bucket.buffer().clone(),
+                [p.grad.detach().clone() for p in params],
+            )
+        )
         fut: torch.futures.Future[torch.Tensor] = torch.futures.Future()
         fut.set_result(bucket.buffer())
         return fut
 
     # DDP checks the hook's annotations as objects; `from __future__ import annotations` made
     # them strings
-    hook.__annotations__ = {"state": object, "bucket": dist.GradBucket,
-                            "return": torch.futures.Future[torch.Tensor]}
+    hook.__annotations__ = {
+        "state": object,
+        "bucket": dist.GradBucket,
+        "return": torch.futures.Future[torch.Tensor],
+    }
     ddp.register_comm_hook(None, hook)
     per_iter: list[list[list[str]]] = []
     gen = torch.Generator().manual_seed(0)
@@ -347,7 +377,7 @@ def _observe_ddp(model: torch.nn.Module, iterations: int, width: int,
                 pl = layout.placement(name)
                 assert pl.bucket == b
                 start = pl.bucket_offset // pl.itemsize
-                assert torch.equal(buf[start:start + pl.numel], grad.flatten()), name
+                assert torch.equal(buf[start : start + pl.numel], grad.flatten()), name
         per_iter.append(buckets)
         if not ready:
             pytest.fail("no gradient became ready")
@@ -379,8 +409,9 @@ def test_ddp_default_rebuilds_in_grad_ready_order(cap_mb: float | None) -> None:
     assert per_iter[0] == ddp_buckets(specs, sys.maxsize, sys.maxsize)
     _, rebuilt = from_module(model, bucket_cap_mb=cap_mb, grad_ready_order=ready)
     assert per_iter[1] == per_iter[2] == rebuilt
-    assert per_iter[1] != ddp_buckets(specs, *(
-        (25 * 2**20, 2**20) if cap_mb is None else (int(cap_mb * 2**20),) * 2))
+    assert per_iter[1] != ddp_buckets(
+        specs, *((25 * 2**20, 2**20) if cap_mb is None else (int(cap_mb * 2**20),) * 2)
+    )
     # within a bucket, parameters (and their views) follow grad-ready order, not model order
     rank = {n: i for i, n in enumerate(ready)}
     model_rank = {p.name: i for i, p in enumerate(specs)}
@@ -423,15 +454,15 @@ _BAD: list[tuple[str, Callable[[], object], str]] = [
 
 
 @pytest.mark.parametrize(("what", "call", "needle"), _BAD, ids=[b[0] for b in _BAD])
-def test_bad_input_raises_layout_error(what: str, call: Callable[[], object],
-                                       needle: str) -> None:
+def test_bad_input_raises_layout_error(what: str, call: Callable[[], object], needle: str) -> None:
     with pytest.raises(LayoutError, match=re.escape(needle)):
         call()
 
 
 def test_misaligned_pieces_rejected_from_json() -> None:
-    doc = json.loads(Layout.build(_P, [["a.w", "b.w"]], 2, max_piece_bytes=8,
-                                  align_elems=4).to_json())
+    doc = json.loads(
+        Layout.build(_P, [["a.w", "b.w"]], 2, max_piece_bytes=8, align_elems=4).to_json()
+    )
     doc["layout"]["align_elems"] = 64
     with pytest.raises(LayoutError, match=r"starts at element \d+ of 'a.w'"):
         Layout.from_json(json.dumps(doc))
@@ -444,14 +475,14 @@ def test_misaligned_pieces_rejected_from_json() -> None:
 _ADAM_SHAPES = {"w1": (333331,), "w2": (3001, 111)}
 
 
-def _adam_run(cuts: dict[str, list[int]], steps: int = 20,
-              **opt_kwargs: Any) -> list[torch.Tensor]:
+def _adam_run(cuts: dict[str, list[int]], steps: int = 20, **opt_kwargs: Any) -> list[torch.Tensor]:
     """Step AdamW on each tensor cut at ``cuts`` (element offsets); return params and moments."""
     gen = torch.Generator().manual_seed(1)
     init = {n: torch.randn(math.prod(s), generator=gen) for n, s in _ADAM_SHAPES.items()}
     spans = {n: list(itertools.pairwise([0, *cuts[n], init[n].numel()])) for n in _ADAM_SHAPES}
-    pieces = {n: [torch.nn.Parameter(init[n][a:b].clone()) for a, b in spans[n]]
-              for n in _ADAM_SHAPES}
+    pieces = {
+        n: [torch.nn.Parameter(init[n][a:b].clone()) for a, b in spans[n]] for n in _ADAM_SHAPES
+    }
     flat = [p for n in _ADAM_SHAPES for p in pieces[n]]
     opt = torch.optim.AdamW(flat, lr=1e-2, weight_decay=0.1, **opt_kwargs)
     for _ in range(steps):
@@ -478,8 +509,11 @@ def _layout_cuts() -> dict[str, list[int]]:
     return cuts
 
 
-@pytest.mark.parametrize("path", [{"fused": True}, {"foreach": False}, {"foreach": True}],
-                         ids=["fused", "for-loop", "foreach"])
+@pytest.mark.parametrize(
+    "path",
+    [{"fused": True}, {"foreach": False}, {"foreach": True}],
+    ids=["fused", "for-loop", "foreach"],
+)
 def test_adamw_on_layout_pieces_is_bit_exact(path: dict[str, bool]) -> None:
     whole = _adam_run({n: [] for n in _ADAM_SHAPES}, **path)
     split = _adam_run(_layout_cuts(), **path)

@@ -47,8 +47,7 @@ def _check(spec_path: str, final_path: str, steps: int) -> int:
     exports: dict[int, Any] = {}
     status = []
     for k in range(spec.shadows.count):
-        with ShadowClient(f"tcp://{spec.shadows.control_endpoint(k)}", TOKEN,
-                          timeout_s=30.0) as c:
+        with ShadowClient(f"tcp://{spec.shadows.control_endpoint(k)}", TOKEN, timeout_s=30.0) as c:
             res = c.fetch(steps - 1)
             status.append(c.status(timeline=0))
             if layout is None:
@@ -62,9 +61,16 @@ def _check(spec_path: str, final_path: str, steps: int) -> int:
         for sk, v in final["optimizer"]["state"][i].items():
             if not torch.equal(opt[n][sk], v):
                 bad.append(f"opt {n}.{sk}")
-    print(json.dumps({"bad": bad, "counters": [s["counters"] for s in status],
-                      "events": [s.get("events") or {} for s in status],
-                      "last_applied": [s.get("last_applied") for s in status]}))
+    print(
+        json.dumps(
+            {
+                "bad": bad,
+                "counters": [s["counters"] for s in status],
+                "events": [s.get("events") or {} for s in status],
+                "last_applied": [s.get("last_applied") for s in status],
+            }
+        )
+    )
     return 0
 
 
@@ -86,14 +92,29 @@ def _Hosts(hosts: list[tuple[int, str, int]]) -> Any:
 def _spec_doc() -> dict[str, Any]:
     return {
         "job": {"id": 4343, "name": "netns-inband", "mode": "in-band"},
-        "trainers": {"world_size": 4, "addresses": [f"10.0.0.{i + 1}" for i in range(4)],
-                     "backend": "gloo"},
-        "shadows": {"count": 4, "replication": 2,
-                    "addresses": [f"10.0.1.{i + 1}" for i in range(4)], "control_port": 47480},
-        "switch": {"target": "bmv2_testbed", "trainer_ports": [1, 2, 3, 4],
-                   "shadow_ports": [5, 6, 7, 8]},
-        "timeouts": {"gap_repair": "30ms", "heartbeat": "100ms", "failure_detect": "2s",
-                     "rpc": "5s", "connect": "20s"},
+        "trainers": {
+            "world_size": 4,
+            "addresses": [f"10.0.0.{i + 1}" for i in range(4)],
+            "backend": "gloo",
+        },
+        "shadows": {
+            "count": 4,
+            "replication": 2,
+            "addresses": [f"10.0.1.{i + 1}" for i in range(4)],
+            "control_port": 47480,
+        },
+        "switch": {
+            "target": "bmv2_testbed",
+            "trainer_ports": [1, 2, 3, 4],
+            "shadow_ports": [5, 6, 7, 8],
+        },
+        "timeouts": {
+            "gap_repair": "30ms",
+            "heartbeat": "100ms",
+            "failure_detect": "2s",
+            "rpc": "5s",
+            "connect": "20s",
+        },
         "security": {"token_env": "SHADOWGRAD_TOKEN"},
     }
 
@@ -112,11 +133,14 @@ def _run(tmp_path: Path, loss: dict[int, float] | None = None) -> dict[str, Any]
     spec_path.write_text(spec_toml(doc))
     params, buckets = from_module(_model())
     layout = Layout.build(params, buckets, 4, 2)
-    hosts = [(p, ep.host, port_mac(p)) for p, ep in
-             [*zip(spec.switch.trainer_ports, spec.trainers.addresses, strict=True),
-              *zip(spec.switch.shadow_ports, spec.shadows.addresses, strict=True)]]
-    env = {**os.environ, "SHADOWGRAD_TOKEN": TOKEN, "OMP_NUM_THREADS": "1",
-           "PYTHONPATH": str(ROOT)}
+    hosts = [
+        (p, ep.host, port_mac(p))
+        for p, ep in [
+            *zip(spec.switch.trainer_ports, spec.trainers.addresses, strict=True),
+            *zip(spec.switch.shadow_ports, spec.shadows.addresses, strict=True),
+        ]
+    ]
+    env = {**os.environ, "SHADOWGRAD_TOKEN": TOKEN, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
     procs: list[subprocess.Popen[bytes]] = []
     logs: list[Path] = []
     net = _Hosts(hosts)
@@ -128,39 +152,97 @@ def _run(tmp_path: Path, loss: dict[int, float] | None = None) -> dict[str, Any]
             log = tmp_path / f"shadow{k}.log"
             logs.append(log)
             with log.open("wb") as f:
-                procs.append(subprocess.Popen(
-                    ["ip", "netns", "exec", net.ns[port], cli, "shadow", "--spec",
-                     str(spec_path), "--id", str(k)], stdout=f, stderr=subprocess.STDOUT,
-                    env=env, cwd=ROOT, start_new_session=True))
+                procs.append(
+                    subprocess.Popen(
+                        [
+                            "ip",
+                            "netns",
+                            "exec",
+                            net.ns[port],
+                            cli,
+                            "shadow",
+                            "--spec",
+                            str(spec_path),
+                            "--id",
+                            str(k),
+                        ],
+                        stdout=f,
+                        stderr=subprocess.STDOUT,
+                        env=env,
+                        cwd=ROOT,
+                        start_new_session=True,
+                    )
+                )
         time.sleep(1.0)
         final = tmp_path / "final.pt"
         trainers = []
         for r, port in enumerate(spec.switch.trainer_ports):
             log = tmp_path / f"rank{r}.log"
             logs.append(log)
-            e = {**env, "RANK": str(r), "WORLD_SIZE": "4", "LOCAL_RANK": str(r),
-                 "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29531",
-                 "GLOO_SOCKET_IFNAME": "eth0"}
+            e = {
+                **env,
+                "RANK": str(r),
+                "WORLD_SIZE": "4",
+                "LOCAL_RANK": str(r),
+                "MASTER_ADDR": "10.0.0.1",
+                "MASTER_PORT": "29531",
+                "GLOO_SOCKET_IFNAME": "eth0",
+            }
             with log.open("wb") as f:
                 p = subprocess.Popen(
-                    ["ip", "netns", "exec", net.ns[port], sys.executable,
-                     str(ROOT / "tests" / "test_trainer_restore.py"), "--worker", "--spec",
-                     str(spec_path), "--steps", str(STEPS), "--amp", "--chunk-bytes",
-                     str(CHUNK), "--out", str(final)],
-                    stdout=f, stderr=subprocess.STDOUT, env=e, cwd=ROOT,
-                    start_new_session=True)
+                    [
+                        "ip",
+                        "netns",
+                        "exec",
+                        net.ns[port],
+                        sys.executable,
+                        str(ROOT / "tests" / "test_trainer_restore.py"),
+                        "--worker",
+                        "--spec",
+                        str(spec_path),
+                        "--steps",
+                        str(STEPS),
+                        "--amp",
+                        "--chunk-bytes",
+                        str(CHUNK),
+                        "--out",
+                        str(final),
+                    ],
+                    stdout=f,
+                    stderr=subprocess.STDOUT,
+                    env=e,
+                    cwd=ROOT,
+                    start_new_session=True,
+                )
             procs.append(p)
             trainers.append(p)
         deadline = time.monotonic() + 400
         for p in trainers:
             p.wait(max(1.0, deadline - time.monotonic()))
         codes = [p.returncode for p in trainers]
-        assert codes == [0] * 4, (codes, "\n".join(
-            f"--- {lg.name}\n{lg.read_text(errors='replace')[-2500:]}" for lg in logs))
+        assert codes == [0] * 4, (
+            codes,
+            "\n".join(f"--- {lg.name}\n{lg.read_text(errors='replace')[-2500:]}" for lg in logs),
+        )
         out = subprocess.run(
-            ["ip", "netns", "exec", net.ns[1], sys.executable, __file__, "--check",
-             str(spec_path), str(final), str(STEPS)],
-            capture_output=True, text=True, env=env, cwd=ROOT, timeout=120)
+            [
+                "ip",
+                "netns",
+                "exec",
+                net.ns[1],
+                sys.executable,
+                __file__,
+                "--check",
+                str(spec_path),
+                str(final),
+                str(STEPS),
+            ],
+            capture_output=True,
+            text=True,
+            env=env,
+            cwd=ROOT,
+            timeout=120,
+        )
         assert out.returncode == 0, out.stderr[-3000:]
         res = json.loads(out.stdout.strip().splitlines()[-1])
         res["switch"] = sw.counters()

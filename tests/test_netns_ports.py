@@ -30,8 +30,16 @@ def veth() -> Iterator[tuple[str, str, str]]:
         sh("ip", "link", "add", a, "type", "veth", "peer", "name", b)
         sh("ip", "link", "set", b, "netns", ns)
         sh("sysctl", "-qw", f"net.ipv6.conf.{a}.disable_ipv6=1", check=False)
-        sh("ip", "netns", "exec", ns, "sysctl", "-qw", "net.ipv6.conf.all.disable_ipv6=1",
-           check=False)
+        sh(
+            "ip",
+            "netns",
+            "exec",
+            ns,
+            "sysctl",
+            "-qw",
+            "net.ipv6.conf.all.disable_ipv6=1",
+            check=False,
+        )
         sh("ip", "link", "set", a, "up")
         sh("ip", "-n", ns, "link", "set", b, "up")
         yield ns, a, b
@@ -79,8 +87,11 @@ def test_af_packet_port_rx_tx(veth: tuple[str, str, str]) -> None:
         sh("ip", "netns", "exec", ns, sys.executable, "-c", RAW, b, "send", "20")
         assert done.wait(5), len(got)
         assert [int.from_bytes(f[14:18], "big") for f in got] == list(range(20))
-        rx = subprocess.Popen(["ip", "netns", "exec", ns, sys.executable, "-c", RAW, b, "recv",
-                               "1"], stdout=subprocess.PIPE, text=True)
+        rx = subprocess.Popen(
+            ["ip", "netns", "exec", ns, sys.executable, "-c", RAW, b, "recv", "1"],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         try:
             assert rx.stdout is not None and rx.stdout.readline().strip() == "ready"
             port.send(b"\x04" * 6 + b"\x02" * 6 + b"\x88\xb6" + b"\xca\xfe\xba\xbe" + bytes(46))
@@ -90,12 +101,17 @@ def test_af_packet_port_rx_tx(veth: tuple[str, str, str]) -> None:
                 rx.kill()
                 rx.wait(5)
         assert out.strip() == "cafebabe"
-        rx = subprocess.Popen(["ip", "netns", "exec", ns, sys.executable, "-c", RAW, b, "recv",
-                               "3"], stdout=subprocess.PIPE, text=True)
+        rx = subprocess.Popen(
+            ["ip", "netns", "exec", ns, sys.executable, "-c", RAW, b, "recv", "3"],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         try:
             assert rx.stdout is not None and rx.stdout.readline().strip() == "ready"
-            burst = [b"\x04" * 6 + b"\x02" * 6 + b"\x88\xb6" + i.to_bytes(4, "big") + bytes(46)
-                     for i in range(3)]
+            burst = [
+                b"\x04" * 6 + b"\x02" * 6 + b"\x88\xb6" + i.to_bytes(4, "big") + bytes(46)
+                for i in range(3)
+            ]
             assert port.send_many(burst) == (3, 3 * 64)
             out, _ = rx.communicate(timeout=10)
         finally:
@@ -112,8 +128,7 @@ def test_af_packet_port_rx_tx(veth: tuple[str, str, str]) -> None:
         port.close()
 
 
-def test_af_packet_port_hands_waiting_frames_over_in_batches(veth: tuple[str, str, str]
-                                                             ) -> None:
+def test_af_packet_port_hands_waiting_frames_over_in_batches(veth: tuple[str, str, str]) -> None:
     """Frames that wait in the socket reach ``deliver_batch`` in order, at most 32 at a time,
     counted before they are handed over; the per-frame ``deliver`` is not used."""
     ns, a, b = veth

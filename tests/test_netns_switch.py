@@ -26,13 +26,16 @@ U = p4runtime_pb2.Update
 
 
 def sh(*args: str, check: bool = True, timeout: float = 20) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(list(args), capture_output=True, text=True, check=check,
-                          timeout=timeout)
+    return subprocess.run(list(args), capture_output=True, text=True, check=check, timeout=timeout)
 
 
 def ns_python(ns: str, code: str, *args: str) -> subprocess.Popen[str]:
-    return subprocess.Popen(["ip", "netns", "exec", ns, sys.executable, "-c", code, *args],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        ["ip", "netns", "exec", ns, sys.executable, "-c", code, *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 RECV = """
@@ -70,19 +73,38 @@ class Topo:
             sh("ip", "link", "set", h, "netns", ns)
             sh("sysctl", "-qw", f"net.ipv6.conf.{s}.disable_ipv6=1", check=False)
             sh("ip", "link", "set", s, "up")
-            sh("ip", "netns", "exec", ns, "sysctl", "-qw", "net.ipv6.conf.all.disable_ipv6=1",
-               check=False)
+            sh(
+                "ip",
+                "netns",
+                "exec",
+                ns,
+                "sysctl",
+                "-qw",
+                "net.ipv6.conf.all.disable_ipv6=1",
+                check=False,
+            )
             sh("ip", "-n", ns, "link", "set", h, "address", f"00:00:00:00:00:0{i}")
             sh("ip", "-n", ns, "addr", "add", f"10.0.0.{i}/24", "brd", "10.0.0.255", "dev", h)
             sh("ip", "-n", ns, "link", "set", h, "up")
             sh("ip", "-n", ns, "link", "set", "lo", "up")
             # checksum offload would leave partial checksums the switch does not complete
-            sh("ip", "netns", "exec", ns, "ethtool", "-K", h, "tx", "off", "rx", "off",
-               check=False)
+            sh("ip", "netns", "exec", ns, "ethtool", "-K", h, "tx", "off", "rx", "off", check=False)
             for j in range(1, len(self.ns) + 1):
                 if j != i:
-                    sh("ip", "-n", ns, "neigh", "add", f"10.0.0.{j}", "lladdr",
-                       f"00:00:00:00:00:0{j}", "dev", h, "nud", "permanent")
+                    sh(
+                        "ip",
+                        "-n",
+                        ns,
+                        "neigh",
+                        "add",
+                        f"10.0.0.{j}",
+                        "lladdr",
+                        f"00:00:00:00:00:0{j}",
+                        "dev",
+                        h,
+                        "nud",
+                        "permanent",
+                    )
 
     def destroy(self) -> None:
         for ns in self.ns:
@@ -102,8 +124,18 @@ def topo() -> Iterator[Topo]:
 
 
 def start_switch(topo: Topo, pcap_dir: Path) -> tuple[subprocess.Popen[str], str]:
-    args = [sys.executable, "-m", "shadowgrad.bmv2_testbed._switch_cmd", str(PROG),
-            "--device-id", "0", "--pcap", str(pcap_dir), "-L", "warn"]
+    args = [
+        sys.executable,
+        "-m",
+        "shadowgrad.bmv2_testbed._switch_cmd",
+        str(PROG),
+        "--device-id",
+        "0",
+        "--pcap",
+        str(pcap_dir),
+        "-L",
+        "warn",
+    ]
     for i, s in enumerate(topo.sw_if, 1):
         args += ["-i", f"{i}@{s}"]
     args += ["--", "--grpc-server-addr", "127.0.0.1:0", "--cpu-port", "255"]
@@ -143,8 +175,22 @@ def test_three_hosts_ping_udp_and_multicast(topo: Topo, tmp_path: Path) -> None:
 
         # ping h1 -> h2 and h3 (routed by ipv4_lpm, TTL decremented)
         for dst in ("10.0.0.2", "10.0.0.3"):
-            r = sh("ip", "netns", "exec", topo.ns[0], "ping", "-c", "2", "-i", "0.2", "-W",
-                   "2", dst, check=False, timeout=30)
+            r = sh(
+                "ip",
+                "netns",
+                "exec",
+                topo.ns[0],
+                "ping",
+                "-c",
+                "2",
+                "-i",
+                "0.2",
+                "-W",
+                "2",
+                dst,
+                check=False,
+                timeout=30,
+            )
             assert r.returncode == 0, r.stdout + r.stderr
             assert "ttl=63" in r.stdout
 
@@ -152,8 +198,18 @@ def test_three_hosts_ping_udp_and_multicast(topo: Topo, tmp_path: Path) -> None:
         rx = ns_python(topo.ns[2], RECV, "5001", "5")
         procs.append(rx)
         assert rx.stdout is not None and rx.stdout.readline().strip() == "ready"
-        sh("ip", "netns", "exec", topo.ns[0], sys.executable, "-c", SEND, "10.0.0.3", "5001",
-           "unicast-hello")
+        sh(
+            "ip",
+            "netns",
+            "exec",
+            topo.ns[0],
+            sys.executable,
+            "-c",
+            SEND,
+            "10.0.0.3",
+            "5001",
+            "unicast-hello",
+        )
         out, _ = rx.communicate(timeout=10)
         assert out.strip() == "10.0.0.1 unicast-hello"
 
@@ -162,15 +218,26 @@ def test_three_hosts_ping_udp_and_multicast(topo: Topo, tmp_path: Path) -> None:
         procs.extend(rxs)
         for r2 in rxs:
             assert r2.stdout is not None and r2.stdout.readline().strip() == "ready"
-        sh("ip", "netns", "exec", topo.ns[0], sys.executable, "-c", SEND, "10.0.0.255",
-           "5002", "mcast-hello")
+        sh(
+            "ip",
+            "netns",
+            "exec",
+            topo.ns[0],
+            sys.executable,
+            "-c",
+            SEND,
+            "10.0.0.255",
+            "5002",
+            "mcast-hello",
+        )
         outs = [r2.communicate(timeout=10)[0].strip() for r2 in rxs]
         assert outs == ["10.0.0.1 mcast-hello"] * 2
         # (h1's own sockets see the broadcast through the kernel's local delivery, so the
         # suppression of the copy toward the ingress port is checked on the switch's pcap)
-        out_frames = {i: [f for _, f in read_pcap(tmp_path / f"{s}_out.pcap")
-                          if b"mcast-hello" in f]
-                      for i, s in enumerate(topo.sw_if, 1)}
+        out_frames = {
+            i: [f for _, f in read_pcap(tmp_path / f"{s}_out.pcap") if b"mcast-hello" in f]
+            for i, s in enumerate(topo.sw_if, 1)
+        }
         assert [len(out_frames[i]) for i in (1, 2, 3)] == [0, 1, 1]
         assert out_frames[2][0][18:20] == b"\x00\x02"  # egress_rid in the IPv4 id field
 

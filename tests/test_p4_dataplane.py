@@ -48,17 +48,28 @@ CPU_PORT = 255
 class Tag(Packet):
     name = "Tag"
     fields_desc = [  # noqa: RUF012 (scapy's class attribute)
-        ByteField("itype", 0), ByteField("rid", 0), ByteField("flags", 0),
-        ByteField("port", 0), ShortField("info", 0)]
+        ByteField("itype", 0),
+        ByteField("rid", 0),
+        ByteField("flags", 0),
+        ByteField("port", 0),
+        ShortField("info", 0),
+    ]
 
 
 bind_layers(UDP, Tag, dport=0x1234)
 
 
-def frame(dst: str = "00:00:00:00:00:02", src: str = "00:00:00:00:00:01",
-          ip_src: str = "10.0.0.1", ip_dst: str = "10.0.1.1", proto_udp: bool = True,
-          dport: int = 0x1234, tag: dict[str, int] | None = None, payload: bytes = b"payload",
-          **ip: Any) -> bytes:
+def frame(
+    dst: str = "00:00:00:00:00:02",
+    src: str = "00:00:00:00:00:01",
+    ip_src: str = "10.0.0.1",
+    ip_dst: str = "10.0.1.1",
+    proto_udp: bool = True,
+    dport: int = 0x1234,
+    tag: dict[str, int] | None = None,
+    payload: bytes = b"payload",
+    **ip: Any,
+) -> bytes:
     p = Ether(dst=dst, src=src) / IP(src=ip_src, dst=ip_dst, **ip)
     if proto_udp:
         p = p / UDP(sport=1000, dport=dport)
@@ -72,18 +83,27 @@ class Backend:
     """Name-based switch driver used by every case (see module docstring)."""
 
     def load(self, prog: str) -> None: ...
-    def insert(self, table: str, match: dict[str, Any], action: str,
-               params: dict[str, int] | None = None, priority: int = 0) -> None: ...
+    def insert(
+        self,
+        table: str,
+        match: dict[str, Any],
+        action: str,
+        params: dict[str, int] | None = None,
+        priority: int = 0,
+    ) -> None: ...
     def delete(self, table: str, match: dict[str, Any], priority: int = 0) -> None: ...
-    def set_default(self, table: str, action: str, params: dict[str, int] | None = None
-                    ) -> None: ...
+    def set_default(
+        self, table: str, action: str, params: dict[str, int] | None = None
+    ) -> None: ...
     def mcast(self, gid: int, replicas: list[tuple[int, int]]) -> None: ...
     def clone_session(self, sid: int, replicas: list[tuple[int, int]]) -> None: ...
     def send(self, port: int, data: bytes) -> list[tuple[int, bytes]]: ...
     def counter(self, name: str, index: int) -> tuple[int, int]: ...
-    def direct_counter(self, table: str, match: dict[str, Any], priority: int = 0
-                       ) -> tuple[int, int]: ...
+    def direct_counter(
+        self, table: str, match: dict[str, Any], priority: int = 0
+    ) -> tuple[int, int]: ...
     def packet_out(self, payload: bytes, **metadata: int) -> list[tuple[int, bytes]]: ...
+
     packet_ins: list[tuple[bytes, dict[str, int]]]
     digests: list[tuple[str, list[bytes]]]
 
@@ -117,8 +137,14 @@ class InProcessBackend(Backend):
                 return o
         raise KeyError(name)
 
-    def _entry(self, table: str, match: dict[str, Any], action: str | None,
-               params: dict[str, int] | None, priority: int) -> TableEntry:
+    def _entry(
+        self,
+        table: str,
+        match: dict[str, Any],
+        action: str | None,
+        params: dict[str, int] | None,
+        priority: int,
+    ) -> TableEntry:
         t = self._obj("tables", table)
         ms: dict[int, Any] = {}
         for mf in t.match_fields:
@@ -136,8 +162,14 @@ class InProcessBackend(Backend):
             ps = {pid[k]: v for k, v in (params or {}).items()}
         return TableEntry(t.preamble.id, ms, aid, ps, priority)
 
-    def insert(self, table: str, match: dict[str, Any], action: str,
-               params: dict[str, int] | None = None, priority: int = 0) -> None:
+    def insert(
+        self,
+        table: str,
+        match: dict[str, Any],
+        action: str,
+        params: dict[str, int] | None = None,
+        priority: int = 0,
+    ) -> None:
         assert self.dp is not None
         self.dp.insert_entry(self._entry(table, match, action, params, priority))
 
@@ -145,8 +177,7 @@ class InProcessBackend(Backend):
         assert self.dp is not None
         self.dp.delete_entry(self._entry(table, match, None, None, priority))
 
-    def set_default(self, table: str, action: str, params: dict[str, int] | None = None
-                    ) -> None:
+    def set_default(self, table: str, action: str, params: dict[str, int] | None = None) -> None:
         assert self.dp is not None
         e = self._entry(table, {}, action, params, 0)
         self.dp.set_default(e.table_id, e.action_id, e.params)
@@ -168,8 +199,9 @@ class InProcessBackend(Backend):
         ((_i, b, p),) = self.dp.read_counter(self._obj("counters", name).preamble.id, index)
         return b, p
 
-    def direct_counter(self, table: str, match: dict[str, Any], priority: int = 0
-                       ) -> tuple[int, int]:
+    def direct_counter(
+        self, table: str, match: dict[str, Any], priority: int = 0
+    ) -> tuple[int, int]:
         assert self.dp is not None
         want = self._entry(table, match, None, None, priority)
         for e in self.dp.read_entries(want.table_id):
@@ -193,14 +225,17 @@ def _own_tool(name: str) -> str:
     return str(Path(sys.executable).parent / name)
 
 
-@pytest.fixture(scope="module", params=[
-    "inproc",  # the straight-line fast path wherever the program is covered
-    "inproc-general",  # the same cases on the general path only
-    pytest.param("bmv2", marks=pytest.mark.bmv2),
-    # RealBmv2Backend against OUR target: shadowgrad-p4c + sg-switch-grpc as subprocesses,
-    # veths in a netns, P4Runtime; proves the backend that the bmv2 run uses
-    pytest.param("subprocess", marks=[pytest.mark.netns, pytest.mark.slow]),
-])
+@pytest.fixture(
+    scope="module",
+    params=[
+        "inproc",  # the straight-line fast path wherever the program is covered
+        "inproc-general",  # the same cases on the general path only
+        pytest.param("bmv2", marks=pytest.mark.bmv2),
+        # RealBmv2Backend against OUR target: shadowgrad-p4c + sg-switch-grpc as subprocesses,
+        # veths in a netns, P4Runtime; proves the backend that the bmv2 run uses
+        pytest.param("subprocess", marks=[pytest.mark.netns, pytest.mark.slow]),
+    ],
+)
 def backend_kind(request: pytest.FixtureRequest) -> Iterator[Any]:
     """One switch process per module and backend kind (started before any test's child-process
     snapshot); ``load()`` pushes a fresh pipeline, which resets all switch state per case."""
@@ -256,10 +291,18 @@ def test_l2_exact_forwarding_and_counters(sw: Backend) -> None:
 
 def test_lpm_forwarding_ttl_and_checksum(sw: Backend) -> None:
     sw.load("basic.p4")
-    sw.insert("MyIngress.ipv4_lpm", {"hdr.ipv4.dstAddr": (0x0A000000, 8)}, "ipv4_forward",
-              {"dstAddr": 0xAA, "port": 1})
-    sw.insert("MyIngress.ipv4_lpm", {"hdr.ipv4.dstAddr": (0x0A000100, 24)}, "ipv4_forward",
-              {"dstAddr": 0xBB, "port": 2})
+    sw.insert(
+        "MyIngress.ipv4_lpm",
+        {"hdr.ipv4.dstAddr": (0x0A000000, 8)},
+        "ipv4_forward",
+        {"dstAddr": 0xAA, "port": 1},
+    )
+    sw.insert(
+        "MyIngress.ipv4_lpm",
+        {"hdr.ipv4.dstAddr": (0x0A000100, 24)},
+        "ipv4_forward",
+        {"dstAddr": 0xBB, "port": 2},
+    )
     port, out = only(sw.send(5, frame(ip_dst="10.0.1.7", ttl=64)))
     assert port == 2 and out.dst == "00:00:00:00:00:bb" and out.src == "00:00:00:00:00:02"
     assert out[IP].ttl == 63
@@ -277,11 +320,16 @@ def test_multicast_replicas_with_rid_rewrite(sw: Backend) -> None:
     sw.mcast(1, [(1, 11), (2, 12), (3, 13), (4, 14)])
     sw.insert("mc", {"hdr.ethernet.dstAddr": 0xFFFFFFFFFFFF}, "flood", {"grp": 1})
     outs = sw.send(1, frame(dst="ff:ff:ff:ff:ff:ff"))
-    got = {(p, Ether(b)[Tag].rid, Ether(b)[Tag].itype, Ether(b)[Tag].port, Ether(b).dst)
-           for p, b in outs}
+    got = {
+        (p, Ether(b)[Tag].rid, Ether(b)[Tag].itype, Ether(b)[Tag].port, Ether(b).dst)
+        for p, b in outs
+    }
     # copy back to ingress port 1 suppressed in egress; egress_spec=9 overridden by mcast
-    assert got == {(2, 12, 5, 2, "ff:ff:ff:ff:ff:0c"), (3, 13, 5, 3, "ff:ff:ff:ff:ff:0d"),
-                   (4, 14, 5, 4, "ff:ff:ff:ff:ff:0e")}
+    assert got == {
+        (2, 12, 5, 2, "ff:ff:ff:ff:ff:0c"),
+        (3, 13, 5, 3, "ff:ff:ff:ff:ff:0d"),
+        (4, 14, 5, 4, "ff:ff:ff:ff:ff:0e"),
+    }
 
 
 def test_multicast_unknown_group_and_mark_to_drop(sw: Backend) -> None:
@@ -331,18 +379,26 @@ def test_clone_to_missing_session_is_ignored(sw: Backend) -> None:
 def test_ternary_acl_priorities(sw: Backend) -> None:
     sw.load("acl.p4")
     any_port = (0, 0xFFFF)
-    sw.insert("acl", {"hdr.ipv4.srcAddr": (0x0A000000, 0xFF000000), "dport": any_port},
-              "allow", {"port": 1}, priority=10)
-    sw.insert("acl", {"hdr.ipv4.srcAddr": (0x0A000005, 0xFFFFFFFF), "dport": any_port},
-              "allow", {"port": 2}, priority=20)
-    sw.insert("acl", {"hdr.ipv4.protocol": (17, 0xFF), "dport": (5000, 5999)}, "deny",
-              priority=30)
+    sw.insert(
+        "acl",
+        {"hdr.ipv4.srcAddr": (0x0A000000, 0xFF000000), "dport": any_port},
+        "allow",
+        {"port": 1},
+        priority=10,
+    )
+    sw.insert(
+        "acl",
+        {"hdr.ipv4.srcAddr": (0x0A000005, 0xFFFFFFFF), "dport": any_port},
+        "allow",
+        {"port": 2},
+        priority=20,
+    )
+    sw.insert("acl", {"hdr.ipv4.protocol": (17, 0xFF), "dport": (5000, 5999)}, "deny", priority=30)
     assert only(sw.send(7, frame(ip_src="10.0.0.5")))[0] == 2
     assert only(sw.send(7, frame(ip_src="10.0.0.6")))[0] == 1
     assert sw.send(7, frame(ip_src="10.0.0.5", dport=5500)) == []
     assert sw.send(7, frame(ip_src="11.0.0.5")) == []  # default deny
-    sw.delete("acl", {"hdr.ipv4.srcAddr": (0x0A000005, 0xFFFFFFFF), "dport": any_port},
-              priority=20)
+    sw.delete("acl", {"hdr.ipv4.srcAddr": (0x0A000005, 0xFFFFFFFF), "dport": any_port}, priority=20)
     assert only(sw.send(7, frame(ip_src="10.0.0.5")))[0] == 1
 
 
@@ -466,8 +522,7 @@ def test_hash_inputs_as_bmv2_serialises_them(sw: Backend) -> None:
     # ... and counted when it is valid
     out = _unprobe(sw.send(1, _probe_frame(0xAB, 0xCD, tag={"itype": 2})))
     assert out[Tag].info == _crc16_arc(b"\xab" + src + b"\xcd")
-    assert int.from_bytes(socket.inet_aton(out[IP].dst), "big") == zlib.crc32(
-        bytes([64, 0xAB, 0]))
+    assert int.from_bytes(socket.inet_aton(out[IP].dst), "big") == zlib.crc32(bytes([64, 0xAB, 0]))
     # max 0 is taken as 1: the result is the base
     assert _misc(sw, 4)[Tag].info == 7
 
@@ -484,7 +539,7 @@ def test_checksum_leaves_out_fields_of_invalid_headers(sw: Backend) -> None:
 def _csum16(data: bytes) -> int:
     if len(data) % 2:
         data += b"\0"
-    s = sum(int.from_bytes(data[i:i + 2], "big") for i in range(0, len(data), 2))
+    s = sum(int.from_bytes(data[i : i + 2], "big") for i in range(0, len(data), 2))
     while s >> 16:
         s = (s & 0xFFFF) + (s >> 16)
     return ~s & 0xFFFF
@@ -502,7 +557,7 @@ def test_queueing_fields_of_a_lone_packet(sw: Backend) -> None:
 def test_exit_and_untagged(sw: Backend) -> None:
     sw.load("misc.p4")
     f = frame(proto_udp=False)
-    assert only(sw.send(1, f)) [1] == Ether(f)
+    assert only(sw.send(1, f))[1] == Ether(f)
     t = _misc(sw, 6, flags=0)
     assert t[Tag].port == 0
     t = _misc(sw, 6, flags=1)

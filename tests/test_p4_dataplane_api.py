@@ -37,8 +37,10 @@ def pipes() -> dict[str, Pipeline]:
 
 
 def ids(p: Pipeline) -> dict[str, int]:
-    return {o.preamble.name.split(".")[-1]: o.preamble.id
-            for o in [*p.p4info.tables, *p.p4info.actions, *p.p4info.counters]}
+    return {
+        o.preamble.name.split(".")[-1]: o.preamble.id
+        for o in [*p.p4info.tables, *p.p4info.actions, *p.p4info.counters]
+    }
 
 
 def test_lpm_rules(pipes: dict[str, Pipeline]) -> None:
@@ -167,7 +169,7 @@ def test_thread_safety_smoke(pipes: dict[str, Pipeline]) -> None:
     th = threading.Thread(target=writer)
     th.start()
     for _ in range(400):
-        (port, out), = dp.process(1, frame)
+        ((port, out),) = dp.process(1, frame)
         assert out == frame and 0 <= port < 8
     th.join()
     assert dp.drop_counts() == {}

@@ -32,12 +32,30 @@ from shadowgrad.bmv2_testbed.pipeline import Pipeline
 PROGS = Path(__file__).resolve().parent / "p4progs"
 ALL = sorted(p.name for p in PROGS.glob("*.p4") if p.name != "common.p4")
 # what the fast path covers today; the rest say why not (a regression here is a slowdown)
-COVERED = {"acl.p4", "basic.p4", "csum.p4", "deparse.p4", "hashes.p4", "l2.p4", "mcast.p4",
-           "misc.p4", "parser_error.p4", "pktio.p4", "qdepth.p4", "tor_like.p4"}
+COVERED = {
+    "acl.p4",
+    "basic.p4",
+    "csum.p4",
+    "deparse.p4",
+    "hashes.p4",
+    "l2.p4",
+    "mcast.p4",
+    "misc.p4",
+    "parser_error.p4",
+    "pktio.p4",
+    "qdepth.p4",
+    "tor_like.p4",
+}
 CPU = 255
 
-MACS = [0x000000000001, 0x000000000002, 0x000000000099, 0x020000000001, 0x020000000002,
-        0xFFFFFFFFFFFF]
+MACS = [
+    0x000000000001,
+    0x000000000002,
+    0x000000000099,
+    0x020000000001,
+    0x020000000002,
+    0xFFFFFFFFFFFF,
+]
 IPS = [0x0A000001, 0x0A000101, 0x0A000202, 0xC0A80001]
 SMALL = [0, 1, 2, 3, 4, 5, 6, 17, 255]
 WORDS = [0x0800, 0x1234, 0x88B5, 0x9000, 53, 4660, 0, 1, 2, 3]
@@ -52,26 +70,51 @@ def pool(width: int) -> list[int]:
 def frame(rng: random.Random) -> bytes:
     """Ethernet / [probe] / IPv4 / UDP / tag with fields from small pools."""
     etype = rng.choice([0x0800, 0x0800, 0x0800, 0x88B5, 0x9000, 0x86DD])
-    tag = bytes([rng.choice(SMALL[:7]), rng.choice(SMALL), rng.choice([0, 1]),
-                 rng.choice(SMALL), 0, rng.choice([0, 1, 4])])
+    tag = bytes(
+        [
+            rng.choice(SMALL[:7]),
+            rng.choice(SMALL),
+            rng.choice([0, 1]),
+            rng.choice(SMALL),
+            0,
+            rng.choice([0, 1, 4]),
+        ]
+    )
     payload = tag + bytes(rng.getrandbits(8) for _ in range(rng.choice([0, 7, 40])))
     dport = rng.choice([4660, 4660, 53])
     proto = rng.choice([17, 17, 17, 6])
-    udp = (1000).to_bytes(2, "big") + dport.to_bytes(2, "big") \
-        + (8 + len(payload)).to_bytes(2, "big") + b"\0\0" + payload
+    udp = (
+        (1000).to_bytes(2, "big")
+        + dport.to_bytes(2, "big")
+        + (8 + len(payload)).to_bytes(2, "big")
+        + b"\0\0"
+        + payload
+    )
     ihl_ver = rng.choice([0x45, 0x45, 0x46, 0x55])
-    ip = bytes([ihl_ver, rng.choice([0, 4])]) + (20 + len(udp)).to_bytes(2, "big") \
-        + b"\0\1" + rng.choice([b"\0\0", b"\x20\x01"]) + bytes([rng.choice([1, 64]), proto]) \
-        + rng.getrandbits(16).to_bytes(2, "big") \
-        + rng.choice(IPS).to_bytes(4, "big") + rng.choice(IPS).to_bytes(4, "big")
+    ip = (
+        bytes([ihl_ver, rng.choice([0, 4])])
+        + (20 + len(udp)).to_bytes(2, "big")
+        + b"\0\1"
+        + rng.choice([b"\0\0", b"\x20\x01"])
+        + bytes([rng.choice([1, 64]), proto])
+        + rng.getrandbits(16).to_bytes(2, "big")
+        + rng.choice(IPS).to_bytes(4, "big")
+        + rng.choice(IPS).to_bytes(4, "big")
+    )
     eth_type = etype
     mid = b""
     if etype == 0x88B5:  # probe: hops, marker, inner ethertype
         mid = bytes([rng.choice(SMALL), rng.choice(SMALL)]) + (0x0800).to_bytes(2, "big")
     elif etype == 0x9000:
         mid = bytes([rng.choice([0, 1, 200])])
-    return rng.choice(MACS).to_bytes(6, "big") + rng.choice(MACS).to_bytes(6, "big") \
-        + eth_type.to_bytes(2, "big") + mid + ip + udp
+    return (
+        rng.choice(MACS).to_bytes(6, "big")
+        + rng.choice(MACS).to_bytes(6, "big")
+        + eth_type.to_bytes(2, "big")
+        + mid
+        + ip
+        + udp
+    )
 
 
 def sg_frame(rng: random.Random) -> bytes:
@@ -85,20 +128,43 @@ def sg_frame(rng: random.Random) -> bytes:
     flags = rng.choice([Flag.FINAL, Flag.FINAL | Flag.RETX, 0, Flag.LAST])
     payload = bytes(rng.getrandbits(8) for _ in range(rng.choice([0, 16, 64])))
     magic = 0x5347 if rng.random() < 0.95 else 0x1234
-    sg = magic.to_bytes(2, "big") + bytes([1, kind, flags, 0]) \
-        + rng.randrange(4).to_bytes(2, "big") + rng.choice(IPS).to_bytes(4, "big") \
-        + rng.choice(IPS).to_bytes(4, "big") + rng.getrandbits(64).to_bytes(8, "big") \
-        + rng.getrandbits(64).to_bytes(8, "big") + rng.getrandbits(64).to_bytes(8, "big") \
-        + rng.getrandbits(64).to_bytes(8, "big") + len(payload).to_bytes(4, "big") \
+    sg = (
+        magic.to_bytes(2, "big")
+        + bytes([1, kind, flags, 0])
+        + rng.randrange(4).to_bytes(2, "big")
+        + rng.choice(IPS).to_bytes(4, "big")
+        + rng.choice(IPS).to_bytes(4, "big")
+        + rng.getrandbits(64).to_bytes(8, "big")
+        + rng.getrandbits(64).to_bytes(8, "big")
+        + rng.getrandbits(64).to_bytes(8, "big")
+        + rng.getrandbits(64).to_bytes(8, "big")
+        + len(payload).to_bytes(4, "big")
         + rng.getrandbits(32).to_bytes(4, "big")
+    )
     body = sg + payload
-    udp = (40000).to_bytes(2, "big") + (47474).to_bytes(2, "big") \
-        + (8 + len(body)).to_bytes(2, "big") + b"\x12\x34" + body
-    ip = bytes([0x45, 0]) + (20 + len(udp)).to_bytes(2, "big") + b"\0\1\0\0" \
-        + bytes([rng.choice([1, 64]), 17]) + b"\0\0" \
-        + rng.choice(IPS).to_bytes(4, "big") + rng.choice(IPS).to_bytes(4, "big")
-    return rng.choice(MACS).to_bytes(6, "big") + rng.choice(MACS).to_bytes(6, "big") \
-        + b"\x08\x00" + ip + udp
+    udp = (
+        (40000).to_bytes(2, "big")
+        + (47474).to_bytes(2, "big")
+        + (8 + len(body)).to_bytes(2, "big")
+        + b"\x12\x34"
+        + body
+    )
+    ip = (
+        bytes([0x45, 0])
+        + (20 + len(udp)).to_bytes(2, "big")
+        + b"\0\1\0\0"
+        + bytes([rng.choice([1, 64]), 17])
+        + b"\0\0"
+        + rng.choice(IPS).to_bytes(4, "big")
+        + rng.choice(IPS).to_bytes(4, "big")
+    )
+    return (
+        rng.choice(MACS).to_bytes(6, "big")
+        + rng.choice(MACS).to_bytes(6, "big")
+        + b"\x08\x00"
+        + ip
+        + udp
+    )
 
 
 def mutate(rng: random.Random, f: bytes) -> bytes:
@@ -141,18 +207,29 @@ def program_state(rng: random.Random, p: Pipeline) -> list[tuple[str, Any]]:
                 m = match(rng, k.match_kind, k.bitwidth)
                 if m is not None:
                     ms[k.id] = m
-            prio = rng.randrange(1, 50) if any(k.match_kind in ("ternary", "range", "optional")
-                                               for k in t.keys) else 0
+            prio = (
+                rng.randrange(1, 50)
+                if any(k.match_kind in ("ternary", "range", "optional") for k in t.keys)
+                else 0
+            )
             ops.append(("entry", TableEntry(t.id, ms, aid, params, prio)))
         if not t.const_default:
             defs = [a for a in t.action_ids if t.scope_ids.get(a) != "TABLE_ONLY"]
             aid = rng.choice(defs)
             a = p.actions[aid]
-            ops.append(("default", (t.id, aid, {prm.id: rng.choice(pool(prm.bitwidth))
-                                                for prm in a.params})))
+            ops.append(
+                (
+                    "default",
+                    (t.id, aid, {prm.id: rng.choice(pool(prm.bitwidth)) for prm in a.params}),
+                )
+            )
     for gid in (1, 2, 3):
-        reps = sorted({(rng.choice([1, 2, 3, 4, CPU]), rng.randrange(0, 4))
-                       for _ in range(rng.randrange(1, 4))})
+        reps = sorted(
+            {
+                (rng.choice([1, 2, 3, 4, CPU]), rng.randrange(0, 4))
+                for _ in range(rng.randrange(1, 4))
+            }
+        )
         ops.append(("mcast", (gid, reps)))
     ops.append(("clone", (5, [(3, 3)])))
     return ops
@@ -180,8 +257,10 @@ def state(dp: Dataplane, p: Pipeline) -> dict[str, Any]:
         "stats": dp.packet_counts(),
         "counters": {cid: dp.read_counter(cid) for cid in p.counters},
         "registers": {rid: dp.read_register(rid) for rid in p.registers},
-        "direct": sorted((e.table_id, repr(e.matches), e.counter_bytes, e.counter_packets)
-                         for e in dp.read_entries()),
+        "direct": sorted(
+            (e.table_id, repr(e.matches), e.counter_bytes, e.counter_packets)
+            for e in dp.read_entries()
+        ),
     }
 
 
@@ -189,8 +268,9 @@ def test_coverage_is_what_we_expect() -> None:
     got = {name for name in ALL if Pipeline.compile(PROGS / name).fast_unsupported is None}
     assert got == COVERED
     # the reasons for the rest are precise
-    reasons = {name: Pipeline.compile(PROGS / name).fast_unsupported for name in ALL
-               if name not in COVERED}
+    reasons = {
+        name: Pipeline.compile(PROGS / name).fast_unsupported for name in ALL if name not in COVERED
+    }
     assert reasons["clone.p4"] == "uses C.clone_type"
     assert reasons["recirc.p4"] == "uses C.resubmit_fl"
     assert "sub_" in (reasons["subctl.p4"] or "")
@@ -209,11 +289,15 @@ def test_unknown_shapes_are_refused() -> None:
     assert "def fast(" not in general
     build_fast(general)
     assert "        t_6(C, F)\n" in general
-    for bad, why in (("C.weird = 1", "uses C.weird"), ("x = C", "uses C as a value"),
-                     ("C.hdr.tag = C.hdr.udp", "uses C.hdr.tag")):
+    for bad, why in (
+        ("C.weird = 1", "uses C.weird"),
+        ("x = C", "uses C as a value"),
+        ("C.hdr.tag = C.hdr.udp", "uses C.hdr.tag"),
+    ):
         with pytest.raises(FastPathUnsupported, match=why):
-            build_fast(general.replace("        t_6(C, F)\n",
-                                       f"        t_6(C, F)\n        {bad}\n"))
+            build_fast(
+                general.replace("        t_6(C, F)\n", f"        t_6(C, F)\n        {bad}\n")
+            )
 
 
 @pytest.mark.parametrize("prog", sorted(COVERED))
@@ -263,10 +347,14 @@ def test_logging_uses_the_general_path() -> None:
     dp.insert_multicast_group(1, [(2, 1)])
     mc = next(t for t in p.tables.values() if t.name.endswith(".mc"))
     flood = p.action_ids["McIngress.flood"]
-    dp.insert_entry(TableEntry(mc.id, {mc.keys[0].id: Exact(0x020000000001)}, flood,
-                               {p.actions[flood].params[0].id: 1}))
-    out = dp.process(1, frame(random.Random(1))[:0] + bytes.fromhex("020000000001") * 2
-                     + b"\x08\x00" + bytes(30))
+    dp.insert_entry(
+        TableEntry(
+            mc.id, {mc.keys[0].id: Exact(0x020000000001)}, flood, {p.actions[flood].params[0].id: 1}
+        )
+    )
+    out = dp.process(
+        1, frame(random.Random(1))[:0] + bytes.fromhex("020000000001") * 2 + b"\x08\x00" + bytes(30)
+    )
     assert len(out) == 1 and any(line.startswith("tx port=2") for line in lines)
 
 

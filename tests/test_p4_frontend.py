@@ -31,8 +31,15 @@ POST = "\nV1Switch(P(), V(), I(), E(), V(), D()) main;\n"
 
 def ing(body: str, locals_: str = "") -> str:
     """A program whose ingress apply body starts on line 15 (locals on line 13)."""
-    return (PRE + "control I(inout hs hdr, inout m_t meta, inout standard_metadata_t sm) {\n"
-            + locals_ + "\n    apply {\n" + body + "\n    }\n}\n" + POST)
+    return (
+        PRE
+        + "control I(inout hs hdr, inout m_t meta, inout standard_metadata_t sm) {\n"
+        + locals_
+        + "\n    apply {\n"
+        + body
+        + "\n    }\n}\n"
+        + POST
+    )
 
 
 def swap(old: str, new: str) -> str:
@@ -43,84 +50,135 @@ def swap(old: str, new: str) -> str:
 TABLE = "    action a() { }\n    table t { key = { hdr.h.a: exact; } actions = { a; } }"
 
 BAD: dict[str, tuple[str, str]] = {
-    "width_mismatch": (ing("        hdr.h.a = hdr.h.b;"),
-                       "bad.p4:15:19: right-hand side has type bit<16>, expected bit<8>; an "
-                       "explicit cast is needed"),
-    "bit_condition": (ing("        if (hdr.h.a) { sm.egress_spec = 1; }"),
-                      "bad.p4:15:13: condition must be bool, not bit<8>"),
-    "undeclared": (ing("        sm.egress_spec = port;"),
-                   "bad.p4:15:26: undeclared name port"),
+    "width_mismatch": (
+        ing("        hdr.h.a = hdr.h.b;"),
+        "bad.p4:15:19: right-hand side has type bit<16>, expected bit<8>; an "
+        "explicit cast is needed",
+    ),
+    "bit_condition": (
+        ing("        if (hdr.h.a) { sm.egress_spec = 1; }"),
+        "bad.p4:15:13: condition must be bool, not bit<8>",
+    ),
+    "undeclared": (ing("        sm.egress_spec = port;"), "bad.p4:15:26: undeclared name port"),
     "no_such_field": (ing("        hdr.h.c = 1;"), "bad.p4:15:15: header h_t has no field c"),
-    "literal_overflow": (ing("        hdr.h.a = 256;"),
-                         "bad.p4:15:19: value 256 does not fit in bit<8>"),
-    "typed_literal_overflow": (ing("        hdr.h.a = 8w300;"),
-                               "bad.p4:15:19: value of '8w300' does not fit in bit<8>"),
+    "literal_overflow": (
+        ing("        hdr.h.a = 256;"),
+        "bad.p4:15:19: value 256 does not fit in bit<8>",
+    ),
+    "typed_literal_overflow": (
+        ing("        hdr.h.a = 8w300;"),
+        "bad.p4:15:19: value of '8w300' does not fit in bit<8>",
+    ),
     "syntax": (ing("        hdr.h.a = ;"), "bad.p4:15:19: expected an expression, found ';'"),
     "unknown_type": (ing("        foo_t x;"), "bad.p4:15:9: unknown type foo_t"),
-    "table_applied_twice": (ing("        t.apply();\n        t.apply();", TABLE),
-                            "bad.p4:17:9: table I.t is applied more than once (bmv2 allows "
-                            "one apply per control)"),
-    "bad_match_kind": (ing("        t.apply();", TABLE.replace("exact", "fuzzy")),
-                       "bad.p4:14:23: unknown match kind fuzzy"),
-    "two_lpm_keys": (ing("        t.apply();", TABLE.replace(
-        "hdr.h.a: exact;", "hdr.h.a: lpm; hdr.h.b: lpm;")),
-        "bad.p4:14:5: table t has more than one lpm key (bmv2 allows one)"),
-    "deparser_assignment": (PRE.replace("apply { pk.emit(hdr.h); }", "apply { hdr.h.a = 1; }")
-                            + ING_EMPTY + POST,
-                            "bad.p4:11:47: assignments are not allowed in the deparser"),
-    "unaligned_header": (swap("bit<8> a; bit<16> b;", "bit<7> a; bit<16> b;"),
-                         "bad.p4:3:1: header h_t is 23 bits long, not a multiple of 8"),
-    "if_in_parser": (swap("state start { pk.extract(hdr.h);",
-                          "state start { if (true) { pk.extract(hdr.h); }"),
-                     "bad.p4:7:19: 'if' is not allowed in parser states on bmv2; use select"),
-    "unknown_state": (swap("transition accept; }", "transition parse_x; }"),
-                      "bad.p4:7:38: unknown parser state parse_x"),
-    "explicit_reject": (swap("transition accept; }", "transition reject; }"),
-                        "bad.p4:7:38: explicit 'reject' is not supported on bmv2; use "
-                        "verify(cond, error.X)"),
-    "header_stack": (swap("struct hs { h_t h; }", "struct hs { h_t h; h_t[4] st; }"),
-                     "bad.p4:4:20: header stacks are not supported"),
+    "table_applied_twice": (
+        ing("        t.apply();\n        t.apply();", TABLE),
+        "bad.p4:17:9: table I.t is applied more than once (bmv2 allows one apply per control)",
+    ),
+    "bad_match_kind": (
+        ing("        t.apply();", TABLE.replace("exact", "fuzzy")),
+        "bad.p4:14:23: unknown match kind fuzzy",
+    ),
+    "two_lpm_keys": (
+        ing("        t.apply();", TABLE.replace("hdr.h.a: exact;", "hdr.h.a: lpm; hdr.h.b: lpm;")),
+        "bad.p4:14:5: table t has more than one lpm key (bmv2 allows one)",
+    ),
+    "deparser_assignment": (
+        PRE.replace("apply { pk.emit(hdr.h); }", "apply { hdr.h.a = 1; }") + ING_EMPTY + POST,
+        "bad.p4:11:47: assignments are not allowed in the deparser",
+    ),
+    "unaligned_header": (
+        swap("bit<8> a; bit<16> b;", "bit<7> a; bit<16> b;"),
+        "bad.p4:3:1: header h_t is 23 bits long, not a multiple of 8",
+    ),
+    "if_in_parser": (
+        swap("state start { pk.extract(hdr.h);", "state start { if (true) { pk.extract(hdr.h); }"),
+        "bad.p4:7:19: 'if' is not allowed in parser states on bmv2; use select",
+    ),
+    "unknown_state": (
+        swap("transition accept; }", "transition parse_x; }"),
+        "bad.p4:7:38: unknown parser state parse_x",
+    ),
+    "explicit_reject": (
+        swap("transition accept; }", "transition reject; }"),
+        "bad.p4:7:38: explicit 'reject' is not supported on bmv2; use verify(cond, error.X)",
+    ),
+    "header_stack": (
+        swap("struct hs { h_t h; }", "struct hs { h_t h; h_t[4] st; }"),
+        "bad.p4:4:20: header stacks are not supported",
+    ),
     "varbit": (swap("bit<16> b;", "varbit<16> b;"), "bad.p4:3:24: varbit is not supported"),
-    "meter": (ing("        sm.egress_spec = 1;", "    meter(8, MeterType.packets) m;"),
-              "bad.p4:13:5: extern meter is not supported by this target"),
-    "action_param_assign": (ing("        a(1);", "    action a(bit<8> v) { v = 2; }"),
-                            "bad.p4:13:26: expression is not assignable (action parameters "
-                            "are read-only)"),
-    "missing_include": ('#include "nope.p4"\n' + ing(""),
-                        "bad.p4:1:1: cannot find include file 'nope.p4'"),
+    "meter": (
+        ing("        sm.egress_spec = 1;", "    meter(8, MeterType.packets) m;"),
+        "bad.p4:13:5: extern meter is not supported by this target",
+    ),
+    "action_param_assign": (
+        ing("        a(1);", "    action a(bit<8> v) { v = 2; }"),
+        "bad.p4:13:26: expression is not assignable (action parameters are read-only)",
+    ),
+    "missing_include": (
+        '#include "nope.p4"\n' + ing(""),
+        "bad.p4:1:1: cannot find include file 'nope.p4'",
+    ),
     "unterminated_comment": (ing("        /* oops"), "bad.p4:15:1: unterminated comment"),
-    "bool_to_bit": (ing("        hdr.h.a = hdr.h.isValid();"),
-                    "bad.p4:15:19: right-hand side has type bool, expected bit<8>"),
-    "i2e_clone_in_egress": (PRE.replace(
-        "control E(inout hs hdr, inout m_t meta, inout standard_metadata_t sm) { apply { } }",
-        "control E(inout hs hdr, inout m_t meta, inout standard_metadata_t sm) "
-        "{ apply { clone(CloneType.I2E, 1); } }") + ING_EMPTY + POST,
-        "bad.p4:10:81: clone of type I2E is only allowed in the ingress control"),
+    "bool_to_bit": (
+        ing("        hdr.h.a = hdr.h.isValid();"),
+        "bad.p4:15:19: right-hand side has type bool, expected bit<8>",
+    ),
+    "i2e_clone_in_egress": (
+        PRE.replace(
+            "control E(inout hs hdr, inout m_t meta, inout standard_metadata_t sm) { apply { } }",
+            "control E(inout hs hdr, inout m_t meta, inout standard_metadata_t sm) "
+            "{ apply { clone(CloneType.I2E, 1); } }",
+        )
+        + ING_EMPTY
+        + POST,
+        "bad.p4:10:81: clone of type I2E is only allowed in the ingress control",
+    ),
     "no_main": (PRE, "bad.p4:11:1: no 'main' instantiation of V1Switch(...) found"),
-    "switch_label": (ing("        switch (t.apply().action_run) { b: { } }", TABLE),
-                     "bad.p4:16:41: b is not an action of table I.t"),
-    "default_action_not_listed": (ing("        t.apply();", TABLE.replace(
-        "actions = { a; }", "actions = { a; } default_action = b();").replace(
-        "    action a() { }", "    action a() { }\n    action b() { }")),
-        "bad.p4:15:75: default action b is not in the actions of table t"),
-    "sub_parser": (ing("        sm.egress_spec = 1;", "    P() p_inst;"),
-                   "bad.p4:13:5: instantiating parser P inside I is not supported (no "
-                   "sub-parsers on this target)"),
-    "sub_control_twice": (ing("        e.apply(hdr, meta, sm);\n        e.apply(hdr, meta, sm);",
-                              "    E() e;"),
-                          "bad.p4:16:9: control instance I.e is applied more than once"),
-    "sub_control_arg_type": (ing("        e.apply(hdr, meta, meta);", "    E() e;"),
-                             "bad.p4:15:28: argument for inout parameter sm has type struct "
-                             "m_t, expected struct standard_metadata_t"),
-    "slice_out_of_range": (ing("        hdr.h.a = hdr.h.b[16:9];"),
-                           "bad.p4:15:26: slice [16:9] out of range for bit<16>"),
-    "wrong_arity": (ing("        mark_to_drop();"),
-                    "bad.p4:15:9: mark_to_drop takes 1 argument, 0 given"),
-    "function_macro": ("#define F(x) x\n" + ing(""),
-                       "bad.p4:1:1: function-like macros are not supported"),
-    "mixed_operands": (ing("        hdr.h.b = hdr.h.b + hdr.h.a;"),
-                       "bad.p4:15:27: operands of '+' have different types bit<16> and bit<8>; "
-                       "a cast is needed"),
+    "switch_label": (
+        ing("        switch (t.apply().action_run) { b: { } }", TABLE),
+        "bad.p4:16:41: b is not an action of table I.t",
+    ),
+    "default_action_not_listed": (
+        ing(
+            "        t.apply();",
+            TABLE.replace("actions = { a; }", "actions = { a; } default_action = b();").replace(
+                "    action a() { }", "    action a() { }\n    action b() { }"
+            ),
+        ),
+        "bad.p4:15:75: default action b is not in the actions of table t",
+    ),
+    "sub_parser": (
+        ing("        sm.egress_spec = 1;", "    P() p_inst;"),
+        "bad.p4:13:5: instantiating parser P inside I is not supported (no "
+        "sub-parsers on this target)",
+    ),
+    "sub_control_twice": (
+        ing("        e.apply(hdr, meta, sm);\n        e.apply(hdr, meta, sm);", "    E() e;"),
+        "bad.p4:16:9: control instance I.e is applied more than once",
+    ),
+    "sub_control_arg_type": (
+        ing("        e.apply(hdr, meta, meta);", "    E() e;"),
+        "bad.p4:15:28: argument for inout parameter sm has type struct "
+        "m_t, expected struct standard_metadata_t",
+    ),
+    "slice_out_of_range": (
+        ing("        hdr.h.a = hdr.h.b[16:9];"),
+        "bad.p4:15:26: slice [16:9] out of range for bit<16>",
+    ),
+    "wrong_arity": (
+        ing("        mark_to_drop();"),
+        "bad.p4:15:9: mark_to_drop takes 1 argument, 0 given",
+    ),
+    "function_macro": (
+        "#define F(x) x\n" + ing(""),
+        "bad.p4:1:1: function-like macros are not supported",
+    ),
+    "mixed_operands": (
+        ing("        hdr.h.b = hdr.h.b + hdr.h.a;"),
+        "bad.p4:15:27: operands of '+' have different types bit<16> and bit<8>; a cast is needed",
+    ),
 }
 
 
@@ -149,10 +207,14 @@ def test_several_errors_reported_at_once() -> None:
 
 
 def test_preprocessor_defines_and_conditionals() -> None:
-    src = ing("        sm.egress_spec = PORT;\n#ifdef NOPE\n        garbage here\n#else\n"
-              "        hdr.h.a = VAL;\n#endif").replace(
-        "#include <core.p4>", "#include <core.p4>\n#define PORT 9w7\n#define VAL 0x2a\n#if "
-        "defined(PORT) && !defined(NOPE)\n#define OK 1\n#endif")
+    src = ing(
+        "        sm.egress_spec = PORT;\n#ifdef NOPE\n        garbage here\n#else\n"
+        "        hdr.h.a = VAL;\n#endif"
+    ).replace(
+        "#include <core.p4>",
+        "#include <core.p4>\n#define PORT 9w7\n#define VAL 0x2a\n#if "
+        "defined(PORT) && !defined(NOPE)\n#define OK 1\n#endif",
+    )
     Pipeline.compile(src, filename="ok.p4")
 
 
@@ -166,7 +228,7 @@ def test_all_test_programs_compile() -> None:
 def test_project_headers_p4_parses() -> None:
     """p4/include/headers.p4 (the shadowgrad wire header) goes through the front end."""
     src = (
-        "#include <core.p4>\n#include <v1model.p4>\n#include \"headers.p4\"\n"
+        '#include <core.p4>\n#include <v1model.p4>\n#include "headers.p4"\n'
         "header eth_t { bit<48> d; bit<48> s; bit<16> t; }\n"
         "struct hs { eth_t eth; shadowgrad_h sg; }\nstruct m_t { }\n"
         "parser P(packet_in pk, out hs hdr, inout m_t meta, inout standard_metadata_t sm) {\n"
@@ -180,7 +242,8 @@ def test_project_headers_p4_parses() -> None:
         "    else { sm.egress_spec = 1; } } }\n"
         "control E(inout hs hdr, inout m_t meta, inout standard_metadata_t sm) { apply { } }\n"
         "control D(packet_out pk, in hs hdr) { apply { pk.emit(hdr); } }\n"
-        "V1Switch(P(), V(), I(), E(), V(), D()) main;\n")
+        "V1Switch(P(), V(), I(), E(), V(), D()) main;\n"
+    )
     p = Pipeline.compile(src, include_dirs=[ROOT / "p4" / "include"], filename="sg.p4")
     from shadowgrad.bmv2_testbed.dataplane import Dataplane
 
@@ -196,13 +259,19 @@ def test_project_headers_p4_parses() -> None:
 
 
 def test_lookahead_header_and_advance() -> None:
-    src = PRE.replace(
-        "state start { pk.extract(hdr.h); transition accept; }",
-        "state start { h_t peek = pk.lookahead<h_t>(); pk.advance(8);\n"
-        "        transition select(peek.b) { 0x0102: take; default: accept; } }\n"
-        "    state take { pk.extract(hdr.h); transition accept; }") + (
-        "control I(inout hs hdr, inout m_t meta, inout standard_metadata_t sm) {\n"
-        "    apply { sm.egress_spec = hdr.h.isValid() ? 9w2 : 9w1; } }\n") + POST
+    src = (
+        PRE.replace(
+            "state start { pk.extract(hdr.h); transition accept; }",
+            "state start { h_t peek = pk.lookahead<h_t>(); pk.advance(8);\n"
+            "        transition select(peek.b) { 0x0102: take; default: accept; } }\n"
+            "    state take { pk.extract(hdr.h); transition accept; }",
+        )
+        + (
+            "control I(inout hs hdr, inout m_t meta, inout standard_metadata_t sm) {\n"
+            "    apply { sm.egress_spec = hdr.h.isValid() ? 9w2 : 9w1; } }\n"
+        )
+        + POST
+    )
     from shadowgrad.bmv2_testbed.dataplane import Dataplane
 
     dp = Dataplane(Pipeline.compile(src, filename="la.p4"))
@@ -216,11 +285,44 @@ def test_mutated_sources_only_ever_raise_located_diagnostics() -> None:
     import random
 
     common = (PROGS / "common.p4").read_text()
-    progs = [p.read_text().replace('#include "common.p4"', common)
-             for p in sorted(PROGS.glob("*.p4")) if p.name != "common.p4"]
-    toks = [";", "{", "}", "(", ")", "<", ">", "=", ",", ".", "bit<8>", "hdr", "apply", "1",
-            "8w1", "true", "exit", "&&&", "..", "[3:0]", "++", "default", "_", "table",
-            "action", "error", "state", "transition", "select", "NoAction", "int<4>"]
+    progs = [
+        p.read_text().replace('#include "common.p4"', common)
+        for p in sorted(PROGS.glob("*.p4"))
+        if p.name != "common.p4"
+    ]
+    toks = [
+        ";",
+        "{",
+        "}",
+        "(",
+        ")",
+        "<",
+        ">",
+        "=",
+        ",",
+        ".",
+        "bit<8>",
+        "hdr",
+        "apply",
+        "1",
+        "8w1",
+        "true",
+        "exit",
+        "&&&",
+        "..",
+        "[3:0]",
+        "++",
+        "default",
+        "_",
+        "table",
+        "action",
+        "error",
+        "state",
+        "transition",
+        "select",
+        "NoAction",
+        "int<4>",
+    ]
     rng = random.Random(1234)
     for _ in range(80):
         words = rng.choice(progs).split(" ")
@@ -236,5 +338,7 @@ def test_mutated_sources_only_ever_raise_located_diagnostics() -> None:
         try:
             Pipeline.compile(" ".join(words), filename="m.p4")
         except P4CompileError as e:
-            assert all(d.split(":")[0] in ("m.p4", "core.p4", "v1model.p4")
-                       and d.split(":")[1].isdigit() for d in e.diagnostics), e.diagnostics
+            assert all(
+                d.split(":")[0] in ("m.p4", "core.p4", "v1model.p4") and d.split(":")[1].isdigit()
+                for d in e.diagnostics
+            ), e.diagnostics

@@ -13,13 +13,18 @@ from shadowgrad.bmv2_testbed.dataplane import Dataplane, Exact, TableEntry
 from shadowgrad.bmv2_testbed.pipeline import Pipeline
 
 PROGS = Path(__file__).resolve().parent / "p4progs"
-SEEDS = [bytes.fromhex(
-    "00000000000200000000000108004500002e000100004011f9c70a0000010a0001010"
-    "3e8123400120000010203040506") + b"payload"]
+SEEDS = [
+    bytes.fromhex(
+        "00000000000200000000000108004500002e000100004011f9c70a0000010a0001010"
+        "3e8123400120000010203040506"
+    )
+    + b"payload"
+]
 
 
-@pytest.mark.parametrize("prog", sorted(p.name for p in PROGS.glob("*.p4")
-                                        if p.name != "common.p4"))
+@pytest.mark.parametrize(
+    "prog", sorted(p.name for p in PROGS.glob("*.p4") if p.name != "common.p4")
+)
 def test_random_frames_never_break_the_engine(prog: str) -> None:
     p = Pipeline.compile(PROGS / prog)
     dp = Dataplane(p, cpu_port=255)
@@ -35,8 +40,9 @@ def test_random_frames_never_break_the_engine(prog: str) -> None:
             if ref.scope == 2:
                 continue
             params = {prm.id: (1 << prm.bitwidth) - 1 for prm in a.params}
-            matches = {m.id: Exact(random.Random(ref.id).getrandbits(m.bitwidth))
-                       for m in t.match_fields}
+            matches = {
+                m.id: Exact(random.Random(ref.id).getrandbits(m.bitwidth)) for m in t.match_fields
+            }
             dp.insert_entry(TableEntry(t.preamble.id, matches, a.preamble.id, params))
     dp.insert_multicast_group(1, [(1, 1), (2, 2)])
     dp.insert_clone_session(5, [(3, 3)])

@@ -78,14 +78,19 @@ def test_match_kinds_names_const_entries_and_controller_headers() -> None:
     p = Pipeline.compile(PROGS / "acl.p4")
     acl = next(t for t in p.p4info.tables if t.preamble.name == "AclIngress.acl")
     assert [(m.id, m.name, m.bitwidth, m.match_type) for m in acl.match_fields] == [
-        (1, "hdr.ipv4.srcAddr", 32, 4), (2, "hdr.ipv4.protocol", 8, 4), (3, "dport", 16, 5)]
+        (1, "hdr.ipv4.srcAddr", 32, 4),
+        (2, "hdr.ipv4.protocol", 8, 4),
+        (3, "dport", 16, 5),
+    ]
     assert acl.const_default_action_id == 0
     cls = next(t for t in p.p4info.tables if t.preamble.name == "AclIngress.classify")
     assert cls.is_const_table and cls.has_initial_entries
     cph = {c.preamble.name: c for c in p.p4info.controller_packet_metadata}
     assert sorted(cph) == ["packet_in", "packet_out"]
     assert [(m.id, m.name, m.bitwidth) for m in cph["packet_in"].metadata] == [
-        (1, "ingress_port", 9), (2, "_pad", 7)]
+        (1, "ingress_port", 9),
+        (2, "_pad", 7),
+    ]
     assert cph["packet_in"].preamble.id == p4_id("controller_header", "packet_in")
 
 
@@ -94,15 +99,22 @@ def test_registers_digests_name_and_id_annotations() -> None:
     p = Pipeline.compile(PROGS / "misc.p4")
     (r,) = p.p4info.registers
     assert (r.preamble.name, r.size, r.type_spec.bitstring.bit.bitwidth) == (
-        "MiscIngress.seen", 8, 16)
+        "MiscIngress.seen",
+        8,
+        16,
+    )
     del src
     d = Pipeline.compile(PROGS / "pktio.p4").p4info.digests
     assert [x.preamble.name for x in d] == ["learn_t"]
     assert d[0].preamble.id == p4_id("digest", "learn_t")
-    named = (PROGS / "basic.p4").read_text().replace(
-        "    table ipv4_lpm {",
-        '    @name("routes") @id(0x02000001)\n    table ipv4_lpm {').replace(
-        "    action drop() {", '    @name(".global_drop")\n    action drop() {')
+    named = (
+        (PROGS / "basic.p4")
+        .read_text()
+        .replace(
+            "    table ipv4_lpm {", '    @name("routes") @id(0x02000001)\n    table ipv4_lpm {'
+        )
+        .replace("    action drop() {", '    @name(".global_drop")\n    action drop() {')
+    )
     p2 = Pipeline.compile(named, include_dirs=[PROGS], filename="named.p4")
     (t,) = p2.p4info.tables
     assert (t.preamble.name, t.preamble.id) == ("MyIngress.routes", 0x02000001)
@@ -128,12 +140,21 @@ def test_compile_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
     from shadowgrad.bmv2_testbed._compile_cmd import main
 
     out = tmp_path / "build"
-    rc = main([str(PROGS / "basic.p4"), "-o", str(out), "--p4runtime-files",
-               f"{out}/basic.p4info.txtpb,{out}/basic.p4info.bin"])
+    rc = main(
+        [
+            str(PROGS / "basic.p4"),
+            "-o",
+            str(out),
+            "--p4runtime-files",
+            f"{out}/basic.p4info.txtpb,{out}/basic.p4info.bin",
+        ]
+    )
     assert rc == 0
     blob = (out / "basic.bin").read_bytes()
-    info = text_format.Parse((out / "basic.p4info.txtpb").read_text(),
-                             Pipeline.compile(PROGS / "basic.p4").p4info.__class__())
+    info = text_format.Parse(
+        (out / "basic.p4info.txtpb").read_text(),
+        Pipeline.compile(PROGS / "basic.p4").p4info.__class__(),
+    )
     assert Pipeline.from_device_config(blob, info).p4info == info
     bad = tmp_path / "bad.p4"
     bad.write_text("#include <core.p4>\nheader h { bit<8> a }\n")

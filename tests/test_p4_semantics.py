@@ -20,8 +20,15 @@ pytest.importorskip("p4")
 from shadowgrad.bmv2_testbed.dataplane import Dataplane
 from shadowgrad.bmv2_testbed.pipeline import Pipeline
 
-VARS = {"a": (8, False), "b": (8, False), "c": (16, False), "d": (16, False),
-        "s": (8, True), "t": (8, True), "u": (16, True)}
+VARS = {
+    "a": (8, False),
+    "b": (8, False),
+    "c": (16, False),
+    "d": (16, False),
+    "s": (8, True),
+    "t": (8, True),
+    "u": (16, True),
+}
 
 
 def wrap(v: int, w: int, signed: bool) -> int:
@@ -50,8 +57,9 @@ def lit(v: int, w: int, s: bool) -> str:
     return f"{w}{'s' if s else 'w'}{v}"
 
 
-def gen(rng: random.Random, env: dict[str, int], depth: int, want: tuple[int, bool] | None = None
-        ) -> E:
+def gen(
+    rng: random.Random, env: dict[str, int], depth: int, want: tuple[int, bool] | None = None
+) -> E:
     if depth == 0 or rng.random() < 0.25:
         cands = [n for n, t in VARS.items() if want is None or t == want]
         if cands and rng.random() < 0.8:
@@ -94,51 +102,85 @@ def gen(rng: random.Random, env: dict[str, int], depth: int, want: tuple[int, bo
     if kind == "unary":
         x = gen(rng, env, depth - 1, want)
         op = rng.choice(["-", "~"])
-        return E(f"({op}{x.text})", f"({op}{x.ctext})", x.w, x.s,
-                 lambda e, x=x, op=op: wrap(-x.ev(e) if op == "-" else ~x.ev(e), x.w, x.s))
+        return E(
+            f"({op}{x.text})",
+            f"({op}{x.ctext})",
+            x.w,
+            x.s,
+            lambda e, x=x, op=op: wrap(-x.ev(e) if op == "-" else ~x.ev(e), x.w, x.s),
+        )
     if kind == "cast":
         w, s = want or rng.choice(list(VARS.values()))
         x = gen(rng, env, depth - 1)
         t = tname(w, s)
-        return E(f"(({t}) {x.text})", f"(({t}) {x.ctext})", w, s,
-                 lambda e, x=x, w=w, s=s: wrap(x.ev(e), w, s))
+        return E(
+            f"(({t}) {x.text})",
+            f"(({t}) {x.ctext})",
+            w,
+            s,
+            lambda e, x=x, w=w, s=s: wrap(x.ev(e), w, s),
+        )
     if kind == "slice":
         x = gen(rng, env, depth - 1)
         lo_ = rng.randrange(x.w)
         hi_ = rng.randrange(lo_, x.w)
-        return E(f"{x.text}[{hi_}:{lo_}]" if x.text.startswith("hdr") else
-                 f"({x.text})[{hi_}:{lo_}]", f"({x.ctext})[{hi_}:{lo_}]", hi_ - lo_ + 1, False,
-                 lambda e, x=x, hi_=hi_, lo_=lo_: (wrap(x.ev(e), x.w, False) >> lo_)
-                 & ((1 << (hi_ - lo_ + 1)) - 1))
+        return E(
+            f"{x.text}[{hi_}:{lo_}]" if x.text.startswith("hdr") else f"({x.text})[{hi_}:{lo_}]",
+            f"({x.ctext})[{hi_}:{lo_}]",
+            hi_ - lo_ + 1,
+            False,
+            lambda e, x=x, hi_=hi_, lo_=lo_: (
+                (wrap(x.ev(e), x.w, False) >> lo_) & ((1 << (hi_ - lo_ + 1)) - 1)
+            ),
+        )
     if kind == "concat":
         x = gen(rng, env, depth - 1)
         y = gen(rng, env, depth - 1)
         if x.w + y.w > 32:
             return x
-        return E(f"({x.text} ++ {y.text})", f"({x.ctext} ++ {y.ctext})", x.w + y.w, x.s,
-                 lambda e, x=x, y=y: wrap((wrap(x.ev(e), x.w, False) << y.w)
-                                          | wrap(y.ev(e), y.w, False), x.w + y.w, x.s))
+        return E(
+            f"({x.text} ++ {y.text})",
+            f"({x.ctext} ++ {y.ctext})",
+            x.w + y.w,
+            x.s,
+            lambda e, x=x, y=y: wrap(
+                (wrap(x.ev(e), x.w, False) << y.w) | wrap(y.ev(e), y.w, False), x.w + y.w, x.s
+            ),
+        )
     # cond
     p = gen(rng, env, depth - 1)
     q = gen(rng, env, depth - 1, (p.w, p.s))
     op = rng.choice(["==", "!=", "<", "<=", ">", ">="])
     x = gen(rng, env, depth - 1, want)
     y = gen(rng, env, depth - 1, (x.w, x.s))
-    cmp = {"==": lambda a, b: a == b, "!=": lambda a, b: a != b, "<": lambda a, b: a < b,
-           "<=": lambda a, b: a <= b, ">": lambda a, b: a > b, ">=": lambda a, b: a >= b}[op]
-    return E(f"({p.text} {op} {q.text} ? {x.text} : {y.text})",
-             f"({p.ctext} {op} {q.ctext} ? {x.ctext} : {y.ctext})", x.w, x.s,
-             lambda e, p=p, q=q, x=x, y=y, cmp=cmp: x.ev(e) if cmp(p.ev(e), q.ev(e)) else y.ev(e))
+    cmp = {
+        "==": lambda a, b: a == b,
+        "!=": lambda a, b: a != b,
+        "<": lambda a, b: a < b,
+        "<=": lambda a, b: a <= b,
+        ">": lambda a, b: a > b,
+        ">=": lambda a, b: a >= b,
+    }[op]
+    return E(
+        f"({p.text} {op} {q.text} ? {x.text} : {y.text})",
+        f"({p.ctext} {op} {q.ctext} ? {x.ctext} : {y.ctext})",
+        x.w,
+        x.s,
+        lambda e, p=p, q=q, x=x, y=y, cmp=cmp: x.ev(e) if cmp(p.ev(e), q.ev(e)) else y.ev(e),
+    )
 
 
 def build(exprs: list[E]) -> str:
-    fields = "".join(f"    {tname(e.w, e.s)} r{i};\n    {tname(e.w, e.s)} k{i};\n"
-                     for i, e in enumerate(exprs))
+    fields = "".join(
+        f"    {tname(e.w, e.s)} r{i};\n    {tname(e.w, e.s)} k{i};\n" for i, e in enumerate(exprs)
+    )
     total = sum(2 * e.w for e in exprs)
     pad = (-total) % 8
     padf = f"    bit<{pad}> pad;\n" if pad else ""
-    body = "".join(f"        hdr.r.r{i} = {e.text};\n        hdr.r.k{i} = {e.ctext};\n"
-                   for i, e in enumerate(exprs))
+    body = "".join(
+        f"        hdr.r.r{i} = {e.text};\n        hdr.r.k{i} = {e.ctext};\n"
+        for i, e in enumerate(exprs)
+    )
     return f"""#include <core.p4>
 #include <v1model.p4>
 header vals_t {{ bit<8> a; bit<8> b; bit<16> c; bit<16> d; int<8> s; int<8> t; int<16> u; }}
@@ -168,10 +210,9 @@ def test_expressions_match_reference(seed: int) -> None:
     env = {n: wrap(rng.getrandbits(w), w, s) for n, (w, s) in VARS.items()}
     exprs = [gen(rng, env, rng.randrange(1, 5)) for _ in range(60)]
     dp = Dataplane(Pipeline.compile(build(exprs), filename=f"expr{seed}.p4"))
-    raw = b"".join((env[n] & ((1 << w) - 1)).to_bytes(w // 8, "big")
-                   for n, (w, _s) in VARS.items())
+    raw = b"".join((env[n] & ((1 << w) - 1)).to_bytes(w // 8, "big") for n, (w, _s) in VARS.items())
     ((_port, out),) = dp.process(0, raw)
-    bits = int.from_bytes(out[len(raw):], "big")
+    bits = int.from_bytes(out[len(raw) :], "big")
     nbits = (len(out) - len(raw)) * 8
     pos = nbits
     for i, e in enumerate(exprs):

@@ -32,19 +32,23 @@ GROUPS = {1: [(1, 0), (2, 5)], 2: []}
 D = 511
 
 
-@pytest.mark.parametrize(("resubmit", "grp", "spec", "itype", "want"), [
-    (True, 1, 3, PKT_NORMAL, (RESUBMIT, None, PKT_RESUBMIT)),  # resubmit first
-    (True, 0, D, PKT_NORMAL, (RESUBMIT, None, PKT_RESUBMIT)),
-    (False, 1, 3, PKT_NORMAL, (FORWARD, GROUPS[1], PKT_REPLICATION)),  # mcast over unicast
-    (False, 1, D, PKT_NORMAL, (FORWARD, GROUPS[1], PKT_REPLICATION)),  # ... and over drop
-    (False, 2, 3, PKT_NORMAL, (DROP, "mcast_group_unknown", PKT_NORMAL)),  # empty group
-    (False, 9, 3, PKT_NORMAL, (DROP, "mcast_group_unknown", PKT_NORMAL)),  # unknown group
-    (False, 0, D, PKT_NORMAL, (DROP, "ingress_drop", PKT_NORMAL)),
-    (False, 0, 0, PKT_NORMAL, (FORWARD, ((0, 0),), PKT_NORMAL)),  # untouched: port 0
-    (False, 0, 7, PKT_RESUBMIT, (FORWARD, ((7, 0),), PKT_RESUBMIT)),  # type unchanged
-])
-def test_end_of_ingress_precedence(resubmit: bool, grp: int, spec: int, itype: int,
-                                   want: tuple[int, Any, int]) -> None:
+@pytest.mark.parametrize(
+    ("resubmit", "grp", "spec", "itype", "want"),
+    [
+        (True, 1, 3, PKT_NORMAL, (RESUBMIT, None, PKT_RESUBMIT)),  # resubmit first
+        (True, 0, D, PKT_NORMAL, (RESUBMIT, None, PKT_RESUBMIT)),
+        (False, 1, 3, PKT_NORMAL, (FORWARD, GROUPS[1], PKT_REPLICATION)),  # mcast over unicast
+        (False, 1, D, PKT_NORMAL, (FORWARD, GROUPS[1], PKT_REPLICATION)),  # ... and over drop
+        (False, 2, 3, PKT_NORMAL, (DROP, "mcast_group_unknown", PKT_NORMAL)),  # empty group
+        (False, 9, 3, PKT_NORMAL, (DROP, "mcast_group_unknown", PKT_NORMAL)),  # unknown group
+        (False, 0, D, PKT_NORMAL, (DROP, "ingress_drop", PKT_NORMAL)),
+        (False, 0, 0, PKT_NORMAL, (FORWARD, ((0, 0),), PKT_NORMAL)),  # untouched: port 0
+        (False, 0, 7, PKT_RESUBMIT, (FORWARD, ((7, 0),), PKT_RESUBMIT)),  # type unchanged
+    ],
+)
+def test_end_of_ingress_precedence(
+    resubmit: bool, grp: int, spec: int, itype: int, want: tuple[int, Any, int]
+) -> None:
     got = end_of_ingress(resubmit, grp, spec, itype, GROUPS, D)
     assert got[0] == want[0] and got[1] == want[1]
     if got[0] != DROP:
@@ -70,16 +74,26 @@ def test_the_rules_are_written_once() -> None:
     """No second copy of the precedence rules or constants outside v1model.py."""
     for mod in (dataplane, _fastpath, pipeline):
         src = inspect.getsource(mod)
-        for literal in ("'mcast_group_unknown'", '"mcast_group_unknown"', '"ingress_drop"',
-                        "'ingress_drop'", '"egress_drop"', "'egress_drop'",
-                        "281474976710655", "0xFFFFFFFFFFFF", "drop_port + 1"):
+        for literal in (
+            "'mcast_group_unknown'",
+            '"mcast_group_unknown"',
+            '"ingress_drop"',
+            "'ingress_drop'",
+            '"egress_drop"',
+            "'egress_drop'",
+            "281474976710655",
+            "0xFFFFFFFFFFFF",
+            "drop_port + 1",
+        ):
             assert literal not in src, (mod.__name__, literal)
         tree = ast.parse(src)
         for node in ast.walk(tree):  # no module-level PKT_*/MAX_* definitions of their own
             if isinstance(node, ast.Assign):
                 for t in node.targets:
-                    assert not (isinstance(t, ast.Name) and t.id.startswith(("PKT_", "MAX_"))), \
-                        (mod.__name__, t.id)
+                    assert not (isinstance(t, ast.Name) and t.id.startswith(("PKT_", "MAX_"))), (
+                        mod.__name__,
+                        t.id,
+                    )
 
 
 def test_fast_path_inlines_the_v1model_rules() -> None:
@@ -121,6 +135,7 @@ def test_the_inliner_refuses_other_shapes() -> None:
     with pytest.raises(FastPathUnsupported, match="parameters"):
         _inline_v1model(_no_verdict, {"resubmit": ast.Constant(False)}, drop)
     # a request folded away makes its verdict unreachable, so it needs no statements
-    folded = _inline_v1model(_no_verdict, {"resubmit": ast.Constant(False),
-                                           "egress_spec": ast.Constant(1)}, drop)
+    folded = _inline_v1model(
+        _no_verdict, {"resubmit": ast.Constant(False), "egress_spec": ast.Constant(1)}, drop
+    )
     assert ast.unparse(ast.Module(folded, [])) == "drop('x')"

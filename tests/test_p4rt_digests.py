@@ -15,11 +15,15 @@ MS = 1_000_000
 A, B, C = (b"\x0a", b"\x01"), (b"\x0b", b"\x01"), (b"\x0c", b"\x02")
 
 
-def buf(max_list_size: int = 0, max_timeout_ns: int = 0, ack_timeout_ns: int = 0
-        ) -> DigestBuffer:
-    return DigestBuffer(7, p4runtime_pb2.DigestEntry.Config(
-        max_list_size=max_list_size, max_timeout_ns=max_timeout_ns,
-        ack_timeout_ns=ack_timeout_ns))
+def buf(max_list_size: int = 0, max_timeout_ns: int = 0, ack_timeout_ns: int = 0) -> DigestBuffer:
+    return DigestBuffer(
+        7,
+        p4runtime_pb2.DigestEntry.Config(
+            max_list_size=max_list_size,
+            max_timeout_ns=max_timeout_ns,
+            ack_timeout_ns=ack_timeout_ns,
+        ),
+    )
 
 
 def samples(dl: p4runtime_pb2.DigestList | None) -> list[tuple[bytes, ...]]:
@@ -86,8 +90,9 @@ def test_list_size_counts_only_deduplicated_samples_as_pi_does() -> None:
 def test_reconfigure_keeps_what_is_buffered() -> None:
     b = buf(max_list_size=10, max_timeout_ns=60_000 * MS, ack_timeout_ns=60_000 * MS)
     assert b.learn(A, now_ns=0) is None
-    b.configure(p4runtime_pb2.DigestEntry.Config(max_timeout_ns=100 * MS,
-                                                   ack_timeout_ns=60_000 * MS))
+    b.configure(
+        p4runtime_pb2.DigestEntry.Config(max_timeout_ns=100 * MS, ack_timeout_ns=60_000 * MS)
+    )
     assert samples(b.sweep(now_ns=100 * MS)) == [A]
     assert b.learn(A, now_ns=101 * MS) is None  # the cache survived the MODIFY
     b.disable()  # DELETE: nothing buffered or cached, nothing swept; list ids go on

@@ -35,8 +35,9 @@ U = p4runtime_pb2.Update
 class Client:
     """A P4Runtime client for tests: stub, a StreamChannel with a reader thread, helpers."""
 
-    def __init__(self, addr: str, device_id: int = 0, election_id: int | None = 1,
-                 role: str = "") -> None:
+    def __init__(
+        self, addr: str, device_id: int = 0, election_id: int | None = 1, role: str = ""
+    ) -> None:
         self.channel = grpc.insecure_channel(addr)
         self.stub = p4runtime_pb2_grpc.P4RuntimeStub(self.channel)
         self.device_id = device_id
@@ -88,8 +89,9 @@ class Client:
             if m.WhichOneof("update") == kind:
                 return getattr(m, kind)
 
-    def write(self, *updates: p4runtime_pb2.Update, election_id: int | None = None
-              ) -> p4runtime_pb2.WriteResponse:
+    def write(
+        self, *updates: p4runtime_pb2.Update, election_id: int | None = None
+    ) -> p4runtime_pb2.WriteResponse:
         req = p4runtime_pb2.WriteRequest(device_id=self.device_id, role=self.role)
         eid = self.election_id if election_id is None else election_id
         req.election_id.high, req.election_id.low = eid >> 64, eid & ((1 << 64) - 1)
@@ -102,9 +104,12 @@ class Client:
 
     def set_pipeline(self, pipeline: Pipeline, action: int = 3, cookie: int = 0) -> None:
         req = p4runtime_pb2.SetForwardingPipelineConfigRequest(
-            device_id=self.device_id, role=self.role, action=action)
-        req.election_id.high, req.election_id.low = (self.election_id >> 64,
-                                                     self.election_id & ((1 << 64) - 1))
+            device_id=self.device_id, role=self.role, action=action
+        )
+        req.election_id.high, req.election_id.low = (
+            self.election_id >> 64,
+            self.election_id & ((1 << 64) - 1),
+        )
         req.config.p4info.CopyFrom(pipeline.p4info)
         req.config.p4_device_config = pipeline.to_device_config()
         if cookie:
@@ -123,8 +128,15 @@ class Names:
     def __init__(self, p4info: p4info_pb2.P4Info) -> None:
         self.p4info = p4info
         self.ids: dict[str, int] = {}
-        for kind in ("tables", "actions", "counters", "direct_counters", "digests",
-                     "registers", "controller_packet_metadata"):
+        for kind in (
+            "tables",
+            "actions",
+            "counters",
+            "direct_counters",
+            "digests",
+            "registers",
+            "controller_packet_metadata",
+        ):
             for o in getattr(p4info, kind):
                 self.ids[o.preamble.name] = o.preamble.id
                 self.ids[o.preamble.alias] = o.preamble.id
@@ -239,8 +251,9 @@ def mc_entity(gid: int, reps: list[tuple[int, int]]) -> p4runtime_pb2.Entity:
     return e
 
 
-def clone_entity(sid: int, reps: list[tuple[int, int]], cos: int = 0,
-                 plen: int = 0) -> p4runtime_pb2.Entity:
+def clone_entity(
+    sid: int, reps: list[tuple[int, int]], cos: int = 0, plen: int = 0
+) -> p4runtime_pb2.Entity:
     e = p4runtime_pb2.Entity()
     s = e.packet_replication_engine_entry.clone_session_entry
     s.session_id, s.class_of_service, s.packet_length_bytes = sid, cos, plen
@@ -253,14 +266,21 @@ def encode(v: int) -> bytes:
     return v.to_bytes(max(1, (v.bit_length() + 7) // 8), "big")
 
 
-def ipv4_frame(dst_ip: str, src_mac: str = "00:00:00:00:01:01",
-               dst_mac: str = "00:00:00:00:02:02", proto: int = 17) -> bytes:
+def ipv4_frame(
+    dst_ip: str,
+    src_mac: str = "00:00:00:00:01:01",
+    dst_mac: str = "00:00:00:00:02:02",
+    proto: int = 17,
+) -> bytes:
     from scapy.layers.inet import IP, UDP
     from scapy.layers.l2 import Ether
 
-    return bytes(Ether(src=src_mac, dst=dst_mac) / IP(src="10.0.0.1", dst=dst_ip, ttl=64,
-                                                      proto=proto)
-                 / UDP(sport=1234, dport=5678) / (b"x" * 20))
+    return bytes(
+        Ether(src=src_mac, dst=dst_mac)
+        / IP(src="10.0.0.1", dst=dst_ip, ttl=64, proto=proto)
+        / UDP(sport=1234, dport=5678)
+        / (b"x" * 20)
+    )
 
 
 # ---- tests: session, arbitration, pipeline -----------------------------------------------------
@@ -353,8 +373,10 @@ def test_pipeline_config_actions_and_get(addr: str, pipeline: Pipeline) -> None:
         c.set_pipeline(pipeline, action=set_req.VERIFY)
         with pytest.raises(grpc.RpcError) as ei:
             c.set_pipeline(pipeline, action=set_req.COMMIT)  # nothing saved
-        assert ei.value.code() in (grpc.StatusCode.FAILED_PRECONDITION,
-                                   grpc.StatusCode.INVALID_ARGUMENT)
+        assert ei.value.code() in (
+            grpc.StatusCode.FAILED_PRECONDITION,
+            grpc.StatusCode.INVALID_ARGUMENT,
+        )
         c.set_pipeline(pipeline, action=set_req.VERIFY_AND_SAVE, cookie=42)
         req = set_req(device_id=0, action=set_req.COMMIT)
         req.election_id.low = 1
@@ -384,16 +406,21 @@ def test_pipeline_config_actions_and_get(addr: str, pipeline: Pipeline) -> None:
 def test_table_entry_crud_round_trip(client: Client, names: Names) -> None:
     e = lpm_entry(names, 0x0A000200, 24, 0x000000000202, 2)
     client.write(upd(U.INSERT, e))
-    got = client.read(p4runtime_pb2.Entity(table_entry=p4runtime_pb2.TableEntry(
-        table_id=names["MyIngress.ipv4_lpm"])))
+    got = client.read(
+        p4runtime_pb2.Entity(
+            table_entry=p4runtime_pb2.TableEntry(table_id=names["MyIngress.ipv4_lpm"])
+        )
+    )
     assert len(got) == 1 and got[0].table_entry == e.table_entry
     e2 = lpm_entry(names, 0x0A000200, 24, 0x000000000303, 3)
     client.write(upd(U.MODIFY, e2))
     got = client.read(p4runtime_pb2.Entity(table_entry=p4runtime_pb2.TableEntry()))
     assert [g.table_entry for g in got] == [e2.table_entry]
     # exact + ternary in one batch; wildcard read over all tables
-    client.write(upd(U.INSERT, dmac_entry(names, 0x000000000202, "MyIngress.l2_forward", 2)),
-                 upd(U.INSERT, acl_entry(names, 0x0A000000, 0xFF000000, "MyIngress.drop", 10)))
+    client.write(
+        upd(U.INSERT, dmac_entry(names, 0x000000000202, "MyIngress.l2_forward", 2)),
+        upd(U.INSERT, acl_entry(names, 0x0A000000, 0xFF000000, "MyIngress.drop", 10)),
+    )
     assert len(client.read(p4runtime_pb2.Entity(table_entry=p4runtime_pb2.TableEntry()))) == 3
     # read one entry by its key
     key = p4runtime_pb2.Entity()
@@ -401,8 +428,11 @@ def test_table_entry_crud_round_trip(client: Client, names: Names) -> None:
     key.table_entry.ClearField("action")
     assert [g.table_entry for g in client.read(key)] == [e2.table_entry]
     client.write(upd(U.DELETE, key))
-    got = client.read(p4runtime_pb2.Entity(table_entry=p4runtime_pb2.TableEntry(
-        table_id=names["MyIngress.ipv4_lpm"])))
+    got = client.read(
+        p4runtime_pb2.Entity(
+            table_entry=p4runtime_pb2.TableEntry(table_id=names["MyIngress.ipv4_lpm"])
+        )
+    )
     assert got == []
 
 
@@ -441,23 +471,39 @@ def test_write_errors_are_per_update(client: Client, names: Names) -> None:
     padded = dmac_entry(names, 0x5, "MyIngress.l2_forward", 1)
     padded.table_entry.match[0].exact.value = b"\x00" * 8 + b"\x05"  # zero-padded: accepted
     with pytest.raises(grpc.RpcError) as ei:
-        client.write(upd(U.INSERT, ok), upd(U.INSERT, bad_table), upd(U.INSERT, wrong_action),
-                     upd(U.INSERT, too_wide), upd(U.INSERT, zero_mask), upd(U.INSERT, no_prio),
-                     upd(U.INSERT, lpm_prio), upd(U.INSERT, lpm_trailing),
-                     upd(U.MODIFY, dmac_entry(names, 0x9, "MyIngress.l2_forward", 1)),
-                     upd(U.INSERT, padded))
+        client.write(
+            upd(U.INSERT, ok),
+            upd(U.INSERT, bad_table),
+            upd(U.INSERT, wrong_action),
+            upd(U.INSERT, too_wide),
+            upd(U.INSERT, zero_mask),
+            upd(U.INSERT, no_prio),
+            upd(U.INSERT, lpm_prio),
+            upd(U.INSERT, lpm_trailing),
+            upd(U.MODIFY, dmac_entry(names, 0x9, "MyIngress.l2_forward", 1)),
+            upd(U.INSERT, padded),
+        )
     assert ei.value.code() == grpc.StatusCode.UNKNOWN
     assert codes(ei.value) == [
-        code_pb2.ALREADY_EXISTS, code_pb2.NOT_FOUND, code_pb2.INVALID_ARGUMENT,
-        code_pb2.INVALID_ARGUMENT, code_pb2.INVALID_ARGUMENT, code_pb2.INVALID_ARGUMENT,
-        code_pb2.INVALID_ARGUMENT, code_pb2.INVALID_ARGUMENT, code_pb2.NOT_FOUND, code_pb2.OK]
+        code_pb2.ALREADY_EXISTS,
+        code_pb2.NOT_FOUND,
+        code_pb2.INVALID_ARGUMENT,
+        code_pb2.INVALID_ARGUMENT,
+        code_pb2.INVALID_ARGUMENT,
+        code_pb2.INVALID_ARGUMENT,
+        code_pb2.INVALID_ARGUMENT,
+        code_pb2.INVALID_ARGUMENT,
+        code_pb2.NOT_FOUND,
+        code_pb2.OK,
+    ]
     q = p4runtime_pb2.Entity()
     q.table_entry.CopyFrom(padded.table_entry)
     q.table_entry.ClearField("action")
     got = client.read(q)
     assert got[0].table_entry.match[0].exact.value == b"\x05"  # canonical on read
-    req = p4runtime_pb2.WriteRequest(device_id=0, atomicity=p4runtime_pb2.WriteRequest.
-                                      ROLLBACK_ON_ERROR)
+    req = p4runtime_pb2.WriteRequest(
+        device_id=0, atomicity=p4runtime_pb2.WriteRequest.ROLLBACK_ON_ERROR
+    )
     req.election_id.low = client.election_id
     with pytest.raises(grpc.RpcError) as ei:
         client.stub.Write(req, timeout=5)
@@ -466,32 +512,50 @@ def test_write_errors_are_per_update(client: Client, names: Names) -> None:
 
 # ---- tests: PRE -------------------------------------------------------------------------------
 def test_multicast_groups(client: Client) -> None:
-    client.write(upd(U.INSERT, mc_entity(1, [(1, 1), (2, 2), (3, 3)])),
-                 upd(U.INSERT, mc_entity(32767, [(2, 0)])))
+    client.write(
+        upd(U.INSERT, mc_entity(1, [(1, 1), (2, 2), (3, 3)])),
+        upd(U.INSERT, mc_entity(32767, [(2, 0)])),
+    )
     got = client.read(mc_entity(0, []))
-    assert [(g.packet_replication_engine_entry.multicast_group_entry.multicast_group_id,
-             [(r.egress_port, r.instance) for r in
-              g.packet_replication_engine_entry.multicast_group_entry.replicas])
-            for g in got] == [(1, [(1, 1), (2, 2), (3, 3)]), (32767, [(2, 0)])]
+    assert [
+        (
+            g.packet_replication_engine_entry.multicast_group_entry.multicast_group_id,
+            [
+                (r.egress_port, r.instance)
+                for r in g.packet_replication_engine_entry.multicast_group_entry.replicas
+            ],
+        )
+        for g in got
+    ] == [(1, [(1, 1), (2, 2), (3, 3)]), (32767, [(2, 0)])]
     client.write(upd(U.MODIFY, mc_entity(1, [(3, 9)])))
     g = client.read(mc_entity(1, []))[0].packet_replication_engine_entry.multicast_group_entry
     assert [(r.egress_port, r.instance) for r in g.replicas] == [(3, 9)]
     byport = mc_entity(5, [])
     byport.packet_replication_engine_entry.multicast_group_entry.replicas.add(
-        port=b"\x00\x02", instance=4)  # the 1.4 `port` bytes form
+        port=b"\x00\x02", instance=4
+    )  # the 1.4 `port` bytes form
     with pytest.raises(grpc.RpcError) as ei:
-        client.write(upd(U.INSERT, mc_entity(0, [(1, 1)])),
-                     upd(U.INSERT, mc_entity(32768, [(1, 1)])),
-                     upd(U.INSERT, mc_entity(2, [(1, 1), (1, 1)])),
-                     upd(U.INSERT, mc_entity(1, [(1, 1)])),
-                     upd(U.DELETE, mc_entity(3, [])),
-                     upd(U.INSERT, byport))
-    assert codes(ei.value) == [code_pb2.INVALID_ARGUMENT, code_pb2.OUT_OF_RANGE,
-                               code_pb2.INVALID_ARGUMENT, code_pb2.ALREADY_EXISTS,
-                               code_pb2.NOT_FOUND, code_pb2.OK]
+        client.write(
+            upd(U.INSERT, mc_entity(0, [(1, 1)])),
+            upd(U.INSERT, mc_entity(32768, [(1, 1)])),
+            upd(U.INSERT, mc_entity(2, [(1, 1), (1, 1)])),
+            upd(U.INSERT, mc_entity(1, [(1, 1)])),
+            upd(U.DELETE, mc_entity(3, [])),
+            upd(U.INSERT, byport),
+        )
+    assert codes(ei.value) == [
+        code_pb2.INVALID_ARGUMENT,
+        code_pb2.OUT_OF_RANGE,
+        code_pb2.INVALID_ARGUMENT,
+        code_pb2.ALREADY_EXISTS,
+        code_pb2.NOT_FOUND,
+        code_pb2.OK,
+    ]
     client.write(upd(U.DELETE, mc_entity(1, [])))
-    ids = [g.packet_replication_engine_entry.multicast_group_entry.multicast_group_id
-           for g in client.read(mc_entity(0, []))]
+    ids = [
+        g.packet_replication_engine_entry.multicast_group_entry.multicast_group_id
+        for g in client.read(mc_entity(0, []))
+    ]
     assert ids == [5, 32767]
 
 
@@ -501,12 +565,18 @@ def test_clone_sessions(client: Client) -> None:
     s = got[0].packet_replication_engine_entry.clone_session_entry
     assert s.session_id == 100 and [(r.egress_port, r.instance) for r in s.replicas] == [(3, 0)]
     with pytest.raises(grpc.RpcError) as ei:
-        client.write(upd(U.INSERT, clone_entity(101, [(3, 0)], cos=1)),
-                     upd(U.INSERT, clone_entity(102, [(3, 0)], plen=64)),
-                     upd(U.INSERT, clone_entity(40000, [(3, 0)])),
-                     upd(U.MODIFY, clone_entity(100, [(2, 0), (3, 0)])))
-    assert codes(ei.value) == [code_pb2.UNIMPLEMENTED, code_pb2.UNIMPLEMENTED,
-                               code_pb2.OUT_OF_RANGE, code_pb2.OK]
+        client.write(
+            upd(U.INSERT, clone_entity(101, [(3, 0)], cos=1)),
+            upd(U.INSERT, clone_entity(102, [(3, 0)], plen=64)),
+            upd(U.INSERT, clone_entity(40000, [(3, 0)])),
+            upd(U.MODIFY, clone_entity(100, [(2, 0), (3, 0)])),
+        )
+    assert codes(ei.value) == [
+        code_pb2.UNIMPLEMENTED,
+        code_pb2.UNIMPLEMENTED,
+        code_pb2.OUT_OF_RANGE,
+        code_pb2.OK,
+    ]
     client.write(upd(U.DELETE, clone_entity(100, [])))
     assert client.read(clone_entity(0, [])) == []
 
@@ -533,8 +603,9 @@ def test_forwarding_and_counters(client: Client, names: Names, switch: Switch) -
     ce.counter_entry.counter_id = names["MyIngress.port_rx"]
     ce.counter_entry.index.index = 1
     got = client.read(ce)
-    assert [(g.counter_entry.data.packet_count, g.counter_entry.data.byte_count)
-            for g in got] == [(3, 3 * len(frame))]
+    assert [(g.counter_entry.data.packet_count, g.counter_entry.data.byte_count) for g in got] == [
+        (3, 3 * len(frame))
+    ]
     allc = p4runtime_pb2.Entity()
     allc.counter_entry.counter_id = names["MyIngress.port_rx"]
     assert len(client.read(allc)) == 512
@@ -580,13 +651,14 @@ def test_registers_are_unimplemented_like_bmv2(client: Client) -> None:
     assert ei.value.code() == grpc.StatusCode.UNIMPLEMENTED
 
 
-def test_multicast_replicas_with_rid_rewrite(client: Client, names: Names,
-                                             switch: Switch) -> None:
+def test_multicast_replicas_with_rid_rewrite(client: Client, names: Names, switch: Switch) -> None:
     from scapy.layers.inet import IP
 
     bcast = 0xFFFFFFFFFFFF
-    client.write(upd(U.INSERT, mc_entity(1, [(1, 11), (2, 12), (3, 13)])),
-                 upd(U.INSERT, dmac_entry(names, bcast, "MyIngress.multicast", 1)))
+    client.write(
+        upd(U.INSERT, mc_entity(1, [(1, 11), (2, 12), (3, 13)])),
+        upd(U.INSERT, dmac_entry(names, bcast, "MyIngress.multicast", 1)),
+    )
     port(switch, 1).inject(ipv4_frame("10.0.0.255", dst_mac="ff:ff:ff:ff:ff:ff"))
     got = {n: port(switch, n).recv_all(0.3) for n in (1, 2, 3)}
     assert got[1] == []  # suppressed toward the ingress port
@@ -594,10 +666,8 @@ def test_multicast_replicas_with_rid_rewrite(client: Client, names: Names,
     assert [IP(f[14:]).id for f in got[3]] == [13]
 
 
-def test_packet_in_and_out(client: Client, names: Names, switch: Switch,
-                           addr: str) -> None:
-    client.write(upd(U.INSERT, acl_entry(names, 0x0A000063, 0xFFFFFFFF, "MyIngress.to_cpu",
-                                         10)))
+def test_packet_in_and_out(client: Client, names: Names, switch: Switch, addr: str) -> None:
+    client.write(upd(U.INSERT, acl_entry(names, 0x0A000063, 0xFFFFFFFF, "MyIngress.to_cpu", 10)))
     frame = ipv4_frame("10.0.0.99")
     port(switch, 2).inject(frame)
     pin = client.next("packet")
@@ -634,8 +704,12 @@ def test_digests_after_digest_entry(client: Client, names: Names, switch: Switch
     de.digest_entry.digest_id = names["learn_t"]
     de.digest_entry.config.max_list_size = 1
     client.write(upd(U.INSERT, de))
-    assert client.read(p4runtime_pb2.Entity(digest_entry=p4runtime_pb2.DigestEntry()))[
-        0].digest_entry.digest_id == names["learn_t"]
+    assert (
+        client.read(p4runtime_pb2.Entity(digest_entry=p4runtime_pb2.DigestEntry()))[
+            0
+        ].digest_entry.digest_id
+        == names["learn_t"]
+    )
     port(switch, 3).inject(frame)
     dl = client.next("digest")
     assert dl.digest_id == names["learn_t"] and dl.list_id >= 1
@@ -646,8 +720,9 @@ def test_digests_after_digest_entry(client: Client, names: Names, switch: Switch
     client.send(ack)
 
 
-def test_digest_lists_batched_deduplicated_and_acked(client: Client, names: Names,
-                                                     switch: Switch) -> None:
+def test_digest_lists_batched_deduplicated_and_acked(
+    client: Client, names: Names, switch: Switch
+) -> None:
     """PI's DigestMgr over the stream: a list goes out full (max_list_size, counting distinct
     samples), a sample already sent is suppressed until its list is acked, a buffered sample
     goes out after max_timeout_ns, and a deleted config drops digests again."""
@@ -670,7 +745,9 @@ def test_digest_lists_batched_deduplicated_and_acked(client: Client, names: Name
     dl = client.next("digest")
     assert dl.list_id == 1
     assert [[m.bitstring for m in d.struct.members] for d in dl.data] == [
-        [b"\x0a\x0a", b"\x01"], [b"\x0b\x0b", b"\x01"]]
+        [b"\x0a\x0a", b"\x01"],
+        [b"\x0b\x0b", b"\x01"],
+    ]
     port(switch, 1).inject(fa)  # list 1 is not acked: still suppressed
     _wait(lambda: counters.digests_suppressed == 2)
     ack = p4runtime_pb2.StreamMessageRequest()
@@ -701,10 +778,11 @@ def _wait(cond: Any, timeout_s: float = 10.0) -> None:
 
 
 def test_i2e_clone_through_session(client: Client, names: Names, switch: Switch) -> None:
-    client.write(upd(U.INSERT, clone_entity(100, [(3, 0)])),
-                 upd(U.INSERT, lpm_entry(names, 0x0A000002, 32, 0xB2, 2)),
-                 upd(U.INSERT, acl_entry(names, 0x0A000002, 0xFFFFFFFF, "MyIngress.mirror",
-                                         1)))
+    client.write(
+        upd(U.INSERT, clone_entity(100, [(3, 0)])),
+        upd(U.INSERT, lpm_entry(names, 0x0A000002, 32, 0xB2, 2)),
+        upd(U.INSERT, acl_entry(names, 0x0A000002, 0xFFFFFFFF, "MyIngress.mirror", 1)),
+    )
     frame = ipv4_frame("10.0.0.2")
     port(switch, 1).inject(frame)
     assert port(switch, 2).recv(5) is not None

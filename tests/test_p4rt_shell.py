@@ -38,12 +38,32 @@ def artefacts(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 @pytest.fixture
 def target() -> Iterator[str]:
     """``sg-switch-grpc --no-p4`` in a subprocess; yields its gRPC address."""
-    p = subprocess.Popen([sys.executable, "-m", "shadowgrad.bmv2_testbed._switch_cmd",
-                          "--no-p4", "--loopback-port", "1@127.0.0.1:0",
-                          "--loopback-port", "2@127.0.0.1:0", "--device-id", "0",
-                          "--thrift-port", "9090", "-L", "warn", "--",
-                          "--grpc-server-addr", "127.0.0.1:0", "--cpu-port", "255"],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    p = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "shadowgrad.bmv2_testbed._switch_cmd",
+            "--no-p4",
+            "--loopback-port",
+            "1@127.0.0.1:0",
+            "--loopback-port",
+            "2@127.0.0.1:0",
+            "--device-id",
+            "0",
+            "--thrift-port",
+            "9090",
+            "-L",
+            "warn",
+            "--",
+            "--grpc-server-addr",
+            "127.0.0.1:0",
+            "--cpu-port",
+            "255",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         yield wait_switch_ready(p)
     finally:
@@ -73,9 +93,24 @@ print("VERSION", APIVersion())
 def test_p4runtime_sh_repl_session(target: str, artefacts: tuple[Path, Path]) -> None:
     info, blob = artefacts
     r = subprocess.run(
-        [sys.executable, "-m", "p4runtime_sh", "--grpc-addr", target, "--device-id", "0",
-         "--election-id", "0,1", "--config", f"{info},{blob}"],
-        input=REPL_SCRIPT, capture_output=True, text=True, timeout=120)
+        [
+            sys.executable,
+            "-m",
+            "p4runtime_sh",
+            "--grpc-addr",
+            target,
+            "--device-id",
+            "0",
+            "--election-id",
+            "0,1",
+            "--config",
+            f"{info},{blob}",
+        ],
+        input=REPL_SCRIPT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     out = r.stdout + r.stderr
     assert r.returncode == 0, out[-3000:]
     # each output line follows the REPL prompt ("P4Runtime sh >>> ")
@@ -116,8 +151,12 @@ finally:
 
 def test_p4runtime_sh_python_api(target: str, artefacts: tuple[Path, Path]) -> None:
     info, blob = artefacts
-    r = subprocess.run([sys.executable, "-c", API_SCRIPT, target, str(info), str(blob)],
-                       capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [sys.executable, "-c", API_SCRIPT, target, str(info), str(blob)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     out = r.stdout + r.stderr
     assert r.returncode == 0, out[-3000:]
     assert "ACL 1 10" in out, out[-3000:]

@@ -13,8 +13,14 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 HEAVY = ("grpc", "google.protobuf", "scapy", "mininet", "p4runtime_sh", "p4")
-LEAN = ("shadowgrad", "shadowgrad.wire", "shadowgrad.layout", "shadowgrad.config",
-        "shadowgrad.errors", "shadowgrad.trainer_hooks")
+LEAN = (
+    "shadowgrad",
+    "shadowgrad.wire",
+    "shadowgrad.layout",
+    "shadowgrad.config",
+    "shadowgrad.errors",
+    "shadowgrad.trainer_hooks",
+)
 
 CHECK = textwrap.dedent(
     """
@@ -37,8 +43,9 @@ CHECK = textwrap.dedent(
 
 
 def _run(code: str, python: str = sys.executable, **kw: object) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=120,
-                          cwd="/", **kw)  # type: ignore[call-overload]
+    return subprocess.run(
+        [python, "-c", code], capture_output=True, text=True, timeout=120, cwd="/", **kw
+    )  # type: ignore[call-overload]
 
 
 @pytest.mark.parametrize("block", [False, True], ids=["installed", "heavy-blocked"])
@@ -55,9 +62,12 @@ def test_subpackages_map_into_one_namespace() -> None:
     import shadowgrad.shadow
     import shadowgrad.trainer_hooks
 
-    for mod, folder in [(shadowgrad.controller, "controller"), (shadowgrad.shadow, "shadow"),
-                        (shadowgrad.trainer_hooks, "trainer_hooks"),
-                        (shadowgrad.bmv2_testbed, "bmv2_testbed")]:
+    for mod, folder in [
+        (shadowgrad.controller, "controller"),
+        (shadowgrad.shadow, "shadow"),
+        (shadowgrad.trainer_hooks, "trainer_hooks"),
+        (shadowgrad.bmv2_testbed, "bmv2_testbed"),
+    ]:
         assert Path(mod.__file__ or "").resolve().parent == ROOT / folder
         assert isinstance(mod.__all__, list)
 
@@ -73,9 +83,11 @@ def test_console_script_lists_subcommands() -> None:
         assert name in out.stdout
     # --help must stay lean as well
     heavy = ("grpc", "scapy", "torch")
-    probe = _run("import sys; from shadowgrad.cli import build_parser; build_parser(); "
-                 f"bad=[m for m in sys.modules if m.split('.')[0] in {heavy!r}]; "
-                 "assert not bad, bad")
+    probe = _run(
+        "import sys; from shadowgrad.cli import build_parser; build_parser(); "
+        f"bad=[m for m in sys.modules if m.split('.')[0] in {heavy!r}]; "
+        "assert not bad, bad"
+    )
     assert probe.returncode == 0, probe.stderr
 
 
@@ -88,17 +100,24 @@ def test_base_install_in_a_fresh_venv(tmp_path: Path) -> None:
     env = {**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
     # torch pinned first, as the Makefile does: the CPU wheel on local disk
     for args in (["torch==2.13.0"], [str(ROOT)]):
-        r = subprocess.run([py, "-m", "pip", "install", "-q", *args], capture_output=True,
-                           text=True, timeout=900, env=env)
+        r = subprocess.run(
+            [py, "-m", "pip", "install", "-q", *args],
+            capture_output=True,
+            text=True,
+            timeout=900,
+            env=env,
+        )
         assert r.returncode == 0, r.stderr[-3000:]
-    frozen = subprocess.run([py, "-m", "pip", "freeze"], capture_output=True, text=True,
-                            timeout=120).stdout.lower()
+    frozen = subprocess.run(
+        [py, "-m", "pip", "freeze"], capture_output=True, text=True, timeout=120
+    ).stdout.lower()
     for pkg in ("grpcio", "protobuf", "scapy", "p4runtime", "mininet"):
         assert pkg not in frozen, f"base install pulled {pkg}"
     out = _run(CHECK.format(heavy=HEAVY, lean=LEAN, block=False), python=py)
     assert out.returncode == 0, out.stderr
-    cli = subprocess.run([str(venv / "bin" / "shadowgrad"), "--help"], capture_output=True,
-                         text=True, timeout=120)
+    cli = subprocess.run(
+        [str(venv / "bin" / "shadowgrad"), "--help"], capture_output=True, text=True, timeout=120
+    )
     assert cli.returncode == 0, cli.stderr
     assert "spec" in cli.stdout and "layout" in cli.stdout
 

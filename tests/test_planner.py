@@ -13,12 +13,16 @@ from shadowgrad.cli import main
 from shadowgrad.planner import daly_interval, ledger, young_interval
 
 
-@pytest.mark.parametrize(("interval", "cost", "lost", "overhead", "useful"), [
-    (1.0, 0.05, 209.71, 64.80, 78.82),
-    (0.28, 0.0125, 58.72, 57.86, 91.00),
-])
-def test_worked_examples(interval: float, cost: float, lost: float, overhead: float,
-                          useful: float) -> None:
+@pytest.mark.parametrize(
+    ("interval", "cost", "lost", "overhead", "useful"),
+    [
+        (1.0, 0.05, 209.71, 64.80, 78.82),
+        (0.28, 0.0125, 58.72, 57.86, 91.00),
+    ],
+)
+def test_worked_examples(
+    interval: float, cost: float, lost: float, overhead: float, useful: float
+) -> None:
     r = ledger(total=1296, mtbf=3.09, interval=interval, cost=cost)
     assert round(r.failures, 2) == 419.42
     assert round(r.lost, 2) == lost and round(r.overhead, 2) == overhead
@@ -39,17 +43,51 @@ def test_young_is_the_ledgers_optimum_and_daly_refines_it() -> None:
 
 
 def test_plan_cli_compares_policies_and_rejects_bad_values(
-        capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["plan", "--mtbf", "3.09h", "--total", "1296h", "--interval", "1h",
-                 "--cost", "3m", "--json"]) == 0
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert (
+        main(
+            [
+                "plan",
+                "--mtbf",
+                "3.09h",
+                "--total",
+                "1296h",
+                "--interval",
+                "1h",
+                "--cost",
+                "3m",
+                "--json",
+            ]
+        )
+        == 0
+    )
     rows = json.loads(capsys.readouterr().out)["rows"]
     assert [r["policy"] for r in rows] == ["periodic"]
     assert round(rows[0]["useful_percent"], 2) == 78.82
-    assert main(["plan", "--mtbf", "3.09h", "--cost", "3m", "--iteration", "1.2s",
-                 "--stall", "0.01s", "--json"]) == 0
+    assert (
+        main(
+            [
+                "plan",
+                "--mtbf",
+                "3.09h",
+                "--cost",
+                "3m",
+                "--iteration",
+                "1.2s",
+                "--stall",
+                "0.01s",
+                "--json",
+            ]
+        )
+        == 0
+    )
     rows = json.loads(capsys.readouterr().out)["rows"]
-    assert [r["policy"] for r in rows] == ["periodic", "periodic (Daly)",
-                                           "shadowgrad (every iteration)"]
+    assert [r["policy"] for r in rows] == [
+        "periodic",
+        "periodic (Daly)",
+        "shadowgrad (every iteration)",
+    ]
     assert rows[2]["useful"] > rows[0]["useful"]
     assert main(["plan", "--mtbf", "0h", "--cost", "3m"]) == 1
     assert "mtbf must be > 0" in capsys.readouterr().err

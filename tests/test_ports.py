@@ -72,8 +72,9 @@ def test_lossy_queue_tail_drops_and_counts() -> None:
         sink.gate.set()
         assert q.drain(2)
         assert q.stats().transmitted == results.count(True)
-        assert [f[:4] for f in sink.frames] == [f[:4] for f, ok in zip(frames(10), results,
-                                                                        strict=True) if ok]
+        assert [f[:4] for f in sink.frames] == [
+            f[:4] for f, ok in zip(frames(10), results, strict=True) if ok
+        ]
     finally:
         q.close()
 
@@ -128,9 +129,12 @@ def test_loss_is_seeded_and_counted() -> None:
 def test_lossless_queue_pauses_producer_and_never_drops() -> None:
     sink = Sink(delay=0.002)  # a slow port: ~500 frames/s
     pauses: list[bool] = []
-    q = EgressQueue(1, sink, QueueConfig(capacity=8, lossless=True, pause_timeout_s=5,
-                                         inline_tx=False),
-                    on_pause=lambda _p, paused: pauses.append(paused))
+    q = EgressQueue(
+        1,
+        sink,
+        QueueConfig(capacity=8, lossless=True, pause_timeout_s=5, inline_tx=False),
+        on_pause=lambda _p, paused: pauses.append(paused),
+    )
     try:
         t0 = time.monotonic()
         assert all(q.put(f) for f in frames(60))
@@ -150,8 +154,11 @@ def test_lossless_queue_pauses_producer_and_never_drops() -> None:
 def test_lossless_pause_timeout_admits_into_headroom_then_overflows() -> None:
     sink = Sink()
     sink.gate.clear()  # egress stuck
-    q = EgressQueue(1, sink, QueueConfig(capacity=2, lossless=True, pause_timeout_s=0.02,
-                                         inline_tx=False, headroom=2))
+    q = EgressQueue(
+        1,
+        sink,
+        QueueConfig(capacity=2, lossless=True, pause_timeout_s=0.02, inline_tx=False, headroom=2),
+    )
     try:
         ok = [q.put(f) for f in frames(7)]
         st = q.stats()
@@ -266,8 +273,7 @@ def test_in_process_port() -> None:
 def test_port_specs() -> None:
     assert parse_iface_spec("1@s1-eth1").iface == "s1-eth1"
     s = parse_loopback_spec("3@127.0.0.1:40003=127.0.0.1:50003")
-    assert (s.number, s.host, s.udp_port, s.peer) == (3, "127.0.0.1", 40003,
-                                                      ("127.0.0.1", 50003))
+    assert (s.number, s.host, s.udp_port, s.peer) == (3, "127.0.0.1", 40003, ("127.0.0.1", 50003))
     assert parse_loopback_spec("4@:0").host == "127.0.0.1"
     for bad in ("s1-eth1", "511@x", "x@eth0", "1@"):
         with pytest.raises(ValueError):
@@ -279,10 +285,29 @@ def test_port_specs() -> None:
 
 # ---- command line ----------------------------------------------------------------------------
 def test_cli_accepts_simple_switch_grpc_argv() -> None:
-    args, targs = cmd.parse_args([
-        "--no-p4", "-i", "1@s1-eth1", "-i", "2@s1-eth2", "--device-id", "0",
-        "--thrift-port", "9090", "--log-console", "-L", "debug", "--pcap", "/tmp/pcaps",
-        "--", "--grpc-server-addr", "0.0.0.0:50051", "--cpu-port", "255"])
+    args, targs = cmd.parse_args(
+        [
+            "--no-p4",
+            "-i",
+            "1@s1-eth1",
+            "-i",
+            "2@s1-eth2",
+            "--device-id",
+            "0",
+            "--thrift-port",
+            "9090",
+            "--log-console",
+            "-L",
+            "debug",
+            "--pcap",
+            "/tmp/pcaps",
+            "--",
+            "--grpc-server-addr",
+            "0.0.0.0:50051",
+            "--cpu-port",
+            "255",
+        ]
+    )
     assert args.no_p4 and args.interface == ["1@s1-eth1", "2@s1-eth2"]
     assert args.thrift_port == 9090 and args.log_level == "debug" and args.pcap == "/tmp/pcaps"
     assert targs.grpc_server_addr == "0.0.0.0:50051" and targs.cpu_port == 255
@@ -312,10 +337,22 @@ def test_units() -> None:
 
 
 def test_cli_errors_exit_2_without_traceback() -> None:
-    r = subprocess.run([str(Path(__file__).resolve().parents[1] / ".venv/bin/python"), "-m",
-                        "shadowgrad.bmv2_testbed._switch_cmd", "--no-p4", "--port-rate",
-                        "9:1m", "--", "--grpc-server-addr", "127.0.0.1:0"],
-                       capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        [
+            str(Path(__file__).resolve().parents[1] / ".venv/bin/python"),
+            "-m",
+            "shadowgrad.bmv2_testbed._switch_cmd",
+            "--no-p4",
+            "--port-rate",
+            "9:1m",
+            "--",
+            "--grpc-server-addr",
+            "127.0.0.1:0",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert r.returncode == 2
     assert "unattached port" in r.stderr and "Traceback" not in r.stderr
 
@@ -324,8 +361,7 @@ def test_reconfigure_to_lossless_at_run_time() -> None:
     sink = Sink(delay=0.001)
     q = EgressQueue(1, sink, QueueConfig(capacity=4, inline_tx=False))
     try:
-        q.reconfigure(QueueConfig(capacity=4, lossless=True, pause_timeout_s=5,
-                                  inline_tx=False))
+        q.reconfigure(QueueConfig(capacity=4, lossless=True, pause_timeout_s=5, inline_tx=False))
         assert all(q.put(f) for f in frames(40))
         assert q.drain(5)
         assert q.stats().transmitted == 40 and sum(q.stats().drops.values()) == 0
@@ -342,6 +378,7 @@ def test_inline_fast_path_keeps_fifo_with_concurrent_producers() -> None:
     sink = Sink()
     q = EgressQueue(1, sink, QueueConfig())
     try:
+
         def produce(base: int) -> None:
             for i in range(500):
                 q.put((base + i).to_bytes(4, "big"))

@@ -47,16 +47,20 @@ def pipeline() -> Pipeline:
 
 def route(sw: Switch, names: Names, dst: int, port: int) -> None:
     assert sw.dataplane is not None
-    sw.dataplane.insert_entry(TableEntry(
-        table_id=names["MyIngress.ipv4_lpm"], matches={1: Lpm(dst, 32)},
-        action_id=names["MyIngress.ipv4_forward"], params={1: 0xB0 + port, 2: port}))
+    sw.dataplane.insert_entry(
+        TableEntry(
+            table_id=names["MyIngress.ipv4_lpm"],
+            matches={1: Lpm(dst, 32)},
+            action_id=names["MyIngress.ipv4_forward"],
+            params={1: 0xB0 + port, 2: port},
+        )
+    )
 
 
 def make_switch(pipeline: Pipeline, lossless: bool, tmp: Path | None = None) -> Switch:
     sw = Switch(device_id=0, cpu_port=255, pcap_dir=tmp)
     sw.add_port(InProcessPort(1))
-    sw.add_port(SlowPort(2, 0.001), QueueConfig(capacity=16, pause_timeout_s=5,
-                                                inline_tx=False))
+    sw.add_port(SlowPort(2, 0.001), QueueConfig(capacity=16, pause_timeout_s=5, inline_tx=False))
     sw.load_pipeline(pipeline)
     sw.start()
     if lossless:
@@ -66,8 +70,9 @@ def make_switch(pipeline: Pipeline, lossless: bool, tmp: Path | None = None) -> 
 
 
 @pytest.mark.parametrize("lossless", [True, False])
-def test_lossless_queue_pauses_ingress_lossy_queue_drops(pipeline: Pipeline,
-                                                         lossless: bool) -> None:
+def test_lossless_queue_pauses_ingress_lossy_queue_drops(
+    pipeline: Pipeline, lossless: bool
+) -> None:
     names = Names(pipeline.p4info)
     sw = make_switch(pipeline, lossless)
     try:
@@ -101,8 +106,10 @@ def test_pfc_frames_out_of_the_paused_ingress_port(pipeline: Pipeline) -> None:
     names = Names(pipeline.p4info)
     sw = Switch(device_id=0, cpu_port=255, pfc=True)
     p1 = sw.add_port(InProcessPort(1))
-    sw.add_port(SlowPort(2, 0.002), QueueConfig(capacity=4, lossless=True,
-                                                pause_timeout_s=5, inline_tx=False))
+    sw.add_port(
+        SlowPort(2, 0.002),
+        QueueConfig(capacity=4, lossless=True, pause_timeout_s=5, inline_tx=False),
+    )
     sw.load_pipeline(pipeline)
     sw.start()
     try:
@@ -140,9 +147,14 @@ def test_pcap_per_port_and_switch_drop_reasons(pipeline: Pipeline, tmp_path: Pat
         assert sw.drain(5)
         assert sw.drops["no_such_port"] == 1
         assert sw.dataplane is not None
-        sw.dataplane.insert_entry(TableEntry(
-            table_id=names["MyIngress.dmac"], matches={1: Exact(0xFFFFFFFFFFFF)},
-            action_id=names["MyIngress.multicast"], params={1: 99}))
+        sw.dataplane.insert_entry(
+            TableEntry(
+                table_id=names["MyIngress.dmac"],
+                matches={1: Exact(0xFFFFFFFFFFFF)},
+                action_id=names["MyIngress.multicast"],
+                params={1: 99},
+            )
+        )
         p1.inject(ipv4_frame("10.9.9.9", dst_mac="ff:ff:ff:ff:ff:ff"))  # group 99 unknown
         assert any(r == "mcast_group_unknown" for (_p, r) in sw.dataplane.drop_counts())
     finally:
@@ -169,13 +181,34 @@ def _free_udp_ports(n: int) -> list[int]:
 def cli_switch(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[str], str, list[int]]]:
     sw1, sw2, peer1, peer2 = _free_udp_ports(4)
     p = subprocess.Popen(
-        [sys.executable, "-m", "shadowgrad.bmv2_testbed._switch_cmd", str(PROG),
-         "--loopback-port", f"1@127.0.0.1:{sw1}=127.0.0.1:{peer1}",
-         "--loopback-port", f"2@127.0.0.1:{sw2}=127.0.0.1:{peer2}",
-         "--port-delay", "2:20ms", "--lossless-port", "2", "--pcap", str(tmp_path),
-         "--log-console", "--thrift-port", "9090",
-         "--", "--grpc-server-addr", "127.0.0.1:0", "--cpu-port", "255"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        [
+            sys.executable,
+            "-m",
+            "shadowgrad.bmv2_testbed._switch_cmd",
+            str(PROG),
+            "--loopback-port",
+            f"1@127.0.0.1:{sw1}=127.0.0.1:{peer1}",
+            "--loopback-port",
+            f"2@127.0.0.1:{sw2}=127.0.0.1:{peer2}",
+            "--port-delay",
+            "2:20ms",
+            "--lossless-port",
+            "2",
+            "--pcap",
+            str(tmp_path),
+            "--log-console",
+            "--thrift-port",
+            "9090",
+            "--",
+            "--grpc-server-addr",
+            "127.0.0.1:0",
+            "--cpu-port",
+            "255",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         yield p, wait_switch_ready(p), [sw1, sw2, peer1, peer2]
     finally:
@@ -185,7 +218,8 @@ def cli_switch(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[str], str, lis
 
 
 def test_cli_udp_loopback_ports_end_to_end(
-        cli_switch: tuple[subprocess.Popen[str], str, list[int]]) -> None:
+    cli_switch: tuple[subprocess.Popen[str], str, list[int]],
+) -> None:
     proc, addr, (sw1, _sw2, peer1, peer2) = cli_switch
     rx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     tx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
@@ -198,8 +232,7 @@ def test_cli_udp_loopback_ports_end_to_end(
         assert client.next("arbitration").status.code == 0
         req = p4runtime_pb2.GetForwardingPipelineConfigRequest(device_id=0)
         names = Names(client.stub.GetForwardingPipelineConfig(req, timeout=10).config.p4info)
-        client.write(upd(p4runtime_pb2.Update.INSERT, lpm_entry(names, 0x0A000002, 32, 0xB2,
-                                                                2)))
+        client.write(upd(p4runtime_pb2.Update.INSERT, lpm_entry(names, 0x0A000002, 32, 0xB2, 2)))
         frame = ipv4_frame("10.0.0.2")
         t0 = time.monotonic()
         tx.sendto(frame, ("127.0.0.1", sw1))
@@ -231,16 +264,18 @@ def test_stop_leaves_no_threads_even_with_a_paused_producer(pipeline: Pipeline) 
         def send(self, frame: bytes) -> None:
             gate.wait(10)
 
-    sw.add_port(StuckPort(2), QueueConfig(capacity=1, lossless=True, pause_timeout_s=30,
-                                          inline_tx=False))
+    sw.add_port(
+        StuckPort(2), QueueConfig(capacity=1, lossless=True, pause_timeout_s=30, inline_tx=False)
+    )
     sw.load_pipeline(pipeline)
     sw.start()
     assert sw.server is not None
     c = Client(f"127.0.0.1:{sw.server.port}", election_id=1)
     assert isinstance(p1, InProcessPort)
     route(sw, names, 0x0A000002, 2)
-    producer = threading.Thread(target=lambda: [p1.inject(ipv4_frame("10.0.0.2"))
-                                                for _ in range(5)])
+    producer = threading.Thread(
+        target=lambda: [p1.inject(ipv4_frame("10.0.0.2")) for _ in range(5)]
+    )
     producer.start()
     deadline = time.monotonic() + 10
     while not sw.queues[2].paused and time.monotonic() < deadline:
@@ -267,8 +302,14 @@ def test_batch_delivery_equals_frame_by_frame() -> None:
     flood = pipe.action_ids["McIngress.flood"]
     grp = pipe.actions[flood].params[0].id
     got: dict[str, dict[int, list[bytes]]] = {}
-    batch = [bytes.fromhex(f"02000000000{1 + i % 2}") + bytes.fromhex("020000000009")
-             + b"\x90\x00" + i.to_bytes(4, "big") + bytes(40) for i in range(40)]
+    batch = [
+        bytes.fromhex(f"02000000000{1 + i % 2}")
+        + bytes.fromhex("020000000009")
+        + b"\x90\x00"
+        + i.to_bytes(4, "big")
+        + bytes(40)
+        for i in range(40)
+    ]
     for mode in ("single", "batch"):
         sw = Switch(device_id=0)
         for n in (1, 2, 3):
@@ -277,8 +318,9 @@ def test_batch_delivery_equals_frame_by_frame() -> None:
         dpl.insert_multicast_group(1, [(2, 1)])
         dpl.insert_multicast_group(2, [(2, 1), (3, 2)])
         for gid in (1, 2):
-            dpl.insert_entry(TableEntry(mc.id, {mc.keys[0].id: Exact(0x020000000000 + gid)},
-                                        flood, {grp: gid}))
+            dpl.insert_entry(
+                TableEntry(mc.id, {mc.keys[0].id: Exact(0x020000000000 + gid)}, flood, {grp: gid})
+            )
         sw.start()
         try:
             if mode == "single":

@@ -33,7 +33,8 @@ def test_leak_is_reaped_with_a_warning(pytester: pytest.Pytester) -> None:
             subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
         """
     )
-    result = pytester.runpytest_subprocess("-W", "default", "-p", "no:cacheprovider",
-                                           "-o", "markers=netns\nbmv2\nslow")
+    result = pytester.runpytest_subprocess(
+        "-W", "default", "-p", "no:cacheprovider", "-o", "markers=netns\nbmv2\nslow"
+    )
     result.assert_outcomes(passed=1)
     result.stdout.fnmatch_lines(["*test left child processes*"])

@@ -49,6 +49,7 @@ def _one_thread() -> Iterator[None]:
     with _threads(1):
         yield
 
+
 # ----------------------------------------------------------------------------------------------
 # models
 # ----------------------------------------------------------------------------------------------
@@ -83,8 +84,11 @@ class MLP(nn.Module):
 
 
 def mlp_batch(gen: torch.Generator) -> tuple[torch.Tensor, ...]:
-    return (torch.randn(16, 64, generator=gen), torch.randint(0, 40, (16,), generator=gen),
-            torch.randint(0, 10, (16,), generator=gen))
+    return (
+        torch.randn(16, 64, generator=gen),
+        torch.randint(0, 40, (16,), generator=gen),
+        torch.randint(0, 10, (16,), generator=gen),
+    )
 
 
 class TinyTransformer(nn.Module):
@@ -115,6 +119,7 @@ def warmup_cosine(opt: torch.optim.Optimizer) -> torch.optim.lr_scheduler.LRSche
         if i < 10:
             return (i + 1) / 10
         return 0.5 * (1.0 + math.cos(math.pi * (i - 10) / (ITERS - 10)))
+
     return torch.optim.lr_scheduler.LambdaLR(opt, factor)
 
 
@@ -199,18 +204,20 @@ class Shadows:
     """The shard replayers of a layout, fed through per-shard flat byte buffers (like the node's
     reassembly buffers: each box's gradient is a view into its shard's buffer)."""
 
-    def __init__(self, layout: Layout, spec: OptimizerSpec, trainer: Trainer,
-                 iteration: int = -1) -> None:
+    def __init__(
+        self, layout: Layout, spec: OptimizerSpec, trainer: Trainer, iteration: int = -1
+    ) -> None:
         self.layout = layout
         self.reps = [ShardReplayer(layout, s, spec) for s in range(layout.num_shards)]
-        self.bufs = [torch.empty(layout.shard_bytes(s), dtype=torch.uint8)
-                     for s in range(layout.num_shards)]
+        self.bufs = [
+            torch.empty(layout.shard_bytes(s), dtype=torch.uint8) for s in range(layout.num_shards)
+        ]
         self.views: list[list[torch.Tensor]] = []
         for s in range(layout.num_shards):
             off, views = 0, []
             for box in layout.shard_boxes(s):
                 dtype = {"float32": torch.float32}[box.dtype]
-                views.append(self.bufs[s][off:off + box.nbytes].view(dtype).view(box.lengths))
+                views.append(self.bufs[s][off : off + box.nbytes].view(dtype).view(box.lengths))
                 off += box.nbytes
             self.views.append(views)
         optim = state_by_name(trainer.opt, trainer.named)
@@ -221,8 +228,7 @@ class Shadows:
         for s, rep in enumerate(self.reps):
             for box, view in zip(self.layout.shard_boxes(s), self.views[s], strict=True):
                 full = raw[box.name]
-                view.copy_(full.narrow(0, box.offsets[0], box.lengths[0]) if box.offsets
-                           else full)
+                view.copy_(full.narrow(0, box.offsets[0], box.lengths[0]) if box.offsets else full)
             rep.step(i, self.views[s], commit)
 
     def assembled(self) -> tuple[dict[str, torch.Tensor], dict[str, dict[str, torch.Tensor]]]:
@@ -235,7 +241,8 @@ def assert_exact(trainer: Trainer, shadows: Shadows, i: int) -> None:
     for name, p in trainer.named.items():
         assert torch.equal(params[name], p.detach()), (
             f"iteration {i}: parameter {name} differs, max |diff| ="
-            f" {(params[name] - p.detach()).abs().max().item()}")
+            f" {(params[name] - p.detach()).abs().max().item()}"
+        )
     want = state_by_name(trainer.opt, trainer.named)
     assert states.keys() == want.keys(), f"iteration {i}: state for {sorted(states)}"
     for name, st in want.items():
@@ -243,7 +250,8 @@ def assert_exact(trainer: Trainer, shadows: Shadows, i: int) -> None:
         for key, value in st.items():
             got = states[name][key]
             assert got.dtype == value.dtype and torch.equal(got, value), (
-                f"iteration {i}: {name}.{key} differs")
+                f"iteration {i}: {name}.{key} differs"
+            )
 
 
 def make_layout(model: nn.Module, max_piece_bytes: int) -> Layout:
@@ -251,8 +259,11 @@ def make_layout(model: nn.Module, max_piece_bytes: int) -> Layout:
     layout = Layout.build(params, buckets, num_shadows=3, max_piece_bytes=max_piece_bytes)
     # the proof has teeth only if tensors really are split across shards, at 64- but not always
     # 128-element boundaries
-    split = [n for n in layout.placements
-             if len({layout.box_shards[layout.boxes.index(b)] for b in layout.tensor_boxes(n)}) > 1]
+    split = [
+        n
+        for n in layout.placements
+        if len({layout.box_shards[layout.boxes.index(b)] for b in layout.tensor_boxes(n)}) > 1
+    ]
     assert len(split) >= 2, "layout does not split tensors across shards"
     cuts = [b.elem_start for b in layout.boxes if b.elem_start]
     assert cuts and all(c % 64 == 0 for c in cuts) and any(c % 128 for c in cuts)
@@ -262,8 +273,7 @@ def make_layout(model: nn.Module, max_piece_bytes: int) -> Layout:
 def run_case(case: Case, iters: int = ITERS) -> Trainer:
     trainer = Trainer(case)
     layout = make_layout(trainer.model, case.max_piece_bytes)
-    spec = OptimizerSpec.from_optimizer(trainer.opt, trainer.named,
-                                        scaler_unscale=case.unscale)  # type: ignore[arg-type]
+    spec = OptimizerSpec.from_optimizer(trainer.opt, trainer.named, scaler_unscale=case.unscale)  # type: ignore[arg-type]
     spec = OptimizerSpec.from_json(spec.to_json())  # what the shadows receive
     shadows = Shadows(layout, spec, trainer)
     assert_exact(trainer, shadows, -1)
@@ -287,56 +297,99 @@ def _adamw(**kw: Any) -> Callable[[nn.Module], torch.optim.Optimizer]:
 
 @pytest.mark.slow
 def test_a_transformer_adamw_clip_warmup_cosine_two_groups() -> None:
-    run_case(Case(TinyTransformer, tf_batch, _adamw(), warmup_cosine, max_norm=1.0,
-                  max_piece_bytes=2000))
+    run_case(
+        Case(TinyTransformer, tf_batch, _adamw(), warmup_cosine, max_norm=1.0, max_piece_bytes=2000)
+    )
 
 
-@pytest.mark.parametrize("sgd", [
-    {"momentum": 0.9, "nesterov": True, "weight_decay": 1e-3},
-    {"momentum": 0.9, "dampening": 0.2, "nesterov": False, "weight_decay": 1e-3},
-    {"momentum": 0.8, "nesterov": True, "weight_decay": 1e-3, "fused": True},
-], ids=["nesterov", "dampening", "fused-nesterov"])
+@pytest.mark.parametrize(
+    "sgd",
+    [
+        {"momentum": 0.9, "nesterov": True, "weight_decay": 1e-3},
+        {"momentum": 0.9, "dampening": 0.2, "nesterov": False, "weight_decay": 1e-3},
+        {"momentum": 0.8, "nesterov": True, "weight_decay": 1e-3, "fused": True},
+    ],
+    ids=["nesterov", "dampening", "fused-nesterov"],
+)
 def test_b_mlp_sgd_momentum(sgd: dict[str, Any]) -> None:
     def make(m: nn.Module) -> torch.optim.Optimizer:
         groups = two_groups(m, sgd["weight_decay"])
         groups[1]["lr"] = 0.02  # per-group LR
-        return torch.optim.SGD(groups, lr=0.05, **{k: v for k, v in sgd.items()
-                                                     if k != "weight_decay"})
+        return torch.optim.SGD(
+            groups, lr=0.05, **{k: v for k, v in sgd.items() if k != "weight_decay"}
+        )
+
     sched = lambda o: torch.optim.lr_scheduler.MultiStepLR(o, [30, 70], 0.3)  # noqa: E731
     run_case(Case(MLP, mlp_batch, make, sched, max_norm=2.0))
 
 
 # a skipped first step makes torch warn that the scheduler stepped before the optimizer
 @pytest.mark.filterwarnings("ignore:Detected call of:UserWarning")
-@pytest.mark.parametrize("scaler", [
-    {"init_scale": 2.0**12, "growth_interval": 6},
-    {"init_scale": 1000.0, "growth_factor": 1.5, "backoff_factor": 0.7, "growth_interval": 9},
-], ids=["pow2-scale", "odd-scale"])
+@pytest.mark.parametrize(
+    "scaler",
+    [
+        {"init_scale": 2.0**12, "growth_interval": 6},
+        {"init_scale": 1000.0, "growth_factor": 1.5, "backoff_factor": 0.7, "growth_interval": 9},
+    ],
+    ids=["pow2-scale", "odd-scale"],
+)
 def test_c_mlp_adam_gradscaler_skips_and_clip_after_unscale(scaler: dict[str, Any]) -> None:
     make = lambda m: torch.optim.Adam(two_groups(m, 1e-3), lr=2e-3, amsgrad=True)  # noqa: E731
-    trainer = run_case(Case(MLP, mlp_batch, make, warmup_cosine, max_norm=1.0, scaler=scaler,
-                            inf_at=(0, 37, 38)))
+    trainer = run_case(
+        Case(MLP, mlp_batch, make, warmup_cosine, max_norm=1.0, scaler=scaler, inf_at=(0, 37, 38))
+    )
     assert trainer.skipped == [0, 37, 38]
 
 
 @pytest.mark.parametrize("impl", [{"fused": True}, {"foreach": True}], ids=["fused", "foreach"])
 def test_d_transformer_adamw_fused_and_foreach(impl: dict[str, bool]) -> None:
-    run_case(Case(TinyTransformer, tf_batch, _adamw(**impl), sequential_warmup_cosine,
-                  max_norm=1.0, max_piece_bytes=2000))
+    run_case(
+        Case(
+            TinyTransformer,
+            tf_batch,
+            _adamw(**impl),
+            sequential_warmup_cosine,
+            max_norm=1.0,
+            max_piece_bytes=2000,
+        )
+    )
 
 
 @pytest.mark.filterwarnings("ignore:Detected call of:UserWarning")
-@pytest.mark.parametrize("unscale,max_norm,scaler", [
-    ("explicit", 1.0, {"init_scale": 2.0**10, "growth_interval": 5}),
-    ("in_step", None, {"init_scale": 1000.0, "growth_factor": 1.5, "backoff_factor": 0.7,
-                       "growth_interval": 7}),
-], ids=["explicit-unscale-clip", "in-kernel-unscale-odd-scale"])
-def test_d_mlp_fused_adamw_gradscaler(unscale: str, max_norm: float | None,
-                                      scaler: dict[str, Any]) -> None:
+@pytest.mark.parametrize(
+    "unscale,max_norm,scaler",
+    [
+        ("explicit", 1.0, {"init_scale": 2.0**10, "growth_interval": 5}),
+        (
+            "in_step",
+            None,
+            {
+                "init_scale": 1000.0,
+                "growth_factor": 1.5,
+                "backoff_factor": 0.7,
+                "growth_interval": 7,
+            },
+        ),
+    ],
+    ids=["explicit-unscale-clip", "in-kernel-unscale-odd-scale"],
+)
+def test_d_mlp_fused_adamw_gradscaler(
+    unscale: str, max_norm: float | None, scaler: dict[str, Any]
+) -> None:
     """A fused optimizer under GradScaler is stepped even on a skipped iteration (the kernel
     gets found_inf): torch then creates the state lazily, so skipping iteration 0 matters."""
-    trainer = run_case(Case(MLP, mlp_batch, _adamw(fused=True), warmup_cosine, max_norm=max_norm,
-                            scaler=scaler, unscale=unscale, inf_at=(0, 50)))
+    trainer = run_case(
+        Case(
+            MLP,
+            mlp_batch,
+            _adamw(fused=True),
+            warmup_cosine,
+            max_norm=max_norm,
+            scaler=scaler,
+            unscale=unscale,
+            inf_at=(0, 50),
+        )
+    )
     assert state_by_name(trainer.opt, trainer.named)  # state exists
 
 
@@ -385,11 +438,17 @@ def _threads(n: int) -> Iterator[None]:
         torch.set_num_threads(old)
 
 
-@pytest.mark.parametrize("opt", [
-    {"cls": "AdamW"}, {"cls": "AdamW", "foreach": True}, {"cls": "AdamW", "fused": True},
-    {"cls": "SGD", "momentum": 0.9, "nesterov": True, "fused": True},
-    {"cls": "SGD", "momentum": 0.9, "dampening": 0.1},
-], ids=["adamw-forloop", "adamw-foreach", "adamw-fused", "sgd-fused", "sgd-forloop"])
+@pytest.mark.parametrize(
+    "opt",
+    [
+        {"cls": "AdamW"},
+        {"cls": "AdamW", "foreach": True},
+        {"cls": "AdamW", "fused": True},
+        {"cls": "SGD", "momentum": 0.9, "nesterov": True, "fused": True},
+        {"cls": "SGD", "momentum": 0.9, "dampening": 0.1},
+    ],
+    ids=["adamw-forloop", "adamw-foreach", "adamw-fused", "sgd-fused", "sgd-forloop"],
+)
 def test_thread_count_of_trainer_and_shadow_do_not_matter(opt: dict[str, Any]) -> None:
     """Trainer with 2 intra-op threads on whole tensors, shadows with 1 thread on pieces:
     tensors large enough (> 32768 elements) that torch really splits the work by thread."""
@@ -416,8 +475,14 @@ def test_thread_count_of_trainer_and_shadow_do_not_matter(opt: dict[str, Any]) -
         commit = CommitRecord((1e-2,))
         with _threads(1):
             for s, r in enumerate(reps):
-                r.step(i, [grads[b.name].narrow(0, b.offsets[0], b.lengths[0]).clone()
-                           for b in layout.shard_boxes(s)], commit)
+                r.step(
+                    i,
+                    [
+                        grads[b.name].narrow(0, b.offsets[0], b.lengths[0]).clone()
+                        for b in layout.shard_boxes(s)
+                    ],
+                    commit,
+                )
     got_p, got_s = assemble_full(layout, [r.export() for r in reps])
     want_s = state_by_name(trainer_opt, named)
     for n, p in named.items():
@@ -429,8 +494,14 @@ def test_thread_count_of_trainer_and_shadow_do_not_matter(opt: dict[str, Any]) -
 def test_bootstrap_mid_run_and_resume_trainer_from_shadows() -> None:
     """Shadows bootstrapped from the trainer's state at iteration 29 stay exact; a fresh trainer
     restored from the shadows' state at iteration 59 continues bit-identically."""
-    case = Case(MLP, mlp_batch, lambda m: torch.optim.Adam(two_groups(m, 1e-3), lr=2e-3),
-                warmup_cosine, max_norm=1.0, scaler={"init_scale": 2.0**8, "growth_interval": 4})
+    case = Case(
+        MLP,
+        mlp_batch,
+        lambda m: torch.optim.Adam(two_groups(m, 1e-3), lr=2e-3),
+        warmup_cosine,
+        max_norm=1.0,
+        scaler={"init_scale": 2.0**8, "growth_interval": 4},
+    )
     trainer = Trainer(case)
     layout = make_layout(trainer.model, case.max_piece_bytes)
     spec = OptimizerSpec.from_optimizer(trainer.opt, trainer.named)
@@ -473,8 +544,9 @@ def test_bootstrap_mid_run_and_resume_trainer_from_shadows() -> None:
 def _small() -> tuple[Layout, OptimizerSpec, dict[str, nn.Parameter], torch.optim.Optimizer]:
     torch.manual_seed(0)
     named = {"a": nn.Parameter(torch.randn(300, 8)), "b": nn.Parameter(torch.randn(5))}
-    opt = torch.optim.AdamW([{"params": [named["a"]]}, {"params": [named["b"]],
-                                                          "weight_decay": 0.0}], lr=1e-3)
+    opt = torch.optim.AdamW(
+        [{"params": [named["a"]]}, {"params": [named["b"]], "weight_decay": 0.0}], lr=1e-3
+    )
     params = [ParamSpec("a", (300, 8), "float32"), ParamSpec("b", (5,), "float32")]
     layout = Layout.build(params, [["a", "b"]], num_shadows=2, max_piece_bytes=2048)
     return layout, OptimizerSpec.from_optimizer(opt, named), named, opt
@@ -509,15 +581,19 @@ def test_order_is_enforced_and_state_untouched_on_errors() -> None:
         rep.step(0, _zeros(rep), CommitRecord((1e-3, 1e-3)))
 
 
-@pytest.mark.parametrize("mutate,match", [
-    (lambda g, c: (g[:-1], c), "gradients for shard"),
-    (lambda g, c: ([g[0].double(), *g[1:]], c), "expected"),
-    (lambda g, c: ([g[0][1:], *g[1:]], c), "expected"),
-    (lambda g, c: (g, CommitRecord((1e-3,))), "learning rates"),
-    (lambda g, c: (g, CommitRecord((1e-3, 1e-3), loss_scale=0.1)), "loss_scale"),
-    (lambda g, c: (g, CommitRecord((1e-3, 1e-3), loss_scale=-4.0)), "loss_scale"),
-    (lambda g, c: (g, CommitRecord((1e-3, 1e-3), clip_coef=0.1)), "clip_coef"),
-], ids=["count", "dtype", "shape", "lrs", "scale-not-fp32", "scale-negative", "coef-not-fp32"])
+@pytest.mark.parametrize(
+    "mutate,match",
+    [
+        (lambda g, c: (g[:-1], c), "gradients for shard"),
+        (lambda g, c: ([g[0].double(), *g[1:]], c), "expected"),
+        (lambda g, c: ([g[0][1:], *g[1:]], c), "expected"),
+        (lambda g, c: (g, CommitRecord((1e-3,))), "learning rates"),
+        (lambda g, c: (g, CommitRecord((1e-3, 1e-3), loss_scale=0.1)), "loss_scale"),
+        (lambda g, c: (g, CommitRecord((1e-3, 1e-3), loss_scale=-4.0)), "loss_scale"),
+        (lambda g, c: (g, CommitRecord((1e-3, 1e-3), clip_coef=0.1)), "clip_coef"),
+    ],
+    ids=["count", "dtype", "shape", "lrs", "scale-not-fp32", "scale-negative", "coef-not-fp32"],
+)
 def test_bad_step_input(mutate: Callable[..., Any], match: str) -> None:
     rep, _, _ = _loaded()
     grads, commit = mutate(_zeros(rep), CommitRecord((1e-3, 1e-3)))
@@ -525,8 +601,9 @@ def test_bad_step_input(mutate: Callable[..., Any], match: str) -> None:
     with pytest.raises(ReplayInputError, match=match):
         rep.step(0, grads, commit)
     assert rep.last_applied == -1
-    assert all(torch.equal(a[k], b[k]) for a, b in zip(snapshot, rep.export(), strict=True)
-               for k in a)
+    assert all(
+        torch.equal(a[k], b[k]) for a, b in zip(snapshot, rep.export(), strict=True) for k in a
+    )
 
 
 def test_nonfinite_gradient_in_unskipped_step_is_divergence() -> None:
@@ -537,8 +614,9 @@ def test_nonfinite_gradient_in_unskipped_step_is_divergence() -> None:
     with pytest.raises(ReplayDivergedError, match="did not skip"):
         rep.step(0, grads, CommitRecord((1e-3, 1e-3), loss_scale=1024.0))
     assert rep.last_applied == -1
-    assert all(torch.equal(a["param"], b["param"])
-               for a, b in zip(snapshot, rep.export(), strict=True))
+    assert all(
+        torch.equal(a["param"], b["param"]) for a, b in zip(snapshot, rep.export(), strict=True)
+    )
     # the same data with the trainer's skip decision is fine, and steps nothing
     rep.step(0, grads, CommitRecord((1e-3, 1e-3), loss_scale=1024.0, skipped=True))
     assert rep.last_applied == 0 and all("step" not in st for st in rep.export())
@@ -547,8 +625,9 @@ def test_nonfinite_gradient_in_unskipped_step_is_divergence() -> None:
 def test_fused_sgd_skipped_first_step_under_scaler_is_refused() -> None:
     named = {"w": nn.Parameter(torch.randn(256))}
     opt = torch.optim.SGD(named.values(), lr=0.1, momentum=0.9, fused=True)
-    layout = Layout.build([ParamSpec("w", (256,), "float32")], [["w"]], num_shadows=1,
-                          max_piece_bytes=2**20)
+    layout = Layout.build(
+        [ParamSpec("w", (256,), "float32")], [["w"]], num_shadows=1, max_piece_bytes=2**20
+    )
     rep = ShardReplayer(layout, 0, OptimizerSpec.from_optimizer(opt, named))
     rep.load(-1, box_states_from_full(layout, 0, named))
     grads = [torch.full((256,), math.inf)]
@@ -562,8 +641,10 @@ def test_fused_sgd_skipped_first_step_under_scaler_is_refused() -> None:
 
 def test_failed_optimizer_step_poisons_until_load(monkeypatch: pytest.MonkeyPatch) -> None:
     rep, layout, named = _loaded()
+
     def boom(*_: Any, **__: Any) -> None:
         raise RuntimeError("kernel exploded")
+
     assert rep._opt is not None
     monkeypatch.setattr(rep._opt, "step", boom)
     with pytest.raises(ReplayDivergedError, match="kernel exploded"):
@@ -619,8 +700,9 @@ def test_empty_shard_and_single_tensor_whole() -> None:
         named["t"].grad = torch.tensor(float(i + 1))
         opt.step()
         for s, r in enumerate(reps):
-            r.step(i, [named["t"].grad.clone() for _ in layout.shard_boxes(s)],
-                   CommitRecord((0.1,)))
+            r.step(
+                i, [named["t"].grad.clone() for _ in layout.shard_boxes(s)], CommitRecord((0.1,))
+            )
     params, states = assemble_full(layout, [r.export() for r in reps])
     assert torch.equal(params["t"], named["t"].detach())
     assert torch.equal(states["t"]["momentum_buffer"], opt.state[named["t"]]["momentum_buffer"])
@@ -676,8 +758,9 @@ def test_spec_from_optimizer_records_resolved_flags_and_round_trips() -> None:
     sgd = OptimizerSpec.from_optimizer(torch.optim.SGD(named.values(), lr=0.1), named)
     assert sgd.state_keys(0) == () and sgd.groups[0].hyper["momentum"] == 0.0
     # a tensor listed under two names keeps the first, as DDP and the layout do
-    alias = OptimizerSpec.from_optimizer(opt, [("a", named["a"]), ("a2", named["a"]),
-                                               ("b", named["b"])])
+    alias = OptimizerSpec.from_optimizer(
+        opt, [("a", named["a"]), ("a2", named["a"]), ("b", named["b"])]
+    )
     assert alias.param_names == ("a", "b")
 
 
@@ -685,16 +768,24 @@ class _MyAdamW(torch.optim.AdamW):
     pass
 
 
-@pytest.mark.parametrize("make,key", [
-    (_MyAdamW, "type"),
-    (torch.optim.RMSprop, "type"),
-    (lambda ps: torch.optim.AdamW(ps, lr=torch.tensor(0.01)), "groups[0].lr"),
-    (lambda ps: torch.optim.Adam(ps, capturable=True), "groups[0].hyper.capturable"),
-    (lambda ps: torch.optim.SGD(ps, lr=0.1, differentiable=True),
-     "groups[0].hyper.differentiable"),
-    (lambda ps: torch.optim.AdamW(ps, betas=(torch.tensor(0.9), torch.tensor(0.99))),
-     "groups[0].hyper.betas"),
-], ids=["subclass", "rmsprop", "tensor-lr", "capturable", "differentiable", "tensor-beta"])
+@pytest.mark.parametrize(
+    "make,key",
+    [
+        (_MyAdamW, "type"),
+        (torch.optim.RMSprop, "type"),
+        (lambda ps: torch.optim.AdamW(ps, lr=torch.tensor(0.01)), "groups[0].lr"),
+        (lambda ps: torch.optim.Adam(ps, capturable=True), "groups[0].hyper.capturable"),
+        (
+            lambda ps: torch.optim.SGD(ps, lr=0.1, differentiable=True),
+            "groups[0].hyper.differentiable",
+        ),
+        (
+            lambda ps: torch.optim.AdamW(ps, betas=(torch.tensor(0.9), torch.tensor(0.99))),
+            "groups[0].hyper.betas",
+        ),
+    ],
+    ids=["subclass", "rmsprop", "tensor-lr", "capturable", "differentiable", "tensor-beta"],
+)
 def test_spec_rejects_what_cannot_be_replayed(make: Callable[..., Any], key: str) -> None:
     named = {"w": nn.Parameter(torch.randn(4))}
     with pytest.raises(OptSpecError) as info:
@@ -711,8 +802,9 @@ def test_spec_rejects_unnamed_parameter() -> None:
 
 def _doc() -> dict[str, Any]:
     named = {"w": nn.Parameter(torch.randn(4)), "v": nn.Parameter(torch.randn(4))}
-    opt = torch.optim.SGD([{"params": [named["w"]]}, {"params": [named["v"]]}], lr=0.1,
-                          momentum=0.9, nesterov=True)
+    opt = torch.optim.SGD(
+        [{"params": [named["w"]]}, {"params": [named["v"]]}], lr=0.1, momentum=0.9, nesterov=True
+    )
     doc: dict[str, Any] = json.loads(OptimizerSpec.from_optimizer(opt, named).to_json())
     return doc
 
@@ -727,31 +819,36 @@ def _set(path: str, value: Any) -> Callable[[dict[str, Any]], None]:
             del obj[parts[-1]]
         else:
             obj[int(parts[-1]) if isinstance(obj, list) else parts[-1]] = value
+
     return apply
 
 
 _DELETE = object()
 
 
-@pytest.mark.parametrize("edit,key", [
-    (_set("type", "RMSprop"), "type"),
-    (_set("format", "x/2"), "format"),
-    (_set("extra", 1), "extra"),
-    (_set("groups", []), "groups"),
-    (_set("scaler_unscale", "never"), "scaler_unscale"),
-    (_set("groups/0/hyper/momentum", "0.9"), "groups[0].hyper.momentum"),
-    (_set("groups/0/hyper/momentum", -1.0), "groups[0].hyper.momentum"),
-    (_set("groups/1/hyper/nesterov", 1), "groups[1].hyper.nesterov"),
-    (_set("groups/1/hyper/dampening", 0.5), "groups[1].hyper.nesterov"),
-    (_set("groups/0/hyper/eps", 1e-8), "groups[0].hyper.eps"),
-    (_set("groups/0/hyper/momentum", _DELETE), "groups[0].hyper.momentum"),
-    (_set("groups/0/hyper/differentiable", True), "groups[0].hyper.differentiable"),
-    (_set("groups/0/hyper/foreach", True), "groups[0].hyper.foreach"),
-    (_set("groups/1/hyper/fused", True), "groups[1].hyper.fused"),
-    (_set("groups/1/params/0", "w"), "groups[1].params[0]"),
-    (_set("groups/1/params/0", ""), "groups[1].params[0]"),
-    (_set("groups/0/extra", 1), "groups[0]"),
-], ids=lambda x: x if isinstance(x, str) else "")
+@pytest.mark.parametrize(
+    "edit,key",
+    [
+        (_set("type", "RMSprop"), "type"),
+        (_set("format", "x/2"), "format"),
+        (_set("extra", 1), "extra"),
+        (_set("groups", []), "groups"),
+        (_set("scaler_unscale", "never"), "scaler_unscale"),
+        (_set("groups/0/hyper/momentum", "0.9"), "groups[0].hyper.momentum"),
+        (_set("groups/0/hyper/momentum", -1.0), "groups[0].hyper.momentum"),
+        (_set("groups/1/hyper/nesterov", 1), "groups[1].hyper.nesterov"),
+        (_set("groups/1/hyper/dampening", 0.5), "groups[1].hyper.nesterov"),
+        (_set("groups/0/hyper/eps", 1e-8), "groups[0].hyper.eps"),
+        (_set("groups/0/hyper/momentum", _DELETE), "groups[0].hyper.momentum"),
+        (_set("groups/0/hyper/differentiable", True), "groups[0].hyper.differentiable"),
+        (_set("groups/0/hyper/foreach", True), "groups[0].hyper.foreach"),
+        (_set("groups/1/hyper/fused", True), "groups[1].hyper.fused"),
+        (_set("groups/1/params/0", "w"), "groups[1].params[0]"),
+        (_set("groups/1/params/0", ""), "groups[1].params[0]"),
+        (_set("groups/0/extra", 1), "groups[0]"),
+    ],
+    ids=lambda x: x if isinstance(x, str) else "",
+)
 def test_spec_json_errors_name_the_key(edit: Callable[[dict[str, Any]], None], key: str) -> None:
     doc = _doc()
     if key == "groups[0].hyper.foreach":
@@ -773,7 +870,23 @@ def test_spec_json_not_json() -> None:
 
 def test_spec_direct_construction_is_validated() -> None:
     with pytest.raises(OptSpecError, match="decoupled"):
-        OptimizerSpec("AdamW", (ParamGroupSpec(("w",), {
-            "betas": (0.9, 0.99), "eps": 1e-8, "weight_decay": 0.0, "amsgrad": False,
-            "maximize": False, "foreach": False, "fused": False, "capturable": False,
-            "differentiable": False, "decoupled_weight_decay": False}),))
+        OptimizerSpec(
+            "AdamW",
+            (
+                ParamGroupSpec(
+                    ("w",),
+                    {
+                        "betas": (0.9, 0.99),
+                        "eps": 1e-8,
+                        "weight_decay": 0.0,
+                        "amsgrad": False,
+                        "maximize": False,
+                        "foreach": False,
+                        "fused": False,
+                        "capturable": False,
+                        "differentiable": False,
+                        "decoupled_weight_decay": False,
+                    },
+                ),
+            ),
+        )

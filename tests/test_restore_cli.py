@@ -31,8 +31,9 @@ def _holds(job: Job) -> dict[int, list[int]]:
     return {n.id: n.status(timeline=0)["holds"] for n in job.nodes}
 
 
-def test_restore_shows_holds_and_releases_istar(tmp_path: Path,
-                                                capsys: pytest.CaptureFixture[str]) -> None:
+def test_restore_shows_holds_and_releases_istar(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     job = Job(tmp_path, shadows=4, replication=2)
     try:
         job.load()
@@ -51,13 +52,14 @@ def test_restore_shows_holds_and_releases_istar(tmp_path: Path,
         assert all(not h for h in _holds(job).values()), _holds(job)
         # --exec: the command runs with I* held, the holds go when it exits, its status returns
         probe = tmp_path / "probe.json"
-        code = ("import json, sys; from shadowgrad.shadow.control import ShadowClient; "
-                f"eps = {[n.control_endpoint for n in job.nodes]!r}; "
-                f"holds = [ShadowClient(e, {TOKEN!r}).status(timeline=0)['holds'] "
-                "for e in eps]; "
-                f"open({str(probe)!r}, 'w').write(json.dumps(holds)); sys.exit(7)")
-        rc = main(["restore", "--spec", str(job.spec_path), "--exec", sys.executable, "-c",
-                   code])
+        code = (
+            "import json, sys; from shadowgrad.shadow.control import ShadowClient; "
+            f"eps = {[n.control_endpoint for n in job.nodes]!r}; "
+            f"holds = [ShadowClient(e, {TOKEN!r}).status(timeline=0)['holds'] "
+            "for e in eps]; "
+            f"open({str(probe)!r}, 'w').write(json.dumps(holds)); sys.exit(7)"
+        )
+        rc = main(["restore", "--spec", str(job.spec_path), "--exec", sys.executable, "-c", code])
         capsys.readouterr()
         assert rc == 7
         during = json.loads(probe.read_text())
@@ -74,7 +76,8 @@ def test_restore_shows_holds_and_releases_istar(tmp_path: Path,
 
 
 def test_restore_asks_the_controller_when_one_is_configured(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     from shadowgrad.trainer_hooks._testing import free_port
 
     job = Job(tmp_path, shadows=2)

@@ -20,12 +20,25 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.mark.slow
-def test_a_stranger_can_neither_change_the_checkpoint_nor_pull_gradients(tmp_path: Path
-                                                                         ) -> None:
+def test_a_stranger_can_neither_change_the_checkpoint_nor_pull_gradients(tmp_path: Path) -> None:
     out = tmp_path / "report.json"
-    r = subprocess.run([sys.executable, str(ROOT / "tools" / "soak.py"), "--steps", "200",
-                        "--attack", "--work", str(tmp_path / "work"), "--json", str(out)],
-                       capture_output=True, text=True, timeout=900, cwd=ROOT)
+    r = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "tools" / "soak.py"),
+            "--steps",
+            "200",
+            "--attack",
+            "--work",
+            str(tmp_path / "work"),
+            "--json",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        cwd=ROOT,
+    )
     assert out.exists(), r.stdout[-3000:] + r.stderr[-3000:]
     (rep,) = json.loads(out.read_text())
     assert rep["ok"], rep["failures"]
@@ -37,8 +50,9 @@ def test_a_stranger_can_neither_change_the_checkpoint_nor_pull_gradients(tmp_pat
         assert sent["commit_spoofed"] == sent["commit"] and sent["nack_spoofed"] > 0
     # every forged COMMIT counted under its reason by the shadow it reached
     counted = a["shadows_counted"]
-    assert counted["unauthenticated"] + counted["bad_mac"] == \
-        sent["commit"] + sent.get("commit_spoofed", 0)
+    assert counted["unauthenticated"] + counted["bad_mac"] == sent["commit"] + sent.get(
+        "commit_spoofed", 0
+    )
     assert counted["unauthenticated"] == counted["bad_mac"]
     for s in rep["shadows"]:
         assert s["last_applied"] == 199 and s["diverged_at"] is None and not s["diverged"]

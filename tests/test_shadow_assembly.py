@@ -22,7 +22,7 @@ def test_interval_set_matches_a_bitmap(ops: list[tuple[int, int]]) -> None:
     for start, n in ops:
         before = bitmap.copy()
         new = s.add(start, start + n)
-        bitmap[start:start + n] = True
+        bitmap[start : start + n] = True
         # exactly the bytes that were not covered before are reported new, in order, disjoint
         want = np.zeros(400, dtype=bool)
         for a, b in new:
@@ -61,25 +61,31 @@ def test_geometry_places_every_owned_byte_once_and_maps_gaps_back() -> None:
         geom = ShardGeometry(layout, shard)
         assert all(off % LOCAL_ALIGN == 0 for off in geom.local_offsets)
         buf = IterBuffer(geom)
-        chunks = [(b, off, min(100, layout.bucket_nbytes[b] - off))
-                  for b in range(len(flat)) for off in range(0, layout.bucket_nbytes[b], 100)]
+        chunks = [
+            (b, off, min(100, layout.bucket_nbytes[b] - off))
+            for b in range(len(flat))
+            for off in range(0, layout.bucket_nbytes[b], 100)
+        ]
         rng.shuffle(chunks)
         holdout = chunks.pop()
         for b, off, n in chunks + chunks[:5]:  # with duplicates
-            buf.place(b, off, memoryview(flat[b])[off:off + n])
+            buf.place(b, off, memoryview(flat[b])[off : off + n])
         missing = geom.missing(buf.cov)
         owned_in_holdout = sum(b - a for _, a, b in geom.overlaps(*holdout))
         assert sum(n for _, _, n in missing) == owned_in_holdout
         for b, off, n in missing:
             assert holdout[0] == b and holdout[1] <= off and off + n <= holdout[1] + holdout[2]
-            r = buf.place(b, off, memoryview(flat[b])[off:off + n])
+            r = buf.place(b, off, memoryview(flat[b])[off : off + n])
             assert r.new == n
         assert buf.complete and geom.missing(buf.cov) == []
-        again = buf.place(holdout[0], holdout[1],
-                          memoryview(flat[holdout[0]])[holdout[1]:holdout[1] + holdout[2]])
+        again = buf.place(
+            holdout[0],
+            holdout[1],
+            memoryview(flat[holdout[0]])[holdout[1] : holdout[1] + holdout[2]],
+        )
         assert again.new == 0
         for box, view in zip(geom.boxes, buf.views(), strict=True):
-            raw = flat[box.bucket][box.bucket_offset:box.bucket_end]
+            raw = flat[box.bucket][box.bucket_offset : box.bucket_end]
             dtype = {"float32": torch.float32, "float16": torch.float16}[box.dtype]
             want = torch.frombuffer(bytearray(raw), dtype=torch.uint8).view(dtype)
             assert view.shape == box.lengths

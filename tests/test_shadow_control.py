@@ -70,8 +70,10 @@ def test_token_status_hold_release_fetch() -> None:
         c.load(trainer.named, trainer.optimizer_spec())
         _run(c, trainer, layout, range(3))
         c.wait_istar(2)
-        at2 = ({k: v.detach().clone() for k, v in trainer.named.items()},
-               copy.deepcopy(state_by_name(trainer.opt, trainer.model.named_parameters())))
+        at2 = (
+            {k: v.detach().clone() for k, v in trainer.named.items()},
+            copy.deepcopy(state_by_name(trainer.opt, trainer.model.named_parameters())),
+        )
         st = c.clients[0].status(timeline=8)
         assert st["last_applied"] == 2 and st["last_ready"] == 2 and st["istar"] == 2
         assert st["lag"] == 0 and st["counters"]["data"] > 0 and st["counters"]["commit"] == 3
@@ -142,8 +144,9 @@ def test_background_snapshots_are_atomic_and_verified(tmp_path: Path) -> None:
             assert manifest["iteration"] == 4 and manifest["layout_digest"] == layout.digest
             shard = manifest["shard"]
             opt_state = state_by_name(trainer.opt, trainer.model.named_parameters())
-            assert not compare_shard(layout, shard, dict(enumerate(states)), trainer.named,
-                                     opt_state)
+            assert not compare_shard(
+                layout, shard, dict(enumerate(states)), trainer.named, opt_state
+            )
             assert not list((tmp_path / f"shadow{n.id}").glob(".tmp-*"))
         # on demand
         info = c.clients[0].snapshot(wait=True)
@@ -167,9 +170,11 @@ def _free_port(kind: int) -> int:
 def test_cli_runs_a_shadow_until_sigterm(tmp_path: Path) -> None:
     trainer = RefTrainer(Case("cli", "mlp", "adamw", iterations=1), seed=0)
     layout = trainer.layout(num_shadows=1)
-    data_port, trainer_port, control = (_free_port(socket.SOCK_DGRAM),
-                                        _free_port(socket.SOCK_DGRAM),
-                                        _free_port(socket.SOCK_STREAM))
+    data_port, trainer_port, control = (
+        _free_port(socket.SOCK_DGRAM),
+        _free_port(socket.SOCK_DGRAM),
+        _free_port(socket.SOCK_STREAM),
+    )
     spec = tmp_path / "job.toml"
     spec.write_text(f"""
 [job]
@@ -189,9 +194,21 @@ target = "none"
     (tmp_path / "layout.json").write_text(layout.to_json())
     env = {**os.environ, "SHADOWGRAD_TOKEN": TOKEN}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "shadowgrad.cli", "shadow", "--spec", str(spec), "--id", "0",
-         "--layout", str(tmp_path / "layout.json")],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        [
+            sys.executable,
+            "-m",
+            "shadowgrad.cli",
+            "shadow",
+            "--spec",
+            str(spec),
+            "--id",
+            "0",
+            "--layout",
+            str(tmp_path / "layout.json"),
+        ],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
     )
     try:
         with ShadowClient(f"tcp://127.0.0.1:{control}", TOKEN, timeout_s=1.0) as cl:
@@ -203,8 +220,12 @@ target = "none"
                 except ShadowgradTimeout:
                     assert proc.poll() is None, proc.communicate(timeout=5)[0]
             assert st is not None and st["loaded"] is False
-            cl.load(-1, initial_states(layout, 0, trainer.named),
-                    trainer.optimizer_spec().to_json(), timeout_s=30)
+            cl.load(
+                -1,
+                initial_states(layout, 0, trainer.named),
+                trainer.optimizer_spec().to_json(),
+                timeout_s=30,
+            )
             st = cl.status()
             assert st["loaded"] is True and st["last_applied"] == -1
         proc.send_signal(signal.SIGTERM)
@@ -225,8 +246,10 @@ def test_state_at_istar_is_kept_while_another_shard_lags() -> None:
     with cluster(layout) as c:
         c.load(trainer.named, trainer.optimizer_spec())
         _run(c, trainer, layout, range(2))
-        at1 = ({k: v.detach().clone() for k, v in trainer.named.items()},
-               copy.deepcopy(state_by_name(trainer.opt, trainer.model.named_parameters())))
+        at1 = (
+            {k: v.detach().clone() for k, v in trainer.named.items()},
+            copy.deepcopy(state_by_name(trainer.opt, trainer.model.named_parameters())),
+        )
         lagging = c.nodes[1]
         with lagging._state_lock:  # shard 1 cannot step: it stays at 1, ready for 2
             grads, commit = trainer.step(2)
@@ -253,8 +276,9 @@ def test_fetch_returns_the_commit_and_load_keeps_the_one_given() -> None:
     """``fetch`` carries COMMIT(i) of the fetched iteration (current, held after replay moved
     on); ``load`` keeps the COMMIT given with it (a second restore right after a restore still
     finds the user state); only the COMMITs of fetchable iterations are kept."""
-    trainer = RefTrainer(Case("commit", "mlp", "adamw", scaler=True, skip_at=(1,),
-                              iterations=10), seed=3)
+    trainer = RefTrainer(
+        Case("commit", "mlp", "adamw", scaler=True, skip_at=(1,), iterations=10), seed=3
+    )
     layout = trainer.layout(num_shadows=2)
     sent: dict[int, dict[str, object]] = {}
 
@@ -293,16 +317,27 @@ def test_fetch_returns_the_commit_and_load_keeps_the_one_given() -> None:
         got = [c.clients[k].fetch(4) for k in range(2)]
         given = {**sent[4], "user_state": base64.b64encode(b"restored").decode()}
         for k, cl in enumerate(c.clients):
-            for bad in ({**given, "iteration": 3}, {**given, "lrs": "x"},
-                        {**given, "user_state": "not base64!"}):
+            for bad in (
+                {**given, "iteration": 3},
+                {**given, "lrs": "x"},
+                {**given, "user_state": "not base64!"},
+            ):
                 with pytest.raises(ControlError) as ei:
-                    cl.load(4, [got[k].states[b] for b in range(len(got[k].states))],
-                            trainer.optimizer_spec().to_json(), commit=bad)
+                    cl.load(
+                        4,
+                        [got[k].states[b] for b in range(len(got[k].states))],
+                        trainer.optimizer_spec().to_json(),
+                        commit=bad,
+                    )
                 assert ei.value.code == "bad_request"
             assert c.nodes[k]._bucket_senders  # a refused load changes nothing
         for k, cl in enumerate(c.clients):
-            cl.load(4, [got[k].states[b] for b in range(len(got[k].states))],
-                    trainer.optimizer_spec().to_json(), commit=given)
+            cl.load(
+                4,
+                [got[k].states[b] for b in range(len(got[k].states))],
+                trainer.optimizer_spec().to_json(),
+                commit=given,
+            )
             assert not c.nodes[k]._bucket_senders  # the old job's senders are forgotten
         for cl in c.clients:
             res = cl.fetch(None)

@@ -29,8 +29,10 @@ def test_three_shadows_bit_exact_after_every_iteration(case: Case) -> None:
     layout = trainer.layout(num_shadows=3)
     split = [n for n in (p.name for p in layout.params) if len(layout.tensor_boxes(n)) > 1]
     assert split, "the layout must split at least one tensor across boxes"
-    assert any(len({layout.box_shards[i] for i, b in enumerate(layout.boxes) if b.name == n}) > 1
-               for n in split), "a split tensor must span shards"
+    assert any(
+        len({layout.box_shards[i] for i, b in enumerate(layout.boxes) if b.name == n}) > 1
+        for n in split
+    ), "a split tensor must span shards"
     skipped = 0
     istars: dict[int, int] = {}
     with cluster(layout) as c:

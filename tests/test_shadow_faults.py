@@ -57,8 +57,9 @@ def test_lost_commit_is_asked_for_and_a_producer_far_ahead_is_caught_up() -> Non
         # COMMIT(0) lost everywhere holds every shadow at -1 while the producer runs ahead
         return not retx and (it == 0 or (it == 1 and sid == 2))
 
-    with cluster(layout, faults=Faults(drop_commit=drop_commit),
-                 options=NodeOptions(window=4)) as c:
+    with cluster(
+        layout, faults=Faults(drop_commit=drop_commit), options=NodeOptions(window=4)
+    ) as c:
         c.load(trainer.named, trainer.optimizer_spec())
         steps = [trainer.step(it) for it in range(case.iterations)]
         for it, (grads, commit) in enumerate(steps):  # back to back, no waiting at all
@@ -101,13 +102,18 @@ def test_a_producer_far_ahead_is_buffered_within_the_memory_budget() -> None:
 
 def _chunk_of_shard(layout: Layout, shard: int, chunk: int = 1408) -> tuple[int, int]:
     """(bucket, chunk offset) of a producer chunk carrying bytes of ``shard``."""
-    targets = {(b, r.start - r.start % chunk) for b, routes in enumerate(layout.bucket_routes)
-               for r in routes if r.shard == shard}
+    targets = {
+        (b, r.start - r.start % chunk)
+        for b, routes in enumerate(layout.bucket_routes)
+        for r in routes
+        if r.shard == shard
+    }
     return sorted(targets)[0]
 
 
-def _snapshot(trainer: RefTrainer) -> tuple[dict[str, torch.Tensor],
-                                             dict[str, dict[str, torch.Tensor]]]:
+def _snapshot(
+    trainer: RefTrainer,
+) -> tuple[dict[str, torch.Tensor], dict[str, dict[str, torch.Tensor]]]:
     named = {k: v.detach().clone() for k, v in trainer.named.items()}
     st = copy.deepcopy(state_by_name(trainer.opt, trainer.model.named_parameters()))
     return named, st
@@ -152,8 +158,7 @@ def test_withheld_chunk_diverges_and_istar_stops_at_last_complete_iteration() ->
         assert peer["diverged"] is True
 
 
-def test_no_divergence_while_the_trainers_are_silent_then_divergence_once_they_are_back(
-) -> None:
+def test_no_divergence_while_the_trainers_are_silent_then_divergence_once_they_are_back() -> None:
     """A whole job killed mid-iteration leaves a partial iteration nobody can complete: the shard
     waits (NACKing slowly) instead of declaring DIVERGED while no trainer is heard from for
     failure_detect (1 s here); once a trainer speaks again and the NACK still goes unanswered,
@@ -249,7 +254,8 @@ def test_withheld_chunk_on_one_replica_resyncs_from_the_other_bit_exact() -> Non
             c.wait_applied(it, nodes=[0, 1, 2])
             if it == hole + 2:
                 assert c.nodes[victim].ev["diverged"] == 1 or c.wait(
-                    lambda n, _st: n.ev["diverged"] == 1, 5.0, nodes=[victim])
+                    lambda n, _st: n.ev["diverged"] == 1, 5.0, nodes=[victim]
+                )
         c.wait_applied(case.iterations - 1, nodes=[victim], timeout_s=20)
         ev = c.nodes[victim].ev
         assert ev["diverged"] == 1 and ev["resynced"] >= 1

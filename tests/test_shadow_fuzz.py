@@ -48,21 +48,46 @@ class Fuzzer:
         self.digest = layout.digest64
         nb = layout.bucket_nbytes
         self.valid = [  # genuine chunks of the next iteration (never sent unmutated)
-            self._data(self.la + 1, b, off, bytes(self.rng.randrange(256) for _ in range(
-                min(256, nb[b] - off))))
-            for b in range(len(nb)) for off in range(0, nb[b], 256)
+            self._data(
+                self.la + 1,
+                b,
+                off,
+                bytes(self.rng.randrange(256) for _ in range(min(256, nb[b] - off))),
+            )
+            for b in range(len(nb))
+            for off in range(0, nb[b], 256)
         ][:64]
 
-    def _data(self, it: int, bucket: int, off: int, payload: bytes, *, job: int = JOB_ID,
-              layout: int | None = None, flags: int = wire.Flag.FINAL,
-              dtype: wire.DType = wire.DType.FLOAT32) -> bytes:
-        return wire.encode(wire.Kind.DATA, job=job, sender=0, iteration=it, seq=1,
-                           layout=self.digest if layout is None else layout, payload=payload,
-                           flags=flags, dtype=dtype, bucket=bucket, offset=off, key=KEY)
+    def _data(
+        self,
+        it: int,
+        bucket: int,
+        off: int,
+        payload: bytes,
+        *,
+        job: int = JOB_ID,
+        layout: int | None = None,
+        flags: int = wire.Flag.FINAL,
+        dtype: wire.DType = wire.DType.FLOAT32,
+    ) -> bytes:
+        return wire.encode(
+            wire.Kind.DATA,
+            job=job,
+            sender=0,
+            iteration=it,
+            seq=1,
+            layout=self.digest if layout is None else layout,
+            payload=payload,
+            flags=flags,
+            dtype=dtype,
+            bucket=bucket,
+            offset=off,
+            key=KEY,
+        )
 
     def _resign(self, data: bytearray) -> bytes:
         """Recompute the CRC after editing header fields (a well-formed lie)."""
-        crc = wire.crc(bytes(data[wire.HEADER_SIZE:]), wire.crc(bytes(data[:52])))
+        crc = wire.crc(bytes(data[wire.HEADER_SIZE :]), wire.crc(bytes(data[:52])))
         data[52:56] = crc.to_bytes(4, "big")
         return bytes(data)
 
@@ -80,86 +105,151 @@ class Fuzzer:
             base[pos] ^= r.randrange(1, 256)
             return bytes(base), None
         if kind == 2:  # truncation
-            return bytes(base[:r.randrange(len(base))]), None
+            return bytes(base[: r.randrange(len(base))]), None
         if kind == 3:  # trailing garbage
             return bytes(base) + r.randbytes(r.randrange(1, 64)), "wire.oversize"
         if kind == 4:  # huge length field
             base[48:52] = struct.pack("!I", r.choice([65452, 2**31, 2**32 - 1]))
             return bytes(base), "wire.oversize"
         if kind == 5:  # foreign job, valid checksum
-            return self._data(self.la + 1, 0, 0, b"\0" * 8, job=JOB_ID + 1 + r.randrange(99)), \
-                "wire.foreign_job"
+            return self._data(
+                self.la + 1, 0, 0, b"\0" * 8, job=JOB_ID + 1 + r.randrange(99)
+            ), "wire.foreign_job"
         if kind == 6:  # other layout
-            return self._data(self.la + 1, 0, 0, b"\0" * 8, layout=self.digest ^ 1), \
-                "wire.layout"
+            return self._data(self.la + 1, 0, 0, b"\0" * 8, layout=self.digest ^ 1), "wire.layout"
         if kind == 7:  # stale iteration
             return self._data(r.randrange(0, self.la + 1), 0, 0, b"\0" * 8), "stale"
         if kind == 8:  # out-of-layout bucket / offset
             nb = self.layout.bucket_nbytes
             if r.random() < 0.5:
-                return self._data(self.la + 1, len(nb) + r.randrange(1000), 0, b"\0" * 8), \
-                    "out_of_layout"
+                return self._data(
+                    self.la + 1, len(nb) + r.randrange(1000), 0, b"\0" * 8
+                ), "out_of_layout"
             b = r.randrange(len(nb))
-            return self._data(self.la + 1, b, nb[b] - 4 + 4 * r.randrange(1, 10**6),
-                              b"\0" * 8), "out_of_layout"
+            return self._data(
+                self.la + 1, b, nb[b] - 4 + 4 * r.randrange(1, 10**6), b"\0" * 8
+            ), "out_of_layout"
         if kind == 9:  # not FINAL
             return self._data(self.la + 1, 0, 0, b"\0" * 8, flags=wire.Flag.RETX), "not_final"
         if kind == 10:  # wrong dtype
-            return self._data(self.la + 1, 0, 0, b"\0" * 8, dtype=wire.DType.FLOAT64), \
-                "dtype_mismatch"
+            return self._data(
+                self.la + 1, 0, 0, b"\0" * 8, dtype=wire.DType.FLOAT64
+            ), "dtype_mismatch"
         if kind == 11:  # beyond the window
-            return self._data(self.la + 5 + r.randrange(10**9), 0, 0, b"\0" * 8), \
-                "ahead_of_window"
+            return self._data(self.la + 5 + r.randrange(10**9), 0, 0, b"\0" * 8), "ahead_of_window"
         if kind == 12:  # COMMIT from a rank other than 0, stale, or far ahead
             c = wire.CommitRecord((1e-3,))
             which = r.randrange(3)
             it = [self.la + 1, r.randrange(self.la + 1), self.la + 10**6][which]
-            return c.encode(job=JOB_ID, sender=1 if which == 0 else 0, iteration=it, seq=1,
-                            layout=self.digest, key=KEY), \
-                ["commit_not_rank0", "commit_stale", "commit_ahead"][which]
+            return c.encode(
+                job=JOB_ID,
+                sender=1 if which == 0 else 0,
+                iteration=it,
+                seq=1,
+                layout=self.digest,
+                key=KEY,
+            ), ["commit_not_rank0", "commit_stale", "commit_ahead"][which]
         if kind == 13:  # READY from no valid peer
             body = wire.ReadyRecord(0, 0, wire.ReadyState.READY, 0).body()
-            return wire.encode(wire.Kind.READY, job=JOB_ID, sender=r.choice([0, 1, 999]),
-                               iteration=self.la + 1, seq=2**62, layout=self.digest,
-                               payload=body, key=KEY), "ready_bad_sender"
+            return wire.encode(
+                wire.Kind.READY,
+                job=JOB_ID,
+                sender=r.choice([0, 1, 999]),
+                iteration=self.la + 1,
+                seq=2**62,
+                layout=self.digest,
+                payload=body,
+                key=KEY,
+            ), "ready_bad_sender"
         if kind == 14:  # ACK / NACK are not for shadows
             if r.random() < 0.5:
-                return wire.encode(wire.Kind.ACK, job=JOB_ID, sender=0, iteration=0, seq=0,
-                                   layout=self.digest, payload=wire.AckRecord(1).body(),
-                                   key=KEY), \
-                    "unexpected_kind"
-            return wire.encode(wire.Kind.NACK, job=JOB_ID, sender=0, iteration=0, seq=0,
-                               layout=self.digest, payload=wire.NackRecord(()).body(),
-                               key=KEY), \
-                "unexpected_kind"
+                return wire.encode(
+                    wire.Kind.ACK,
+                    job=JOB_ID,
+                    sender=0,
+                    iteration=0,
+                    seq=0,
+                    layout=self.digest,
+                    payload=wire.AckRecord(1).body(),
+                    key=KEY,
+                ), "unexpected_kind"
+            return wire.encode(
+                wire.Kind.NACK,
+                job=JOB_ID,
+                sender=0,
+                iteration=0,
+                seq=0,
+                layout=self.digest,
+                payload=wire.NackRecord(()).body(),
+                key=KEY,
+            ), "unexpected_kind"
         if kind == 16:  # a stranger's COMMIT / DATA: no MAC, or a MAC under another key
             c = wire.CommitRecord((0.1,))
             key = None if r.random() < 0.5 else wire.mac_key(r.randbytes(16), JOB_ID)
-            data = c.encode(job=JOB_ID, sender=0, iteration=self.la + 1 + r.randrange(20),
-                            seq=1, layout=self.digest, key=key) if r.random() < 0.5 else \
-                wire.encode(wire.Kind.DATA, job=JOB_ID, sender=0, iteration=self.la + 1,
-                            seq=1, layout=self.digest, payload=b"\0" * 8, key=key,
-                            flags=wire.Flag.FINAL, dtype=wire.DType.FLOAT32)
+            data = (
+                c.encode(
+                    job=JOB_ID,
+                    sender=0,
+                    iteration=self.la + 1 + r.randrange(20),
+                    seq=1,
+                    layout=self.digest,
+                    key=key,
+                )
+                if r.random() < 0.5
+                else wire.encode(
+                    wire.Kind.DATA,
+                    job=JOB_ID,
+                    sender=0,
+                    iteration=self.la + 1,
+                    seq=1,
+                    layout=self.digest,
+                    payload=b"\0" * 8,
+                    key=key,
+                    flags=wire.Flag.FINAL,
+                    dtype=wire.DType.FLOAT32,
+                )
+            )
             return data, "wire.unauthenticated" if key is None else "wire.bad_mac"
         if kind == 15:  # bad version / kind / flags / dtype with a valid checksum
-            field, value, want = r.choice([
-                (2, r.randrange(2, 256), "wire.version"),
-                (3, r.choice([0, 6, 99, 255]), "wire.kind"),
-                (4, 0x08, "wire.field"),
-                (5, r.choice([0, 6, 200]), "wire.field"),
-            ])
+            field, value, want = r.choice(
+                [
+                    (2, r.randrange(2, 256), "wire.version"),
+                    (3, r.choice([0, 6, 99, 255]), "wire.kind"),
+                    (4, 0x08, "wire.field"),
+                    (5, r.choice([0, 6, 200]), "wire.field"),
+                ]
+            )
             base[field] = value
             return self._resign(base), want
         # malformed bodies with valid checksums
         body = r.choice([b"", b"\0" * 7, wire.CommitRecord((1.0,)).body()[:-1]])
-        return wire.encode(wire.Kind.COMMIT, job=JOB_ID, sender=0, iteration=self.la + 1,
-                           seq=0, layout=self.digest, payload=body, key=KEY), "wire.length"
+        return wire.encode(
+            wire.Kind.COMMIT,
+            job=JOB_ID,
+            sender=0,
+            iteration=self.la + 1,
+            seq=0,
+            layout=self.digest,
+            payload=body,
+            key=KEY,
+        ), "wire.length"
 
 
 def _state(node: ShadowNode) -> tuple[dict[str, object], list[dict[str, torch.Tensor]]]:
     st = node.status(timeline=0)
-    keep = {k: st[k] for k in ("last_applied", "last_ready", "istar", "newest_seen",
-                               "diverged_at", "pending", "available", "peers")}
+    keep = {
+        k: st[k]
+        for k in (
+            "last_applied",
+            "last_ready",
+            "istar",
+            "newest_seen",
+            "diverged_at",
+            "pending",
+            "available",
+            "peers",
+        )
+    }
     ld = node._ld
     assert ld is not None
     return keep, ld.replayer.export()
@@ -167,8 +257,9 @@ def _state(node: ShadowNode) -> tuple[dict[str, object], list[dict[str, torch.Te
 
 def _same(a: list[dict[str, torch.Tensor]], b: list[dict[str, torch.Tensor]]) -> bool:
     return len(a) == len(b) and all(
-        x.keys() == y.keys() and all(torch.equal(x[k], y[k]) for k in x) for x, y in zip(
-            a, b, strict=True))
+        x.keys() == y.keys() and all(torch.equal(x[k], y[k]) for k in x)
+        for x, y in zip(a, b, strict=True)
+    )
 
 
 def test_fuzz_live_shadow_counts_everything_and_changes_nothing() -> None:
@@ -233,5 +324,3 @@ def test_fuzz_live_shadow_counts_everything_and_changes_nothing() -> None:
             c.producer.send_iteration(it, bucket_bytes(layout, grads), commit)
             c.wait_applied(it)
         assert not c.check(case.iterations - 1, trainer)
-
-

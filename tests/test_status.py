@@ -20,12 +20,12 @@ from typing import Any
 
 import pytest
 
+from shadowgrad._testing import _free_tcp_base
 from shadowgrad.cli import main
 from shadowgrad.config import JobSpec, parse_spec
 from shadowgrad.controller import view as jobview
 from shadowgrad.shadow.control import ShadowClient
 from shadowgrad.shadow.node import ShadowNode
-from shadowgrad.trainer_hooks._testing import _free_tcp_base
 from tests._training import (
     JOB_ID,
     TOKEN,
@@ -69,16 +69,26 @@ class Job:
         self.doc: dict[str, Any] = {
             "job": {"id": JOB_ID, "name": "status-test", "mode": "mirror"},
             "trainers": {"world_size": 1, "addresses": [f"{host}:{port}"]},
-            "shadows": {"count": shadows, "replication": replication,
-                        "addresses": [f"{h}:{p}" for h, p in addrs],
-                        "control_port": _free_tcp_base(shadows)},
+            "shadows": {
+                "count": shadows,
+                "replication": replication,
+                "addresses": [f"{h}:{p}" for h, p in addrs],
+                "control_port": _free_tcp_base(shadows),
+            },
             "switch": {"target": "none"},
-            "timeouts": {"gap_repair": "40ms", "heartbeat": "20ms", "failure_detect": "2s",
-                         "rpc": f"{RPC:g}s"},
+            "timeouts": {
+                "gap_repair": "40ms",
+                "heartbeat": "20ms",
+                "failure_detect": "2s",
+                "rpc": f"{RPC:g}s",
+            },
         }
         self.spec_path = self.write_spec("job.toml", TOKEN)
-        self.spec: JobSpec = parse_spec(json.loads(json.dumps(self.doc)) | {
-            "security": {"token_file": str(tmp / "job.toml.token")}}, env={})
+        self.spec: JobSpec = parse_spec(
+            json.loads(json.dumps(self.doc))
+            | {"security": {"token_file": str(tmp / "job.toml.token")}},
+            env={},
+        )
         self.nodes: list[ShadowNode] = []
         self.stopped: set[int] = set()
         self._beat_stop = threading.Event()
@@ -110,24 +120,29 @@ class Job:
                 continue
             shard, _ = self.layout.shard_of_shadow(n.id)
             with ShadowClient(n.control_endpoint, TOKEN, timeout_s=10.0) as c:
-                c.load(-1, initial_states(self.layout, shard, self.trainer.named), opt,
-                       self.layout.to_json())
+                c.load(
+                    -1,
+                    initial_states(self.layout, shard, self.trainer.named),
+                    opt,
+                    self.layout.to_json(),
+                )
 
     def train(self, iterations: int) -> None:
         for it in range(iterations):
             grads, commit = self.trainer.step(it)
             self.producer.send_iteration(it, bucket_bytes(self.layout, grads), commit)
             self._last = (it, commit)
-        self.wait(lambda st: st["last_applied"] == iterations - 1
-                  and st["istar"] == iterations - 1)
+        self.wait(lambda st: st["last_applied"] == iterations - 1 and st["istar"] == iterations - 1)
 
     def heartbeat(self) -> None:
         """Rank 0 idle: re-send the last COMMIT every 50 ms (the trainers stay 'running')."""
+
         def beat() -> None:
             while not self._beat_stop.wait(0.05):
                 if self._last is not None:
                     with self.producer._lock:
                         self.producer._send_commit(*self._last, retx=True)
+
         self._beat = threading.Thread(target=beat, name="test-heartbeat", daemon=True)
         self._beat.start()
 
@@ -185,8 +200,14 @@ def test_healthy_job_view(healthy: Job) -> None:
     assert v["healthy"] and v["problems"] == [], v["problems"]
     assert v["summary"].startswith("healthy: I* = 5"), v["summary"]
     assert v["source"] == "shadows" and v["controller"] is None and v["schema"] == 1
-    assert v["job"] == {"id": JOB_ID, "name": "status-test", "mode": "mirror", "shadows": 4,
-                        "shards": 2, "replication": 2}
+    assert v["job"] == {
+        "id": JOB_ID,
+        "name": "status-test",
+        "mode": "mirror",
+        "shadows": 4,
+        "shards": 2,
+        "replication": 2,
+    }
     t = v["trainers"]
     assert t["iteration"] == ITERS - 1 and t["state"] == "running" and t["alive"] is True
     assert 0 <= t["silent_s"] < 2.0
@@ -217,31 +238,79 @@ def test_status_json_schema_and_exit_0(healthy: Job, capsys: pytest.CaptureFixtu
     lines = out.splitlines()
     assert len(lines) == 1
     v = json.loads(lines[0])
-    assert set(v) == {"schema", "source", "controller", "time", "elapsed_s", "job", "trainers",
-                      "istar", "shards", "shadows", "healthy", "summary", "problems"}
-    assert set(v["trainers"]) == {"world_size", "iteration", "silent_s", "failure_detect_s",
-                                  "alive", "state", "iterations_per_s"}
-    assert set(v["istar"]) == {"iteration", "fresh", "source", "usable", "layout",
-                               "generations", "reason", "reachable"}
-    assert set(v["shards"][0]) == {"shard", "shadows", "answering", "usable", "healthy",
-                                   "state"}
+    assert set(v) == {
+        "schema",
+        "source",
+        "controller",
+        "time",
+        "elapsed_s",
+        "job",
+        "trainers",
+        "istar",
+        "shards",
+        "shadows",
+        "healthy",
+        "summary",
+        "problems",
+    }
+    assert set(v["trainers"]) == {
+        "world_size",
+        "iteration",
+        "silent_s",
+        "failure_detect_s",
+        "alive",
+        "state",
+        "iterations_per_s",
+    }
+    assert set(v["istar"]) == {
+        "iteration",
+        "fresh",
+        "source",
+        "usable",
+        "layout",
+        "generations",
+        "reason",
+        "reachable",
+    }
+    assert set(v["shards"][0]) == {"shard", "shadows", "answering", "usable", "healthy", "state"}
     assert set(v["shadows"][0]) == {
-        "id", "endpoint", "reachable", "error", "error_code", "shard", "replica", "loaded",
-        "last_applied", "last_ready", "newest_seen", "istar_view", "lag", "lag_threshold",
-        "diverged_at", "generation", "window", "buffered", "trainers_silent_s", "health",
-        "drops", "drops_total", "events", "rates"}
+        "id",
+        "endpoint",
+        "reachable",
+        "error",
+        "error_code",
+        "shard",
+        "replica",
+        "loaded",
+        "last_applied",
+        "last_ready",
+        "newest_seen",
+        "istar_view",
+        "lag",
+        "lag_threshold",
+        "diverged_at",
+        "generation",
+        "window",
+        "buffered",
+        "trainers_silent_s",
+        "health",
+        "drops",
+        "drops_total",
+        "events",
+        "rates",
+    }
     assert v["istar"]["iteration"] == ITERS - 1 and v["healthy"]
 
 
-def test_status_text_has_every_shadow_row(healthy: Job,
-                                          capsys: pytest.CaptureFixture[str]) -> None:
+def test_status_text_has_every_shadow_row(healthy: Job, capsys: pytest.CaptureFixture[str]) -> None:
     rc, out, _ = _status(["--spec", str(healthy.spec_path)], capsys)
     assert rc == 0, out
     assert "\x1b[" not in out  # not a terminal: no colours
     assert f"job {JOB_ID} status-test (mirror)" in out
     assert re.search(rf"trainers: iteration {ITERS - 1}, running", out), out
-    assert re.search(rf"I\*: {ITERS - 1} +sources: shard 0 <- shadow \d, shard 1 <- shadow \d",
-                     out), out
+    assert re.search(
+        rf"I\*: {ITERS - 1} +sources: shard 0 <- shadow \d, shard 1 <- shadow \d", out
+    ), out
     for k in range(4):
         shard, rep = healthy.layout.shard_of_shadow(k)
         assert re.search(rf"^ +{k}  {shard}/{rep} +ok +{ITERS - 1} +0 +- ", out, re.M), out
@@ -251,9 +320,21 @@ def test_status_text_has_every_shadow_row(healthy: Job,
 
 
 def test_watch_count_json_gives_one_line_per_refresh_with_rates(
-        healthy: Job, capsys: pytest.CaptureFixture[str]) -> None:
-    rc, out, _ = _status(["--spec", str(healthy.spec_path), "--watch", "--count", "2",
-                          "--interval", "0.1", "--json"], capsys)
+    healthy: Job, capsys: pytest.CaptureFixture[str]
+) -> None:
+    rc, out, _ = _status(
+        [
+            "--spec",
+            str(healthy.spec_path),
+            "--watch",
+            "--count",
+            "2",
+            "--interval",
+            "0.1",
+            "--json",
+        ],
+        capsys,
+    )
     assert rc == 0
     views = [json.loads(line) for line in out.splitlines()]
     assert len(views) == 2
@@ -263,13 +344,15 @@ def test_watch_count_json_gives_one_line_per_refresh_with_rates(
         assert r["rates"] == {"applied_per_s": 0.0, "drops_per_s": 0.0, "nacks_per_s": 0.0}
     assert views[1]["trainers"]["iterations_per_s"] == 0.0
     # plain text watch, not a terminal: views one after the other, no screen clearing
-    rc, out, _ = _status(["--spec", str(healthy.spec_path), "--watch", "--count", "2",
-                          "--interval", "0.05"], capsys)
+    rc, out, _ = _status(
+        ["--spec", str(healthy.spec_path), "--watch", "--count", "2", "--interval", "0.05"], capsys
+    )
     assert rc == 0 and out.count("healthy: I* = 5") == 2 and "\x1b[2J" not in out
 
 
 def test_wrong_token_is_each_shadows_error_not_a_crash(
-        healthy: Job, capsys: pytest.CaptureFixture[str]) -> None:
+    healthy: Job, capsys: pytest.CaptureFixture[str]
+) -> None:
     v = jobview.collect(healthy.spec, token="not-the-token")
     assert not v["healthy"]
     for r in v["shadows"]:
@@ -284,8 +367,9 @@ def test_wrong_token_is_each_shadows_error_not_a_crash(
     assert out.count("bad_token") >= 4 and "DEGRADED" in out
 
 
-def test_bad_options_exit_1(healthy: Job, capsys: pytest.CaptureFixture[str],
-                            tmp_path: Path) -> None:
+def test_bad_options_exit_1(
+    healthy: Job, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
     rc, _, err = _status(["--spec", str(healthy.spec_path), "--count", "2"], capsys)
     assert rc == 1 and "--count needs --watch" in err
     rc, _, err = _status(["--spec", str(tmp_path / "missing.toml")], capsys)
@@ -301,7 +385,8 @@ def test_bad_options_exit_1(healthy: Job, capsys: pytest.CaptureFixture[str],
 
 
 def test_stopped_shadows_are_unreachable_and_cost_one_timeout(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     job = Job(tmp_path, shadows=4, replication=2)
     try:
         job.load()
@@ -319,8 +404,9 @@ def test_stopped_shadows_are_unreachable_and_cost_one_timeout(
         assert [s["state"] for s in v["shards"]] == ["ok", "degraded"]
         assert v["istar"]["iteration"] == 2 and v["istar"]["source"][1] == 1
         assert not v["healthy"] and v["summary"].startswith("DEGRADED")
-        assert any(p.startswith("shadow 3 (shard 1, replica 1) unreachable")
-                   for p in v["problems"]), v["problems"]
+        assert any(
+            p.startswith("shadow 3 (shard 1, replica 1) unreachable") for p in v["problems"]
+        ), v["problems"]
         assert "shard 1 degraded: 1 of 2 replicas healthy" in v["problems"]
 
         job.stop(1)  # now no replica of shard 1 answers: no restore point
@@ -340,8 +426,9 @@ def test_stopped_shadows_are_unreachable_and_cost_one_timeout(
         job.close()
 
 
-def test_unloaded_shadow_and_silent_trainers(tmp_path: Path,
-                                            capsys: pytest.CaptureFixture[str]) -> None:
+def test_unloaded_shadow_and_silent_trainers(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     job = Job(tmp_path, shadows=3, replication=1)
     try:
         v = jobview.collect(job.spec, token=TOKEN)  # nothing loaded yet: a fresh job
@@ -360,8 +447,10 @@ def test_unloaded_shadow_and_silent_trainers(tmp_path: Path,
         assert rc == 3 and re.search(r"^ +2  2/0 +unloaded", out, re.M), out
         # nothing arrives from the trainers: silent once failure_detect has passed
         time.sleep(0.3)
-        quick = dataclasses.replace(job.spec, timeouts=dataclasses.replace(
-            job.spec.timeouts, heartbeat_s=0.05, failure_detect_s=0.2))
+        quick = dataclasses.replace(
+            job.spec,
+            timeouts=dataclasses.replace(job.spec.timeouts, heartbeat_s=0.05, failure_detect_s=0.2),
+        )
         v = jobview.collect(quick, token=TOKEN)
         t = v["trainers"]
         assert t["state"] == "silent" and t["alive"] is False and t["silent_s"] >= 0.2
@@ -390,23 +479,43 @@ def test_switch_counters_join_the_view(healthy: Job) -> None:
 
 
 def test_drop_classification() -> None:
-    counters = {"data": 10, "retx": 2, "duplicate": 3, "commit": 4, "commit_stale": 9,
-                "commit_duplicate": 1, "commit_filled": 1, "ready": 50, "ready_stale": 2,
-                "stale": 1, "wire.checksum": 2, "foreign_source": 5, "ahead_of_window": 0,
-                "not_loaded": 7, "some_future_reason": 1}
-    assert jobview.drops_of(counters) == {"foreign_source": 5, "not_loaded": 7,
-                                          "some_future_reason": 1, "stale": 1,
-                                          "wire.checksum": 2}
+    counters = {
+        "data": 10,
+        "retx": 2,
+        "duplicate": 3,
+        "commit": 4,
+        "commit_stale": 9,
+        "commit_duplicate": 1,
+        "commit_filled": 1,
+        "ready": 50,
+        "ready_stale": 2,
+        "stale": 1,
+        "wire.checksum": 2,
+        "foreign_source": 5,
+        "ahead_of_window": 0,
+        "not_loaded": 7,
+        "some_future_reason": 1,
+    }
+    assert jobview.drops_of(counters) == {
+        "foreign_source": 5,
+        "not_loaded": 7,
+        "some_future_reason": 1,
+        "stale": 1,
+        "wire.checksum": 2,
+    }
     assert jobview.lag_threshold(None) == 8 and jobview.lag_threshold(2048) == 8
     assert jobview.lag_threshold(16) == 4 and jobview.lag_threshold(4) == 2
 
 
 def test_view_module_imports_no_grpc_protobuf_or_torch() -> None:
-    code = ("import sys, shadowgrad.controller.view, shadowgrad.controller._status_cmd; "
-            "bad = [m for m in ('grpc', 'google.protobuf', 'torch', 'zmq') if m in sys.modules];"
-            " print(bad); sys.exit(1 if bad else 0)")
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                       env={**os.environ}, timeout=60)
+    code = (
+        "import sys, shadowgrad.controller.view, shadowgrad.controller._status_cmd; "
+        "bad = [m for m in ('grpc', 'google.protobuf', 'torch', 'zmq') if m in sys.modules];"
+        " print(bad); sys.exit(1 if bad else 0)"
+    )
+    r = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env={**os.environ}, timeout=60
+    )
     assert r.returncode == 0, r.stdout + r.stderr
 
 

@@ -22,26 +22,33 @@ from shadowgrad.trainer_hooks._testing import spec_toml
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_switch_cli_programs_idempotently_and_removes(tmp_path: Path,
-                                                       capsys: pytest.CaptureFixture[str]
-                                                       ) -> None:
+def test_switch_cli_programs_idempotently_and_removes(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     sw = Switch(device_id=0, cpu_port=510, grpc_addr="127.0.0.1:0")
     for p in range(1, 5):
         sw.add_port(InProcessPort(p))
     sw.start()
     try:
         assert sw.server is not None
-        doc = {"job": {"id": 9, "name": "cli", "mode": "in-band"},
-               "trainers": {"world_size": 2, "addresses": ["10.0.0.1", "10.0.0.2"]},
-               "shadows": {"count": 2, "addresses": ["10.0.1.1", "10.0.1.2"]},
-               "switch": {"target": "bmv2_testbed", "grpc_addr": f"127.0.0.1:{sw.server.port}",
-                          "p4_program": str(ROOT / "p4" / "shadowgrad.p4"),
-                          "trainer_ports": [1, 2], "shadow_ports": [3, 4]},
-               "security": {"token_env": "X"}}
+        doc = {
+            "job": {"id": 9, "name": "cli", "mode": "in-band"},
+            "trainers": {"world_size": 2, "addresses": ["10.0.0.1", "10.0.0.2"]},
+            "shadows": {"count": 2, "addresses": ["10.0.1.1", "10.0.1.2"]},
+            "switch": {
+                "target": "bmv2_testbed",
+                "grpc_addr": f"127.0.0.1:{sw.server.port}",
+                "p4_program": str(ROOT / "p4" / "shadowgrad.p4"),
+                "trainer_ports": [1, 2],
+                "shadow_ports": [3, 4],
+            },
+            "security": {"token_env": "X"},
+        }
         spec = tmp_path / "job.toml"
         spec.write_text(spec_toml(doc))
-        params, buckets = from_module(torch.nn.Sequential(torch.nn.Linear(64, 64),
-                                                          torch.nn.Linear(64, 8)))
+        params, buckets = from_module(
+            torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Linear(64, 8))
+        )
         layout = tmp_path / "layout.json"
         layout.write_text(Layout.build(params, buckets, 2, 1).to_json())
         args = ["--spec", str(spec), "--layout", str(layout)]

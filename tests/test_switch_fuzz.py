@@ -58,8 +58,21 @@ def _csum(b: bytes) -> int:
 
 def _ipv4_udp(dst: int, payload: bytes, dport: int = 0x1234, ttl: int = 64) -> bytes:
     udp = struct.pack("!HHHH", 1000, dport, 8 + len(payload), 0) + payload
-    ip = bytearray(struct.pack("!BBHHHBBH4s4s", 0x45, 0, 20 + len(udp), 1, 0, ttl, 17, 0,
-                               bytes([10, 0, 0, 1]), bytes([10, 0, 1, 1])))
+    ip = bytearray(
+        struct.pack(
+            "!BBHHHBBH4s4s",
+            0x45,
+            0,
+            20 + len(udp),
+            1,
+            0,
+            ttl,
+            17,
+            0,
+            bytes([10, 0, 0, 1]),
+            bytes([10, 0, 1, 1]),
+        )
+    )
     ip[10:12] = _csum(bytes(ip)).to_bytes(2, "big")
     return _mac(dst) + _mac(1) + b"\x08\x00" + bytes(ip) + udp
 
@@ -71,8 +84,9 @@ def seed_frames() -> list[bytes]:
     for dst in (DST_FWD, DST_DROP, DST_NOPORT, 0x77, 0xFFFFFFFFFFFF):
         out.append(_ipv4_udp(dst, tag + b"payload"))
         out.append(_ipv4_udp(dst, b"x" * 64, dport=53))
-    out.append(_mac(DST_FWD) + _mac(2) + b"\x88\xb5" + b"\x01\x5a\x08\x00"
-               + _ipv4_udp(DST_FWD, tag)[14:])  # probe header
+    out.append(
+        _mac(DST_FWD) + _mac(2) + b"\x88\xb5" + b"\x01\x5a\x08\x00" + _ipv4_udp(DST_FWD, tag)[14:]
+    )  # probe header
     out.append(bytes.fromhex("0180c200000e") + _mac(5) + b"\x88\xcc" + b"lldp-ish")
     out.append(_mac(DST_FWD) + _mac(1) + b"\x90\xab" + b"\x10" * 20)
     out.append(_mac(DST_FWD) + _mac(1) + b"\x08\x00" + b"\x45\x00\x00")  # short IPv4
@@ -96,11 +110,11 @@ def fuzz_frames(n: int, seed: int = 1) -> Iterator[bytes]:
             for _ in range(rng.randrange(1, 6)):
                 b[rng.randrange(min(len(b), 60))] = rng.getrandbits(8)
         elif kind == 6:  # truncation
-            del b[rng.randrange(len(b) + 1):]
+            del b[rng.randrange(len(b) + 1) :]
         elif kind == 7:  # extension (now and then jumbo)
             b += rng.randbytes(rng.randrange(1, 9000 if rng.random() < 0.01 else 1500))
         elif kind == 8:  # truncate, then flip
-            del b[rng.randrange(1, len(b) + 1):]
+            del b[rng.randrange(1, len(b) + 1) :]
             b[rng.randrange(len(b))] ^= 0xFF
         # kind 9: the valid seed itself
         yield bytes(b)
@@ -131,10 +145,12 @@ def test_inprocess_switch_fuzz_100k() -> None:
         sw.add_port(p)
     dpl = sw.load_pipeline(pipe)
     pid = fwd.params[0].id
-    dpl.insert_entry(TableEntry(dmac.preamble.id, {fid: Exact(DST_FWD)}, fwd.preamble.id,
-                                {pid: FWD_PORT}))
-    dpl.insert_entry(TableEntry(dmac.preamble.id, {fid: Exact(DST_NOPORT)}, fwd.preamble.id,
-                                {pid: NOPORT}))
+    dpl.insert_entry(
+        TableEntry(dmac.preamble.id, {fid: Exact(DST_FWD)}, fwd.preamble.id, {pid: FWD_PORT})
+    )
+    dpl.insert_entry(
+        TableEntry(dmac.preamble.id, {fid: Exact(DST_NOPORT)}, fwd.preamble.id, {pid: NOPORT})
+    )
     dpl.insert_entry(TableEntry(dmac.preamble.id, {fid: Exact(DST_DROP)}, drop.preamble.id, {}))
     sw.start()
     try:
@@ -161,9 +177,10 @@ def test_inprocess_switch_fuzz_100k() -> None:
         dp_drops = sum(drops.values())
         assert stats["rx"] == stats["tx"] + dp_drops
         assert dp_drops == sum(v for (_, r), v in drops.items() if r == "ingress_drop")
-        assert stats["tx"] == (sum(q["enqueued"] + sum(q["drops"].values())
-                                   for q in c["queues"].values())
-                               + c["switch_drops"]["no_such_port"])
+        assert stats["tx"] == (
+            sum(q["enqueued"] + sum(q["drops"].values()) for q in c["queues"].values())
+            + c["switch_drops"]["no_such_port"]
+        )
         assert all(sum(q["drops"].values()) == 0 for q in c["queues"].values())
         # the oracle: outputs per port, drops per reason
         assert got == {0: want[0], 1: 0, 2: 0, FWD_PORT: want[FWD_PORT]}
@@ -176,16 +193,21 @@ def test_inprocess_switch_fuzz_100k() -> None:
         good = seed_frames()[0]
         ports[1].inject(good)
         assert ports[FWD_PORT].recv(2.0) == good
-        print(f"\n{N_FRAMES} frames in {elapsed:.1f}s ({N_FRAMES / elapsed:,.0f}/s): "
-              f"fwd={got} drops={drops} no_such_port={c['switch_drops']['no_such_port']}")
+        print(
+            f"\n{N_FRAMES} frames in {elapsed:.1f}s ({N_FRAMES / elapsed:,.0f}/s): "
+            f"fwd={got} drops={drops} no_such_port={c['switch_drops']['no_such_port']}"
+        )
     finally:
         sw.stop()
 
 
 # ----------------------------------------------------------------------------- subprocess
 def _udp_snmp() -> dict[str, int]:
-    lines = [ln.split() for ln in Path("/proc/net/snmp").read_text().splitlines()
-             if ln.startswith("Udp:")]
+    lines = [
+        ln.split()
+        for ln in Path("/proc/net/snmp").read_text().splitlines()
+        if ln.startswith("Udp:")
+    ]
     return dict(zip(lines[0][1:], map(int, lines[1][1:]), strict=True))
 
 
@@ -214,11 +236,21 @@ def test_sg_switch_grpc_fuzz_over_udp(tmp_path: Path) -> None:
         s.setblocking(False)
         mine[n] = s
     theirs = {n: _free_udp_port() for n in mine}
-    cmd = [sys.executable, "-m", "shadowgrad.bmv2_testbed._switch_cmd", "--no-p4",
-           "--device-id", "0", "-L", "warn"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "shadowgrad.bmv2_testbed._switch_cmd",
+        "--no-p4",
+        "--device-id",
+        "0",
+        "-L",
+        "warn",
+    ]
     for n in mine:
-        cmd += ["--loopback-port",
-                f"{n}@127.0.0.1:{theirs[n]}=127.0.0.1:{mine[n].getsockname()[1]}"]
+        cmd += [
+            "--loopback-port",
+            f"{n}@127.0.0.1:{theirs[n]}=127.0.0.1:{mine[n].getsockname()[1]}",
+        ]
     cmd += ["--", "--grpc-server-addr", "127.0.0.1:0", "--cpu-port", "255"]
     log = tmp_path / "switch.log"
     with open(log, "w") as logf:
@@ -246,9 +278,11 @@ def test_sg_switch_grpc_fuzz_over_udp(tmp_path: Path) -> None:
                 te.action.action.params.add(param_id=1, value=port.to_bytes(2, "big"))
             return e
 
-        entries = {FWD_PORT: entry(DST_FWD, fwd.preamble.id, FWD_PORT),
-                   None: entry(DST_DROP, drop.preamble.id, None),
-                   NOPORT: entry(DST_NOPORT, fwd.preamble.id, NOPORT)}
+        entries = {
+            FWD_PORT: entry(DST_FWD, fwd.preamble.id, FWD_PORT),
+            None: entry(DST_DROP, drop.preamble.id, None),
+            NOPORT: entry(DST_NOPORT, fwd.preamble.id, NOPORT),
+        }
         client.write([U(type=U.INSERT, entity=e) for e in entries.values()])
 
         tx = mine[1]
@@ -335,9 +369,11 @@ def test_sg_switch_grpc_fuzz_over_udp(tmp_path: Path) -> None:
                 time.sleep(0.01)
         assert out == good
         assert proc.poll() is None, "switch died"
-        print(f"\n{UDP_FRAMES} frames over UDP in {elapsed:.1f}s "
-              f"({UDP_FRAMES / elapsed:,.0f}/s); kernel drops {kernel_drops}; "
-              f"out={got} hits={hits}")
+        print(
+            f"\n{UDP_FRAMES} frames over UDP in {elapsed:.1f}s "
+            f"({UDP_FRAMES / elapsed:,.0f}/s); kernel drops {kernel_drops}; "
+            f"out={got} hits={hits}"
+        )
     finally:
         if client is not None:
             client.close()

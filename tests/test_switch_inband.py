@@ -27,8 +27,9 @@ from tests.test_trainer_restore import _equal_states, _finish, _launch, _losses,
 STEPS = 30
 
 
-def _run(tmp_path: Path, loss: dict[int, float] | None = None, steps: int = STEPS,
-         **switch: Any) -> dict[str, Any]:
+def _run(
+    tmp_path: Path, loss: dict[int, float] | None = None, steps: int = STEPS, **switch: Any
+) -> dict[str, Any]:
     doc = switch_spec(world=4, shadows=4, replication=2, gap_repair="30ms")
     spec = parse_spec(doc, env={})
     path = _spec(tmp_path, doc)
@@ -38,8 +39,11 @@ def _run(tmp_path: Path, loss: dict[int, float] | None = None, steps: int = STEP
         ranks = _launch(path, 4, steps, "--amp", "--out", str(tmp_path / "final.pt"))
         try:
             text = _finish(ranks, 4)
-            waits = [float(m[1]) for r in range(4)
-                     for m in re.finditer(r"^ring_wait \d+ (\S+)$", ranks.output(r), re.M)]
+            waits = [
+                float(m[1])
+                for r in range(4)
+                for m in re.finditer(r"^ring_wait \d+ (\S+)$", ranks.output(r), re.M)
+            ]
         finally:
             ranks.close()
         assert cluster.wait_applied(steps - 1, timeout_s=60), cluster.status()
@@ -54,8 +58,12 @@ def _run(tmp_path: Path, loss: dict[int, float] | None = None, steps: int = STEP
     assert not _equal_states(final, shadow)
     for s in status:
         assert s["diverged_at"] is None
-    return {"counters": counters, "status": status, "ring_wait_s": max(waits),
-            "switch": sw.final_counters}
+    return {
+        "counters": counters,
+        "status": status,
+        "ring_wait_s": max(waits),
+        "switch": sw.final_counters,
+    }
 
 
 @pytest.mark.slow
@@ -95,8 +103,7 @@ def test_inband_through_an_overloaded_lossless_shadow_port(tmp_path: Path) -> No
     # 16 frames, a pause budget of 0.2 s per congestion episode, no headroom: copies beyond
     # the budget are dropped (counted) and the shard repairs end to end
     bound = 0.2
-    out = _run(tmp_path, rate={5: "320k"}, queue_capacity=16, pause_timeout_s=bound,
-               headroom=0)
+    out = _run(tmp_path, rate={5: "320k"}, queue_capacity=16, pause_timeout_s=bound, headroom=0)
     q = out["switch"]["queues"]["5"]
     assert q["drops"]["lossless_overflow"] > 0, q
     assert q["paused_s"] > 0
@@ -104,12 +111,18 @@ def test_inband_through_an_overloaded_lossless_shadow_port(tmp_path: Path) -> No
     # or re-seeded by the trainers
     s0 = out["status"][0]
     ev = s0["events"]
-    healed = (s0["counters"].get("retx", 0) + ev.get("seeded", 0) + ev.get("cloned", 0)
-              + ev.get("resynced", 0))
+    healed = (
+        s0["counters"].get("retx", 0)
+        + ev.get("seeded", 0)
+        + ev.get("cloned", 0)
+        + ev.get("resynced", 0)
+    )
     assert healed > 0, s0
     # the trainers were never held by the switch longer than the bound (the ring's longest
     # wait for window space includes its retransmission timeouts; generous slack)
-    print(f"overloaded shadow port: {q['drops']['lossless_overflow']} copies dropped, "
-          f"paused {q['paused_s']:.3f}s in all, longest pause {q['max_pause_s'] * 1e3:.0f} ms, "
-          f"longest ring send wait {out['ring_wait_s'] * 1e3:.0f} ms (bound {bound * 1e3:.0f} ms)")
+    print(
+        f"overloaded shadow port: {q['drops']['lossless_overflow']} copies dropped, "
+        f"paused {q['paused_s']:.3f}s in all, longest pause {q['max_pause_s'] * 1e3:.0f} ms, "
+        f"longest ring send wait {out['ring_wait_s'] * 1e3:.0f} ms (bound {bound * 1e3:.0f} ms)"
+    )
     assert q["max_pause_s"] <= bound + 0.25

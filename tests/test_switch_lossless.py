@@ -35,12 +35,13 @@ CAPACITY = 8
 
 
 def _job() -> tuple[Any, Layout]:
-    doc = {"job": {"id": 3, "name": "lossless", "mode": "in-band"},
-           "trainers": {"world_size": 2, "addresses": ["10.0.0.1", "10.0.0.2"]},
-           "shadows": {"count": 2, "replication": 1, "addresses": ["10.0.1.1", "10.0.1.2"]},
-           "switch": {"target": "bmv2_testbed", "trainer_ports": [1, 2],
-                      "shadow_ports": [3, 4]},
-           "security": {"token_env": "X"}}
+    doc = {
+        "job": {"id": 3, "name": "lossless", "mode": "in-band"},
+        "trainers": {"world_size": 2, "addresses": ["10.0.0.1", "10.0.0.2"]},
+        "shadows": {"count": 2, "replication": 1, "addresses": ["10.0.1.1", "10.0.1.2"]},
+        "switch": {"target": "bmv2_testbed", "trainer_ports": [1, 2], "shadow_ports": [3, 4]},
+        "security": {"token_env": "X"},
+    }
     spec = parse_spec(doc, env={})
     model = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.Linear(256, 4))
     params, buckets = from_module(model)
@@ -55,31 +56,57 @@ class _Rig:
         for p in self.ports.values():
             self.sw.add_port(p)
         self.slow = InProcessPort(3)  # shadow 0
-        self.sw.add_port(self.slow, QueueConfig(
-            capacity=CAPACITY, rate_bps=RATE_FPS * FRAME * 8, burst_bytes=FRAME,
-            lossless=True, pause_timeout_s=PAUSE_S, headroom=0))
+        self.sw.add_port(
+            self.slow,
+            QueueConfig(
+                capacity=CAPACITY,
+                rate_bps=RATE_FPS * FRAME * 8,
+                burst_bytes=FRAME,
+                lossless=True,
+                pause_timeout_s=PAUSE_S,
+                headroom=0,
+            ),
+        )
         self.sw.start()
         assert self.sw.server is not None
         self.client = P4RuntimeClient(f"127.0.0.1:{self.sw.server.port}")
         self.client.connect()
-        self.driver = SwitchDriver(self.client, self.spec, self.layout,
-                                   pipeline=compile_product())
+        self.driver = SwitchDriver(self.client, self.spec, self.layout, pipeline=compile_product())
         self.driver.converge()
         # byte ranges of shard 0 (shadow 0's copies)
-        self.ranges = [(b, r.start, r.end) for b, rs in enumerate(self.layout.bucket_routes)
-                       for r in rs if r.shard == 0 and r.end - r.start >= PAYLOAD]
+        self.ranges = [
+            (b, r.start, r.end)
+            for b, rs in enumerate(self.layout.bucket_routes)
+            for r in rs
+            if r.shard == 0 and r.end - r.start >= PAYLOAD
+        ]
         self.n = 0
 
     def final(self) -> bytes:
         b, start, end = self.ranges[self.n % len(self.ranges)]
         off = start + (self.n * PAYLOAD) % max(PAYLOAD, end - start - PAYLOAD) // 8 * 8
         off = min(off, end - PAYLOAD)
-        dgram = encode(Kind.DATA, job=3, sender=0, iteration=self.n, seq=self.n, layout=1,
-                       payload=bytes(PAYLOAD), flags=Flag.FINAL, dtype=DType.FLOAT32,
-                       bucket=b, offset=off)
+        dgram = encode(
+            Kind.DATA,
+            job=3,
+            sender=0,
+            iteration=self.n,
+            seq=self.n,
+            layout=1,
+            payload=bytes(PAYLOAD),
+            flags=Flag.FINAL,
+            dtype=DType.FLOAT32,
+            bucket=b,
+            offset=off,
+        )
         self.n += 1
-        return encode_frame(dgram, src=("10.0.0.1", 47474), dst=("10.0.0.2", 47474),
-                            src_mac=port_mac(1), dst_mac=port_mac(2))
+        return encode_frame(
+            dgram,
+            src=("10.0.0.1", 47474),
+            dst=("10.0.0.2", 47474),
+            src_mac=port_mac(1),
+            dst_mac=port_mac(2),
+        )
 
     def send(self, count: int, fps: float | None) -> float:
         """Inject ``count`` FINAL chunks on trainer 0's port (at ``fps``, or at once); the
@@ -127,7 +154,8 @@ def test_a_burst_within_the_pause_bound_loses_no_copy(rig: _Rig) -> None:
 
 @pytest.mark.slow
 def test_sustained_overload_drops_counted_and_never_holds_the_trainer_past_the_bound(
-        rig: _Rig) -> None:
+    rig: _Rig,
+) -> None:
     # offered 4x the shadow port's rate for 3 s
     count = 4 * RATE_FPS * 3
     held = rig.send(count, 4 * RATE_FPS)
@@ -140,6 +168,8 @@ def test_sustained_overload_drops_counted_and_never_holds_the_trainer_past_the_b
     assert len(rig.ports[2].recv_all(0.2)) == count
     # one congestion episode: its pauses add up to the bound at most
     assert st.paused_s <= PAUSE_S + 0.5 and st.max_pause_s <= PAUSE_S + 0.5, (st, held)
-    print(f"sustained 4x overload: {dropped}/{count} copies dropped (counted), paused "
-          f"{st.paused_s:.3f}s in all, longest inject {held * 1e3:.0f} ms (bound "
-          f"{PAUSE_S * 1e3:.0f} ms)")
+    print(
+        f"sustained 4x overload: {dropped}/{count} copies dropped (counted), paused "
+        f"{st.paused_s:.3f}s in all, longest inject {held * 1e3:.0f} ms (bound "
+        f"{PAUSE_S * 1e3:.0f} ms)"
+    )

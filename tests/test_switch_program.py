@@ -110,8 +110,9 @@ class Job:
         return [*self.trainers, *self.shadows]
 
     def routes(self) -> list[tuple[int, Route]]:
-        return [(b, r) for b, rs in enumerate(self.layout.bucket_routes) for r in rs
-                if r.end > r.start]
+        return [
+            (b, r) for b, rs in enumerate(self.layout.bucket_routes) for r in rs if r.end > r.start
+        ]
 
     def replicas(self, shard: int) -> list[Host]:
         return [self.shadows[k] for k in self.layout.shadows_of_shard(shard)]
@@ -131,30 +132,53 @@ def _layout(num_shadows: int, replication: int) -> Layout:
     return Layout.build(params, buckets, num_shadows, replication)
 
 
-def make_job(job_id: int, trainers: Sequence[str], trainer_ports: Sequence[int],
-             shadows: Sequence[str], shadow_ports: Sequence[int], replication: int) -> Job:
-    spec = parse_spec({
-        "job": {"id": job_id, "name": f"job{job_id}", "mode": "in-band"},
-        "trainers": {"world_size": len(trainers), "addresses": list(trainers)},
-        "shadows": {"count": len(shadows), "replication": replication,
-                    "addresses": list(shadows)},
-        "switch": {"trainer_ports": list(trainer_ports), "shadow_ports": list(shadow_ports),
-                   "cpu_port": CPU_PORT},
-    }, env={})
-    return Job(job_id,
-               [Host(ip, p, port_mac(p)) for ip, p in zip(trainers, trainer_ports, strict=True)],
-               [Host(ip, p, port_mac(p)) for ip, p in zip(shadows, shadow_ports, strict=True)],
-               spec, _layout(len(shadows), replication))
+def make_job(
+    job_id: int,
+    trainers: Sequence[str],
+    trainer_ports: Sequence[int],
+    shadows: Sequence[str],
+    shadow_ports: Sequence[int],
+    replication: int,
+) -> Job:
+    spec = parse_spec(
+        {
+            "job": {"id": job_id, "name": f"job{job_id}", "mode": "in-band"},
+            "trainers": {"world_size": len(trainers), "addresses": list(trainers)},
+            "shadows": {
+                "count": len(shadows),
+                "replication": replication,
+                "addresses": list(shadows),
+            },
+            "switch": {
+                "trainer_ports": list(trainer_ports),
+                "shadow_ports": list(shadow_ports),
+                "cpu_port": CPU_PORT,
+            },
+        },
+        env={},
+    )
+    return Job(
+        job_id,
+        [Host(ip, p, port_mac(p)) for ip, p in zip(trainers, trainer_ports, strict=True)],
+        [Host(ip, p, port_mac(p)) for ip, p in zip(shadows, shadow_ports, strict=True)],
+        spec,
+        _layout(len(shadows), replication),
+    )
 
 
 def job_a(shadow_ips: Sequence[str] | None = None) -> Job:
-    return make_job(7, [f"10.0.0.{i}" for i in range(1, 5)], [1, 2, 3, 4],
-                    shadow_ips or [f"10.0.1.{i}" for i in range(1, 5)], [5, 6, 7, 8], 2)
+    return make_job(
+        7,
+        [f"10.0.0.{i}" for i in range(1, 5)],
+        [1, 2, 3, 4],
+        shadow_ips or [f"10.0.1.{i}" for i in range(1, 5)],
+        [5, 6, 7, 8],
+        2,
+    )
 
 
 def job_b() -> Job:
-    return make_job(8, ["10.0.2.1", "10.0.2.2"], [11, 12], ["10.0.3.1", "10.0.3.2"],
-                    [13, 14], 1)
+    return make_job(8, ["10.0.2.1", "10.0.2.2"], [11, 12], ["10.0.3.1", "10.0.3.2"], [13, 14], 1)
 
 
 # ---------------------------------------------------------------------------- frames
@@ -183,12 +207,27 @@ def ipv4_checksum_ok(frame: bytes) -> bool:
     return _csum16(frame[_IP_AT:_UDP_AT]) == 0
 
 
-def ip_frame(src: Host, dst_ip: str, datagram: bytes, *, dport: int = SG_PORT,
-             dst_mac: int = GW_MAC, ident: int = 0) -> bytes:
+def ip_frame(
+    src: Host,
+    dst_ip: str,
+    datagram: bytes,
+    *,
+    dport: int = SG_PORT,
+    dst_mac: int = GW_MAC,
+    ident: int = 0,
+) -> bytes:
     """``datagram`` from host ``src`` to ``dst_ip`` (UDP ``dport``), with a real UDP checksum."""
-    f = bytearray(encode_frame(datagram, src=(src.ip, src.udp), dst=(dst_ip, dport),
-                               src_mac=src.mac, dst_mac=dst_mac, ident=ident))
-    f[_UDP_AT + 6:_UDP_AT + 8] = udp_checksum(bytes(f)).to_bytes(2, "big")
+    f = bytearray(
+        encode_frame(
+            datagram,
+            src=(src.ip, src.udp),
+            dst=(dst_ip, dport),
+            src_mac=src.mac,
+            dst_mac=dst_mac,
+            ident=ident,
+        )
+    )
+    f[_UDP_AT + 6 : _UDP_AT + 8] = udp_checksum(bytes(f)).to_bytes(2, "big")
     return bytes(f)
 
 
@@ -203,50 +242,79 @@ def shadow_copy(frame: bytes, shadow: Host) -> bytes:
     shadow, IPv4 checksum recomputed, UDP checksum 0; the shadowgrad datagram unchanged."""
     f = bytearray(frame)
     f[0:6] = _mac(shadow.mac)
-    f[_IP_AT + 16:_IP_AT + 20] = ipaddress.IPv4Address(shadow.ip).packed
-    f[_IP_AT + 10:_IP_AT + 12] = b"\0\0"
-    f[_IP_AT + 10:_IP_AT + 12] = _csum16(bytes(f[_IP_AT:_UDP_AT])).to_bytes(2, "big")
-    f[_UDP_AT + 2:_UDP_AT + 4] = shadow.udp.to_bytes(2, "big")
-    f[_UDP_AT + 6:_UDP_AT + 8] = b"\0\0"
+    f[_IP_AT + 16 : _IP_AT + 20] = ipaddress.IPv4Address(shadow.ip).packed
+    f[_IP_AT + 10 : _IP_AT + 12] = b"\0\0"
+    f[_IP_AT + 10 : _IP_AT + 12] = _csum16(bytes(f[_IP_AT:_UDP_AT])).to_bytes(2, "big")
+    f[_UDP_AT + 2 : _UDP_AT + 4] = shadow.udp.to_bytes(2, "big")
+    f[_UDP_AT + 6 : _UDP_AT + 8] = b"\0\0"
     return bytes(f)
 
 
 def arp_request(src: Host, target_ip: str) -> bytes:
     """An ARP who-has broadcast from ``src`` (42 bytes, not padded)."""
-    return (_mac(BROADCAST) + _mac(src.mac) + b"\x08\x06"
-            + struct.pack("!HHBBH", 1, 0x0800, 6, 4, 1)
-            + _mac(src.mac) + ipaddress.IPv4Address(src.ip).packed
-            + b"\0" * 6 + ipaddress.IPv4Address(target_ip).packed)
+    return (
+        _mac(BROADCAST)
+        + _mac(src.mac)
+        + b"\x08\x06"
+        + struct.pack("!HHBBH", 1, 0x0800, 6, 4, 1)
+        + _mac(src.mac)
+        + ipaddress.IPv4Address(src.ip).packed
+        + b"\0" * 6
+        + ipaddress.IPv4Address(target_ip).packed
+    )
 
 
 def _payload(n: int, *key: int) -> bytes:
     return random.Random(hash(key)).randbytes(n)
 
 
-def data_dgram(job: Job, rank: int, bucket: int, offset: int, length: int, *,
-               iteration: int = 1, seq: int = 0, final: bool = True,
-               job_id: int | None = None) -> bytes:
-    return encode(Kind.DATA, job=job.id if job_id is None else job_id, sender=rank,
-                  iteration=iteration, seq=seq, layout=job.layout.digest64,
-                  payload=_payload(length, rank, bucket, offset, iteration),
-                  flags=Flag.FINAL if final else 0, dtype=DType.FLOAT32, bucket=bucket,
-                  offset=offset)
+def data_dgram(
+    job: Job,
+    rank: int,
+    bucket: int,
+    offset: int,
+    length: int,
+    *,
+    iteration: int = 1,
+    seq: int = 0,
+    final: bool = True,
+    job_id: int | None = None,
+) -> bytes:
+    return encode(
+        Kind.DATA,
+        job=job.id if job_id is None else job_id,
+        sender=rank,
+        iteration=iteration,
+        seq=seq,
+        layout=job.layout.digest64,
+        payload=_payload(length, rank, bucket, offset, iteration),
+        flags=Flag.FINAL if final else 0,
+        dtype=DType.FLOAT32,
+        bucket=bucket,
+        offset=offset,
+    )
 
 
-def commit_dgram(job: Job, rank: int = 0, *, iteration: int = 1, job_id: int | None = None
-                 ) -> bytes:
+def commit_dgram(
+    job: Job, rank: int = 0, *, iteration: int = 1, job_id: int | None = None
+) -> bytes:
     rec = CommitRecord(lrs=(0.1, 0.01), clip_coef=0.5, user_state=b"loader@3")
-    return rec.encode(job=job.id if job_id is None else job_id, sender=rank,
-                      iteration=iteration, seq=iteration, layout=job.layout.digest64)
+    return rec.encode(
+        job=job.id if job_id is None else job_id,
+        sender=rank,
+        iteration=iteration,
+        seq=iteration,
+        layout=job.layout.digest64,
+    )
 
 
-def chunk(job: Job, rank: int, bucket: int, offset: int, length: int, *,
-          to: int | None = None, **kw: Any) -> bytes:
+def chunk(
+    job: Job, rank: int, bucket: int, offset: int, length: int, *, to: int | None = None, **kw: Any
+) -> bytes:
     """A DATA chunk (FINAL unless ``final=False``) from trainer ``rank`` to its ring's next hop
     (or to trainer ``to``)."""
     dst = job.trainers[(rank + 1) % len(job.trainers) if to is None else to]
-    return ip_frame(job.trainers[rank], dst.ip, data_dgram(job, rank, bucket, offset, length,
-                                                           **kw))
+    return ip_frame(job.trainers[rank], dst.ip, data_dgram(job, rank, bucket, offset, length, **kw))
 
 
 def describe(frames: Iterable[tuple[int, bytes]]) -> list[str]:
@@ -260,8 +328,10 @@ def describe(frames: Iterable[tuple[int, bytes]]) -> list[str]:
         if len(fr.payload) >= HEADER_SIZE:
             h = struct.unpack_from("!HBBB", fr.payload)
             what = f" sg magic={h[0]:#x} kind={h[2]} flags={h[3]:#x}"
-        out.append(f"port {port}: {len(f)} bytes, dst {fr.dst_mac:012x} {fr.src} -> {fr.dst}"
-                   f" udp_csum={f[_UDP_AT + 6:_UDP_AT + 8].hex()}{what}")
+        out.append(
+            f"port {port}: {len(f)} bytes, dst {fr.dst_mac:012x} {fr.src} -> {fr.dst}"
+            f" udp_csum={f[_UDP_AT + 6 : _UDP_AT + 8].hex()}{what}"
+        )
     return out
 
 
@@ -270,9 +340,12 @@ def expect(got: Sequence[tuple[int, bytes]], want: Iterable[tuple[int, bytes]]) 
     g, w = collections.Counter(got), collections.Counter(want)
     if g != w:
         missing, extra = w - g, g - w
-        raise AssertionError("frames differ:\n  missing: " + "\n           ".join(
-            describe(missing.elements()) or ["-"]) + "\n  extra:   " + "\n           ".join(
-            describe(extra.elements()) or ["-"]))
+        raise AssertionError(
+            "frames differ:\n  missing: "
+            + "\n           ".join(describe(missing.elements()) or ["-"])
+            + "\n  extra:   "
+            + "\n           ".join(describe(extra.elements()) or ["-"])
+        )
 
 
 # ---------------------------------------------------------------------------- backends
@@ -369,8 +442,10 @@ class BinaryBackend(Backend):
             # the target keeps its PRE state across pushes
             g = p4runtime_pb2.Entity()
             g.packet_replication_engine_entry.multicast_group_entry.multicast_group_id = 0
-            stale = [r.packet_replication_engine_entry.multicast_group_entry.multicast_group_id
-                     for r in c.read([g])]
+            stale = [
+                r.packet_replication_engine_entry.multicast_group_entry.multicast_group_id
+                for r in c.read([g])
+            ]
             ups = []
             for gid in stale:
                 e = p4runtime_pb2.Entity()
@@ -385,7 +460,7 @@ class BinaryBackend(Backend):
         out: list[tuple[int, bytes]] = []
         for i in range(0, len(frames), self.BATCH):
             v.drain()
-            for port, f in frames[i:i + self.BATCH]:
+            for port, f in frames[i : i + self.BATCH]:
                 v.send(port, f)
             out += v.collect(self.rb.first_timeout, self.rb.quiet, limit=30.0)
         return out
@@ -398,11 +473,14 @@ def _own_tool(name: str) -> str:
     return str(Path(sys.executable).parent / name)
 
 
-@pytest.fixture(scope="module", params=[
-    "inproc",
-    pytest.param("bmv2", marks=pytest.mark.bmv2),
-    pytest.param("subprocess", marks=[pytest.mark.netns, pytest.mark.slow]),
-])
+@pytest.fixture(
+    scope="module",
+    params=[
+        "inproc",
+        pytest.param("bmv2", marks=pytest.mark.bmv2),
+        pytest.param("subprocess", marks=[pytest.mark.netns, pytest.mark.slow]),
+    ],
+)
 def backend(request: pytest.FixtureRequest) -> Iterator[Backend]:
     b: Backend
     if request.param == "inproc":
@@ -433,8 +511,9 @@ class Bench:
         return c
 
     def driver(self, job: Job, client: P4RuntimeClient | None = None) -> SwitchDriver:
-        return SwitchDriver(client or self.client(), job.spec, job.layout,
-                            pipeline=self.backend.pipeline)
+        return SwitchDriver(
+            client or self.client(), job.spec, job.layout, pipeline=self.backend.pipeline
+        )
 
     def program(self, job: Job, client: P4RuntimeClient | None = None) -> SwitchDriver:
         d = self.driver(job, client)
@@ -483,16 +562,21 @@ def dump(client: P4RuntimeClient, info: p4info_pb2.P4Info) -> tuple[list[bytes],
         canon = p4runtime_pb2.TableEntry(table_id=te.table_id, priority=te.priority)
         canon.match.extend(sorted(te.match, key=lambda m: m.field_id))
         canon.action.action.action_id = te.action.action.action_id
-        canon.action.action.params.extend(sorted(te.action.action.params,
-                                                 key=lambda p: p.param_id))
+        canon.action.action.params.extend(sorted(te.action.action.params, key=lambda p: p.param_id))
         entries.append(canon.SerializeToString(deterministic=True))
     g = p4runtime_pb2.Entity()
     g.packet_replication_engine_entry.multicast_group_entry.multicast_group_id = 0
-    groups = sorted((m.multicast_group_id,
-                     sorted((int.from_bytes(rep.port, "big") if rep.port else rep.egress_port,
-                             rep.instance) for rep in m.replicas))
-                    for r in client.read([g])
-                    for m in [r.packet_replication_engine_entry.multicast_group_entry])
+    groups = sorted(
+        (
+            m.multicast_group_id,
+            sorted(
+                (int.from_bytes(rep.port, "big") if rep.port else rep.egress_port, rep.instance)
+                for rep in m.replicas
+            ),
+        )
+        for r in client.read([g])
+        for m in [r.packet_replication_engine_entry.multicast_group_entry]
+    )
     return sorted(entries), groups
 
 
@@ -541,16 +625,21 @@ def test_p4info_sg_key_widths_match_the_wire_header_and_fast_path_covers_it() ->
                 assert mf.bitwidth == wire[mf.name.removeprefix("hdr.sg.")], mf.name
     assert keys == {"hdr.sg.job": 32, "hdr.sg.bucket": 32, "hdr.sg.offset": 64}
     # the other keys and parameters the driver encodes
-    tables = {t.preamble.name: {m.name: m.bitwidth for m in t.match_fields}
-              for t in pipe.p4info.tables}
+    tables = {
+        t.preamble.name: {m.name: m.bitwidth for m in t.match_fields} for t in pipe.p4info.tables
+    }
     assert tables["SgIngress.ipv4_forward"] == {"hdr.ipv4.dstAddr": 32}
     assert tables["SgIngress.trainer_ports"]["standard_metadata.ingress_port"] == 9
     assert tables["SgIngress.shard_groups"] == {
-        "hdr.sg.job": 32, "meta.shard": 16, "standard_metadata.egress_spec": 9}
+        "hdr.sg.job": 32,
+        "meta.shard": 16,
+        "standard_metadata.egress_spec": 9,
+    }
     assert tables["SgEgress.shadow_rewrite"] == {
-        "hdr.sg.job": 32, "standard_metadata.egress_rid": 16}
-    actions = {a.preamble.name: {p.name: p.bitwidth for p in a.params}
-               for a in pipe.p4info.actions}
+        "hdr.sg.job": 32,
+        "standard_metadata.egress_rid": 16,
+    }
+    actions = {a.preamble.name: {p.name: p.bitwidth for p in a.params} for a in pipe.p4info.actions}
     assert actions["SgIngress.route"] == {"port": 9, "dmac": 48}
     assert actions["SgEgress.to_shadow"] == {"dmac": 48, "dip": 32, "dport": 16}
     counters = {c.preamble.name: c.size for c in pipe.p4info.counters}
@@ -562,18 +651,23 @@ def _check_shadow_copy(out: bytes, sent: bytes, shadow: Host, job: Job) -> None:
     """The copy, checked field by field (independently of :func:`shadow_copy`)."""
     assert out[0:6] == _mac(shadow.mac)
     assert out[6:_IP_AT] == sent[6:_IP_AT]
-    assert out[_IP_AT + 16:_IP_AT + 20] == ipaddress.IPv4Address(shadow.ip).packed
-    assert out[_IP_AT + 12:_IP_AT + 16] == sent[_IP_AT + 12:_IP_AT + 16]  # source kept
+    assert out[_IP_AT + 16 : _IP_AT + 20] == ipaddress.IPv4Address(shadow.ip).packed
+    assert out[_IP_AT + 12 : _IP_AT + 16] == sent[_IP_AT + 12 : _IP_AT + 16]  # source kept
     assert ipv4_checksum_ok(out)
     assert struct.unpack_from("!HHHH", out, _UDP_AT) == (
-        SG_PORT, shadow.udp, len(sent) - _UDP_AT, 0)
+        SG_PORT,
+        shadow.udp,
+        len(sent) - _UDP_AT,
+        0,
+    )
     assert out[_SG_AT:] == sent[_SG_AT:]
     msg = decode(out[_SG_AT:], job=job.id, layout=job.layout.digest64)
     assert msg.header.flags & Flag.FINAL
 
 
 def test_final_chunk_reaches_next_hop_and_every_replica_of_its_shard(
-        tb: Bench, a: tuple[Job, SwitchDriver]) -> None:
+    tb: Bench, a: tuple[Job, SwitchDriver]
+) -> None:
     job, _d = a
     world = len(job.trainers)
     shards_seen = set()
@@ -584,7 +678,7 @@ def test_final_chunk_reaches_next_hop_and_every_replica_of_its_shard(
             for rank in range(world):
                 nxt = job.trainers[(rank + 1) % world]
                 f = chunk(job, rank, bucket, offset, length, iteration=i + 1)
-                assert ipv4_checksum_ok(f) and f[_UDP_AT + 6:_UDP_AT + 8] != b"\0\0"
+                assert ipv4_checksum_ok(f) and f[_UDP_AT + 6 : _UDP_AT + 8] != b"\0\0"
                 got = tb.send(job.trainers[rank].port, f)
                 want = [(nxt.port, routed(f, nxt))]
                 want += [(s.port, shadow_copy(f, s)) for s in job.replicas(r.shard)]
@@ -593,8 +687,9 @@ def test_final_chunk_reaches_next_hop_and_every_replica_of_its_shard(
                     if port == nxt.port:
                         assert out[6:] == f[6:]  # byte-identical apart from the dst MAC
                     else:
-                        _check_shadow_copy(out, f, next(s for s in job.shadows
-                                                        if s.port == port), job)
+                        _check_shadow_copy(
+                            out, f, next(s for s in job.shadows if s.port == port), job
+                        )
                 shards_seen.add(r.shard)
     assert shards_seen == set(range(job.layout.num_shards))
 
@@ -607,8 +702,10 @@ def test_untagged_traffic_is_only_forwarded(tb: Bench, a: tuple[Job, SwitchDrive
     # DATA without FINAL (reduce-scatter phase) from every trainer port
     for rank in range(len(t)):
         f = chunk(job, rank, bucket, r.start, 64, final=False)
-        expect(tb.send(t[rank].port, f), [(t[(rank + 1) % len(t)].port,
-                                           routed(f, t[(rank + 1) % len(t)]))])
+        expect(
+            tb.send(t[rank].port, f),
+            [(t[(rank + 1) % len(t)].port, routed(f, t[(rank + 1) % len(t)]))],
+        )
     # a FINAL chunk sent straight to a shadow (a retransmission): no group, only forwarded
     s = job.replicas(r.shard)[0]
     f = ip_frame(t[0], s.ip, data_dgram(job, 0, bucket, r.start, 64))
@@ -621,8 +718,8 @@ def test_untagged_traffic_is_only_forwarded(tb: Bench, a: tuple[Job, SwitchDrive
     # only forwarded, never copied (its payload is cut short)
     f = bytearray(chunk(job, 2, bucket, r.start, 64))
     f[_IP_AT + 6] |= 0x20  # flags: MF
-    f[_IP_AT + 10:_IP_AT + 12] = b"\0\0"
-    f[_IP_AT + 10:_IP_AT + 12] = _csum16(bytes(f[_IP_AT:_IP_AT + 20])).to_bytes(2, "big")
+    f[_IP_AT + 10 : _IP_AT + 12] = b"\0\0"
+    f[_IP_AT + 10 : _IP_AT + 12] = _csum16(bytes(f[_IP_AT : _IP_AT + 20])).to_bytes(2, "big")
     frag = bytes(f)
     expect(tb.send(t[2].port, frag), [(t[3].port, routed(frag, t[3]))])
     # ordinary UDP and a non-shadowgrad port, from a host of no job
@@ -637,7 +734,8 @@ def test_untagged_traffic_is_only_forwarded(tb: Bench, a: tuple[Job, SwitchDrive
 
 # ---------------------------------------------------------------------------- 3: the guard
 def test_tagged_from_non_trainer_ports_and_foreign_jobs_are_dropped(
-        tb: Bench, a: tuple[Job, SwitchDriver]) -> None:
+    tb: Bench, a: tuple[Job, SwitchDriver]
+) -> None:
     job, d = a
     bucket, r = job.routes()[0]
     shadow0 = job.shadows[0]
@@ -645,17 +743,33 @@ def test_tagged_from_non_trainer_ports_and_foreign_jobs_are_dropped(
     want = zero_counters(job)
     drops = want["drops"]
     cases = [  # (ingress port, frame, drop reason)
-        (shadow0.port, ip_frame(shadow0, job.trainers[1].ip,
-                                data_dgram(job, 0, bucket, r.start, 64)), "spoofed"),
+        (
+            shadow0.port,
+            ip_frame(shadow0, job.trainers[1].ip, data_dgram(job, 0, bucket, r.start, 64)),
+            "spoofed",
+        ),
         (shadow0.port, ip_frame(shadow0, job.shadows[1].ip, commit_dgram(job)), "spoofed"),
-        (STRANGER_PORT, ip_frame(stranger, job.trainers[1].ip,
-                                 data_dgram(job, 0, bucket, r.start, 64)), "spoofed"),
+        (
+            STRANGER_PORT,
+            ip_frame(stranger, job.trainers[1].ip, data_dgram(job, 0, bucket, r.start, 64)),
+            "spoofed",
+        ),
         (STRANGER_PORT, ip_frame(stranger, job.shadows[0].ip, commit_dgram(job)), "spoofed"),
         # a trainer port, but a job this switch does not serve
-        (job.trainers[0].port, ip_frame(job.trainers[0], job.trainers[1].ip, data_dgram(
-            job, 0, bucket, r.start, 64, job_id=FOREIGN_JOB)), "foreign_job"),
-        (job.trainers[0].port, ip_frame(job.trainers[0], job.shadows[0].ip, commit_dgram(
-            job, job_id=FOREIGN_JOB)), "foreign_job"),
+        (
+            job.trainers[0].port,
+            ip_frame(
+                job.trainers[0],
+                job.trainers[1].ip,
+                data_dgram(job, 0, bucket, r.start, 64, job_id=FOREIGN_JOB),
+            ),
+            "foreign_job",
+        ),
+        (
+            job.trainers[0].port,
+            ip_frame(job.trainers[0], job.shadows[0].ip, commit_dgram(job, job_id=FOREIGN_JOB)),
+            "foreign_job",
+        ),
     ]
     for port, f, reason in cases:
         expect(tb.send(port, f), [])
@@ -693,9 +807,11 @@ def test_commit_reaches_every_shadow_of_its_job_only(tb: Bench) -> None:
     rank = 1
     bucket, r = jb.routes()[-1]
     f = chunk(jb, rank, bucket, r.start, 64)
-    expect(tb.send(jb.trainers[rank].port, f),
-           [(jb.trainers[0].port, routed(f, jb.trainers[0]))]
-           + [(s.port, shadow_copy(f, s)) for s in jb.replicas(r.shard)])
+    expect(
+        tb.send(jb.trainers[rank].port, f),
+        [(jb.trainers[0].port, routed(f, jb.trainers[0]))]
+        + [(s.port, shadow_copy(f, s)) for s in jb.replicas(r.shard)],
+    )
     # removing B leaves A's state as it was, and A still works
     before = state_of(da)
     rep = db.remove()
@@ -713,13 +829,14 @@ def test_commit_reaches_every_shadow_of_its_job_only(tb: Bench) -> None:
 
 def _check_commit_copy(out: bytes, sent: bytes, shadow: Host, job: Job) -> None:
     assert out[0:6] == _mac(shadow.mac)
-    assert out[_IP_AT + 16:_IP_AT + 20] == ipaddress.IPv4Address(shadow.ip).packed
+    assert out[_IP_AT + 16 : _IP_AT + 20] == ipaddress.IPv4Address(shadow.ip).packed
     assert ipv4_checksum_ok(out)
     assert struct.unpack_from("!HH", out, _UDP_AT + 2) == (shadow.udp, len(sent) - _UDP_AT)
-    assert out[_UDP_AT + 6:_UDP_AT + 8] == b"\0\0"
+    assert out[_UDP_AT + 6 : _UDP_AT + 8] == b"\0\0"
     msg = decode(out[_SG_AT:], job=job.id, layout=job.layout.digest64)
-    assert CommitRecord.from_message(msg) == CommitRecord(lrs=(0.1, 0.01), clip_coef=0.5,
-                                                          user_state=b"loader@3")
+    assert CommitRecord.from_message(msg) == CommitRecord(
+        lrs=(0.1, 0.01), clip_coef=0.5, user_state=b"loader@3"
+    )
 
 
 # ---------------------------------------------------------------------------- 5: counters
@@ -752,15 +869,28 @@ def test_counters_account_for_a_known_mix(tb: Bench, a: tuple[Job, SwitchDriver]
     bucket, r = routes[0]
     drops = want["drops"]
     for port, f, reason in (
-            (job.shadows[1].port, ip_frame(job.shadows[1], t[0].ip,
-                                           data_dgram(job, 1, bucket, r.start, 32)), "spoofed"),
-            (STRANGER_PORT, ip_frame(stranger, job.shadows[0].ip, commit_dgram(job)), "spoofed"),
-            (t[3].port, ip_frame(t[3], t[0].ip, data_dgram(job, 3, bucket, r.start, 32,
-                                                         job_id=FOREIGN_JOB)), "foreign_job"),
-            (t[1].port, _bad_magic(ip_frame(t[1], t[2].ip, data_dgram(
-                job, 1, bucket, r.start, 32))), "parser_error"),
-            (t[2].port, ip_frame(t[2], "10.9.9.9", data_dgram(job, 2, bucket, r.start, 32)),
-             "no_route")):
+        (
+            job.shadows[1].port,
+            ip_frame(job.shadows[1], t[0].ip, data_dgram(job, 1, bucket, r.start, 32)),
+            "spoofed",
+        ),
+        (STRANGER_PORT, ip_frame(stranger, job.shadows[0].ip, commit_dgram(job)), "spoofed"),
+        (
+            t[3].port,
+            ip_frame(t[3], t[0].ip, data_dgram(job, 3, bucket, r.start, 32, job_id=FOREIGN_JOB)),
+            "foreign_job",
+        ),
+        (
+            t[1].port,
+            _bad_magic(ip_frame(t[1], t[2].ip, data_dgram(job, 1, bucket, r.start, 32))),
+            "parser_error",
+        ),
+        (
+            t[2].port,
+            ip_frame(t[2], "10.9.9.9", data_dgram(job, 2, bucket, r.start, 32)),
+            "no_route",
+        ),
+    ):
         frames.append((port, f))
         drops[reason] = _add(drops[reason], len(f))
     got = tb.send_many(frames)
@@ -776,13 +906,14 @@ def test_counters_account_for_a_known_mix(tb: Bench, a: tuple[Job, SwitchDriver]
 def _bad_magic(f: bytes) -> bytes:
     """``f`` with the shadowgrad magic overwritten (UDP checksum fixed up)."""
     b = bytearray(f)
-    b[_SG_AT:_SG_AT + 2] = b"XX"
-    b[_UDP_AT + 6:_UDP_AT + 8] = udp_checksum(bytes(b)).to_bytes(2, "big")
+    b[_SG_AT : _SG_AT + 2] = b"XX"
+    b[_UDP_AT + 6 : _UDP_AT + 8] = udp_checksum(bytes(b)).to_bytes(2, "big")
     return bytes(b)
 
 
 def test_bad_magic_and_truncated_header_are_parser_errors(
-        tb: Bench, a: tuple[Job, SwitchDriver]) -> None:
+    tb: Bench, a: tuple[Job, SwitchDriver]
+) -> None:
     job, d = a
     t = job.trainers
     bucket, r = job.routes()[0]
@@ -807,33 +938,35 @@ def test_arp_broadcast_floods_to_the_jobs_other_hosts(tb: Bench) -> None:
         f = arp_request(src, ja.trainers[1].ip)
         expect(tb.send(src.port, f), [(h.port, f) for h in ja.hosts if h.port != src.port])
     f = arp_request(jb.trainers[1], jb.trainers[0].ip)
-    expect(tb.send(jb.trainers[1].port, f),
-           [(h.port, f) for h in jb.hosts if h.port != jb.trainers[1].port])
+    expect(
+        tb.send(jb.trainers[1].port, f),
+        [(h.port, f) for h in jb.hosts if h.port != jb.trainers[1].port],
+    )
     # from a port of no job: no flood group, dropped as no_route
     stranger = Host("192.168.9.9", STRANGER_PORT, port_mac(STRANGER_PORT))
     f = arp_request(stranger, ja.trainers[0].ip)
     expect(tb.send(STRANGER_PORT, f), [])
-    assert da.counters()["drops"] == {**dict.fromkeys(DROP_REASONS, ZERO),
-                                      "no_route": (1, len(f))}
+    assert da.counters()["drops"] == {**dict.fromkeys(DROP_REASONS, ZERO), "no_route": (1, len(f))}
 
 
 # ---------------------------------------------------------------------------- 7: idempotence
-def test_converge_is_idempotent_across_restarts_and_writes_only_the_difference(
-        tb: Bench) -> None:
+def test_converge_is_idempotent_across_restarts_and_writes_only_the_difference(tb: Bench) -> None:
     job = job_a()
     c0 = tb.client()
     d0 = tb.driver(job, c0)
     rep = d0.converge()
     assert rep.pipeline_pushed
-    assert rep.inserted == len(d0.desired(rep.group_base).entries) == c0.writes - len(
-        d0.desired(rep.group_base).groups)
+    assert (
+        rep.inserted
+        == len(d0.desired(rep.group_base).entries)
+        == c0.writes - len(d0.desired(rep.group_base).groups)
+    )
     assert rep.groups_inserted == d0.job.n_groups and rep.modified == rep.deleted == 0
     info = tb.backend.pipeline[0]
     first = dump(c0, info)
     assert (len(first[0]), len(first[1])) == (rep.inserted, rep.groups_inserted)
     first_state = state_of(d0)
-    assert first_state == (d0.desired(rep.group_base).entries,
-                           d0.desired(rep.group_base).groups)
+    assert first_state == (d0.desired(rep.group_base).entries, d0.desired(rep.group_base).groups)
     c0.close()
     for _restart in range(2):
         c = tb.client()
@@ -857,8 +990,7 @@ def test_converge_is_idempotent_across_restarts_and_writes_only_the_difference(
     entries, groups = state_of(d)
     assert groups == first_state[1]
     old, new = set(first_state[0].items()), set(entries.items())
-    assert {e.table for _, e in old - new} == {"SgIngress.ipv4_forward",
-                                               "SgEgress.shadow_rewrite"}
+    assert {e.table for _, e in old - new} == {"SgIngress.ipv4_forward", "SgEgress.shadow_rewrite"}
     rep = tb.driver(moved, c).converge()
     assert rep.writes == 0
     # the data plane now copies shard 1 to 10.0.1.22, routes there, and not to the old address
@@ -867,10 +999,13 @@ def test_converge_is_idempotent_across_restarts_and_writes_only_the_difference(
     bucket, r = next((b, r) for b, r in moved.routes() if r.shard == shard)
     f = chunk(moved, 2, bucket, r.start, 64)
     got = tb.send(moved.trainers[2].port, f)
-    expect(got, [(moved.trainers[3].port, routed(f, moved.trainers[3]))]
-           + [(s.port, shadow_copy(f, s)) for s in moved.replicas(shard)])
+    expect(
+        got,
+        [(moved.trainers[3].port, routed(f, moved.trainers[3]))]
+        + [(s.port, shadow_copy(f, s)) for s in moved.replicas(shard)],
+    )
     out = dict(got)[moved.shadows[k].port]
-    assert out[_IP_AT + 16:_IP_AT + 20] == ipaddress.IPv4Address("10.0.1.22").packed
+    assert out[_IP_AT + 16 : _IP_AT + 20] == ipaddress.IPv4Address("10.0.1.22").packed
     t0 = moved.trainers[0]
     f = ip_frame(t0, "10.0.1.22", b"hello", dport=5000)
     expect(tb.send(t0.port, f), [(6, routed(f, moved.shadows[k]))])
@@ -884,7 +1019,8 @@ N_CHUNKS = 1000
 
 
 def test_both_replicas_receive_every_final_chunk_of_their_shard(
-        tb: Bench, a: tuple[Job, SwitchDriver]) -> None:
+    tb: Bench, a: tuple[Job, SwitchDriver]
+) -> None:
     job, d = a
     t = job.trainers
     world = len(t)
@@ -922,7 +1058,7 @@ def test_both_replicas_receive_every_final_chunk_of_their_shard(
         by_port[port].append((h.iteration, h.bucket, h.offset))
         if port in {s.port for s in job.shadows}:
             shadow = next(s for s in job.shadows if s.port == port)
-            assert fr.dst == (shadow.ip, shadow.udp) and out[_UDP_AT + 6:_UDP_AT + 8] == b"\0\0"
+            assert fr.dst == (shadow.ip, shadow.udp) and out[_UDP_AT + 6 : _UDP_AT + 8] == b"\0\0"
     assert len(got) == 3 * len(frames)
     for k, s in enumerate(job.shadows):
         keys = by_port.pop(s.port)
@@ -939,17 +1075,20 @@ def test_both_replicas_receive_every_final_chunk_of_their_shard(
 
 # ---------------------------------------------------------------------------- hosts that move
 def test_moving_a_trainer_to_another_port_moves_its_entries(
-        tb: Bench, a: tuple[Job, SwitchDriver]) -> None:
+    tb: Bench, a: tuple[Job, SwitchDriver]
+) -> None:
     job, d = a
     ips = [h.ip for h in job.trainers]
-    moved = make_job(job.id, ips, [1, 10, 3, 4], [h.ip for h in job.shadows],
-                     [h.port for h in job.shadows], 2)
+    moved = make_job(
+        job.id, ips, [1, 10, 3, 4], [h.ip for h in job.shadows], [h.port for h in job.shadows], 2
+    )
     rep = tb.driver(moved, d.client).converge()
     # the flood group and the two shard groups whose next hop is rank 1
     assert (rep.groups_inserted, rep.groups_modified, rep.groups_deleted) == (0, 3, 0)
     port_fields = ("port", "standard_metadata.ingress_port", "standard_metadata.egress_spec")
-    left = [e for e in all_entries(d)
-            if 2 in [v for k, v in (*e.params, *e.match) if k in port_fields]]
+    left = [
+        e for e in all_entries(d) if 2 in [v for k, v in (*e.params, *e.match) if k in port_fields]
+    ]
     assert left == [], left
     t0 = moved.trainers[0]
     f = ip_frame(t0, ips[1], b"hello", dport=5000)

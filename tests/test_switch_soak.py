@@ -29,10 +29,14 @@ TOKEN = "trainer-test-token"
 def _shadow(spec: Path, k: int, log: Path) -> subprocess.Popen[bytes]:
     cli = str(Path(sys.executable).parent / "shadowgrad")
     with log.open("ab") as f:
-        return subprocess.Popen([cli, "shadow", "--spec", str(spec), "--id", str(k)],
-                                stdout=f, stderr=subprocess.STDOUT, cwd=ROOT,
-                                env={**os.environ, "SHADOWGRAD_TOKEN": TOKEN},
-                                start_new_session=True)
+        return subprocess.Popen(
+            [cli, "shadow", "--spec", str(spec), "--id", str(k)],
+            stdout=f,
+            stderr=subprocess.STDOUT,
+            cwd=ROOT,
+            env={**os.environ, "SHADOWGRAD_TOKEN": TOKEN},
+            start_new_session=True,
+        )
 
 
 def _step(text: str) -> int:
@@ -90,10 +94,21 @@ def test_inband_switch_soak_with_a_paused_and_a_restarted_shadow(tmp_path: Path)
             out = None
             deadline = time.monotonic() + 120
             while time.monotonic() < deadline:
-                r = subprocess.run([sys.executable, str(ROOT / "tests" / "test_netns_inband.py"),
-                                    "--check", str(path), str(tmp_path / "final.pt"),
-                                    str(steps)], capture_output=True, text=True, cwd=ROOT,
-                                   env={**os.environ, "SHADOWGRAD_TOKEN": TOKEN}, timeout=120)
+                r = subprocess.run(
+                    [
+                        sys.executable,
+                        str(ROOT / "tests" / "test_netns_inband.py"),
+                        "--check",
+                        str(path),
+                        str(tmp_path / "final.pt"),
+                        str(steps),
+                    ],
+                    capture_output=True,
+                    text=True,
+                    cwd=ROOT,
+                    env={**os.environ, "SHADOWGRAD_TOKEN": TOKEN},
+                    timeout=120,
+                )
                 if r.returncode == 0:
                     out = json.loads(r.stdout.strip().splitlines()[-1])
                     if out["last_applied"] == [steps - 1] * 4:
@@ -104,9 +119,11 @@ def test_inband_switch_soak_with_a_paused_and_a_restarted_shadow(tmp_path: Path)
             assert out["last_applied"] == [steps - 1] * 4, out
             assert out["bad"] == [], out["bad"]
             c = sw.counters()
-            print(f"soak: {steps} iterations in {wall:.0f} s through the switch; {events}; "
-                  f"tagged {[p for p, _ in c['tagged']]}, copies "
-                  f"{[p for p, _ in c['shadow_copies']]}, drops {c['drops']}")
+            print(
+                f"soak: {steps} iterations in {wall:.0f} s through the switch; {events}; "
+                f"tagged {[p for p, _ in c['tagged']]}, copies "
+                f"{[p for p, _ in c['shadow_copies']]}, drops {c['drops']}"
+            )
         finally:
             for p in shadows.values():
                 if p.poll() is None:

@@ -42,12 +42,20 @@ class Gen:
         self.digest = digest
         self.nb = layout.bucket_nbytes
 
-    def _nack(self, it: int = 0, *, key: bytes | None = KEY, job: int = JOB,
-              layout: int | None = None) -> bytes:
+    def _nack(
+        self, it: int = 0, *, key: bytes | None = KEY, job: int = JOB, layout: int | None = None
+    ) -> bytes:
         body = wire.NackRecord.of([(0, 0, 64)]).body()
-        return wire.encode(wire.Kind.NACK, job=job, sender=0, iteration=it, seq=1,
-                           layout=self.digest if layout is None else layout, payload=body,
-                           key=key)
+        return wire.encode(
+            wire.Kind.NACK,
+            job=job,
+            sender=0,
+            iteration=it,
+            seq=1,
+            layout=self.digest if layout is None else layout,
+            payload=body,
+            key=key,
+        )
 
     def one(self) -> tuple[bytes, bool, bool]:
         r = self.r
@@ -62,11 +70,12 @@ class Gen:
             base[r.randrange(len(base))] ^= r.randrange(1, 256)
             return bytes(base), r.random() < 0.5, False
         if k == 2:  # truncated
-            return bytes(base[:r.randrange(len(base))]), True, False
+            return bytes(base[: r.randrange(len(base))]), True, False
         if k == 3:  # a flipped byte with the CRC fixed up: only the MAC can tell
             base[r.randrange(wire.HEADER_SIZE, len(base))] ^= r.randrange(1, 256)
-            base[52:56] = wire.crc(bytes(base[wire.HEADER_SIZE:]),
-                                   wire.crc(bytes(base[:52]))).to_bytes(4, "big")
+            base[52:56] = wire.crc(
+                bytes(base[wire.HEADER_SIZE :]), wire.crc(bytes(base[:52]))
+            ).to_bytes(4, "big")
             return bytes(base), True, False
         if k == 4:
             return self._nack(key=None), True, False  # no MAC
@@ -79,13 +88,37 @@ class Gen:
         if k == 8:
             return self._nack(layout=self.digest ^ 1), True, False
         if k == 9:  # an ACK (not for the mirror sender; the ring takes it only from next)
-            return wire.encode(wire.Kind.ACK, job=JOB, sender=1, iteration=0, seq=5,
-                               layout=self.digest, payload=wire.AckRecord(3).body(),
-                               key=KEY if r.random() < 0.5 else None), r.random() < 0.5, False
+            return (
+                wire.encode(
+                    wire.Kind.ACK,
+                    job=JOB,
+                    sender=1,
+                    iteration=0,
+                    seq=5,
+                    layout=self.digest,
+                    payload=wire.AckRecord(3).body(),
+                    key=KEY if r.random() < 0.5 else None,
+                ),
+                r.random() < 0.5,
+                False,
+            )
         if k == 10:  # DATA from anyone
-            return wire.encode(wire.Kind.DATA, job=JOB, sender=0, iteration=3, seq=1,
-                               layout=self.digest, payload=b"\0" * 64, flags=wire.Flag.FINAL,
-                               dtype=wire.DType.FLOAT32, key=KEY), r.random() < 0.5, False
+            return (
+                wire.encode(
+                    wire.Kind.DATA,
+                    job=JOB,
+                    sender=0,
+                    iteration=3,
+                    seq=1,
+                    layout=self.digest,
+                    payload=b"\0" * 64,
+                    flags=wire.Flag.FINAL,
+                    dtype=wire.DType.FLOAT32,
+                    key=KEY,
+                ),
+                r.random() < 0.5,
+                False,
+            )
         # a huge length field
         base[48:52] = struct.pack("!I", r.choice([65452, 2**31]))
         return bytes(base), True, False
@@ -113,8 +146,14 @@ def test_fuzz_the_mirror_senders_receive_path() -> None:
     shadow, stranger = _sink(), _sink()
     sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     sock.bind(("127.0.0.1", 0))
-    snd = MirrorSender(RankPlan(layout, 0, 1), job=JOB, sock=sock,
-                       shadow_addrs=[shadow.getsockname()], chunk_bytes=4096, key=KEY)
+    snd = MirrorSender(
+        RankPlan(layout, 0, 1),
+        job=JOB,
+        sock=sock,
+        shadow_addrs=[shadow.getsockname()],
+        chunk_bytes=4096,
+        key=KEY,
+    )
     addr = sock.getsockname()
     try:
         grads = {n: torch.ones_like(p) for n, p in model.named_parameters()}
@@ -176,8 +215,9 @@ def test_fuzz_the_rings_receive_path() -> None:
     shadow = ("10.9.1.1", 47474)
     stranger = ("10.9.9.9", 40000)
     link = _MemLink(addrs[0])
-    ring = RingAllReduce(0, 2, link, addrs, RingConfig(job=JOB, layout=7, key=KEY,
-                                                       shadows=(shadow,)))
+    ring = RingAllReduce(
+        0, 2, link, addrs, RingConfig(job=JOB, layout=7, key=KEY, shadows=(shadow,))
+    )
     ring._retain(0, 0, [(0, wire.DType.FLOAT32, bytes(4096))])
     gen = Gen(layout, 7, seed=12)
     before = sum(ring.stats.values())

@@ -55,8 +55,14 @@ def _sender(layout: Layout, sink: socket.socket, **kw: Any) -> tuple[MirrorSende
     sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     sock.bind(("127.0.0.1", 0))
     sock.settimeout(1.0)  # what the session once gave it: the sender must not wait on it
-    snd = MirrorSender(RankPlan(layout, 0, 1), job=7, sock=sock,
-                       shadow_addrs=[sink.getsockname()], chunk_bytes=4096, **kw)
+    snd = MirrorSender(
+        RankPlan(layout, 0, 1),
+        job=7,
+        sock=sock,
+        shadow_addrs=[sink.getsockname()],
+        chunk_bytes=4096,
+        **kw,
+    )
     return snd, sock.getsockname()
 
 
@@ -65,8 +71,15 @@ def _grads(model: torch.nn.Module, it: int) -> dict[str, torch.Tensor]:
 
 
 def _nack(layout: Layout, it: int, ranges: list[tuple[int, int, int]], seq: int) -> bytes:
-    return wire.encode(wire.Kind.NACK, job=7, sender=0, iteration=it, seq=seq,
-                       layout=layout.digest64, payload=wire.NackRecord.of(ranges).body())
+    return wire.encode(
+        wire.Kind.NACK,
+        job=7,
+        sender=0,
+        iteration=it,
+        seq=seq,
+        layout=layout.digest64,
+        payload=wire.NackRecord.of(ranges).body(),
+    )
 
 
 def _drain(sink: socket.socket, until: float) -> list[wire.Header]:
@@ -190,8 +203,9 @@ def test_a_nack_history_cannot_answer_asks_for_a_reseed_at_once() -> None:
     model, layout = _layout()
     sink = _sink()
     asked: list[tuple[Any, int]] = []
-    snd, addr = _sender(layout, sink, slots=4, history=2,
-                        on_unavailable=lambda a, it: asked.append((a, it)))
+    snd, addr = _sender(
+        layout, sink, slots=4, history=2, on_unavailable=lambda a, it: asked.append((a, it))
+    )
     try:
         for it in range(8):
             assert snd.capture(it, _grads(model, it))
@@ -207,8 +221,9 @@ def test_a_nack_history_cannot_answer_asks_for_a_reseed_at_once() -> None:
         sink.close()
 
 
-def _train_until(model: Any, sg: Any, it: int, done: Any, timeout_s: float = 60.0,
-                 pause_s: float = 0.01) -> int:
+def _train_until(
+    model: Any, sg: Any, it: int, done: Any, timeout_s: float = 60.0, pause_s: float = 0.01
+) -> int:
     """Train one iteration at a time (from ``it``) until ``done()``; the next iteration."""
     deadline = time.monotonic() + timeout_s
     while not done() and time.monotonic() < deadline:
@@ -244,8 +259,9 @@ def test_a_restarted_shadow_is_reseeded_while_training_runs(replication: int) ->
     training thread); r = 2: the restarted replica clones its peer. Either way I* advances
     again, the end state is bit-exact, and ``degraded`` turns back to False."""
     shadows = 2 if replication == 2 else 3
-    doc = loopback_spec(world=1, shadows=shadows, replication=replication, gap_repair="20ms",
-                        heartbeat="50ms")
+    doc = loopback_spec(
+        world=1, shadows=shadows, replication=replication, gap_repair="20ms", heartbeat="50ms"
+    )
     spec = parse_spec(doc, env={})
     with shadow_cluster(spec) as cluster:
         model, opt, sg = _setup(spec)
@@ -313,8 +329,11 @@ def test_a_second_instance_fails_fast_and_changes_nothing() -> None:
             assert cluster.wait_applied(4, timeout_s=30)
             before = [(n.status(timeline=0)["generation"], n.ev["loads"]) for n in cluster.nodes]
             _m2, _o2, sg2 = _setup(spec)
-            with pytest.raises(ShadowgradError, match=r"cannot bind its trainer address.*"
-                                                      rf"held by pid {os.getpid()}"):
+            with pytest.raises(
+                ShadowgradError,
+                match=r"cannot bind its trainer address.*"
+                rf"held by pid {os.getpid()}",
+            ):
                 sg2.restore_or_start()
             after = [(n.status(timeline=0)["generation"], n.ev["loads"]) for n in cluster.nodes]
             assert after == before
@@ -347,9 +366,21 @@ def test_session_digest_is_the_layout_digest_for_generation_zero() -> None:
 
 def _soak(tmp: Path, *args: str) -> list[dict[str, Any]]:
     out = tmp / "soak.json"
-    proc = subprocess.run([sys.executable, str(ROOT / "tools" / "soak.py"), "--work", str(tmp),
-                           "--json", str(out), *args], capture_output=True, text=True,
-                          timeout=1500, check=False)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "tools" / "soak.py"),
+            "--work",
+            str(tmp),
+            "--json",
+            str(out),
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=1500,
+        check=False,
+    )
     assert out.exists(), proc.stdout[-3000:] + proc.stderr[-3000:]
     reports: list[dict[str, Any]] = json.loads(out.read_text())
     assert proc.returncode == 0, json.dumps(reports)[:4000]
@@ -367,13 +398,15 @@ def test_documented_example_soak(tmp_path: Path) -> None:
     ``examples/train_plain.py`` with every shadow at the last iteration."""
     clean = _soak(tmp_path / "clean", "--steps", "1500")[0]
     assert clean["degraded_lines"] == 0
-    stop = _soak(tmp_path / "stop", "--steps", "1500", "--stop-shadow", "1", "--at", "4",
-                 "--settle", "3")[0]
+    stop = _soak(
+        tmp_path / "stop", "--steps", "1500", "--stop-shadow", "1", "--at", "4", "--settle", "3"
+    )[0]
     # settled: the stopped shadow caught up and stopped NACKing (the soak then fails on more
     # than 5 % retransmitted chunks: a repair that never ends)
     assert "retx_after_settle" in stop, stop
-    kill1 = _soak(tmp_path / "kill1", "--steps", "1000", "--kill-shadow", "1", "--at", "4",
-                  "--for", "0.5")[0]
+    kill1 = _soak(
+        tmp_path / "kill1", "--steps", "1000", "--kill-shadow", "1", "--at", "4", "--for", "0.5"
+    )[0]
     assert kill1["shadows"][1]["reseeds"] >= 1
     # r = 2 (the restarted shadow clones its replica): test_documented_example_with_the_
     # controller below, which also checks the controller's view of it
@@ -408,9 +441,24 @@ def test_documented_example_with_the_controller(tmp_path: Path) -> None:
     assert len(ranks["rank_kills"]) == 3, ranks
     assert ranks["controller"]["recovered"] == 3
     assert all(k.get("repeated", 99) <= 2 for k in ranks["rank_kills"]), ranks["rank_kills"]
-    shadow = _soak(tmp_path / "shadow", "--steps", "1200", "--shadows", "4", "--replication",
-                   "2", "--kill-shadow", "1", "--at", "4", "--for", "3",
-                   "--settle", "3", "--controller")[0]
+    shadow = _soak(
+        tmp_path / "shadow",
+        "--steps",
+        "1200",
+        "--shadows",
+        "4",
+        "--replication",
+        "2",
+        "--kill-shadow",
+        "1",
+        "--at",
+        "4",
+        "--for",
+        "3",
+        "--settle",
+        "3",
+        "--controller",
+    )[0]
     assert "retx_after_settle" in shadow, "the restarted shadow never caught up"
     assert shadow["shadows"][1]["reseeds"] >= 1
     c = shadow["controller"]

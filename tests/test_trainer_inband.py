@@ -22,8 +22,9 @@ def test_inband_ring_with_software_tap_is_bit_exact(tmp_path: Path, world: int) 
     spec = _spec(tmp_path, doc)
     steps = 15
     with shadow_cluster(parse_spec(doc, env={})) as cluster:
-        ranks = _launch(spec, world, steps, "--amp", "--software-tap", "--out",
-                        str(tmp_path / "final.pt"))
+        ranks = _launch(
+            spec, world, steps, "--amp", "--software-tap", "--out", str(tmp_path / "final.pt")
+        )
         try:
             text = _finish(ranks, world)
         finally:
@@ -40,8 +41,7 @@ def test_inband_ring_with_software_tap_is_bit_exact(tmp_path: Path, world: int) 
     assert sorted(_losses(text)) == list(range(steps))
     final = torch.load(tmp_path / "final.pt", weights_only=True)
     names = [n for n, _ in _model().named_parameters()]
-    shadow = {"model": sparams,
-              "optimizer": {"state": {i: sopt[n] for i, n in enumerate(names)}}}
+    shadow = {"model": sparams, "optimizer": {"state": {i: sopt[n] for i, n in enumerate(names)}}}
     assert not _equal_states(final, shadow)
     for s in status:
         assert s["diverged_at"] is None

@@ -19,16 +19,25 @@ from shadowgrad.trainer_hooks._testing import TOKEN, loopback_spec
 
 def _setup(spec: Any, *, scaler: bool = True, fused: bool = False) -> tuple[Any, ...]:
     torch.manual_seed(1)
-    model = nn.Sequential(nn.Linear(16, 200), nn.ReLU(), nn.Linear(200, 200), nn.ReLU(),
-                          nn.Linear(200, 3))
-    opt = torch.optim.AdamW([
-        {"params": [p for n, p in model.named_parameters() if "weight" in n]},
-        {"params": [p for n, p in model.named_parameters() if "bias" in n],
-         "weight_decay": 0.0}], lr=1e-2, fused=fused)
+    model = nn.Sequential(
+        nn.Linear(16, 200), nn.ReLU(), nn.Linear(200, 200), nn.ReLU(), nn.Linear(200, 3)
+    )
+    opt = torch.optim.AdamW(
+        [
+            {"params": [p for n, p in model.named_parameters() if "weight" in n]},
+            {
+                "params": [p for n, p in model.named_parameters() if "bias" in n],
+                "weight_decay": 0.0,
+            },
+        ],
+        lr=1e-2,
+        fused=fused,
+    )
     sched = torch.optim.lr_scheduler.StepLR(opt, step_size=3, gamma=0.7)
     gs = torch.amp.GradScaler("cpu", init_scale=2.0**126, growth_interval=4) if scaler else None
-    sg = attach(model, opt, spec, lr_scheduler=sched, grad_scaler=gs, max_grad_norm=0.3,
-                token=TOKEN)
+    sg = attach(
+        model, opt, spec, lr_scheduler=sched, grad_scaler=gs, max_grad_norm=0.3, token=TOKEN
+    )
     return model, opt, sg
 
 

@@ -13,13 +13,8 @@ import torch
 
 from shadowgrad.config import parse_spec
 from shadowgrad.layout import Layout, from_module
-from shadowgrad.trainer_hooks._testing import (
-    TOKEN,
-    Ranks,
-    loopback_spec,
-    shadow_cluster,
-    spec_toml,
-)
+from shadowgrad.shadow.testing import shadow_cluster
+from shadowgrad.trainer_hooks._testing import TOKEN, Ranks, loopback_spec, spec_toml
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"
@@ -43,17 +38,28 @@ def _model() -> torch.nn.Module:
     # the example's model, for its layout
     from torch import nn
 
-    return nn.Sequential(nn.Linear(64, 128), nn.GELU(), nn.Linear(128, 128), nn.GELU(),
-                         nn.LayerNorm(128), nn.Linear(128, 2))
+    return nn.Sequential(
+        nn.Linear(64, 128),
+        nn.GELU(),
+        nn.Linear(128, 128),
+        nn.GELU(),
+        nn.LayerNorm(128),
+        nn.Linear(128, 2),
+    )
 
 
 def losses_of(out: str) -> dict[int, str]:
     return {int(m[1]): m[2] for m in re.finditer(r"^step (\d+) loss (\S+)$", out, re.M)}
 
 
-def run_example(spec_path: Path, world: int, steps: int, out: Path | None,
-                timeout_s: float = 300.0, script: str = "train_mirror.py"
-                ) -> tuple[str, list[int | None]]:
+def run_example(
+    spec_path: Path,
+    world: int,
+    steps: int,
+    out: Path | None,
+    timeout_s: float = 300.0,
+    script: str = "train_mirror.py",
+) -> tuple[str, list[int | None]]:
     argv = [sys.executable, str(EXAMPLES / script), "--steps", str(steps)]
     if script == "train_mirror.py":
         argv += ["--spec", str(spec_path)]
@@ -64,8 +70,10 @@ def run_example(spec_path: Path, world: int, steps: int, out: Path | None,
         codes = ranks.wait(timeout_s)
         text = ranks.output(0)
         if codes != [0] * world:
-            raise AssertionError(f"exit codes {codes}\n" + "\n".join(
-                f"--- rank {r}\n{ranks.output(r)[-3000:]}" for r in range(world)))
+            raise AssertionError(
+                f"exit codes {codes}\n"
+                + "\n".join(f"--- rank {r}\n{ranks.output(r)[-3000:]}" for r in range(world))
+            )
         return text, codes
     finally:
         ranks.close()
@@ -91,8 +99,9 @@ def test_example_4_ranks_50_iterations_bit_exact(tmp_path: Path) -> None:
     for name, t in shadow_params.items():
         assert torch.equal(t, model[name]), name
     # optimizer state: the trainer's state_dict is by index in param-group order
-    names_in_opt = [n for n, _ in _model().named_parameters() if n.endswith("weight")] + \
-                   [n for n, _ in _model().named_parameters() if not n.endswith("weight")]
+    names_in_opt = [n for n, _ in _model().named_parameters() if n.endswith("weight")] + [
+        n for n, _ in _model().named_parameters() if not n.endswith("weight")
+    ]
     opt_state = final["optimizer"]["state"]
     for i, name in enumerate(names_in_opt):
         for key, value in opt_state[i].items():

@@ -22,14 +22,24 @@ def layouts(draw: st.DrawFn) -> Layout:
     n = draw(st.integers(1, 6))
     cut = draw(st.integers(1, n))
     dtypes = [draw(st.sampled_from(["float32", "float16"])) for _ in range(2)]
-    params = [ParamSpec(f"p{i}", tuple(draw(st.lists(st.integers(1, 40), min_size=0,
-                                                       max_size=2))),
-                        dtypes[i >= cut]) for i in range(n)]  # DDP: one dtype per bucket
+    params = [
+        ParamSpec(
+            f"p{i}",
+            tuple(draw(st.lists(st.integers(1, 40), min_size=0, max_size=2))),
+            dtypes[i >= cut],
+        )
+        for i in range(n)
+    ]  # DDP: one dtype per bucket
     names = [p.name for p in params]
     buckets = [names[:cut], names[cut:]] if cut < n else [names]
     shadows = draw(st.integers(1, 4))
-    return Layout.build(params, buckets, shadows, max_piece_bytes=draw(st.integers(8, 400)),
-                        align_elems=draw(st.sampled_from([1, 4, 64])))
+    return Layout.build(
+        params,
+        buckets,
+        shadows,
+        max_piece_bytes=draw(st.integers(8, 400)),
+        align_elems=draw(st.sampled_from([1, 4, 64])),
+    )
 
 
 @settings(max_examples=150, deadline=None)
@@ -48,8 +58,7 @@ def test_rank_slices_tile_every_bucket_once(layout: Layout, world: int) -> None:
                     seen[i] += 1
             # pieces cover the same bytes as runs, in staging order
             total = sum(p.nbytes for p in plan.pieces if p.bucket == b)
-            lo, hi = rank_slice(nbytes, layout.placement(layout.buckets[b][0]).itemsize, r,
-                                world)
+            lo, hi = rank_slice(nbytes, layout.placement(layout.buckets[b][0]).itemsize, r, world)
             assert total == hi - lo
         assert all(x == 1 for x in seen), (b, world)
 
@@ -64,8 +73,12 @@ def test_mixed_dtype_bucket_is_rejected() -> None:
 
 
 def test_blob_roundtrip_and_rejects_garbage() -> None:
-    blob = pack_blob(7, {"last_epoch": 3, "_last_lr": [0.1]}, None,
-                     {"rng": torch.arange(5, dtype=torch.uint8), "pos": 12})
+    blob = pack_blob(
+        7,
+        {"last_epoch": 3, "_last_lr": [0.1]},
+        None,
+        {"rng": torch.arange(5, dtype=torch.uint8), "pos": 12},
+    )
     doc = unpack_blob(blob)
     assert doc["iteration"] == 7 and doc["scheduler"]["last_epoch"] == 3
     assert torch.equal(doc["user"]["rng"], torch.arange(5, dtype=torch.uint8))

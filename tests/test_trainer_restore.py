@@ -31,21 +31,31 @@ def _model(cnn: bool = False) -> torch.nn.Module:
     from torch import nn
 
     if cnn:  # BatchNorm: running statistics and num_batches_tracked are module buffers
-        return nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(),
-                             nn.Conv2d(8, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(),
-                             nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 4))
-    return nn.Sequential(nn.Linear(32, 96), nn.Tanh(), nn.Linear(96, 96), nn.Tanh(),
-                         nn.Linear(96, 4))
+        return nn.Sequential(
+            nn.Conv2d(3, 8, 3, padding=1),
+            nn.BatchNorm2d(8),
+            nn.ReLU(),
+            nn.Conv2d(8, 8, 3, padding=1),
+            nn.BatchNorm2d(8),
+            nn.ReLU(),
+            nn.AdaptiveAvgPool2d(1),
+            nn.Flatten(),
+            nn.Linear(8, 4),
+        )
+    return nn.Sequential(
+        nn.Linear(32, 96), nn.Tanh(), nn.Linear(96, 96), nn.Tanh(), nn.Linear(96, 4)
+    )
 
 
-def _batch(step: int, rank: int, world: int, cnn: bool = False
-           ) -> tuple[torch.Tensor, torch.Tensor]:
+def _batch(
+    step: int, rank: int, world: int, cnn: bool = False
+) -> tuple[torch.Tensor, torch.Tensor]:
     # the global batch of a step is fixed; each rank takes its share (any world size)
     g = torch.Generator().manual_seed(step)
     x = torch.randn(48, 3, 8, 8, generator=g) if cnn else torch.randn(48, 32, generator=g)
     y = torch.randint(0, 4, (48,), generator=g)
     per = 48 // world
-    return x[rank * per:(rank + 1) * per], y[rank * per:(rank + 1) * per]
+    return x[rank * per : (rank + 1) * per], y[rank * per : (rank + 1) * per]
 
 
 def worker(argv: list[str]) -> None:
@@ -65,8 +75,11 @@ def worker(argv: list[str]) -> None:
     ap.add_argument("--sleep", type=float, default=0.0)
     ap.add_argument("--cnn", action="store_true", help="a small CNN with BatchNorm")
     ap.add_argument("--chunk-bytes", type=int, default=None, help="datagram payload size")
-    ap.add_argument("--software-tap", action="store_true", help="in-band: copy FINAL chunks "
-                    "to the shadows in software (no switch)")
+    ap.add_argument(
+        "--software-tap",
+        action="store_true",
+        help="in-band: copy FINAL chunks to the shadows in software (no switch)",
+    )
     args = ap.parse_args(argv)
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -76,16 +89,31 @@ def worker(argv: list[str]) -> None:
     sched = scaler = None
     if args.amp:
         sched = torch.optim.lr_scheduler.LambdaLR(
-            opt, lambda s: min(1.0, (s + 1) / 4) * 0.5 * (1 + math.cos(math.pi * s / 60)))
+            opt, lambda s: min(1.0, (s + 1) / 4) * 0.5 * (1 + math.cos(math.pi * s / 60))
+        )
         scaler = torch.amp.GradScaler("cpu", init_scale=2.0**126, growth_interval=6)
-    sg = attach(model, opt, args.spec, lr_scheduler=sched, grad_scaler=scaler,
-                max_grad_norm=0.5, software_tap=args.software_tap, chunk_bytes=args.chunk_bytes)
+    sg = attach(
+        model,
+        opt,
+        args.spec,
+        lr_scheduler=sched,
+        grad_scaler=scaler,
+        max_grad_norm=0.5,
+        software_tap=args.software_tap,
+        chunk_bytes=args.chunk_bytes,
+    )
     start = sg.restore_or_start()
     if rank == 0:
         print(f"start {start.iteration} {int(start.restored)} {start.user_state}", flush=True)
     if args.dump_start and rank == 0:
-        torch.save({"model": model.module.state_dict(), "optimizer": opt.state_dict(),
-                    "iteration": start.iteration}, args.dump_start)
+        torch.save(
+            {
+                "model": model.module.state_dict(),
+                "optimizer": opt.state_dict(),
+                "iteration": start.iteration,
+            },
+            args.dump_start,
+        )
     for step in range(start.iteration, args.steps):
         x, y = _batch(step, rank, world, args.cnn)
         loss = torch.nn.functional.cross_entropy(model(x), y)
@@ -106,6 +134,7 @@ def worker(argv: list[str]) -> None:
 
 # --------------------------------------------------------------------------- helpers
 
+
 def _spec(tmp: Path, doc: dict[str, Any], name: str = "job.toml") -> Path:
     from shadowgrad.trainer_hooks._testing import spec_toml
 
@@ -117,8 +146,16 @@ def _spec(tmp: Path, doc: dict[str, Any], name: str = "job.toml") -> Path:
 def _launch(spec: Path, world: int, steps: int, *extra: str) -> Any:
     from shadowgrad.trainer_hooks._testing import TOKEN, Ranks
 
-    argv = [sys.executable, __file__, "--worker", "--spec", str(spec), "--steps", str(steps),
-            *extra]
+    argv = [
+        sys.executable,
+        __file__,
+        "--worker",
+        "--spec",
+        str(spec),
+        "--steps",
+        str(steps),
+        *extra,
+    ]
     return Ranks(argv, world, {"SHADOWGRAD_TOKEN": TOKEN}, str(ROOT))
 
 
@@ -137,13 +174,16 @@ def _finish(ranks: Any, world: int, timeout_s: float = 240.0) -> str:
     codes = ranks.wait(timeout_s)
     text = str(ranks.output(0))
     if codes != [0] * world:
-        raise AssertionError(f"exit codes {codes}\n" + "\n".join(
-            f"--- rank {r}\n{ranks.output(r)[-3000:]}" for r in range(world)))
+        raise AssertionError(
+            f"exit codes {codes}\n"
+            + "\n".join(f"--- rank {r}\n{ranks.output(r)[-3000:]}" for r in range(world))
+        )
     return text
 
 
-def _reference(tmp: Path, steps: int, amp: bool, *extra: str
-               ) -> tuple[dict[int, str], dict[str, Any]]:
+def _reference(
+    tmp: Path, steps: int, amp: bool, *extra: str
+) -> tuple[dict[int, str], dict[str, Any]]:
     from shadowgrad.config import parse_spec
     from shadowgrad.shadow.testing import shadow_cluster
     from shadowgrad.trainer_hooks._testing import loopback_spec
@@ -176,8 +216,14 @@ def _equal_states(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
 STEPS = 30
 
 
-def _kill_trial(tmp: Path, trial: int, amp: bool, ref_losses: dict[int, str],
-                ref_final: dict[str, Any], *more: str) -> dict[str, Any]:
+def _kill_trial(
+    tmp: Path,
+    trial: int,
+    amp: bool,
+    ref_losses: dict[int, str],
+    ref_final: dict[str, Any],
+    *more: str,
+) -> dict[str, Any]:
     from shadowgrad.config import parse_spec
     from shadowgrad.shadow.testing import shadow_cluster
     from shadowgrad.trainer_hooks._testing import loopback_spec
@@ -224,8 +270,12 @@ def _kill_trial(tmp: Path, trial: int, amp: bool, ref_losses: dict[int, str],
     bad = _equal_states(torch.load(out, weights_only=True), ref_final)
     assert not bad, f"trial {trial}: {bad}"
     assert all(s["diverged_at"] is None for s in cluster_status)
-    return {"kill_after": kill_after, "victim": victim, "last_logged": max(first, default=-1),
-            "resumed_at": start}
+    return {
+        "kill_after": kill_after,
+        "victim": victim,
+        "last_logged": max(first, default=-1),
+        "resumed_at": start,
+    }
 
 
 @pytest.mark.slow
@@ -259,8 +309,7 @@ def test_sigkill_restore_with_batchnorm_is_bit_identical(tmp_path: Path) -> None
     optimizer state *and* buffers after a kill and restart equal an uninterrupted run."""
     ref_losses, ref_final = _reference(tmp_path, STEPS, True, "--cnn")
     assert any("running_mean" in k for k in ref_final["model"])
-    results = [_kill_trial(tmp_path, t, True, ref_losses, ref_final, "--cnn")
-               for t in range(2)]
+    results = [_kill_trial(tmp_path, t, True, ref_losses, ref_final, "--cnn") for t in range(2)]
     print(results)
     assert all(r["resumed_at"] >= r["last_logged"] - 2 for r in results), results
 
@@ -273,8 +322,14 @@ def test_restore_from_4_ranks_into_2(tmp_path: Path) -> None:
 
     doc4 = loopback_spec(world=4, shadows=3)
     spec4 = _spec(tmp_path, doc4, "w4.toml")
-    doc2 = {**doc4, "trainers": {**doc4["trainers"], "world_size": 2,
-                                 "addresses": doc4["trainers"]["addresses"][:2]}}
+    doc2 = {
+        **doc4,
+        "trainers": {
+            **doc4["trainers"],
+            "world_size": 2,
+            "addresses": doc4["trainers"]["addresses"][:2],
+        },
+    }
     spec2 = _spec(tmp_path, doc2, "w2.toml")
     with shadow_cluster(parse_spec(doc4, env={})) as cluster:
         amp = ["--amp"]
@@ -284,8 +339,16 @@ def test_restore_from_4_ranks_into_2(tmp_path: Path) -> None:
         finally:
             ranks.close()
         assert cluster.wait_applied(11, timeout_s=60)
-        ranks = _launch(spec2, 2, 16, "--dump-start", str(tmp_path / "w2start.pt"), *amp,
-                        "--out", str(tmp_path / "w2.pt"))
+        ranks = _launch(
+            spec2,
+            2,
+            16,
+            "--dump-start",
+            str(tmp_path / "w2start.pt"),
+            *amp,
+            "--out",
+            str(tmp_path / "w2.pt"),
+        )
         try:
             text = _finish(ranks, 2)
         finally:

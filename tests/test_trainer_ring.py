@@ -33,8 +33,9 @@ def _worker(rank: int, world: int, port: int, faults: dict[str, float], out: str
         from shadowgrad.trainer_hooks.ring import RingAllReduce, RingConfig
 
         torch.set_num_threads(1)
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                                world_size=world)
+        dist.init_process_group(
+            "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world
+        )
         udp = UdpLink(("127.0.0.1", 0))
         addrs: list[Any] = [None] * world
         dist.all_gather_object(addrs, udp.address)
@@ -62,8 +63,16 @@ def _worker(rank: int, world: int, port: int, faults: dict[str, float], out: str
         ddp_params = _ddp_run(rank, world, ring)
         dist.barrier()
         ring.close()
-        torch.save({"results": results, "finals": dict(finals), "stats": dict(ring.stats),
-                    "faults": getattr(link, "counts", {}), "ddp": ddp_params}, out)
+        torch.save(
+            {
+                "results": results,
+                "finals": dict(finals),
+                "stats": dict(ring.stats),
+                "faults": getattr(link, "counts", {}),
+                "ddp": ddp_params,
+            },
+            out,
+        )
         dist.destroy_process_group()
     except BaseException:
         traceback.print_exc()
@@ -78,13 +87,17 @@ def _ddp_run(rank: int, world: int, ring: Any) -> dict[str, torch.Tensor]:
     from shadowgrad.trainer_hooks.hooks import LayoutReducer, layout_hook
 
     torch.manual_seed(0)
-    net = nn.Sequential(nn.Linear(20, 300), nn.ReLU(), nn.Linear(300, 300), nn.ReLU(),
-                        nn.Linear(300, 5))
+    net = nn.Sequential(
+        nn.Linear(20, 300), nn.ReLU(), nn.Linear(300, 300), nn.ReLU(), nn.Linear(300, 5)
+    )
     model = DistributedDataParallel(net, bucket_cap_mb=0.2)
     params, buckets = from_module(net, 0.2)
     layout = Layout.build(params, buckets, 2)
-    reducer = LayoutReducer(layout, dict(net.named_parameters()),
-                            reduce=lambda b, flat: ring.submit(100 + reducer.iteration, b, flat))
+    reducer = LayoutReducer(
+        layout,
+        dict(net.named_parameters()),
+        reduce=lambda b, flat: ring.submit(100 + reducer.iteration, b, flat),
+    )
     model.register_comm_hook(reducer, layout_hook)
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     for step in range(3):
@@ -112,8 +125,9 @@ def _run(world: int, faults: dict[str, float], tmp: Path, tag: str) -> list[dict
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     outs = [str(tmp / f"{tag}-{r}.pt") for r in range(world)]
-    procs = [ctx.Process(target=_worker, args=(r, world, port, faults, outs[r]))
-             for r in range(world)]
+    procs = [
+        ctx.Process(target=_worker, args=(r, world, port, faults, outs[r])) for r in range(world)
+    ]
     for p in procs:
         p.start()
     try:
@@ -145,8 +159,13 @@ def test_ring_allreduce_exact_and_deterministic_under_faults(world: int, tmp_pat
             for res in (*clean, *faulty):
                 assert torch.equal(res["results"][it][b], got), (it, b)
             # fp32 tolerance of the float64 reference
-            tol = 8 * torch.finfo(torch.float32).eps * sum(
-                inputs[r][b].double().abs() for r in range(world)) / world + 1e-30
+            tol = (
+                8
+                * torch.finfo(torch.float32).eps
+                * sum(inputs[r][b].double().abs() for r in range(world))
+                / world
+                + 1e-30
+            )
             assert bool(((got.double() - ref).abs() <= tol).all()), (it, b)
             # every reduced byte is sent FINAL exactly once (over all ranks), RETX aside
             tagged = sum(res["finals"].get((it, b), 0) for res in clean)
@@ -155,8 +174,13 @@ def test_ring_allreduce_exact_and_deterministic_under_faults(world: int, tmp_pat
     counts: Counter[str] = Counter()
     for res in faulty:
         counts.update(res["faults"])
-        counts.update({k: v for k, v in res["stats"].items() if k in ("retx", "rx_duplicate",
-                                                                       "rx_out_of_order")})
+        counts.update(
+            {
+                k: v
+                for k, v in res["stats"].items()
+                if k in ("retx", "rx_duplicate", "rx_out_of_order")
+            }
+        )
     assert counts["dropped"] > 0 and counts["duplicated"] > 0 and counts["reordered"] > 0, counts
     assert counts["retx"] > 0 and counts["rx_duplicate"] > 0 and counts["rx_out_of_order"] > 0
     # the DDP hook: all ranks end with the same parameters, faults or not

@@ -33,8 +33,7 @@ def layouts(draw: Any) -> tuple[Layout, int]:
     replication = draw(st.integers(1, 2))
     total = sum(p.nbytes for p in params)
     piece = draw(st.sampled_from([None, max(256, total // 7), 1024]))
-    lay = Layout.build(params, buckets, shards * replication, replication,
-                       max_piece_bytes=piece)
+    lay = Layout.build(params, buckets, shards * replication, replication, max_piece_bytes=piece)
     world = draw(st.integers(1, 5))
     return lay, world
 
@@ -70,11 +69,14 @@ class _Link:
 
     def recv_into(self, buf: bytearray, timeout_s: float) -> tuple[int, Any] | None:
         try:
-            data, src = self.net.q[self.i].get(timeout=max(timeout_s, 0) or None) \
-                if timeout_s > 0 else self.net.q[self.i].get_nowait()
+            data, src = (
+                self.net.q[self.i].get(timeout=max(timeout_s, 0) or None)
+                if timeout_s > 0
+                else self.net.q[self.i].get_nowait()
+            )
         except queue.Empty:
             return None
-        buf[:len(data)] = data
+        buf[: len(data)] = data
         return len(data), src
 
     def close(self) -> None:
@@ -100,8 +102,11 @@ def test_spans_never_straddle_a_shard_boundary(case: tuple[Layout, int], step: i
                 assert z <= r.end, (a, z, r)
 
 
-@settings(max_examples=12, deadline=None,
-          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@settings(
+    max_examples=12,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
 @given(layouts())
 def test_the_rings_final_datagrams_each_belong_to_one_shard(case: tuple[Layout, int]) -> None:
     lay, world = case
@@ -124,9 +129,13 @@ def test_the_rings_final_datagrams_each_belong_to_one_shard(case: tuple[Layout, 
 
     rings = []
     for r in range(world):
-        ring = RingAllReduce(r, world, net.link(r), addrs,
-                             RingConfig(job=1, chunk_bytes=700, rto_s=0.05, timeout_s=20,
-                                        cuts=cuts))
+        ring = RingAllReduce(
+            r,
+            world,
+            net.link(r),
+            addrs,
+            RingConfig(job=1, chunk_bytes=700, rto_s=0.05, timeout_s=20, cuts=cuts),
+        )
         ring.tap = tap
         rings.append(ring)
     sizes = [routes[-1].end // 4 for routes in lay.bucket_routes]

@@ -44,8 +44,14 @@ def data_messages(draw: st.DrawFn, max_elems: int = 512) -> tuple[dict[str, obje
     dtype = draw(data_dtypes)
     n = draw(st.integers(1, max_elems)) * dtype.itemsize
     fields: dict[str, object] = dict(
-        job=draw(u32), sender=draw(u16), iteration=draw(u64), seq=draw(u64), layout=draw(u64),
-        bucket=draw(u32), offset=draw(st.integers(0, 2**40)) * dtype.itemsize, dtype=dtype,
+        job=draw(u32),
+        sender=draw(u16),
+        iteration=draw(u64),
+        seq=draw(u64),
+        layout=draw(u64),
+        bucket=draw(u32),
+        offset=draw(st.integers(0, 2**40)) * dtype.itemsize,
+        dtype=dtype,
         flags=draw(st.sampled_from([Flag(0), Flag.FINAL, Flag.FINAL | Flag.RETX, Flag.LAST])),
     )
     payload = draw(st.binary(min_size=n, max_size=n))
@@ -75,8 +81,9 @@ def test_data_round_trip(msg: tuple[dict[str, object], bytes]) -> None:
 
 def test_decode_is_zero_copy() -> None:
     payload = bytes(range(64))
-    buf = bytearray(_data(dict(job=1, sender=0, iteration=0, seq=0, layout=0,
-                               dtype=DType.FLOAT32), payload))
+    buf = bytearray(
+        _data(dict(job=1, sender=0, iteration=0, seq=0, layout=0, dtype=DType.FLOAT32), payload)
+    )
     msg = wire.decode(buf)
     assert msg.payload.obj is buf  # a view into the receive buffer, not a copy
     buf[wire.HEADER_SIZE] ^= 0xFF
@@ -85,8 +92,9 @@ def test_decode_is_zero_copy() -> None:
 
 def test_encode_header_scatter_gather_equals_encode() -> None:
     payload = memoryview(bytearray(range(256)) * 4)
-    kw = dict(job=3, sender=2, iteration=10, seq=5, layout=99, dtype=DType.FLOAT16,
-              bucket=1, offset=512)
+    kw = dict(
+        job=3, sender=2, iteration=10, seq=5, layout=99, dtype=DType.FLOAT16, bucket=1, offset=512
+    )
     header = wire.encode_header(Kind.DATA, payload=payload, **kw)  # type: ignore[arg-type]
     assert len(header) == wire.HEADER_SIZE
     assert header + payload.tobytes() == wire.encode(Kind.DATA, payload=payload, **kw)  # type: ignore[arg-type]
@@ -101,8 +109,14 @@ def test_encode_header_scatter_gather_equals_encode() -> None:
     user=st.binary(max_size=256),
     iteration=u64,
 )
-def test_commit_round_trip(lrs: list[float], clip: float | None, scale: float | None,
-                           skipped: bool, user: bytes, iteration: int) -> None:
+def test_commit_round_trip(
+    lrs: list[float],
+    clip: float | None,
+    scale: float | None,
+    skipped: bool,
+    user: bytes,
+    iteration: int,
+) -> None:
     rec = wire.CommitRecord(tuple(lrs), clip, scale, skipped, user)
     buf = rec.encode(job=9, sender=0, iteration=iteration, seq=1, layout=5)
     msg = wire.decode(buf, job=9, layout=5)
@@ -128,8 +142,9 @@ def test_ready_ack_nack_round_trip() -> None:
 
 @MANY
 @given(data_messages(max_elems=64), st.data())
-def test_any_single_byte_flip_is_detected(msg: tuple[dict[str, object], bytes],
-                                          data: st.DataObject) -> None:
+def test_any_single_byte_flip_is_detected(
+    msg: tuple[dict[str, object], bytes], data: st.DataObject
+) -> None:
     buf = bytearray(_data(*msg))
     i = data.draw(st.integers(0, len(buf) - 1), label="index")
     buf[i] ^= data.draw(st.integers(1, 255), label="xor")
@@ -166,8 +181,16 @@ def test_huge_length_field_is_detected(msg: tuple[dict[str, object], bytes], len
 
 def test_oversize_payload_refused_on_encode() -> None:
     with pytest.raises(OversizeError):
-        wire.encode_header(Kind.DATA, job=1, sender=0, iteration=0, seq=0, layout=0,
-                           dtype=DType.UINT8, payload=bytes(wire.MAX_PAYLOAD + 1))
+        wire.encode_header(
+            Kind.DATA,
+            job=1,
+            sender=0,
+            iteration=0,
+            seq=0,
+            layout=0,
+            dtype=DType.UINT8,
+            payload=bytes(wire.MAX_PAYLOAD + 1),
+        )
 
 
 @MANY
@@ -219,8 +242,8 @@ def test_layout_mismatch_bad_fields_and_kinds() -> None:
     bad = bytearray(buf)
     bad[3] = 99
     prefix = bytes(bad[: wire.HEADER_SIZE - 4])
-    crc = wire.crc(bytes(bad[wire.HEADER_SIZE:]), wire.crc(prefix))
-    bad[wire.HEADER_SIZE - 4: wire.HEADER_SIZE] = crc.to_bytes(4, "big")
+    crc = wire.crc(bytes(bad[wire.HEADER_SIZE :]), wire.crc(prefix))
+    bad[wire.HEADER_SIZE - 4 : wire.HEADER_SIZE] = crc.to_bytes(4, "big")
     with pytest.raises(UnknownKindError):
         wire.decode(bad)
     with pytest.raises(BadMagicError):
@@ -252,9 +275,15 @@ def _independent_header(v: dict[str, object], payload: bytes) -> bytes:
     """Assemble a header with int.to_bytes, independent of the codec's struct format."""
     out = b""
     for name, width in wire.HEADER_FIELDS[:-1]:
-        value = wire.MAGIC if name == "magic" else (
-            len(payload) if name == "length" else v.get(name, wire.VERSION if name == "version"
-                                                         else 0))
+        value = (
+            wire.MAGIC
+            if name == "magic"
+            else (
+                len(payload)
+                if name == "length"
+                else v.get(name, wire.VERSION if name == "version" else 0)
+            )
+        )
         out += int(value).to_bytes(width // 8, "big")  # type: ignore[call-overload]
     return out + _crc32c_reference(out + payload).to_bytes(4, "big")
 
@@ -289,12 +318,14 @@ def test_scapy_and_fast_codec_agree(msg: tuple[dict[str, object], bytes]) -> Non
     fields, payload = msg
     fast = _data(fields, payload)
     pkt = scapy_layer.ShadowGrad(
-        kind=int(Kind.DATA), flags=int(fields["flags"]), dtype=int(fields["dtype"]),  # type: ignore[call-overload]
+        kind=int(Kind.DATA),
+        flags=int(fields["flags"]),
+        dtype=int(fields["dtype"]),  # type: ignore[call-overload]
         **{k: v for k, v in fields.items() if k not in ("flags", "dtype")},
     ) / Raw(payload)
     assert bytes(pkt) == fast
     parsed = scapy_layer.ShadowGrad(fast)
-    assert parsed.checksum == int.from_bytes(fast[wire.HEADER_SIZE - 4: wire.HEADER_SIZE], "big")
+    assert parsed.checksum == int.from_bytes(fast[wire.HEADER_SIZE - 4 : wire.HEADER_SIZE], "big")
     assert parsed.length == len(payload) and bytes(parsed.payload) == payload
     for name in ("job", "sender", "iteration", "seq", "layout", "bucket", "offset"):
         assert getattr(parsed, name) == fields[name]
@@ -304,8 +335,17 @@ def test_scapy_dissects_udp_on_default_port() -> None:
     scapy_layer = pytest.importorskip("shadowgrad.wire_scapy")
     from scapy.layers.inet import IP, UDP
 
-    fast = wire.encode(Kind.DATA, job=7, sender=1, iteration=2, seq=3, layout=4,
-                       dtype=DType.FLOAT32, payload=bytes(16), flags=Flag.FINAL)
+    fast = wire.encode(
+        Kind.DATA,
+        job=7,
+        sender=1,
+        iteration=2,
+        seq=3,
+        layout=4,
+        dtype=DType.FLOAT32,
+        payload=bytes(16),
+        flags=Flag.FINAL,
+    )
     frame = IP(bytes(IP(dst="127.0.0.1") / UDP(sport=1234, dport=wire.DEFAULT_UDP_PORT) / fast))
     layer = frame[scapy_layer.ShadowGrad]
     assert layer.job == 7 and layer.flags.FINAL and bytes(layer) == fast
@@ -322,8 +362,9 @@ def test_p4_header_matches_wire() -> None:
     assert _p4_header_fields() == list(wire.HEADER_FIELDS)
     assert sum(w for _, w in wire.HEADER_FIELDS) == 8 * wire.HEADER_SIZE
     text = (ROOT / "p4" / "include" / "headers.p4").read_text()
-    consts = {n: int(v, 0) for n, v in re.findall(r"const\s+bit<\d+>\s+(\w+)\s*=\s*(\w+)\s*;",
-                                                  text)}
+    consts = {
+        n: int(v, 0) for n, v in re.findall(r"const\s+bit<\d+>\s+(\w+)\s*=\s*(\w+)\s*;", text)
+    }
     assert consts["SG_UDP_PORT"] == wire.DEFAULT_UDP_PORT
     assert consts["SG_MAGIC"] == wire.MAGIC and consts["SG_VERSION"] == wire.VERSION
     for k in Kind:
@@ -349,14 +390,17 @@ def test_the_product_program_uses_the_one_wire_header() -> None:
     from shadowgrad.bmv2_testbed.pipeline import Pipeline
 
     pipe = Pipeline.compile(ROOT / "p4" / "shadowgrad.p4")
-    defining = [f for f, text in pipe.files.items()
-                if re.search(r"\bheader\s+shadowgrad_h\b", text)]
+    defining = [
+        f for f, text in pipe.files.items() if re.search(r"\bheader\s+shadowgrad_h\b", text)
+    ]
     assert [Path(f).as_posix().endswith("p4/include/headers.p4") for f in defining] == [True]
     for f, text in pipe.files.items():
         if f not in defining:
             assert "SG_MAGIC    =" not in text and "bit<64> iteration" not in text, f
-    assert re.search(r"struct\s+headers_t\s*\{[^}]*\bshadowgrad_h\s+sg\s*;",
-                     pipe.files[next(f for f in pipe.files if f.endswith("types.p4"))])
+    assert re.search(
+        r"struct\s+headers_t\s*\{[^}]*\bshadowgrad_h\s+sg\s*;",
+        pipe.files[next(f for f in pipe.files if f.endswith("types.p4"))],
+    )
 
 
 # --------------------------------------------------------------------------- authentication
@@ -372,14 +416,17 @@ def test_mac_key_is_per_job_and_never_the_token() -> None:
 
 @pytest.mark.parametrize("kind", [Kind.COMMIT, Kind.NACK, Kind.READY, Kind.ACK, Kind.DATA])
 def test_sealed_records_verify_and_forgeries_do_not(kind: Kind) -> None:
-    body = {Kind.COMMIT: wire.CommitRecord(lrs=(1e-3,)).body(),
-            Kind.NACK: wire.NackRecord.of([(0, 0, 64)]).body(),
-            Kind.READY: wire.ReadyRecord(0, 0, wire.ReadyState.READY, 3).body(),
-            Kind.ACK: wire.AckRecord(5).body(),
-            Kind.DATA: bytes(range(64))}[kind]
+    body = {
+        Kind.COMMIT: wire.CommitRecord(lrs=(1e-3,)).body(),
+        Kind.NACK: wire.NackRecord.of([(0, 0, 64)]).body(),
+        Kind.READY: wire.ReadyRecord(0, 0, wire.ReadyState.READY, 3).body(),
+        Kind.ACK: wire.AckRecord(5).body(),
+        Kind.DATA: bytes(range(64)),
+    }[kind]
     extra = {"dtype": DType.FLOAT32, "flags": Flag.FINAL} if kind is Kind.DATA else {}
-    data = wire.encode(kind, job=7, sender=0, iteration=4, seq=1, layout=9, payload=body,
-                       key=KEY, **extra)
+    data = wire.encode(
+        kind, job=7, sender=0, iteration=4, seq=1, layout=9, payload=body, key=KEY, **extra
+    )
     assert len(data) == wire.HEADER_SIZE + len(body) + wire.MAC_SIZE
     msg = wire.decode(data, job=7, layout=9, key=KEY, require=frozenset(Kind))
     assert bytes(msg.payload) == body and msg.header.length == len(body)
@@ -393,15 +440,14 @@ def test_sealed_records_verify_and_forgeries_do_not(kind: Kind) -> None:
     for pos in (10, wire.HEADER_SIZE + 1, len(data) - 1):
         forged = bytearray(data)
         forged[pos] ^= 0x01
-        forged[wire.HEADER_SIZE - 4:wire.HEADER_SIZE] = wire.crc(
-            bytes(forged[:wire.HEADER_SIZE - 4]) + bytes(forged[wire.HEADER_SIZE:])
+        forged[wire.HEADER_SIZE - 4 : wire.HEADER_SIZE] = wire.crc(
+            bytes(forged[: wire.HEADER_SIZE - 4]) + bytes(forged[wire.HEADER_SIZE :])
         ).to_bytes(4, "big")
         with pytest.raises(WireError) as ei:
             wire.decode(bytes(forged), key=KEY)
         assert ei.value.reason in ("bad_mac", "field", "length", "kind"), ei.value.reason
     # the same record unsealed: refused by a receiver that holds the key
-    plain = wire.encode(kind, job=7, sender=0, iteration=4, seq=1, layout=9, payload=body,
-                        **extra)
+    plain = wire.encode(kind, job=7, sender=0, iteration=4, seq=1, layout=9, payload=body, **extra)
     if kind in wire.AUTHENTICATED_KINDS:
         with pytest.raises(UnauthenticatedError):
             wire.decode(plain, key=KEY)
@@ -413,5 +459,13 @@ def test_sealed_records_verify_and_forgeries_do_not(kind: Kind) -> None:
 
 def test_encode_header_refuses_a_mac_flag_it_cannot_fill() -> None:
     with pytest.raises(WireError):
-        wire.encode_header(Kind.NACK, job=1, sender=0, iteration=0, seq=0, layout=0,
-                           flags=Flag.MAC, payload=wire.NackRecord.of([]).body())
+        wire.encode_header(
+            Kind.NACK,
+            job=1,
+            sender=0,
+            iteration=0,
+            seq=0,
+            layout=0,
+            flags=Flag.MAC,
+            payload=wire.NackRecord.of([]).body(),
+        )

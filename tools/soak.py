@@ -45,12 +45,18 @@ SETTLED_LAG = 10
 RETX_AFTER_SETTLE = 0.05
 
 
-def _spec_text(shadows: int, replication: int, job_id: int,
-               controller: int | None = None) -> str:
+def _spec_text(shadows: int, replication: int, job_id: int, controller: int | None = None) -> str:
     from shadowgrad.trainer_hooks._testing import loopback_spec, spec_toml
 
-    doc = loopback_spec(2, shadows, replication=replication, job_id=job_id, gap_repair="100ms",
-                        heartbeat="250ms", rpc="1s")
+    doc = loopback_spec(
+        2,
+        shadows,
+        replication=replication,
+        job_id=job_id,
+        gap_repair="100ms",
+        heartbeat="250ms",
+        rpc="1s",
+    )
     doc["timeouts"]["connect"] = "5s"
     doc["job"]["name"] = "loopback"
     if controller is not None:
@@ -62,9 +68,14 @@ def _controller(spec: Path, log: Path) -> subprocess.Popen[bytes]:
     f = log.open("ab")
     try:
         cli = str(Path(sys.executable).parent / "shadowgrad")
-        p = subprocess.Popen([cli, "--log-json", "controller", "--spec", str(spec)], stdout=f,
-                             stderr=subprocess.STDOUT, env=_env(), cwd=ROOT,
-                             start_new_session=True)
+        p = subprocess.Popen(
+            [cli, "--log-json", "controller", "--spec", str(spec)],
+            stdout=f,
+            stderr=subprocess.STDOUT,
+            env=_env(),
+            cwd=ROOT,
+            start_new_session=True,
+        )
         _STARTED.append(p)
         return p
     finally:
@@ -120,24 +131,45 @@ def _shadow(spec: Path, k: int, log: Path) -> subprocess.Popen[bytes]:
     f = log.open("ab")
     try:
         cli = str(Path(sys.executable).parent / "shadowgrad")
-        p = subprocess.Popen([cli, "shadow", "--spec", str(spec), "--id", str(k),
-                              *SHADOW_ARGS], stdout=f, stderr=subprocess.STDOUT, env=_env(),
-                             cwd=ROOT, start_new_session=True)
+        p = subprocess.Popen(
+            [cli, "shadow", "--spec", str(spec), "--id", str(k), *SHADOW_ARGS],
+            stdout=f,
+            stderr=subprocess.STDOUT,
+            env=_env(),
+            cwd=ROOT,
+            start_new_session=True,
+        )
         _STARTED.append(p)
         return p
     finally:
         f.close()
 
 
-def _torchrun(script: str, args: list[str], log: Path,
-              max_restarts: int = 0) -> subprocess.Popen[bytes]:
+def _torchrun(
+    script: str, args: list[str], log: Path, max_restarts: int = 0
+) -> subprocess.Popen[bytes]:
     f = log.open("wb")
     try:
         restarts = ["--max-restarts", str(max_restarts)] if max_restarts else []
         p = subprocess.Popen(
-            [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", *restarts,
-             "--master-port", str(_free_port()), str(ROOT / "examples" / script), *args],
-            stdout=f, stderr=subprocess.STDOUT, env=_env(), cwd=ROOT, start_new_session=True)
+            [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--nproc-per-node",
+                "2",
+                *restarts,
+                "--master-port",
+                str(_free_port()),
+                str(ROOT / "examples" / script),
+                *args,
+            ],
+            stdout=f,
+            stderr=subprocess.STDOUT,
+            env=_env(),
+            cwd=ROOT,
+            start_new_session=True,
+        )
         _STARTED.append(p)
         return p
     finally:
@@ -187,10 +219,13 @@ def _alive(pids: list[int]) -> bool:
     return False
 
 
-def _reap(p: subprocess.Popen[bytes] | None, sig: int = signal.SIGKILL,
-          extra: list[int] | None = None) -> None:
-    for pid in [*(_descendants(p.pid) if p is not None and p.poll() is None else []),
-                *(extra or [])]:
+def _reap(
+    p: subprocess.Popen[bytes] | None, sig: int = signal.SIGKILL, extra: list[int] | None = None
+) -> None:
+    for pid in [
+        *(_descendants(p.pid) if p is not None and p.poll() is None else []),
+        *(extra or []),
+    ]:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
     if p is None or p.poll() is not None:
@@ -214,8 +249,9 @@ def _statuses(spec_path: Path) -> list[dict[str, Any] | None]:
     out: list[dict[str, Any] | None] = []
     for k in range(spec.shadows.count):
         try:
-            with ShadowClient(f"tcp://{spec.shadows.control_endpoint(k)}", TOKEN,
-                              timeout_s=1.0) as c:
+            with ShadowClient(
+                f"tcp://{spec.shadows.control_endpoint(k)}", TOKEN, timeout_s=1.0
+            ) as c:
                 out.append(c.status(timeline=0))
         except Exception:
             out.append(None)
@@ -241,8 +277,11 @@ def _first_step(log: Path) -> int:
 def _plain(work: Path, steps: int) -> Path:
     out = work / f"plain-{steps}.pt"
     if not out.exists():
-        p = _torchrun("train_plain.py", ["--steps", str(steps), "--out", str(out)],
-                      work / f"plain-{steps}.log")
+        p = _torchrun(
+            "train_plain.py",
+            ["--steps", str(steps), "--out", str(out)],
+            work / f"plain-{steps}.log",
+        )
         try:
             rc = p.wait(3600)
         finally:
@@ -258,8 +297,13 @@ def _compare(a: dict[str, Any], b: dict[str, Any], path: str = "") -> list[str]:
 
     bad: list[str] = []
     if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
-        if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)
-                and a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)):
+        if not (
+            isinstance(a, torch.Tensor)
+            and isinstance(b, torch.Tensor)
+            and a.dtype == b.dtype
+            and a.shape == b.shape
+            and torch.equal(a, b)
+        ):
             bad.append(path)
         return bad
     if isinstance(a, dict) and isinstance(b, dict):
@@ -291,8 +335,7 @@ def _shadow_state_matches(spec_path: Path, final: dict[str, Any], steps: int) ->
     layout: Layout | None = None
     exports: dict[int, list[dict[str, torch.Tensor]]] = {}
     for k in range(spec.shadows.count):
-        with ShadowClient(f"tcp://{spec.shadows.control_endpoint(k)}", TOKEN,
-                          timeout_s=30.0) as c:
+        with ShadowClient(f"tcp://{spec.shadows.control_endpoint(k)}", TOKEN, timeout_s=30.0) as c:
             res = c.fetch(steps - 1)
             if layout is None:
                 layout = Layout.from_json(c.call("config")[0]["layout"])
@@ -300,13 +343,17 @@ def _shadow_state_matches(spec_path: Path, final: dict[str, Any], steps: int) ->
             exports.setdefault(shard, [res.states[b] for b in range(len(res.states))])
     assert layout is not None
     params, opt = assemble_full(layout, [exports[s] for s in range(layout.num_shards)])
-    bad = [f"param {n}" for n, t in params.items()
-           if not torch.equal(t, final["model"][n.removeprefix("module.")])]
+    bad = [
+        f"param {n}"
+        for n, t in params.items()
+        if not torch.equal(t, final["model"][n.removeprefix("module.")])
+    ]
     # the example's param groups: weights (decay), then the rest, each in module order; the
     # optimizer's state_dict numbers parameters in that order
     names = list(final["model"])
     order = [n for n in names if n.endswith("weight")] + [
-        n for n in names if not n.endswith("weight")]
+        n for n in names if not n.endswith("weight")
+    ]
     for idx, name in enumerate(order):
         key = f"module.{name}" if f"module.{name}" in opt else name
         for sk, v in final["optimizer"]["state"][idx].items():
@@ -319,12 +366,17 @@ def _shadow_state_matches(spec_path: Path, final: dict[str, Any], steps: int) ->
 
 def soak(args: argparse.Namespace, work: Path, run: int) -> dict[str, Any]:
     spec = work / f"job-{run}.toml"
-    spec.write_text(_spec_text(args.shadows, args.replication, 7000 + run,
-                               _free_port() if args.controller else None), encoding="utf-8")
+    spec.write_text(
+        _spec_text(
+            args.shadows, args.replication, 7000 + run, _free_port() if args.controller else None
+        ),
+        encoding="utf-8",
+    )
     logs = work / f"run-{run}"
     logs.mkdir(exist_ok=True)
     shadows: list[subprocess.Popen[bytes] | None] = [
-        _shadow(spec, k, logs / f"shadow{k}.log") for k in range(args.shadows)]
+        _shadow(spec, k, logs / f"shadow{k}.log") for k in range(args.shadows)
+    ]
     ctl = _controller(spec, logs / "controller.log") if args.controller else None
     trainer: subprocess.Popen[bytes] | None = None
     orphans: list[int] = []  # workers of a killed torchrun
@@ -339,9 +391,12 @@ def soak(args: argparse.Namespace, work: Path, run: int) -> dict[str, Any]:
         final = work / f"mirror-{run}.pt"
         tlog = logs / "trainer.log"
         t0 = time.monotonic()
-        trainer = _torchrun("train_mirror.py", ["--spec", str(spec), "--steps", str(args.steps),
-                                                "--out", str(final)], tlog,
-                            max_restarts=args.kill_rank)
+        trainer = _torchrun(
+            "train_mirror.py",
+            ["--spec", str(spec), "--steps", str(args.steps), "--out", str(final)],
+            tlog,
+            max_restarts=args.kill_rank,
+        )
         max_lag = 0
         rank_kills_left = args.kill_rank
         rank_kill_at = -1
@@ -385,11 +440,12 @@ def soak(args: argparse.Namespace, work: Path, run: int) -> dict[str, Any]:
                     time.sleep(args.down)  # the job stays dead, as when rerun by hand
                 k = len(report.setdefault("job_kills", []))
                 tlog = logs / f"trainer-{k + 1}.log"
-                trainer = _torchrun("train_mirror.py", ["--spec", str(spec), "--steps",
-                                                        str(args.steps), "--out", str(final)],
-                                    tlog)
-                report["job_kills"].append({"last_logged": last, "log": tlog.name,
-                                            "wall": wall})
+                trainer = _torchrun(
+                    "train_mirror.py",
+                    ["--spec", str(spec), "--steps", str(args.steps), "--out", str(final)],
+                    tlog,
+                )
+                report["job_kills"].append({"last_logged": last, "log": tlog.name, "wall": wall})
                 kill_at = -1
                 continue
             if rank_kills_left and rank_kill_at < 0 and step >= 0:
@@ -407,8 +463,13 @@ def soak(args: argparse.Namespace, work: Path, run: int) -> dict[str, Any]:
                         os.kill(w, signal.SIGKILL)
                     rank_kills_left -= 1
                     report.setdefault("rank_kills", []).append(
-                        {"rank": rank, "last_logged": last, "wall": wall,
-                         "offset": len(tlog.read_bytes())})
+                        {
+                            "rank": rank,
+                            "last_logged": last,
+                            "wall": wall,
+                            "offset": len(tlog.read_bytes()),
+                        }
+                    )
                     rank_kill_at = -1
             if kills_left and kill_at < 0 and (not shadow_fault or settled_retx is not None):
                 first = _first_step(tlog)
@@ -416,11 +477,12 @@ def soak(args: argparse.Namespace, work: Path, run: int) -> dict[str, Any]:
                     kill_at = first + rng.randrange(5, 120)
             if args.hog and hogs is None and step >= 0 and now >= args.at:
                 spin = "import time\nt = time.monotonic() + %f\nwhile time.monotonic() < t: pass"
-                hogs = [subprocess.Popen([sys.executable, "-c", spin % args.hog])
-                        for _ in range(os.cpu_count() or 2)]
+                hogs = [
+                    subprocess.Popen([sys.executable, "-c", spin % args.hog])
+                    for _ in range(os.cpu_count() or 2)
+                ]
                 _STARTED.extend(hogs)
-                report["hog"] = {"at_step": step, "seconds": args.hog,
-                                 "processes": len(hogs)}
+                report["hog"] = {"at_step": step, "seconds": args.hog, "processes": len(hogs)}
             for k, st in enumerate(sts):
                 if st is None or st.get("last_applied") is None or args.kill_job:
                     continue
@@ -439,8 +501,9 @@ def soak(args: argparse.Namespace, work: Path, run: int) -> dict[str, Any]:
                 report["attack"] = stranger.attack(spec, step)
             if args.fence and not fault_done and step >= 0 and now >= args.at:
                 fault_done = True
-                report["fault"] = _fence(spec, trainer, logs, step=step, steps=args.steps,
-                                         out=final)
+                report["fault"] = _fence(
+                    spec, trainer, logs, step=step, steps=args.steps, out=final
+                )
                 orphans = report["fault"]["workers"]
                 continue
             if not fault_done and step >= 0 and now >= args.at:
@@ -467,30 +530,40 @@ def soak(args: argparse.Namespace, work: Path, run: int) -> dict[str, Any]:
                 nacks = None if v is None else int(v["events"].get("nack_sent", 0))
                 if nacks != victim_nacks[0]:
                     victim_nacks = (nacks, time.monotonic())
-                if v is not None and v.get("last_applied") is not None and \
-                        time.monotonic() - t0 > fault_at + args.for_s + args.settle and \
-                        step - int(v["last_applied"]) <= SETTLED_LAG and \
-                        time.monotonic() - victim_nacks[1] >= 1.0:
+                if (
+                    v is not None
+                    and v.get("last_applied") is not None
+                    and time.monotonic() - t0 > fault_at + args.for_s + args.settle
+                    and step - int(v["last_applied"]) <= SETTLED_LAG
+                    and time.monotonic() - victim_nacks[1] >= 1.0
+                ):
                     settled_retx = _retx(sts)
                     settled_chunks = _chunks(sts)
                     report["settled_at_step"] = step
                     report["settled_s_after_fault"] = round(
-                        time.monotonic() - t0 - fault_at - args.for_s, 1)
+                        time.monotonic() - t0 - fault_at - args.for_s, 1
+                    )
             if time.monotonic() - t0 > args.timeout:
                 raise SystemExit("trainer timed out")
         if args.fence:  # the old workers finished the job; torchrun itself was killed
             trainer.returncode = 0 if _last_step(tlog) == args.steps - 1 else 1
             f = report["fault"]
             if not f["old_instance_alive"]:
-                f["inconclusive"] = ("the old instance ended before the rerun did: run the "
-                                     "fence case with more --steps")
+                f["inconclusive"] = (
+                    "the old instance ended before the rerun did: run the "
+                    "fence case with more --steps"
+                )
                 report.setdefault("fence_failures", []).append(f)
-            elif not (f["rerun_rc"] != 0 and f["generation_unchanged"] and not f["rewound"]
-                    and "held by pid" in f["message"]):
+            elif not (
+                f["rerun_rc"] != 0
+                and f["generation_unchanged"]
+                and not f["rewound"]
+                and "held by pid" in f["message"]
+            ):
                 report.setdefault("fence_failures", []).append(f)
         text_all = tlog.read_text(errors="replace")
         for kr in report.get("rank_kills", []):
-            after = text_all.encode()[kr.pop("offset"):].decode(errors="replace")
+            after = text_all.encode()[kr.pop("offset") :].decode(errors="replace")
             # the lowest step logged soon after the kill: where the restarted group resumed
             firsts = [int(x) for x in re.findall(r"step (\d+) loss", after)]
             kr["resumed_at"] = min(firsts[:50]) if firsts else None
@@ -502,8 +575,9 @@ def soak(args: argparse.Namespace, work: Path, run: int) -> dict[str, Any]:
             failed = _events(clog, "controller.trainer_failed")
             report["controller"] = {
                 "trainer_failed": len(failed),
-                "restore_points": [e.get("istar") for e in
-                                   _events(clog, "controller.restore_point")],
+                "restore_points": [
+                    e.get("istar") for e in _events(clog, "controller.restore_point")
+                ],
                 "recovered": len(_events(clog, "controller.recovered")),
                 "job_finished": len(_events(clog, "controller.job_finished")),
                 "shadow_failed": len(_events(clog, "controller.shadow_failed")),
@@ -511,9 +585,15 @@ def soak(args: argparse.Namespace, work: Path, run: int) -> dict[str, Any]:
                 "evidence": [e.get("evidence") for e in failed],
                 # SIGKILL -> the controller's event (a restart request counts: torchrun restarts
                 # the group faster than failure_detect)
-                "detect_s": [round(float(e["ts"]) - kr["wall"], 3) for kr, e in
-                             zip(report.get("rank_kills", []) or report.get("job_kills", []),
-                                 failed, strict=False) if "wall" in kr],
+                "detect_s": [
+                    round(float(e["ts"]) - kr["wall"], 3)
+                    for kr, e in zip(
+                        report.get("rank_kills", []) or report.get("job_kills", []),
+                        failed,
+                        strict=False,
+                    )
+                    if "wall" in kr
+                ],
             }
         for kr in report.get("job_kills", []):
             kr["resumed_at"] = _first_step(logs / kr["log"])
@@ -531,22 +611,30 @@ def soak(args: argparse.Namespace, work: Path, run: int) -> dict[str, Any]:
         sts = _statuses(spec)
         report["max_lag"] = max_lag
         report["shadows"] = [
-            None if s is None else {
-                "last_applied": s["last_applied"], "diverged_at": s["diverged_at"],
+            None
+            if s is None
+            else {
+                "last_applied": s["last_applied"],
+                "diverged_at": s["diverged_at"],
                 "generation": s.get("generation"),
                 "nack_sent": s["events"].get("nack_sent", 0),
                 "repaired_bytes": s["events"].get("repaired_bytes", 0),
                 "diverged": s["events"].get("diverged", 0),
-                "reseeds": s["events"].get("seeded", 0) + s["events"].get("resynced", 0)
+                "reseeds": s["events"].get("seeded", 0)
+                + s["events"].get("resynced", 0)
                 + s["events"].get("cloned", 0),
                 "events": s["events"],
-                "rx": s["counters"]} for s in sts]
+                "rx": s["counters"],
+            }
+            for s in sts
+        ]
         end_retx = _retx(sts)
         if settled_retx is not None:
             report["retx_after_settle"] = {k: end_retx[k] - settled_retx[k] for k in end_retx}
             end_chunks = _chunks(sts)
-            report["chunks_after_settle"] = {k: end_chunks[k] - settled_chunks[k]
-                                             for k in end_chunks}
+            report["chunks_after_settle"] = {
+                k: end_chunks[k] - settled_chunks[k] for k in end_chunks
+            }
         elif fault_at is not None:
             report["settled"] = False
         text = tlog.read_text(errors="replace")
@@ -568,16 +656,21 @@ def soak(args: argparse.Namespace, work: Path, run: int) -> dict[str, Any]:
                 fails.append(f"shadow {k} at {None if s is None else s['last_applied']}")
             elif s["diverged_at"] is not None:
                 fails.append(f"shadow {k} diverged at {s['diverged_at']}")
-            elif args.stop_shadow is None and args.kill_shadow is None \
-                    and s["events"].get("diverged", 0):
+            elif (
+                args.stop_shadow is None
+                and args.kill_shadow is None
+                and s["events"].get("diverged", 0)
+            ):
                 fails.append(f"shadow {k} diverged during the run")
         c = report.get("controller")
         kills = len(report.get("job_kills", [])) + len(report.get("rank_kills", []))
         if c is not None and not args.fence:
             # one detection and one recovery per kill, none for the normal end of the job
             if c["trainer_failed"] != kills or c["recovered"] != kills:
-                fails.append(f"controller: {c['trainer_failed']} failures detected, "
-                             f"{c['recovered']} recoveries for {kills} kills")
+                fails.append(
+                    f"controller: {c['trainer_failed']} failures detected, "
+                    f"{c['recovered']} recoveries for {kills} kills"
+                )
             if trainer.returncode == 0 and c["job_finished"] != 1:
                 fails.append(f"controller: job_finished seen {c['job_finished']} times")
         # once the fault's repair is over, retransmissions are the repair of an odd datagram a
@@ -585,8 +678,10 @@ def soak(args: argparse.Namespace, work: Path, run: int) -> dict[str, Any]:
         for k, n in (report.get("retx_after_settle") or {}).items():
             total = report["chunks_after_settle"][k]
             if n > RETX_AFTER_SETTLE * max(total, 1):
-                fails.append(f"shadow {k}: {n} retransmissions of {total} chunks after "
-                             f"settling (over {RETX_AFTER_SETTLE:.0%})")
+                fails.append(
+                    f"shadow {k}: {n} retransmissions of {total} chunks after "
+                    f"settling (over {RETX_AFTER_SETTLE:.0%})"
+                )
         if trainer.returncode == 0 and not fails:
             import torch
 
@@ -597,8 +692,11 @@ def soak(args: argparse.Namespace, work: Path, run: int) -> dict[str, Any]:
                 fails.append(f"final state differs from train_plain.py: {bad[:5]}")
             ref_loss = _losses((work / f"plain-{args.steps}.log").read_text(errors="replace"))
             for log in sorted(logs.glob("trainer*.log")):
-                diff = [st for st, v in _losses(log.read_text(errors="replace")).items()
-                        if ref_loss.get(st) != v]
+                diff = [
+                    st
+                    for st, v in _losses(log.read_text(errors="replace")).items()
+                    if ref_loss.get(st) != v
+                ]
                 if diff:
                     fails.append(f"{log.name}: losses differ from train_plain.py at {diff[:5]}")
             bad = _shadow_state_matches(spec, ref, args.steps)
@@ -610,8 +708,10 @@ def soak(args: argparse.Namespace, work: Path, run: int) -> dict[str, Any]:
             a["stranger_received_bytes"] = stranger.received()
             if a["stranger_received_bytes"]:
                 fails.append(f"the stranger received {a['stranger_received_bytes']} bytes")
-            counted = {r: sum((s or {}).get("counters", {}).get(f"wire.{r}", 0) for s in sts)
-                       for r in ("unauthenticated", "bad_mac")}
+            counted = {
+                r: sum((s or {}).get("counters", {}).get(f"wire.{r}", 0) for s in sts)
+                for r in ("unauthenticated", "bad_mac")
+            }
             a["shadows_counted"] = counted
             sent = a.get("sent", {})
             want = sent.get("commit", 0) + sent.get("commit_spoofed", 0)
@@ -673,26 +773,39 @@ class _Stranger:
 
         spec = load_spec(spec_path)
         # what any datagram shows: job id and the header's layout field
-        with ShadowClient(f"tcp://{spec.shadows.control_endpoint(0)}", TOKEN,
-                          timeout_s=5.0) as c:
+        with ShadowClient(f"tcp://{spec.shadows.control_endpoint(0)}", TOKEN, timeout_s=5.0) as c:
             cfg = c.call("config")[0]
             st = c.status(timeline=0)
-        digest = wire.session_digest(Layout.from_json(cfg["layout"]).digest64,
-                                     int(st.get("generation") or 0))
+        digest = wire.session_digest(
+            Layout.from_json(cfg["layout"]).digest64, int(st.get("generation") or 0)
+        )
         wrong = wire.mac_key(secrets.token_hex(16), spec.job.id)
         shadows = [(a.host, a.port) for a in spec.shadows.addresses]
         trainers = [(a.host, a.port) for a in spec.trainers.addresses]
         forged = wire.CommitRecord(lrs=(0.3, 0.3), clip_coef=None, loss_scale=2.0**126)
 
         def commit(it: int, key: bytes | None) -> bytes:
-            return forged.encode(job=spec.job.id, sender=0, iteration=it,
-                                 seq=secrets.randbelow(2**32), layout=digest, key=key)
+            return forged.encode(
+                job=spec.job.id,
+                sender=0,
+                iteration=it,
+                seq=secrets.randbelow(2**32),
+                layout=digest,
+                key=key,
+            )
 
         def nack(it: int, key: bytes | None) -> bytes:
             body = wire.NackRecord.of([(0, 0, 1 << 20)]).body()
-            return wire.encode(wire.Kind.NACK, job=spec.job.id, sender=0, iteration=it,
-                               seq=secrets.randbelow(2**32), layout=digest, payload=body,
-                               key=key)
+            return wire.encode(
+                wire.Kind.NACK,
+                job=spec.job.id,
+                sender=0,
+                iteration=it,
+                seq=secrets.randbelow(2**32),
+                layout=digest,
+                payload=body,
+                key=key,
+            )
 
         def count(what: str, n: int = 1) -> None:
             self.sent[what] = self.sent.get(what, 0) + n
@@ -730,8 +843,9 @@ class _Stranger:
             self.raw.close()
 
 
-def _fence(spec: Path, trainer: subprocess.Popen[bytes], logs: Path, *, step: int,
-           steps: int, out: Path) -> dict[str, Any]:
+def _fence(
+    spec: Path, trainer: subprocess.Popen[bytes], logs: Path, *, step: int, steps: int, out: Path
+) -> dict[str, Any]:
     """SIGKILL the torchrun agent only (its workers live on, holding the trainer ports), rerun
     the same command at once: it must fail fast, naming the live instance, and leave the
     shadows' generation and progress alone."""
@@ -739,8 +853,11 @@ def _fence(spec: Path, trainer: subprocess.Popen[bytes], logs: Path, *, step: in
     workers = _descendants(trainer.pid)
     os.kill(trainer.pid, signal.SIGKILL)
     t0 = time.monotonic()
-    rerun = _torchrun("train_mirror.py", ["--spec", str(spec), "--steps", str(steps),
-                                          "--out", str(out)], logs / "rerun.log")
+    rerun = _torchrun(
+        "train_mirror.py",
+        ["--spec", str(spec), "--steps", str(steps), "--out", str(out)],
+        logs / "rerun.log",
+    )
     try:
         rc = rerun.wait(120)
     finally:
@@ -753,25 +870,41 @@ def _fence(spec: Path, trainer: subprocess.Popen[bytes], logs: Path, *, step: in
     after = _statuses(spec)
     text = (logs / "rerun.log").read_text(errors="replace")
     msg = next((ln for ln in text.splitlines() if "cannot bind its trainer address" in ln), "")
-    gens = [(b or {}).get("generation") == (a or {}).get("generation")
-            for b, a in zip(before, after, strict=True)]
-    back = [int((a or {}).get("last_applied") or -1) < int((b or {}).get("last_applied") or -1)
-            for b, a in zip(before, after, strict=True)]
-    return {"kind": "fence", "workers": workers, "at_step": step, "rerun_rc": rc,
-            "rerun_seconds": round(took, 1), "old_instance_alive": old_alive,
-            "message": msg.strip()[-300:], "generation_unchanged": all(gens),
-            "rewound": any(back)}
+    gens = [
+        (b or {}).get("generation") == (a or {}).get("generation")
+        for b, a in zip(before, after, strict=True)
+    ]
+    back = [
+        int((a or {}).get("last_applied") or -1) < int((b or {}).get("last_applied") or -1)
+        for b, a in zip(before, after, strict=True)
+    ]
+    return {
+        "kind": "fence",
+        "workers": workers,
+        "at_step": step,
+        "rerun_rc": rc,
+        "rerun_seconds": round(took, 1),
+        "old_instance_alive": old_alive,
+        "message": msg.strip()[-300:],
+        "generation_unchanged": all(gens),
+        "rewound": any(back),
+    }
 
 
 def _retx(sts: list[dict[str, Any] | None]) -> dict[str, int]:
-    return {str(k): 0 if s is None else int(s["counters"].get("retx", 0))
-            for k, s in enumerate(sts)}
+    return {
+        str(k): 0 if s is None else int(s["counters"].get("retx", 0)) for k, s in enumerate(sts)
+    }
 
 
 def _chunks(sts: list[dict[str, Any] | None]) -> dict[str, int]:
     """Chunks that brought new bytes (first sends and retransmissions) per shadow."""
-    return {str(k): 0 if s is None else int(s["counters"].get("retx", 0))
-            + int(s["counters"].get("data", 0)) for k, s in enumerate(sts)}
+    return {
+        str(k): 0
+        if s is None
+        else int(s["counters"].get("retx", 0)) + int(s["counters"].get("data", 0))
+        for k, s in enumerate(sts)
+    }
 
 
 def main() -> int:
@@ -782,33 +915,67 @@ def main() -> int:
     ap.add_argument("--replication", type=int, default=1, help="must divide --shadows")
     ap.add_argument("--stop-shadow", type=int, default=None, help="SIGSTOP this shadow")
     ap.add_argument("--kill-shadow", type=int, default=None, help="SIGKILL + restart it")
-    ap.add_argument("--kill-job", type=int, default=0, metavar="N",
-                    help="SIGKILL the whole job (torchrun and workers) N times at random "
-                         "moments, rerunning the same command each time")
-    ap.add_argument("--kill-rank", type=int, default=0, metavar="N",
-                    help="SIGKILL one random worker N times at random moments; torchrun "
-                         "--max-restarts N restarts the group")
-    ap.add_argument("--controller", action="store_true",
-                    help="run 'shadowgrad controller' for the job ([controller] address in the "
-                         "spec): the trainers take I* from it; its events are reported")
+    ap.add_argument(
+        "--kill-job",
+        type=int,
+        default=0,
+        metavar="N",
+        help="SIGKILL the whole job (torchrun and workers) N times at random "
+        "moments, rerunning the same command each time",
+    )
+    ap.add_argument(
+        "--kill-rank",
+        type=int,
+        default=0,
+        metavar="N",
+        help="SIGKILL one random worker N times at random moments; torchrun "
+        "--max-restarts N restarts the group",
+    )
+    ap.add_argument(
+        "--controller",
+        action="store_true",
+        help="run 'shadowgrad controller' for the job ([controller] address in the "
+        "spec): the trainers take I* from it; its events are reported",
+    )
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--fence", action="store_true",
-                    help="SIGKILL torchrun (workers live on) and rerun it at once")
+    ap.add_argument(
+        "--fence",
+        action="store_true",
+        help="SIGKILL torchrun (workers live on) and rerun it at once",
+    )
     ap.add_argument("--at", type=float, default=10.0, help="fault at this many seconds")
-    ap.add_argument("--down", type=float, default=0.0,
-                    help="--kill-job: seconds the job stays dead before the rerun (default 0)")
-    ap.add_argument("--for", dest="for_s", type=float, default=3.0,
-                    help="stopped for / restarted after (s)")
-    ap.add_argument("--settle", type=float, default=5.0,
-                    help="at least this long after the fault (and once the victim caught up "
-                         "and stopped NACKing), retransmissions are counted (s)")
-    ap.add_argument("--shadow-threads", type=int, default=None,
-                    help="pass --threads to every shadowgrad shadow")
-    ap.add_argument("--hog", type=float, default=0.0, metavar="S",
-                    help="at --at, keep every core busy for S seconds (CPU contention)")
-    ap.add_argument("--attack", action="store_true",
-                    help="a stranger without the token forges COMMITs and NACKs at step 20 "
-                         "(spoofed sources too as root); it must change and receive nothing")
+    ap.add_argument(
+        "--down",
+        type=float,
+        default=0.0,
+        help="--kill-job: seconds the job stays dead before the rerun (default 0)",
+    )
+    ap.add_argument(
+        "--for", dest="for_s", type=float, default=3.0, help="stopped for / restarted after (s)"
+    )
+    ap.add_argument(
+        "--settle",
+        type=float,
+        default=5.0,
+        help="at least this long after the fault (and once the victim caught up "
+        "and stopped NACKing), retransmissions are counted (s)",
+    )
+    ap.add_argument(
+        "--shadow-threads", type=int, default=None, help="pass --threads to every shadowgrad shadow"
+    )
+    ap.add_argument(
+        "--hog",
+        type=float,
+        default=0.0,
+        metavar="S",
+        help="at --at, keep every core busy for S seconds (CPU contention)",
+    )
+    ap.add_argument(
+        "--attack",
+        action="store_true",
+        help="a stranger without the token forges COMMITs and NACKs at step 20 "
+        "(spoofed sources too as root); it must change and receive nothing",
+    )
     ap.add_argument("--timeout", type=float, default=1800.0)
     ap.add_argument("--work", default=None, help="work directory (default: a temp dir)")
     ap.add_argument("--json", default=None, help="write the reports here")

@@ -31,8 +31,15 @@ def main() -> int:
     for package, folder in mapping.items():
         if package != "shadowgrad":
             (tree / package.replace(".", os.sep)).symlink_to(ROOT / folder)
-    cmd = [sys.executable, "-m", "mypy", "--config-file", str(ROOT / "pyproject.toml"),
-           "-p", "shadowgrad"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "mypy",
+        "--config-file",
+        str(ROOT / "pyproject.toml"),
+        "-p",
+        "shadowgrad",
+    ]
     env = {**os.environ, "MYPYPATH": str(tree)}
     return subprocess.call(cmd, cwd=tree, env=env, timeout=900)
 

@@ -17,5 +17,12 @@ from ._launch import init_process_group
 from ._session import Shadowgrad, Start, StepInfo, attach
 from ._state import rng_state, set_rng_state
 
-__all__ = ["attach", "Shadowgrad", "Start", "StepInfo", "init_process_group", "rng_state",
-           "set_rng_state"]
+__all__ = [
+    "attach",
+    "Shadowgrad",
+    "Start",
+    "StepInfo",
+    "init_process_group",
+    "rng_state",
+    "set_rng_state",
+]

@@ -23,8 +23,11 @@ class Group:
             self.rank = dist.get_rank(pg)
             self.world = dist.get_world_size(pg)
             backend = str(dist.get_backend(pg)).lower()
-            self.device = (torch.device("cuda", torch.cuda.current_device())
-                           if "nccl" in backend else torch.device("cpu"))
+            self.device = (
+                torch.device("cuda", torch.cuda.current_device())
+                if "nccl" in backend
+                else torch.device("cpu")
+            )
         else:
             self.rank, self.world, self.device = 0, 1, torch.device("cpu")
 
@@ -39,8 +42,7 @@ class Group:
         if not self.active or self.world == 1:
             return obj
         box = [obj]
-        dist.broadcast_object_list(box, src=self._global(src), group=self.pg,
-                                   device=self.device)
+        dist.broadcast_object_list(box, src=self._global(src), group=self.pg, device=self.device)
         return box[0]
 
     def broadcast_bytes(self, data: bytes | None, src: int) -> bytes:
@@ -48,14 +50,18 @@ class Group:
         if not self.active or self.world == 1:
             assert data is not None
             return data
-        n = torch.tensor([len(data) if data is not None else 0], dtype=torch.int64,
-                         device=self.device)
+        n = torch.tensor(
+            [len(data) if data is not None else 0], dtype=torch.int64, device=self.device
+        )
         dist.broadcast(n, src=self._global(src), group=self.pg)
         size = int(n.item())
         if self.rank == src:
             assert data is not None
-            buf = torch.frombuffer(bytearray(data), dtype=torch.uint8) if size else \
-                torch.empty(0, dtype=torch.uint8)
+            buf = (
+                torch.frombuffer(bytearray(data), dtype=torch.uint8)
+                if size
+                else torch.empty(0, dtype=torch.uint8)
+            )
             buf = buf.to(self.device)
         else:
             buf = torch.empty(size, dtype=torch.uint8, device=self.device)

@@ -15,8 +15,14 @@ from collections.abc import Iterable
 
 from shadowgrad._addr import canonical, resolve
 
-__all__ = ["canonical", "resolve", "Peers", "RepairBudget", "REPAIR_RATE_BYTES_S",
-           "REPAIR_BURST_BYTES"]
+__all__ = [
+    "canonical",
+    "resolve",
+    "Peers",
+    "RepairBudget",
+    "REPAIR_RATE_BYTES_S",
+    "REPAIR_BURST_BYTES",
+]
 
 #: default repair budget per shadow: 256 MiB/s, bursts of 64 MiB
 REPAIR_RATE_BYTES_S = 256 * 2**20
@@ -44,8 +50,9 @@ class Peers:
 class RepairBudget:
     """A token bucket of resend bytes per requesting address."""
 
-    def __init__(self, rate_bytes_s: float = REPAIR_RATE_BYTES_S,
-                 burst_bytes: float = REPAIR_BURST_BYTES) -> None:
+    def __init__(
+        self, rate_bytes_s: float = REPAIR_RATE_BYTES_S, burst_bytes: float = REPAIR_BURST_BYTES
+    ) -> None:
         self.rate = float(rate_bytes_s)
         self.burst = float(burst_bytes)
         self._tokens: dict[tuple[str, int], tuple[float, float]] = {}

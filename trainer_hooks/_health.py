@@ -38,7 +38,13 @@ __all__ = ["HealthMonitor", "ShadowView"]
 log = logging.getLogger(__name__)
 
 HEALTHY, UNLOADED, DIVERGED, STALE, FENCED, UNREACHABLE = (
-    "healthy", "unloaded", "diverged", "stale", "fenced", "unreachable")
+    "healthy",
+    "unloaded",
+    "diverged",
+    "stale",
+    "fenced",
+    "unreachable",
+)
 
 
 @dataclass
@@ -76,11 +82,20 @@ class HealthMonitor:
     """See the module docstring. ``status(k)`` returns shadow ``k``'s status dict or raises;
     ``load(k, iteration, states, commit)`` sends a re-seed ``load`` to shadow ``k``."""
 
-    def __init__(self, layout: Layout, *, rank: int, world: int, generation: int,
-                 status: Callable[[int], dict[str, Any]],
-                 load: Callable[[int, int, list[dict[str, Any]], dict[str, Any] | None], None],
-                 interval_s: float, grace_s: float, reseed_timeout_s: float,
-                 progress: Callable[[], int | None] = lambda: None) -> None:
+    def __init__(
+        self,
+        layout: Layout,
+        *,
+        rank: int,
+        world: int,
+        generation: int,
+        status: Callable[[int], dict[str, Any]],
+        load: Callable[[int, int, list[dict[str, Any]], dict[str, Any] | None], None],
+        interval_s: float,
+        grace_s: float,
+        reseed_timeout_s: float,
+        progress: Callable[[], int | None] = lambda: None,
+    ) -> None:
         self.layout = layout
         self.rank = rank
         self.world = world
@@ -99,8 +114,9 @@ class HealthMonitor:
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._wanted: set[int] = set()
-        self._submitted: list[tuple[int, list[int], list[dict[str, Any]],
-                                    dict[str, Any] | None]] = []
+        self._submitted: list[
+            tuple[int, list[int], list[dict[str, Any]], dict[str, Any] | None]
+        ] = []
         self.fenced = False
         #: since when every shadow is healthy (None: not now); the stall clock starts there
         self._all_healthy_since: float | None = None
@@ -111,8 +127,9 @@ class HealthMonitor:
         self.polls = 0
         #: how often a shadow entered each state (after the first poll)
         self.transitions: dict[str, int] = {}
-        self._thread = threading.Thread(target=self._run, name=f"shadowgrad-health-r{rank}",
-                                        daemon=True)
+        self._thread = threading.Thread(
+            target=self._run, name=f"shadowgrad-health-r{rank}", daemon=True
+        )
 
     def start(self) -> HealthMonitor:
         self._thread.start()
@@ -139,9 +156,11 @@ class HealthMonitor:
 
     def unhealthy_shards(self) -> list[int]:
         with self._lock:
-            return [s for s in range(self.layout.num_shards)
-                    if not any(self.views[k].state == HEALTHY
-                               for k in self.layout.shadows_of_shard(s))]
+            return [
+                s
+                for s in range(self.layout.num_shards)
+                if not any(self.views[k].state == HEALTHY for k in self.layout.shadows_of_shard(s))
+            ]
 
     def covered(self, iteration: int) -> bool:
         """Every shard has a healthy replica that applied ``iteration`` (or was seeded past it)."""
@@ -151,21 +170,30 @@ class HealthMonitor:
                 for k in self.layout.shadows_of_shard(s):
                     v = self.views[k]
                     if v.state == HEALTHY:
-                        best = max(best, v.last_applied,
-                                   v.seeded[0] if v.seeded is not None else -2)
+                        best = max(
+                            best, v.last_applied, v.seeded[0] if v.seeded is not None else -2
+                        )
                 if best < iteration:
                     return False
         return True
 
     def summary(self) -> dict[str, Any]:
         with self._lock:
-            return {"shadows": {str(k): v.state for k, v in self.views.items()},
-                    "unhealthy_shards": [s for s in range(self.layout.num_shards)
-                                         if not any(self.views[k].state == HEALTHY for k in
-                                                    self.layout.shadows_of_shard(s))],
-                    "reseeds": self.reseeds, "reseed_failures": self.reseed_failures,
-                    "transitions": dict(self.transitions),
-                    "reseed_pauses_s": list(self.pauses[-16:]), "fenced": self.fenced}
+            return {
+                "shadows": {str(k): v.state for k, v in self.views.items()},
+                "unhealthy_shards": [
+                    s
+                    for s in range(self.layout.num_shards)
+                    if not any(
+                        self.views[k].state == HEALTHY for k in self.layout.shadows_of_shard(s)
+                    )
+                ],
+                "reseeds": self.reseeds,
+                "reseed_failures": self.reseed_failures,
+                "transitions": dict(self.transitions),
+                "reseed_pauses_s": list(self.pauses[-16:]),
+                "fenced": self.fenced,
+            }
 
     # -- training thread ----------------------------------------------------------------
 
@@ -188,8 +216,14 @@ class HealthMonitor:
                 out.setdefault(self.layout.shard_of_shadow(k)[0], []).append(k)
             return out
 
-    def submit(self, iteration: int, shadows: list[int], states: list[dict[str, Any]],
-               commit: dict[str, Any] | None, pause_s: float) -> None:
+    def submit(
+        self,
+        iteration: int,
+        shadows: list[int],
+        states: list[dict[str, Any]],
+        commit: dict[str, Any] | None,
+        pause_s: float,
+    ) -> None:
         with self._lock:
             self._submitted.append((iteration, shadows, states, commit))
             self.pauses.append(pause_s)
@@ -199,8 +233,11 @@ class HealthMonitor:
     # -- the thread ---------------------------------------------------------------------
 
     def _seed_pending(self, v: ShadowView, now: float) -> bool:
-        return v.seeded is not None and now - v.seeded[1] < self.reseed_timeout_s and (
-            v.seeded[0] < 0 or v.last_applied < v.seeded[0] or v.state != HEALTHY)
+        return (
+            v.seeded is not None
+            and now - v.seeded[1] < self.reseed_timeout_s
+            and (v.seeded[0] < 0 or v.last_applied < v.seeded[0] or v.state != HEALTHY)
+        )
 
     def _run(self) -> None:
         while not self._stop.is_set():
@@ -221,18 +258,32 @@ class HealthMonitor:
                     self.reseed_failures += 1
                     with self._lock:
                         self.views[k].seeded = None
-                    event(log, "trainer.reseed_failed", logging.WARNING, rank=self.rank,
-                          shadow=k, iteration=iteration, error=str(exc))
+                    event(
+                        log,
+                        "trainer.reseed_failed",
+                        logging.WARNING,
+                        rank=self.rank,
+                        shadow=k,
+                        iteration=iteration,
+                        error=str(exc),
+                    )
                     continue
                 self.reseeds += 1
                 with self._lock:
                     v = self.views[k]
                     v.seeded = (iteration, time.monotonic())
                     v.requested = None
-                event(log, "trainer.reseed", logging.WARNING, rank=self.rank, shadow=k,
-                      shard=self.layout.shard_of_shadow(k)[0], iteration=iteration,
-                      pause_ms=round(1000 * self.pauses[-1], 3) if self.pauses else None,
-                      send_ms=round(1000 * (time.monotonic() - t0), 1))
+                event(
+                    log,
+                    "trainer.reseed",
+                    logging.WARNING,
+                    rank=self.rank,
+                    shadow=k,
+                    shard=self.layout.shard_of_shadow(k)[0],
+                    iteration=iteration,
+                    pause_ms=round(1000 * self.pauses[-1], 3) if self.pauses else None,
+                    send_ms=round(1000 * (time.monotonic() - t0), 1),
+                )
 
     def _poll(self) -> None:
         sts: dict[int, dict[str, Any] | None] = {}
@@ -263,19 +314,31 @@ class HealthMonitor:
             if any(v.state == FENCED for v in self.views.values()):
                 if not self.fenced:
                     self.fenced = True
-                    event(log, "trainer.fenced", logging.ERROR, rank=self.rank,
-                          generation=self.generation,
-                          newer=max(int((s or {}).get("generation") or 0) for s in sts.values()))
+                    event(
+                        log,
+                        "trainer.fenced",
+                        logging.ERROR,
+                        rank=self.rank,
+                        generation=self.generation,
+                        newer=max(int((s or {}).get("generation") or 0) for s in sts.values()),
+                    )
             else:
                 self._stalled_locked(now)
                 self._choose_locked(now)
         for k, old, new, st in changes:
             if self.polls == 1 and new == HEALTHY:
                 continue  # the first look: healthy is what everyone expects, say nothing
-            event(log, "trainer.shadow_health", logging.INFO if new == HEALTHY else
-                  logging.WARNING, rank=self.rank, shadow=k, state=new, previous=old,
-                  last_applied=None if st is None else st.get("last_applied"),
-                  diverged_at=None if st is None else st.get("diverged_at"))
+            event(
+                log,
+                "trainer.shadow_health",
+                logging.INFO if new == HEALTHY else logging.WARNING,
+                rank=self.rank,
+                shadow=k,
+                state=new,
+                previous=old,
+                last_applied=None if st is None else st.get("last_applied"),
+                diverged_at=None if st is None else st.get("diverged_at"),
+            )
 
     def _stalled_locked(self, now: float) -> None:
         """Every shadow answers and none is unhealthy, yet one has not applied anything for
@@ -293,12 +356,25 @@ class HealthMonitor:
             if k % self.world != self.rank or v.requested is not None:
                 continue
             idle = now - max(v.moved_at, self._all_healthy_since)
-            if it is not None and v.training_then is not None and it > v.training_then and \
-                    idle > self.grace_s and not self._seed_pending(v, now):
+            if (
+                it is not None
+                and v.training_then is not None
+                and it > v.training_then
+                and idle > self.grace_s
+                and not self._seed_pending(v, now)
+            ):
                 v.requested = "stalled"
-                event(log, "trainer.shadow_health", logging.WARNING, rank=self.rank, shadow=k,
-                      state="stalled", previous=v.state, last_applied=v.last_applied,
-                      iteration=it)
+                event(
+                    log,
+                    "trainer.shadow_health",
+                    logging.WARNING,
+                    rank=self.rank,
+                    shadow=k,
+                    state="stalled",
+                    previous=v.state,
+                    last_applied=v.last_applied,
+                    iteration=it,
+                )
 
     def _choose_locked(self, now: float) -> None:
         for k, v in self.views.items():
@@ -310,8 +386,11 @@ class HealthMonitor:
                 continue
             if v.state != HEALTHY:
                 shard = self.layout.shard_of_shadow(k)[0]
-                replica_ok = any(self.views[j].state == HEALTHY
-                                 for j in self.layout.shadows_of_shard(shard) if j != k)
+                replica_ok = any(
+                    self.views[j].state == HEALTHY
+                    for j in self.layout.shadows_of_shard(shard)
+                    if j != k
+                )
                 if replica_ok and now - v.since < self.grace_s:
                     continue  # it clones / resynchronises from its replica by itself
             self._wanted.add(k)

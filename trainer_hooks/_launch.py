@@ -21,8 +21,7 @@ import torch.distributed as dist
 __all__ = ["init_process_group"]
 
 
-def init_process_group(backend: str = "gloo", *, timeout_s: float = 1800.0,
-                       **kwargs: Any) -> None:
+def init_process_group(backend: str = "gloo", *, timeout_s: float = 1800.0, **kwargs: Any) -> None:
     """Initialise the default process group from torchrun's environment. ``kwargs`` go to
     ``dist.init_process_group``; with ``init_method`` or ``store`` given, or outside
     torchelastic, nothing is changed."""
@@ -35,8 +34,14 @@ def init_process_group(backend: str = "gloo", *, timeout_s: float = 1800.0,
     world = int(os.environ["WORLD_SIZE"])
     agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == str(True)
     base = dist.TCPStore(  # type: ignore[attr-defined]
-        os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world,
-        is_master=not agent and rank == 0, timeout=timeout, wait_for_workers=False)
+        os.environ["MASTER_ADDR"],
+        int(os.environ["MASTER_PORT"]),
+        world,
+        is_master=not agent and rank == 0,
+        timeout=timeout,
+        wait_for_workers=False,
+    )
     store = dist.PrefixStore(f"shadowgrad/attempt_{attempt}", base)  # type: ignore[attr-defined]
-    dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=timeout,
-                            **kwargs)
+    dist.init_process_group(
+        backend, store=store, rank=rank, world_size=world, timeout=timeout, **kwargs
+    )

@@ -190,8 +190,9 @@ class MirrorSender:
         self._max_slots = max(1, slots)
         #: sent slots kept for NACKs, never recycled by a capture (at least one slot stays for
         #: new captures)
-        self.history = max(0, min(self._max_slots - 1,
-                                  self._max_slots // 2 if history is None else history))
+        self.history = max(
+            0, min(self._max_slots - 1, self._max_slots // 2 if history is None else history)
+        )
         self.history_s = history_s
         self.on_unavailable = on_unavailable
         self._slots: list[_Slot] = []
@@ -223,8 +224,9 @@ class MirrorSender:
         os.set_blocking(self._wake_r, False)
         os.set_blocking(self._wake_w, False)
         self._idle = False
-        self._thread = threading.Thread(target=self._run, name=f"shadowgrad-mirror-r{plan.rank}",
-                                        daemon=True)
+        self._thread = threading.Thread(
+            target=self._run, name=f"shadowgrad-mirror-r{plan.rank}", daemon=True
+        )
         self._thread.start()
 
     # -- training thread ------------------------------------------------------------------
@@ -248,11 +250,11 @@ class MirrorSender:
         cuda = False
         for piece in self.plan.pieces:
             g = grads.get(piece.name)
-            dst = slot.buf[piece.staging_offset:piece.staging_offset + piece.nbytes]
+            dst = slot.buf[piece.staging_offset : piece.staging_offset + piece.nbytes]
             if g is None:
                 dst.zero_()
                 continue
-            src = g.detach().reshape(-1)[piece.elem_start:piece.elem_start + piece.numel]
+            src = g.detach().reshape(-1)[piece.elem_start : piece.elem_start + piece.numel]
             dst.view(torch_dtype(piece.dtype)).copy_(src, non_blocking=src.is_cuda)
             cuda = cuda or src.is_cuda
         slot.ready = None
@@ -308,8 +310,7 @@ class MirrorSender:
             self._wake_thread_locked()
         self._thread.join(timeout_s)
         if self._thread.is_alive():
-            log.warning("mirror sender thread of rank %d did not stop in %gs", self.rank,
-                        timeout_s)
+            log.warning("mirror sender thread of rank %d did not stop in %gs", self.rank, timeout_s)
 
     def stats(self) -> dict[str, Any]:
         c = self.counters
@@ -386,13 +387,26 @@ class MirrorSender:
         self._drops_since_summary += 1
         if reason != self._drop_reason:
             self._drop_reason = reason
-            event(log, "trainer.mirror.degraded", logging.WARNING, rank=self.rank,
-                  iteration=iteration, reason=reason, **fields)
+            event(
+                log,
+                "trainer.mirror.degraded",
+                logging.WARNING,
+                rank=self.rank,
+                iteration=iteration,
+                reason=reason,
+                **fields,
+            )
 
     def _recovered_locked(self, iteration: int) -> None:
         if self._drop_reason is not None:
-            event(log, "trainer.mirror.streaming", rank=self.rank, iteration=iteration,
-                  dropped=self._drops_since_summary, previous=self._drop_reason)
+            event(
+                log,
+                "trainer.mirror.streaming",
+                rank=self.rank,
+                iteration=iteration,
+                dropped=self._drops_since_summary,
+                previous=self._drop_reason,
+            )
             self._drop_reason = None
 
     def _maybe_summary(self) -> None:
@@ -404,10 +418,18 @@ class MirrorSender:
         with self._lock:
             dropped, self._drops_since_summary = self._drops_since_summary, 0
         if dropped or c.nack_unavailable or c.send_errors:
-            event(log, "trainer.mirror.summary", logging.WARNING if dropped else logging.INFO,
-                  rank=self.rank, dropped=dropped, dropped_total=c.dropped_iterations,
-                  retx_chunks=c.retx_chunks, nacks=c.nacks,
-                  nack_unavailable=c.nack_unavailable, send_errors=c.send_errors)
+            event(
+                log,
+                "trainer.mirror.summary",
+                logging.WARNING if dropped else logging.INFO,
+                rank=self.rank,
+                dropped=dropped,
+                dropped_total=c.dropped_iterations,
+                retx_chunks=c.retx_chunks,
+                nacks=c.nacks,
+                nack_unavailable=c.nack_unavailable,
+                send_errors=c.send_errors,
+            )
 
     def _run(self) -> None:
         try:
@@ -447,8 +469,14 @@ class MirrorSender:
                 for fd in (self._wake_r, self._wake_w):
                     os.close(fd)
 
-    def _sendto(self, header: bytes, payload: memoryview | bytes, addr: tuple[str, int],
-                retx: bool = False, tag: bytes = b"") -> bool:
+    def _sendto(
+        self,
+        header: bytes,
+        payload: memoryview | bytes,
+        addr: tuple[str, int],
+        retx: bool = False,
+        tag: bytes = b"",
+    ) -> bool:
         if not retx and self.drop_first_sends and self._rng.random() < self.drop_first_sends:
             self.counters.injected_drops += 1
             return True
@@ -466,34 +494,58 @@ class MirrorSender:
             return False
         return True
 
-    def _send_range(self, slot: _Slot, run: Run, *, retx: bool,
-                    only: tuple[str, int] | None = None) -> None:
-        bucket, start, end, staging, dtype = (run.bucket, run.start, run.end,
-                                              run.staging_offset, run.dtype)
+    def _send_range(
+        self, slot: _Slot, run: Run, *, retx: bool, only: tuple[str, int] | None = None
+    ) -> None:
+        bucket, start, end, staging, dtype = (
+            run.bucket,
+            run.start,
+            run.end,
+            run.staging_offset,
+            run.dtype,
+        )
         step = self.chunk_bytes
         flags_base = Flag.FINAL | (Flag.RETX if retx else Flag(0))
         for off in range(start, end, step):
             n = min(step, end - off)
-            payload = slot.mv[staging + (off - start):staging + (off - start) + n]
+            payload = slot.mv[staging + (off - start) : staging + (off - start) + n]
             flags = flags_base | (Flag.LAST if off + n >= end else Flag(0))
             if only is not None and not self.repair_budget.take(only, n):
                 self._count("repair_rate_limited")
                 return
-            for addr in ([only] if only is not None else self._dest[run.shard]):
+            for addr in [only] if only is not None else self._dest[run.shard]:
                 seq = self._seq[addr]
                 self._seq[addr] = seq + 1
                 tag = b""
                 if self.authenticate_data:
                     assert self.key is not None
                     header, tag = seal(
-                        Kind.DATA, key=self.key, job=self.job, sender=self.rank,
-                        iteration=slot.iteration, seq=seq, layout=self.digest, payload=payload,
-                        flags=flags, dtype=dtype, bucket=bucket, offset=off)
+                        Kind.DATA,
+                        key=self.key,
+                        job=self.job,
+                        sender=self.rank,
+                        iteration=slot.iteration,
+                        seq=seq,
+                        layout=self.digest,
+                        payload=payload,
+                        flags=flags,
+                        dtype=dtype,
+                        bucket=bucket,
+                        offset=off,
+                    )
                 else:
                     header = encode_header(
-                        Kind.DATA, job=self.job, sender=self.rank, iteration=slot.iteration,
-                        seq=seq, layout=self.digest, payload=payload, flags=flags, dtype=dtype,
-                        bucket=bucket, offset=off,
+                        Kind.DATA,
+                        job=self.job,
+                        sender=self.rank,
+                        iteration=slot.iteration,
+                        seq=seq,
+                        layout=self.digest,
+                        payload=payload,
+                        flags=flags,
+                        dtype=dtype,
+                        bucket=bucket,
+                        offset=off,
                     )
                 if self._sendto(header, payload, addr, retx, tag):
                     if retx:
@@ -529,15 +581,28 @@ class MirrorSender:
         self._broadcast_commit(info.iteration, rec, retx=False)
         self.counters.commits += 1
 
-    def _broadcast_commit(self, iteration: int, rec: CommitRecord, *, retx: bool,
-                          only: tuple[str, int] | None = None) -> None:
-        targets = ([only] if only is not None else
-                   self.shadow_addrs[:1] if self.commit_fanout else self.shadow_addrs)
+    def _broadcast_commit(
+        self, iteration: int, rec: CommitRecord, *, retx: bool, only: tuple[str, int] | None = None
+    ) -> None:
+        targets = (
+            [only]
+            if only is not None
+            else self.shadow_addrs[:1]
+            if self.commit_fanout
+            else self.shadow_addrs
+        )
         for addr in targets:
             seq = self._seq[addr]
             self._seq[addr] = seq + 1
-            data = rec.encode(job=self.job, sender=self.rank, iteration=iteration, seq=seq,
-                              layout=self.digest, retx=retx, key=self.key)
+            data = rec.encode(
+                job=self.job,
+                sender=self.rank,
+                iteration=iteration,
+                seq=seq,
+                layout=self.digest,
+                retx=retx,
+                key=self.key,
+            )
             if self.commit_send is not None:
                 if not self.commit_send(data, addr):
                     self.counters.send_errors += 1
@@ -615,8 +680,7 @@ class MirrorSender:
             slot = self._by_iter.get(it)
             if slot is not None and slot.state != _SENT:
                 return  # still queued: it is on its way
-            if slot is not None and (slot.busy or
-                                     time.monotonic() - slot.sent_at > self.history_s):
+            if slot is not None and (slot.busy or time.monotonic() - slot.sent_at > self.history_s):
                 slot = None
             if slot is not None:
                 slot.busy = True

@@ -85,8 +85,9 @@ class RankPlan:
             dtype = layout.placement(names[0]).spec.dtype
             mixed = {layout.placement(n).spec.dtype for n in names} - {dtype}
             if mixed:
-                raise LayoutError(f"bucket {b} mixes dtypes {dtype} and {sorted(mixed)[0]}"
-                                  " (DDP never does)")
+                raise LayoutError(
+                    f"bucket {b} mixes dtypes {dtype} and {sorted(mixed)[0]} (DDP never does)"
+                )
             lo, hi = rank_slice(layout.bucket_nbytes[b], itemsize, rank, world)
             if empty:
                 lo = hi = 0
@@ -97,10 +98,18 @@ class RankPlan:
                     a = max(lo, pl.bucket_offset)
                     z = min(hi, pl.bucket_offset + pl.nbytes)
                     if a < z:
-                        pieces.append(Piece(
-                            name, b, a, z - a, (a - pl.bucket_offset) // itemsize,
-                            (z - a) // itemsize, pos + (a - lo), dtype,
-                        ))
+                        pieces.append(
+                            Piece(
+                                name,
+                                b,
+                                a,
+                                z - a,
+                                (a - pl.bucket_offset) // itemsize,
+                                (z - a) // itemsize,
+                                pos + (a - lo),
+                                dtype,
+                            )
+                        )
                 wire = wire_code(dtype)
                 for route in layout.bucket_routes[b]:
                     a, z = max(lo, route.start), min(hi, route.end)
@@ -138,10 +147,11 @@ def param_map(module: torch.nn.Module, layout: Layout) -> dict[str, torch.nn.Par
     return out
 
 
-def box_view(full: torch.Tensor, elem_start: int, elem_count: int,
-             lengths: Sequence[int]) -> torch.Tensor:
+def box_view(
+    full: torch.Tensor, elem_start: int, elem_count: int, lengths: Sequence[int]
+) -> torch.Tensor:
     """The box of a whole tensor (a view when ``full`` is contiguous)."""
-    return full.reshape(-1)[elem_start:elem_start + elem_count].view(tuple(lengths))
+    return full.reshape(-1)[elem_start : elem_start + elem_count].view(tuple(lengths))
 
 
 def torch_dtype(name: str) -> torch.dtype:

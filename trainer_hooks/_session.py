@@ -118,12 +118,18 @@ class Shadowgrad:
         self.scaler = grad_scaler if grad_scaler is not None and grad_scaler.is_enabled() else None
         self.max_grad_norm = None if max_grad_norm is None else float(max_grad_norm)
         self.norm_type = float(norm_type)
-        pg = process_group if process_group is not None else (
-            getattr(ddp, "process_group", None) if ddp is not None else None)
+        pg = (
+            process_group
+            if process_group is not None
+            else (getattr(ddp, "process_group", None) if ddp is not None else None)
+        )
         self.group = Group(pg)
         if self.group.world != self.spec.trainers.world_size:
-            raise ConfigError("trainers.world_size", self.spec.trainers.world_size,
-                              f"the process group has {self.group.world} ranks")
+            raise ConfigError(
+                "trainers.world_size",
+                self.spec.trainers.world_size,
+                f"the process group has {self.group.world} ranks",
+            )
         self._token = token if token is not None else self.spec.token()
         #: the key of the job's records (never the token itself on the wire)
         self._key = self.spec.mac_key(self._token)
@@ -132,28 +138,36 @@ class Shadowgrad:
             if ddp is not None and not getattr(ddp, "bucket_bytes_cap_default", True):
                 cap_mb = ddp.bucket_bytes_cap / 2**20
             params, buckets = from_module(self.module, cap_mb)
-            layout = Layout.build(params, buckets, self.spec.shadows.count,
-                                  self.spec.shadows.replication)
+            layout = Layout.build(
+                params, buckets, self.spec.shadows.count, self.spec.shadows.replication
+            )
         self.layout = layout
         self.params = param_map(self.module, layout)
         self._named = dict(self.module.named_parameters())
-        self.optspec = OptimizerSpec.from_optimizer(optimizer, self._named,
-                                                    scaler_unscale="explicit")
+        self.optspec = OptimizerSpec.from_optimizer(
+            optimizer, self._named, scaler_unscale="explicit"
+        )
         self._hyper = self._hyper_now()
         self.plan = RankPlan(layout, self.group.rank, self.group.world)
         sw = self.spec.switch
         #: in-band through a P4 switch (not the software tap): the switch copies FINAL chunks
         #: and fans COMMITs out; with ``switch.loopback`` the ring crosses it as frames
-        self.via_switch = (self.spec.job.mode == "in-band" and not software_tap
-                           and sw.target != "none")
+        self.via_switch = (
+            self.spec.job.mode == "in-band" and not software_tap and sw.target != "none"
+        )
         self.frames = self.via_switch and sw.loopback is not None
         if chunk_bytes is None:
             # the largest UDP payload a datagram may have: a loopback one, one framed for the
             # target's loopback ports, or one that fits a 1500-byte MTU; then the chunk is what
             # is left after the header (and the DATA MAC tag), in whole 64-byte granules
             hosts = [a.host for a in self.spec.shadows.addresses]
-            room = (MAX_FRAMED_DATAGRAM if self.frames else
-                    MAX_DATAGRAM if all(map(_is_loopback, hosts)) else NETWORK_DATAGRAM)
+            room = (
+                MAX_FRAMED_DATAGRAM
+                if self.frames
+                else MAX_DATAGRAM
+                if all(map(_is_loopback, hosts))
+                else NETWORK_DATAGRAM
+            )
             tag = MAC_SIZE if self.spec.security.authenticate_data else 0
             chunk_bytes = (room - HEADER_SIZE - tag) // 64 * 64
         self.chunk_bytes = chunk_bytes
@@ -208,8 +222,14 @@ class Shadowgrad:
                     out[f"{mod_name}.{bname}" if mod_name else bname] = b
         nbytes = sum(t.numel() * t.element_size() for t in out.values())
         if nbytes > MODULE_STATE_MAX:
-            event(log, "trainer.module_state_too_large", logging.WARNING, nbytes=nbytes,
-                  limit=MODULE_STATE_MAX, tensors=len(out))
+            event(
+                log,
+                "trainer.module_state_too_large",
+                logging.WARNING,
+                nbytes=nbytes,
+                limit=MODULE_STATE_MAX,
+                tensors=len(out),
+            )
             self._degraded_reason = "module_state_too_large"
             return {}
         return out
@@ -256,9 +276,14 @@ class Shadowgrad:
 
     def stats(self) -> dict[str, Any]:
         why = self._why_degraded()
-        out: dict[str, Any] = {"iteration": self._iteration, "degraded": why is not None,
-                               "degraded_reason": why, "slots": self.slots,
-                               "chunk_bytes": self.chunk_bytes, "generation": self.generation}
+        out: dict[str, Any] = {
+            "iteration": self._iteration,
+            "degraded": why is not None,
+            "degraded_reason": why,
+            "slots": self.slots,
+            "chunk_bytes": self.chunk_bytes,
+            "generation": self.generation,
+        }
         if self._sender is not None:
             out["mirror"] = self._sender.stats()
         if self.health is not None:
@@ -292,8 +317,9 @@ class Shadowgrad:
             except Exception as exc:
                 out[k] = None
                 if report:
-                    event(log, "trainer.shadow_unreachable", logging.WARNING, shadow=k,
-                          error=str(exc))
+                    event(
+                        log, "trainer.shadow_unreachable", logging.WARNING, shadow=k, error=str(exc)
+                    )
         return out
 
     def _ask_controller(self) -> dict[str, Any] | None:
@@ -305,26 +331,46 @@ class Shadowgrad:
             return None
         t = self.spec.timeouts
         try:
-            with ControllerClient(f"tcp://{addr}", self._token,
-                                  timeout_s=t.rpc_s + 2 * t.failure_detect_s) as c:
+            with ControllerClient(
+                f"tcp://{addr}", self._token, timeout_s=t.rpc_s + 2 * t.failure_detect_s
+            ) as c:
                 head = c.restore_point(requester=f"rank {self.rank}")
         except Exception as exc:
-            event(log, "trainer.controller_unreachable", logging.WARNING, address=str(addr),
-                  error=str(exc))
+            event(
+                log,
+                "trainer.controller_unreachable",
+                logging.WARNING,
+                address=str(addr),
+                error=str(exc),
+            )
             return None
         seen = int(head.get("generation_seen") or 0)
         generation = max(seen + 1, time.time_ns() // 1_000_000)
         if head.get("fresh"):
-            return {"mode": "fresh", "reachable": int(head.get("reachable") or 0),
-                    "generation": generation}
+            return {
+                "mode": "fresh",
+                "reachable": int(head.get("reachable") or 0),
+                "generation": generation,
+            }
         if head.get("layout") != self.layout.digest:
             raise ShadowgradError(
                 f"the controller's restore point is of layout {str(head.get('layout'))[:16]}, "
-                f"this trainer uses {self.layout.digest[:16]}: not this job's state")
-        event(log, "trainer.restore_point", istar=int(head["istar"]), generation=generation,
-              source=list(head["source"]), by="controller")
-        return {"mode": "restore", "istar": int(head["istar"]), "source": list(head["source"]),
-                "generation": generation}
+                f"this trainer uses {self.layout.digest[:16]}: not this job's state"
+            )
+        event(
+            log,
+            "trainer.restore_point",
+            istar=int(head["istar"]),
+            generation=generation,
+            source=list(head["source"]),
+            by="controller",
+        )
+        return {
+            "mode": "restore",
+            "istar": int(head["istar"]),
+            "source": list(head["source"]),
+            "generation": generation,
+        }
 
     def _survey(self) -> dict[str, Any]:
         """Rank 0: status of every shadow -> decision (fresh / restore at I*)."""
@@ -334,43 +380,78 @@ class Shadowgrad:
         layout = self.layout
         first = self._statuses(report=True)
         t = self.spec.timeouts
-        statuses = settle(lambda: self._statuses(report=False), first,
-                          interval_s=max(0.05, t.gap_repair_s), timeout_s=t.failure_detect_s)
+        statuses = settle(
+            lambda: self._statuses(report=False),
+            first,
+            interval_s=max(0.05, t.gap_repair_s),
+            timeout_s=t.failure_detect_s,
+        )
         # a new generation for this instance: above every generation a shadow has seen, so the
         # shadows fence out any older instance that is still sending
         seen = max((int(s.get("generation") or 0) for s in statuses.values() if s), default=0)
         generation = max(seen + 1, time.time_ns() // 1_000_000)
         # the one rule, in core (shadowgrad.restore)
-        point = restore_point(statuses, num_shards=layout.num_shards,
-                              replication=layout.replication, digest=layout.digest)
+        point = restore_point(
+            statuses,
+            num_shards=layout.num_shards,
+            replication=layout.replication,
+            digest=layout.digest,
+        )
         if point.fresh:
             return {"mode": "fresh", "reachable": point.reachable, "generation": generation}
-        event(log, "trainer.restore_point", istar=point.istar, generation=generation,
-              shards=[{"shadow": k, "usable": a} for a, k in zip(point.usable, point.source,
-                                                                  strict=True)])
-        return {"mode": "restore", "istar": point.istar, "source": list(point.source),
-                "generation": generation}
+        event(
+            log,
+            "trainer.restore_point",
+            istar=point.istar,
+            generation=generation,
+            shards=[
+                {"shadow": k, "usable": a} for a, k in zip(point.usable, point.source, strict=True)
+            ],
+        )
+        return {
+            "mode": "restore",
+            "istar": point.istar,
+            "source": list(point.source),
+            "generation": generation,
+        }
 
     def _shard_states(self, shard: int, *, clone: bool) -> list[dict[str, torch.Tensor]]:
         """The live state of ``shard``'s boxes (params + optimizer state), on the CPU;
         ``clone``: copies (a re-seed captures them on the training thread, then sends them in
         the background while training changes the originals)."""
         params = {n: p.detach() for n, p in self.params.items()}
-        opt_state = {n: {k: v.detach() for k, v in st.items()}
-                     for n, st in state_by_name(self.optimizer, self._named).items()}
+        opt_state = {
+            n: {k: v.detach() for k, v in st.items()}
+            for n, st in state_by_name(self.optimizer, self._named).items()
+        }
         states = box_states_from_full(self.layout, shard, params, opt_state)
         if clone:
-            return [{key: v.to("cpu", copy=True).contiguous() for key, v in st.items()}
-                    for st in states]
+            return [
+                {key: v.to("cpu", copy=True).contiguous() for key, v in st.items()} for st in states
+            ]
         return [{key: v.cpu().contiguous() for key, v in st.items()} for st in states]
 
-    def _send_load(self, k: int, iteration: int, states: list[dict[str, Any]],
-                   commit: dict[str, Any] | None, *, reseed: bool) -> None:
+    def _send_load(
+        self,
+        k: int,
+        iteration: int,
+        states: list[dict[str, Any]],
+        commit: dict[str, Any] | None,
+        *,
+        reseed: bool,
+    ) -> None:
         shard, _ = self.layout.shard_of_shadow(k)
         with self._client(k, self._bulk_timeout(3 * self.layout.shard_bytes(shard))) as c:
-            c.load(iteration, states, self.optspec.to_json(), self.layout.to_json(),
-                   commit=commit, generation=self.generation, reseed=reseed,
-                   source=f"rank {self.rank}")
+            c.load(
+                iteration,
+                states,
+                self.optspec.to_json(),
+                self.layout.to_json(),
+                commit=commit,
+                generation=self.generation,
+                reseed=reseed,
+                source=f"rank {self.rank}",
+            )
 
     def _load_shadows(self, iteration: int, commit: dict[str, Any] | None = None) -> bool:
         """Bootstrap the shadows this rank is responsible for (``k % world == rank``) with the
@@ -382,8 +463,9 @@ class Shadowgrad:
                 continue
             shard, _ = self.layout.shard_of_shadow(k)
             try:
-                self._send_load(k, iteration, self._shard_states(shard, clone=False), commit,
-                                reseed=False)
+                self._send_load(
+                    k, iteration, self._shard_states(shard, clone=False), commit, reseed=False
+                )
             except Exception as exc:
                 ok = False
                 event(log, "trainer.load_failed", logging.WARNING, shadow=k, error=str(exc))
@@ -408,8 +490,11 @@ class Shadowgrad:
         bind_error = self._bind()
         if g.all_min(0 if bind_error else 1) == 0:
             self._close_sockets()
-            raise ShadowgradError(bind_error or "another rank could not bind its trainer address"
-                                  " (see its error): is an earlier instance still running?")
+            raise ShadowgradError(
+                bind_error
+                or "another rank could not bind its trainer address"
+                " (see its error): is an earlier instance still running?"
+            )
         decision: dict[str, Any] | None = None
         if g.rank == 0:
             try:
@@ -440,8 +525,15 @@ class Shadowgrad:
             self.reducer.iteration = start.iteration
         self._start_sender()
         self._start_health()
-        event(log, "trainer.start", rank=self.rank, iteration=start.iteration,
-              restored=start.restored, degraded=self.degraded, generation=self.generation)
+        event(
+            log,
+            "trainer.start",
+            rank=self.rank,
+            iteration=start.iteration,
+            restored=start.restored,
+            degraded=self.degraded,
+            generation=self.generation,
+        )
         return start
 
     def _restore(self, istar: int, source: list[int]) -> Start:
@@ -455,8 +547,14 @@ class Shadowgrad:
                         c.hold(istar)
                     held.append(k)
                 except Exception as exc:
-                    event(log, "trainer.hold_failed", logging.WARNING, shadow=k, iteration=istar,
-                          error=str(exc))
+                    event(
+                        log,
+                        "trainer.hold_failed",
+                        logging.WARNING,
+                        shadow=k,
+                        iteration=istar,
+                        error=str(exc),
+                    )
         # each rank fetches the shards s with s % world == rank
         mine: dict[int, FetchReply] = {}
         error: str | None = None
@@ -484,17 +582,20 @@ class Shadowgrad:
             if owner == g.rank:
                 reply = mine[shard]
                 header = json.dumps({"entries": reply.entries, "commit": reply.commit}).encode()
-                data = len(header).to_bytes(8, "big") + header + b"".join(
-                    bytes(f) for f in reply.frames)
+                data = (
+                    len(header).to_bytes(8, "big")
+                    + header
+                    + b"".join(bytes(f) for f in reply.frames)
+                )
             data = g.broadcast_bytes(data, src=owner)
             hlen = int.from_bytes(data[:8], "big")
-            header_doc = json.loads(data[8:8 + hlen])
+            header_doc = json.loads(data[8 : 8 + hlen])
             frames_mv: list[memoryview] = []
             pos = 8 + hlen
             mv = memoryview(data)
             for e in header_doc["entries"]:
                 for _crc, size in _frame_sizes(e):
-                    frames_mv.append(mv[pos:pos + size])
+                    frames_mv.append(mv[pos : pos + size])
                     pos += size
             states = decode_states(header_doc["entries"], frames_mv)
             exports.append([states[b] for b in range(len(layout.shard_boxes(shard)))])
@@ -506,8 +607,7 @@ class Shadowgrad:
                     with self._client(k, self.spec.timeouts.rpc_s) as c:
                         c.release(istar)
                 except Exception as exc:
-                    event(log, "trainer.release_failed", logging.WARNING, shadow=k,
-                          error=str(exc))
+                    event(log, "trainer.release_failed", logging.WARNING, shadow=k, error=str(exc))
         params, opt_state = assemble_full(layout, exports)
         with torch.no_grad():
             for name, p in self.params.items():
@@ -520,24 +620,37 @@ class Shadowgrad:
             if self.scheduler is not None or self.scaler is not None:
                 raise ShadowgradError(
                     f"the shadows' fetch reply carries no COMMIT record for iteration {istar}:"
-                    " the LR scheduler and grad scaler cannot be restored")
-            event(log, "trainer.restore_without_user_state", logging.WARNING, rank=self.rank,
-                  iteration=istar)
+                    " the LR scheduler and grad scaler cannot be restored"
+                )
+            event(
+                log,
+                "trainer.restore_without_user_state",
+                logging.WARNING,
+                rank=self.rank,
+                iteration=istar,
+            )
         elif istar >= 0:
             assert commit is not None
             blob = unpack_blob(base64.b64decode(commit["user_state"]))
             if self.scheduler is not None and blob.get("scheduler") is not None:
                 self.scheduler.load_state_dict(blob["scheduler"])
-                for group, lr in zip(self.optimizer.param_groups,
-                                     self.scheduler.get_last_lr(), strict=True):
+                for group, lr in zip(
+                    self.optimizer.param_groups, self.scheduler.get_last_lr(), strict=True
+                ):
                     group["lr"] = lr
             if self.scaler is not None and blob.get("scaler") is not None:
                 self.scaler.load_state_dict(blob["scaler"])
             saved = blob.get("module") or {}
             missing = sorted(set(self._module_state) - set(saved))
             if missing:
-                event(log, "trainer.restore_without_module_state", logging.WARNING,
-                      rank=self.rank, iteration=istar, missing=missing[:8])
+                event(
+                    log,
+                    "trainer.restore_without_module_state",
+                    logging.WARNING,
+                    rank=self.rank,
+                    iteration=istar,
+                    missing=missing[:8],
+                )
             with torch.no_grad():
                 for name, t in saved.items():
                     if name in self._module_state:
@@ -564,23 +677,34 @@ class Shadowgrad:
             if inband and self.frames:
                 sw = self.spec.switch
                 sep = sw.loopback_endpoint(sw.trainer_ports[self.rank])
-                peers = {(a.host, a.port): sw.trainer_mac(i)
-                         for i, a in enumerate(self.spec.trainers.addresses)}
-                peers.update({(a.host, a.port): sw.shadow_mac(k)
-                              for k, a in enumerate(self.spec.shadows.addresses)})
-                self._link = FrameLink((ep.host, ep.port), switch=(sep.host, sep.port),
-                                       mac=sw.trainer_mac(self.rank), peers=peers)
+                peers = {
+                    (a.host, a.port): sw.trainer_mac(i)
+                    for i, a in enumerate(self.spec.trainers.addresses)
+                }
+                peers.update(
+                    {
+                        (a.host, a.port): sw.shadow_mac(k)
+                        for k, a in enumerate(self.spec.shadows.addresses)
+                    }
+                )
+                self._link = FrameLink(
+                    (ep.host, ep.port),
+                    switch=(sep.host, sep.port),
+                    mac=sw.trainer_mac(self.rank),
+                    peers=peers,
+                )
             elif inband:
                 self._link = UdpLink((ep.host, ep.port))
         except OSError as exc:
             sock.close()
             self._sock = None
             holder = _udp_port_holder(ep.port)
-            return (f"rank {self.rank} cannot bind its trainer address {ep}: {exc.strerror}"
-                    + (f" -- held by {holder}: an instance of this job is still running (stop "
-                       "it first; the shadows were not touched)" if holder else
-                       " (is an instance of this job still running? the shadows were not "
-                       "touched)"))
+            return f"rank {self.rank} cannot bind its trainer address {ep}: {exc.strerror}" + (
+                f" -- held by {holder}: an instance of this job is still running (stop "
+                "it first; the shadows were not touched)"
+                if holder
+                else " (is an instance of this job still running? the shadows were not touched)"
+            )
         return None
 
     def _close_sockets(self) -> None:
@@ -602,15 +726,21 @@ class Shadowgrad:
         link = self._link if inband else None
         shadow_addrs = [(a.host, a.port) for a in self.spec.shadows.addresses]
         self._sender = MirrorSender(
-            RankPlan(self.layout, self.rank, self.group.world, empty=True) if inband
-            else self.plan,
-            job=self.spec.job.id, sock=sock, shadow_addrs=shadow_addrs,
-            chunk_bytes=self.chunk_bytes, slots=1 if inband else self.slots,
-            commits=self.rank == 0, heartbeat_s=self.spec.timeouts.heartbeat_s, pin_memory=pin,
-            digest=self._digest, on_unavailable=self._on_history_gone,
+            RankPlan(self.layout, self.rank, self.group.world, empty=True) if inband else self.plan,
+            job=self.spec.job.id,
+            sock=sock,
+            shadow_addrs=shadow_addrs,
+            chunk_bytes=self.chunk_bytes,
+            slots=1 if inband else self.slots,
+            commits=self.rank == 0,
+            heartbeat_s=self.spec.timeouts.heartbeat_s,
+            pin_memory=pin,
+            digest=self._digest,
+            on_unavailable=self._on_history_gone,
             commit_fanout=self.via_switch,
             commit_send=(lambda data, addr: link.send([data], addr)) if link is not None else None,
-            key=self._key, authenticate_data=self.spec.security.authenticate_data,
+            key=self._key,
+            authenticate_data=self.spec.security.authenticate_data,
         )
         if inband:
             self._start_ring(shadow_addrs)
@@ -636,19 +766,27 @@ class Shadowgrad:
             c = clients.get(k)
             if c is None:
                 ep = self.spec.shadows.control_endpoint(k)
-                c = clients[k] = ShadowClient(f"tcp://{ep}", self._token,
-                                              timeout_s=min(1.0, t.rpc_s), context=ctx)
+                c = clients[k] = ShadowClient(
+                    f"tcp://{ep}", self._token, timeout_s=min(1.0, t.rpc_s), context=ctx
+                )
             out: dict[str, Any] = c.status(timeline=0)
             return out
 
-        def load(k: int, iteration: int, states: list[dict[str, Any]],
-                 commit: dict[str, Any] | None) -> None:
+        def load(
+            k: int, iteration: int, states: list[dict[str, Any]], commit: dict[str, Any] | None
+        ) -> None:
             self._send_load(k, iteration, states, commit, reseed=True)
 
         self.health = HealthMonitor(
-            self.layout, rank=self.rank, world=self.group.world, generation=self.generation,
-            status=status, load=load, interval_s=max(0.1, min(0.5, t.heartbeat_s)),
-            grace_s=t.failure_detect_s, reseed_timeout_s=max(10.0, 3 * t.failure_detect_s),
+            self.layout,
+            rank=self.rank,
+            world=self.group.world,
+            generation=self.generation,
+            status=status,
+            load=load,
+            interval_s=max(0.1, min(0.5, t.heartbeat_s)),
+            grace_s=t.failure_detect_s,
+            reseed_timeout_s=max(10.0, 3 * t.failure_detect_s),
             progress=lambda: self._iteration,
         ).start()
 
@@ -660,30 +798,39 @@ class Shadowgrad:
         link = self._link
         assert link is not None
         self._link = None
-        cfg = RingConfig(job=self.spec.job.id, layout=self._digest,
-                         chunk_bytes=self.chunk_bytes, rto_s=min(0.05, t.gap_repair_s / 2),
-                         timeout_s=max(30.0, 10 * t.failure_detect_s),
-                         # a rank's FINAL bytes per iteration are its 1/N share, the size of a
-                         # mirror staging slot: keep as many iterations for shadow repairs as the
-                         # slot budget allows (trainers may run well ahead of slow shadows)
-                         retain=max(4, self.slots),
-                         cuts=RingConfig.shard_cuts(self.layout.bucket_routes),
-                         key=self._key,
-                         authenticate_data=self.spec.security.authenticate_data,
-                         shadows=tuple(shadow_addrs))
+        cfg = RingConfig(
+            job=self.spec.job.id,
+            layout=self._digest,
+            chunk_bytes=self.chunk_bytes,
+            rto_s=min(0.05, t.gap_repair_s / 2),
+            timeout_s=max(30.0, 10 * t.failure_detect_s),
+            # a rank's FINAL bytes per iteration are its 1/N share, the size of a
+            # mirror staging slot: keep as many iterations for shadow repairs as the
+            # slot budget allows (trainers may run well ahead of slow shadows)
+            retain=max(4, self.slots),
+            cuts=RingConfig.shard_cuts(self.layout.bucket_routes),
+            key=self._key,
+            authenticate_data=self.spec.security.authenticate_data,
+            shadows=tuple(shadow_addrs),
+        )
         ring = RingAllReduce(self.rank, self.group.world, link, addrs, cfg)
         sender = self._sender
         assert sender is not None
         ring.on_commit_nack = sender.request_commit
         if self.software_tap:
             layout = self.layout
-            dests = [[shadow_addrs[k] for k in layout.shadows_of_shard(s)]
-                     for s in range(layout.num_shards)]
+            dests = [
+                [shadow_addrs[k] for k in layout.shadows_of_shard(s)]
+                for s in range(layout.num_shards)
+            ]
 
             def tap(header: bytes, payload: bytes) -> None:
                 h = peek_header(header)
-                shards = {r.shard for r in layout.bucket_routes[h.bucket]
-                          if r.start < h.offset + h.length and r.end > h.offset}
+                shards = {
+                    r.shard
+                    for r in layout.bucket_routes[h.bucket]
+                    if r.start < h.offset + h.length and r.end > h.offset
+                }
                 for shard in sorted(shards):
                     for addr in dests[shard]:
                         link.send([header, payload], addr)
@@ -726,8 +873,10 @@ class Shadowgrad:
         scaler = self.scaler
         if scaler is not None:
             if scaler._scale is None:
-                raise ShadowgradError("the grad scaler has no scale: use sg.backward(loss) or "
-                                      "scaler.scale(loss).backward()")
+                raise ShadowgradError(
+                    "the grad scaler has no scale: use sg.backward(loss) or "
+                    "scaler.scale(loss).backward()"
+                )
             scale = scaler._scale.detach().clone()
             scaler.unscale_(opt)
         norm: torch.Tensor | None = None
@@ -836,12 +985,18 @@ class Shadowgrad:
         if addr is None:
             return
         try:
-            with ControllerClient(f"tcp://{addr}", self._token,
-                                  timeout_s=self.spec.timeouts.rpc_s) as c:
+            with ControllerClient(
+                f"tcp://{addr}", self._token, timeout_s=self.spec.timeouts.rpc_s
+            ) as c:
                 c.finished(self._iteration, self.generation, requester=f"rank {self.rank}")
         except Exception as exc:  # best effort: the controller may be down
-            event(log, "trainer.controller_unreachable", logging.WARNING, address=str(addr),
-                  error=str(exc))
+            event(
+                log,
+                "trainer.controller_unreachable",
+                logging.WARNING,
+                address=str(addr),
+                error=str(exc),
+            )
 
     def _wait_applied(self, iteration: int, deadline: float) -> bool:
         """Until every shadow that can still confirm applied ``iteration``. A shadow that
@@ -863,12 +1018,12 @@ class Shadowgrad:
                         waiting.append(k)
                     continue
                 if state == "fenced" or now - first_seen.setdefault(k, now) > (
-                        1.0 if state == "unreachable" else 5.0):
+                    1.0 if state == "unreachable" else 5.0
+                ):
                     # cannot confirm (and the other shards cannot apply past it either)
                     lost.append(k)
                     continue
-                if state != "unreachable" and k % self.group.world == self.rank \
-                        and k not in seeded:
+                if state != "unreachable" and k % self.group.world == self.rank and k not in seeded:
                     seeded.add(k)
                     self._seed_at_close(k, iteration)
                 waiting.append(k)
@@ -876,22 +1031,42 @@ class Shadowgrad:
                 return True
             if not lost:
                 time.sleep(0.05)
-        event(log, "trainer.close_unconfirmed", logging.WARNING, rank=self.rank,
-              iteration=iteration, cannot_confirm=lost)
+        event(
+            log,
+            "trainer.close_unconfirmed",
+            logging.WARNING,
+            rank=self.rank,
+            iteration=iteration,
+            cannot_confirm=lost,
+        )
         return False
 
     def _seed_at_close(self, k: int, iteration: int) -> None:
         """Training is over: seed shadow ``k`` with the final state, so it confirms at once."""
         shard, _ = self.layout.shard_of_shadow(k)
         try:
-            self._send_load(k, iteration, self._shard_states(shard, clone=False), None,
-                            reseed=True)
+            self._send_load(k, iteration, self._shard_states(shard, clone=False), None, reseed=True)
         except Exception as exc:
-            event(log, "trainer.reseed_failed", logging.WARNING, rank=self.rank, shadow=k,
-                  iteration=iteration, error=str(exc))
+            event(
+                log,
+                "trainer.reseed_failed",
+                logging.WARNING,
+                rank=self.rank,
+                shadow=k,
+                iteration=iteration,
+                error=str(exc),
+            )
             return
-        event(log, "trainer.reseed", logging.WARNING, rank=self.rank, shadow=k, shard=shard,
-              iteration=iteration, at="close")
+        event(
+            log,
+            "trainer.reseed",
+            logging.WARNING,
+            rank=self.rank,
+            shadow=k,
+            shard=shard,
+            iteration=iteration,
+            at="close",
+        )
 
     def __enter__(self) -> Shadowgrad:
         return self
@@ -955,6 +1130,12 @@ def attach(
     ``spec`` is a :class:`~shadowgrad.config.JobSpec` or the path of its TOML file. Then call
     :meth:`Shadowgrad.restore_or_start` once and :meth:`Shadowgrad.step` every iteration.
     """
-    return Shadowgrad(model, optimizer, spec, lr_scheduler=lr_scheduler,
-                      grad_scaler=grad_scaler, max_grad_norm=max_grad_norm, **options)
-
+    return Shadowgrad(
+        model,
+        optimizer,
+        spec,
+        lr_scheduler=lr_scheduler,
+        grad_scaler=grad_scaler,
+        max_grad_norm=max_grad_norm,
+        **options,
+    )

@@ -35,8 +35,13 @@ def rng_state() -> dict[str, Any]:
     out: dict[str, Any] = {
         "torch": torch.get_rng_state(),
         "python": [int(version), torch.tensor(mt, dtype=torch.int64), gauss],
-        "numpy": [str(kind), torch.from_numpy(np.asarray(keys, dtype=np.int64)), int(pos),
-                  int(has_gauss), float(cached)],
+        "numpy": [
+            str(kind),
+            torch.from_numpy(np.asarray(keys, dtype=np.int64)),
+            int(pos),
+            int(has_gauss),
+            float(cached),
+        ],
     }
     if torch.cuda.is_available() and torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
         out["cuda"] = torch.cuda.get_rng_state_all()
@@ -51,7 +56,8 @@ def set_rng_state(state: dict[str, Any]) -> None:
     version, mt, gauss = state["python"]
     random.setstate((int(version), tuple(int(x) for x in mt.tolist()), gauss))
     kind, keys, pos, has_gauss, cached = state["numpy"]
-    np.random.set_state((kind, keys.numpy().astype(np.uint32), int(pos), int(has_gauss),
-                         float(cached)))
+    np.random.set_state(
+        (kind, keys.numpy().astype(np.uint32), int(pos), int(has_gauss), float(cached))
+    )
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])

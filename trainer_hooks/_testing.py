@@ -34,13 +34,21 @@ class Ranks:
         self.procs: list[subprocess.Popen[bytes]] = []
         self.logs: list[Any] = []
         for r in range(world):
-            e = {**os.environ, **env, "RANK": str(r), "WORLD_SIZE": str(world),
-                 "LOCAL_RANK": str(r), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
-                 "OMP_NUM_THREADS": "1"}
+            e = {
+                **os.environ,
+                **env,
+                "RANK": str(r),
+                "WORLD_SIZE": str(world),
+                "LOCAL_RANK": str(r),
+                "MASTER_ADDR": "127.0.0.1",
+                "MASTER_PORT": str(port),
+                "OMP_NUM_THREADS": "1",
+            }
             log = tempfile.TemporaryFile()  # noqa: SIM115 - closed in close()
             self.logs.append(log)
-            self.procs.append(subprocess.Popen(argv, env=e, cwd=cwd, stdout=log,
-                                               stderr=subprocess.STDOUT))
+            self.procs.append(
+                subprocess.Popen(argv, env=e, cwd=cwd, stdout=log, stderr=subprocess.STDOUT)
+            )
 
     def output(self, r: int) -> str:
         # pread, never seek+read: the child's stdout shares this file's offset (one open file

@@ -40,8 +40,13 @@ class LayoutReducer:
     ring passes its own.
     """
 
-    def __init__(self, layout: Layout, params: Mapping[str, torch.nn.Parameter],
-                 process_group: Any = None, reduce: ReduceFn | None = None) -> None:
+    def __init__(
+        self,
+        layout: Layout,
+        params: Mapping[str, torch.nn.Parameter],
+        process_group: Any = None,
+        reduce: ReduceFn | None = None,
+    ) -> None:
         self.layout = layout
         self.pg = process_group
         self._name_of = {id(p): n for n, p in params.items()}
@@ -50,8 +55,10 @@ class LayoutReducer:
             pl = layout.placement(name)
             self._where[name] = (pl.bucket, pl.bucket_offset // pl.itemsize)
         self._count = [len(b) for b in layout.buckets]
-        self._numel = [layout.bucket_nbytes[b] // layout.placement(names[0]).itemsize
-                       for b, names in enumerate(layout.buckets)]
+        self._numel = [
+            layout.bucket_nbytes[b] // layout.placement(names[0]).itemsize
+            for b, names in enumerate(layout.buckets)
+        ]
         self._bufs: list[torch.Tensor | None] = [None] * len(layout.buckets)
         self._reduce = reduce or self._allreduce
         self._lock = threading.Lock()
@@ -113,11 +120,13 @@ class LayoutReducer:
             for p in bucket.parameters():
                 name = self._name_of.get(id(p))
                 if name is None:
-                    raise LayoutError(f"DDP bucket holds a parameter of shape {tuple(p.shape)} "
-                                      "that is not in the layout")
+                    raise LayoutError(
+                        f"DDP bucket holds a parameter of shape {tuple(p.shape)} "
+                        "that is not in the layout"
+                    )
                 b, lo = self._where[name]
                 n = p.numel()
-                self._buf(b, buf)[lo:lo + n].copy_(buf[off:off + n])
+                self._buf(b, buf)[lo : lo + n].copy_(buf[off : off + n])
                 entries.append((b, lo, n, off))
                 self._arrived[b] += 1
                 off += n
@@ -141,7 +150,7 @@ class LayoutReducer:
             for b, lo, n, o in entries:
                 src = bufs[b]
                 assert src is not None
-                buf[o:o + n].copy_(src[lo:lo + n])
+                buf[o : o + n].copy_(src[lo : lo + n])
             out: torch.Tensor = buf
             return out
 
@@ -164,7 +173,6 @@ class LayoutReducer:
         inner.add_done_callback(done)
 
 
-def layout_hook(state: LayoutReducer,
-                bucket: GradBucket) -> torch.futures.Future[torch.Tensor]:
+def layout_hook(state: LayoutReducer, bucket: GradBucket) -> torch.futures.Future[torch.Tensor]:
     """The DDP comm hook: ``ddp.register_comm_hook(LayoutReducer(...), layout_hook)``."""
     return state.bucket(bucket)

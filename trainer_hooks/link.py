@@ -103,8 +103,15 @@ class FrameLink(UdpLink):
     from anyone else are plain UDP (a shadow's NACK sent straight to the trainer). Frames not
     addressed to ``bind`` or not IPv4/UDP are dropped and counted (``rx_bad_frames``)."""
 
-    def __init__(self, bind: Address, *, switch: Address, mac: int,
-                 peers: dict[Address, int], bufsize: int = 16 * 2**20) -> None:
+    def __init__(
+        self,
+        bind: Address,
+        *,
+        switch: Address,
+        mac: int,
+        peers: dict[Address, int],
+        bufsize: int = 16 * 2**20,
+    ) -> None:
         super().__init__(bind, bufsize=bufsize)
         self.me = (bind[0], int(bind[1]))
         self.switch = (switch[0], int(switch[1]))
@@ -121,8 +128,14 @@ class FrameLink(UdpLink):
         if dmac is None:
             return super().send(parts, addr)
         self._ident = (self._ident + 1) & 0xFFFF
-        frame = encode_frame(b"".join(parts), src=self.me, dst=addr, src_mac=self.mac,
-                             dst_mac=dmac, ident=self._ident)
+        frame = encode_frame(
+            b"".join(parts),
+            src=self.me,
+            dst=addr,
+            src_mac=self.mac,
+            dst_mac=dmac,
+            ident=self._ident,
+        )
         try:
             self.sock.sendto(frame, self.switch)
         except (BlockingIOError, OSError):
@@ -156,8 +169,15 @@ class FaultyLink:
     probability ``dup``, or held back and sent after the next one with probability ``reorder``.
     Deterministic for a given ``seed``."""
 
-    def __init__(self, inner: Link, *, drop: float = 0.0, dup: float = 0.0,
-                 reorder: float = 0.0, seed: int = 0) -> None:
+    def __init__(
+        self,
+        inner: Link,
+        *,
+        drop: float = 0.0,
+        dup: float = 0.0,
+        reorder: float = 0.0,
+        seed: int = 0,
+    ) -> None:
         self.inner = inner
         self.drop, self.dup, self.reorder = drop, dup, reorder
         self.rng = random.Random(seed)

@@ -143,8 +143,9 @@ class RingAllReduce:
     COMMIT) goes to ``on_commit_nack``.
     """
 
-    def __init__(self, rank: int, world: int, link: Link, addrs: Sequence[Address],
-                 config: RingConfig) -> None:
+    def __init__(
+        self, rank: int, world: int, link: Link, addrs: Sequence[Address], config: RingConfig
+    ) -> None:
         if world < 1 or not 0 <= rank < world or len(addrs) < world:
             raise ShadowgradError(f"bad ring: rank {rank}, world {world}, {len(addrs)} addrs")
         self.rank, self.world, self.link, self.cfg = rank, world, link, config
@@ -162,8 +163,9 @@ class RingAllReduce:
         self._ack_due = False
         self._rx = bytearray(MAX_DATAGRAM + 1)
         # shadows
-        self._retained: collections.OrderedDict[int, list[tuple[int, int, DType, bytes]]] = \
+        self._retained: collections.OrderedDict[int, list[tuple[int, int, DType, bytes]]] = (
             collections.OrderedDict()
+        )
         self._aux_seq = 0
         #: ``tap(header, payload)`` for every FINAL DATA datagram sent (incl. retransmissions)
         self.tap: Callable[[bytes, bytes], None] | None = None
@@ -186,8 +188,9 @@ class RingAllReduce:
     # -- engine thread ---------------------------------------------------------------------
 
     def start(self) -> RingAllReduce:
-        self._thread = threading.Thread(target=self._run, name=f"shadowgrad-ring-r{self.rank}",
-                                        daemon=True)
+        self._thread = threading.Thread(
+            target=self._run, name=f"shadowgrad-ring-r{self.rank}", daemon=True
+        )
         self._thread.start()
         return self
 
@@ -231,8 +234,9 @@ class RingAllReduce:
                 self.allreduce(job.iteration, job.bucket, job.flat)
             except Exception as exc:
                 job.fut.set_exception(exc)
-                log.error("ring all-reduce of bucket %d failed on rank %d: %s", job.bucket,
-                          self.rank, exc)
+                log.error(
+                    "ring all-reduce of bucket %d failed on rank %d: %s", job.bucket, self.rank, exc
+                )
                 continue
             job.fut.set_result(job.flat)
 
@@ -264,8 +268,9 @@ class RingAllReduce:
             return
         item = host.element_size()
         raw = _bytes(host)
-        ctx = _Ctx(iteration, bucket, host, raw, dtype,
-                   [(n * k // world) * item for k in range(world + 1)])
+        ctx = _Ctx(
+            iteration, bucket, host, raw, dtype, [(n * k // world) * item for k in range(world + 1)]
+        )
         r = self.rank
         finals: list[tuple[int, DType, bytes]] = []
         for s in range(world - 1):  # reduce-scatter
@@ -323,22 +328,27 @@ class RingAllReduce:
                         raise ShadowgradTimeout(
                             f"rank {self.rank}: no data from rank {self.prev_rank} for "
                             f"{self.cfg.timeout_s:g}s (iteration {ctx.iteration}, bucket "
-                            f"{ctx.bucket})")
+                            f"{ctx.bucket})"
+                        )
                     continue
             h, payload = self._inbox.popleft()
-            if (h.iteration, h.bucket, h.offset) != (ctx.iteration, ctx.bucket, pos) or \
-                    pos + h.length > hi:
+            if (h.iteration, h.bucket, h.offset) != (
+                ctx.iteration,
+                ctx.bucket,
+                pos,
+            ) or pos + h.length > hi:
                 raise TransportError(
                     f"rank {self.rank} expected iteration {ctx.iteration} bucket {ctx.bucket} "
                     f"offset {pos}, got iteration {h.iteration} bucket {h.bucket} offset "
-                    f"{h.offset}")
+                    f"{h.offset}"
+                )
             n = h.length
             if add:
                 item = host.element_size()
                 src = torch.frombuffer(payload, dtype=host.dtype)
-                host[pos // item:(pos + n) // item].add_(src)
+                host[pos // item : (pos + n) // item].add_(src)
             else:
-                ctx.raw[pos:pos + n] = payload
+                ctx.raw[pos : pos + n] = payload
             pos += n
             last_progress = time.monotonic()
 
@@ -347,9 +357,16 @@ class RingAllReduce:
     def _send_data(self, ctx: _Ctx, off: int, payload: bytes, flags: int) -> None:
         seq = self._tx_seq
         self._tx_seq += 1
-        hdr = {"job": self.cfg.job, "sender": self.rank, "iteration": ctx.iteration, "seq": seq,
-               "layout": self.cfg.layout, "dtype": ctx.dtype, "bucket": ctx.bucket,
-               "offset": off}
+        hdr = {
+            "job": self.cfg.job,
+            "sender": self.rank,
+            "iteration": ctx.iteration,
+            "seq": seq,
+            "layout": self.cfg.layout,
+            "dtype": ctx.dtype,
+            "bucket": ctx.bucket,
+            "offset": off,
+        }
         now = time.monotonic()
         self._unacked[seq] = _Out(hdr, payload, flags, now, self.cfg.rto_s, now)
         self._transmit(seq, retx=False)
@@ -359,8 +376,9 @@ class RingAllReduce:
         flags = out.flags | (int(Flag.RETX) if retx else 0)
         if self._auth_data:
             assert self._key is not None
-            header, tag = seal(Kind.DATA, key=self._key, payload=out.payload, flags=flags,
-                               **out.header)
+            header, tag = seal(
+                Kind.DATA, key=self._key, payload=out.payload, flags=flags, **out.header
+            )
             if flags & Flag.FINAL and self.tap is not None:
                 self.tap(header, out.payload + tag)
             self.link.send([header, out.payload, tag], self.next)
@@ -392,8 +410,13 @@ class RingAllReduce:
             self.stats["rx_not_a_peer"] += 1  # only the ring neighbours and the shadows
             return
         try:
-            msg = decode(buf, job=self.cfg.job, layout=self.cfg.layout, key=self._key,
-                         require=_REQUIRE_DATA if self._auth_data else AUTHENTICATED_KINDS)
+            msg = decode(
+                buf,
+                job=self.cfg.job,
+                layout=self.cfg.layout,
+                key=self._key,
+                require=_REQUIRE_DATA if self._auth_data else AUTHENTICATED_KINDS,
+            )
         except WireError as exc:
             self.stats["rx_" + exc.reason] += 1
             return
@@ -434,9 +457,16 @@ class RingAllReduce:
         for k in range(64):
             if self._rx_cum + 1 + k in self._rx_ooo:
                 sack |= 1 << k
-        data = encode(Kind.ACK, job=self.cfg.job, sender=self.rank, iteration=0,
-                      seq=self._rx_cum, layout=self.cfg.layout, payload=AckRecord(sack).body(),
-                      key=self._key)
+        data = encode(
+            Kind.ACK,
+            job=self.cfg.job,
+            sender=self.rank,
+            iteration=0,
+            seq=self._rx_cum,
+            layout=self.cfg.layout,
+            payload=AckRecord(sack).body(),
+            key=self._key,
+        )
         self.link.send([data], self._prev_addr)
         self.stats["ack_sent"] += 1
         self._ack_due = False
@@ -458,15 +488,15 @@ class RingAllReduce:
                 if now - out.first > self.cfg.timeout_s:
                     raise ShadowgradTimeout(
                         f"rank {self.rank}: datagram {seq} to rank {(self.rank + 1) % self.world}"
-                        f" unacknowledged for {self.cfg.timeout_s:g}s")
+                        f" unacknowledged for {self.cfg.timeout_s:g}s"
+                    )
                 out.sent = now
                 out.rto = min(out.rto * 2, self.cfg.max_rto_s)
                 self._transmit(seq, retx=True)
 
     # -- shadows ---------------------------------------------------------------------------
 
-    def _retain(self, iteration: int, bucket: int,
-                finals: list[tuple[int, DType, bytes]]) -> None:
+    def _retain(self, iteration: int, bucket: int, finals: list[tuple[int, DType, bytes]]) -> None:
         lst = self._retained.setdefault(iteration, [])
         lst.extend((bucket, off, dt, data) for off, dt, data in finals)
         while len(self._retained) > self.cfg.retain:
@@ -488,15 +518,23 @@ class RingAllReduce:
                     continue
                 a, z = max(off, r.offset), min(off + len(data), r.offset + r.length)
                 for x, y in self._spans(bucket, a, z):
-                    payload = data[x - off:y - off]
+                    payload = data[x - off : y - off]
                     if not self.repair_budget.take(addr, len(payload)):
                         self.stats["nack_rate_limited"] += 1
                         return
                     self._aux_seq += 1
                     fields: dict[str, Any] = dict(
-                        job=self.cfg.job, sender=self.rank, iteration=iteration,
-                        seq=self._aux_seq, layout=self.cfg.layout, payload=payload,
-                        flags=Flag.FINAL | Flag.RETX, dtype=dt, bucket=bucket, offset=x)
+                        job=self.cfg.job,
+                        sender=self.rank,
+                        iteration=iteration,
+                        seq=self._aux_seq,
+                        layout=self.cfg.layout,
+                        payload=payload,
+                        flags=Flag.FINAL | Flag.RETX,
+                        dtype=dt,
+                        bucket=bucket,
+                        offset=x,
+                    )
                     if self._auth_data:
                         assert self._key is not None
                         header, tag = seal(Kind.DATA, key=self._key, **fields)
@@ -504,11 +542,16 @@ class RingAllReduce:
                     else:
                         self.link.send([encode_header(Kind.DATA, **fields), payload], addr)
                     self.stats["nack_retx"] += 1
-        event(log, "trainer.ring.nack", logging.DEBUG, rank=self.rank, iteration=iteration,
-              ranges=len(nack.ranges))
+        event(
+            log,
+            "trainer.ring.nack",
+            logging.DEBUG,
+            rank=self.rank,
+            iteration=iteration,
+            ranges=len(nack.ranges),
+        )
 
 
 def _bytes(t: torch.Tensor) -> memoryview:
     arr: Any = t.view(torch.uint8).numpy()
     return memoryview(arr).cast("B")
-

@@ -57,10 +57,22 @@ _PARSER_TREE_MAX = 64  # states emitted when a DAG parser is inlined as nested i
 
 # extern functions whose semantics the target implements
 BUILTIN_FUNCS = {
-    "mark_to_drop", "hash", "random", "digest", "clone", "clone3",
-    "clone_preserving_field_list", "resubmit_preserving_field_list",
-    "recirculate_preserving_field_list", "truncate", "log_msg", "verify_checksum",
-    "update_checksum", "verify_checksum_with_payload", "update_checksum_with_payload", "verify",
+    "mark_to_drop",
+    "hash",
+    "random",
+    "digest",
+    "clone",
+    "clone3",
+    "clone_preserving_field_list",
+    "resubmit_preserving_field_list",
+    "recirculate_preserving_field_list",
+    "truncate",
+    "log_msg",
+    "verify_checksum",
+    "update_checksum",
+    "verify_checksum_with_payload",
+    "update_checksum_with_payload",
+    "verify",
 }
 SUPPORTED_EXTERNS = {"counter", "direct_counter", "register", "packet_in", "packet_out"}
 HASH_ALGOS = {"crc32", "crc16", "identity", "csum16", "xor16"}
@@ -219,8 +231,10 @@ class Checker:
             return
         main = self.g.lookup("main")
         if main is None or main.kind != "main":
-            self.err(self.prog.decls[-1].loc if self.prog.decls else Loc("<input>", 1, 1),
-                     "no 'main' instantiation of V1Switch(...) found")
+            self.err(
+                self.prog.decls[-1].loc if self.prog.decls else Loc("<input>", 1, 1),
+                "no 'main' instantiation of V1Switch(...) found",
+            )
             return
         self.compile_pipeline(main.data)
 
@@ -246,8 +260,9 @@ class Checker:
             ty = self.resolve_type(d.type, self.g)
             v = self.coerce(self.expr(d.value, self.g), ty, d.value.loc)
             if v.const is None:
-                self.err(d.value.loc, f"the value of constant {d.name} is not a compile-time "
-                                      "constant")
+                self.err(
+                    d.value.loc, f"the value of constant {d.name} is not a compile-time constant"
+                )
             self.g.add(d.name, Sym("const", ty, py=v.py, value=v.const))
         elif isinstance(d, A.ExternDecl):
             self.g.add(d.name, Sym("type", ExternT(d.name), data=d))
@@ -270,8 +285,12 @@ class Checker:
             self.err(d.loc, f"unsupported declaration {type(d).__name__}")
 
     def declare_struct(self, d: A.HeaderDecl) -> None:
-        t = StructT(d.name, d.is_header, annotations=d.annotations,
-                    pyname=("H_" if d.is_header else "S_") + d.name)
+        t = StructT(
+            d.name,
+            d.is_header,
+            annotations=d.annotations,
+            pyname=("H_" if d.is_header else "S_") + d.name,
+        )
         seen: set[str] = set()
         for f in d.fields:
             if f.name in seen:
@@ -284,8 +303,11 @@ class Checker:
                 continue
             if d.is_header:
                 if not (isinstance(ft, BitT) or (isinstance(ft, EnumT) and ft.underlying)):
-                    self.err(f.loc, f"header field {f.name} has type {ft}; only bit<W>, int<W> "
-                                    "and serializable enums are supported in headers")
+                    self.err(
+                        f.loc,
+                        f"header field {f.name} has type {ft}; only bit<W>, int<W> "
+                        "and serializable enums are supported in headers",
+                    )
                     continue
             elif isinstance(ft, (ExternT, IntLitT, StrT, VoidT)):
                 self.err(f.loc, f"struct field {f.name} cannot have type {ft}")
@@ -369,8 +391,10 @@ class Checker:
                 return BitT(1)
             w = self.expr(t.width, scope)
             if w.const is None or isinstance(w.const, bool) or int(w.const) <= 0:
-                raise Diagnostic(t.width.loc, "the width of a bit/int type must be a positive "
-                                              "compile-time constant")
+                raise Diagnostic(
+                    t.width.loc,
+                    "the width of a bit/int type must be a positive compile-time constant",
+                )
             if int(w.const) > 2048:
                 raise Diagnostic(t.width.loc, "width too large (max 2048)")
             return BitT(int(w.const), t.kind == "int")
@@ -412,9 +436,15 @@ class Checker:
                     raise Diagnostic(loc, f"value {c} does not fit in {ty}")
                 c &= (1 << w) - 1
             return V(str(c), ty, c)
-        raise Diagnostic(loc, f"{what or 'expression'} has type {v.ty}, expected {ty}"
-                         + ("; an explicit cast is needed" if isinstance(v.ty, BitT)
-                            and isinstance(ty, BitT) else ""))
+        raise Diagnostic(
+            loc,
+            f"{what or 'expression'} has type {v.ty}, expected {ty}"
+            + (
+                "; an explicit cast is needed"
+                if isinstance(v.ty, BitT) and isinstance(ty, BitT)
+                else ""
+            ),
+        )
 
     def cond(self, e: A.Expr, scope: Scope) -> V:
         v = self.expr(e, scope)
@@ -460,8 +490,11 @@ class Checker:
             return self.cast_expr(e, scope)
         if isinstance(e, A.ListExpr):
             items = [self.expr(i, scope) for i in e.items]
-            return V("(" + "".join(i.py + ", " for i in items) + ")",
-                     ListT([i.ty for i in items]), data_items(items))
+            return V(
+                "(" + "".join(i.py + ", " for i in items) + ")",
+                ListT([i.ty for i in items]),
+                data_items(items),
+            )
         if isinstance(e, (A.Mask, A.RangeKS, A.Default)):
             raise Diagnostic(e.loc, "keyset expression outside select/entries")
         raise Diagnostic(e.loc, f"unsupported expression {type(e).__name__}")
@@ -504,11 +537,19 @@ class Checker:
             ft = base.ty.field(e.name)
             if ft is None:
                 raise Diagnostic(e.name_loc or e.loc, f"{base.ty} has no field {e.name}")
-            if (base.py == "C.hdr" and self.ctl_role in _AFTER_INGRESS
-                    and self.egress_hdrs is not None):
+            if (
+                base.py == "C.hdr"
+                and self.ctl_role in _AFTER_INGRESS
+                and self.egress_hdrs is not None
+            ):
                 self.egress_hdrs.add(attr(e.name))
-            return V(f"{base.py}.{attr(e.name)}", ft, None, lvalue=base.lvalue,
-                     readonly_why=base.readonly_why)
+            return V(
+                f"{base.py}.{attr(e.name)}",
+                ft,
+                None,
+                lvalue=base.lvalue,
+                readonly_why=base.readonly_why,
+            )
         if isinstance(base.ty, ApplyT):
             if e.name == "hit":
                 return V(f"{base.py}[1]", BOOL)
@@ -533,8 +574,9 @@ class Checker:
         m = (1 << w) - 1
         src = b.py if not b.ty.signed else f"({b.py} & {(1 << b.ty.width) - 1})"
         const = None if b.const is None else (int(b.const) >> lo) & m
-        return V(f"(({src} >> {lo}) & {m})", BitT(w), const, lvalue=b.lvalue,
-                 readonly_why=b.readonly_why)
+        return V(
+            f"(({src} >> {lo}) & {m})", BitT(w), const, lvalue=b.lvalue, readonly_why=b.readonly_why
+        )
 
     def cast_expr(self, e: A.Cast, scope: Scope) -> V:
         ty = self.resolve_type(e.type, scope)
@@ -569,8 +611,11 @@ class Checker:
             return V(f"({v.py} == 1)", BOOL)
         if isinstance(ty, BoolT) and isinstance(src, IntLitT) and v.const in (0, 1):
             return V(str(bool(v.const)), BOOL, bool(v.const))
-        if isinstance(ty, EnumT) and ty.underlying is not None and (
-                src == ty.underlying or isinstance(src, IntLitT)):
+        if (
+            isinstance(ty, EnumT)
+            and ty.underlying is not None
+            and (src == ty.underlying or isinstance(src, IntLitT))
+        ):
             return V(v.py, ty, v.const)
         raise Diagnostic(e.loc, f"cannot cast {v.ty} to {ty}")
 
@@ -580,9 +625,15 @@ class Checker:
         if isinstance(b.ty, IntLitT) and not isinstance(a.ty, IntLitT):
             return a, self.coerce(b, a.ty, loc)
         if a.ty != b.ty and a.ty is not b.ty:
-            raise Diagnostic(loc, f"operands of '{op}' have different types {a.ty} and {b.ty}"
-                             + ("; a cast is needed" if isinstance(a.ty, BitT) and
-                                isinstance(b.ty, BitT) else ""))
+            raise Diagnostic(
+                loc,
+                f"operands of '{op}' have different types {a.ty} and {b.ty}"
+                + (
+                    "; a cast is needed"
+                    if isinstance(a.ty, BitT) and isinstance(b.ty, BitT)
+                    else ""
+                ),
+            )
         return a, b
 
     def unary_expr(self, e: A.Unary, scope: Scope) -> V:
@@ -619,8 +670,11 @@ class Checker:
 
         if b is None:
             if a.const is not None:
-                return V(str(cnorm(-int(a.const) if op == "-" else ~int(a.const))), t,
-                         cnorm(-int(a.const) if op == "-" else ~int(a.const)))
+                return V(
+                    str(cnorm(-int(a.const) if op == "-" else ~int(a.const))),
+                    t,
+                    cnorm(-int(a.const) if op == "-" else ~int(a.const)),
+                )
             if op == "-":
                 return V(norm(f"-{a.py}"), t)
             return V(f"({a.py} ^ {m})" if not t.signed else f"(~{a.py})", t)
@@ -687,15 +741,19 @@ class Checker:
                 return V(str(bool(r)), BOOL, bool(r))
             return V(f"({a.py} {'and' if op == '&&' else 'or'} {b.py})", BOOL)
         if op in ("<<", ">>"):
-            if not isinstance(b.ty, (BitT, IntLitT)) or (b.ty == BitT(b.ty.width, True)
-                                                          if isinstance(b.ty, BitT) else False):
+            if not isinstance(b.ty, (BitT, IntLitT)) or (
+                b.ty == BitT(b.ty.width, True) if isinstance(b.ty, BitT) else False
+            ):
                 raise Diagnostic(e.right.loc, f"shift amount must be unsigned, not {b.ty}")
             if isinstance(b.ty, IntLitT) and int(b.const) < 0:
                 raise Diagnostic(e.right.loc, "negative shift amount")
             if isinstance(a.ty, IntLitT):
                 if b.const is None:
-                    raise Diagnostic(e.left.loc, "shifting an int literal by a run-time amount "
-                                                 "needs a width (cast the literal)")
+                    raise Diagnostic(
+                        e.left.loc,
+                        "shifting an int literal by a run-time amount "
+                        "needs a width (cast the literal)",
+                    )
                 r = int(a.const) << int(b.const) if op == "<<" else int(a.const) >> int(b.const)
                 return V(str(r), INTLIT, r)
             if not isinstance(a.ty, BitT):
@@ -718,8 +776,9 @@ class Checker:
         if op == "++":
             for v, side in ((a, e.left), (b, e.right)):
                 if not isinstance(v.ty, BitT):
-                    raise Diagnostic(side.loc, f"operand of '++' must be bit<W> or int<W>, not "
-                                               f"{v.ty}")
+                    raise Diagnostic(
+                        side.loc, f"operand of '++' must be bit<W> or int<W>, not {v.ty}"
+                    )
             assert isinstance(a.ty, BitT) and isinstance(b.ty, BitT)
             wa, wb = a.ty.width, b.ty.width
             t = BitT(wa + wb, a.ty.signed)
@@ -753,13 +812,22 @@ class Checker:
                     raise Diagnostic(e.loc, f"operator '{op}' needs a value with a width")
                 if op in ("/", "%") and y == 0:
                     raise Diagnostic(e.loc, "division by zero")
-                r = {"+": x + y, "-": x - y, "*": x * y, "/": x // y if y else 0,
-                     "%": x % y if y else 0, "&": x & y, "|": x | y, "^": x ^ y}[op]
+                r = {
+                    "+": x + y,
+                    "-": x - y,
+                    "*": x * y,
+                    "/": x // y if y else 0,
+                    "%": x % y if y else 0,
+                    "&": x & y,
+                    "|": x | y,
+                    "^": x ^ y,
+                }[op]
                 return V(str(r), INTLIT, r)
             a, b = self.unify(a, b, e.loc, op)
             if not isinstance(a.ty, BitT):
-                raise Diagnostic(e.loc, f"operator '{op}' needs bit<W> or int<W> operands, not "
-                                        f"{a.ty}")
+                raise Diagnostic(
+                    e.loc, f"operator '{op}' needs bit<W> or int<W> operands, not {a.ty}"
+                )
             return self.arith(op, a, b, e.loc)
         raise Diagnostic(e.loc, f"unsupported operator '{op}'")
 
@@ -790,8 +858,11 @@ class Checker:
                         raise Diagnostic(e.loc, "apply() takes no arguments")
                     tc: TableCtx = s.data
                     if tc.applied:
-                        raise Diagnostic(e.loc, f"table {tc.info.name} is applied more than once "
-                                                "(bmv2 allows one apply per control)")
+                        raise Diagnostic(
+                            e.loc,
+                            f"table {tc.info.name} is applied more than once "
+                            "(bmv2 allows one apply per control)",
+                        )
                     tc.applied = True
                     return V(f"{tc.uid}(C, F)", ApplyT(tc))
                 if s.kind == "packet":
@@ -813,16 +884,18 @@ class Checker:
                 return self.direct_action_call(s2, e, scope)
             if s2.kind == "func":
                 if f.name not in BUILTIN_FUNCS:
-                    raise Diagnostic(f.loc, f"extern function {f.name} is not supported by this "
-                                            "target")
+                    raise Diagnostic(
+                        f.loc, f"extern function {f.name} is not supported by this target"
+                    )
                 return self.builtin_call(f.name, e, scope)
             raise Diagnostic(f.loc, f"{f.name} is not a function or action")
         raise Diagnostic(e.loc, "unsupported call")
 
     def args_n(self, e: A.Call, n: int, name: str) -> None:
         if len(e.args) != n:
-            raise Diagnostic(e.loc, f"{name} takes {n} argument{'s' if n != 1 else ''}, "
-                                    f"{len(e.args)} given")
+            raise Diagnostic(
+                e.loc, f"{name} takes {n} argument{'s' if n != 1 else ''}, {len(e.args)} given"
+            )
 
     def lvalue(self, e: A.Expr, scope: Scope) -> V:
         v = self.expr(e, scope)
@@ -845,8 +918,10 @@ class Checker:
             keep = full ^ (wm << lo)
             if base.ty.signed:
                 h = 1 << (base.ty.width - 1)
-                return (f"{base.py} = ((({base.py} & {keep}) | (({r.py} & {wm}) << {lo})) + {h} "
-                        f"& {full}) - {h}")
+                return (
+                    f"{base.py} = ((({base.py} & {keep}) | (({r.py} & {wm}) << {lo})) + {h} "
+                    f"& {full}) - {h}"
+                )
             return f"{base.py} = ({base.py} & {keep}) | ({r.py} << {lo})"
         lv = self.lvalue(lhs_e, scope)
         r = self.coerce(rhs, lv.ty, loc, "right-hand side")
@@ -867,14 +942,21 @@ class Checker:
                 # _ext_<type> inlined (hot path); ``_h``/``_o``/``_e``/``_x`` cannot clash
                 # with generated names (P4 locals are l_*, keys k*)
                 nb, unpack = self.hdr_unpack[h.ty.name]
-                code = [f"_h = {h.py}", "_o = C.off", f"_e = _o + {nb}",
-                        f"if _e > _n: raise _ParserError({self.errors['PacketTooShort']})",
-                        "C.off = _e", "_x = int.from_bytes(_b[_o:_e], 'big')"]
+                code = [
+                    f"_h = {h.py}",
+                    "_o = C.off",
+                    f"_e = _o + {nb}",
+                    f"if _e > _n: raise _ParserError({self.errors['PacketTooShort']})",
+                    "C.off = _e",
+                    "_x = int.from_bytes(_b[_o:_e], 'big')",
+                ]
                 sp = self.hdr_struct.get(h.ty.name)
                 if sp is not None:  # one struct.unpack_from for the whole header
                     code.pop()  # no int.from_bytes
-                    code += [ln.replace("{U}", f"_SU_{h.ty.name}(_b, _o)")
-                             .replace("{H}", "_h") for ln in sp[0]]
+                    code += [
+                        ln.replace("{U}", f"_SU_{h.ty.name}(_b, _o)").replace("{H}", "_h")
+                        for ln in sp[0]
+                    ]
                     code.append("_h._v_ = True")
                 else:
                     code += [ln.replace("{H}", "_h").replace("{V}", "_x") for ln in unpack]
@@ -913,8 +995,10 @@ class Checker:
         parts = []
         for n, ft in t.fields:
             if not isinstance(ft, StructT):
-                raise Diagnostic(Loc("<emit>", 0, 0), f"cannot emit struct {t.name}: field {n} "
-                                                     "is not a header or struct")
+                raise Diagnostic(
+                    Loc("<emit>", 0, 0),
+                    f"cannot emit struct {t.name}: field {n} is not a header or struct",
+                )
             parts.append(self.emit_code(f"{py}.{attr(n)}", ft))
         return "\n".join(parts) if parts else "pass"
 
@@ -939,8 +1023,9 @@ class Checker:
                 self.args_n(e, 2, "read")
                 dst = self.lvalue(e.args[0], scope)
                 if dst.ty != elt:
-                    raise Diagnostic(e.args[0].loc, f"register read into {dst.ty}, register "
-                                                    f"holds {elt}")
+                    raise Diagnostic(
+                        e.args[0].loc, f"register read into {dst.ty}, register holds {elt}"
+                    )
                 i = self.coerce(self.expr(e.args[1], scope), BitT(32), e.args[1].loc, "index")
                 return V(f"{dst.py} = _rread({uid}, {i.py})", VOID)
             if m == "write":
@@ -973,8 +1058,9 @@ class Checker:
             out.append((py, w))
         return out
 
-    def fields_guard(self, e: A.Expr, fl: list[tuple[str, int]], scope: Scope,
-                     implied: set[str]) -> tuple[str, str] | None:
+    def fields_guard(
+        self, e: A.Expr, fl: list[tuple[str, int]], scope: Scope, implied: set[str]
+    ) -> tuple[str, str] | None:
         """bmv2 serialises a field list leaving out the fields of headers that are invalid at
         the time. For the list ``e`` (``fl``: its :meth:`fields_list`), returns None when every
         header in it is known valid (the condition of the checksum implies it, or the list has
@@ -1006,8 +1092,12 @@ class Checker:
         """The headers a condition requires to be valid: ``h.isValid()`` joined by ``&&``."""
         if isinstance(e, A.Binary) and e.op == "&&":
             return self.valid_in(e.left, scope) | self.valid_in(e.right, scope)
-        if isinstance(e, A.Call) and isinstance(e.func, A.Member) and \
-                e.func.name == "isValid" and not e.args:
+        if (
+            isinstance(e, A.Call)
+            and isinstance(e.func, A.Member)
+            and e.func.name == "isValid"
+            and not e.args
+        ):
             base = self.expr(e.func.expr, scope)
             if isinstance(base.ty, StructT) and base.ty.is_header:
                 return {f"{base.py}._v_"}
@@ -1019,8 +1109,11 @@ class Checker:
             raise Diagnostic(e.loc, f"expected a HashAlgorithm, not {v.ty}")
         name = next(k for k, c in v.ty.members.items() if c == v.const)
         if name not in HASH_ALGOS:
-            raise Diagnostic(e.loc, f"HashAlgorithm.{name} is not supported (supported: "
-                                    f"{', '.join(sorted(HASH_ALGOS))})")
+            raise Diagnostic(
+                e.loc,
+                f"HashAlgorithm.{name} is not supported (supported: "
+                f"{', '.join(sorted(HASH_ALGOS))})",
+            )
         return name
 
     def builtin_call(self, name: str, e: A.Call, scope: Scope) -> V:
@@ -1040,8 +1133,12 @@ class Checker:
             if not isinstance(er.ty, ErrorT):
                 raise Diagnostic(a[1].loc, f"verify needs an error, not {er.ty}")
             return V(f"if not {c.py}: raise _ParserError({er.py})", VOID)
-        if name in ("verify_checksum", "update_checksum", "verify_checksum_with_payload",
-                    "update_checksum_with_payload"):
+        if name in (
+            "verify_checksum",
+            "update_checksum",
+            "verify_checksum_with_payload",
+            "update_checksum_with_payload",
+        ):
             role = "verify" if name.startswith("verify") else "compute"
             if self.ctl_role != role:
                 where = "VerifyChecksum" if role == "verify" else "ComputeChecksum"
@@ -1090,8 +1187,11 @@ class Checker:
             if guard is not None:
                 data = f"({data} if {guard[0]} else {guard[1]})"
             m = (1 << dst.ty.width) - 1
-            return V(f"{dst.py} = _hashmod(_hash_{alg}({data}, 64 if '{alg}' == 'identity' "
-                     f"else 32), {base.py}, {mx.py}) & {m}", VOID)
+            return V(
+                f"{dst.py} = _hashmod(_hash_{alg}({data}, 64 if '{alg}' == 'identity' "
+                f"else 32), {base.py}, {mx.py}) & {m}",
+                VOID,
+            )
         if name == "random":
             self.args_n(e, 3, name)
             dst = self.lvalue(a[0], scope)
@@ -1115,15 +1215,20 @@ class Checker:
                 st = dv.ty
             fl = self.fields_list(a[1], scope, "digest data")
             if len(fl) != len(st.fields):
-                raise Diagnostic(a[1].loc, f"digest data has {len(fl)} elements, struct "
-                                           f"{st.name} has {len(st.fields)} fields")
+                raise Diagnostic(
+                    a[1].loc,
+                    f"digest data has {len(fl)} elements, struct "
+                    f"{st.name} has {len(st.fields)} fields",
+                )
             for (_p, w), (fname, ft) in zip(fl, st.fields, strict=True):
                 if bit_width(ft) != w:
-                    raise Diagnostic(a[1].loc, f"digest element for {fname} is {w} bits, "
-                                               f"field is {ft}")
+                    raise Diagnostic(
+                        a[1].loc, f"digest element for {fname} is {w} bits, field is {ft}"
+                    )
             if st.name not in self.digests:
-                self.digests[st.name] = DigestInfo(st.name, [(n, bit_width(t) or 0)
-                                                             for n, t in st.fields])
+                self.digests[st.name] = DigestInfo(
+                    st.name, [(n, bit_width(t) or 0) for n, t in st.fields]
+                )
             did = f"DIG_{st.name}"
             items = "".join(f"_be({p}, {w}), " for p, w in fl)
             return V(f"C.digests = (*C.digests, ({did}, [{items}]))", VOID)
@@ -1135,8 +1240,11 @@ class Checker:
                 raise Diagnostic(a[0].loc, "expected CloneType.I2E or CloneType.E2E")
             want = "ingress" if ct.const == 0 else "egress"
             if self.ctl_role != want:
-                raise Diagnostic(e.loc, f"clone of type {'I2E' if ct.const == 0 else 'E2E'} is "
-                                        f"only allowed in the {want} control")
+                raise Diagnostic(
+                    e.loc,
+                    f"clone of type {'I2E' if ct.const == 0 else 'E2E'} is "
+                    f"only allowed in the {want} control",
+                )
             sess = self.coerce(self.expr(a[1], scope), BitT(32), a[1].loc, "session")
             flist = "-1"
             if name == "clone_preserving_field_list":
@@ -1146,8 +1254,11 @@ class Checker:
                 flist = str(f.const)
             elif name == "clone3":
                 self.expr(a[2], scope)
-            return V(f"C.clone_type = {int(ct.const) + 1}; C.clone_session = {sess.py}; "
-                     f"C.clone_fl = {flist}", VOID)
+            return V(
+                f"C.clone_type = {int(ct.const) + 1}; C.clone_session = {sess.py}; "
+                f"C.clone_fl = {flist}",
+                VOID,
+            )
         if name in ("resubmit_preserving_field_list", "recirculate_preserving_field_list"):
             self.args_n(e, 1, name)
             want = "ingress" if name.startswith("resubmit") else "egress"
@@ -1173,8 +1284,9 @@ class Checker:
     def direct_action_call(self, s: Sym, e: A.Call, scope: Scope) -> V:
         ac = self.action_ctx(s)
         if len(e.args) != len(ac.params):
-            raise Diagnostic(e.loc, f"action {ac.name} takes {len(ac.params)} argument(s), "
-                                    f"{len(e.args)} given")
+            raise Diagnostic(
+                e.loc, f"action {ac.name} takes {len(ac.params)} argument(s), {len(e.args)} given"
+            )
         args = []
         for (pn, pt, _d), x in zip(ac.params, e.args, strict=True):
             args.append(self.coerce(self.expr(x, scope), pt, x.loc, f"argument {pn}").py)
@@ -1259,8 +1371,9 @@ class Checker:
                 raise Diagnostic(s.loc, "a constant needs a value")
             v = self.coerce(self.expr(s.init, scope), ty, s.init.loc)
             if v.const is None:
-                raise Diagnostic(s.init.loc, f"the value of constant {s.name} is not a "
-                                             "compile-time constant")
+                raise Diagnostic(
+                    s.init.loc, f"the value of constant {s.name} is not a compile-time constant"
+                )
             scope.add(s.name, Sym("const", ty, py=v.py, value=v.const))
             return
         init = None
@@ -1344,8 +1457,7 @@ class Checker:
             if p.direction in ("out", "inout"):
                 raise Diagnostic(p.loc, f"{p.direction} action parameters are not supported")
             if not isinstance(t, (BitT, BoolT)) and not (isinstance(t, EnumT) and t.underlying):
-                raise Diagnostic(p.type.loc, f"action parameter {p.name} has unsupported type "
-                                             f"{t}")
+                raise Diagnostic(p.type.loc, f"action parameter {p.name} has unsupported type {t}")
             py = self.fresh(f"p_{p.name}_")
             pys.append(py)
             params.append((p.name, t, p.direction))
@@ -1388,8 +1500,14 @@ class Checker:
             return
         self.headers_t, self.meta_t, self.std_t = ht, mt, st
         self.gen_types()
-        roles = [("parser", "parse"), ("verify", "verify"), ("ingress", "ingress"),
-                 ("egress", "egress"), ("compute", "compute"), ("deparser", "deparse")]
+        roles = [
+            ("parser", "parse"),
+            ("verify", "verify"),
+            ("ingress", "ingress"),
+            ("egress", "egress"),
+            ("compute", "compute"),
+            ("deparser", "deparse"),
+        ]
         for role, fn in roles:
             try:
                 self.compile_block(role, fn, blocks[role])
@@ -1399,12 +1517,18 @@ class Checker:
         self.finish_model()
 
     def bind_params(self, role: str, d: Any, scope: Scope) -> None:
-        want = {"parser": ["packet_in", "H", "M", "S"], "verify": ["H", "M"],
-                "ingress": ["H", "M", "S"], "egress": ["H", "M", "S"], "compute": ["H", "M"],
-                "deparser": ["packet_out", "H"]}[role]
+        want = {
+            "parser": ["packet_in", "H", "M", "S"],
+            "verify": ["H", "M"],
+            "ingress": ["H", "M", "S"],
+            "egress": ["H", "M", "S"],
+            "compute": ["H", "M"],
+            "deparser": ["packet_out", "H"],
+        }[role]
         if len(d.params) != len(want):
-            raise Diagnostic(d.loc, f"{d.name} must take {len(want)} parameters for the {role} "
-                                    "of V1Switch")
+            raise Diagnostic(
+                d.loc, f"{d.name} must take {len(want)} parameters for the {role} of V1Switch"
+            )
         for p, w in zip(d.params, want, strict=True):
             t = self.resolve_type(p.type, scope)
             if w in ("packet_in", "packet_out"):
@@ -1416,13 +1540,17 @@ class Checker:
             if t is not exp:
                 raise Diagnostic(p.type.loc, f"parameter {p.name} has type {t}, expected {exp}")
             py = {"H": "C.hdr", "M": "C.meta", "S": "C.std"}[w]
-            ro = "" if p.direction in ("inout", "out") else \
-                f"parameter {p.name} is '{p.direction or 'directionless'}'"
+            ro = (
+                ""
+                if p.direction in ("inout", "out")
+                else f"parameter {p.name} is '{p.direction or 'directionless'}'"
+            )
             scope.add(p.name, Sym("var", t, py=py, readonly=ro))
 
     def compile_block(self, role: str, fn: str, d: Any) -> None:
-        self.ctl_name = (A.ann_get(d.annotations, "name") and str(
-            A.ann_get(d.annotations, "name").args[0])) or d.name  # type: ignore[union-attr]
+        self.ctl_name = (
+            A.ann_get(d.annotations, "name") and str(A.ann_get(d.annotations, "name").args[0])  # type: ignore[union-attr]
+        ) or d.name
         self.ctl_role = role
         self.frame_vars = []
         scope = Scope(self.g)
@@ -1471,8 +1599,7 @@ class Checker:
                 with o.block("except _ExitType:"):
                     o("pass")
 
-    def define_subcontrol(self, decl: A.ControlDecl, inst: A.Instantiation,
-                          scope: Scope) -> None:
+    def define_subcontrol(self, decl: A.ControlDecl, inst: A.Instantiation, scope: Scope) -> None:
         if decl.proto:
             raise Diagnostic(inst.loc, f"control {decl.name} is only declared, not defined")
         if inst.args or decl.ctor_params:
@@ -1489,13 +1616,20 @@ class Checker:
             for p in decl.params:
                 t = self.resolve_type(p.type, sc)
                 if isinstance(t, (ExternT, IntLitT, VoidT, StrT)):
-                    raise Diagnostic(p.loc, f"sub-control parameter {p.name} of type {t} is not "
-                                            "supported")
-                dv = self.default_value(t) if p.direction == "out" or not isinstance(
-                    t, StructT) else "None"
+                    raise Diagnostic(
+                        p.loc, f"sub-control parameter {p.name} of type {t} is not supported"
+                    )
+                dv = (
+                    self.default_value(t)
+                    if p.direction == "out" or not isinstance(t, StructT)
+                    else "None"
+                )
                 self.frame_vars.append((attr(p.name), dv))
-                ro = "" if p.direction in ("inout", "out") else \
-                    f"parameter {p.name} is '{p.direction or 'directionless'}'"
+                ro = (
+                    ""
+                    if p.direction in ("inout", "out")
+                    else f"parameter {p.name} is '{p.direction or 'directionless'}'"
+                )
                 sc.add(p.name, Sym("var", t, py=f"F.{attr(p.name)}", readonly=ro))
                 params.append((p.name, t, p.direction))
             body = Emitter()
@@ -1518,8 +1652,11 @@ class Checker:
                     for n, dv in self.frame_vars:
                         o(f"self.{n} = {dv}")
             args = [f"a{i}" for i in range(len(params))]
-            outs = [f"F.{attr(n)}" for n, t, d in params
-                    if d in ("out", "inout") and not isinstance(t, StructT)]
+            outs = [
+                f"F.{attr(n)}"
+                for n, t, d in params
+                if d in ("out", "inout") and not isinstance(t, StructT)
+            ]
             ret = "".join(x + ", " for x in outs)
             with o.block(f"def {uid}(C{''.join(', ' + a for a in args)}):"):
                 o(f"F = {fcls}()")
@@ -1546,8 +1683,9 @@ class Checker:
             raise Diagnostic(e.loc, f"control instance {sub.name} is applied more than once")
         sub.applied = True
         if len(e.args) != len(sub.params):
-            raise Diagnostic(e.loc, f"{sub.name}.apply takes {len(sub.params)} argument(s), "
-                                    f"{len(e.args)} given")
+            raise Diagnostic(
+                e.loc, f"{sub.name}.apply takes {len(sub.params)} argument(s), {len(e.args)} given"
+            )
         if self.ctl_role in _AFTER_INGRESS:
             self.egress_hdrs = None  # references escape into the sub-control: copy all
         args: list[str] = []
@@ -1556,8 +1694,9 @@ class Checker:
             if d in ("out", "inout"):
                 lv = self.lvalue(x, scope)
                 if lv.ty != pt and lv.ty is not pt:
-                    raise Diagnostic(x.loc, f"argument for {d} parameter {pn} has type {lv.ty}, "
-                                            f"expected {pt}")
+                    raise Diagnostic(
+                        x.loc, f"argument for {d} parameter {pn} has type {lv.ty}, expected {pt}"
+                    )
                 args.append(lv.py)
                 if not isinstance(pt, StructT):
                     copy_out.append(lv.py)
@@ -1592,18 +1731,27 @@ class Checker:
 
     def instantiate(self, d: A.Instantiation, scope: Scope) -> None:
         ts = scope.lookup(d.type.name) if d.type.kind == "name" else None
-        if ts is not None and ts.kind == "control" and self.ctl_role in (
-                "ingress", "egress", "verify", "compute"):
+        if (
+            ts is not None
+            and ts.kind == "control"
+            and self.ctl_role in ("ingress", "egress", "verify", "compute")
+        ):
             self.define_subcontrol(ts.data, d, scope)
             return
         if ts is not None and ts.kind in ("control", "parser"):
-            raise Diagnostic(d.loc, f"instantiating {ts.kind} {d.type.name} inside "
-                                    f"{self.ctl_name} is not supported (no sub-{ts.kind}s on "
-                                    "this target)")
+            raise Diagnostic(
+                d.loc,
+                f"instantiating {ts.kind} {d.type.name} inside "
+                f"{self.ctl_name} is not supported (no sub-{ts.kind}s on "
+                "this target)",
+            )
         t = self.resolve_type(d.type, scope)
         if not isinstance(t, ExternT):
-            raise Diagnostic(d.loc, f"cannot instantiate {t}" + (
-                "; sub-parsers/sub-controls are not supported" if isinstance(t, OtherT) else ""))
+            raise Diagnostic(
+                d.loc,
+                f"cannot instantiate {t}"
+                + ("; sub-parsers/sub-controls are not supported" if isinstance(t, OtherT) else ""),
+            )
         if t.name not in ("counter", "direct_counter", "register"):
             raise Diagnostic(d.type.loc, f"extern {t.name} is not supported by this target")
         fq = self.fq_name(d.name, d.annotations)
@@ -1613,8 +1761,12 @@ class Checker:
         for x in d.args:
             consts.append(self.expr(x, scope))
         if t.name == "counter":
-            if len(consts) != 2 or consts[0].const is None or not isinstance(
-                    consts[1].ty, EnumT) or consts[1].ty.name != "CounterType":
+            if (
+                len(consts) != 2
+                or consts[0].const is None
+                or not isinstance(consts[1].ty, EnumT)
+                or consts[1].ty.name != "CounterType"
+            ):
                 raise Diagnostic(d.loc, "counter(size, CounterType.x) expected")
             unit = ["PACKETS", "BYTES", "BOTH"][int(consts[1].const)]
             info = CounterInfo(fq, int(consts[0].const), unit, fixed_id=fixed)
@@ -1622,8 +1774,11 @@ class Checker:
             self.ext_binds.append((uid, "counter", info))
             scope.add(d.name, Sym("extern_inst", data=("counter", info, uid)))
         elif t.name == "direct_counter":
-            if len(consts) != 1 or not isinstance(consts[0].ty, EnumT) or \
-                    consts[0].ty.name != "CounterType":
+            if (
+                len(consts) != 1
+                or not isinstance(consts[0].ty, EnumT)
+                or consts[0].ty.name != "CounterType"
+            ):
                 raise Diagnostic(d.loc, "direct_counter(CounterType.x) expected")
             unit = ["PACKETS", "BYTES", "BOTH"][int(consts[0].const)]
             info = CounterInfo(fq, 0, unit, fixed_id=fixed)
@@ -1651,8 +1806,15 @@ class Checker:
         fq = self.fq_name(d.name, d.annotations)
         props = {p.name: p for p in d.properties}
         for p in d.properties:
-            if p.name not in ("key", "actions", "default_action", "size", "entries", "counters",
-                              "support_timeout"):
+            if p.name not in (
+                "key",
+                "actions",
+                "default_action",
+                "size",
+                "entries",
+                "counters",
+                "support_timeout",
+            ):
                 raise Diagnostic(p.loc, f"table property {p.name} is not supported")
         mk = self.g.lookup("$match_kind")
         kinds_ok = {"exact", "lpm", "ternary", "range", "optional"}
@@ -1689,12 +1851,15 @@ class Checker:
             if s is None or s.kind != "action":
                 raise Diagnostic(ar.loc, f"{ar.name} is not an action")
             if ar.args:
-                raise Diagnostic(ar.loc, "action arguments bound in the actions list are not "
-                                         "supported")
+                raise Diagnostic(
+                    ar.loc, "action arguments bound in the actions list are not supported"
+                )
             ac = self.action_ctx(s)
             if any(dd for _n, _t, dd in ac.params):
-                raise Diagnostic(ar.loc, f"action {ac.name} has directional parameters and "
-                                         "cannot be used in a table")
+                raise Diagnostic(
+                    ar.loc,
+                    f"action {ac.name} has directional parameters and cannot be used in a table",
+                )
             if ac.name in acts:
                 raise Diagnostic(ar.loc, f"action {ar.name} listed twice")
             acts[ac.name] = ac
@@ -1718,8 +1883,10 @@ class Checker:
                 raise Diagnostic(de.loc, f"{dcall.func.name} is not an action")
             dac = self.action_ctx(s)
             if dac.name not in acts:
-                raise Diagnostic(de.loc, f"default action {dcall.func.name} is not in the "
-                                         f"actions of table {d.name}")
+                raise Diagnostic(
+                    de.loc,
+                    f"default action {dcall.func.name} is not in the actions of table {d.name}",
+                )
             if scopes.get(dac.name) == "TABLE_ONLY":
                 raise Diagnostic(de.loc, f"action {dcall.func.name} is @tableonly")
             dargs = self.const_args(dac, dcall.args, de.loc, scope)
@@ -1746,8 +1913,10 @@ class Checker:
                 raise Diagnostic(props["counters"].loc, "counters must name a direct_counter")
             dci: CounterInfo = s.data[1]
             if dci.direct_table:
-                raise Diagnostic(props["counters"].loc, f"direct counter {dci.name} is already "
-                                                        f"used by table {dci.direct_table}")
+                raise Diagnostic(
+                    props["counters"].loc,
+                    f"direct counter {dci.name} is already used by table {dci.direct_table}",
+                )
             dci.direct_table = fq
             dc_name = dci.name
         entries: list[ConstEntry] = []
@@ -1759,11 +1928,24 @@ class Checker:
                 raise Diagnostic(p.loc, "only 'const entries' are supported")
             ents = p.entries or []
             for idx, ent in enumerate(ents):
-                entries.append(self.const_entry(ent, keys, acts, local_names, scope,
-                                                len(ents) - idx))
+                entries.append(
+                    self.const_entry(ent, keys, acts, local_names, scope, len(ents) - idx)
+                )
         uid = self.fresh("t_")
-        info = TableInfo(fq, keys, list(acts), scopes, dac.name, dargs, const_default, size,
-                         is_const, entries, dc_name, fixed_id=self.fixed_id(d.annotations))
+        info = TableInfo(
+            fq,
+            keys,
+            list(acts),
+            scopes,
+            dac.name,
+            dargs,
+            const_default,
+            size,
+            is_const,
+            entries,
+            dc_name,
+            fixed_id=self.fixed_id(d.annotations),
+        )
         tc = TableCtx(uid, info, acts, local_names=local_names)
         self.tables.append(tc)
         self.model.tables.append(info)
@@ -1785,11 +1967,13 @@ class Checker:
         self.action_code.extend(o.lines)
         return tc
 
-    def const_args(self, ac: ActionCtx, args: list[A.Expr], loc: Loc,
-                   scope: Scope) -> tuple[int, ...]:
+    def const_args(
+        self, ac: ActionCtx, args: list[A.Expr], loc: Loc, scope: Scope
+    ) -> tuple[int, ...]:
         if len(args) != len(ac.params):
-            raise Diagnostic(loc, f"action {ac.name} takes {len(ac.params)} argument(s), "
-                                  f"{len(args)} given")
+            raise Diagnostic(
+                loc, f"action {ac.name} takes {len(ac.params)} argument(s), {len(args)} given"
+            )
         out = []
         for (pn, pt, _d), x in zip(ac.params, args, strict=True):
             v = self.coerce(self.expr(x, scope), pt, x.loc, f"argument {pn}")
@@ -1801,12 +1985,19 @@ class Checker:
             out.append(c)
         return tuple(out)
 
-    def const_entry(self, ent: A.TableEntryDecl, keys: list[KeyInfo],  # noqa: PLR0917
-                    acts: dict[str, ActionCtx], local_names: dict[str, str], scope: Scope,
-                    prio: int) -> ConstEntry:
+    def const_entry(  # noqa: PLR0917
+        self,
+        ent: A.TableEntryDecl,
+        keys: list[KeyInfo],
+        acts: dict[str, ActionCtx],
+        local_names: dict[str, str],
+        scope: Scope,
+        prio: int,
+    ) -> ConstEntry:
         if len(ent.keys) != len(keys):
-            raise Diagnostic(ent.loc, f"entry has {len(ent.keys)} key values, table has "
-                                      f"{len(keys)} keys")
+            raise Diagnostic(
+                ent.loc, f"entry has {len(ent.keys)} key values, table has {len(keys)} keys"
+            )
         matches: dict[int, tuple[str, int, int]] = {}
         for k, ks in zip(keys, ent.keys, strict=True):
             full = (1 << k.bitwidth) - 1
@@ -1869,8 +2060,9 @@ class Checker:
         return ConstEntry(matches, fq, args, prio if needs_prio else 0)
 
     # ------------------------------------------------------------------ parser
-    def compile_parser(self, d: A.ParserDecl, scope: Scope, fcls: str,
-                       init_lines: list[str]) -> None:
+    def compile_parser(
+        self, d: A.ParserDecl, scope: Scope, fcls: str, init_lines: list[str]
+    ) -> None:
         o = self.out
         states = {s.name: s for s in d.states}
         if "start" not in states:
@@ -1887,8 +2079,9 @@ class Checker:
 
         def check_target(name: str, loc: Loc) -> None:
             if name == "reject":
-                raise Diagnostic(loc, "explicit 'reject' is not supported on bmv2; use "
-                                      "verify(cond, error.X)")
+                raise Diagnostic(
+                    loc, "explicit 'reject' is not supported on bmv2; use verify(cond, error.X)"
+                )
             if name != "accept" and name not in states:
                 raise Diagnostic(loc, f"unknown parser state {name}")
 
@@ -1926,8 +2119,9 @@ class Checker:
                 emitted += 1
                 if name in seen or emitted > _PARSER_TREE_MAX:
                     return False
-                stack.extend((t, (*seen, name)) for k, _c, t in compiled[name][1]
-                             if k in ("if", "goto"))
+                stack.extend(
+                    (t, (*seen, name)) for k, _c, t in compiled[name][1] if k in ("if", "goto")
+                )
             return True
 
         timeout = self.errors.get("ParserTimeout", 5)
@@ -1983,8 +2177,9 @@ class Checker:
             with o.block("if n > 1000:"):
                 o(f"raise _ParserError({timeout})")
 
-    def select_items(self, tr: A.Transition, scope: Scope,
-                     check_target: Any) -> list[tuple[str, str, str]]:
+    def select_items(
+        self, tr: A.Transition, scope: Scope, check_target: Any
+    ) -> list[tuple[str, str, str]]:
         """A select as (kind, text, target) items in order: ``line`` (key computations),
         ``if`` (condition, target), ``goto`` (the default's target), ``raise`` (NoMatch)."""
         assert tr.select is not None and tr.cases is not None
@@ -2004,8 +2199,7 @@ class Checker:
                 out.append(("goto", "", c.state))
                 return out
             if len(items) != len(kv):
-                raise Diagnostic(c.loc, f"keyset has {len(items)} elements, select has "
-                                        f"{len(kv)}")
+                raise Diagnostic(c.loc, f"keyset has {len(items)} elements, select has {len(kv)}")
             conds: list[str] = []
             for it, k, kvar in zip(items, kv, kvars, strict=True):
                 conds.extend(self.keyset_cond(it, k, kvar, scope))
@@ -2087,8 +2281,12 @@ class Checker:
         # templates: {H} the header, {V} the header's bits as an int
         self.hdr_unpack[t.name] = (nb, unpack)
         unpack = [ln.replace("{H}", "h").replace("{V}", "v") for ln in unpack]
-        plan = struct_plan([(attr(n), bit_width(ft) or 0, isinstance(ft, BitT) and ft.signed)
-                            for n, ft in t.fields])
+        plan = struct_plan(
+            [
+                (attr(n), bit_width(ft) or 0, isinstance(ft, BitT) and ft.signed)
+                for n, ft in t.fields
+            ]
+        )
         if plan is not None:
             fmt, lines, pack = plan
             o(f"_SU_{t.name} = _Struct({fmt!r}).unpack_from")
@@ -2129,19 +2327,17 @@ class Checker:
             if a is None or not t.is_header:
                 continue
             if not a.args or a.args[0] not in ("packet_in", "packet_out"):
-                self.err(a.loc, "@controller_header needs \"packet_in\" or \"packet_out\"")
+                self.err(a.loc, '@controller_header needs "packet_in" or "packet_out"')
                 continue
             flds = [(i + 1, n, bit_width(ft) or 0) for i, (n, ft) in enumerate(t.fields)]
-            self.model.controller_headers.append(
-                ControllerHeaderInfo(str(a.args[0]), flds))
+            self.model.controller_headers.append(ControllerHeaderInfo(str(a.args[0]), flds))
 
     def finish_model(self) -> None:
         if self.diags:
             return
         for name in [*dict.fromkeys(n for tc in self.tables for n in tc.info.action_names)]:
             ac = self.actions_by_name[name]
-            ps = [ParamInfo(i + 1, n, bit_width(t) or 0) for i, (n, t, _d) in
-                  enumerate(ac.params)]
+            ps = [ParamInfo(i + 1, n, bit_width(t) or 0) for i, (n, t, _d) in enumerate(ac.params)]
             anns: list[str] = []
             ac.info = ActionInfo(name, ps, anns, fixed_id=self.fixed_id(ac.decl.annotations))
             self.model.actions.append(ac.info)
@@ -2165,8 +2361,9 @@ class Checker:
         tr.append(f"AID = {aid!r}")
         for tc in self.tables:
             tr.append(f"T_{tc.uid} = R.tables_by_name[{tc.info.name!r}]")
-            items = ", ".join(f"{aid[n]}: {self.actions_by_name[n].uid}"
-                              for n in tc.info.action_names)
+            items = ", ".join(
+                f"{aid[n]}: {self.actions_by_name[n].uid}" for n in tc.info.action_names
+            )
             tr.append(f"ACT_{tc.uid} = {{{items}}}")
         for d in self.model.digests:
             tr.append(f"DIG_{d.name} = {d.id}")
@@ -2277,8 +2474,11 @@ def struct_plan(fields: list[tuple[str, int, bool]]) -> tuple[str, list[str], li
         for name, w, signed in fs:
             shift -= w
             m = (1 << w) - 1
-            ex = cexpr if len(fs) == 1 else (f"({cexpr} >> {shift}) & {m}" if shift
-                                             else f"{cexpr} & {m}")
+            ex = (
+                cexpr
+                if len(fs) == 1
+                else (f"({cexpr} >> {shift}) & {m}" if shift else f"{cexpr} & {m}")
+            )
             if signed:
                 h = 1 << (w - 1)
                 ex = f"(({ex}) ^ {h}) - {h}"
@@ -2293,8 +2493,11 @@ def struct_plan(fields: list[tuple[str, int, bool]]) -> tuple[str, list[str], li
             if len(pieces) == 1:
                 pack.append(val)
             else:
-                pack.append(f"({val} >> {shift}) & {(1 << (size * 8)) - 1}" if shift
-                            else f"{val} & {(1 << (size * 8)) - 1}")
+                pack.append(
+                    f"({val} >> {shift}) & {(1 << (size * 8)) - 1}"
+                    if shift
+                    else f"{val} & {(1 << (size * 8)) - 1}"
+                )
     lines.insert(0, f"{', '.join(f'_u{i}' for i in range(nvals))}, = {{U}}")
     return fmt, lines, pack
 

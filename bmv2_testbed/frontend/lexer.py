@@ -15,13 +15,49 @@ from .diagnostics import Diagnostic, Loc
 
 BUILTIN_INCLUDE = Path(__file__).resolve().parent.parent / "p4include"
 
-KEYWORDS = frozenset({
-    "action", "apply", "bit", "bool", "const", "control", "default", "else", "enum", "error",
-    "exit", "extern", "false", "header", "header_union", "if", "in", "inout", "int",
-    "match_kind", "out", "package", "parser", "return", "select", "state", "struct", "switch",
-    "table", "transition", "true", "tuple", "typedef", "varbit", "void", "value_set", "type",
-    "list", "abstract",
-})
+KEYWORDS = frozenset(
+    {
+        "action",
+        "apply",
+        "bit",
+        "bool",
+        "const",
+        "control",
+        "default",
+        "else",
+        "enum",
+        "error",
+        "exit",
+        "extern",
+        "false",
+        "header",
+        "header_union",
+        "if",
+        "in",
+        "inout",
+        "int",
+        "match_kind",
+        "out",
+        "package",
+        "parser",
+        "return",
+        "select",
+        "state",
+        "struct",
+        "switch",
+        "table",
+        "transition",
+        "true",
+        "tuple",
+        "typedef",
+        "varbit",
+        "void",
+        "value_set",
+        "type",
+        "list",
+        "abstract",
+    }
+)
 
 
 @dataclass(frozen=True)
@@ -37,9 +73,46 @@ class Token:
         return f"Token({self.kind},{self.text!r},{self.loc})"
 
 
-_OPS = ["&&&", "|+|", "|-|", "++", "..", "<<", "&&", "||", "==", "!=", "<=", ">=",
-        "{", "}", "(", ")", "[", "]", "<", ">", ";", ":", ",", ".", "=", "+", "-", "*", "/",
-        "%", "&", "|", "^", "~", "!", "?", "@", "#"]
+_OPS = [
+    "&&&",
+    "|+|",
+    "|-|",
+    "++",
+    "..",
+    "<<",
+    "&&",
+    "||",
+    "==",
+    "!=",
+    "<=",
+    ">=",
+    "{",
+    "}",
+    "(",
+    ")",
+    "[",
+    "]",
+    "<",
+    ">",
+    ";",
+    ":",
+    ",",
+    ".",
+    "=",
+    "+",
+    "-",
+    "*",
+    "/",
+    "%",
+    "&",
+    "|",
+    "^",
+    "~",
+    "!",
+    "?",
+    "@",
+    "#",
+]
 _INT_BODY = r"(?:0[xX][0-9a-fA-F_]+|0[bB][01_]+|0[oO][0-7_]+|0[dD][0-9_]+|[0-9][0-9_]*)"
 _TOKEN_RE = re.compile(
     r"(?P<ws>[ \t\r\f\v]+)"
@@ -93,7 +166,7 @@ def _strip_comments(text: str, file: str) -> str:
             j = i + 1
             while j < n and text[j] != '"' and text[j] != "\n":
                 j += 2 if text[j] == "\\" else 1
-            out.append(text[i:j + 1])
+            out.append(text[i : j + 1])
             i = j + 1
         elif text.startswith("//", i):
             j = text.find("\n", i)
@@ -104,7 +177,7 @@ def _strip_comments(text: str, file: str) -> str:
             j = text.find("*/", i + 2)
             if j < 0:
                 raise Diagnostic(Loc(file, line, 1), "unterminated comment")
-            chunk = text[i:j + 2]
+            chunk = text[i : j + 2]
             out.append("".join("\n" if ch == "\n" else " " for ch in chunk))
             line += chunk.count("\n")
             i = j + 2
@@ -242,8 +315,11 @@ class Preprocessor:
         raise Diagnostic(loc, f"cannot find include file '{name}'")
 
     def _eval(self, expr: str, loc: Loc) -> bool:
-        e = re.sub(r"defined\s*\(\s*([A-Za-z_]\w*)\s*\)|defined\s+([A-Za-z_]\w*)",
-                   lambda m: "1" if (m.group(1) or m.group(2)) in self.macros else "0", expr)
+        e = re.sub(
+            r"defined\s*\(\s*([A-Za-z_]\w*)\s*\)|defined\s+([A-Za-z_]\w*)",
+            lambda m: "1" if (m.group(1) or m.group(2)) in self.macros else "0",
+            expr,
+        )
 
         def sub(m: re.Match[str]) -> str:
             toks = self.macros.get(m.group(0))
@@ -262,8 +338,9 @@ class Preprocessor:
             raise Diagnostic(loc, f"cannot evaluate #if expression '{expr}'") from None
 
 
-def tokenize_line(text: str, loc: Loc, macros: dict[str, list[Token]],
-                  out: list[Token] | None = None) -> list[Token]:
+def tokenize_line(
+    text: str, loc: Loc, macros: dict[str, list[Token]], out: list[Token] | None = None
+) -> list[Token]:
     res: list[Token] = [] if out is None else out
     pos = 0
     n = len(text)
@@ -289,8 +366,9 @@ def tokenize_line(text: str, loc: Loc, macros: dict[str, list[Token]],
     return res
 
 
-def _expand(name: str, loc: Loc, macros: dict[str, list[Token]], res: list[Token],
-            active: set[str]) -> None:
+def _expand(
+    name: str, loc: Loc, macros: dict[str, list[Token]], res: list[Token], active: set[str]
+) -> None:
     if name in active:
         res.append(Token("id", name, loc))
         return

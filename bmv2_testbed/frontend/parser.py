@@ -14,10 +14,27 @@ BUILTIN_TYPES = {"bit", "int", "varbit", "bool", "void", "error", "string", "tup
 
 # binary operators: precedence (higher binds tighter), P4 spec / C order
 _BINOPS: dict[str, int] = {
-    "||": 1, "&&": 2, "==": 3, "!=": 3,
-    "<": 4, ">": 4, "<=": 4, ">=": 4,
-    "|": 5, "^": 6, "&": 7, "<<": 8, ">>": 8, "++": 9,
-    "+": 10, "-": 10, "|+|": 10, "|-|": 10, "*": 11, "/": 11, "%": 11,
+    "||": 1,
+    "&&": 2,
+    "==": 3,
+    "!=": 3,
+    "<": 4,
+    ">": 4,
+    "<=": 4,
+    ">=": 4,
+    "|": 5,
+    "^": 6,
+    "&": 7,
+    "<<": 8,
+    ">>": 8,
+    "++": 9,
+    "+": 10,
+    "-": 10,
+    "|+|": 10,
+    "|-|": 10,
+    "*": 11,
+    "/": 11,
+    "%": 11,
 }
 
 
@@ -48,15 +65,17 @@ class Parser:
     def expect(self, text: str, what: str | None = None) -> Token:
         t = self.tok
         if not self.at(text):
-            raise Diagnostic(t.loc, f"expected '{text}'{' ' + what if what else ''}, "
-                                    f"found '{t.text}'")
+            raise Diagnostic(
+                t.loc, f"expected '{text}'{' ' + what if what else ''}, found '{t.text}'"
+            )
         self.i += 1
         return t
 
     def ident(self, what: str = "an identifier") -> Token:
         t = self.tok
-        if t.kind != "id" or (t.text in KEYWORDS and t.text not in ("apply", "state", "type",
-                                                                     "list")):
+        if t.kind != "id" or (
+            t.text in KEYWORDS and t.text not in ("apply", "state", "type", "list")
+        ):
             raise Diagnostic(t.loc, f"expected {what}, found '{t.text}'")
         self.i += 1
         return t
@@ -206,8 +225,9 @@ class Parser:
             tps = self.type_params()
             params = self.params()
             body = self.block()
-            return A.FunctionDecl(loc, fname.text, anns,
-                                  A.FunctionProto(loc, fname.text, anns, ty, tps, params), body)
+            return A.FunctionDecl(
+                loc, fname.text, anns, A.FunctionProto(loc, fname.text, anns, ty, tps, params), body
+            )
         raise Diagnostic(loc, f"expected a declaration, found '{t.text}'")
 
     def type_params(self) -> list[str]:
@@ -246,8 +266,10 @@ class Parser:
         loc = self.tok.loc
         self.expect("extern")
         # extern object: "extern Name {" / "extern Name<T> {"; else an extern function
-        if self.tok.kind == "id" and (self.peek().text == "{" or (
-                self.peek().text == "<" and self.tok.text not in BUILTIN_TYPES)):
+        if self.tok.kind == "id" and (
+            self.peek().text == "{"
+            or (self.peek().text == "<" and self.tok.text not in BUILTIN_TYPES)
+        ):
             name = self.ident("an extern name").text
             self.types.add(name)
             saved = set(self.types)
@@ -317,9 +339,10 @@ class Parser:
                     if self.at("transition"):
                         trans = self.transition()
                         if not self.at("}"):
-                            raise Diagnostic(self.tok.loc,
-                                             "the transition must be the last statement of a "
-                                             "parser state")
+                            raise Diagnostic(
+                                self.tok.loc,
+                                "the transition must be the last statement of a parser state",
+                            )
                         continue
                     stmts.append(self.statement(in_parser=True))
                 states.append(A.ParserState(sloc, sname, sanns, stmts, trans))
@@ -442,7 +465,8 @@ class Parser:
         if self.at("state"):
             raise Diagnostic(t.loc, "unexpected 'state' outside a parser")
         if (t.kind == "id" and t.text not in KEYWORDS and self.peek().text in ("(", "<")) or (
-                t.kind == "id" and self.peek().kind == "id"):
+            t.kind == "id" and self.peek().kind == "id"
+        ):
             raise Diagnostic(t.loc, f"unknown type {t.text}")
         raise Diagnostic(t.loc, f"expected a declaration, found '{t.text}'")
 
@@ -516,8 +540,9 @@ class Parser:
                     an = self.dotted_name()
                     args = self.arguments() if self.at("(") else []
                     self.expect(";")
-                    ents.append(A.TableEntryDecl(eloc, keys_l, A.ActionRef(aloc, an, args, []),
-                                                 eanns, prio))
+                    ents.append(
+                        A.TableEntryDecl(eloc, keys_l, A.ActionRef(aloc, an, args, []), eanns, prio)
+                    )
                 props.append(A.TableProperty(ploc, pname, const, entries=ents))
             else:
                 v = self.expression()
@@ -538,8 +563,11 @@ class Parser:
         t = self.tok
         loc = t.loc
         if t.kind != "id" or not self.is_type_start():
-            raise Diagnostic(loc, f"expected a type, found '{t.text}'"
-                             + (" (unknown type name)" if t.kind == "id" else ""))
+            raise Diagnostic(
+                loc,
+                f"expected a type, found '{t.text}'"
+                + (" (unknown type name)" if t.kind == "id" else ""),
+            )
         self.i += 1
         ty: A.TypeRef
         if t.text in ("bit", "int", "varbit"):
@@ -601,8 +629,9 @@ class Parser:
             kw = t.text
             if kw == "if":
                 if in_parser:
-                    raise Diagnostic(loc, "'if' is not allowed in parser states on bmv2; "
-                                          "use select")
+                    raise Diagnostic(
+                        loc, "'if' is not allowed in parser states on bmv2; use select"
+                    )
                 self.i += 1
                 self.expect("(")
                 c = self.expression()
@@ -631,19 +660,31 @@ class Parser:
                 return A.VarDecl(loc, ty, n.text, v, anns, const=True)
             if kw == "transition":
                 raise Diagnostic(loc, "'transition' is only allowed at the end of a parser state")
-            if self.is_type_start() and (self.peek().kind == "id" or (self.peek().text == "<"
-                                         and t.text in BUILTIN_TYPES | self.types
-                                         and self._looks_like_decl())):
+            if self.is_type_start() and (
+                self.peek().kind == "id"
+                or (
+                    self.peek().text == "<"
+                    and t.text in BUILTIN_TYPES | self.types
+                    and self._looks_like_decl()
+                )
+            ):
                 s = self.decl_after_type(anns)
                 self.expect(";")
                 return s
-            if self.is_type_start() and self.peek().text == "(" and t.text not in (
-                    "bit", "int", "bool"):
+            if (
+                self.is_type_start()
+                and self.peek().text == "("
+                and t.text not in ("bit", "int", "bool")
+            ):
                 s = self.decl_after_type(anns)
                 self.expect(";")
                 return s
-        if t.kind == "id" and t.text not in KEYWORDS and self.peek().kind == "id" and \
-                self.peek().text not in KEYWORDS:
+        if (
+            t.kind == "id"
+            and t.text not in KEYWORDS
+            and self.peek().kind == "id"
+            and self.peek().text not in KEYWORDS
+        ):
             raise Diagnostic(loc, f"unknown type {t.text}")
         lhs = self.expression()
         if self.accept("="):
@@ -651,9 +692,12 @@ class Parser:
             self.expect(";")
             return A.Assign(loc, lhs, rhs)
         if not isinstance(lhs, A.Call):
-            raise Diagnostic(self.tok.loc, f"expected '=' or '(' , found '{self.tok.text}'"
-                             if not self.at(";") else
-                             "expression statement must be a method or function call")
+            raise Diagnostic(
+                self.tok.loc,
+                f"expected '=' or '(' , found '{self.tok.text}'"
+                if not self.at(";")
+                else "expression statement must be a method or function call",
+            )
         self.expect(";")
         return A.CallStmt(loc, lhs)
 
@@ -718,8 +762,13 @@ class Parser:
         t = self.tok
         if t.kind != "op":
             return None
-        if t.text == ">" and self.peek().text == ">" and self.peek().kind == "op" and \
-                self.peek().loc.line == t.loc.line and self.peek().loc.col == t.loc.col + 1:
+        if (
+            t.text == ">"
+            and self.peek().text == ">"
+            and self.peek().kind == "op"
+            and self.peek().loc.line == t.loc.line
+            and self.peek().loc.col == t.loc.col + 1
+        ):
             return ">>"
         return t.text if t.text in _BINOPS else None
 
@@ -825,8 +874,11 @@ class Parser:
             elif t.text == "(":
                 args = self.arguments()
                 e = A.Call(e.loc, e, [], args)
-            elif t.text == "<" and self.is_type_start(self.peek()) and isinstance(
-                    e, (A.Name, A.Member)):
+            elif (
+                t.text == "<"
+                and self.is_type_start(self.peek())
+                and isinstance(e, (A.Name, A.Member))
+            ):
                 self.i += 1
                 targs = [self.type_ref()]
                 while self.accept(","):

@@ -84,8 +84,10 @@ class StructT(Ty):
     @property
     def width(self) -> int:
         return sum(t.width for _, t in self.fields if isinstance(t, BitT)) + sum(
-            t.underlying.width for _, t in self.fields
-            if isinstance(t, EnumT) and t.underlying is not None)
+            t.underlying.width
+            for _, t in self.fields
+            if isinstance(t, EnumT) and t.underlying is not None
+        )
 
 
 @dataclass(eq=False)
