@@ -30,7 +30,9 @@ by nothing but extracts; when no control changes header validity, the headers va
 deparser are a function of the parser's accept path, so the deparser is one combined
 ``struct.pack`` per path; a multicast copy restores only the locals that egress, compute and
 deparser write; stores nobody reads are dropped (the clock is read only by programs that read a
-timestamp).
+timestamp). Each copy gets the queueing fields (``s_enq_qdepth``...) only when the checker
+found that egress, compute or deparser reads one (``ProgramFacts.std_reads``, passed in by the
+pipeline), as the general path does.
 
 The rewrite is *conservative*: whenever the generated code uses something outside the shapes it
 knows (a whole header or struct as a value, a sub-control, a parser state function, lookahead of
@@ -54,12 +56,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import v1model
+from .frontend.model import ProgramFacts
 from .v1model import (
     CLOCK_MASK,
     DROP,
     ENQ_TIMESTAMP_MASK,
     FORWARD,
     PKT_REPLICATION,  # noqa: F401 - re-exported (tests compare it with the dataplane's)
+    QUEUE_FIELDS,
     TRANSMIT,
 )
 
@@ -642,9 +646,10 @@ def fast(port, frames, t0, mcast, out, drop, digest, qdepth):
 """
 
 
-def build_fast(source: str) -> str:
-    """Python source of ``fast(...)`` for a generated module (see the module docstring);
-    raises :class:`FastPathUnsupported` with the reason when the program is not covered."""
+def build_fast(source: str, facts: ProgramFacts) -> str:
+    """Python source of ``fast(...)`` for a generated module (see the module docstring) of a
+    program the checker found ``facts`` about; raises :class:`FastPathUnsupported` with the
+    reason when the program is not covered."""
     tree = ast.parse(source)
     mod = _Module(tree)
     b = _Builder(mod)
@@ -737,13 +742,7 @@ def build_fast(source: str) -> str:
 
     # the queueing fields, per copy, only for a program that reads them after the TM
     queue: list[ast.stmt] = [ast.Pass()]
-    qnames = {"s_enq_qdepth", "s_deq_qdepth", "s_enq_timestamp", "s_deq_timedelta"}
-    if qnames & {
-        n.id
-        for st in [*egress, *compute, *deparse]
-        for n in ast.walk(st)
-        if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)
-    }:
+    if facts.reads_std(QUEUE_FIELDS, ("egress", "compute", "deparser")):
         queue = ast.parse(
             "s_enq_qdepth = s_deq_qdepth = qdepth(_eport, out)\n"
             f"s_enq_timestamp = now & {ENQ_TIMESTAMP_MASK}\n"

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import json
 import random as _random_mod
-import re
 import struct
 import sys
 import time
@@ -46,12 +45,13 @@ from .frontend.model import (
     DigestInfo,
     KeyInfo,
     ParamInfo,
+    ProgramFacts,
     ProgramModel,
     RegisterInfo,
     TableInfo,
 )
 from .frontend.parser import parse_tokens
-from .v1model import egress_spec_at_egress
+from .v1model import QUEUE_FIELDS, egress_spec_at_egress
 
 __all__ = [
     "ARTEFACT_FORMAT",
@@ -342,9 +342,6 @@ class _Binding:
         self.drop_port = runtime.drop_port
 
 
-_QUEUE_FIELDS = re.compile(r"\bC\.std\.(enq_qdepth|deq_qdepth|enq_timestamp|deq_timedelta)\b")
-
-
 # ------------------------------------------------------------------------- the pipeline
 class Pipeline:
     """A checked, compiled P4 program plus its P4Info (see the module docstring)."""
@@ -357,14 +354,18 @@ class Pipeline:
         main: str,
         include_dirs: list[str],
         defines: dict[str, str] | None = None,
+        *,
+        facts: ProgramFacts,
     ) -> None:
         self.model = model
         self.defines = dict(defines or {})
+        #: what the checker found out about the program (not read back from ``source``)
+        self.facts = facts
         #: whether the program reads the queueing fields of standard_metadata (then each copy's
         #: egress gets the depth of its port's queue; see Dataplane.queue_depth)
-        self.reads_queue = bool(_QUEUE_FIELDS.search(source))
+        self.reads_queue = facts.reads_std(QUEUE_FIELDS)
         try:
-            fast = build_fast(source)
+            fast = build_fast(source, facts)
             self.fast_unsupported: str | None = None
         except FastPathUnsupported as e:
             fast = ""
@@ -498,7 +499,9 @@ class Pipeline:
                     seen.append(str(diag))
             raise P4CompileError(seen)
         _p4info.assign_ids(ck.model)
-        return cls(ck.model, ck.module_source(), files, main, include_dirs, defines)
+        return cls(
+            ck.model, ck.module_source(), files, main, include_dirs, defines, facts=ck.facts()
+        )
 
     def check_p4info(self, p4info: Any) -> None:
         """Raise P4CompileError unless ``p4info`` names the same objects with the same ids."""

@@ -52,6 +52,7 @@ __all__ = [
     "PKT_RECIRC",
     "PKT_REPLICATION",
     "PKT_RESUBMIT",
+    "QUEUE_FIELDS",
     "RECIRCULATE",
     "RESUBMIT",
     "TRANSMIT",
@@ -83,6 +84,9 @@ CLOCK_MASK: Final = 0xFFFFFFFFFFFF
 ENQ_TIMESTAMP_MASK: Final = 0xFFFFFFFF
 #: enq_qdepth / deq_qdepth are 19 bits (packets).
 MAX_QDEPTH: Final = 0x7FFFF
+#: The queueing fields of standard_metadata. Both paths set them per copy at the start of
+#: egress, and only for a program that reads one (``ProgramFacts.std_reads``, from the checker).
+QUEUE_FIELDS: Final = frozenset({"enq_qdepth", "deq_qdepth", "enq_timestamp", "deq_timedelta"})
 
 #: PacketCtx.clone_type of a pending clone (the generated code stores ``CloneType + 1``; 0 = none).
 CLONE_I2E: Final = 1

@@ -1,9 +1,12 @@
 """The straight-line fast path (``bmv2_testbed/_fastpath.py``) against the general path.
 
-Every covered test program runs the same random and mutated frames through two dataplanes with
-the same table entries, defaults, multicast groups and clone sessions, one on the fast path and
-one on the general path; outputs (port, bytes, order), drops by reason, packet-ins, digests,
-counters, direct counters, registers and packet statistics must be identical.
+Every covered program (the test programs in ``tests/p4progs`` and the project's own
+``p4/shadowgrad.p4``; :func:`test_coverage_is_what_we_expect` fails when the fast path accepts
+one that the differential test does not run) runs the same random and mutated frames through
+two dataplanes with the same table entries, defaults, multicast groups and clone sessions, one
+on the fast path and one on the general path; outputs (port, bytes, order), drops by reason,
+packet-ins, digests, counters, direct counters, registers and packet statistics must be
+identical.
 """
 
 from __future__ import annotations
@@ -30,7 +33,11 @@ from shadowgrad.bmv2_testbed.dataplane import (
 from shadowgrad.bmv2_testbed.pipeline import Pipeline
 
 PROGS = Path(__file__).resolve().parent / "p4progs"
-ALL = sorted(p.name for p in PROGS.glob("*.p4") if p.name != "common.p4")
+#: every program, by name: the test programs and the switch program of the project
+PATHS = {p.name: p for p in PROGS.glob("*.p4") if p.name != "common.p4"} | {
+    "shadowgrad.p4": PROGS.parents[1] / "p4" / "shadowgrad.p4"
+}
+ALL = sorted(PATHS)
 # what the fast path covers today; the rest say why not (a regression here is a slowdown)
 COVERED = {
     "acl.p4",
@@ -44,8 +51,11 @@ COVERED = {
     "parser_error.p4",
     "pktio.p4",
     "qdepth.p4",
+    "shadowgrad.p4",
     "tor_like.p4",
 }
+#: the programs whose traffic is the shadowgrad wire protocol
+SG_TRAFFIC = {"shadowgrad.p4", "tor_like.p4"}
 CPU = 255
 
 MACS = [
@@ -265,12 +275,12 @@ def state(dp: Dataplane, p: Pipeline) -> dict[str, Any]:
 
 
 def test_coverage_is_what_we_expect() -> None:
-    got = {name for name in ALL if Pipeline.compile(PROGS / name).fast_unsupported is None}
+    pipes = {name: Pipeline.compile(PATHS[name]) for name in ALL}
+    got = {name for name, p in pipes.items() if p.fast_unsupported is None}
+    # COVERED is what test_fast_path_equals_general_path runs: every accepted program
     assert got == COVERED
     # the reasons for the rest are precise
-    reasons = {
-        name: Pipeline.compile(PROGS / name).fast_unsupported for name in ALL if name not in COVERED
-    }
+    reasons = {name: p.fast_unsupported for name, p in pipes.items() if name not in COVERED}
     assert reasons["clone.p4"] == "uses C.clone_type"
     assert reasons["recirc.p4"] == "uses C.resubmit_fl"
     assert "sub_" in (reasons["subctl.p4"] or "")
@@ -285,9 +295,10 @@ def test_instance_type_constant_matches_the_dataplane() -> None:
 def test_unknown_shapes_are_refused() -> None:
     """A covered program's generated module with one construct the rewrite does not know
     is refused with a message naming it (and the unmodified module is accepted)."""
-    general = Pipeline.compile(PROGS / "mcast.p4").source.split("\n_SPP0 = ")[0]
+    p = Pipeline.compile(PROGS / "mcast.p4")
+    general = p.source.split("\n_SPP0 = ")[0]
     assert "def fast(" not in general
-    build_fast(general)
+    build_fast(general, p.facts)
     assert "        t_6(C, F)\n" in general
     for bad, why in (
         ("C.weird = 1", "uses C.weird"),
@@ -296,13 +307,14 @@ def test_unknown_shapes_are_refused() -> None:
     ):
         with pytest.raises(FastPathUnsupported, match=why):
             build_fast(
-                general.replace("        t_6(C, F)\n", f"        t_6(C, F)\n        {bad}\n")
+                general.replace("        t_6(C, F)\n", f"        t_6(C, F)\n        {bad}\n"),
+                p.facts,
             )
 
 
 @pytest.mark.parametrize("prog", sorted(COVERED))
 def test_fast_path_equals_general_path(prog: str) -> None:
-    p = Pipeline.compile(PROGS / prog)
+    p = Pipeline.compile(PATHS[prog])
     fast = Dataplane(p, cpu_port=CPU)
     slow = Dataplane(p, cpu_port=CPU, fast_path=False)
     assert fast.fast_path and not slow.fast_path
@@ -315,7 +327,7 @@ def test_fast_path_equals_general_path(prog: str) -> None:
         ops = program_state(rng, p)
         apply(fast, ops)
         apply(slow, ops)
-        gen = sg_frame if prog == "tor_like.p4" else frame
+        gen = sg_frame if prog in SG_TRAFFIC else frame
         for i in range(700):
             f = gen(rng)
             if i % 4 == 3:

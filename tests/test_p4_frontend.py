@@ -218,6 +218,51 @@ def test_preprocessor_defines_and_conditionals() -> None:
     Pipeline.compile(src, filename="ok.p4")
 
 
+SUB = (
+    "control Sub(inout hs hdr, in standard_metadata_t s) {\n"
+    "    apply { hdr.h.a = (bit<8>) s.enq_timestamp; }\n}\n"
+)
+STD_READS: dict[str, tuple[str, dict[str, set[str]]]] = {
+    "assigned_only": (
+        ing("        sm.enq_qdepth = 1; sm.egress_spec = 2; mark_to_drop(sm);"),
+        {},
+    ),
+    "read": (ing("        hdr.h.a = (bit<8>) sm.enq_qdepth;"), {"ingress": {"enq_qdepth"}}),
+    "slice_assigned": (ing("        sm.egress_spec[0:0] = 1;"), {"ingress": {"egress_spec"}}),
+    "copy": (
+        ing("        c = sm; hdr.h.a = (bit<8>) c.deq_qdepth;", "    standard_metadata_t c;"),
+        {"ingress": {"deq_qdepth"}},
+    ),
+    "sub_control": (
+        ing("        sub.apply(hdr, sm);", "    Sub() sub;").replace(
+            "control I(", SUB + "control I(", 1
+        ),
+        {"ingress": {"enq_timestamp"}},
+    ),
+    "egress_and_tables": (
+        ing("        t.apply();", TABLE).replace(
+            "control E(inout hs hdr, inout m_t meta, inout standard_metadata_t sm) { apply { } }",
+            "control E(inout hs hdr, inout m_t meta, inout standard_metadata_t sm) {\n"
+            "    apply { if (sm.egress_port == 2) { hdr.h.b = (bit<16>) sm.deq_qdepth; } } }",
+        ),
+        {"egress": {"egress_port", "deq_qdepth"}, "ingress": {"packet_length"}},
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(STD_READS))
+def test_checker_records_the_standard_metadata_fields_read(case: str) -> None:
+    """ProgramFacts.std_reads: per block, the standard_metadata fields whose value it may
+    read, through any value of that type (a copy, a sub-control's parameter) or a table's byte
+    count; a field that is only assigned is not read. The pipeline sets the queueing fields at
+    egress only for a program that reads one (the fact, not a scan of the generated code)."""
+    src, want = STD_READS[case]
+    p = Pipeline.compile(src, filename=f"{case}.p4")
+    assert {role: set(fs) for role, fs in p.facts.std_reads.items()} == want
+    queue = {"enq_qdepth", "deq_qdepth", "enq_timestamp", "deq_timedelta"}
+    assert p.reads_queue == any(queue & fs for fs in want.values())
+
+
 def test_all_test_programs_compile() -> None:
     for p in sorted(PROGS.glob("*.p4")):
         if p.name == "common.p4":

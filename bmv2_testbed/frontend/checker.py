@@ -3,7 +3,9 @@
 One pass over the AST checks names, types and widths (reporting ``file:line:col: message``) and,
 for code that checks, emits Python source: one function per parser state, action, table and
 control, plus a class per header/struct type. The source is compiled once when the pipeline is
-loaded; no AST is walked per packet.
+loaded; no AST is walked per packet. Along the way it records what the back ends need to know
+about the program (:meth:`Checker.facts`, a :class:`~.model.ProgramFacts`: e.g. which
+standard_metadata fields each block reads), so that no later stage scans the generated source.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from .model import (
     DigestInfo,
     KeyInfo,
     ParamInfo,
+    ProgramFacts,
     ProgramModel,
     RegisterInfo,
     TableInfo,
@@ -207,6 +210,9 @@ class Checker:
         self.std_t: StructT | None = None
         self.used_action_uids: set[str] = set()
         self.in_sub_apply = False
+        # block role -> standard_metadata fields its code may read (ProgramFacts.std_reads)
+        self.std_reads: dict[str, set[str]] = {}
+        self.assign_target = False  # the member being checked is only assigned (lvalue)
 
     # ------------------------------------------------------------------ diagnostics
     def err(self, loc: Loc, msg: str) -> None:
@@ -219,6 +225,18 @@ class Checker:
     def fresh(self, base: str) -> str:
         self.uid += 1
         return f"{base}{self.uid}"
+
+    # ------------------------------------------------------------------ facts
+    def note_std_read(self, *fields: str) -> None:
+        """The block being checked may read these fields of standard_metadata."""
+        if self.ctl_role:
+            self.std_reads.setdefault(self.ctl_role, set()).update(fields)
+
+    def facts(self) -> ProgramFacts:
+        """What the back ends need to know about the checked program (see ProgramFacts)."""
+        return ProgramFacts(
+            std_reads={role: frozenset(fs) for role, fs in sorted(self.std_reads.items())}
+        )
 
     # ------------------------------------------------------------------ top level
     def run(self) -> None:
@@ -519,6 +537,7 @@ class Checker:
         raise Diagnostic(e.loc, f"{e.name} cannot be used in an expression")
 
     def member_expr(self, e: A.Member, scope: Scope) -> V:
+        target, self.assign_target = self.assign_target, False
         if isinstance(e.expr, A.Name) and e.expr.name == "error":
             if e.name not in self.errors:
                 raise Diagnostic(e.name_loc or e.loc, f"unknown error {e.name}")
@@ -543,6 +562,8 @@ class Checker:
                 and self.egress_hdrs is not None
             ):
                 self.egress_hdrs.add(attr(e.name))
+            if base.ty is self.std_t and not target:
+                self.note_std_read(e.name)
             return V(
                 f"{base.py}.{attr(e.name)}",
                 ft,
@@ -897,8 +918,14 @@ class Checker:
                 e.loc, f"{name} takes {n} argument{'s' if n != 1 else ''}, {len(e.args)} given"
             )
 
-    def lvalue(self, e: A.Expr, scope: Scope) -> V:
-        v = self.expr(e, scope)
+    def lvalue(self, e: A.Expr, scope: Scope, *, read: bool = False) -> V:
+        """``e`` as an assignment target; ``read``: its old value is read too (not only
+        replaced), which :meth:`note_std_read` needs to know."""
+        self.assign_target = not read and isinstance(e, A.Member)
+        try:
+            v = self.expr(e, scope)
+        finally:
+            self.assign_target = False
         if v.py == "C.hdr" and self.ctl_role in _AFTER_INGRESS:
             self.egress_hdrs = None  # the whole headers struct written: copy every header
         if not v.lvalue:
@@ -908,7 +935,7 @@ class Checker:
 
     def assign_code(self, lhs_e: A.Expr, rhs: V, scope: Scope, loc: Loc) -> str:
         if isinstance(lhs_e, A.Slice):
-            base = self.lvalue(lhs_e.expr, scope)
+            base = self.lvalue(lhs_e.expr, scope, read=True)
             sl = self.slice_expr(lhs_e, scope)
             assert isinstance(sl.ty, BitT) and isinstance(base.ty, BitT)
             r = self.coerce(rhs, sl.ty, loc, "right-hand side")
@@ -1009,6 +1036,7 @@ class Checker:
                 raise Diagnostic(e.func.loc, f"counter has no method {m}")
             self.args_n(e, 1, "count")
             i = self.coerce(self.expr(e.args[0], scope), BitT(32), e.args[0].loc, "index")
+            self.note_std_read("packet_length")  # bytes counted
             return V(f"_count({uid}, {i.py}, C)", VOID)
         if kind == "direct_counter":
             if m != "count":
@@ -1045,6 +1073,8 @@ class Checker:
             if not isinstance(v.ty, StructT):
                 raise Diagnostic(e.loc, f"{what} must be a list {{...}} or a struct")
             vals = [(V(f"{v.py}.{attr(n)}", ft), e.loc) for n, ft in v.ty.fields]
+            if v.ty is self.std_t:
+                self.note_std_read(*(n for n, _ in v.ty.fields))
         out: list[tuple[str, int]] = []
         for v, loc in vals:
             w = bit_width(v.ty)
@@ -1692,7 +1722,7 @@ class Checker:
         copy_out: list[str] = []
         for (pn, pt, d), x in zip(sub.params, e.args, strict=True):
             if d in ("out", "inout"):
-                lv = self.lvalue(x, scope)
+                lv = self.lvalue(x, scope, read=True)  # passed in as the frame's value
                 if lv.ty != pt and lv.ty is not pt:
                     raise Diagnostic(
                         x.loc, f"argument for {d} parameter {pn} has type {lv.ty}, expected {pt}"
@@ -1950,6 +1980,7 @@ class Checker:
         self.tables.append(tc)
         self.model.tables.append(info)
         o = Emitter()
+        self.note_std_read("packet_length")  # bytes counted by a direct counter
         with o.block(f"def {uid}(C, F):"):
             kt = "(" + "".join(k + ", " for k in key_py) + ")"
             # exact tables without a direct counter: the dict lookup inline (hot path)

@@ -6,6 +6,7 @@ algorithm); ``0`` until assigned.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 
@@ -120,3 +121,28 @@ class ProgramModel:
     digests: list[DigestInfo] = field(default_factory=list)
     controller_headers: list[ControllerHeaderInfo] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
+
+
+#: The control blocks of a v1model pipeline, by role, in the order a packet runs them.
+ROLES = ("parser", "verify", "ingress", "egress", "compute", "deparser")
+
+
+@dataclass(frozen=True)
+class ProgramFacts:
+    """What the back ends need to know about a checked program beyond its P4Info, recorded by
+    the checker while it types the program (never re-derived from the generated code).
+
+    ``std_reads`` maps each block role of :data:`ROLES` to the ``standard_metadata`` fields whose
+    value that block may read: through a member of any value of type ``standard_metadata_t``
+    (the block's parameter, a copy, a sub-control's parameter; its actions, tables and
+    sub-controls count as the block), a whole ``standard_metadata_t`` as a field list (digest,
+    hash, checksum data), a table's byte counting (``packet_length``). A field that is only
+    assigned is not read. Over-approximate: a block that may read a field lists it.
+    """
+
+    std_reads: Mapping[str, frozenset[str]] = field(default_factory=dict)
+
+    def reads_std(self, fields: Iterable[str], roles: Iterable[str] = ROLES) -> bool:
+        """Whether any of ``roles`` may read any of the standard_metadata ``fields``."""
+        want = frozenset(fields)
+        return any(want & self.std_reads.get(r, frozenset()) for r in roles)
