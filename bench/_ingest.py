@@ -262,23 +262,10 @@ def _free_udp_port() -> int:
         return port
 
 
-def _node(layout: Any, optimizer: str, window: int, rx_threads: int = 1) -> tuple[Any, Any]:
-    import torch
-
+def _optimizer(layout: Any, optimizer: str) -> Any:
+    """The OptimizerSpec a bench shadow replays: fused AdamW or foreach SGD over every param."""
     from shadowgrad.optspec import OptimizerSpec, ParamGroupSpec
-    from shadowgrad.shadow.control import ShadowClient
-    from shadowgrad.shadow.node import NodeOptions, ShadowNode
 
-    sock = _udp()
-    spec = _spec(sock.getsockname()[1], _free_udp_port())
-    node = ShadowNode(
-        spec,
-        0,
-        token=TOKEN,
-        sock=sock,
-        control_bind="tcp://127.0.0.1:*",
-        options=NodeOptions(window=window, rx_threads=rx_threads),
-    ).start()
     names = tuple(p.name for p in layout.params)
     if optimizer == "adamw":
         hyper: dict[str, Any] = {
@@ -293,22 +280,59 @@ def _node(layout: Any, optimizer: str, window: int, rx_threads: int = 1) -> tupl
             "differentiable": False,
             "decoupled_weight_decay": True,
         }
-        opt = OptimizerSpec("AdamW", (ParamGroupSpec(names, hyper),))
-    else:
-        hyper = {
-            "momentum": 0.9,
-            "dampening": 0.0,
-            "weight_decay": 0.0,
-            "nesterov": False,
-            "maximize": False,
-            "foreach": True,
-            "fused": False,
-            "differentiable": False,
-        }
-        opt = OptimizerSpec("SGD", (ParamGroupSpec(names, hyper),))
-    states = [{"param": torch.zeros(b.lengths, dtype=torch.float32)} for b in layout.shard_boxes(0)]
-    with ShadowClient(node.control_endpoint, TOKEN, timeout_s=120) as cl:
-        cl.load(-1, states, opt.to_json(), layout.to_json())
+        return OptimizerSpec("AdamW", (ParamGroupSpec(names, hyper),))
+    hyper = {
+        "momentum": 0.9,
+        "dampening": 0.0,
+        "weight_decay": 0.0,
+        "nesterov": False,
+        "maximize": False,
+        "foreach": True,
+        "fused": False,
+        "differentiable": False,
+    }
+    return OptimizerSpec("SGD", (ParamGroupSpec(names, hyper),))
+
+
+def start_node(
+    spec: Any, sock: Any, layout: Any, optimizer: str, *, token: str, options: Any
+) -> Any:
+    """A started ShadowNode on ``sock`` owning shard 0 of ``layout``, loaded with zeros and
+    ``optimizer``'s replay (stopped again if loading fails)."""
+    import torch
+
+    from shadowgrad.control_client import ShadowClient
+    from shadowgrad.shadow.node import ShadowNode
+
+    node = ShadowNode(
+        spec, 0, token=token, sock=sock, control_bind="tcp://127.0.0.1:*", options=options
+    ).start()
+    try:
+        opt = _optimizer(layout, optimizer)
+        states = [
+            {"param": torch.zeros(b.lengths, dtype=torch.float32)} for b in layout.shard_boxes(0)
+        ]
+        with ShadowClient(node.control_endpoint, token, timeout_s=120) as cl:
+            cl.load(-1, states, opt.to_json(), layout.to_json())
+    except BaseException:
+        node.stop()
+        raise
+    return node
+
+
+def _node(layout: Any, optimizer: str, window: int, rx_threads: int = 1) -> tuple[Any, Any]:
+    from shadowgrad.shadow.node import NodeOptions
+
+    sock = _udp()
+    spec = _spec(sock.getsockname()[1], _free_udp_port())
+    node = start_node(
+        spec,
+        sock,
+        layout,
+        optimizer,
+        token=TOKEN,
+        options=NodeOptions(window=window, rx_threads=rx_threads),
+    )
     return node, sock
 
 

@@ -190,44 +190,14 @@ def _spec(shadow_port: int, trainer_port: int, authenticate_data: bool) -> Any:
 
 def _node(layout: Any, authenticate_data: bool, window: int) -> Any:
     """A loaded ShadowNode owning the whole layout (SGD replay; nothing is applied here)."""
-    import torch
 
-    from shadowgrad.optspec import OptimizerSpec, ParamGroupSpec
-    from shadowgrad.shadow.control import ShadowClient
-    from shadowgrad.shadow.node import NodeOptions, ShadowNode
+    from shadowgrad.shadow.node import NodeOptions
 
     sock = ING._udp()
     spec = _spec(sock.getsockname()[1], ING._free_udp_port(), authenticate_data)
-    node = ShadowNode(
-        spec,
-        0,
-        token=TOKEN,
-        sock=sock,
-        control_bind="tcp://127.0.0.1:*",
-        options=NodeOptions(window=window, rx_threads=1),
-    ).start()
-    try:
-        names = tuple(p.name for p in layout.params)
-        hyper = {
-            "momentum": 0.9,
-            "dampening": 0.0,
-            "weight_decay": 0.0,
-            "nesterov": False,
-            "maximize": False,
-            "foreach": True,
-            "fused": False,
-            "differentiable": False,
-        }
-        opt = OptimizerSpec("SGD", (ParamGroupSpec(names, hyper),))
-        states = [
-            {"param": torch.zeros(b.lengths, dtype=torch.float32)} for b in layout.shard_boxes(0)
-        ]
-        with ShadowClient(node.control_endpoint, TOKEN, timeout_s=120) as cl:
-            cl.load(-1, states, opt.to_json(), layout.to_json())
-    except BaseException:
-        node.stop()
-        raise
-    return node
+    return ING.start_node(
+        spec, sock, layout, "sgd", token=TOKEN, options=NodeOptions(window=window, rx_threads=1)
+    )
 
 
 def _warm(node: Any, layout: Any, iterations: int, authenticate_data: bool) -> int:
