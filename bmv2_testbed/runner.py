@@ -531,20 +531,32 @@ class Runner:
         sys.stderr.flush()
 
     def _teardown(self) -> None:
-        """Stop everything this run started; a second Ctrl-C or SIGTERM cannot interrupt it."""
+        """Stop everything this run started. A Ctrl-C or SIGTERM cannot interrupt it; one that
+        arrives meanwhile is held and acted on once it is done (KeyboardInterrupt), unless an
+        exception is already on its way out (a second Ctrl-C of the same interruption)."""
         import threading
 
         main = threading.current_thread() is threading.main_thread()
+        held: list[int] = []
+
+        def hold(signum: int, _frame: Any) -> None:
+            held.append(signum)
+
         saved = (
-            {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGINT, signal.SIGTERM)}
+            {sig: signal.signal(sig, hold) for sig in (signal.SIGINT, signal.SIGTERM)}
             if main
             else {}
         )
+        unwinding = sys.exc_info()[0] is not None
         try:
             self._teardown_all()
         finally:
             for sig, h in saved.items():
                 signal.signal(sig, h)
+        if held and not unwinding:
+            # e.g. a Ctrl-C while the reference run was being torn down: the demo stops here
+            # instead of going on to the faulted run as if nothing had been asked
+            raise KeyboardInterrupt(f"signal {held[0]} during teardown")
 
     def _teardown_all(self) -> None:
         for p in reversed(self._procs):

@@ -94,6 +94,9 @@ def test_spans_never_straddle_a_shard_boundary(case: tuple[Layout, int], step: i
         for k in range(world):  # the ring's chunks of this bucket for this world size
             lo, hi = n * k // world, n * (k + 1) // world
             spans = list(ring._spans(b, lo, hi))
+            if lo == hi:  # more ranks than elements: this rank's chunk is empty (seen in CI)
+                assert spans == []
+                continue
             assert [s[0] for s in spans] == [lo, *[s[1] for s in spans[:-1]]]
             assert not spans or spans[-1][1] == hi
             for a, z in spans:
