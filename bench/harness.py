@@ -1899,6 +1899,11 @@ def write_plots(found: dict[str, tuple[Path, Doc | None]], g: Doc, out: Path) ->
                     [p[0] for p in pts], [p[1] for p in pts], marker="o", label=f"{world} trainers"
                 )
         ax.axhline(1.0, color="grey", lw=0.8)
+        ax.set_xticks(
+            sorted(
+                {int(r["num_shadows"]) for r in sc["results"] if r.get("num_shadows") is not None}
+            )
+        )
         ax.set_xlabel("shadows")
         ax.set_ylabel("mirror ms/iter / none")
         ax.legend()
