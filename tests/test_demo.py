@@ -203,22 +203,29 @@ def test_a_signal_mid_scenario_leaves_nothing_behind(tmp_path: Path, cache: Path
     from shadowgrad.bmv2_testbed.topology import leftovers
 
     out = tmp_path / "out"
-    proc = subprocess.Popen(
-        [
-            CLI,
-            "demo",
-            str(SCEN / "t-default.toml"),
-            "--topology",
-            "netns",
-            "--out",
-            str(out),
-            "--cache",
-            str(tmp_path / "own-cache"),
-            "--no-progress",
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-    )
+    # a shell that starts a job in the background ignores SIGINT for it, and an ignored SIGINT
+    # stays ignored across exec: the demo gets a caught one (reset to the default by exec), as
+    # from a terminal
+    old = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        proc = subprocess.Popen(
+            [
+                CLI,
+                "demo",
+                str(SCEN / "t-default.toml"),
+                "--topology",
+                "netns",
+                "--out",
+                str(out),
+                "--cache",
+                str(tmp_path / "own-cache"),
+                "--no-progress",
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+        )
+    finally:
+        signal.signal(signal.SIGINT, old)
     try:
         deadline = time.monotonic() + 240
         topo = out / "topology.json"
@@ -251,6 +258,7 @@ def test_a_signal_during_teardown_is_held_then_acted_on() -> None:
     from shadowgrad.bmv2_testbed.runner import Runner
 
     runner = Runner.__new__(Runner)  # only _teardown is exercised
+    before = signal.getsignal(signal.SIGINT)
 
     def teardown_all() -> None:
         os.kill(os.getpid(), signal.SIGINT)
@@ -272,7 +280,7 @@ def test_a_signal_during_teardown_is_held_then_acted_on() -> None:
     with pytest.raises(RuntimeError, match="first"):
         interrupted()
     assert calls == ["done", "done"]
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    assert signal.getsignal(signal.SIGINT) is before
 
 
 def test_target_bmv2_without_the_binaries_fails_at_once(tmp_path: Path) -> None:
