@@ -178,6 +178,8 @@ def test_readme_benchmark_lines_and_summary_are_generated_from_the_json() -> Non
         "run `python bench/harness.py --page-only` and commit README.md"
     )
     assert harness.update_readme(readme, block) == readme
+    demo = harness.demo_block(recorded)
+    assert demo in readme, "README.md's demo sample is not what lostwork_bench's JSON gives"
     summary = harness._load(harness.SUMMARY_JSON)
     assert summary == harness.analyze(harness._found(recorded)), (
         "bench/results/summary.json is not what the committed JSON gives; regenerate it"
