@@ -84,6 +84,11 @@ def _pct(x: Any) -> str:
     return "-" if not isinstance(x, int | float) else f"{100 * x:.1f} %"
 
 
+def _secs(x: Any, digits: int) -> str:
+    """``x`` seconds with its unit; '-' alone for missing."""
+    return "-" if not isinstance(x, int | float) else f"{_f(x, digits)} s"
+
+
 def _ratio(x: Any) -> str:
     return "-" if not isinstance(x, int | float) else f"{x:.3f}"
 
@@ -1079,8 +1084,8 @@ def render_goals(g: Doc) -> list[str]:
                     else ("every iteration" if k == 1 else f"every {_f(k)} it.")
                     if k
                     else "**not within 1 %**",
-                    _f(m.get("interval_s"), 1) + " s",
-                    _f(m.get("lost_per_failure_s"), 2) + " s",
+                    _secs(m.get("interval_s"), 1),
+                    _secs(m.get("lost_per_failure_s"), 2),
                     _pct(m.get("useful")),
                 ]
             )
