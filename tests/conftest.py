@@ -1,11 +1,16 @@
-"""Shared fixtures: child-process reaping and marker gating."""
+"""Shared fixtures: child-process reaping, logging isolation, marker gating, and a bound on
+the interpreter's exit (a thread a failed test leaves behind must not hang CI)."""
 
 from __future__ import annotations
 
 import contextlib
+import faulthandler
+import logging
 import os
 import shutil
 import signal
+import sys
+import threading
 import time
 import warnings
 from collections.abc import Iterator
@@ -62,6 +67,44 @@ def reap_children() -> Iterator[None]:
     if leaked:
         warnings.warn(f"test left child processes {sorted(leaked)}; reaping them", stacklevel=1)
         _reap(leaked)
+
+
+@pytest.fixture(autouse=True)
+def isolate_root_logger() -> Iterator[None]:
+    """A command run in-process (``cli.main``) replaces the root logger's handlers with one bound
+    to this test's captured stderr, which pytest closes afterwards; later tests would then log
+    into a closed file and lose pytest's own capture handlers. Restore the root logger."""
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    yield
+    root.handlers[:] = handlers
+    root.setLevel(level)
+
+
+EXIT_GRACE_S = float(os.environ.get("SHADOWGRAD_TEST_EXIT_GRACE_S", "120"))
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Bound the interpreter's exit. A test that fails before its cleanup can leave a non-daemon
+    thread blocked (a gRPC server's worker serving a stream that was never closed), and the
+    interpreter joins those at exit: the run would hang after printing its summary. If the
+    process is still alive ``EXIT_GRACE_S`` after the session ends, print every thread's stack
+    and leave with the session's status (a failure if it had passed)."""
+
+    def bound() -> None:
+        time.sleep(EXIT_GRACE_S)
+        left = [t.name for t in threading.enumerate() if t.is_alive() and not t.daemon]
+        print(
+            f"\npytest: still running {EXIT_GRACE_S:.0f} s after the session ended; "
+            f"non-daemon threads left: {left}",
+            file=sys.__stderr__,
+            flush=True,
+        )
+        if sys.__stderr__ is not None:
+            faulthandler.dump_traceback(file=sys.__stderr__, all_threads=True)
+        os._exit(int(exitstatus) or 1)
+
+    threading.Thread(target=bound, name="exit-bound", daemon=True).start()
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -262,31 +262,36 @@ def test_stop_leaves_no_threads_even_with_a_paused_producer(pipeline: Pipeline) 
 
     class StuckPort(InProcessPort):
         def send(self, frame: bytes) -> None:
-            gate.wait(10)
+            gate.wait(120)  # released by the test; the bound only keeps a failed run finite
 
     sw.add_port(
-        StuckPort(2), QueueConfig(capacity=1, lossless=True, pause_timeout_s=30, inline_tx=False)
+        StuckPort(2), QueueConfig(capacity=1, lossless=True, pause_timeout_s=60, inline_tx=False)
     )
     sw.load_pipeline(pipeline)
     sw.start()
     assert sw.server is not None
     c = Client(f"127.0.0.1:{sw.server.port}", election_id=1)
-    assert isinstance(p1, InProcessPort)
-    route(sw, names, 0x0A000002, 2)
-    producer = threading.Thread(
-        target=lambda: [p1.inject(ipv4_frame("10.0.0.2")) for _ in range(5)]
-    )
-    producer.start()
-    deadline = time.monotonic() + 10
-    while not sw.queues[2].paused and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert sw.queues[2].paused
-    t0 = time.monotonic()
-    sw.stop()  # wakes the paused producer (its frames count as "closed" drops)
-    producer.join(5)
-    stop_s = time.monotonic() - t0
-    gate.set()  # release the port's stuck send so its thread can end
-    c.close()
+    try:
+        assert isinstance(p1, InProcessPort)
+        route(sw, names, 0x0A000002, 2)
+        producer = threading.Thread(
+            target=lambda: [p1.inject(ipv4_frame("10.0.0.2")) for _ in range(5)]
+        )
+        producer.start()
+        # the port's send is stuck until the gate opens, so the pause lasts: a slow machine only
+        # delays when the loop sees it
+        deadline = time.monotonic() + 30
+        while not sw.queues[2].paused and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert sw.queues[2].paused
+        t0 = time.monotonic()
+        sw.stop()  # wakes the paused producer (its frames count as "closed" drops)
+        producer.join(5)
+        stop_s = time.monotonic() - t0
+    finally:
+        gate.set()  # release the port's stuck send so its thread can end
+        c.close()
+        sw.stop()
     assert stop_s < 6 and not producer.is_alive()
     assert sw.queues[2].stats().drops["closed"] >= 1
     time.sleep(0.3)
