@@ -99,6 +99,17 @@ def _chain(node: ast.expr) -> list[str] | None:
     return parts[::-1]
 
 
+def _calls_with_ctx(node: ast.Call, fn: str, n: int, ctx_at: int) -> bool:
+    """``node`` is ``fn(...)`` with ``n`` arguments, the ``ctx_at``-th the packet context ``C``."""
+    arg = node.args[ctx_at] if len(node.args) == n else None
+    return (
+        isinstance(node.func, ast.Name)
+        and node.func.id == fn
+        and isinstance(arg, ast.Name)
+        and arg.id == "C"
+    )
+
+
 class _Module:
     """What the rewrite needs to know about one generated module."""
 
@@ -299,22 +310,10 @@ class _Rewriter(ast.NodeTransformer):
             assert isinstance(folded, ast.IfExp) and isinstance(folded.test, ast.NamedExpr)
             folded.test.value = s
             return ast.copy_location(folded, node)
-        if (
-            isinstance(f, ast.Name)
-            and f.id == "_count"
-            and len(node.args) == 3
-            and isinstance(node.args[2], ast.Name)
-            and node.args[2].id == "C"
-        ):
+        if _calls_with_ctx(node, "_count", 3, 2):
             node.func = ast.Name("_count_n", ast.Load())
             node.args[2] = ast.Name("s_packet_length", ast.Load())
-        elif (
-            isinstance(f, ast.Name)
-            and f.id == "_peek"
-            and len(node.args) == 2
-            and isinstance(node.args[0], ast.Name)
-            and node.args[0].id == "C"
-        ):
+        elif _calls_with_ctx(node, "_peek", 2, 0):
             node.func = ast.Name("_peek_b", ast.Load())
             node.args = [ast.Name("_buf", ast.Load()), ast.Name("_off", ast.Load()), node.args[1]]
         return self.generic_visit(node)

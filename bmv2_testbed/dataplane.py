@@ -73,15 +73,8 @@ from typing import Any
 
 from shadowgrad.errors import ShadowgradError
 
-from .pipeline import (
-    ActionInfo,
-    ConstEntry,
-    P4CompileError,
-    PacketCtx,
-    Pipeline,
-    TableInfo,
-    _ParserError,
-)
+from .frontend.model import ActionInfo, ConstEntry, TableInfo
+from .pipeline import P4CompileError, PacketCtx, Pipeline, _ParserError
 from .v1model import (
     CLOCK_MASK,
     CLONE_E2E,

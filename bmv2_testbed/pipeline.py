@@ -34,39 +34,18 @@ from shadowgrad.errors import ShadowgradError
 
 from . import p4info as _p4info
 from ._fastpath import FastPathUnsupported, build_fast
+from .frontend import model as p4model
 from .frontend.checker import Checker
 from .frontend.diagnostics import Diagnostic
 from .frontend.lexer import Preprocessor, lex
-from .frontend.model import (
-    ActionInfo,
-    ConstEntry,
-    ControllerHeaderInfo,
-    CounterInfo,
-    DigestInfo,
-    KeyInfo,
-    ParamInfo,
-    ProgramFacts,
-    ProgramModel,
-    RegisterInfo,
-    TableInfo,
-)
 from .frontend.parser import parse_tokens
 from .v1model import QUEUE_FIELDS, egress_spec_at_egress
 
 __all__ = [
     "ARTEFACT_FORMAT",
-    "ActionInfo",
-    "ConstEntry",
-    "ControllerHeaderInfo",
-    "CounterInfo",
-    "DigestInfo",
-    "KeyInfo",
     "P4CompileError",
     "PacketCtx",
-    "ParamInfo",
     "Pipeline",
-    "RegisterInfo",
-    "TableInfo",
 ]
 
 ARTEFACT_FORMAT = "shadowgrad-p4-pipeline"
@@ -348,14 +327,14 @@ class Pipeline:
 
     def __init__(  # noqa: PLR0917
         self,
-        model: ProgramModel,
+        model: p4model.ProgramModel,
         source: str,
         files: dict[str, str],
         main: str,
         include_dirs: list[str],
         defines: dict[str, str] | None = None,
         *,
-        facts: ProgramFacts,
+        facts: p4model.ProgramFacts,
     ) -> None:
         self.model = model
         self.defines = dict(defines or {})
@@ -377,15 +356,17 @@ class Pipeline:
         self.include_dirs = include_dirs
         self.code = compile(source, f"<p4:{main}>", "exec")
         self.p4info = _p4info.build_p4info(model)
-        self.actions: dict[int, ActionInfo] = {a.id: a for a in model.actions}
+        self.actions: dict[int, p4model.ActionInfo] = {a.id: a for a in model.actions}
         self.action_ids: dict[str, int] = {a.name: a.id for a in model.actions}
-        self.tables: dict[int, TableInfo] = {t.id: t for t in model.tables}
-        self.counters: dict[int, CounterInfo] = {c.id: c for c in model.counters}
-        self.direct_counters: dict[int, CounterInfo] = {c.id: c for c in model.direct_counters}
-        self.registers: dict[int, RegisterInfo] = {r.id: r for r in model.registers}
-        self.digests: dict[int, DigestInfo] = {d.id: d for d in model.digests}
-        self.packet_in: ControllerHeaderInfo | None = None
-        self.packet_out: ControllerHeaderInfo | None = None
+        self.tables: dict[int, p4model.TableInfo] = {t.id: t for t in model.tables}
+        self.counters: dict[int, p4model.CounterInfo] = {c.id: c for c in model.counters}
+        self.direct_counters: dict[int, p4model.CounterInfo] = {
+            c.id: c for c in model.direct_counters
+        }
+        self.registers: dict[int, p4model.RegisterInfo] = {r.id: r for r in model.registers}
+        self.digests: dict[int, p4model.DigestInfo] = {d.id: d for d in model.digests}
+        self.packet_in: p4model.ControllerHeaderInfo | None = None
+        self.packet_out: p4model.ControllerHeaderInfo | None = None
         for ch in model.controller_headers:
             if ch.name == "packet_in":
                 self.packet_in = ch

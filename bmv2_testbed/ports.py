@@ -163,7 +163,17 @@ def disable_offloads(iface: str, netns: str | None = None) -> bool:
     return any(results)
 
 
-class AfPacketPort(Port):
+class _SocketPort(Port):
+    """A port over one socket (``_sock``), closed after the RX thread has stopped."""
+
+    _sock: socket.socket
+
+    def close(self, timeout: float = 2.0) -> None:
+        super().close(timeout)
+        self._sock.close()
+
+
+class AfPacketPort(_SocketPort):
     """A Linux interface as a switch port (root or a user namespace with CAP_NET_RAW)."""
 
     kind = "af_packet"
@@ -334,12 +344,8 @@ class AfPacketPort(Port):
         self._read_stats()
         return {**super().counters(), "kernel_drops": self.kernel_drops}
 
-    def close(self, timeout: float = 2.0) -> None:
-        super().close(timeout)
-        self._sock.close()
 
-
-class UdpPort(Port):
+class UdpPort(_SocketPort):
     """A UDP endpoint as a switch port: one datagram = one whole Ethernet frame."""
 
     kind = "udp"
@@ -396,10 +402,6 @@ class UdpPort(Port):
 
     def counters(self) -> dict[str, int]:
         return {**super().counters(), "no_peer_drops": self.no_peer_drops}
-
-    def close(self, timeout: float = 2.0) -> None:
-        super().close(timeout)
-        self._sock.close()
 
 
 class InProcessPort(Port):

@@ -763,39 +763,29 @@ def _plot_step_time(record: Mapping[str, Any], summary: Mapping[str, Any]) -> Fi
         line_y.append(y)
     ax.plot(line_x, line_y, color="#1f77b4", linewidth=0.8, alpha=0.6, zorder=2)
     normal = [k for k in range(len(steps)) if k not in warmup and k not in repeated]
-    ax.plot(
-        [xs[k] for k in normal],
-        [ms[k] for k in normal],
-        ".",
-        color="#1f77b4",
-        markersize=4,
-        label="step",
-        zorder=3,
-    )
-    if repeated:
-        ks = sorted(repeated)
-        ax.plot(
-            [xs[k] for k in ks],
-            [ms[k] for k in ks],
-            "s",
-            color="#d62728",
-            markersize=6,
-            fillstyle="none",
-            label="repeated iteration",
-            zorder=4,
-        )
-    if warmup:
-        ks = sorted(warmup - repeated)
-        ax.plot(
-            [xs[k] for k in ks],
-            [ms[k] for k in ks],
+    series: list[tuple[list[int], str, str, int, str, dict[str, Any]]] = [
+        (normal, ".", "#1f77b4", 4, "step", {"zorder": 3}),
+        (sorted(repeated), "s", "#d62728", 6, "repeated iteration", {"fillstyle": "none"}),
+        (
+            sorted(warmup - repeated),
             "o",
-            color="#ff7f0e",
-            markersize=6,
-            fillstyle="none",
-            label="after restart (not in the mean)",
-            zorder=4,
-        )
+            "#ff7f0e",
+            6,
+            "after restart (not in the mean)",
+            {"fillstyle": "none"},
+        ),
+    ]
+    for ks, marker, color, size, label, style in series:
+        if ks or label == "step":
+            ax.plot(
+                [xs[k] for k in ks],
+                [ms[k] for k in ks],
+                marker,
+                color=color,
+                markersize=size,
+                label=label,
+                **{"zorder": 4, **style},
+            )
     over = _map(summary.get("trainer_overhead"))
     mean, ref = _num(over.get("run_mean_step_s")), _num(over.get("reference_mean_step_s"))
     if mean is not None:

@@ -1577,6 +1577,32 @@ class Checker:
             )
             scope.add(p.name, Sym("var", t, py=py, readonly=ro))
 
+    def control_locals(self, decls: list[Any], scope: Scope) -> list[str]:
+        """Declare a control's locals (actions, tables, instances, variables) in ``scope``; a
+        bad one is reported and poisoned. Returns the frame-initialising lines they emit."""
+        saved, self.out = self.out, Emitter()
+        try:
+            tables: list[TableCtx] = []
+            for loc_d in decls:
+                try:
+                    self.control_local(loc_d, scope, tables)
+                except Diagnostic as e:
+                    self.add_diag(e)
+                    name = getattr(loc_d, "name", None)
+                    if isinstance(name, str) and scope.syms.get(name) is None:
+                        scope.add(name, Sym("poison"))
+            return self.out.lines
+        finally:
+            self.out = saved
+
+    def frame_class(self, o: Emitter, fcls: str) -> None:
+        """The class of a block's frame: one slot per local, initialised to its default."""
+        with o.block(f"class {fcls}:"):
+            o(f"__slots__ = {tuple(n for n, _ in self.frame_vars)!r}")
+            with o.block("def __init__(self):"):
+                for n, dv in self.frame_vars:
+                    o(f"self.{n} = {dv}")
+
     def compile_block(self, role: str, fn: str, d: Any) -> None:
         self.ctl_name = (
             A.ann_get(d.annotations, "name") and str(A.ann_get(d.annotations, "name").args[0])  # type: ignore[union-attr]
@@ -1585,27 +1611,10 @@ class Checker:
         self.frame_vars = []
         scope = Scope(self.g)
         self.bind_params(role, d, scope)
-        body = Emitter()
-        saved = self.out
-        self.out = body
-        tables: list[TableCtx] = []
-        for loc_d in d.locals:
-            try:
-                self.control_local(loc_d, scope, tables)
-            except Diagnostic as e:
-                self.add_diag(e)
-                name = getattr(loc_d, "name", None)
-                if isinstance(name, str) and scope.syms.get(name) is None:
-                    scope.add(name, Sym("poison"))
-        self.out = saved
-        init_lines = body.lines
+        init_lines = self.control_locals(d.locals, scope)
         o = self.out
         fcls = f"F_{fn}"
-        with o.block(f"class {fcls}:"):
-            o(f"__slots__ = {tuple(n for n, _ in self.frame_vars)!r}")
-            with o.block("def __init__(self):"):
-                for n, dv in self.frame_vars:
-                    o(f"self.{n} = {dv}")
+        self.frame_class(o, fcls)
         if role == "parser":
             self.compile_parser(d, scope, fcls, init_lines)
             return
@@ -1662,25 +1671,11 @@ class Checker:
                 )
                 sc.add(p.name, Sym("var", t, py=f"F.{attr(p.name)}", readonly=ro))
                 params.append((p.name, t, p.direction))
-            body = Emitter()
-            self.out = body
-            tables: list[TableCtx] = []
-            for loc_d in decl.locals:
-                try:
-                    self.control_local(loc_d, sc, tables)
-                except Diagnostic as e:
-                    self.add_diag(e)
-                    lname = getattr(loc_d, "name", None)
-                    if isinstance(lname, str) and sc.syms.get(lname) is None:
-                        sc.add(lname, Sym("poison"))
+            init_lines = self.control_locals(decl.locals, sc)
             o = Emitter()
             self.out = o
             fcls = f"F_{uid}"
-            with o.block(f"class {fcls}:"):
-                o(f"__slots__ = {tuple(n for n, _ in self.frame_vars)!r}")
-                with o.block("def __init__(self):"):
-                    for n, dv in self.frame_vars:
-                        o(f"self.{n} = {dv}")
+            self.frame_class(o, fcls)
             args = [f"a{i}" for i in range(len(params))]
             outs = [
                 f"F.{attr(n)}"
@@ -1692,7 +1687,7 @@ class Checker:
                 o(f"F = {fcls}()")
                 for (n, _t, _d), a in zip(params, args, strict=True):
                     o(f"F.{attr(n)} = {a}")
-                for ln in body.lines:
+                for ln in init_lines:
                     o(ln)
                 self.in_sub_apply = True
                 with o.block("try:"):

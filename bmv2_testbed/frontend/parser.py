@@ -310,20 +310,29 @@ class Parser:
         body = self.block()
         return A.ActionDecl(loc, name, anns, ps, body)
 
-    def parser_decl(self, anns: list[A.Annotation]) -> A.ParserDecl:
-        loc = self.expect("parser").loc
-        name = self.ident("a parser name").text
+    def block_head(
+        self, kw: str
+    ) -> tuple[Loc, str, set[str], list[str], list[A.Param], list[A.Param] | None]:
+        """``parser``/``control`` NAME <type params> (params), then ``;`` (a declaration:
+        ``ctor`` None) or [(constructor params)] ``{``. Returns loc, name, the type names in
+        scope before the type params, type params, params and ``ctor``."""
+        loc = self.expect(kw).loc
+        name = self.ident(f"a {kw} name").text
         self.types.add(name)
         saved = set(self.types)
         tps = self.type_params()
         ps = self.params()
         if self.accept(";"):
             self.types = saved | {name}
-            return A.ParserDecl(loc, name, anns, tps, ps, [], [], [], True)
-        ctor: list[A.Param] = []
-        if self.at("("):
-            ctor = self.params()
+            return loc, name, saved, tps, ps, None
+        ctor = self.params() if self.at("(") else []
         self.expect("{")
+        return loc, name, saved, tps, ps, ctor
+
+    def parser_decl(self, anns: list[A.Annotation]) -> A.ParserDecl:
+        loc, name, saved, tps, ps, ctor = self.block_head("parser")
+        if ctor is None:
+            return A.ParserDecl(loc, name, anns, tps, ps, [], [], [], True)
         locs: list[A.Stmt | A.Decl] = []
         states: list[A.ParserState] = []
         while not self.accept("}"):
@@ -415,19 +424,9 @@ class Parser:
         return e
 
     def control_decl(self, anns: list[A.Annotation]) -> A.ControlDecl:
-        loc = self.expect("control").loc
-        name = self.ident("a control name").text
-        self.types.add(name)
-        saved = set(self.types)
-        tps = self.type_params()
-        ps = self.params()
-        if self.accept(";"):
-            self.types = saved | {name}
+        loc, name, saved, tps, ps, ctor = self.block_head("control")
+        if ctor is None:
             return A.ControlDecl(loc, name, anns, tps, ps, [], [], None, True)
-        ctor: list[A.Param] = []
-        if self.at("("):
-            ctor = self.params()
-        self.expect("{")
         locs: list[A.Stmt | A.Decl] = []
         body: A.Block | None = None
         while not self.accept("}"):
