@@ -3,8 +3,11 @@
 The code generator (``frontend/checker.py``) emits a module of small functions over a
 per-packet context object (``C.hdr.ipv4.ttl``, ``C.std.egress_spec``, a function per action and
 table). That general form covers every supported feature but costs an object per header and a
-call per block, table and action. :func:`build_fast` rewrites the *generated Python* of a program
-into one function::
+call per block, table and action. :func:`build_fast` rewrites the code of that module's
+blocks, tables and actions (its tree, parsed once by the pipeline, which compiles the same tree;
+no generated text is read back) into one function, taking the layout of the program's state —
+headers and their fields, metadata, frames, initial values, pack formats, the tables' action
+maps — from the checker's :class:`~.frontend.model.ProgramFacts`::
 
     fast(port, frames, t0, mcast, out, drop, digest, qdepth) -> None
 
@@ -51,12 +54,12 @@ import functools
 import inspect
 import itertools
 import textwrap
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from . import v1model
-from .frontend.model import ProgramFacts
+from .frontend.model import ProgramFacts, Scalar
 from .v1model import (
     CLOCK_MASK,
     DROP,
@@ -72,19 +75,6 @@ __all__ = ["FastPathUnsupported", "build_fast"]
 
 class FastPathUnsupported(Exception):  # noqa: N818 - a reason, not an error
     """The program uses something the fast path does not cover (the message says what)."""
-
-
-def _const(node: ast.expr) -> Any:
-    if isinstance(node, ast.Constant):
-        return node.value
-    if (
-        isinstance(node, ast.UnaryOp)
-        and isinstance(node.op, ast.USub)
-        and isinstance(node.operand, ast.Constant)
-        and isinstance(node.operand.value, (int, float))
-    ):
-        return -node.operand.value
-    raise FastPathUnsupported(f"non-constant initial value {ast.unparse(node)}")
 
 
 def _chain(node: ast.expr) -> list[str] | None:
@@ -110,115 +100,36 @@ def _calls_with_ctx(node: ast.Call, fn: str, n: int, ctx_at: int) -> bool:
     )
 
 
+def _scalars(where: str, values: Mapping[str, Scalar | None]) -> dict[str, Scalar]:
+    """``values`` (the checker's initial values), refused unless every one is a scalar."""
+    for name, v in values.items():
+        if v is None:
+            raise FastPathUnsupported(f"non-constant initial value of {where}.{name}")
+    return dict(values)  # type: ignore[arg-type]  # no None left
+
+
 class _Module:
-    """What the rewrite needs to know about one generated module."""
+    """What the rewrite needs to know about one program: the code of its blocks, tables and
+    actions (the general backend's functions), and the layout the checker recorded."""
 
-    def __init__(self, tree: ast.Module) -> None:
-        self.funcs: dict[str, ast.FunctionDef] = {}
-        self.classes: dict[str, ast.ClassDef] = {}
-        self.act_maps: dict[str, dict[int, str]] = {}
-        self.pack_formats: dict[str, str] = {}  # ``_SP_<type>`` -> struct format
-        for node in tree.body:
-            if (
-                isinstance(node, ast.Assign)
-                and len(node.targets) == 1
-                and isinstance(node.targets[0], ast.Name)
-                and node.targets[0].id.startswith("_SP_")
-                and isinstance(node.value, ast.Attribute)
-                and node.value.attr == "pack"
-                and isinstance(node.value.value, ast.Call)
-                and len(node.value.value.args) == 1
-                and isinstance(node.value.value.args[0], ast.Constant)
-                and isinstance(node.value.value.args[0].value, str)
-            ):
-                self.pack_formats[node.targets[0].id] = node.value.value.args[0].value
-            if isinstance(node, ast.FunctionDef):
-                self.funcs[node.name] = node
-            elif isinstance(node, ast.ClassDef):
-                self.classes[node.name] = node
-            elif (
-                isinstance(node, ast.Assign)
-                and len(node.targets) == 1
-                and isinstance(node.targets[0], ast.Name)
-                and node.targets[0].id.startswith("ACT_t_")
-                and isinstance(node.value, ast.Dict)
-            ):
-                m: dict[int, str] = {}
-                for k, v in zip(node.value.keys, node.value.values, strict=True):
-                    if not (
-                        isinstance(k, ast.Constant)
-                        and isinstance(k.value, int)
-                        and isinstance(v, ast.Name)
-                    ):
-                        raise FastPathUnsupported("unexpected action map")
-                    m[k.value] = v.id
-                self.act_maps[node.targets[0].id[4:]] = m
-        # the program's header/metadata struct classes, from new_ctx(): C.hdr = S_<type>() ...
-        types = {"hdr": "S_headers", "meta": "S_metadata", "std": "S_standard_metadata_t"}
-        new_ctx = self.funcs.get("new_ctx")
-        for node in new_ctx.body if new_ctx is not None else []:
-            if (
-                isinstance(node, ast.Assign)
-                and len(node.targets) == 1
-                and isinstance(node.value, ast.Call)
-                and isinstance(node.value.func, ast.Name)
-            ):
-                ch = _chain(node.targets[0])
-                if ch is not None and len(ch) == 2 and ch[0] == "C" and ch[1] in types:
-                    types[ch[1]] = node.value.func.id
-        # headers: S_<headers type>.__init__ assigns self.<h> = H_<type>()
-        self.headers: dict[str, dict[str, Any]] = {}  # instance -> field -> default
-        for st in self._init_body(types["hdr"]):
-            tgt, val = st
-            if not (
-                isinstance(val, ast.Call)
-                and isinstance(val.func, ast.Name)
-                and val.func.id in self.classes
-            ):
-                raise FastPathUnsupported(f"header {tgt} is not a plain header")
-            self.headers[tgt] = self._header_fields(self.classes[val.func.id])
-        self.meta = {t: _const(v) for t, v in self._init_body(types["meta"])}
-        self.std = {t: _const(v) for t, v in self._init_body(types["std"])}
+    def __init__(self, tree: ast.Module, facts: ProgramFacts) -> None:
+        self.funcs: dict[str, ast.FunctionDef] = {
+            node.name: node for node in tree.body if isinstance(node, ast.FunctionDef)
+        }
+        self.act_maps = facts.action_maps
+        # the general code packs a header of type T with ``_SP_<T>``
+        self.pack_formats = {f"_SP_{t}": fmt for t, fmt in facts.pack_formats.items()}
+        self.headers: dict[str, dict[str, Scalar]] = {}  # instance -> field -> default
+        for h, fields in facts.headers.items():
+            if fields is None:
+                raise FastPathUnsupported(f"header {h} is not a plain header")
+            self.headers[h] = _scalars(f"hdr.{h}", fields)
+        self.meta = _scalars("meta", facts.meta)
+        self.std = _scalars("std", facts.std)
+        self.frames = facts.frames
 
-    def _init_body(self, cls: str) -> list[tuple[str, ast.expr]]:
-        c = self.classes.get(cls)
-        if c is None:
-            raise FastPathUnsupported(f"no class {cls}")
-        init = next(
-            (f for f in c.body if isinstance(f, ast.FunctionDef) and f.name == "__init__"), None
-        )
-        if init is None:
-            return []
-        out = []
-        for st in init.body:
-            if isinstance(st, ast.Pass):
-                continue
-            if not (isinstance(st, ast.Assign) and len(st.targets) == 1):
-                raise FastPathUnsupported(f"{cls}: unexpected initialiser")
-            ch = _chain(st.targets[0])
-            if ch is None or len(ch) != 2 or ch[0] != "self":
-                raise FastPathUnsupported(f"{cls}: unexpected initialiser")
-            out.append((ch[1], st.value))
-        return out
-
-    @staticmethod
-    def _header_fields(c: ast.ClassDef) -> dict[str, Any]:
-        fields: dict[str, Any] = {}
-        for st in c.body:
-            if (
-                isinstance(st, ast.Assign)
-                and len(st.targets) == 1
-                and isinstance(st.targets[0], ast.Name)
-            ):
-                fields[st.targets[0].id] = _const(st.value)
-        if "_v_" not in fields:
-            raise FastPathUnsupported(f"{c.name} is not a header")
-        return fields
-
-    def frame_fields(self, block: str) -> dict[str, Any]:
-        if f"F_{block}" not in self.classes:
-            return {}
-        return {t: _const(v) for t, v in self._init_body(f"F_{block}")}
+    def frame_fields(self, block: str) -> dict[str, Scalar]:
+        return _scalars(block, self.frames.get(block, {}))
 
 
 class _Rewriter(ast.NodeTransformer):
@@ -645,12 +556,12 @@ def fast(port, frames, t0, mcast, out, drop, digest, qdepth):
 """
 
 
-def build_fast(source: str, facts: ProgramFacts) -> str:
-    """Python source of ``fast(...)`` for a generated module (see the module docstring) of a
-    program the checker found ``facts`` about; raises :class:`FastPathUnsupported` with the
-    reason when the program is not covered."""
-    tree = ast.parse(source)
-    mod = _Module(tree)
+def build_fast(tree: ast.Module, facts: ProgramFacts) -> ast.Module:
+    """The module that defines ``fast(...)`` (see the module docstring) for a program: ``tree``
+    is the general backend's module (read, never modified), ``facts`` what the checker recorded
+    about the program. Raises :class:`FastPathUnsupported` with the reason when the program is
+    not covered."""
+    mod = _Module(tree, facts)
     b = _Builder(mod)
 
     def run(block: str, prefix: str) -> list[ast.stmt]:
@@ -769,7 +680,7 @@ def build_fast(source: str, facts: ProgramFacts) -> str:
     _cleanup(fast)
     out = ast.Module([*pre, fast], [])
     ast.fix_missing_locations(out)
-    return ast.unparse(out) + "\n"
+    return out
 
 
 _SAFE_OPS = (ast.Add, ast.Sub, ast.Mult, ast.BitAnd, ast.BitOr, ast.BitXor, ast.LShift, ast.RShift)

@@ -19,6 +19,7 @@ and is refused with a clear error.
 
 from __future__ import annotations
 
+import ast
 import json
 import random as _random_mod
 import struct
@@ -28,6 +29,7 @@ import zlib
 from array import array
 from dataclasses import dataclass
 from pathlib import Path
+from types import CodeType
 from typing import Any
 
 from shadowgrad.errors import ShadowgradError
@@ -343,18 +345,24 @@ class Pipeline:
         #: whether the program reads the queueing fields of standard_metadata (then each copy's
         #: egress gets the depth of its port's queue; see Dataplane.queue_depth)
         self.reads_queue = facts.reads_std(QUEUE_FIELDS)
+        # the general backend's module, parsed once: compiled here, read by the fast path
+        tree = ast.parse(source, f"<p4:{main}>")
+        self.code = compile(tree, f"<p4:{main}>", "exec")
+        #: ``fast(...)`` (the straight-line backend), compiled into the same namespace; None
+        #: when the program is not covered (``fast_unsupported`` says why)
+        self.fast_code: CodeType | None = None
+        self.fast_unsupported: str | None = None
         try:
-            fast = build_fast(source, facts)
-            self.fast_unsupported: str | None = None
+            fast = build_fast(tree, facts)
         except FastPathUnsupported as e:
-            fast = ""
             self.fast_unsupported = str(e)
-        source = source + "\n" + fast if fast else source
+        else:
+            self.fast_code = compile(fast, f"<p4-fast:{main}>", "exec")
+            source = source + "\n" + ast.unparse(fast) + "\n"
         self.source = source  # generated Python, kept for debugging (``--dump-python``)
         self.files = files
         self.main = main
         self.include_dirs = include_dirs
-        self.code = compile(source, f"<p4:{main}>", "exec")
         self.p4info = _p4info.build_p4info(model)
         self.actions: dict[int, p4model.ActionInfo] = {a.id: a for a in model.actions}
         self.action_ids: dict[str, int] = {a.name: a.id for a in model.actions}
@@ -518,6 +526,8 @@ class Pipeline:
         ns["R"] = _Binding(runtime)
         ns["_EGRESS_SPEC0"] = egress_spec_at_egress(runtime.drop_port)
         exec(self.code, ns)  # our own generated code, compiled in Pipeline.compile
+        if self.fast_code is not None:
+            exec(self.fast_code, ns)
         return Program(
             ns["new_ctx"],
             ns["copy_ctx"],

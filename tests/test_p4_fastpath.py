@@ -11,6 +11,7 @@ identical.
 
 from __future__ import annotations
 
+import ast
 import random
 from pathlib import Path
 from typing import Any
@@ -298,7 +299,7 @@ def test_unknown_shapes_are_refused() -> None:
     p = Pipeline.compile(PROGS / "mcast.p4")
     general = p.source.split("\n_SPP0 = ")[0]
     assert "def fast(" not in general
-    build_fast(general, p.facts)
+    build_fast(ast.parse(general), p.facts)
     assert "        t_6(C, F)\n" in general
     for bad, why in (
         ("C.weird = 1", "uses C.weird"),
@@ -307,7 +308,9 @@ def test_unknown_shapes_are_refused() -> None:
     ):
         with pytest.raises(FastPathUnsupported, match=why):
             build_fast(
-                general.replace("        t_6(C, F)\n", f"        t_6(C, F)\n        {bad}\n"),
+                ast.parse(
+                    general.replace("        t_6(C, F)\n", f"        t_6(C, F)\n        {bad}\n")
+                ),
                 p.facts,
             )
 

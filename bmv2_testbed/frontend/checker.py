@@ -29,6 +29,7 @@ from .model import (
     ProgramFacts,
     ProgramModel,
     RegisterInfo,
+    Scalar,
     TableInfo,
 )
 from .types import (
@@ -204,7 +205,12 @@ class Checker:
         self.roles: dict[str, A.Decl] = {}
         self.ctl_name = ""
         self.ctl_role = ""
-        self.frame_vars: list[tuple[str, str]] = []
+        # the current block's frame: (attribute, initialiser code, its value if a scalar)
+        self.frame_vars: list[tuple[str, str, Scalar | None]] = []
+        # what the back ends need to know (ProgramFacts): block function -> frame defaults,
+        # header type -> struct format of its one-pack plan
+        self.frames: dict[str, dict[str, Scalar | None]] = {}
+        self.pack_formats: dict[str, str] = {}
         self.headers_t: StructT | None = None
         self.meta_t: StructT | None = None
         self.std_t: StructT | None = None
@@ -233,10 +239,40 @@ class Checker:
             self.std_reads.setdefault(self.ctl_role, set()).update(fields)
 
     def facts(self) -> ProgramFacts:
-        """What the back ends need to know about the checked program (see ProgramFacts)."""
+        """What the back ends need to know about the checked program (see ProgramFacts); call
+        after ids are assigned."""
+        assert self.headers_t and self.meta_t and self.std_t
+
+        def defaults(t: StructT) -> dict[str, Scalar | None]:
+            return {attr(n): scalar_default(ft) for n, ft in t.fields}
+
+        headers: dict[str, dict[str, Scalar | None] | None] = {}
+        for n, ft in self.headers_t.fields:
+            headers[attr(n)] = (
+                {"_v_": False, **defaults(ft)} if isinstance(ft, StructT) and ft.is_header else None
+            )
+        aid = self.action_ids()
         return ProgramFacts(
-            std_reads={role: frozenset(fs) for role, fs in sorted(self.std_reads.items())}
+            std_reads={role: frozenset(fs) for role, fs in sorted(self.std_reads.items())},
+            headers=headers,
+            meta=defaults(self.meta_t),
+            std=defaults(self.std_t),
+            frames={fn: dict(vs) for fn, vs in self.frames.items()},
+            pack_formats=dict(self.pack_formats),
+            action_maps={
+                tc.uid: {aid[n]: self.actions_by_name[n].uid for n in tc.info.action_names}
+                for tc in self.tables
+            },
         )
+
+    def action_ids(self) -> dict[str, int]:
+        """Action name -> P4Runtime id (-1 for an action no table lists); after ids are
+        assigned."""
+        aid = {a.name: a.id for a in self.model.actions}
+        for ac in self.actions_by_name.values():
+            if ac.name not in aid and ac.uid:
+                aid.setdefault(ac.name, -1)
+        return aid
 
     # ------------------------------------------------------------------ top level
     def run(self) -> None:
@@ -1411,7 +1447,7 @@ class Checker:
             init = self.coerce(self.expr(s.init, scope), ty, s.init.loc, "initializer")
         py = f"F.{attr(s.name)}" if frame else self.fresh(f"l_{s.name}_")
         if frame:
-            self.frame_vars.append((attr(s.name), self.default_value(ty)))
+            self.frame_vars.append((attr(s.name), self.default_value(ty), scalar_default(ty)))
         if init is not None:
             self.out(f"{py} = {init.py}{'.copy()' if isinstance(ty, StructT) else ''}")
         elif not frame:
@@ -1598,9 +1634,9 @@ class Checker:
     def frame_class(self, o: Emitter, fcls: str) -> None:
         """The class of a block's frame: one slot per local, initialised to its default."""
         with o.block(f"class {fcls}:"):
-            o(f"__slots__ = {tuple(n for n, _ in self.frame_vars)!r}")
+            o(f"__slots__ = {tuple(n for n, _, _ in self.frame_vars)!r}")
             with o.block("def __init__(self):"):
-                for n, dv in self.frame_vars:
+                for n, dv, _ in self.frame_vars:
                     o(f"self.{n} = {dv}")
 
     def compile_block(self, role: str, fn: str, d: Any) -> None:
@@ -1615,6 +1651,7 @@ class Checker:
         o = self.out
         fcls = f"F_{fn}"
         self.frame_class(o, fcls)
+        self.frames[fn] = {n: v for n, _, v in self.frame_vars}
         if role == "parser":
             self.compile_parser(d, scope, fcls, init_lines)
             return
@@ -1663,7 +1700,7 @@ class Checker:
                     if p.direction == "out" or not isinstance(t, StructT)
                     else "None"
                 )
-                self.frame_vars.append((attr(p.name), dv))
+                self.frame_vars.append((attr(p.name), dv, scalar_default(t)))
                 ro = (
                     ""
                     if p.direction in ("inout", "out")
@@ -2317,6 +2354,7 @@ class Checker:
             fmt, lines, pack = plan
             o(f"_SU_{t.name} = _Struct({fmt!r}).unpack_from")
             o(f"_SP_{t.name} = _Struct({fmt!r}).pack")
+            self.pack_formats[t.name] = fmt
             self.hdr_struct[t.name] = (lines, pack)
         with o.block(f"def _unpack_{t.name}(h, v):"):
             for line in unpack:
@@ -2380,10 +2418,7 @@ class Checker:
         o = self.out
         lines = list(o.lines) + list(self.action_code)
         tr = list(self.trailer)
-        aid = {a.name: a.id for a in self.model.actions}
-        for ac in self.actions_by_name.values():
-            if ac.name not in aid and ac.uid:
-                aid.setdefault(ac.name, -1)
+        aid = self.action_ids()
         tr.append(f"AID = {aid!r}")
         for tc in self.tables:
             tr.append(f"T_{tc.uid} = R.tables_by_name[{tc.info.name!r}]")
@@ -2450,6 +2485,16 @@ class Checker:
                     for a_ in assigns:
                         o(a_)
         return o.lines
+
+
+def scalar_default(t: Ty) -> Scalar | None:
+    """The initial value of a variable of type ``t`` when it is a scalar (the value that
+    :meth:`Checker.default_value` writes); None for a struct or header."""
+    if isinstance(t, BoolT):
+        return False
+    if isinstance(t, (BitT, ErrorT, EnumT)):
+        return 0
+    return None
 
 
 def struct_plan(fields: list[tuple[str, int, bool]]) -> tuple[str, list[str], list[str]] | None:

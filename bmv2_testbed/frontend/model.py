@@ -127,6 +127,10 @@ class ProgramModel:
 ROLES = ("parser", "verify", "ingress", "egress", "compute", "deparser")
 
 
+#: the initial value of a scalar variable (bit<W>, int, enum, error: 0; bool: False)
+Scalar = int | bool
+
+
 @dataclass(frozen=True)
 class ProgramFacts:
     """What the back ends need to know about a checked program beyond its P4Info, recorded by
@@ -138,9 +142,25 @@ class ProgramFacts:
     sub-controls count as the block), a whole ``standard_metadata_t`` as a field list (digest,
     hash, checksum data), a table's byte counting (``packet_length``). A field that is only
     assigned is not read. Over-approximate: a block that may read a field lists it.
+
+    The layout of the program's state, as the general code names it (field attributes, in
+    declaration order, with their initial values; ``None`` where the value is not a scalar):
+    ``headers`` maps each member of the headers struct to its fields (validity ``_v_`` first),
+    or to None when the member is not a plain header; ``meta`` and ``std`` the user metadata and
+    ``standard_metadata``; ``frames`` each block function (``parse``, ``verify``, ``ingress``,
+    ``egress``, ``compute``, ``deparse``) to its frame's locals. ``pack_formats`` maps a header
+    type to the ``struct`` format that packs it in one call (types whose fields do not pack
+    into whole bytes have none); ``action_maps`` a table's function to its actions' functions
+    by action id.
     """
 
     std_reads: Mapping[str, frozenset[str]] = field(default_factory=dict)
+    headers: Mapping[str, Mapping[str, Scalar | None] | None] = field(default_factory=dict)
+    meta: Mapping[str, Scalar | None] = field(default_factory=dict)
+    std: Mapping[str, Scalar | None] = field(default_factory=dict)
+    frames: Mapping[str, Mapping[str, Scalar | None]] = field(default_factory=dict)
+    pack_formats: Mapping[str, str] = field(default_factory=dict)
+    action_maps: Mapping[str, Mapping[int, str]] = field(default_factory=dict)
 
     def reads_std(self, fields: Iterable[str], roles: Iterable[str] = ROLES) -> bool:
         """Whether any of ``roles`` may read any of the standard_metadata ``fields``."""
