@@ -406,7 +406,7 @@ class Dataplane:
         self._pending_pin: list[tuple[bytes, dict[int, int]]] = []
         self._pending_digest: list[tuple[int, list[bytes]]] = []
         self.prog = pipeline.instantiate(self)
-        # the straight-line fast path (``_fastpath``): used per packet unless logging is on
+        # the straight-line fast path (``codegen.straight``): used per packet unless logging is on
         self._fast = self.prog.fast if fast_path else None
         self._drop_cb = self._drop  # bound once (hot path)
         self._digest_cb = self._queue_digests
@@ -952,7 +952,7 @@ class Dataplane:
 
     @property
     def fast_path(self) -> bool:
-        """Whether packets run on the straight-line fast path (``_fastpath``) when no
+        """Whether packets run on the straight-line fast path (``codegen.straight``) when no
         per-packet logging is on; False if disabled or the program is not covered
         (``pipeline.fast_unsupported`` says why)."""
         return self._fast is not None

@@ -35,7 +35,7 @@ from typing import Any
 from shadowgrad.errors import ShadowgradError
 
 from . import p4info as _p4info
-from ._fastpath import FastPathUnsupported, build_fast
+from .codegen.straight import FastPathUnsupported, build_fast
 from .frontend import model as p4model
 from .frontend.checker import Checker
 from .frontend.diagnostics import Diagnostic
@@ -312,7 +312,7 @@ class Program:
     egress: Any
     compute: Any
     deparse: Any
-    fast: Any = None  # the straight-line fast path (``_fastpath``), None if not covered
+    fast: Any = None  # the straight-line fast path (``codegen.straight``), None if not covered
 
 
 class _Binding:

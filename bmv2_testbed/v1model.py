@@ -2,16 +2,16 @@
 
 Both ways this target runs a packet take them from here: the general path in
 :mod:`.dataplane` calls :func:`end_of_ingress` and :func:`end_of_egress`, and the straight-line
-fast path (:mod:`._fastpath`) inlines the *same* functions into the code it generates (it
+fast path (:mod:`.codegen.straight`) inlines the *same* functions into the code it generates (it
 parses their source, substitutes its locals for the parameters and this module's constants for
 their names, folds the branches its programs cannot reach and turns each ``return`` into the
 statements for that verdict), so the precedence rules exist once.
 
 Both functions are therefore written in a small, inlinable form: parameters, this module's
 ``int``/``str`` constants, local assignments, ``if``/``else`` and a ``return`` of a tuple whose
-first item is a verdict constant at the end of every path (``_fastpath`` refuses anything else
-with :class:`~._fastpath.FastPathUnsupported`, and ``tests/test_p4_v1model.py`` holds them to
-that).
+first item is a verdict constant at the end of every path (``codegen.straight`` refuses
+anything else with :class:`~.codegen.straight.FastPathUnsupported`, and
+``tests/test_p4_v1model.py`` holds them to that).
 
 The end of ingress, in bmv2's order (``simple_switch.cpp``, ``ingress_thread``;
 ``../shared/reference/v1model.md`` §2.6):

@@ -1,4 +1,4 @@
-"""The straight-line fast path (``bmv2_testbed/_fastpath.py``) against the general path.
+"""The straight-line fast path (``bmv2_testbed/codegen/straight.py``) against the general path.
 
 Every covered program (the test programs in ``tests/p4progs`` and the project's own
 ``p4/shadowgrad.p4``; :func:`test_coverage_is_what_we_expect` fails when the fast path accepts
@@ -20,7 +20,7 @@ import pytest
 
 pytest.importorskip("p4")
 
-from shadowgrad.bmv2_testbed._fastpath import FastPathUnsupported, build_fast
+from shadowgrad.bmv2_testbed.codegen.straight import FastPathUnsupported, build_fast
 from shadowgrad.bmv2_testbed.dataplane import (
     Dataplane,
     Exact,
@@ -288,9 +288,10 @@ def test_coverage_is_what_we_expect() -> None:
 
 
 def test_instance_type_constant_matches_the_dataplane() -> None:
-    from shadowgrad.bmv2_testbed import _fastpath, dataplane
+    from shadowgrad.bmv2_testbed import dataplane
+    from shadowgrad.bmv2_testbed.codegen import straight
 
-    assert _fastpath.PKT_REPLICATION == dataplane.PKT_REPLICATION
+    assert straight.PKT_REPLICATION == dataplane.PKT_REPLICATION
 
 
 def test_unknown_shapes_are_refused() -> None:

@@ -10,8 +10,9 @@ from typing import Any
 
 import pytest
 
-from shadowgrad.bmv2_testbed import _fastpath, dataplane, pipeline, v1model
-from shadowgrad.bmv2_testbed._fastpath import FastPathUnsupported, _inline_v1model
+from shadowgrad.bmv2_testbed import dataplane, pipeline, v1model
+from shadowgrad.bmv2_testbed.codegen import straight
+from shadowgrad.bmv2_testbed.codegen.straight import FastPathUnsupported, _inline_v1model
 from shadowgrad.bmv2_testbed.pipeline import Pipeline
 from shadowgrad.bmv2_testbed.v1model import (
     DROP,
@@ -72,7 +73,7 @@ def test_drop_reasons_are_the_dataplanes() -> None:
 
 def test_the_rules_are_written_once() -> None:
     """No second copy of the precedence rules or constants outside v1model.py."""
-    for mod in (dataplane, _fastpath, pipeline):
+    for mod in (dataplane, straight, pipeline):
         src = inspect.getsource(mod)
         for literal in (
             "'mcast_group_unknown'",

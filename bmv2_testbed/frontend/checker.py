@@ -10,12 +10,20 @@ standard_metadata fields each block reads), so that no later stage scans the gen
 
 from __future__ import annotations
 
-import keyword
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..codegen.general import (
+    Emitter,
+    attr,
+    csum16_terms,
+    default_value,
+    header_codec,
+    packed_bytes,
+    runtime_code,
+    scalar_default,
+    types_code,
+)
 from . import ast as A  # noqa: N812
 from .diagnostics import Diagnostic, Loc
 from .model import (
@@ -55,9 +63,9 @@ ERROR = ErrorT()
 VOID = VoidT()
 STR = StrT()
 
-_RESERVED_ATTRS = {"_v_", "copy"}
 _AFTER_INGRESS = ("egress", "compute")  # the controls that run on a replica
 _PARSER_TREE_MAX = 64  # states emitted when a DAG parser is inlined as nested ifs
+
 
 # extern functions whose semantics the target implements
 BUILTIN_FUNCS = {
@@ -80,13 +88,6 @@ BUILTIN_FUNCS = {
 }
 SUPPORTED_EXTERNS = {"counter", "direct_counter", "register", "packet_in", "packet_out"}
 HASH_ALGOS = {"crc32", "crc16", "identity", "csum16", "xor16"}
-
-
-def attr(name: str) -> str:
-    """Python attribute name for a P4 field name."""
-    if keyword.iskeyword(name) or name in _RESERVED_ATTRS or name.startswith("__"):
-        return "f_" + name
-    return name
 
 
 @dataclass
@@ -157,25 +158,6 @@ class ActionCtx:
 
 class Poisoned(Diagnostic):
     """A use of a declaration that already failed; not reported again."""
-
-
-class Emitter:
-    def __init__(self) -> None:
-        self.lines: list[str] = []
-        self.ind = 0
-
-    def __call__(self, s: str) -> None:
-        self.lines.append("    " * self.ind + s)
-
-    @contextmanager
-    def block(self, head: str) -> Iterator[None]:
-        self(head)
-        self.ind += 1
-        n = len(self.lines)
-        yield
-        if len(self.lines) == n:
-            self("pass")
-        self.ind -= 1
 
 
 class Checker:
@@ -1418,13 +1400,7 @@ class Checker:
             raise Diagnostic(s.loc, f"unsupported statement {type(s).__name__}")
 
     def default_value(self, t: Ty) -> str:
-        if isinstance(t, StructT):
-            return f"{t.pyname}()"
-        if isinstance(t, BoolT):
-            return "False"
-        if isinstance(t, (BitT, ErrorT, EnumT)):
-            return "0"
-        raise Diagnostic(Loc("<type>", 0, 0), f"cannot declare a variable of type {t}")
+        return default_value(t)
 
     def local_var(self, s: A.VarDecl, scope: Scope, frame: bool) -> None:
         ty = self.resolve_type(s.type, scope)
@@ -2299,91 +2275,28 @@ class Checker:
 
     # ------------------------------------------------------------------ types code
     def gen_types(self) -> None:
-        o = self.out
-        # Headers are plain classes whose fields default to class attributes (hot path: a
-        # packet creates every header, most are extracted, i.e. fully written, or never
-        # touched); structs keep __slots__ and write every field at creation.
-        for t in self.structs:
-            with o.block(f"class {t.pyname}:"):
-                if t.is_header:
-                    o("_v_ = False")
-                    for n, ft in t.fields:
-                        o(f"{attr(n)} = {self.default_value(ft)}")
-                else:
-                    o(f"__slots__ = {tuple(attr(n) for n, _ in t.fields)!r}")
-                    with o.block("def __init__(self):"):
-                        for n, ft in t.fields:
-                            o(f"self.{attr(n)} = {self.default_value(ft)}")
-                with o.block("def copy(self):"):
-                    o(f"n = _new({t.pyname})")
-                    if t.is_header:
-                        o("n._v_ = self._v_")
-                    for n, ft in t.fields:
-                        a = attr(n)
-                        o(f"n.{a} = self.{a}{'.copy()' if isinstance(ft, StructT) else ''}")
-                    o("return n")
-            if t.is_header:
-                self.gen_header_codec(t)
+        """The classes and header codecs (the general backend's), and what the code of blocks
+        needs to know of each header's codec."""
+        codecs = {t.name: header_codec(t) for t in self.structs if t.is_header}
+        for name, c in codecs.items():
+            self.hdr_unpack[name] = (c.nbytes, c.unpack)
+            if c.struct is not None:
+                fmt, lines, pack = c.struct
+                self.pack_formats[name] = fmt
+                self.hdr_struct[name] = (lines, pack)
+        for line in types_code(self.structs, codecs, self.errors["PacketTooShort"]):
+            self.out(line)
 
-    def gen_header_codec(self, t: StructT) -> None:
-        o = self.out
-        total = t.width
-        nb = total // 8
-        unpack: list[str] = []
-        shift = total
-        for n, ft in t.fields:
-            w = bit_width(ft) or 0
-            shift -= w
-            m = (1 << w) - 1
-            ex = f"({{V}} >> {shift}) & {m}" if shift else f"{{V}} & {m}"
-            if isinstance(ft, BitT) and ft.signed:
-                h = 1 << (w - 1)
-                ex = f"(({ex}) ^ {h}) - {h}"
-            unpack.append(f"{{H}}.{attr(n)} = {ex}")
-        unpack.append("{H}._v_ = True")
-        # templates: {H} the header, {V} the header's bits as an int
-        self.hdr_unpack[t.name] = (nb, unpack)
-        unpack = [ln.replace("{H}", "h").replace("{V}", "v") for ln in unpack]
-        plan = struct_plan(
-            [
-                (attr(n), bit_width(ft) or 0, isinstance(ft, BitT) and ft.signed)
-                for n, ft in t.fields
-            ]
-        )
-        if plan is not None:
-            fmt, lines, pack = plan
-            o(f"_SU_{t.name} = _Struct({fmt!r}).unpack_from")
-            o(f"_SP_{t.name} = _Struct({fmt!r}).pack")
-            self.pack_formats[t.name] = fmt
-            self.hdr_struct[t.name] = (lines, pack)
-        with o.block(f"def _unpack_{t.name}(h, v):"):
-            for line in unpack:
-                o(line)
-        with o.block(f"def _ext_{t.name}(C, h):"):
-            o("o = C.off")
-            o(f"e = o + {nb}")
-            with o.block("if e > len(C.buf):"):
-                o(f"raise _ParserError({self.errors['PacketTooShort']})")
-            o("C.off = e")
-            # the unpack inlined: one call less per extracted header (hot path)
-            o("v = int.from_bytes(C.buf[o:e], 'big')")
-            for line in unpack:
-                o(line)
-        with o.block(f"def _look_{t.name}(C):"):
-            o(f"h = {t.pyname}()")
-            o(f"_unpack_{t.name}(h, _peek(C, {total}))")
-            o("return h")
-        with o.block(f"def _pk_{t.name}(h):"):
-            parts = []
-            shift = total
-            for n, ft in t.fields:
-                w = bit_width(ft) or 0
-                shift -= w
-                src = f"h.{attr(n)}"
-                if isinstance(ft, BitT) and ft.signed:
-                    src = f"({src} & {(1 << w) - 1})"
-                parts.append(f"({src} << {shift})" if shift else src)
-            o(f"return ({' | '.join(parts) or '0'}).to_bytes({nb}, 'big')")
+    def runtime_code(self) -> list[str]:
+        """new_ctx / copy_ctx / reset_meta / preserve for this program's types."""
+        assert self.headers_t and self.meta_t and self.std_t
+        lists: dict[int, list[str]] = {}
+        for n, _ft in self.meta_t.fields:
+            a = A.ann_get(self.meta_t.field_anns.get(n, []), "field_list")
+            for idx in a.args if a is not None else []:
+                if isinstance(idx, int):
+                    lists.setdefault(idx, []).append(n)
+        return runtime_code(self.headers_t, self.meta_t, self.std_t, self.egress_hdrs, lists)
 
     def controller_headers(self) -> None:
         for t in self.structs:
@@ -2432,177 +2345,6 @@ class Checker:
             tr.append(f"{uid} = R.{'counters' if kind == 'counter' else 'registers'}[{info.id}]")
         tr.append("DROP_PORT = R.drop_port")
         return "\n".join(lines + self.runtime_code() + tr) + "\n"
-
-    def runtime_code(self) -> list[str]:
-        """new_ctx / copy_ctx / reset_meta / preserve for this program's types."""
-        assert self.headers_t and self.meta_t and self.std_t
-        o = Emitter()
-        ht, mt, st = self.headers_t.pyname, self.meta_t.pyname, self.std_t.pyname
-        with o.block("def new_ctx(frame):"):
-            o("C = PacketCtx()")
-            o(f"C.hdr = {ht}()")
-            o(f"C.meta = {mt}()")
-            o(f"C.std = {st}()")
-            o("C.buf = frame")
-            o("return C")
-        with o.block("def copy_ctx(C):"):
-            o("K = PacketCtx()")
-            eh = self.egress_hdrs
-            if eh is None:
-                o("K.hdr = C.hdr.copy()")
-            else:
-                # a replica only runs egress, compute checksum and the deparser, which never
-                # touch the headers they do not mention: those are shared, not copied
-                o("H = C.hdr")
-                o(f"N = _new({ht})")
-                for n, ft in self.headers_t.fields:
-                    an = attr(n)
-                    deep = isinstance(ft, StructT) and an in eh
-                    o(f"N.{an} = H.{an}{'.copy()' if deep else ''}")
-                o("K.hdr = N")
-            o("K.meta = C.meta.copy()")
-            o("K.std = C.std.copy()")
-            o("K.buf = C.buf")
-            o("K.off = C.off")
-            o("K.payload_off = C.payload_off")
-            o("K.truncate_len = C.truncate_len")
-            o("return K")
-        with o.block("def reset_meta(C):"):
-            o(f"C.meta = {mt}()")
-            o(f"C.std = {st}()")
-        lists: dict[int, list[str]] = {}
-        for n, ft in self.meta_t.fields:
-            a = A.ann_get(self.meta_t.field_anns.get(n, []), "field_list")
-            if a is None:
-                continue
-            for idx in a.args:
-                if isinstance(idx, int):
-                    cp = ".copy()" if isinstance(ft, StructT) else ""
-                    lists.setdefault(idx, []).append(f"D.meta.{attr(n)} = S.meta.{attr(n)}{cp}")
-        with o.block("def preserve(S, D, idx):"):
-            for idx, assigns in sorted(lists.items()):
-                with o.block(f"if idx == {idx}:"):
-                    for a_ in assigns:
-                        o(a_)
-        return o.lines
-
-
-def scalar_default(t: Ty) -> Scalar | None:
-    """The initial value of a variable of type ``t`` when it is a scalar (the value that
-    :meth:`Checker.default_value` writes); None for a struct or header."""
-    if isinstance(t, BoolT):
-        return False
-    if isinstance(t, (BitT, ErrorT, EnumT)):
-        return 0
-    return None
-
-
-def struct_plan(fields: list[tuple[str, int, bool]]) -> tuple[str, list[str], list[str]] | None:
-    """A header's fields (attribute, width, signed) as one ``struct`` format (big-endian,
-    B/H/I/Q pieces per byte-aligned run of fields), the lines that set ``{H}.<field>`` from the
-    unpacked ``_u<i>`` values, and the pack arguments (expressions over ``{H}``). None when a
-    run does not end on a byte boundary."""
-    chunks: list[tuple[int, list[tuple[str, int, bool]]]] = []
-    cur: list[tuple[str, int, bool]] = []
-    bits = 0
-    for f in fields:
-        cur.append(f)
-        bits += f[1]
-        if bits % 8 == 0:
-            chunks.append((bits // 8, cur))
-            cur, bits = [], 0
-    if cur or not chunks:
-        return None
-    fmt = "!"
-    nvals = 0
-    lines: list[str] = []
-    pack: list[str] = []
-    for nbytes, fs in chunks:
-        pieces: list[int] = []
-        rem = nbytes
-        for size, ch in ((8, "Q"), (4, "I"), (2, "H"), (1, "B")):
-            while rem >= size:
-                pieces.append(size)
-                fmt += ch
-                rem -= size
-        names = [f"_u{nvals + i}" for i in range(len(pieces))]
-        nvals += len(pieces)
-        if len(pieces) == 1:
-            cexpr = names[0]
-        else:
-            parts = []
-            shift = nbytes * 8
-            for size, nm in zip(pieces, names, strict=True):
-                shift -= size * 8
-                parts.append(f"({nm} << {shift})" if shift else nm)
-            cexpr = "(" + " | ".join(parts) + ")"
-            if len(fs) > 1:
-                lines.append(f"_c = {cexpr}")
-                cexpr = "_c"
-        # unpack: fields from the chunk value
-        shift = nbytes * 8
-        srcs = []
-        for name, w, signed in fs:
-            shift -= w
-            m = (1 << w) - 1
-            ex = (
-                cexpr
-                if len(fs) == 1
-                else (f"({cexpr} >> {shift}) & {m}" if shift else f"{cexpr} & {m}")
-            )
-            if signed:
-                h = 1 << (w - 1)
-                ex = f"(({ex}) ^ {h}) - {h}"
-            lines.append(f"{{H}}.{name} = {ex}")
-            src = f"({{H}}.{name} & {m})" if signed else f"{{H}}.{name}"
-            srcs.append(f"({src} << {shift})" if shift else src)
-        # pack: the chunk value split into its pieces
-        val = srcs[0] if len(srcs) == 1 else "(" + " | ".join(srcs) + ")"
-        shift = nbytes * 8
-        for size in pieces:
-            shift -= size * 8
-            if len(pieces) == 1:
-                pack.append(val)
-            else:
-                pack.append(
-                    f"({val} >> {shift}) & {(1 << (size * 8)) - 1}"
-                    if shift
-                    else f"{val} & {(1 << (size * 8)) - 1}"
-                )
-    lines.insert(0, f"{', '.join(f'_u{i}' for i in range(nvals))}, = {{U}}")
-    return fmt, lines, pack
-
-
-def csum16_terms(fl: list[tuple[str, int]]) -> str:
-    """Python for a non-negative number congruent modulo 0xFFFF to the (value, width) fields
-    packed as for :func:`packed_bytes` (and padded to 16-bit words as the Internet checksum
-    does), and zero only when every field is: ``2**16 == 1 (mod 0xFFFF)``, so each field
-    counts shifted by its bit offset modulo 16. ``_hash_csum16_fold`` turns it into the
-    checksum."""
-    total = sum(w for _, w in fl)
-    padded = -(-total // 16) * 16
-    parts = []
-    shift = padded
-    for p, w in fl:
-        shift -= w
-        k = shift % 16
-        parts.append(f"({p} << {k})" if k else p)
-    return "(" + " + ".join(parts) + ")"
-
-
-def packed_bytes(fl: list[tuple[str, int]]) -> str:
-    """Python for the bytes of (value, width) fields packed MSB-first, zero-padded at the end
-    to whole bytes (how bmv2 serialises a field list for checksums and hashes)."""
-    total = sum(w for _, w in fl)
-    pad = (-total) % 8
-    if total == 0:
-        return "b''"
-    parts = []
-    shift = total + pad
-    for p, w in fl:
-        shift -= w
-        parts.append(f"({p} << {shift})" if shift else p)
-    return f"({' | '.join(parts)}).to_bytes({(total + pad) // 8}, 'big')"
 
 
 def data_items(items: list[V]) -> Any:

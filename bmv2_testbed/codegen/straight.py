@@ -20,11 +20,11 @@ counts a drop (``internal_error`` for an exception, as the general path) and
 ``digest(digests)`` queues the ingress digests the way the general path does.
 
 The traffic manager's decisions are not written here: the end of ingress and the end of
-egress are :func:`.v1model.end_of_ingress` and :func:`.v1model.end_of_egress`, the functions
+egress are :func:`..v1model.end_of_ingress` and :func:`..v1model.end_of_egress`, the functions
 the general path calls, inlined (:func:`_inline_v1model`) with the fast path's locals as
 arguments, the requests it never covers (resubmit, recirculate) folded to ``False``, and each
 verdict turned into the template's statements for it; the constants (instance types, the
-clock mask) come from :mod:`.v1model` too.
+clock mask) come from :mod:`..v1model` too.
 
 On top of the inlining, a few rewrites that hold for any program: parser offsets are folded to
 constants along paths of fixed-size extracts; each extract keeps its raw struct items
@@ -58,9 +58,9 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from . import v1model
-from .frontend.model import ProgramFacts, Scalar
-from .v1model import (
+from .. import v1model
+from ..frontend.model import ProgramFacts, Scalar
+from ..v1model import (
     CLOCK_MASK,
     DROP,
     ENQ_TIMESTAMP_MASK,
@@ -1410,7 +1410,7 @@ def _inline_v1model(
     verdicts: dict[int, Callable[..., list[ast.stmt]]],
     names: dict[str, str] | None = None,
 ) -> list[ast.stmt]:
-    """The body of ``fn`` (a :mod:`.v1model` rule, in the form that module describes) as
+    """The body of ``fn`` (a :mod:`..v1model` rule, in the form that module describes) as
     statements: parameters replaced by ``args``, its other locals renamed ``_tm_<name>`` (or
     as ``names`` says), the module's ``int``/``str`` constants by their values, ``if`` on a
     constant folded, and each ``return (VERDICT, *items)`` by ``verdicts[VERDICT](*items)`` —

@@ -1,0 +1,355 @@
+"""The general backend: the Python the dataplane runs for any program the checker accepts.
+
+A class per header and struct (headers' fields default to class attributes; structs keep
+``__slots__``), a codec per header type (``_unpack_``/``_ext_``/``_look_``/``_pk_``, and one
+``struct`` format for a header whose fields pack into whole bytes), the context functions
+(``new_ctx``, ``copy_ctx``, ``reset_meta``, ``preserve``), and the naming and value rules the
+checker follows when it writes the code of blocks, tables and actions (:func:`attr`,
+:func:`default_value`, :func:`struct_plan`, :func:`packed_bytes`, :func:`csum16_terms`).
+Everything here works from the checker's typed declarations (:mod:`..frontend.types`), never
+from P4 syntax. The straight-line backend (:mod:`.straight`) reads this backend's code of the
+blocks and the layout in :class:`~..frontend.model.ProgramFacts`.
+"""
+
+from __future__ import annotations
+
+import keyword
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+from ..frontend.diagnostics import Diagnostic, Loc
+from ..frontend.model import Scalar
+from ..frontend.types import BitT, BoolT, EnumT, ErrorT, StructT, Ty, bit_width
+
+__all__ = [
+    "Emitter",
+    "HeaderCodec",
+    "attr",
+    "csum16_terms",
+    "default_value",
+    "header_codec",
+    "packed_bytes",
+    "runtime_code",
+    "scalar_default",
+    "struct_plan",
+    "types_code",
+]
+
+_RESERVED_ATTRS = {"_v_", "copy"}
+
+
+def attr(name: str) -> str:
+    """Python attribute name for a P4 field name."""
+    if keyword.iskeyword(name) or name in _RESERVED_ATTRS or name.startswith("__"):
+        return "f_" + name
+    return name
+
+
+class Emitter:
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+        self.ind = 0
+
+    def __call__(self, s: str) -> None:
+        self.lines.append("    " * self.ind + s)
+
+    @contextmanager
+    def block(self, head: str) -> Iterator[None]:
+        self(head)
+        self.ind += 1
+        n = len(self.lines)
+        yield
+        if len(self.lines) == n:
+            self("pass")
+        self.ind -= 1
+
+
+def default_value(t: Ty) -> str:
+    """Python for the initial value of a variable of type ``t``."""
+    if isinstance(t, StructT):
+        return f"{t.pyname}()"
+    if isinstance(t, BoolT):
+        return "False"
+    if isinstance(t, (BitT, ErrorT, EnumT)):
+        return "0"
+    raise Diagnostic(Loc("<type>", 0, 0), f"cannot declare a variable of type {t}")
+
+
+def scalar_default(t: Ty) -> Scalar | None:
+    """The initial value of a variable of type ``t`` when it is a scalar (the value that
+    :func:`default_value` writes); None for a struct or header."""
+    if isinstance(t, BoolT):
+        return False
+    if isinstance(t, (BitT, ErrorT, EnumT)):
+        return 0
+    return None
+
+
+@dataclass(frozen=True)
+class HeaderCodec:
+    """How the code reads and writes a header type: ``nbytes`` on the wire; ``unpack``, the
+    lines that set the fields of header ``{H}`` from its bits as one int ``{V}`` (validity
+    last); ``struct``, when the fields pack into whole bytes, the ``struct`` format, the lines
+    that set ``{H}``'s fields from its unpacked values ``{U}`` and the pack arguments (see
+    :func:`struct_plan`)."""
+
+    nbytes: int
+    unpack: list[str]
+    struct: tuple[str, list[str], list[str]] | None
+
+
+def header_codec(t: StructT) -> HeaderCodec:
+    """The codec of header type ``t``."""
+    total = t.width
+    unpack: list[str] = []
+    shift = total
+    for n, ft in t.fields:
+        w = bit_width(ft) or 0
+        shift -= w
+        m = (1 << w) - 1
+        ex = f"({{V}} >> {shift}) & {m}" if shift else f"{{V}} & {m}"
+        if isinstance(ft, BitT) and ft.signed:
+            h = 1 << (w - 1)
+            ex = f"(({ex}) ^ {h}) - {h}"
+        unpack.append(f"{{H}}.{attr(n)} = {ex}")
+    unpack.append("{H}._v_ = True")
+    plan = struct_plan(
+        [(attr(n), bit_width(ft) or 0, isinstance(ft, BitT) and ft.signed) for n, ft in t.fields]
+    )
+    return HeaderCodec(total // 8, unpack, plan)
+
+
+def types_code(structs: list[StructT], codecs: dict[str, HeaderCodec], too_short: int) -> list[str]:
+    """The classes of ``structs`` (in order), each header's followed by its codec functions;
+    ``too_short`` is the parser error code of PacketTooShort."""
+    o = Emitter()
+    # Headers are plain classes whose fields default to class attributes (hot path: a
+    # packet creates every header, most are extracted, i.e. fully written, or never
+    # touched); structs keep __slots__ and write every field at creation.
+    for t in structs:
+        with o.block(f"class {t.pyname}:"):
+            if t.is_header:
+                o("_v_ = False")
+                for n, ft in t.fields:
+                    o(f"{attr(n)} = {default_value(ft)}")
+            else:
+                o(f"__slots__ = {tuple(attr(n) for n, _ in t.fields)!r}")
+                with o.block("def __init__(self):"):
+                    for n, ft in t.fields:
+                        o(f"self.{attr(n)} = {default_value(ft)}")
+            with o.block("def copy(self):"):
+                o(f"n = _new({t.pyname})")
+                if t.is_header:
+                    o("n._v_ = self._v_")
+                for n, ft in t.fields:
+                    a = attr(n)
+                    o(f"n.{a} = self.{a}{'.copy()' if isinstance(ft, StructT) else ''}")
+                o("return n")
+        if t.is_header:
+            _codec_code(o, t, codecs[t.name], too_short)
+    return o.lines
+
+
+def _codec_code(o: Emitter, t: StructT, codec: HeaderCodec, too_short: int) -> None:
+    total, nb = t.width, codec.nbytes
+    # templates: {H} the header, {V} the header's bits as an int
+    unpack = [ln.replace("{H}", "h").replace("{V}", "v") for ln in codec.unpack]
+    if codec.struct is not None:
+        fmt = codec.struct[0]
+        o(f"_SU_{t.name} = _Struct({fmt!r}).unpack_from")
+        o(f"_SP_{t.name} = _Struct({fmt!r}).pack")
+    with o.block(f"def _unpack_{t.name}(h, v):"):
+        for line in unpack:
+            o(line)
+    with o.block(f"def _ext_{t.name}(C, h):"):
+        o("o = C.off")
+        o(f"e = o + {nb}")
+        with o.block("if e > len(C.buf):"):
+            o(f"raise _ParserError({too_short})")
+        o("C.off = e")
+        # the unpack inlined: one call less per extracted header (hot path)
+        o("v = int.from_bytes(C.buf[o:e], 'big')")
+        for line in unpack:
+            o(line)
+    with o.block(f"def _look_{t.name}(C):"):
+        o(f"h = {t.pyname}()")
+        o(f"_unpack_{t.name}(h, _peek(C, {total}))")
+        o("return h")
+    with o.block(f"def _pk_{t.name}(h):"):
+        parts = []
+        shift = total
+        for n, ft in t.fields:
+            w = bit_width(ft) or 0
+            shift -= w
+            src = f"h.{attr(n)}"
+            if isinstance(ft, BitT) and ft.signed:
+                src = f"({src} & {(1 << w) - 1})"
+            parts.append(f"({src} << {shift})" if shift else src)
+        o(f"return ({' | '.join(parts) or '0'}).to_bytes({nb}, 'big')")
+
+
+def runtime_code(
+    headers_t: StructT,
+    meta_t: StructT,
+    std_t: StructT,
+    egress_hdrs: set[str] | None,
+    field_lists: dict[int, list[str]],
+) -> list[str]:
+    """new_ctx / copy_ctx / reset_meta / preserve for a program's types. ``egress_hdrs``: the
+    headers egress and compute may write (None: any), which a replica copies; ``field_lists``:
+    the metadata fields of each field list index that ``preserve`` copies."""
+    o = Emitter()
+    ht, mt, st = headers_t.pyname, meta_t.pyname, std_t.pyname
+    with o.block("def new_ctx(frame):"):
+        o("C = PacketCtx()")
+        o(f"C.hdr = {ht}()")
+        o(f"C.meta = {mt}()")
+        o(f"C.std = {st}()")
+        o("C.buf = frame")
+        o("return C")
+    with o.block("def copy_ctx(C):"):
+        o("K = PacketCtx()")
+        eh = egress_hdrs
+        if eh is None:
+            o("K.hdr = C.hdr.copy()")
+        else:
+            # a replica only runs egress, compute checksum and the deparser, which never
+            # touch the headers they do not mention: those are shared, not copied
+            o("H = C.hdr")
+            o(f"N = _new({ht})")
+            for n, ft in headers_t.fields:
+                an = attr(n)
+                deep = isinstance(ft, StructT) and an in eh
+                o(f"N.{an} = H.{an}{'.copy()' if deep else ''}")
+            o("K.hdr = N")
+        o("K.meta = C.meta.copy()")
+        o("K.std = C.std.copy()")
+        o("K.buf = C.buf")
+        o("K.off = C.off")
+        o("K.payload_off = C.payload_off")
+        o("K.truncate_len = C.truncate_len")
+        o("return K")
+    with o.block("def reset_meta(C):"):
+        o(f"C.meta = {mt}()")
+        o(f"C.std = {st}()")
+    lists: dict[int, list[str]] = {}
+    fields = dict(meta_t.fields)
+    for idx, names in field_lists.items():
+        for n in names:
+            cp = ".copy()" if isinstance(fields[n], StructT) else ""
+            lists.setdefault(idx, []).append(f"D.meta.{attr(n)} = S.meta.{attr(n)}{cp}")
+    with o.block("def preserve(S, D, idx):"):
+        for idx, assigns in sorted(lists.items()):
+            with o.block(f"if idx == {idx}:"):
+                for a_ in assigns:
+                    o(a_)
+    return o.lines
+
+
+def struct_plan(fields: list[tuple[str, int, bool]]) -> tuple[str, list[str], list[str]] | None:
+    """A header's fields (attribute, width, signed) as one ``struct`` format (big-endian,
+    B/H/I/Q pieces per byte-aligned run of fields), the lines that set ``{H}.<field>`` from the
+    unpacked ``_u<i>`` values, and the pack arguments (expressions over ``{H}``). None when a
+    run does not end on a byte boundary."""
+    chunks: list[tuple[int, list[tuple[str, int, bool]]]] = []
+    cur: list[tuple[str, int, bool]] = []
+    bits = 0
+    for f in fields:
+        cur.append(f)
+        bits += f[1]
+        if bits % 8 == 0:
+            chunks.append((bits // 8, cur))
+            cur, bits = [], 0
+    if cur or not chunks:
+        return None
+    fmt = "!"
+    nvals = 0
+    lines: list[str] = []
+    pack: list[str] = []
+    for nbytes, fs in chunks:
+        pieces: list[int] = []
+        rem = nbytes
+        for size, ch in ((8, "Q"), (4, "I"), (2, "H"), (1, "B")):
+            while rem >= size:
+                pieces.append(size)
+                fmt += ch
+                rem -= size
+        names = [f"_u{nvals + i}" for i in range(len(pieces))]
+        nvals += len(pieces)
+        if len(pieces) == 1:
+            cexpr = names[0]
+        else:
+            parts = []
+            shift = nbytes * 8
+            for size, nm in zip(pieces, names, strict=True):
+                shift -= size * 8
+                parts.append(f"({nm} << {shift})" if shift else nm)
+            cexpr = "(" + " | ".join(parts) + ")"
+            if len(fs) > 1:
+                lines.append(f"_c = {cexpr}")
+                cexpr = "_c"
+        # unpack: fields from the chunk value
+        shift = nbytes * 8
+        srcs = []
+        for name, w, signed in fs:
+            shift -= w
+            m = (1 << w) - 1
+            ex = (
+                cexpr
+                if len(fs) == 1
+                else (f"({cexpr} >> {shift}) & {m}" if shift else f"{cexpr} & {m}")
+            )
+            if signed:
+                h = 1 << (w - 1)
+                ex = f"(({ex}) ^ {h}) - {h}"
+            lines.append(f"{{H}}.{name} = {ex}")
+            src = f"({{H}}.{name} & {m})" if signed else f"{{H}}.{name}"
+            srcs.append(f"({src} << {shift})" if shift else src)
+        # pack: the chunk value split into its pieces
+        val = srcs[0] if len(srcs) == 1 else "(" + " | ".join(srcs) + ")"
+        shift = nbytes * 8
+        for size in pieces:
+            shift -= size * 8
+            if len(pieces) == 1:
+                pack.append(val)
+            else:
+                pack.append(
+                    f"({val} >> {shift}) & {(1 << (size * 8)) - 1}"
+                    if shift
+                    else f"{val} & {(1 << (size * 8)) - 1}"
+                )
+    lines.insert(0, f"{', '.join(f'_u{i}' for i in range(nvals))}, = {{U}}")
+    return fmt, lines, pack
+
+
+def csum16_terms(fl: list[tuple[str, int]]) -> str:
+    """Python for a non-negative number congruent modulo 0xFFFF to the (value, width) fields
+    packed as for :func:`packed_bytes` (and padded to 16-bit words as the Internet checksum
+    does), and zero only when every field is: ``2**16 == 1 (mod 0xFFFF)``, so each field
+    counts shifted by its bit offset modulo 16. ``_hash_csum16_fold`` turns it into the
+    checksum."""
+    total = sum(w for _, w in fl)
+    padded = -(-total // 16) * 16
+    parts = []
+    shift = padded
+    for p, w in fl:
+        shift -= w
+        k = shift % 16
+        parts.append(f"({p} << {k})" if k else p)
+    return "(" + " + ".join(parts) + ")"
+
+
+def packed_bytes(fl: list[tuple[str, int]]) -> str:
+    """Python for the bytes of (value, width) fields packed MSB-first, zero-padded at the end
+    to whole bytes (how bmv2 serialises a field list for checksums and hashes)."""
+    total = sum(w for _, w in fl)
+    pad = (-total) % 8
+    if total == 0:
+        return "b''"
+    parts = []
+    shift = total + pad
+    for p, w in fl:
+        shift -= w
+        parts.append(f"({p} << {shift})" if shift else p)
+    return f"({' | '.join(parts)}).to_bytes({(total + pad) // 8}, 'big')"
