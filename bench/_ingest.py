@@ -27,7 +27,11 @@ import subprocess
 import sys
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/ is not a package
+import _common
 
 CHUNK = 65280  # 64 KiB-ish DATA payload, a multiple of 64 bytes (fits MAX_PAYLOAD = 65451)
 TOKEN = "bench-token"
@@ -55,12 +59,32 @@ def _layout(n_params: int, num_shadows: int = 1) -> Any:
 # --------------------------------------------------------------------------- producer process
 
 
-def _producer_main(argv: list[str]) -> None:
-    cfg = json.loads(argv[0])
+def data_fields(
+    layout: Any, it: int, seq: int, bucket: int, offset: int, *, payload: Any, retx: bool = False
+) -> dict[str, Any]:
+    """The header fields of a FINAL (and with ``retx`` RETX) fp32 DATA datagram of the bench's
+    trainer (sender 0), for ``wire.encode`` / ``encode_header`` / ``seal``."""
+    from shadowgrad import wire
+
+    return {
+        "job": JOB,
+        "sender": 0,
+        "iteration": it,
+        "seq": seq,
+        "layout": layout.digest64,
+        "payload": payload,
+        "flags": wire.Flag.FINAL | (wire.Flag.RETX if retx else 0),
+        "dtype": wire.DType.FLOAT32,
+        "bucket": bucket,
+        "offset": offset,
+    }
+
+
+def producer_setup(cfg: dict[str, Any]) -> tuple[Any, tuple[str, int], socket.socket, list[bytes]]:
+    """A producer's layout, destination, sending socket (bound to ``cfg["bind_port"]``, else
+    any port) and one iteration's gradient per bucket (random, seeded)."""
     import numpy as np
 
-    from shadowgrad import wire
-    from shadowgrad.errors import WireError
     from shadowgrad.layout import Layout
 
     layout = Layout.from_json(cfg["layout"])
@@ -70,6 +94,28 @@ def _producer_main(argv: list[str]) -> None:
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 8 * 2**20)
     rng = np.random.default_rng(0)
     grads = [rng.standard_normal(n // 4, dtype=np.float32).tobytes() for n in layout.bucket_nbytes]
+    return layout, dest, sock, grads
+
+
+def send_burst(sock: socket.socket, dest: tuple[str, int], dgrams: list[bytes]) -> None:
+    """Say ready, wait for ``go`` on stdin, send ``dgrams`` flat out, print what was sent."""
+    print(json.dumps({"ready": len(dgrams)}), flush=True)
+    sys.stdin.readline()  # go
+    t0 = time.perf_counter()
+    nbytes = 0
+    for d in dgrams:
+        sock.sendto(d, dest)
+        nbytes += len(d)
+    dt = time.perf_counter() - t0
+    print(json.dumps({"sent": len(dgrams), "bytes": nbytes, "seconds": dt}), flush=True)
+
+
+def _producer_main(argv: list[str]) -> None:
+    cfg = json.loads(argv[0])
+    from shadowgrad import wire
+    from shadowgrad.errors import WireError
+
+    layout, dest, sock, grads = producer_setup(cfg)
     seq = 0
 
     key = wire.mac_key(TOKEN, JOB)  # sealed as a trainer seals (security.authenticate_data)
@@ -79,21 +125,8 @@ def _producer_main(argv: list[str]) -> None:
     ) -> tuple[bytes, bytes]:
         nonlocal seq
         seq += 1
-        flags = wire.Flag.FINAL | (wire.Flag.RETX if retx else 0)
-        return wire.seal(
-            wire.Kind.DATA,
-            key=key,
-            job=JOB,
-            sender=0,
-            iteration=it,
-            seq=seq,
-            layout=layout.digest64,
-            payload=payload,
-            flags=flags,
-            dtype=wire.DType.FLOAT32,
-            bucket=b,
-            offset=off,
-        )
+        fields = data_fields(layout, it, seq, b, off, payload=payload, retx=retx)
+        return wire.seal(wire.Kind.DATA, key=key, **fields)
 
     def datagram(it: int, b: int, off: int, g: bytes) -> bytes:
         h, tag = header(it, b, off, memoryview(g)[off : off + CHUNK])
@@ -107,15 +140,7 @@ def _producer_main(argv: list[str]) -> None:
             for b, g in enumerate(grads)
             for off in range(0, len(g), CHUNK)
         ]
-        print(json.dumps({"ready": len(dgrams)}), flush=True)
-        sys.stdin.readline()  # go
-        t0 = time.perf_counter()
-        nbytes = 0
-        for d in dgrams:
-            sock.sendto(d, dest)
-            nbytes += len(d)
-        dt = time.perf_counter() - t0
-        print(json.dumps({"sent": len(dgrams), "bytes": nbytes, "seconds": dt}), flush=True)
+        send_burst(sock, dest, dgrams)
         return
 
     # part B: paced stream, COMMIT, NACK service
@@ -201,15 +226,31 @@ def _producer_main(argv: list[str]) -> None:
 
 
 class _Producer:
-    def __init__(self, cfg: dict[str, Any]) -> None:
+    """A producer process (``script --producer``) sending ``iterations`` of ``layout``'s
+    gradient to 127.0.0.1:``port``; ``extra`` completes its config."""
+
+    script = os.path.abspath(__file__)
+
+    def __init__(self, layout: Any, port: int, iterations: int, **extra: Any) -> None:
+        cfg = {
+            "layout": layout.to_json(),
+            "host": "127.0.0.1",
+            "port": port,
+            "iterations": iterations,
+            **extra,
+        }
         self.proc = subprocess.Popen(
-            [sys.executable, os.path.abspath(__file__), "--producer", json.dumps(cfg)],
+            [sys.executable, self.script, "--producer", json.dumps(cfg)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
         )
         assert self.proc.stdout is not None and self.proc.stdin is not None
-        self.ready = json.loads(self.proc.stdout.readline())
+        self.ready = json.loads(self._ready_line())
+
+    def _ready_line(self) -> str:
+        assert self.proc.stdout is not None
+        return self.proc.stdout.readline()
 
     def go(self) -> None:
         assert self.proc.stdin is not None
@@ -230,16 +271,18 @@ class _Producer:
 # --------------------------------------------------------------------------- helpers
 
 
-def _spec(shadow_port: int, trainer_port: int) -> Any:
+def _spec(shadow_port: int, trainer_port: int, name: str = "ingest-bench", **sections: Any) -> Any:
+    """The job spec of one trainer and one shadow on loopback; ``sections`` add to it."""
     from shadowgrad.config import parse_spec
 
     return parse_spec(
         {
-            "job": {"id": JOB, "name": "ingest-bench", "mode": "mirror"},
+            "job": {"id": JOB, "name": name, "mode": "mirror"},
             "trainers": {"world_size": 1, "addresses": [f"127.0.0.1:{trainer_port}"]},
             "shadows": {"count": 1, "addresses": [f"127.0.0.1:{shadow_port}"]},
             "switch": {"target": "none"},
             "timeouts": {"gap_repair": "100ms", "heartbeat": "100ms", "rpc": "60s"},
+            **sections,
         },
         env={},
     )
@@ -255,6 +298,38 @@ def _udp(rcvbuf: int = 64 * 2**20) -> socket.socket:
     return s
 
 
+def recv_all(sock: socket.socket, expected: int) -> tuple[int, int, float, float]:
+    """Receive until ``expected`` datagrams came or none for 0.5 s: how many, their bytes, and
+    when the first and the last came (``perf_counter``)."""
+    buf = bytearray(65536)
+    sock.settimeout(0.5)
+    got = nbytes = 0
+    t_first = t_last = 0.0
+    while got < expected:
+        try:
+            n = sock.recv_into(buf)
+        except TimeoutError:
+            break
+        t_last = time.perf_counter()
+        if got == 0:
+            t_first = t_last
+        got += 1
+        nbytes += n
+    return got, nbytes, t_first, t_last
+
+
+def wait_rx_quiet(node: Any, poll_s: float, timeout_s: float = 5.0) -> None:
+    """Until ``node`` stops counting received datagrams (polled every ``poll_s``)."""
+    deadline = time.monotonic() + timeout_s
+    last = -1
+    while time.monotonic() < deadline:
+        n_now = sum(node.rx.values())
+        if n_now == last:
+            break
+        last = n_now
+        time.sleep(poll_s)
+
+
 def _free_udp_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
         s.bind(("127.0.0.1", 0))
@@ -268,18 +343,7 @@ def _optimizer(layout: Any, optimizer: str) -> Any:
 
     names = tuple(p.name for p in layout.params)
     if optimizer == "adamw":
-        hyper: dict[str, Any] = {
-            "betas": (0.9, 0.999),
-            "eps": 1e-8,
-            "weight_decay": 0.01,
-            "amsgrad": False,
-            "maximize": False,
-            "foreach": False,
-            "fused": True,
-            "capturable": False,
-            "differentiable": False,
-            "decoupled_weight_decay": True,
-        }
+        hyper: dict[str, Any] = {**_common.ADAMW_HYPER, "foreach": False, "fused": True}
         return OptimizerSpec("AdamW", (ParamGroupSpec(names, hyper),))
     hyper = {
         "momentum": 0.9,
@@ -324,9 +388,8 @@ def _node(layout: Any, optimizer: str, window: int, rx_threads: int = 1) -> tupl
     from shadowgrad.shadow.node import NodeOptions
 
     sock = _udp()
-    spec = _spec(sock.getsockname()[1], _free_udp_port())
     node = start_node(
-        spec,
+        _spec(sock.getsockname()[1], _free_udp_port()),
         sock,
         layout,
         optimizer,
@@ -343,31 +406,10 @@ def _part_a(n_params: int, iterations: int) -> dict[str, Any]:
     layout = _layout(n_params)
     # bare receive loop
     bare = _udp()
-    prod = _Producer(
-        {
-            "mode": "burst",
-            "layout": layout.to_json(),
-            "host": "127.0.0.1",
-            "port": bare.getsockname()[1],
-            "iterations": iterations,
-        }
-    )
+    prod = _Producer(layout, bare.getsockname()[1], iterations, mode="burst")
     expected = prod.ready["ready"]
-    buf = bytearray(65536)
-    bare.settimeout(0.5)
-    got = nbytes = 0
-    t_first = t_last = 0.0
     prod.go()
-    while got < expected:
-        try:
-            n = bare.recv_into(buf)
-        except TimeoutError:
-            break
-        t_last = time.perf_counter()
-        if got == 0:
-            t_first = t_last
-        got += 1
-        nbytes += n
+    got, nbytes, t_first, t_last = recv_all(bare, expected)
     sent = prod.result(30)
     bare.close()
     bare_mbps = nbytes / max(1e-9, t_last - t_first) / 1e6
@@ -377,26 +419,16 @@ def _part_a(n_params: int, iterations: int) -> dict[str, Any]:
         node, sock = _node(layout, "sgd", window=iterations, rx_threads=rx_threads)
         try:
             prod = _Producer(
-                {
-                    "mode": "burst",
-                    "layout": layout.to_json(),
-                    "host": "127.0.0.1",
-                    "port": sock.getsockname()[1],
-                    "iterations": iterations,
-                    "bind_port": node.spec.trainers.addresses[0].port,
-                }
+                layout,
+                sock.getsockname()[1],
+                iterations,
+                mode="burst",
+                bind_port=node.spec.trainers.addresses[0].port,
             )
             rx0 = sum(node.rx.values())
             prod.go()
             sent2 = prod.result(60)
-            deadline = time.monotonic() + 5
-            last = -1
-            while time.monotonic() < deadline:  # until the node stops counting
-                n_now = sum(node.rx.values())
-                if n_now == last:
-                    break
-                last = n_now
-                time.sleep(0.3)
+            wait_rx_quiet(node, 0.3)
             st = node.status(timeline=iterations)
             firsts = [p["first_chunk"] for p in st["pending"].values() if p["first_chunk"]]
             lasts = [p["last_chunk"] for p in st["pending"].values() if p["last_chunk"]]
@@ -432,17 +464,14 @@ def _part_b(
     node, sock = _node(layout, optimizer, window=2)
     try:
         prod = _Producer(
-            {
-                "mode": "stream",
-                "layout": layout.to_json(),
-                "host": "127.0.0.1",
-                "port": sock.getsockname()[1],
-                "iterations": iterations,
-                "period_s": period_s,
-                "rate_mbps": rate_mbps,
-                "drain_s": 120.0,
-                "bind_port": node.spec.trainers.addresses[0].port,
-            }
+            layout,
+            sock.getsockname()[1],
+            iterations,
+            mode="stream",
+            period_s=period_s,
+            rate_mbps=rate_mbps,
+            drain_s=120.0,
+            bind_port=node.spec.trainers.addresses[0].port,
         )
         t0 = time.time()
         prod.go()

@@ -48,11 +48,9 @@ from __future__ import annotations
 import argparse
 import contextlib
 import hashlib
-import importlib.util
 import json
 import os
 import platform
-import socket
 import statistics
 import subprocess
 import sys
@@ -63,27 +61,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/ is not a package
+import _ingest as ING  # noqa: N812
+
 ROOT = Path(__file__).resolve().parent.parent
 TOKEN_ENV = "SHADOWGRAD_AUTH_BENCH_TOKEN"
 VARIANTS = ("bare", "ingest_crc", "ingest_mac")
 
 
-def _load_ingest() -> Any:
-    """``bench/_ingest.py`` as a module (bench/ is not a package; shadow_bench.py does the same)."""
-    name = "_shadowgrad_bench_ingest"
-    if name in sys.modules:
-        return sys.modules[name]
-    path = Path(__file__).with_name("_ingest.py")
-    spec = importlib.util.spec_from_file_location(name, path)
-    if spec is None or spec.loader is None:
-        raise ImportError(f"cannot load {path}")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-ING = _load_ingest()
 CHUNK: int = ING.CHUNK  # 65280-byte DATA payloads, as in _ingest.py
 TOKEN: str = ING.TOKEN
 JOB: int = ING.JOB
@@ -96,19 +81,11 @@ def _producer_main(argv: list[str]) -> None:
     """Pre-encode every datagram (sealed with the job's key when ``cfg["seal"]``), wait for
     ``go``, send them flat out from the trainer address, print what was sent."""
     cfg = json.loads(argv[0])
-    import numpy as np
-
     from shadowgrad import wire
-    from shadowgrad.layout import Layout
 
-    layout = Layout.from_json(cfg["layout"])
-    dest = (cfg["host"], cfg["port"])
+    # bound to cfg["bind_port"], the spec's trainer address
+    layout, dest, sock, grads = ING.producer_setup(cfg)
     key = wire.mac_key(TOKEN, JOB) if cfg["seal"] else None
-    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    sock.bind(("127.0.0.1", cfg["bind_port"]))  # the spec's trainer address
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 8 * 2**20)
-    rng = np.random.default_rng(0)
-    grads = [rng.standard_normal(n // 4, dtype=np.float32).tobytes() for n in layout.bucket_nbytes]
     dgrams: list[bytes] = []
     seq = 0
     first = cfg.get("first_iteration", 0)
@@ -117,50 +94,26 @@ def _producer_main(argv: list[str]) -> None:
             for off in range(0, len(g), CHUNK):
                 seq += 1
                 p = g[off : off + CHUNK]
-                fields: dict[str, Any] = {
-                    "job": JOB,
-                    "sender": 0,
-                    "iteration": it,
-                    "seq": seq,
-                    "layout": layout.digest64,
-                    "payload": p,
-                    "flags": wire.Flag.FINAL,
-                    "dtype": wire.DType.FLOAT32,
-                    "bucket": b,
-                    "offset": off,
-                }
+                fields = ING.data_fields(layout, it, seq, b, off, payload=p)
                 if key is not None:
                     header, tag = wire.seal(wire.Kind.DATA, key=key, **fields)
                     dgrams.append(header + p + tag)
                 else:
                     dgrams.append(wire.encode_header(wire.Kind.DATA, **fields) + p)
-    print(json.dumps({"ready": len(dgrams)}), flush=True)
-    sys.stdin.readline()  # go
-    t0 = time.perf_counter()
-    nbytes = 0
-    for d in dgrams:
-        sock.sendto(d, dest)
-        nbytes += len(d)
-    dt = time.perf_counter() - t0
-    print(json.dumps({"sent": len(dgrams), "bytes": nbytes, "seconds": dt}), flush=True)
+    ING.send_burst(sock, dest, dgrams)
 
 
 class _Producer(ING._Producer):  # type: ignore[misc]
     """``_ingest._Producer`` (go / result / kill-on-exit), launching this file's producer."""
 
-    def __init__(self, cfg: dict[str, Any]) -> None:
-        self.proc = subprocess.Popen(
-            [sys.executable, os.path.abspath(__file__), "--producer", json.dumps(cfg)],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        assert self.proc.stdout is not None
-        line = self.proc.stdout.readline()
+    script = os.path.abspath(__file__)
+
+    def _ready_line(self) -> str:
+        line: str = super()._ready_line()
         if not line:
             self.proc.wait(10)
             raise RuntimeError(f"producer exited with {self.proc.returncode} before ready")
-        self.ready = json.loads(line)
+        return line
 
     def reap(self) -> None:
         if self.proc.poll() is None:
@@ -172,29 +125,18 @@ class _Producer(ING._Producer):  # type: ignore[misc]
 # --------------------------------------------------------------------------- part A
 
 
-def _spec(shadow_port: int, trainer_port: int, authenticate_data: bool) -> Any:
-    from shadowgrad.config import parse_spec
-
-    return parse_spec(
-        {
-            "job": {"id": JOB, "name": "auth-bench", "mode": "mirror"},
-            "trainers": {"world_size": 1, "addresses": [f"127.0.0.1:{trainer_port}"]},
-            "shadows": {"count": 1, "addresses": [f"127.0.0.1:{shadow_port}"]},
-            "switch": {"target": "none"},
-            "timeouts": {"gap_repair": "100ms", "heartbeat": "100ms", "rpc": "60s"},
-            "security": {"token_env": TOKEN_ENV, "authenticate_data": authenticate_data},
-        },
-        env={},
-    )
-
-
 def _node(layout: Any, authenticate_data: bool, window: int) -> Any:
     """A loaded ShadowNode owning the whole layout (SGD replay; nothing is applied here)."""
 
     from shadowgrad.shadow.node import NodeOptions
 
     sock = ING._udp()
-    spec = _spec(sock.getsockname()[1], ING._free_udp_port(), authenticate_data)
+    spec = ING._spec(
+        sock.getsockname()[1],
+        ING._free_udp_port(),
+        "auth-bench",
+        security={"token_env": TOKEN_ENV, "authenticate_data": authenticate_data},
+    )
     return ING.start_node(
         spec, sock, layout, "sgd", token=TOKEN, options=NodeOptions(window=window, rx_threads=1)
     )
@@ -219,17 +161,8 @@ def _warm(node: Any, layout: Any, iterations: int, authenticate_data: bool) -> i
                 p = zeros[: min(CHUNK, nbytes - off)]
                 d = wire.encode(
                     wire.Kind.DATA,
-                    job=JOB,
-                    sender=0,
-                    iteration=it,
-                    seq=seq,
-                    layout=layout.digest64,
-                    payload=p,
-                    flags=wire.Flag.FINAL,
-                    dtype=wire.DType.FLOAT32,
-                    bucket=b,
-                    offset=off,
                     key=key if authenticate_data else None,
+                    **ING.data_fields(layout, it, seq, b, off, payload=p),
                 )
                 node.handle_datagram(d, src)
     for it in range(iterations):
@@ -262,32 +195,16 @@ def _pass_bare(layout: Any, iterations: int) -> dict[str, Any]:
     prod = None
     try:
         prod = _Producer(
-            {
-                "layout": layout.to_json(),
-                "host": "127.0.0.1",
-                "port": sock.getsockname()[1],
-                "iterations": iterations,
-                "bind_port": ING._free_udp_port(),
-                "seal": False,
-            }
+            layout,
+            sock.getsockname()[1],
+            iterations,
+            bind_port=ING._free_udp_port(),
+            seal=False,
         )
         expected = prod.ready["ready"]
-        buf = bytearray(65536)
-        sock.settimeout(0.5)
-        got = nbytes = 0
-        t_first = t_last = 0.0
         cpu0 = time.thread_time()
         prod.go()
-        while got < expected:
-            try:
-                n = sock.recv_into(buf)
-            except TimeoutError:
-                break
-            t_last = time.perf_counter()
-            if got == 0:
-                t_first = t_last
-            got += 1
-            nbytes += n
+        got, nbytes, t_first, t_last = ING.recv_all(sock, expected)
         cpu = time.thread_time() - cpu0
         sent = prod.result(60)
     finally:
@@ -312,15 +229,12 @@ def _pass_node(layout: Any, iterations: int, authenticate_data: bool) -> dict[st
         first = _warm(node, layout, iterations, authenticate_data)
         rx_cpu = _thread_cpu("shadow0-rx0")
         prod = _Producer(
-            {
-                "layout": layout.to_json(),
-                "host": "127.0.0.1",
-                "port": node.sock.getsockname()[1],
-                "iterations": iterations,
-                "first_iteration": first,
-                "bind_port": node.spec.trainers.addresses[0].port,
-                "seal": authenticate_data,
-            }
+            layout,
+            node.sock.getsockname()[1],
+            iterations,
+            first_iteration=first,
+            bind_port=node.spec.trainers.addresses[0].port,
+            seal=authenticate_data,
         )
         expected = prod.ready["ready"]
         st0 = node.status(timeline=0)
@@ -328,14 +242,7 @@ def _pass_node(layout: Any, iterations: int, authenticate_data: bool) -> dict[st
         cpu0, pcpu0 = rx_cpu(), time.process_time()
         prod.go()
         sent = prod.result(60)
-        deadline = time.monotonic() + 5
-        last = -1
-        while time.monotonic() < deadline:  # until the node stops counting
-            n_now = sum(node.rx.values())
-            if n_now == last:
-                break
-            last = n_now
-            time.sleep(0.2)
+        ING.wait_rx_quiet(node, 0.2)
         # the rx thread idles in recv (timeout tick_s) meanwhile: a few us per tick
         cpu, pcpu = rx_cpu() - cpu0, time.process_time() - pcpu0
         st = node.status(timeline=iterations)

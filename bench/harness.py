@@ -37,7 +37,6 @@ import argparse
 import collections
 import contextlib
 import datetime as dt
-import importlib.metadata
 import json
 import math
 import os
@@ -52,6 +51,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/ is not a package
+import _common
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
@@ -111,6 +113,10 @@ def _table(head: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
     out = ["| " + " | ".join(head) + " |", "|" + "|".join(align) + "|"]
     out += ["| " + " | ".join(r) + " |" for r in rows]
     return out
+
+
+def _table_or_not_measured(head: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
+    return _table(head, rows) if rows else ["Not measured."]
 
 
 def _get(d: Any, *keys: Any) -> Any:
@@ -181,13 +187,7 @@ def render_shadow(d: Doc) -> list[str]:
             "",
         ]
         rows = []
-        for key in (
-            "fused_adamw",
-            "fused_adamw_box_tensors",
-            "replayer_fused_adamw",
-            "replayer_fused_adamw_scaler_clip",
-            "replayer_forloop_adamw",
-        ):
+        for key in _common.APPLY_ITEMS:
             x = a.get(key)
             if isinstance(x, dict):
                 rows.append(
@@ -969,20 +969,16 @@ def render_goals(g: Doc) -> list[str]:
         "the tap installed (`inband`); per-round min " + DASH + " max in brackets.",
         "",
     ]
-    out += (
-        _table(
-            [
-                "size",
-                "untagged ms/iter",
-                "tapped ms/iter",
-                "overhead",
-                f"rounds {MINMAX}",
-                "meets goal",
-            ],
-            rows,
-        )
-        if rows
-        else ["Not measured."]
+    out += _table_or_not_measured(
+        [
+            "size",
+            "untagged ms/iter",
+            "tapped ms/iter",
+            "overhead",
+            f"rounds {MINMAX}",
+            "meets goal",
+        ],
+        rows,
     )
     if any(x.get("overhead", 0) < 0 for x in inb.get("sizes") or []):
         out += [
@@ -1023,22 +1019,18 @@ def render_goals(g: Doc) -> list[str]:
         ]
         for x in g.get("stall") or []
     ]
-    out += (
-        _table(
-            [
-                "size",
-                "none ms/iter",
-                "mirror stall ms",
-                "shadows",
-                "with sinks ms",
-                "DCP stall ms",
-                "DCP / mirror",
-                "meets goal",
-            ],
-            rows,
-        )
-        if rows
-        else ["Not measured."]
+    out += _table_or_not_measured(
+        [
+            "size",
+            "none ms/iter",
+            "mirror stall ms",
+            "shadows",
+            "with sinks ms",
+            "DCP stall ms",
+            "DCP / mirror",
+            "meets goal",
+        ],
+        rows,
     )
     if any(not x.get("meets_goal") for x in g.get("stall") or []):
         out += [
@@ -1089,22 +1081,18 @@ def render_goals(g: Doc) -> list[str]:
                     _pct(m.get("useful")),
                 ]
             )
-    out += (
-        _table(
-            [
-                "size",
-                "method",
-                "cost ms",
-                "overhead if every it.",
-                "1 % budget allows",
-                "interval used",
-                "lost / failure",
-                "useful",
-            ],
-            rows,
-        )
-        if rows
-        else ["Not measured."]
+    out += _table_or_not_measured(
+        [
+            "size",
+            "method",
+            "cost ms",
+            "overhead if every it.",
+            "1 % budget allows",
+            "interval used",
+            "lost / failure",
+            "useful",
+        ],
+        rows,
     )
     plans = [
         m["plan"] for p in g.get("policies") or [] for m in p.get("methods") or [] if m.get("plan")
@@ -1137,21 +1125,17 @@ def render_goals(g: Doc) -> list[str]:
         ]
         for x in g.get("recovery") or []
     ]
-    out += (
-        _table(
-            [
-                "size",
-                "shadows",
-                "restore ms",
-                "DCP load ms",
-                f"{TIMES} DCP load",
-                f"+ 1st it. {TIMES}",
-                "as fast",
-            ],
-            rows,
-        )
-        if rows
-        else ["Not measured."]
+    out += _table_or_not_measured(
+        [
+            "size",
+            "shadows",
+            "restore ms",
+            "DCP load ms",
+            f"{TIMES} DCP load",
+            f"+ 1st it. {TIMES}",
+            "as fast",
+        ],
+        rows,
     )
     if any((_num(x.get("ratio")) or 9) > 1 for x in g.get("recovery") or []):
         out += [
@@ -1401,13 +1385,6 @@ def _rel(p: Path) -> str:
         return str(p)
 
 
-def _version(pkg: str) -> str | None:
-    try:
-        return importlib.metadata.version(pkg)
-    except importlib.metadata.PackageNotFoundError:
-        return None
-
-
 def _memory_gib() -> float | None:
     with contextlib.suppress(OSError, ValueError, IndexError):
         for line in Path("/proc/meminfo").read_text().splitlines():
@@ -1433,7 +1410,7 @@ def machine() -> dict[str, Any]:
         "cores": os.cpu_count(),
         "memory_GiB": _memory_gib(),
         "python": platform.python_version(),
-        "torch": _version("torch"),
+        "torch": _common.version("torch"),
         "platform": platform.platform(),
         "machine": platform.machine(),
         "loadavg_at_start": [round(x, 2) for x in os.getloadavg()],
@@ -1625,10 +1602,7 @@ def run_all(mode: str, command: str, only: Sequence[str] | None = None) -> dict[
     doc["machine"]["loadavg_at_end"] = [round(x, 2) for x in os.getloadavg()]
     if only is not None:
         doc = merge_rerun(old, doc)
-    HARNESS_JSON.parent.mkdir(parents=True, exist_ok=True)
-    tmp = HARNESS_JSON.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(doc, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
-    tmp.replace(HARNESS_JSON)
+    _common.atomic_write(HARNESS_JSON, json.dumps(doc, indent=1, ensure_ascii=False) + "\n")
     print(f"wrote {_rel(HARNESS_JSON)}; the benches took {time.monotonic() - t0:.1f} s", flush=True)
     return doc
 
@@ -1902,10 +1876,7 @@ def update_readme(text: str, block: str, begin: str = README_BEGIN, end: str = R
 
 
 def _atomic_write(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    tmp.replace(path)
+    _common.atomic_write(path, text)
     print(f"wrote {_rel(path)}", flush=True)
 
 

@@ -58,6 +58,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/ is not a package
+import _common
+
 ROOT = Path(__file__).resolve().parents[1]
 VARIANTS = ("ddp", "mirror", "inband_notap", "inband")
 #: not run by default: the empty tap with shadows that repair everything by NACK
@@ -251,30 +254,15 @@ def run_ranks(
     ``probe()`` (CPU counters of this process and the switch) is sampled when rank 0 reports the
     start and the end of its measured iterations; the differences go to ``res["window_cpu_s"]``.
     """
-    from shadowgrad.trainer_hooks._testing import TOKEN, Ranks
-
-    argv = [
-        sys.executable,
+    ranks = _common.start_ranks(
         __file__,
-        "--worker",
-        "--variant",
-        variant,
-        "--width",
-        str(width),
-        "--depth",
-        str(args.depth),
-        "--iters",
-        str(args.iters),
-        "--warmup",
-        str(args.warmup),
-        "--batch",
-        str(args.batch),
-        "--close-timeout",
-        str(close_timeout),
-        "--spec",
-        str(spec_path or ""),
-    ]
-    ranks = Ranks(argv, args.world, {"SHADOWGRAD_TOKEN": TOKEN}, str(ROOT))
+        args,
+        variant=variant,
+        width=width,
+        depth=args.depth,
+        close_timeout=close_timeout,
+        spec=spec_path or "",
+    )
     samples: dict[str, dict[str, float | None]] = {}
     try:
         deadline = time.monotonic() + args.timeout
@@ -298,8 +286,7 @@ def run_ranks(
             )
     finally:
         ranks.close()
-    line = next(ln for ln in out.splitlines() if ln.startswith("RESULT "))
-    res: dict[str, Any] = json.loads(line[len("RESULT ") :])
+    res = _common.rank_result(out)
     if len(samples) == 2:
         b, e = samples["begin"], samples["end"]
         res["window_cpu_s"] = {

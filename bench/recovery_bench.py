@@ -50,10 +50,7 @@ import argparse
 import contextlib
 import datetime as dt
 import functools
-import importlib.metadata
-import json
 import os
-import platform
 import shutil
 import statistics
 import sys
@@ -64,11 +61,13 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/ is not a package
+import _common
+from _common import SIZES  # model size -> (width, depth) of the MLP (as trainer_bench.py)
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 DEFAULT_OUT = ROOT / "bench" / "results" / "recovery_bench.json"
-#: model size -> (width, depth) of an MLP of depth x Linear(width, width) (as trainer_bench.py)
-SIZES = {"1M": (512, 4), "10M": (1024, 10), "100M": (2048, 24)}
 BASELINE = "dcp_load"
 BATCH = 16
 LR = 1e-3
@@ -86,14 +85,8 @@ def _now() -> float:
 def build(size: str, seed: int) -> tuple[Any, Any]:
     """A new model (initialised from ``seed``) and a new AdamW on it."""
     import torch
-    from torch import nn
 
-    width, depth = SIZES[size]
-    torch.manual_seed(seed)
-    layers: list[nn.Module] = []
-    for _ in range(depth):
-        layers += [nn.Linear(width, width), nn.ReLU()]
-    model = nn.Sequential(*layers)
+    model = _common.mlp(size, seed)
     return model, torch.optim.AdamW(model.parameters(), lr=LR)
 
 
@@ -476,25 +469,6 @@ def _as_model(ref: State, size: str) -> tuple[Any, Any]:
 # --------------------------------------------------------------------------- main
 
 
-def machine() -> dict[str, Any]:
-    try:
-        torch_version: str | None = importlib.metadata.version("torch")
-    except importlib.metadata.PackageNotFoundError:
-        torch_version = None
-    import torch
-
-    return {
-        "cores": os.cpu_count(),
-        "python": platform.python_version(),
-        "torch": torch_version,
-        "torch_threads": torch.get_num_threads(),
-        "platform": platform.platform(),
-        "machine": platform.machine(),
-        "loadavg_at_start": list(os.getloadavg()),
-        "nice": os.nice(0),
-    }
-
-
 def _maxrss_mib() -> float:
     import resource
 
@@ -546,6 +520,8 @@ def main(argv: list[str] | None = None) -> int:
     rounds = args.rounds or (3 if args.quick else 5)
     args.first_iters = args.first_iters or (2 if args.quick else 3)
     counts = [int(s) for s in args.shadows.split(",")]
+    import torch
+
     from shadowgrad.trainer_hooks._testing import loopback_spec
 
     started = dt.datetime.now(dt.UTC)
@@ -555,7 +531,10 @@ def main(argv: list[str] | None = None) -> int:
         "bench": "recovery_bench",
         "command": "python bench/recovery_bench.py" + (" --quick" if args.quick else ""),
         "time": started.strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "machine": machine(),
+        "machine": {
+            **_common.machine(torch_threads=torch.get_num_threads()),
+            "nice": os.nice(0),
+        },
         "baseline": BASELINE,
         "quick": args.quick,
         "rounds": rounds,
@@ -610,10 +589,7 @@ def main(argv: list[str] | None = None) -> int:
     doc["wall_s"] = time.monotonic() - t0
     doc["machine"]["loadavg_at_end"] = list(os.getloadavg())
     doc["max_rss_MiB"] = _maxrss_mib()
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = args.out.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
-    tmp.replace(args.out)
+    _common.write_json(args.out, doc)
     print(f"wrote {args.out} ({doc['wall_s']:.1f} s)")
     return 0
 

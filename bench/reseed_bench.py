@@ -25,11 +25,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/ is not a package
+import _common
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-
-#: model size -> (width, depth) of an MLP of depth x Linear(width, width) (as trainer_bench.py)
-SIZES = {"1M": (512, 4), "10M": (1024, 10), "100M": (2048, 24)}
 
 
 def _median_ms(fn: Any, repeat: int) -> tuple[float, float, float]:
@@ -44,18 +44,13 @@ def _median_ms(fn: Any, repeat: int) -> tuple[float, float, float]:
 
 def bench(size: str, repeat: int) -> dict[str, Any]:
     import torch
-    from torch import nn
 
     from shadowgrad.config import parse_spec
     from shadowgrad.trainer_hooks import attach
     from shadowgrad.trainer_hooks._testing import loopback_spec
 
-    width, depth = SIZES[size]
-    torch.manual_seed(0)
-    layers: list[nn.Module] = []
-    for _ in range(depth):
-        layers += [nn.Linear(width, width), nn.ReLU()]
-    model = nn.Sequential(*layers)
+    width = _common.SIZES[size][0]  # the MLP of trainer_bench.py
+    model = _common.mlp(size)
     nparams = sum(p.numel() for p in model.parameters())
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     spec = parse_spec(loopback_spec(world=1, shadows=3), env={})

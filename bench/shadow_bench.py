@@ -39,6 +39,7 @@ import logging
 import os
 import platform
 import statistics
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -50,6 +51,9 @@ from shadowgrad.layout import Layout, ParamSpec
 from shadowgrad.optspec import OptimizerSpec, ParamGroupSpec
 from shadowgrad.shadow.replay import ShardReplayer, box_states_from_full
 from shadowgrad.wire import CommitRecord
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/ is not a package
+import _common
 
 logger = logging.getLogger(__name__)
 
@@ -123,17 +127,6 @@ def bandwidth_items(elems: int, reps: int) -> dict[str, tuple[_Timed, int]]:
 # AdamW apply
 # ---------------------------------------------------------------------------------------------
 
-_HYPER: dict[str, Any] = {
-    "betas": (0.9, 0.999),
-    "eps": 1e-8,
-    "weight_decay": 0.01,
-    "amsgrad": False,
-    "maximize": False,
-    "capturable": False,
-    "differentiable": False,
-    "decoupled_weight_decay": True,
-}
-
 
 def fused_adamw_step(sizes: list[int]) -> Callable[[], object]:
     """torch fused AdamW over tensors of ``sizes`` parameters (state created by a first step)."""
@@ -155,9 +148,8 @@ def replayer_step(
     layout = Layout.build(
         [ParamSpec("w", (rows, ROW), "float32")], [["w"]], num_shadows=1, max_piece_bytes=box_bytes
     )
-    spec = OptimizerSpec(
-        "AdamW", (ParamGroupSpec(("w",), {**_HYPER, "fused": fused, "foreach": False}),)
-    )
+    hyper = {**_common.ADAMW_HYPER, "fused": fused, "foreach": False}
+    spec = OptimizerSpec("AdamW", (ParamGroupSpec(("w",), hyper),))
     rep = ShardReplayer(layout, 0, spec)
     gen = torch.Generator().manual_seed(0)
     rep.load(-1, box_states_from_full(layout, 0, {"w": torch.randn(rows, ROW, generator=gen)}))
@@ -237,15 +229,9 @@ def ingest_bench(args: argparse.Namespace) -> dict[str, Any] | None:
     once with AdamW replay: does the shadow keep up, and if not, what limits it. The work lives
     in ``bench/_ingest.py`` (also runnable alone); this returns its JSON-serialisable results.
     """
-    import importlib.util
+    import _ingest
 
-    path = Path(__file__).with_name("_ingest.py")
-    spec = importlib.util.spec_from_file_location("_shadowgrad_bench_ingest", path)
-    if spec is None or spec.loader is None:
-        raise ImportError(f"cannot load {path}")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    result: dict[str, Any] = module.ingest_bench(
+    result: dict[str, Any] = _ingest.ingest_bench(
         n_params=args.params,
         burst_params=min(args.params, 25_000_000),
         iterations=3 if args.quick else 5,
@@ -267,13 +253,7 @@ def _print_apply(r: dict[str, Any]) -> None:
         f" -> bound {bw['bound_GBps']:.1f} GB/s = {bw['bound_params_per_s'] / 1e6:.0f} M params/s"
         f" at {r['bytes_per_param']} B/param"
     )
-    for key in (
-        "fused_adamw",
-        "fused_adamw_box_tensors",
-        "replayer_fused_adamw",
-        "replayer_fused_adamw_scaler_clip",
-        "replayer_forloop_adamw",
-    ):
+    for key in _common.APPLY_ITEMS:
         if key in r:
             x = r[key]
             print(
@@ -345,10 +325,7 @@ def main(argv: list[str] | None = None) -> int:
         if ingest is not None:
             doc["ingest"] = ingest
         doc.setdefault("ingest", None)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = args.out.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
-    tmp.replace(args.out)
+    _common.write_json(args.out, doc, indent=2, sort_keys=True)
     print(f"wrote {args.out}")
     return 0
 

@@ -47,6 +47,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/ is not a package
+import _common
+from _common import SIZES  # model size -> (width, depth) of the MLP
+
 ROOT = Path(__file__).resolve().parents[1]
 VARIANTS = ("none", "mirror", "dcp_async", "torch_save", "dcp_async:5", "torch_save:5")
 
@@ -62,28 +66,19 @@ def split_variant(variant: str) -> tuple[str, int]:
     return name, k
 
 
-#: model size -> (width, depth) of an MLP of depth x Linear(width, width)
-SIZES = {"1M": (512, 4), "10M": (1024, 10), "100M": (2048, 24)}
-
-
 # --------------------------------------------------------------------------- worker
 
 
 def worker(args: argparse.Namespace) -> None:
     import torch
     import torch.distributed as dist
-    from torch import nn
     from torch.nn.parallel import DistributedDataParallel
 
     torch.set_num_threads(max(1, (os.cpu_count() or 2) // args.world))
     dist.init_process_group("gloo")
     rank = dist.get_rank()
-    width, depth = SIZES[args.size]
-    torch.manual_seed(0)
-    layers: list[nn.Module] = []
-    for _ in range(depth):
-        layers += [nn.Linear(width, width), nn.ReLU()]
-    net = nn.Sequential(*layers)
+    width = SIZES[args.size][0]
+    net = _common.mlp(args.size)
     nparams = sum(p.numel() for p in net.parameters())
     model = DistributedDataParallel(net)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
@@ -234,30 +229,9 @@ def _spec_doc(world: int, shadows: int) -> dict[str, Any]:
 def run_variant(
     args: argparse.Namespace, size: str, variant: str, spec_path: Path, ckdir: Path
 ) -> dict[str, Any]:
-    from shadowgrad.trainer_hooks._testing import TOKEN, Ranks
-
-    argv = [
-        sys.executable,
-        __file__,
-        "--worker",
-        "--size",
-        size,
-        "--variant",
-        variant,
-        "--iters",
-        str(args.iters),
-        "--warmup",
-        str(args.warmup),
-        "--batch",
-        str(args.batch),
-        "--world",
-        str(args.world),
-        "--spec",
-        str(spec_path),
-        "--ckdir",
-        str(ckdir),
-    ]
-    ranks = Ranks(argv, args.world, {"SHADOWGRAD_TOKEN": TOKEN}, str(ROOT))
+    ranks = _common.start_ranks(
+        __file__, args, size=size, variant=variant, world=args.world, spec=spec_path, ckdir=ckdir
+    )
     try:
         codes = ranks.wait(args.timeout)
         out = ranks.output(0)
@@ -267,9 +241,7 @@ def run_variant(
             )
     finally:
         ranks.close()
-    line = next(ln for ln in out.splitlines() if ln.startswith("RESULT "))
-    res: dict[str, Any] = json.loads(line[len("RESULT ") :])
-    return res
+    return _common.rank_result(out)
 
 
 def _stats(xs: list[float]) -> dict[str, float] | None:

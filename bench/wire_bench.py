@@ -42,18 +42,18 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import importlib.metadata
-import json
-import os
-import platform
 import random
 import statistics
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from shadowgrad import wire
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/ is not a package
+import _common
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = ROOT / "bench" / "results" / "wire_bench.json"
@@ -219,26 +219,6 @@ def bench_size(chunk: int, total: int, rounds: int, *, seed: int = 14) -> dict[s
     }
 
 
-def machine() -> dict[str, Any]:
-    try:
-        torch_version: str | None = importlib.metadata.version("torch")
-    except importlib.metadata.PackageNotFoundError:
-        torch_version = None
-    try:
-        crc_version: str | None = importlib.metadata.version("crc32c")
-    except importlib.metadata.PackageNotFoundError:
-        crc_version = None
-    return {
-        "cores": os.cpu_count(),
-        "python": platform.python_version(),
-        "torch": torch_version,
-        "crc32c": crc_version,
-        "platform": platform.platform(),
-        "machine": platform.machine(),
-        "loadavg_at_start": list(os.getloadavg()),
-    }
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="16 MB per pass, 5 rounds")
@@ -265,7 +245,7 @@ def main(argv: list[str] | None = None) -> int:
         "bench": "wire_bench",
         "command": "python bench/wire_bench.py" + (" --quick" if args.quick else ""),
         "time": started.strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "machine": machine(),
+        "machine": _common.machine(crc32c=_common.version("crc32c")),
         "baseline": BASELINE,
         "method": "one pass over the payload per item, chunk by chunk; MB/s = 1e6 payload "
         f"bytes/s; warm-up then {rounds} rotating rounds; median, min, max",
@@ -288,10 +268,7 @@ def main(argv: list[str] | None = None) -> int:
                 flush=True,
             )
     doc["wall_s"] = time.monotonic() - t0
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = args.out.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
-    tmp.replace(args.out)
+    _common.write_json(args.out, doc)
     print(f"wrote {args.out} ({doc['wall_s']:.1f} s)")
     return 0
 

@@ -64,12 +64,13 @@ def _spec_text(shadows: int, replication: int, job_id: int, controller: int | No
     return spec_toml(doc)
 
 
-def _controller(spec: Path, log: Path) -> subprocess.Popen[bytes]:
-    f = log.open("ab")
+def _start(cmd: list[str], log: Path, mode: str = "ab") -> subprocess.Popen[bytes]:
+    """``cmd`` in a session of its own, output to ``log`` (opened with ``mode``), recorded to be
+    reaped."""
+    f = log.open(mode)
     try:
-        cli = str(Path(sys.executable).parent / "shadowgrad")
         p = subprocess.Popen(
-            [cli, "--log-json", "controller", "--spec", str(spec)],
+            cmd,
             stdout=f,
             stderr=subprocess.STDOUT,
             env=_env(),
@@ -80,6 +81,14 @@ def _controller(spec: Path, log: Path) -> subprocess.Popen[bytes]:
         return p
     finally:
         f.close()
+
+
+def _cli() -> str:
+    return str(Path(sys.executable).parent / "shadowgrad")
+
+
+def _controller(spec: Path, log: Path) -> subprocess.Popen[bytes]:
+    return _start([_cli(), "--log-json", "controller", "--spec", str(spec)], log)
 
 
 def _events(log: Path, prefix: str) -> list[dict[str, Any]]:
@@ -128,52 +137,29 @@ def _reap_all() -> None:
 
 
 def _shadow(spec: Path, k: int, log: Path) -> subprocess.Popen[bytes]:
-    f = log.open("ab")
-    try:
-        cli = str(Path(sys.executable).parent / "shadowgrad")
-        p = subprocess.Popen(
-            [cli, "shadow", "--spec", str(spec), "--id", str(k), *SHADOW_ARGS],
-            stdout=f,
-            stderr=subprocess.STDOUT,
-            env=_env(),
-            cwd=ROOT,
-            start_new_session=True,
-        )
-        _STARTED.append(p)
-        return p
-    finally:
-        f.close()
+    return _start([_cli(), "shadow", "--spec", str(spec), "--id", str(k), *SHADOW_ARGS], log)
 
 
 def _torchrun(
     script: str, args: list[str], log: Path, max_restarts: int = 0
 ) -> subprocess.Popen[bytes]:
-    f = log.open("wb")
-    try:
-        restarts = ["--max-restarts", str(max_restarts)] if max_restarts else []
-        p = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "torch.distributed.run",
-                "--nproc-per-node",
-                "2",
-                *restarts,
-                "--master-port",
-                str(_free_port()),
-                str(ROOT / "examples" / script),
-                *args,
-            ],
-            stdout=f,
-            stderr=subprocess.STDOUT,
-            env=_env(),
-            cwd=ROOT,
-            start_new_session=True,
-        )
-        _STARTED.append(p)
-        return p
-    finally:
-        f.close()
+    restarts = ["--max-restarts", str(max_restarts)] if max_restarts else []
+    return _start(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc-per-node",
+            "2",
+            *restarts,
+            "--master-port",
+            str(_free_port()),
+            str(ROOT / "examples" / script),
+            *args,
+        ],
+        log,
+        "wb",
+    )
 
 
 def _free_port() -> int:
@@ -784,28 +770,23 @@ class _Stranger:
         trainers = [(a.host, a.port) for a in spec.trainers.addresses]
         forged = wire.CommitRecord(lrs=(0.3, 0.3), clip_coef=None, loss_scale=2.0**126)
 
+        def header(it: int, key: bytes | None) -> dict[str, Any]:
+            """A trainer's header fields for iteration ``it``, any seq, sealed with ``key``."""
+            return {
+                "job": spec.job.id,
+                "sender": 0,
+                "iteration": it,
+                "seq": secrets.randbelow(2**32),
+                "layout": digest,
+                "key": key,
+            }
+
         def commit(it: int, key: bytes | None) -> bytes:
-            return forged.encode(
-                job=spec.job.id,
-                sender=0,
-                iteration=it,
-                seq=secrets.randbelow(2**32),
-                layout=digest,
-                key=key,
-            )
+            return forged.encode(**header(it, key))
 
         def nack(it: int, key: bytes | None) -> bytes:
             body = wire.NackRecord.of([(0, 0, 1 << 20)]).body()
-            return wire.encode(
-                wire.Kind.NACK,
-                job=spec.job.id,
-                sender=0,
-                iteration=it,
-                seq=secrets.randbelow(2**32),
-                layout=digest,
-                payload=body,
-                key=key,
-            )
+            return wire.encode(wire.Kind.NACK, payload=body, **header(it, key))
 
         def count(what: str, n: int = 1) -> None:
             self.sent[what] = self.sent.get(what, 0) + n

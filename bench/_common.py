@@ -1,0 +1,111 @@
+"""What several bench scripts share: the MLP sizes, shadow AdamW hyperparameters, machine
+facts, the atomic JSON result write, and launching the ranks of a worker and reading their
+``RESULT`` line.
+
+bench/ is not a package: a script imports this as ``_common`` after putting its own folder on
+``sys.path`` (already there when it runs as ``python bench/<name>.py``; not when a test loads it
+from its path).
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import os
+import platform
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+
+#: model size -> (width, depth) of an MLP of depth x (Linear(width, width), ReLU)
+SIZES = {"1M": (512, 4), "10M": (1024, 10), "100M": (2048, 24)}
+
+#: torch AdamW hyperparameters (besides lr, foreach and fused) a bench's shadows replay with
+ADAMW_HYPER: dict[str, Any] = {
+    "betas": (0.9, 0.999),
+    "eps": 1e-8,
+    "weight_decay": 0.01,
+    "amsgrad": False,
+    "maximize": False,
+    "capturable": False,
+    "differentiable": False,
+    "decoupled_weight_decay": True,
+}
+
+#: shadow_bench's apply items, in the order its output and the page list them
+APPLY_ITEMS = (
+    "fused_adamw",
+    "fused_adamw_box_tensors",
+    "replayer_fused_adamw",
+    "replayer_fused_adamw_scaler_clip",
+    "replayer_forloop_adamw",
+)
+
+
+def mlp(size: str, seed: int = 0) -> Any:
+    """A new MLP of ``SIZES[size]``, initialised from ``seed``."""
+    import torch
+    from torch import nn
+
+    width, depth = SIZES[size]
+    torch.manual_seed(seed)
+    layers: list[nn.Module] = []
+    for _ in range(depth):
+        layers += [nn.Linear(width, width), nn.ReLU()]
+    return nn.Sequential(*layers)
+
+
+def version(pkg: str) -> str | None:
+    """The installed version of distribution ``pkg``; None when it is not installed."""
+    try:
+        return importlib.metadata.version(pkg)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def machine(**extra: Any) -> dict[str, Any]:
+    """Cores, Python, torch's version (then ``extra``), platform and load at the start."""
+    return {
+        "cores": os.cpu_count(),
+        "python": platform.python_version(),
+        "torch": version("torch"),
+        **extra,
+        "platform": platform.platform(),
+        "machine": platform.machine(),
+        "loadavg_at_start": list(os.getloadavg()),
+    }
+
+
+def atomic_write(path: Path, text: str) -> None:
+    """``text`` to ``path`` (folders created) through a temporary file beside it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text, encoding="utf-8")
+    tmp.replace(path)
+
+
+def write_json(path: Path, doc: Any, *, indent: int = 1, sort_keys: bool = False) -> None:
+    """``doc`` as JSON with a final newline, written atomically (:func:`atomic_write`)."""
+    atomic_write(path, json.dumps(doc, indent=indent, sort_keys=sort_keys) + "\n")
+
+
+def start_ranks(script: str, args: Any, **options: object) -> Any:
+    """``args.world`` ranks (``trainer_hooks._testing.Ranks``, in the repository root, with
+    the test token) of ``python script --worker`` with ``--iters``, ``--warmup`` and
+    ``--batch`` from ``args`` and ``options`` (``close_timeout=3`` -> ``--close-timeout 3``)."""
+    from shadowgrad.trainer_hooks._testing import TOKEN, Ranks
+
+    argv = [sys.executable, script, "--worker"]
+    options = {"iters": args.iters, "warmup": args.warmup, "batch": args.batch, **options}
+    for name, value in options.items():
+        argv += [f"--{name.replace('_', '-')}", str(value)]
+    return Ranks(argv, args.world, {"SHADOWGRAD_TOKEN": TOKEN}, str(ROOT))
+
+
+def rank_result(out: str) -> dict[str, Any]:
+    """The JSON of the ``RESULT {...}`` line in a rank's output."""
+    line = next(ln for ln in out.splitlines() if ln.startswith("RESULT "))
+    res: dict[str, Any] = json.loads(line[len("RESULT ") :])
+    return res
