@@ -50,12 +50,15 @@ from p4.v1 import p4runtime_pb2
 from shadowgrad.controller.p4runtime import P4RuntimeClient
 from shadowgrad.errors import P4RuntimeError
 
+from .topology import OFFLOADS_OFF, add_veth, disable_ipv6, ns_sh
+
 __all__ = [
     "RealBmv2Backend",
     "P4RuntimeClient",
     "VethNamespace",
     "P4RuntimeError",
     "compile_program",
+    "stop_process",
 ]
 
 log = logging.getLogger(__name__)
@@ -65,6 +68,9 @@ ETH_P_ALL = 0x0003
 SOL_PACKET = 263
 PACKET_IGNORE_OUTGOING = 23
 U = p4runtime_pb2.Update
+#: a table entry's match by field name, and an action's parameters by name
+Match = dict[str, Any]
+Params = dict[str, int] | None
 
 
 def _sh(*args: str, check: bool = True, timeout: float = 20) -> subprocess.CompletedProcess[str]:
@@ -170,64 +176,14 @@ class VethNamespace:
         ns = self.netns
         _sh("ip", "netns", "add", ns)
         self._created.append("netns")
-        _sh(
-            "ip",
-            "netns",
-            "exec",
-            ns,
-            "sysctl",
-            "-qw",
-            "net.ipv6.conf.all.disable_ipv6=1",
-            check=False,
-        )
-        _sh(
-            "ip",
-            "netns",
-            "exec",
-            ns,
-            "sysctl",
-            "-qw",
-            "net.ipv6.conf.default.disable_ipv6=1",
-            check=False,
-        )
+        for conf in ("all", "default"):
+            disable_ipv6(ns, conf)
         for p in self.ports:
             s, h = self.switch_if[p], self.host_if[p]
-            _sh("ip", "link", "add", s, "type", "veth", "peer", "name", h)
-            self._created.append(s)
-            _sh("ip", "link", "set", h, "netns", ns)
-            _sh("sysctl", "-qw", f"net.ipv6.conf.{s}.disable_ipv6=1", check=False)
-            _sh(
-                "ip",
-                "netns",
-                "exec",
-                ns,
-                "sysctl",
-                "-qw",
-                f"net.ipv6.conf.{h}.disable_ipv6=1",
-                check=False,
-            )
-            _sh(
-                "ip",
-                "netns",
-                "exec",
-                ns,
-                "ethtool",
-                "-K",
-                h,
-                "rx",
-                "off",
-                "tx",
-                "off",
-                "sg",
-                "off",
-                "tso",
-                "off",
-                "gso",
-                "off",
-                "gro",
-                "off",
-                check=False,
-            )
+            self._created.append(s)  # close() removes only what exists
+            add_veth(s, h, ns)
+            disable_ipv6(ns, h)
+            ns_sh(ns, "ethtool", "-K", h, *OFFLOADS_OFF)
             _sh("ip", "link", "set", s, "mtu", "9500", check=False)
             _sh("ip", "-n", ns, "link", "set", h, "mtu", "9500", check=False)
             _sh("ip", "link", "set", s, "up")
@@ -352,6 +308,19 @@ def _free_tcp_port() -> int:
         return port
 
 
+def stop_process(proc: subprocess.Popen[Any], grace_s: float = 10.0, kill_s: float = 5.0) -> None:
+    """SIGTERM ``proc`` if it still runs, SIGKILL if it has not exited ``grace_s`` later, then
+    wait up to ``kill_s`` for it."""
+    if proc.poll() is not None:
+        return
+    proc.terminate()
+    try:
+        proc.wait(grace_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(kill_s)
+
+
 def stop_switch(state: dict[str, Any]) -> None:
     """Close ``state["client"]`` and stop ``state["proc"]`` (SIGTERM, SIGKILL after 10 s),
     popping both (idempotent)."""
@@ -360,13 +329,8 @@ def stop_switch(state: dict[str, Any]) -> None:
         with contextlib.suppress(Exception):
             client.close()
     proc: subprocess.Popen[Any] | None = state.pop("proc", None)
-    if proc is not None and proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
+    if proc is not None:
+        stop_process(proc)
 
 
 def _cleanup(state: dict[str, Any]) -> None:
@@ -502,12 +466,7 @@ class RealBmv2Backend:
         raise KeyError(f"{kind[:-1]} {name!r} not in the P4Info")
 
     def _table_entry(
-        self,
-        table: str,
-        match: dict[str, Any],
-        action: str | None,
-        params: dict[str, int] | None,
-        priority: int,
+        self, table: str, match: Match, action: str | None, params: Params, priority: int
     ) -> p4runtime_pb2.TableEntry:
         t = self._obj("tables", table)
         te = p4runtime_pb2.TableEntry(table_id=t.preamble.id, priority=priority)
@@ -549,7 +508,7 @@ class RealBmv2Backend:
             te.action.action.CopyFrom(self._action(action, params))
         return te
 
-    def _action(self, action: str, params: dict[str, int] | None) -> p4runtime_pb2.Action:
+    def _action(self, action: str, params: Params) -> p4runtime_pb2.Action:
         a = self._obj("actions", action)
         out = p4runtime_pb2.Action(action_id=a.preamble.id)
         by_name = {p.name: p for p in a.params}
@@ -594,41 +553,37 @@ class RealBmv2Backend:
         self.client.write([U(type=kind, entity=e)])
 
     def insert(
-        self,
-        table: str,
-        match: dict[str, Any],
-        action: str,
-        params: dict[str, int] | None = None,
-        priority: int = 0,
+        self, table: str, match: Match, action: str, params: Params = None, priority: int = 0
     ) -> None:
         self._write_te(U.INSERT, self._table_entry(table, match, action, params, priority))
 
-    def delete(self, table: str, match: dict[str, Any], priority: int = 0) -> None:
+    def delete(self, table: str, match: Match, priority: int = 0) -> None:
         self._write_te(U.DELETE, self._table_entry(table, match, None, None, priority))
 
-    def set_default(self, table: str, action: str, params: dict[str, int] | None = None) -> None:
+    def set_default(self, table: str, action: str, params: Params = None) -> None:
         te = self._table_entry(table, {}, action, params, 0)
         te.is_default_action = True
         self._write_te(U.MODIFY, te)
 
-    @staticmethod
-    def _replicas(msg: Any, replicas: list[tuple[int, int]]) -> None:
+    def _insert_pre(
+        self, e: p4runtime_pb2.Entity, entry: Any, replicas: list[tuple[int, int]]
+    ) -> None:
+        """Insert ``e``, whose replication ``entry`` gets ``replicas`` (egress port, instance)."""
         for port, rid in replicas:
-            msg.replicas.add(egress_port=port, instance=rid)
+            entry.replicas.add(egress_port=port, instance=rid)
+        self.client.write([U(type=U.INSERT, entity=e)])
 
     def mcast(self, gid: int, replicas: list[tuple[int, int]]) -> None:
         e = p4runtime_pb2.Entity()
         g = e.packet_replication_engine_entry.multicast_group_entry
         g.multicast_group_id = gid
-        self._replicas(g, replicas)
-        self.client.write([U(type=U.INSERT, entity=e)])
+        self._insert_pre(e, g, replicas)
 
     def clone_session(self, sid: int, replicas: list[tuple[int, int]]) -> None:
         e = p4runtime_pb2.Entity()
         c = e.packet_replication_engine_entry.clone_session_entry
         c.session_id = sid
-        self._replicas(c, replicas)
-        self.client.write([U(type=U.INSERT, entity=e)])
+        self._insert_pre(e, c, replicas)
 
     def _gather_async(self) -> None:
         names_in: dict[int, str] = {}
@@ -709,9 +664,7 @@ class RealBmv2Backend:
         d = r.counter_entry.data
         return d.byte_count, d.packet_count
 
-    def direct_counter(
-        self, table: str, match: dict[str, Any], priority: int = 0
-    ) -> tuple[int, int]:
+    def direct_counter(self, table: str, match: Match, priority: int = 0) -> tuple[int, int]:
         e = p4runtime_pb2.Entity()
         e.direct_counter_entry.table_entry.CopyFrom(
             self._table_entry(table, match, None, None, priority)

@@ -20,7 +20,17 @@ import shutil
 import subprocess
 from pathlib import Path
 
-__all__ = ["MTU", "Namespaces", "choose", "leftovers", "can_namespaces"]
+__all__ = [
+    "MTU",
+    "OFFLOADS_OFF",
+    "Namespaces",
+    "add_veth",
+    "choose",
+    "disable_ipv6",
+    "leftovers",
+    "can_namespaces",
+    "ns_sh",
+]
 
 MTU = 9000
 PREFIX = "sg"
@@ -31,6 +41,30 @@ def _sh(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     if check and r.returncode != 0:
         raise RuntimeError(f"{' '.join(args)}: {r.stderr.strip()}")
     return r
+
+
+#: ``ethtool -K DEV`` arguments that turn every offload off (the kernel leaves no partial
+#: checksums or merged segments for the switch)
+OFFLOADS_OFF = ("rx", "off", "tx", "off", "sg", "off", "tso", "off", "gso", "off", "gro", "off")
+
+
+def ns_sh(ns: str, *args: str, check: bool = False) -> subprocess.CompletedProcess[str]:
+    """``ip netns exec NS ARGS`` (a failure ignored unless ``check``)."""
+    return _sh("ip", "netns", "exec", ns, *args, check=check)
+
+
+def disable_ipv6(ns: str, conf: str = "all") -> None:
+    """IPv6 off for ``conf`` (``all``, ``default`` or an interface) inside namespace ``ns``, so
+    the kernel sends nothing of its own there."""
+    ns_sh(ns, "sysctl", "-qw", f"net.ipv6.conf.{conf}.disable_ipv6=1")
+
+
+def add_veth(switch_if: str, host_if: str, ns: str) -> None:
+    """A veth pair: ``switch_if`` stays in the root namespace (IPv6 off), ``host_if`` is moved
+    into the existing namespace ``ns``."""
+    _sh("ip", "link", "add", switch_if, "type", "veth", "peer", "name", host_if)
+    _sh("ip", "link", "set", host_if, "netns", ns)
+    _sh("sysctl", "-qw", f"net.ipv6.conf.{switch_if}.disable_ipv6=1", check=False)
 
 
 def can_namespaces() -> bool:
@@ -79,33 +113,12 @@ class Namespaces:
                 )
                 _sh("ip", "netns", "add", ns)
                 self.ns[port] = ns
-                _sh("ip", "link", "add", sif, "type", "veth", "peer", "name", hif)
-                self._links.append(sif)
+                self._links.append(sif)  # close() removes only what exists
                 self.switch_if[port] = sif
-                _sh("ip", "link", "set", hif, "netns", ns)
+                add_veth(sif, hif, ns)
                 _sh("ip", "-n", ns, "link", "set", hif, "name", "eth0")
-                _sh("sysctl", "-qw", f"net.ipv6.conf.{sif}.disable_ipv6=1", check=False)
-                for cmd in (
-                    ["sysctl", "-qw", "net.ipv6.conf.all.disable_ipv6=1"],
-                    [
-                        "ethtool",
-                        "-K",
-                        "eth0",
-                        "rx",
-                        "off",
-                        "tx",
-                        "off",
-                        "sg",
-                        "off",
-                        "tso",
-                        "off",
-                        "gso",
-                        "off",
-                        "gro",
-                        "off",
-                    ],
-                ):
-                    _sh("ip", "netns", "exec", ns, *cmd, check=False)
+                disable_ipv6(ns)
+                ns_sh(ns, "ethtool", "-K", "eth0", *OFFLOADS_OFF)
                 mac_s = ":".join(f"{b:02x}" for b in mac.to_bytes(6, "big"))
                 _sh("ip", "-n", ns, "link", "set", "eth0", "address", mac_s, "mtu", str(mtu))
                 _sh("ip", "-n", ns, "addr", "add", f"{ip}/16", "dev", "eth0")

@@ -12,7 +12,7 @@ import socket
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -325,6 +325,18 @@ class Producer:
         self._seq += 1
         return self._seq
 
+    def _header_fields(self, it: int) -> dict[str, Any]:
+        """Rank 0's header fields for its next record of iteration ``it``, sealed with the
+        job's key (takes the next sequence number)."""
+        return {
+            "job": JOB_ID,
+            "sender": 0,
+            "iteration": it,
+            "seq": self._next_seq(),
+            "layout": self.layout.digest64,
+            "key": KEY,
+        }
+
     def _emit(self, sid: int, parts: Sequence[bytes | memoryview], *, faulty: bool = True) -> None:
         """Send one datagram to shadow ``sid`` through the fault injector (lock held)."""
         f = self.faults
@@ -376,17 +388,12 @@ class Producer:
         flags = wire.Flag.FINAL | (wire.Flag.RETX if retx else 0)
         return wire.seal(
             wire.Kind.DATA,
-            key=KEY,
-            job=JOB_ID,
-            sender=0,
-            iteration=it,
-            seq=self._next_seq(),
-            layout=self.layout.digest64,
             payload=payload,
             flags=flags,
             dtype=dtype,
             bucket=bucket,
             offset=off,
+            **self._header_fields(it),
         )
 
     def _dtype(self, bucket: int) -> wire.DType:
@@ -425,15 +432,7 @@ class Producer:
     def _send_commit(
         self, it: int, commit: wire.CommitRecord, *, retx: bool, only: int | None = None
     ) -> None:
-        data = commit.encode(
-            job=JOB_ID,
-            sender=0,
-            iteration=it,
-            seq=self._next_seq(),
-            layout=self.layout.digest64,
-            retx=retx,
-            key=KEY,
-        )
+        data = commit.encode(retx=retx, **self._header_fields(it))
         for sid in range(len(self.dests)) if only is None else (only,):
             dc = self.faults.drop_commit
             if dc is not None and dc(it, sid, retx):
@@ -537,6 +536,15 @@ def make_spec(
     )
 
 
+def start_all(
+    nodes: Sequence[ShadowNode], producer: Producer, addrs: Sequence[tuple[str, int]]
+) -> None:
+    """Start every shadow node, then the producer toward their data addresses ``addrs``."""
+    for n in nodes:
+        n.start()
+    producer.start(addrs)
+
+
 class Cluster:
     """``num_shadows`` real ShadowNodes (threads in this process) + a Producer, on loopback."""
 
@@ -564,6 +572,7 @@ class Cluster:
             snapshot_dir=snapshot_dir,
         )
         self.nodes: list[ShadowNode] = []
+        self.clients: list[ShadowClient] = []
         try:
             for k, s in enumerate(socks):
                 self.nodes.append(
@@ -580,16 +589,14 @@ class Cluster:
                 for b in self.nodes:
                     if a is not b:
                         a.set_peer_control(b.id, b.control_endpoint)
-            for n in self.nodes:
-                n.start()
-            self.producer.start(addrs)
+            start_all(self.nodes, self.producer, addrs)
         except BaseException:
             self.close()
             raise
         self.clients = [ShadowClient(n.control_endpoint, TOKEN, timeout_s=10.0) for n in self.nodes]
 
     def close(self) -> None:
-        for c in getattr(self, "clients", []):
+        for c in self.clients:
             c.close()
         errors = []
         for n in self.nodes:
@@ -606,6 +613,23 @@ class Cluster:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    def send_steps(
+        self, trainer: RefTrainer, iterations: Iterable[int]
+    ) -> Iterator[tuple[int, wire.CommitRecord]]:
+        """For each iteration, ``trainer``'s step sent by the producer (DATA, then COMMIT);
+        yields (iteration, its COMMIT) once it is sent."""
+        for it in iterations:
+            grads, commit = trainer.step(it)
+            self.producer.send_iteration(it, bucket_bytes(self.layout, grads), commit)
+            yield it, commit
+
+    def send_all(self, trainer: RefTrainer, iterations: Iterable[int]) -> wire.CommitRecord | None:
+        """:meth:`send_steps` without a pause; the last COMMIT sent (None: no iteration)."""
+        last = None
+        for step in self.send_steps(trainer, iterations):
+            last = step[1]
+        return last
 
     def load(self, named: Mapping[str, torch.Tensor], opt: OptimizerSpec) -> None:
         for n, c in zip(self.nodes, self.clients, strict=True):

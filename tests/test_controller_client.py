@@ -30,21 +30,15 @@ from shadowgrad.controller.p4runtime import (
     P4RuntimeError,
     P4RuntimeWriteError,
 )
-from tests.test_p4rt_server import Names, dmac_entry
+from tests.test_p4rt_server import (
+    Names,
+    dmac_entry,
+    names_fixture,  # noqa: F401 (fixture ``names``)
+    pipeline_fixture,  # noqa: F401 (fixture ``pipeline``: rt_l2l3.p4)
+)
 
-PROG = Path(__file__).resolve().parent / "p4progs" / "rt_l2l3.p4"
 U = p4runtime_pb2.Update
 FWD = "MyIngress.l2_forward"
-
-
-@pytest.fixture(scope="module")
-def pipeline() -> Pipeline:
-    return Pipeline.compile(PROG)
-
-
-@pytest.fixture(scope="module")
-def names(pipeline: Pipeline) -> Names:
-    return Names(pipeline.p4info)
 
 
 @pytest.fixture

@@ -14,7 +14,8 @@ import zmq
 from shadowgrad.controller.service import Controller, ControllerOptions
 from shadowgrad.restore import restore_point
 from shadowgrad.shadow.control import ControlError, ShadowClient
-from tests._training import TOKEN, Case, RefTrainer, bucket_bytes, cluster
+from tests._support import wait_for
+from tests._training import TOKEN, Case, RefTrainer, cluster
 
 
 def _free_tcp() -> str:
@@ -26,18 +27,20 @@ def _free_tcp() -> str:
 
 
 def _wait(pred: Any, timeout_s: float) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if pred():
-            return True
-        time.sleep(0.02)
-    return bool(pred())
+    return wait_for(pred, timeout_s, interval_s=0.02)
+
+
+def _controller(c: Any, **kw: Any) -> Controller:
+    """A controller of cluster ``c``'s job polling its shadows every 50 ms (``kw``: bind,
+    statuses)."""
+    eps = {n.id: n.control_endpoint for n in c.nodes}
+    return Controller(
+        c.spec, token=TOKEN, endpoints=eps, options=ControllerOptions(poll_s=0.05), **kw
+    )
 
 
 def _run(c: Any, trainer: RefTrainer, iterations: range) -> None:
-    for it in iterations:
-        grads, commit = trainer.step(it)
-        c.producer.send_iteration(it, bucket_bytes(c.layout, grads), commit)
+    c.send_all(trainer, iterations)
     c.wait_applied(iterations[-1])
 
 
@@ -47,12 +50,8 @@ def test_trainer_silence_is_detected_istar_held_and_released_on_recovery() -> No
     layout = trainer.layout(num_shadows=4, replication=2)
     with cluster(layout) as c:
         c.load(trainer.named, trainer.optimizer_spec())
-        eps = {n.id: n.control_endpoint for n in c.nodes}
         bind = _free_tcp()
-        ctl = Controller(
-            c.spec, token=TOKEN, endpoints=eps, bind=bind, options=ControllerOptions(poll_s=0.05)
-        )
-        with ctl:
+        with _controller(c, bind=bind) as ctl:
             _run(c, trainer, range(8))
             assert _wait(lambda: ctl.state == "running", 2.0), ctl.status()
             t_last = time.monotonic()  # the "trainers" stop here
@@ -91,11 +90,8 @@ def test_restore_point_endpoint_refuses_a_wrong_or_missing_token_and_changes_not
     layout = trainer.layout(num_shadows=2)
     with cluster(layout) as c:
         c.load(trainer.named, trainer.optimizer_spec())
-        eps = {n.id: n.control_endpoint for n in c.nodes}
         bind = _free_tcp()
-        with Controller(
-            c.spec, token=TOKEN, endpoints=eps, bind=bind, options=ControllerOptions(poll_s=0.05)
-        ) as ctl:
+        with _controller(c, bind=bind) as ctl:
             _run(c, trainer, range(3))
             for op in ("restore_point", "status", "release"):
                 with (
@@ -126,11 +122,8 @@ def test_a_new_job_asking_for_its_restore_point_is_not_a_failure() -> None:
     trainer = RefTrainer(case, seed=7)
     layout = trainer.layout(num_shadows=2)
     with cluster(layout) as c:
-        eps = {n.id: n.control_endpoint for n in c.nodes}
         bind = _free_tcp()
-        with Controller(
-            c.spec, token=TOKEN, endpoints=eps, bind=bind, options=ControllerOptions(poll_s=0.05)
-        ) as ctl:
+        with _controller(c, bind=bind) as ctl:
             with ShadowClient(bind, TOKEN, timeout_s=5.0) as cl:
                 head, _ = cl.call("restore_point", requester="rank 0")
             assert head["fresh"] is True and head["istar"] == -1
@@ -148,19 +141,12 @@ def test_a_dead_shadow_is_reported_failed_and_rejoins_when_it_answers_again() ->
     layout = trainer.layout(num_shadows=4, replication=2)
     with cluster(layout) as c:
         c.load(trainer.named, trainer.optimizer_spec())
-        eps = {n.id: n.control_endpoint for n in c.nodes}
         dead: set[int] = set()
 
         def statuses() -> dict[int, dict[str, Any] | None]:
             return {n.id: (None if n.id in dead else n.status(timeline=0)) for n in c.nodes}
 
-        with Controller(
-            c.spec,
-            token=TOKEN,
-            endpoints=eps,
-            statuses=statuses,
-            options=ControllerOptions(poll_s=0.05),
-        ) as ctl:
+        with _controller(c, statuses=statuses) as ctl:
             _run(c, trainer, range(3))
             assert _wait(lambda: all(m.seen for m in ctl.members.values()), 4.0)
             dead.add(1)  # it answered before: now it stops
@@ -170,13 +156,6 @@ def test_a_dead_shadow_is_reported_failed_and_rejoins_when_it_answers_again() ->
             assert _wait(lambda: not ctl.members[1].failed, 4.0), ctl.status()
     with cluster(layout) as c:  # shadow 1 down from the start: not failed within connect_s
         dead = {1}
-        eps = {n.id: n.control_endpoint for n in c.nodes}
-        with Controller(
-            c.spec,
-            token=TOKEN,
-            endpoints=eps,
-            statuses=statuses,
-            options=ControllerOptions(poll_s=0.05),
-        ) as ctl:
+        with _controller(c, statuses=statuses) as ctl:
             time.sleep(c.spec.timeouts.failure_detect_s + 0.5)
             assert not ctl.members[1].failed and ctl.ev["shadow_failures"] == 0

@@ -27,17 +27,20 @@ pytest.importorskip("grpc")
 pytest.importorskip("p4")
 
 from shadowgrad.bmv2_testbed.inband import JobSwitch
+from shadowgrad.bmv2_testbed.testing import stop_process
 from shadowgrad.config import parse_spec
 from shadowgrad.controller.service import Controller, ControllerOptions
-from shadowgrad.layout import Layout, from_module
 from shadowgrad.shadow.testing import shadow_cluster
 from shadowgrad.trainer_hooks._testing import TOKEN, free_port, switch_spec
+from tests._support import wait_for
 from tests.test_trainer_restore import (
-    _equal_states,
+    _assert_resumed_bit_identical,
     _finish,
+    _kill_rank_when,
     _launch,
+    _layout,
     _losses,
-    _model,
+    _run_to_end,
     _spec,
     _start,
 )
@@ -52,33 +55,15 @@ def _doc() -> dict[str, Any]:
     return doc
 
 
-def _layout() -> Layout:
-    params, buckets = from_module(_model())
-    return Layout.build(params, buckets, 4, 2)
-
-
 def _reference(tmp: Path) -> tuple[dict[int, str], dict[str, Any]]:
     doc = _doc()
     del doc["controller"]
     spec = parse_spec(doc, env={})
     path = _spec(tmp, doc, "ref.toml")
     out = tmp / "ref.pt"
-    with JobSwitch(spec, _layout()), shadow_cluster(spec):
-        ranks = _launch(path, 4, STEPS, "--amp", "--out", str(out))
-        try:
-            text = _finish(ranks, 4)
-        finally:
-            ranks.close()
+    with JobSwitch(spec, _layout(4, 2)), shadow_cluster(spec):
+        text = _run_to_end(path, 4, STEPS, "--amp", "--out", str(out))
     return _losses(text), torch.load(out, weights_only=True)
-
-
-def _wait(pred: Any, timeout_s: float) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if pred():
-            return True
-        time.sleep(0.01)
-    return bool(pred())
 
 
 def _trial(
@@ -93,7 +78,7 @@ def _trial(
     path = _spec(tmp, doc, f"trial{trial}.toml")
     out = tmp / f"trial{trial}.pt"
     with (
-        JobSwitch(spec, _layout()) as sw,
+        JobSwitch(spec, _layout(4, 2)) as sw,
         shadow_cluster(spec) as cluster,
         Controller(
             spec, token=TOKEN, driver=sw.driver, options=ControllerOptions(poll_s=0.05)
@@ -103,45 +88,25 @@ def _trial(
         assert ctl.converge_reports[0]["writes"] == 0, ctl.converge_reports
         ranks = _launch(path, 4, STEPS, "--amp")
         try:
-            deadline = time.monotonic() + 180
-            while time.monotonic() < deadline:
-                seen = _losses(str(ranks.output(0)))
-                if seen and max(seen) >= kill_after:
-                    break
-                if any(p.poll() is not None for p in ranks.procs):
-                    raise AssertionError("a rank ended early:\n" + ranks.output(0)[-3000:])
-                time.sleep(0.005)
-            time.sleep(delay)
-            os.kill(ranks.procs[victim].pid, signal.SIGKILL)
-            t_kill = time.monotonic()
+            t_kill = _kill_rank_when(ranks, kill_after, delay, victim)
             time.sleep(0.05)
             first = _losses(str(ranks.output(0)))
         finally:
             ranks.close()  # the others hang in the ring: a torchrun would kill them too
-        assert _wait(lambda: ctl.detections, 20.0), ctl.status()
+        assert wait_for(lambda: ctl.detections, 20.0), ctl.status()
         detect_s = time.monotonic() - t_kill if len(ctl.detections) == 1 else None
-        assert _wait(lambda: ctl.istar is not None, 20.0), ctl.status()
+        assert wait_for(lambda: ctl.istar is not None, 20.0), ctl.status()
         published = ctl.istar
-        ranks = _launch(path, 4, STEPS, "--amp", "--out", str(out))
-        try:
-            text = _finish(ranks, 4)
-        finally:
-            ranks.close()
-        assert _wait(lambda: ctl.state in ("running", "finished"), 10.0), ctl.status()
+        text = _run_to_end(path, 4, STEPS, "--amp", "--out", str(out))
+        assert wait_for(lambda: ctl.state in ("running", "finished"), 10.0), ctl.status()
         status = cluster.status()
         ev = dict(ctl.ev)
     start, restored = _start(text)
     assert published is not None and "error" not in published, published
     assert restored and start == int(published["istar"]) + 1, (start, published)
-    for step, loss in first.items():
-        assert loss == ref_losses[step], f"trial {trial}: first run step {step}"
-    second = _losses(text)
-    assert sorted(second) == list(range(start, STEPS))
-    for step, loss in second.items():
-        assert loss == ref_losses[step], f"trial {trial}: resumed run step {step}"
-    bad = _equal_states(torch.load(out, weights_only=True), ref_final)
-    assert not bad, f"trial {trial}: {bad}"
-    assert all(s["diverged_at"] is None for s in status)
+    _assert_resumed_bit_identical(
+        trial, STEPS, first, text, start, out, ref_losses, ref_final, status
+    )
     assert ev["trainer_failures"] == 1 and ev["recoveries"] == 1, ev
     return {
         "kill_after": kill_after,
@@ -194,7 +159,7 @@ def _controller(spec: Path, layout: Path, log: Path) -> subprocess.Popen[bytes]:
 def test_controller_sigkill_and_restart_writes_nothing_and_training_goes_on(tmp_path: Path) -> None:
     doc = _doc()
     spec = parse_spec(doc, env={})
-    layout = _layout()
+    layout = _layout(4, 2)
     steps = 120
     lpath = tmp_path / "layout.json"
     lpath.write_text(layout.to_json())
@@ -208,18 +173,18 @@ def test_controller_sigkill_and_restart_writes_nothing_and_training_goes_on(tmp_
         ranks = None
         try:
             procs.append(_controller(path, lpath, log))
-            assert _wait(
+            assert wait_for(
                 lambda: any(e["event"] == "controller.switch_converged" for e in _events(log)), 60.0
             ), log.read_text()[-3000:]
             first = next(e for e in _events(log) if e["event"] == "controller.switch_converged")
             assert first["writes"] > 0
             ranks = _launch(path, 4, steps, "--amp")
-            assert _wait(lambda: len(_losses(str(ranks.output(0)))) >= 20, 120.0)
+            assert wait_for(lambda: len(_losses(str(ranks.output(0)))) >= 20, 120.0)
             before = cluster.status()
             procs[0].send_signal(signal.SIGKILL)
             procs[0].wait(10)
             procs.append(_controller(path, lpath, log))
-            assert _wait(
+            assert wait_for(
                 lambda: sum(e["event"] == "controller.switch_converged" for e in _events(log)) == 2,
                 60.0,
             ), log.read_text()[-3000:]
@@ -228,7 +193,7 @@ def test_controller_sigkill_and_restart_writes_nothing_and_training_goes_on(tmp_
             assert second["writes"] == 0 and not second["pipeline_pushed"], second
             text = _finish(ranks, 4)
             after = cluster.status()
-            assert _wait(
+            assert wait_for(
                 lambda: any(e["event"] == "controller.job_finished" for e in _events(log)), 10.0
             )
             assert procs[1].poll() is None, log.read_text()[-3000:]
@@ -236,13 +201,7 @@ def test_controller_sigkill_and_restart_writes_nothing_and_training_goes_on(tmp_
             if ranks is not None:
                 ranks.close()
             for p in procs:
-                if p.poll() is None:
-                    p.terminate()
-                    try:
-                        p.wait(10)
-                    except subprocess.TimeoutExpired:
-                        p.kill()
-                        p.wait(10)
+                stop_process(p, kill_s=10)
     assert sorted(_losses(text)) == list(range(steps))
     # I* continuous: training and checkpointing never stopped for the controller
     assert min(s["last_applied"] for s in after) == steps - 1
@@ -263,7 +222,7 @@ def test_a_shadow_replaced_at_a_new_address_rewrites_only_its_entries() -> None:
 
     doc = _doc()
     spec = parse_spec(doc, env={})
-    layout = _layout()
+    layout = _layout(4, 2)
     with JobSwitch(spec, layout) as sw:
         ctl = Controller(
             spec, token=TOKEN, driver=sw.driver, statuses=lambda: dict.fromkeys(range(4))

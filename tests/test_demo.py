@@ -14,8 +14,9 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 
@@ -32,6 +33,14 @@ def _root() -> bool:
 
 
 needs_root = pytest.mark.skipif(not _root(), reason="needs root and iproute2 (namespaces)")
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def _in_namespaces(test: _F) -> _F:
+    """A scenario in network namespaces: slow (15 minutes at most), marked netns, root only."""
+    for mark in (needs_root, pytest.mark.netns, pytest.mark.timeout(900), pytest.mark.slow):
+        test = mark(test)
+    return test
 
 
 @pytest.fixture(scope="module")
@@ -85,10 +94,7 @@ def _check(report: dict[str, Any]) -> dict[str, Any]:
     return s
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(900)
-@pytest.mark.netns
-@needs_root
+@_in_namespaces
 def test_default_scenario_in_namespaces(tmp_path: Path, cache: Path) -> None:
     rep = _demo(tmp_path / "out", "t-default", "--topology", "netns", cache=cache)
     s = _check(rep)
@@ -102,10 +108,7 @@ def test_default_scenario_in_namespaces(tmp_path: Path, cache: Path) -> None:
     assert "target sim" in rep["_stderr"]
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(900)
-@pytest.mark.netns
-@needs_root
+@_in_namespaces
 def test_loss_scenario_still_ends_bit_exact(tmp_path: Path, cache: Path) -> None:
     rep = _demo(tmp_path / "out", "t-loss", "--topology", "netns", cache=cache)
     _check(rep)
@@ -142,10 +145,7 @@ def _as_nobody(tmp: Path) -> tuple[str, ...]:
     return ("unshare", "-m", "--propagation", "private", "sh", str(script))
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(900)
-@pytest.mark.netns
-@needs_root
+@_in_namespaces
 def test_default_scenario_as_an_ordinary_user_in_a_user_namespace() -> None:
     if shutil.which("runuser") is None or shutil.which("unshare") is None:
         pytest.skip("needs runuser and unshare (util-linux)")
@@ -194,10 +194,7 @@ def _marked(run_id: str) -> list[int]:
     return found
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(900)
-@pytest.mark.netns
-@needs_root
+@_in_namespaces
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 def test_a_signal_mid_scenario_leaves_nothing_behind(tmp_path: Path, cache: Path, sig: int) -> None:
     from shadowgrad.bmv2_testbed.topology import leftovers

@@ -420,6 +420,17 @@ def test_load_into_three_ranks(job: Job, exported: dict[str, Any], tmp_path: Pat
 # --------------------------------------------------------------------------- verify
 
 
+def _verify_cli(path: Path) -> subprocess.CompletedProcess[str]:
+    """``python -m shadowgrad.cli export --verify PATH``, as the console entry point runs it."""
+    return subprocess.run(
+        [sys.executable, "-m", "shadowgrad.cli", "export", "--verify", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
+
+
 def _flip(path: Path, pos: int) -> None:
     data = bytearray(path.read_bytes())
     data[pos] ^= 0x01 if path.name.endswith(".json") else 0xFF
@@ -463,21 +474,9 @@ def test_verify_catches_a_flipped_byte_in_every_file(
     assert (data, "missing") in problems and ("notes.txt", "not in the manifest") in problems
     # the real exit status of the console entry point
     bad = tmp_path / "c1"  # a flipped byte in the middle of the first file
-    proc = subprocess.run(
-        [sys.executable, "-m", "shadowgrad.cli", "export", "--verify", str(bad)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=ROOT,
-    )
+    proc = _verify_cli(bad)
     assert proc.returncode == 1 and f"bad {files[0]}: " in proc.stderr, proc.stderr
-    proc = subprocess.run(
-        [sys.executable, "-m", "shadowgrad.cli", "export", "--verify", str(src)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=ROOT,
-    )
+    proc = _verify_cli(src)
     assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr
 
 

@@ -123,16 +123,14 @@ def _run(tmp_path: Path, loss: dict[int, float] | None = None) -> dict[str, Any]
     from shadowgrad.bmv2_testbed.inband import JobSwitch
     from shadowgrad.config import parse_spec
     from shadowgrad.frames import port_mac
-    from shadowgrad.layout import Layout, from_module
     from shadowgrad.trainer_hooks._testing import spec_toml
-    from tests.test_trainer_restore import _model
+    from tests.test_trainer_restore import _layout
 
     doc = _spec_doc()
     spec = parse_spec(doc, env={})
     spec_path = tmp_path / "job.toml"
     spec_path.write_text(spec_toml(doc))
-    params, buckets = from_module(_model())
-    layout = Layout.build(params, buckets, 4, 2)
+    layout = _layout(4, 2)
     hosts = [
         (p, ep.host, port_mac(p))
         for p, ep in [
@@ -145,40 +143,35 @@ def _run(tmp_path: Path, loss: dict[int, float] | None = None) -> dict[str, Any]
     logs: list[Path] = []
     net = _Hosts(hosts)
     sw = None
+
+    def spawn(port: int, argv: list[str], name: str, e: dict[str, str]) -> subprocess.Popen[bytes]:
+        """``argv`` with environment ``e`` on the host at switch port ``port``, its output in
+        ``TMP/NAME.log``."""
+        log = tmp_path / f"{name}.log"
+        logs.append(log)
+        with log.open("wb") as f:
+            p = subprocess.Popen(
+                [*net.exec_prefix(port), *argv],
+                stdout=f,
+                stderr=subprocess.STDOUT,
+                env=e,
+                cwd=ROOT,
+                start_new_session=True,
+            )
+        procs.append(p)
+        return p
+
     try:
         sw = JobSwitch(spec, layout, loss=loss, interfaces=net.switch_if)
         cli = str(Path(sys.executable).parent / "shadowgrad")
         for k, port in enumerate(spec.switch.shadow_ports):
-            log = tmp_path / f"shadow{k}.log"
-            logs.append(log)
-            with log.open("wb") as f:
-                procs.append(
-                    subprocess.Popen(
-                        [
-                            "ip",
-                            "netns",
-                            "exec",
-                            net.ns[port],
-                            cli,
-                            "shadow",
-                            "--spec",
-                            str(spec_path),
-                            "--id",
-                            str(k),
-                        ],
-                        stdout=f,
-                        stderr=subprocess.STDOUT,
-                        env=env,
-                        cwd=ROOT,
-                        start_new_session=True,
-                    )
-                )
+            spawn(
+                port, [cli, "shadow", "--spec", str(spec_path), "--id", str(k)], f"shadow{k}", env
+            )
         time.sleep(1.0)
         final = tmp_path / "final.pt"
         trainers = []
         for r, port in enumerate(spec.switch.trainer_ports):
-            log = tmp_path / f"rank{r}.log"
-            logs.append(log)
             e = {
                 **env,
                 "RANK": str(r),
@@ -188,34 +181,21 @@ def _run(tmp_path: Path, loss: dict[int, float] | None = None) -> dict[str, Any]
                 "MASTER_PORT": "29531",
                 "GLOO_SOCKET_IFNAME": "eth0",
             }
-            with log.open("wb") as f:
-                p = subprocess.Popen(
-                    [
-                        "ip",
-                        "netns",
-                        "exec",
-                        net.ns[port],
-                        sys.executable,
-                        str(ROOT / "tests" / "test_trainer_restore.py"),
-                        "--worker",
-                        "--spec",
-                        str(spec_path),
-                        "--steps",
-                        str(STEPS),
-                        "--amp",
-                        "--chunk-bytes",
-                        str(CHUNK),
-                        "--out",
-                        str(final),
-                    ],
-                    stdout=f,
-                    stderr=subprocess.STDOUT,
-                    env=e,
-                    cwd=ROOT,
-                    start_new_session=True,
-                )
-            procs.append(p)
-            trainers.append(p)
+            worker = [
+                sys.executable,
+                str(ROOT / "tests" / "test_trainer_restore.py"),
+                "--worker",
+                "--spec",
+                str(spec_path),
+                "--steps",
+                str(STEPS),
+                "--amp",
+                "--chunk-bytes",
+                str(CHUNK),
+                "--out",
+                str(final),
+            ]
+            trainers.append(spawn(port, worker, f"rank{r}", e))
         deadline = time.monotonic() + 400
         for p in trainers:
             p.wait(max(1.0, deadline - time.monotonic()))

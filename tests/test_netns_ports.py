@@ -3,6 +3,7 @@ own transmissions not seen, kernel-drop statistics readable. Cleaned up even on 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -13,6 +14,7 @@ from collections.abc import Iterator
 import pytest
 
 from shadowgrad.bmv2_testbed.ports import AfPacketPort
+from shadowgrad.bmv2_testbed.topology import add_veth, disable_ipv6
 
 pytestmark = pytest.mark.netns
 
@@ -27,19 +29,8 @@ def veth() -> Iterator[tuple[str, str, str]]:
     ns, a, b = f"sgp{tag}", f"sg{tag}pa", f"sg{tag}pb"
     try:
         sh("ip", "netns", "add", ns)
-        sh("ip", "link", "add", a, "type", "veth", "peer", "name", b)
-        sh("ip", "link", "set", b, "netns", ns)
-        sh("sysctl", "-qw", f"net.ipv6.conf.{a}.disable_ipv6=1", check=False)
-        sh(
-            "ip",
-            "netns",
-            "exec",
-            ns,
-            "sysctl",
-            "-qw",
-            "net.ipv6.conf.all.disable_ipv6=1",
-            check=False,
-        )
+        add_veth(a, b, ns)
+        disable_ipv6(ns)
         sh("ip", "link", "set", a, "up")
         sh("ip", "-n", ns, "link", "set", b, "up")
         yield ns, a, b
@@ -70,6 +61,24 @@ else:
 """
 
 
+@contextlib.contextmanager
+def _receiver(ns: str, dev: str, frames: int) -> Iterator[subprocess.Popen[str]]:
+    """``RAW ... recv`` on ``dev`` in namespace ``ns``, ready (it printed so) for ``frames``
+    test frames; killed at the end if it still runs."""
+    rx = subprocess.Popen(
+        ["ip", "netns", "exec", ns, sys.executable, "-c", RAW, dev, "recv", str(frames)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert rx.stdout is not None and rx.stdout.readline().strip() == "ready"
+        yield rx
+    finally:
+        if rx.poll() is None:
+            rx.kill()
+            rx.wait(5)
+
+
 def test_af_packet_port_rx_tx(veth: tuple[str, str, str]) -> None:
     ns, a, b = veth
     got: list[bytes] = []
@@ -87,37 +96,17 @@ def test_af_packet_port_rx_tx(veth: tuple[str, str, str]) -> None:
         sh("ip", "netns", "exec", ns, sys.executable, "-c", RAW, b, "send", "20")
         assert done.wait(5), len(got)
         assert [int.from_bytes(f[14:18], "big") for f in got] == list(range(20))
-        rx = subprocess.Popen(
-            ["ip", "netns", "exec", ns, sys.executable, "-c", RAW, b, "recv", "1"],
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        try:
-            assert rx.stdout is not None and rx.stdout.readline().strip() == "ready"
+        with _receiver(ns, b, 1) as rx:
             port.send(b"\x04" * 6 + b"\x02" * 6 + b"\x88\xb6" + b"\xca\xfe\xba\xbe" + bytes(46))
             out, _ = rx.communicate(timeout=10)
-        finally:
-            if rx.poll() is None:
-                rx.kill()
-                rx.wait(5)
         assert out.strip() == "cafebabe"
-        rx = subprocess.Popen(
-            ["ip", "netns", "exec", ns, sys.executable, "-c", RAW, b, "recv", "3"],
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        try:
-            assert rx.stdout is not None and rx.stdout.readline().strip() == "ready"
+        with _receiver(ns, b, 3) as rx:
             burst = [
                 b"\x04" * 6 + b"\x02" * 6 + b"\x88\xb6" + i.to_bytes(4, "big") + bytes(46)
                 for i in range(3)
             ]
             assert port.send_many(burst) == (3, 3 * 64)
             out, _ = rx.communicate(timeout=10)
-        finally:
-            if rx.poll() is None:
-                rx.kill()
-                rx.wait(5)
         assert out.split() == ["00000000", "00000001", "00000002"]
         time.sleep(0.1)
         # the switch never sees its own transmission

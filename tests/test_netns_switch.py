@@ -15,7 +15,9 @@ import pytest
 from p4.v1 import p4runtime_pb2
 
 from shadowgrad.bmv2_testbed.pcap import read_pcap
-from shadowgrad.bmv2_testbed.testing import P4RuntimeError, wait_switch_ready
+from shadowgrad.bmv2_testbed.testing import P4RuntimeError, stop_process, wait_switch_ready
+from shadowgrad.bmv2_testbed.topology import add_veth, disable_ipv6, ns_sh
+from tests._support import spawn_switch
 from tests.test_p4rt_server import Client, Names, dmac_entry, lpm_entry, mc_entity, upd
 
 pytestmark = pytest.mark.netns
@@ -69,26 +71,15 @@ class Topo:
     def create(self) -> None:
         for i, (ns, s, h) in enumerate(zip(self.ns, self.sw_if, self.h_if, strict=True), 1):
             sh("ip", "netns", "add", ns)
-            sh("ip", "link", "add", s, "type", "veth", "peer", "name", h)
-            sh("ip", "link", "set", h, "netns", ns)
-            sh("sysctl", "-qw", f"net.ipv6.conf.{s}.disable_ipv6=1", check=False)
+            add_veth(s, h, ns)
             sh("ip", "link", "set", s, "up")
-            sh(
-                "ip",
-                "netns",
-                "exec",
-                ns,
-                "sysctl",
-                "-qw",
-                "net.ipv6.conf.all.disable_ipv6=1",
-                check=False,
-            )
+            disable_ipv6(ns)
             sh("ip", "-n", ns, "link", "set", h, "address", f"00:00:00:00:00:0{i}")
             sh("ip", "-n", ns, "addr", "add", f"10.0.0.{i}/24", "brd", "10.0.0.255", "dev", h)
             sh("ip", "-n", ns, "link", "set", h, "up")
             sh("ip", "-n", ns, "link", "set", "lo", "up")
             # checksum offload would leave partial checksums the switch does not complete
-            sh("ip", "netns", "exec", ns, "ethtool", "-K", h, "tx", "off", "rx", "off", check=False)
+            ns_sh(ns, "ethtool", "-K", h, "tx", "off", "rx", "off")
             for j in range(1, len(self.ns) + 1):
                 if j != i:
                     sh(
@@ -124,22 +115,10 @@ def topo() -> Iterator[Topo]:
 
 
 def start_switch(topo: Topo, pcap_dir: Path) -> tuple[subprocess.Popen[str], str]:
-    args = [
-        sys.executable,
-        "-m",
-        "shadowgrad.bmv2_testbed._switch_cmd",
-        str(PROG),
-        "--device-id",
-        "0",
-        "--pcap",
-        str(pcap_dir),
-        "-L",
-        "warn",
-    ]
+    args = [str(PROG), "--device-id", "0", "--pcap", str(pcap_dir), "-L", "warn"]
     for i, s in enumerate(topo.sw_if, 1):
         args += ["-i", f"{i}@{s}"]
-    args += ["--", "--grpc-server-addr", "127.0.0.1:0", "--cpu-port", "255"]
-    p = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    p = spawn_switch(*args)
     try:
         return p, wait_switch_ready(p, timeout_s=60)
     except P4RuntimeError:
@@ -149,14 +128,13 @@ def start_switch(topo: Topo, pcap_dir: Path) -> tuple[subprocess.Popen[str], str
 
 
 def stop(p: subprocess.Popen[str]) -> str:
-    if p.poll() is None:
-        p.terminate()
-        try:
-            p.wait(10)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait(5)
+    stop_process(p)
     return p.stderr.read() if p.stderr else ""
+
+
+def udp_send(ns: str, dst: str, port: str, text: str) -> None:
+    """One UDP datagram ``text`` to ``dst:port`` (broadcast allowed) from namespace ``ns``."""
+    sh("ip", "netns", "exec", ns, sys.executable, "-c", SEND, dst, port, text)
 
 
 def test_three_hosts_ping_udp_and_multicast(topo: Topo, tmp_path: Path) -> None:
@@ -198,18 +176,7 @@ def test_three_hosts_ping_udp_and_multicast(topo: Topo, tmp_path: Path) -> None:
         rx = ns_python(topo.ns[2], RECV, "5001", "5")
         procs.append(rx)
         assert rx.stdout is not None and rx.stdout.readline().strip() == "ready"
-        sh(
-            "ip",
-            "netns",
-            "exec",
-            topo.ns[0],
-            sys.executable,
-            "-c",
-            SEND,
-            "10.0.0.3",
-            "5001",
-            "unicast-hello",
-        )
+        udp_send(topo.ns[0], "10.0.0.3", "5001", "unicast-hello")
         out, _ = rx.communicate(timeout=10)
         assert out.strip() == "10.0.0.1 unicast-hello"
 
@@ -218,18 +185,7 @@ def test_three_hosts_ping_udp_and_multicast(topo: Topo, tmp_path: Path) -> None:
         procs.extend(rxs)
         for r2 in rxs:
             assert r2.stdout is not None and r2.stdout.readline().strip() == "ready"
-        sh(
-            "ip",
-            "netns",
-            "exec",
-            topo.ns[0],
-            sys.executable,
-            "-c",
-            SEND,
-            "10.0.0.255",
-            "5002",
-            "mcast-hello",
-        )
+        udp_send(topo.ns[0], "10.0.0.255", "5002", "mcast-hello")
         outs = [r2.communicate(timeout=10)[0].strip() for r2 in rxs]
         assert outs == ["10.0.0.1 mcast-hello"] * 2
         # (h1's own sockets see the broadcast through the kernel's local delivery, so the

@@ -30,19 +30,14 @@ from scapy.layers.inet import IP, UDP
 from scapy.layers.l2 import Ether
 from scapy.packet import Packet, Raw, bind_layers
 
-from shadowgrad.bmv2_testbed.dataplane import (
-    Dataplane,
-    Exact,
-    Lpm,
-    OptionalMatch,
-    Range,
-    TableEntry,
-    Ternary,
-)
-from shadowgrad.bmv2_testbed.pipeline import Pipeline
+from shadowgrad.bmv2_testbed import Dataplane, Pipeline, TableEntry
+from shadowgrad.bmv2_testbed.dataplane import Exact, Lpm, OptionalMatch, Range, Ternary
 
 PROGS = Path(__file__).resolve().parent / "p4progs"
 CPU_PORT = 255
+#: a table entry's match by field name, and an action's parameters by name
+Match = dict[str, Any]
+Params = dict[str, int] | None
 
 
 class Tag(Packet):
@@ -84,24 +79,15 @@ class Backend:
 
     def load(self, prog: str) -> None: ...
     def insert(
-        self,
-        table: str,
-        match: dict[str, Any],
-        action: str,
-        params: dict[str, int] | None = None,
-        priority: int = 0,
+        self, table: str, match: Match, action: str, params: Params = None, priority: int = 0
     ) -> None: ...
-    def delete(self, table: str, match: dict[str, Any], priority: int = 0) -> None: ...
-    def set_default(
-        self, table: str, action: str, params: dict[str, int] | None = None
-    ) -> None: ...
+    def delete(self, table: str, match: Match, priority: int = 0) -> None: ...
+    def set_default(self, table: str, action: str, params: Params = None) -> None: ...
     def mcast(self, gid: int, replicas: list[tuple[int, int]]) -> None: ...
     def clone_session(self, sid: int, replicas: list[tuple[int, int]]) -> None: ...
     def send(self, port: int, data: bytes) -> list[tuple[int, bytes]]: ...
     def counter(self, name: str, index: int) -> tuple[int, int]: ...
-    def direct_counter(
-        self, table: str, match: dict[str, Any], priority: int = 0
-    ) -> tuple[int, int]: ...
+    def direct_counter(self, table: str, match: Match, priority: int = 0) -> tuple[int, int]: ...
     def packet_out(self, payload: bytes, **metadata: int) -> list[tuple[int, bytes]]: ...
 
     packet_ins: list[tuple[bytes, dict[str, int]]]
@@ -138,12 +124,7 @@ class InProcessBackend(Backend):
         raise KeyError(name)
 
     def _entry(
-        self,
-        table: str,
-        match: dict[str, Any],
-        action: str | None,
-        params: dict[str, int] | None,
-        priority: int,
+        self, table: str, match: Match, action: str | None, params: Params, priority: int
     ) -> TableEntry:
         t = self._obj("tables", table)
         ms: dict[int, Any] = {}
@@ -163,21 +144,16 @@ class InProcessBackend(Backend):
         return TableEntry(t.preamble.id, ms, aid, ps, priority)
 
     def insert(
-        self,
-        table: str,
-        match: dict[str, Any],
-        action: str,
-        params: dict[str, int] | None = None,
-        priority: int = 0,
+        self, table: str, match: Match, action: str, params: Params = None, priority: int = 0
     ) -> None:
         assert self.dp is not None
         self.dp.insert_entry(self._entry(table, match, action, params, priority))
 
-    def delete(self, table: str, match: dict[str, Any], priority: int = 0) -> None:
+    def delete(self, table: str, match: Match, priority: int = 0) -> None:
         assert self.dp is not None
         self.dp.delete_entry(self._entry(table, match, None, None, priority))
 
-    def set_default(self, table: str, action: str, params: dict[str, int] | None = None) -> None:
+    def set_default(self, table: str, action: str, params: Params = None) -> None:
         assert self.dp is not None
         e = self._entry(table, {}, action, params, 0)
         self.dp.set_default(e.table_id, e.action_id, e.params)
@@ -199,9 +175,7 @@ class InProcessBackend(Backend):
         ((_i, b, p),) = self.dp.read_counter(self._obj("counters", name).preamble.id, index)
         return b, p
 
-    def direct_counter(
-        self, table: str, match: dict[str, Any], priority: int = 0
-    ) -> tuple[int, int]:
+    def direct_counter(self, table: str, match: Match, priority: int = 0) -> tuple[int, int]:
         assert self.dp is not None
         want = self._entry(table, match, None, None, priority)
         for e in self.dp.read_entries(want.table_id):
@@ -252,11 +226,8 @@ def backend_kind(request: pytest.FixtureRequest) -> Iterator[Any]:
         from shadowgrad.bmv2_testbed.testing import RealBmv2Backend
     except ImportError:
         pytest.skip("no P4Runtime-driven real-bmv2 backend (bmv2_testbed.testing) yet")
-    b = RealBmv2Backend(p4c=p4c, switch=switch, prog_dir=PROGS, cpu_port=CPU_PORT)
-    try:
+    with RealBmv2Backend(p4c=p4c, switch=switch, prog_dir=PROGS, cpu_port=CPU_PORT) as b:
         yield b
-    finally:
-        b.close()
 
 
 @pytest.fixture
@@ -378,27 +349,18 @@ def test_clone_to_missing_session_is_ignored(sw: Backend) -> None:
 # ---------------------------------------------------------------------------- ACL
 def test_ternary_acl_priorities(sw: Backend) -> None:
     sw.load("acl.p4")
-    any_port = (0, 0xFFFF)
-    sw.insert(
-        "acl",
-        {"hdr.ipv4.srcAddr": (0x0A000000, 0xFF000000), "dport": any_port},
-        "allow",
-        {"port": 1},
-        priority=10,
-    )
-    sw.insert(
-        "acl",
-        {"hdr.ipv4.srcAddr": (0x0A000005, 0xFFFFFFFF), "dport": any_port},
-        "allow",
-        {"port": 2},
-        priority=20,
-    )
+
+    def from_src(addr: int, mask: int) -> Match:  # any destination port
+        return {"hdr.ipv4.srcAddr": (addr, mask), "dport": (0, 0xFFFF)}
+
+    sw.insert("acl", from_src(0x0A000000, 0xFF000000), "allow", {"port": 1}, priority=10)
+    sw.insert("acl", from_src(0x0A000005, 0xFFFFFFFF), "allow", {"port": 2}, priority=20)
     sw.insert("acl", {"hdr.ipv4.protocol": (17, 0xFF), "dport": (5000, 5999)}, "deny", priority=30)
     assert only(sw.send(7, frame(ip_src="10.0.0.5")))[0] == 2
     assert only(sw.send(7, frame(ip_src="10.0.0.6")))[0] == 1
     assert sw.send(7, frame(ip_src="10.0.0.5", dport=5500)) == []
     assert sw.send(7, frame(ip_src="11.0.0.5")) == []  # default deny
-    sw.delete("acl", {"hdr.ipv4.srcAddr": (0x0A000005, 0xFFFFFFFF), "dport": any_port}, priority=20)
+    sw.delete("acl", from_src(0x0A000005, 0xFFFFFFFF), priority=20)
     assert only(sw.send(7, frame(ip_src="10.0.0.5")))[0] == 1
 
 

@@ -162,13 +162,15 @@ def codes(e: grpc.RpcError) -> list[int]:
 
 
 # ---- fixtures ----------------------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def pipeline() -> Pipeline:
+# (named: a module that imports them gets them as its own fixtures ``pipeline`` and ``names``)
+@pytest.fixture(scope="module", name="pipeline")
+def pipeline_fixture() -> Pipeline:
+    """rt_l2l3.p4, compiled once per module."""
     return Pipeline.compile(PROG)
 
 
-@pytest.fixture(scope="module")
-def names(pipeline: Pipeline) -> Names:
+@pytest.fixture(scope="module", name="names")
+def names_fixture(pipeline: Pipeline) -> Names:
     return Names(pipeline.p4info)
 
 
@@ -208,10 +210,15 @@ def port(sw: Switch, n: int) -> InProcessPort:
 
 
 # ---- entity builders ---------------------------------------------------------------------------
-def lpm_entry(nm: Names, dst: int, plen: int, mac: int, out_port: int) -> p4runtime_pb2.Entity:
+def table_entity(nm: Names, table: str) -> tuple[p4runtime_pb2.Entity, Any]:
+    """An entity of table ``table`` and its ``table_entry`` to fill in."""
     e = p4runtime_pb2.Entity()
-    te = e.table_entry
-    te.table_id = nm["MyIngress.ipv4_lpm"]
+    e.table_entry.table_id = nm[table]
+    return e, e.table_entry
+
+
+def lpm_entry(nm: Names, dst: int, plen: int, mac: int, out_port: int) -> p4runtime_pb2.Entity:
+    e, te = table_entity(nm, "MyIngress.ipv4_lpm")
     m = te.match.add(field_id=nm.field("MyIngress.ipv4_lpm", "hdr.ipv4.dstAddr"))
     m.lpm.value, m.lpm.prefix_len = encode(dst), plen
     a = te.action.action
@@ -222,9 +229,7 @@ def lpm_entry(nm: Names, dst: int, plen: int, mac: int, out_port: int) -> p4runt
 
 
 def dmac_entry(nm: Names, mac: int, action: str, value: int) -> p4runtime_pb2.Entity:
-    e = p4runtime_pb2.Entity()
-    te = e.table_entry
-    te.table_id = nm["MyIngress.dmac"]
+    e, te = table_entity(nm, "MyIngress.dmac")
     te.match.add(field_id=1).exact.value = encode(mac)
     te.action.action.action_id = nm[action]
     te.action.action.params.add(param_id=1, value=encode(value))
@@ -232,9 +237,7 @@ def dmac_entry(nm: Names, mac: int, action: str, value: int) -> p4runtime_pb2.En
 
 
 def acl_entry(nm: Names, dst: int, mask: int, action: str, prio: int) -> p4runtime_pb2.Entity:
-    e = p4runtime_pb2.Entity()
-    te = e.table_entry
-    te.table_id = nm["MyIngress.acl"]
+    e, te = table_entity(nm, "MyIngress.acl")
     m = te.match.add(field_id=nm.field("MyIngress.acl", "hdr.ipv4.dstAddr"))
     m.ternary.value, m.ternary.mask = encode(dst), encode(mask)
     te.action.action.action_id = nm[action]

@@ -18,7 +18,8 @@ import pytest
 from google.protobuf import text_format
 
 from shadowgrad.bmv2_testbed.dataplane import Pipeline
-from shadowgrad.bmv2_testbed.testing import wait_switch_ready
+from shadowgrad.bmv2_testbed.testing import stop_process, wait_switch_ready
+from tests._support import spawn_switch
 
 ROOT = Path(__file__).resolve().parents[1]
 PROG = ROOT / "tests" / "p4progs" / "rt_l2l3.p4"
@@ -38,42 +39,32 @@ def artefacts(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 @pytest.fixture
 def target() -> Iterator[str]:
     """``sg-switch-grpc --no-p4`` in a subprocess; yields its gRPC address."""
-    p = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "shadowgrad.bmv2_testbed._switch_cmd",
-            "--no-p4",
-            "--loopback-port",
-            "1@127.0.0.1:0",
-            "--loopback-port",
-            "2@127.0.0.1:0",
-            "--device-id",
-            "0",
-            "--thrift-port",
-            "9090",
-            "-L",
-            "warn",
-            "--",
-            "--grpc-server-addr",
-            "127.0.0.1:0",
-            "--cpu-port",
-            "255",
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
+    p = spawn_switch(
+        "--no-p4",
+        "--loopback-port",
+        "1@127.0.0.1:0",
+        "--loopback-port",
+        "2@127.0.0.1:0",
+        "--device-id",
+        "0",
+        "--thrift-port",
+        "9090",
+        "-L",
+        "warn",
     )
     try:
         yield wait_switch_ready(p)
     finally:
-        p.terminate()
-        try:
-            p.wait(10)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait(5)
+        stop_process(p)
         assert p.returncode == 0, (p.stderr.read() if p.stderr else "")[-2000:]
+
+
+def _run_ok(argv: list[str], stdin: str | None = None) -> str:
+    """Run ``argv`` (2 minutes at most), asserting that it exits 0; its stdout and stderr."""
+    r = subprocess.run(argv, input=stdin, capture_output=True, text=True, timeout=120)
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out[-3000:]
+    return out
 
 
 REPL_SCRIPT = """\
@@ -92,27 +83,8 @@ print("VERSION", APIVersion())
 
 def test_p4runtime_sh_repl_session(target: str, artefacts: tuple[Path, Path]) -> None:
     info, blob = artefacts
-    r = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "p4runtime_sh",
-            "--grpc-addr",
-            target,
-            "--device-id",
-            "0",
-            "--election-id",
-            "0,1",
-            "--config",
-            f"{info},{blob}",
-        ],
-        input=REPL_SCRIPT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    out = r.stdout + r.stderr
-    assert r.returncode == 0, out[-3000:]
+    shell = [sys.executable, "-m", "p4runtime_sh", "--grpc-addr", target, "--device-id", "0"]
+    out = _run_ok([*shell, "--election-id", "0,1", "--config", f"{info},{blob}"], REPL_SCRIPT)
     # each output line follows the REPL prompt ("P4Runtime sh >>> ")
     assert "TE [('0a000002', 32)]" in out, out[-3000:]
     assert "MG [(7, [(1, 1), (2, 2)])]" in out, out[-3000:]
@@ -151,14 +123,7 @@ finally:
 
 def test_p4runtime_sh_python_api(target: str, artefacts: tuple[Path, Path]) -> None:
     info, blob = artefacts
-    r = subprocess.run(
-        [sys.executable, "-c", API_SCRIPT, target, str(info), str(blob)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    out = r.stdout + r.stderr
-    assert r.returncode == 0, out[-3000:]
+    out = _run_ok([sys.executable, "-c", API_SCRIPT, target, str(info), str(blob)])
     assert "ACL 1 10" in out, out[-3000:]
     assert "MG [(1, 5)]" in out
     assert "CS [9]" in out

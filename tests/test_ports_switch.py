@@ -7,7 +7,6 @@ from __future__ import annotations
 import signal
 import socket
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,6 +21,7 @@ from shadowgrad.bmv2_testbed.ports import InProcessPort
 from shadowgrad.bmv2_testbed.queues import QueueConfig
 from shadowgrad.bmv2_testbed.switch import PFC_DST, Switch
 from shadowgrad.bmv2_testbed.testing import wait_switch_ready
+from tests._support import spawn_switch
 from tests.test_p4rt_server import Client, Names, ipv4_frame, lpm_entry, upd
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -180,34 +180,21 @@ def _free_udp_ports(n: int) -> list[int]:
 @pytest.fixture
 def cli_switch(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[str], str, list[int]]]:
     sw1, sw2, peer1, peer2 = _free_udp_ports(4)
-    p = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "shadowgrad.bmv2_testbed._switch_cmd",
-            str(PROG),
-            "--loopback-port",
-            f"1@127.0.0.1:{sw1}=127.0.0.1:{peer1}",
-            "--loopback-port",
-            f"2@127.0.0.1:{sw2}=127.0.0.1:{peer2}",
-            "--port-delay",
-            "2:20ms",
-            "--lossless-port",
-            "2",
-            "--pcap",
-            str(tmp_path),
-            "--log-console",
-            "--thrift-port",
-            "9090",
-            "--",
-            "--grpc-server-addr",
-            "127.0.0.1:0",
-            "--cpu-port",
-            "255",
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
+    p = spawn_switch(
+        str(PROG),
+        "--loopback-port",
+        f"1@127.0.0.1:{sw1}=127.0.0.1:{peer1}",
+        "--loopback-port",
+        f"2@127.0.0.1:{sw2}=127.0.0.1:{peer2}",
+        "--port-delay",
+        "2:20ms",
+        "--lossless-port",
+        "2",
+        "--pcap",
+        str(tmp_path),
+        "--log-console",
+        "--thrift-port",
+        "9090",
     )
     try:
         yield p, wait_switch_ready(p), [sw1, sw2, peer1, peer2]

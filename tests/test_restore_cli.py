@@ -5,9 +5,7 @@ I* when one is configured; a wrong token refused with a clear message and nothin
 from __future__ import annotations
 
 import json
-import logging
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -15,16 +13,7 @@ import pytest
 from shadowgrad.cli import main
 from shadowgrad.controller.service import Controller, ControllerOptions
 from tests._training import TOKEN
-from tests.test_status import Job
-
-
-@pytest.fixture(autouse=True)
-def _restore_logging() -> Iterator[None]:
-    root = logging.getLogger()
-    handlers, level = root.handlers[:], root.level
-    yield
-    root.handlers[:] = handlers
-    root.setLevel(level)
+from tests.test_status import Job, trained_job
 
 
 def _holds(job: Job) -> dict[int, list[int]]:
@@ -34,10 +23,7 @@ def _holds(job: Job) -> dict[int, list[int]]:
 def test_restore_shows_holds_and_releases_istar(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    job = Job(tmp_path, shadows=4, replication=2)
-    try:
-        job.load()
-        job.train(5)
+    with trained_job(tmp_path, 5) as job:
         assert main(["restore", "--spec", str(job.spec_path), "--json"]) == 0
         doc = json.loads(capsys.readouterr().out)
         assert doc["istar"] == 4 and doc["by"] == "shadows" and len(doc["source"]) == 2
@@ -71,8 +57,6 @@ def test_restore_shows_holds_and_releases_istar(
         err = capsys.readouterr().err
         assert "shadowgrad restore: error:" in err
         assert all(not h for h in _holds(job).values())
-    finally:
-        job.close()
 
 
 def test_restore_asks_the_controller_when_one_is_configured(

@@ -10,36 +10,17 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests._support import run_soak
 
 
 @pytest.mark.slow
 def test_a_stranger_can_neither_change_the_checkpoint_nor_pull_gradients(tmp_path: Path) -> None:
     out = tmp_path / "report.json"
-    r = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "tools" / "soak.py"),
-            "--steps",
-            "200",
-            "--attack",
-            "--work",
-            str(tmp_path / "work"),
-            "--json",
-            str(out),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=900,
-        cwd=ROOT,
-    )
-    assert out.exists(), r.stdout[-3000:] + r.stderr[-3000:]
+    r = run_soak(tmp_path / "work", out, "--steps", "200", "--attack", timeout_s=900)
     (rep,) = json.loads(out.read_text())
     assert rep["ok"], rep["failures"]
     a = rep["attack"]

@@ -22,9 +22,7 @@ def test_drop_dup_reorder_repaired_bit_exact_with_iterations_in_flight() -> None
     faults = Faults(drop=0.01, dup=0.01, reorder=0.01, seed=5)
     with cluster(layout, faults=faults, chunk_bytes=512) as c:
         c.load(trainer.named, trainer.optimizer_spec())
-        for it in range(case.iterations):
-            grads, commit = trainer.step(it)
-            c.producer.send_iteration(it, bucket_bytes(layout, grads), commit)
+        for it, _ in c.send_steps(trainer, range(case.iterations)):
             if it >= 2:  # keep up to three iterations in flight
                 c.wait_applied(it - 2)
         c.wait_applied(case.iterations - 1, timeout_s=30)
@@ -111,6 +109,17 @@ def _chunk_of_shard(layout: Layout, shard: int, chunk: int = 1408) -> tuple[int,
     return sorted(targets)[0]
 
 
+def _withheld(layout: Layout, shard: int, hole: int, victim: int) -> Faults:
+    """Faults that withhold one chunk of ``shard`` of iteration ``hole`` from shadow
+    ``victim`` (every other copy of it is sent)."""
+    bucket, off = _chunk_of_shard(layout, shard)
+
+    def withhold(it: int, b: int, o: int, sid: int) -> bool:
+        return it == hole and b == bucket and o == off and sid == victim
+
+    return Faults(withhold=withhold)
+
+
 def _snapshot(
     trainer: RefTrainer,
 ) -> tuple[dict[str, torch.Tensor], dict[str, dict[str, torch.Tensor]]]:
@@ -124,18 +133,12 @@ def test_withheld_chunk_diverges_and_istar_stops_at_last_complete_iteration() ->
     trainer = RefTrainer(case, seed=2)
     layout = trainer.layout(num_shadows=3)
     victim_shard = 1
-    bucket, off = _chunk_of_shard(layout, victim_shard)
     hole = 4
-
-    def withhold(it: int, b: int, o: int, sid: int) -> bool:
-        return it == hole and b == bucket and o == off and sid == victim_shard
-
-    with cluster(layout, faults=Faults(withhold=withhold), options=FAST_FAIL) as c:
+    faults = _withheld(layout, victim_shard, hole, victim_shard)
+    with cluster(layout, faults=faults, options=FAST_FAIL) as c:
         c.load(trainer.named, trainer.optimizer_spec())
         at_cut = None
-        for it in range(case.iterations):
-            grads, commit = trainer.step(it)
-            c.producer.send_iteration(it, bucket_bytes(layout, grads), commit)
+        for it, _ in c.send_steps(trainer, range(case.iterations)):
             if it == hole - 1:
                 c.wait_applied(it)
                 at_cut = _snapshot(trainer)
@@ -167,20 +170,12 @@ def test_no_divergence_while_the_trainers_are_silent_then_divergence_once_they_a
     trainer = RefTrainer(case, seed=3)
     layout = trainer.layout(num_shadows=3)
     victim = 1
-    bucket, off = _chunk_of_shard(layout, victim)
     hole = case.iterations - 1
     # 8 rounds at 40 ms x 1.5^k take ~2 s: longer than failure_detect, so silence decides
     slow = NodeOptions(max_repair_rounds=8, repair_backoff=1.5, resync_interval_s=0.05)
-
-    def withhold(it: int, b: int, o: int, sid: int) -> bool:
-        return it == hole and b == bucket and o == off and sid == victim
-
-    with cluster(layout, faults=Faults(withhold=withhold), options=slow) as c:
+    with cluster(layout, faults=_withheld(layout, victim, hole, victim), options=slow) as c:
         c.load(trainer.named, trainer.optimizer_spec())
-        commit = None
-        for it in range(case.iterations):
-            grads, commit = trainer.step(it)
-            c.producer.send_iteration(it, bucket_bytes(layout, grads), commit)
+        commit = c.send_all(trainer, range(case.iterations))
         assert commit is not None
         node = c.nodes[victim]
         # the job is "dead" from here: nothing is sent
@@ -213,17 +208,10 @@ def test_trainers_silent_but_a_replica_applied_the_hole_resyncs_from_it() -> Non
     victim = 2 + 1  # shard 1, replica 1
     assert layout.shard_of_shadow(victim) == (1, 1)
     hole = case.iterations - 1
-    bucket, off = _chunk_of_shard(layout, 1)
     slow = NodeOptions(max_repair_rounds=8, repair_backoff=1.5, resync_interval_s=0.05)
-
-    def withhold(it: int, b: int, o: int, sid: int) -> bool:
-        return it == hole and b == bucket and o == off and sid == victim
-
-    with cluster(layout, faults=Faults(withhold=withhold), options=slow) as c:
+    with cluster(layout, faults=_withheld(layout, 1, hole, victim), options=slow) as c:
         c.load(trainer.named, trainer.optimizer_spec())
-        for it in range(case.iterations):
-            grads, commit = trainer.step(it)
-            c.producer.send_iteration(it, bucket_bytes(layout, grads), commit)
+        c.send_all(trainer, range(case.iterations))
         c.wait_applied(hole, nodes=[0, 1, 2])
         # nothing more is sent: the victim heals from shadow 1 although no trainer speaks
         c.wait_applied(hole, nodes=[victim], timeout_s=20)
@@ -240,16 +228,9 @@ def test_withheld_chunk_on_one_replica_resyncs_from_the_other_bit_exact() -> Non
     victim = 2 + 1  # shard 1, replica 1
     assert layout.shard_of_shadow(victim) == (1, 1)
     hole = 6
-    bucket, off = _chunk_of_shard(layout, 1)
-
-    def withhold(it: int, b: int, o: int, sid: int) -> bool:
-        return it == hole and b == bucket and o == off and sid == victim
-
-    with cluster(layout, faults=Faults(withhold=withhold), options=FAST_FAIL) as c:
+    with cluster(layout, faults=_withheld(layout, 1, hole, victim), options=FAST_FAIL) as c:
         c.load(trainer.named, trainer.optimizer_spec())
-        for it in range(case.iterations):
-            grads, commit = trainer.step(it)
-            c.producer.send_iteration(it, bucket_bytes(layout, grads), commit)
+        for it, _ in c.send_steps(trainer, range(case.iterations)):
             # the healthy shadows never wait for the diverged replica
             c.wait_applied(it, nodes=[0, 1, 2])
             if it == hole + 2:

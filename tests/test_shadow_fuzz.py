@@ -15,13 +15,15 @@ import socket
 import struct
 import time
 from collections import Counter
+from typing import Any
 
 import torch
 
 from shadowgrad import wire
 from shadowgrad.layout import Layout
 from shadowgrad.shadow.node import ShadowNode
-from tests._training import JOB_ID, KEY, Case, RefTrainer, bucket_bytes, cluster
+from tests._support import Records
+from tests._training import JOB_ID, KEY, Case, RefTrainer, cluster
 
 N_DIRECT = 100_000
 N_UDP = 20_000
@@ -46,6 +48,7 @@ class Fuzzer:
         self.layout = layout
         self.la = last_applied
         self.digest = layout.digest64
+        self.records = Records(JOB_ID, self.digest, KEY)
         nb = layout.bucket_nbytes
         self.valid = [  # genuine chunks of the next iteration (never sent unmutated)
             self._data(
@@ -58,31 +61,12 @@ class Fuzzer:
             for off in range(0, nb[b], 256)
         ][:64]
 
-    def _data(
-        self,
-        it: int,
-        bucket: int,
-        off: int,
-        payload: bytes,
-        *,
-        job: int = JOB_ID,
-        layout: int | None = None,
-        flags: int = wire.Flag.FINAL,
-        dtype: wire.DType = wire.DType.FLOAT32,
-    ) -> bytes:
-        return wire.encode(
-            wire.Kind.DATA,
-            job=job,
-            sender=0,
-            iteration=it,
-            seq=1,
-            layout=self.digest if layout is None else layout,
-            payload=payload,
-            flags=flags,
-            dtype=dtype,
-            bucket=bucket,
-            offset=off,
-            key=KEY,
+    def _data(self, it: int, bucket: int, off: int, payload: bytes, **kw: Any) -> bytes:
+        """A FINAL float32 DATA chunk, sequence number 1 (``kw``: other job, layout, flags,
+        dtype or key)."""
+        fields = {"seq": 1, "flags": wire.Flag.FINAL, "dtype": wire.DType.FLOAT32}
+        return self.records.encode(
+            wire.Kind.DATA, payload, it, bucket=bucket, offset=off, **(fields | kw)
         )
 
     def _resign(self, data: bytearray) -> bytes:
@@ -151,37 +135,17 @@ class Fuzzer:
             ), ["commit_not_rank0", "commit_stale", "commit_ahead"][which]
         if kind == 13:  # READY from no valid peer
             body = wire.ReadyRecord(0, 0, wire.ReadyState.READY, 0).body()
-            return wire.encode(
-                wire.Kind.READY,
-                job=JOB_ID,
-                sender=r.choice([0, 1, 999]),
-                iteration=self.la + 1,
-                seq=2**62,
-                layout=self.digest,
-                payload=body,
-                key=KEY,
+            sender = r.choice([0, 1, 999])
+            return self.records.encode(
+                wire.Kind.READY, body, self.la + 1, sender=sender, seq=2**62
             ), "ready_bad_sender"
         if kind == 14:  # ACK / NACK are not for shadows
             if r.random() < 0.5:
-                return wire.encode(
-                    wire.Kind.ACK,
-                    job=JOB_ID,
-                    sender=0,
-                    iteration=0,
-                    seq=0,
-                    layout=self.digest,
-                    payload=wire.AckRecord(1).body(),
-                    key=KEY,
+                return self.records.encode(
+                    wire.Kind.ACK, wire.AckRecord(1).body()
                 ), "unexpected_kind"
-            return wire.encode(
-                wire.Kind.NACK,
-                job=JOB_ID,
-                sender=0,
-                iteration=0,
-                seq=0,
-                layout=self.digest,
-                payload=wire.NackRecord(()).body(),
-                key=KEY,
+            return self.records.encode(
+                wire.Kind.NACK, wire.NackRecord(()).body()
             ), "unexpected_kind"
         if kind == 16:  # a stranger's COMMIT / DATA: no MAC, or a MAC under another key
             c = wire.CommitRecord((0.1,))
@@ -196,18 +160,7 @@ class Fuzzer:
                     key=key,
                 )
                 if r.random() < 0.5
-                else wire.encode(
-                    wire.Kind.DATA,
-                    job=JOB_ID,
-                    sender=0,
-                    iteration=self.la + 1,
-                    seq=1,
-                    layout=self.digest,
-                    payload=b"\0" * 8,
-                    key=key,
-                    flags=wire.Flag.FINAL,
-                    dtype=wire.DType.FLOAT32,
-                )
+                else self._data(self.la + 1, 0, 0, b"\0" * 8, key=key)
             )
             return data, "wire.unauthenticated" if key is None else "wire.bad_mac"
         if kind == 15:  # bad version / kind / flags / dtype with a valid checksum
@@ -223,16 +176,7 @@ class Fuzzer:
             return self._resign(base), want
         # malformed bodies with valid checksums
         body = r.choice([b"", b"\0" * 7, wire.CommitRecord((1.0,)).body()[:-1]])
-        return wire.encode(
-            wire.Kind.COMMIT,
-            job=JOB_ID,
-            sender=0,
-            iteration=self.la + 1,
-            seq=0,
-            layout=self.digest,
-            payload=body,
-            key=KEY,
-        ), "wire.length"
+        return self.records.encode(wire.Kind.COMMIT, body, self.la + 1), "wire.length"
 
 
 def _state(node: ShadowNode) -> tuple[dict[str, object], list[dict[str, torch.Tensor]]]:
@@ -269,9 +213,7 @@ def test_fuzz_live_shadow_counts_everything_and_changes_nothing() -> None:
     with cluster(layout) as c:
         node = c.nodes[0]
         c.load(trainer.named, trainer.optimizer_spec())
-        for it in range(3):
-            grads, commit = trainer.step(it)
-            c.producer.send_iteration(it, bucket_bytes(layout, grads), commit)
+        for it, _ in c.send_steps(trainer, range(3)):
             c.wait_applied(it)
         meta0, state0 = _state(node)
         rx0 = sum(node.rx.values())
@@ -319,8 +261,6 @@ def test_fuzz_live_shadow_counts_everything_and_changes_nothing() -> None:
         assert node.failed is None
 
         # the node still works, bit-exactly
-        for it in range(3, case.iterations):
-            grads, commit = trainer.step(it)
-            c.producer.send_iteration(it, bucket_bytes(layout, grads), commit)
+        for it, _ in c.send_steps(trainer, range(3, case.iterations)):
             c.wait_applied(it)
         assert not c.check(case.iterations - 1, trainer)

@@ -4,9 +4,9 @@ test producer (trainer rank 0 on the wire), polled over their control endpoints.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
-import logging
 import os
 import re
 import socket
@@ -34,19 +34,10 @@ from tests._training import (
     RefTrainer,
     bucket_bytes,
     initial_states,
+    start_all,
 )
 
 RPC = 1.0  # timeouts.rpc of the test jobs: what one dead shadow may cost a poll
-
-
-@pytest.fixture(autouse=True)
-def _restore_logging() -> Iterator[None]:
-    """main() configures the root logger on the (captured) stderr: undo it after each test."""
-    root = logging.getLogger()
-    handlers, level = root.handlers[:], root.level
-    yield
-    root.handlers[:] = handlers
-    root.setLevel(level)
 
 
 class Job:
@@ -97,9 +88,7 @@ class Job:
         try:
             for k in range(shadows):
                 self.nodes.append(ShadowNode(self.spec, k, token=TOKEN, sock=socks[k]))
-            for n in self.nodes:
-                n.start()
-            self.producer.start(addrs)
+            start_all(self.nodes, self.producer, addrs)
         except BaseException:
             self.close()
             raise
@@ -169,20 +158,28 @@ class Job:
         self.producer.close()
 
 
+@contextlib.contextmanager
+def trained_job(tmp: Path, iterations: int) -> Iterator[Job]:
+    """A :class:`Job` of 4 shadows (2 shards x 2 replicas), loaded and ``iterations`` applied;
+    closed at the end."""
+    job = Job(tmp, shadows=4, replication=2)
+    try:
+        job.load()
+        job.train(iterations)
+        yield job
+    finally:
+        job.close()
+
+
 ITERS = 6
 
 
 @pytest.fixture(scope="module")
 def healthy(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Job]:
     """4 shadows, 2 shards x 2 replicas, loaded and 6 iterations applied; trainers alive."""
-    job = Job(tmp_path_factory.mktemp("healthy"), shadows=4, replication=2)
-    try:
-        job.load()
-        job.train(ITERS)
+    with trained_job(tmp_path_factory.mktemp("healthy"), ITERS) as job:
         job.heartbeat()
         yield job
-    finally:
-        job.close()
 
 
 def _status(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
@@ -387,10 +384,7 @@ def test_bad_options_exit_1(
 def test_stopped_shadows_are_unreachable_and_cost_one_timeout(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    job = Job(tmp_path, shadows=4, replication=2)
-    try:
-        job.load()
-        job.train(3)
+    with trained_job(tmp_path, 3) as job:
         job.heartbeat()
         job.stop(3)  # shard 1 keeps replica 0 (shadow 1): degraded, I* still there
         t0 = time.monotonic()
@@ -422,8 +416,6 @@ def test_stopped_shadows_are_unreachable_and_cost_one_timeout(
         assert any("shard 1 unavailable: no replica answers" in p for p in v["problems"])
         rc, out, _ = _status(["--spec", str(job.spec_path)], capsys)
         assert rc == 3 and "unreachable" in out and "I*: none:" in out
-    finally:
-        job.close()
 
 
 def test_unloaded_shadow_and_silent_trainers(

@@ -22,7 +22,6 @@ import random
 import socket
 import struct
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -36,7 +35,8 @@ from p4.v1 import p4runtime_pb2
 from shadowgrad.bmv2_testbed.dataplane import Exact, Pipeline, TableEntry
 from shadowgrad.bmv2_testbed.ports import InProcessPort
 from shadowgrad.bmv2_testbed.switch import Switch
-from shadowgrad.bmv2_testbed.testing import P4RuntimeClient
+from shadowgrad.bmv2_testbed.testing import P4RuntimeClient, stop_process
+from tests._support import switch_argv
 
 PROGS = Path(__file__).resolve().parent / "p4progs"
 N_FRAMES = 100_000
@@ -236,22 +236,13 @@ def test_sg_switch_grpc_fuzz_over_udp(tmp_path: Path) -> None:
         s.setblocking(False)
         mine[n] = s
     theirs = {n: _free_udp_port() for n in mine}
-    cmd = [
-        sys.executable,
-        "-m",
-        "shadowgrad.bmv2_testbed._switch_cmd",
-        "--no-p4",
-        "--device-id",
-        "0",
-        "-L",
-        "warn",
-    ]
+    args = ["--no-p4", "--device-id", "0", "-L", "warn"]
     for n in mine:
-        cmd += [
+        args += [
             "--loopback-port",
             f"{n}@127.0.0.1:{theirs[n]}=127.0.0.1:{mine[n].getsockname()[1]}",
         ]
-    cmd += ["--", "--grpc-server-addr", "127.0.0.1:0", "--cpu-port", "255"]
+    cmd = switch_argv(*args)
     log = tmp_path / "switch.log"
     with open(log, "w") as logf:
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=logf, text=True)
@@ -377,13 +368,7 @@ def test_sg_switch_grpc_fuzz_over_udp(tmp_path: Path) -> None:
     finally:
         if client is not None:
             client.close()
-        if proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(5)
+        stop_process(proc)
         for s in mine.values():
             s.close()
     assert proc.returncode == 0, log.read_text()[-2000:]

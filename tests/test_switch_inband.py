@@ -12,17 +12,21 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
 
 pytest.importorskip("grpc")
 pytest.importorskip("p4")
 
 from shadowgrad.bmv2_testbed.inband import JobSwitch
 from shadowgrad.config import parse_spec
-from shadowgrad.layout import Layout, from_module
 from shadowgrad.shadow.testing import shadow_cluster
 from shadowgrad.trainer_hooks._testing import switch_spec
-from tests.test_trainer_restore import _equal_states, _finish, _launch, _losses, _model, _spec
+from tests.test_trainer_restore import (
+    _assert_shadows_hold_final,
+    _finish,
+    _launch,
+    _layout,
+    _spec,
+)
 
 STEPS = 30
 
@@ -33,10 +37,10 @@ def _run(
     doc = switch_spec(world=4, shadows=4, replication=2, gap_repair="30ms")
     spec = parse_spec(doc, env={})
     path = _spec(tmp_path, doc)
-    params, buckets = from_module(_model())
-    layout = Layout.build(params, buckets, 4, 2)
+    layout = _layout(4, 2)
+    final = tmp_path / "final.pt"
     with JobSwitch(spec, layout, loss=loss, **switch) as sw, shadow_cluster(spec) as cluster:
-        ranks = _launch(path, 4, steps, "--amp", "--out", str(tmp_path / "final.pt"))
+        ranks = _launch(path, 4, steps, "--amp", "--out", str(final))
         try:
             text = _finish(ranks, 4)
             waits = [
@@ -47,17 +51,10 @@ def _run(
         finally:
             ranks.close()
         assert cluster.wait_applied(steps - 1, timeout_s=60), cluster.status()
-        it, sparams, sopt = cluster.full_state(layout)
+        state = cluster.full_state(layout)
         status = cluster.status()
         counters = sw.counters()
-    assert it == steps - 1
-    assert sorted(_losses(text)) == list(range(steps))
-    final = torch.load(tmp_path / "final.pt", weights_only=True)
-    names = [n for n, _ in _model().named_parameters()]
-    shadow = {"model": sparams, "optimizer": {"state": {i: sopt[n] for i, n in enumerate(names)}}}
-    assert not _equal_states(final, shadow)
-    for s in status:
-        assert s["diverged_at"] is None
+    _assert_shadows_hold_final(final, state, text, steps, status)
     return {
         "counters": counters,
         "status": status,

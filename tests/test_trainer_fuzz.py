@@ -21,6 +21,7 @@ from shadowgrad.layout import Layout, from_module
 from shadowgrad.trainer_hooks._mirror import MirrorSender
 from shadowgrad.trainer_hooks._plan import RankPlan
 from shadowgrad.trainer_hooks.ring import RingAllReduce, RingConfig
+from tests._support import Records
 
 JOB = 7
 KEY = wire.mac_key("fuzz-token", JOB)
@@ -40,21 +41,13 @@ class Gen:
     def __init__(self, layout: Layout, digest: int, seed: int) -> None:
         self.r = random.Random(seed)
         self.digest = digest
+        self.records = Records(JOB, digest, KEY, seq=1)
         self.nb = layout.bucket_nbytes
 
-    def _nack(
-        self, it: int = 0, *, key: bytes | None = KEY, job: int = JOB, layout: int | None = None
-    ) -> bytes:
-        body = wire.NackRecord.of([(0, 0, 64)]).body()
-        return wire.encode(
-            wire.Kind.NACK,
-            job=job,
-            sender=0,
-            iteration=it,
-            seq=1,
-            layout=self.digest if layout is None else layout,
-            payload=body,
-            key=key,
+    def _nack(self, it: int = 0, **kw: Any) -> bytes:
+        """A NACK for iteration ``it`` (``kw``: other key, job or layout)."""
+        return self.records.encode(
+            wire.Kind.NACK, wire.NackRecord.of([(0, 0, 64)]).body(), it, **kw
         )
 
     def one(self) -> tuple[bytes, bool, bool]:
@@ -88,37 +81,16 @@ class Gen:
         if k == 8:
             return self._nack(layout=self.digest ^ 1), True, False
         if k == 9:  # an ACK (not for the mirror sender; the ring takes it only from next)
-            return (
-                wire.encode(
-                    wire.Kind.ACK,
-                    job=JOB,
-                    sender=1,
-                    iteration=0,
-                    seq=5,
-                    layout=self.digest,
-                    payload=wire.AckRecord(3).body(),
-                    key=KEY if r.random() < 0.5 else None,
-                ),
-                r.random() < 0.5,
-                False,
+            key = KEY if r.random() < 0.5 else None
+            ack = self.records.encode(
+                wire.Kind.ACK, wire.AckRecord(3).body(), sender=1, seq=5, key=key
             )
+            return ack, r.random() < 0.5, False
         if k == 10:  # DATA from anyone
-            return (
-                wire.encode(
-                    wire.Kind.DATA,
-                    job=JOB,
-                    sender=0,
-                    iteration=3,
-                    seq=1,
-                    layout=self.digest,
-                    payload=b"\0" * 64,
-                    flags=wire.Flag.FINAL,
-                    dtype=wire.DType.FLOAT32,
-                    key=KEY,
-                ),
-                r.random() < 0.5,
-                False,
+            chunk = self.records.encode(
+                wire.Kind.DATA, b"\0" * 64, 3, flags=wire.Flag.FINAL, dtype=wire.DType.FLOAT32
             )
+            return chunk, r.random() < 0.5, False
         # a huge length field
         base[48:52] = struct.pack("!I", r.choice([65452, 2**31]))
         return bytes(base), True, False

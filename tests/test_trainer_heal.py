@@ -9,13 +9,13 @@ end runs the documented example with ``tools/soak.py``, as a user does.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
-import subprocess
-import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -31,9 +31,8 @@ from shadowgrad.shadow.testing import shadow_cluster
 from shadowgrad.trainer_hooks._mirror import MirrorSender
 from shadowgrad.trainer_hooks._plan import RankPlan
 from shadowgrad.trainer_hooks._testing import TOKEN, loopback_spec
+from tests._support import run_soak
 from tests.test_trainer_local import _assert_shadows_equal, _setup, _train
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def _layout(shadows: int = 1) -> tuple[torch.nn.Module, Layout]:
@@ -64,6 +63,22 @@ def _sender(layout: Layout, sink: socket.socket, **kw: Any) -> tuple[MirrorSende
         **kw,
     )
     return snd, sock.getsockname()
+
+
+@contextlib.contextmanager
+def _mirror(
+    **kw: Any,
+) -> Iterator[tuple[torch.nn.Module, Layout, socket.socket, MirrorSender, Any]]:
+    """(model, layout, sink, sender, sender's address): a mirror sender (``kw``: its options)
+    of a one-shadow layout toward the ``sink`` socket; both closed at the end."""
+    model, layout = _layout()
+    sink = _sink()
+    snd, addr = _sender(layout, sink, **kw)
+    try:
+        yield model, layout, sink, snd, addr
+    finally:
+        snd.close()
+        sink.close()
 
 
 def _grads(model: torch.nn.Module, it: int) -> dict[str, torch.Tensor]:
@@ -98,51 +113,45 @@ def test_a_nack_storm_does_not_delay_the_next_iterations_data() -> None:
     """NACKs keep arriving (every shadow re-NACKs); the next iteration's data still leaves at
     once. With a socket timeout the drain loop waited 1 s per NACK burst (the receive waited
     the timeout, MSG_DONTWAIT or not)."""
-    model, layout = _layout()
-    sink = _sink()
-    snd, addr = _sender(layout, sink)
-    stop = threading.Event()
+    with _mirror() as (model, layout, sink, snd, addr):
+        stop = threading.Event()
 
-    def nack_storm() -> None:
-        seq = 0
-        while not stop.is_set():
-            seq += 1
-            sink.sendto(_nack(layout, 0, [(0, 0, 64)], seq), addr)  # from the shadow
-            time.sleep(0.002)
+        def nack_storm() -> None:
+            seq = 0
+            while not stop.is_set():
+                seq += 1
+                sink.sendto(_nack(layout, 0, [(0, 0, 64)], seq), addr)  # from the shadow
+                time.sleep(0.002)
 
-    try:
-        assert snd.capture(0, _grads(model, 0))
-        assert snd.flush(5)
-        t = threading.Thread(target=nack_storm, daemon=True)
-        t.start()
-        time.sleep(0.2)
-        delays = []
-        for it in range(1, 6):
-            t0 = time.monotonic()
-            assert snd.capture(it, _grads(model, it))
+        try:
+            assert snd.capture(0, _grads(model, 0))
             assert snd.flush(5)
-            delays.append(time.monotonic() - t0)
-        stop.set()
-        t.join(5)
-        assert snd.counters.nacks > 20 and snd.counters.retx_chunks > 0
-        # the old sender could not leave its receive loop while NACKs kept coming (it waited
-        # 1 s for silence after each), so no iteration left during the storm at all; now each
-        # leaves within milliseconds (the bound only separates "at once" from "never")
-        assert max(delays) < 1.0, delays
-    finally:
-        stop.set()
-        snd.close()
-        sink.close()
+            t = threading.Thread(target=nack_storm, daemon=True)
+            t.start()
+            time.sleep(0.2)
+            delays = []
+            for it in range(1, 6):
+                t0 = time.monotonic()
+                assert snd.capture(it, _grads(model, it))
+                assert snd.flush(5)
+                delays.append(time.monotonic() - t0)
+            stop.set()
+            t.join(5)
+            assert snd.counters.nacks > 20 and snd.counters.retx_chunks > 0
+            # the old sender could not leave its receive loop while NACKs kept coming (it
+            # waited 1 s for silence after each), so no iteration left during the storm at all;
+            # now each leaves within milliseconds (the bound only separates "at once" from
+            # "never")
+            assert max(delays) < 1.0, delays
+        finally:
+            stop.set()
 
 
 def test_a_retransmission_of_the_oldest_slot_does_not_drop_the_next_capture() -> None:
     """While a NACK for the oldest kept iteration is being answered (its slot busy on the sender
     thread), the next capture recycles the next slot beyond the history instead of dropping
     the iteration (seen in CI under load: the NACK-storm test's capture returned False)."""
-    model, layout = _layout()
-    sink = _sink()
-    snd, _ = _sender(layout, sink, slots=4, history=2)
-    try:
+    with _mirror(slots=4, history=2) as (model, _lo, _sk, snd, _):
         for it in range(4):
             assert snd.capture(it, _grads(model, it))
         assert snd.flush(5)
@@ -160,18 +169,12 @@ def test_a_retransmission_of_the_oldest_slot_does_not_drop_the_next_capture() ->
         with snd._lock:
             kept = sorted(s.iteration for s in snd._history)
         assert 0 in kept and 1 not in kept, kept  # the busy one kept, the next one recycled
-    finally:
-        snd.close()
-        sink.close()
 
 
 def test_a_backed_up_sender_keeps_its_retransmit_history() -> None:
     """Captures that cannot be sent yet never take the slots a NACK needs: the iteration is
     dropped instead (reported once), and the NACK for an old iteration is still answered."""
-    model, layout = _layout()
-    sink = _sink()
-    snd, addr = _sender(layout, sink, slots=6, history=3)
-    try:
+    with _mirror(slots=6, history=3) as (model, layout, sink, snd, addr):
         for it in range(3):
             assert snd.capture(it, _grads(model, it))
         assert snd.flush(5)
@@ -194,19 +197,12 @@ def test_a_backed_up_sender_keeps_its_retransmit_history() -> None:
         got = [h for h in _drain(sink, time.monotonic() + 1.0) if h.kind == wire.Kind.DATA]
         assert got and all(h.iteration == 0 and h.flags & wire.Flag.RETX for h in got)
         assert snd.counters.nack_unavailable == 0
-    finally:
-        snd.close()
-        sink.close()
 
 
 def test_a_nack_history_cannot_answer_asks_for_a_reseed_at_once() -> None:
-    model, layout = _layout()
-    sink = _sink()
     asked: list[tuple[Any, int]] = []
-    snd, addr = _sender(
-        layout, sink, slots=4, history=2, on_unavailable=lambda a, it: asked.append((a, it))
-    )
-    try:
+    rig = _mirror(slots=4, history=2, on_unavailable=lambda a, it: asked.append((a, it)))
+    with rig as (model, layout, sink, snd, addr):
         for it in range(8):
             assert snd.capture(it, _grads(model, it))
             assert snd.flush(5)
@@ -216,9 +212,20 @@ def test_a_nack_history_cannot_answer_asks_for_a_reseed_at_once() -> None:
             time.sleep(0.01)
         assert asked == [(sink.getsockname(), 1)]
         assert snd.counters.nack_unavailable == 1
-    finally:
-        snd.close()
-        sink.close()
+
+
+@contextlib.contextmanager
+def _trained(doc: dict[str, Any], iterations: int) -> Iterator[tuple[Any, ...]]:
+    """(cluster, model, optimizer, session): the shadows of ``doc`` and a world-size-1 trainer
+    attached to them, started and ``iterations`` in, with every shadow having applied them."""
+    spec = parse_spec(doc, env={})
+    with shadow_cluster(spec) as cluster:
+        model, opt, sg = _setup(spec)
+        with sg:
+            sg.restore_or_start()
+            _train(model, sg, iterations)
+            assert cluster.wait_applied(iterations - 1, timeout_s=30)
+            yield cluster, model, opt, sg
 
 
 def _train_until(
@@ -262,97 +269,79 @@ def test_a_restarted_shadow_is_reseeded_while_training_runs(replication: int) ->
     doc = loopback_spec(
         world=1, shadows=shadows, replication=replication, gap_repair="20ms", heartbeat="50ms"
     )
-    spec = parse_spec(doc, env={})
-    with shadow_cluster(spec) as cluster:
-        model, opt, sg = _setup(spec)
-        with sg:
-            sg.restore_or_start()
-            _train(model, sg, 10)
-            assert cluster.wait_applied(9, timeout_s=30)
-            _restart(cluster, 1)
-            seen = {"degraded": False}
+    with _trained(doc, 10) as (cluster, model, opt, sg):
+        _restart(cluster, 1)
+        seen = {"degraded": False}
 
-            def healed() -> bool:
-                seen["degraded"] |= sg.degraded
-                st = cluster.nodes[1].status(timeline=0)
-                return bool(st["loaded"]) and st["last_applied"] >= 12 and sg.iteration > 30
+        def healed() -> bool:
+            seen["degraded"] |= sg.degraded
+            st = cluster.nodes[1].status(timeline=0)
+            return bool(st["loaded"]) and st["last_applied"] >= 12 and sg.iteration > 30
 
-            it = _finish(cluster, model, opt, sg, _train_until(model, sg, 10, healed))
-            # r = 2: the shard always had a healthy replica, so it never was degraded; r = 1:
-            # it had none until the re-seed (often too briefly to be sampled between steps:
-            # the monitor's own record says it)
-            if replication == 2:
-                assert not seen["degraded"]
-            else:
-                assert sg.stats()["health"]["transitions"].get("unloaded", 0) >= 1
-            deadline = time.monotonic() + 10
-            while sg.degraded and time.monotonic() < deadline:
-                time.sleep(0.05)
-            assert not sg.degraded, sg.stats()
-            health = sg.stats()["health"]
-            ev = cluster.nodes[1].ev
-            if replication == 1:
-                assert health["reseeds"] >= 1 and ev["seeded"] >= 1
-                assert health["reseed_pauses_s"]
-            else:
-                assert ev["cloned"] == 1 and health["reseeds"] == 0
-            for n in cluster.nodes:  # I* advanced again, everywhere
-                assert n.wait_for(lambda s: s["istar"] == it - 1, 10), n.status(timeline=0)
+        it = _finish(cluster, model, opt, sg, _train_until(model, sg, 10, healed))
+        # r = 2: the shard always had a healthy replica, so it never was degraded; r = 1:
+        # it had none until the re-seed (often too briefly to be sampled between steps:
+        # the monitor's own record says it)
+        if replication == 2:
+            assert not seen["degraded"]
+        else:
+            assert sg.stats()["health"]["transitions"].get("unloaded", 0) >= 1
+        deadline = time.monotonic() + 10
+        while sg.degraded and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not sg.degraded, sg.stats()
+        health = sg.stats()["health"]
+        ev = cluster.nodes[1].ev
+        if replication == 1:
+            assert health["reseeds"] >= 1 and ev["seeded"] >= 1
+            assert health["reseed_pauses_s"]
+        else:
+            assert ev["cloned"] == 1 and health["reseeds"] == 0
+        for n in cluster.nodes:  # I* advanced again, everywhere
+            assert n.wait_for(lambda s: s["istar"] == it - 1, 10), n.status(timeline=0)
 
 
 def test_a_diverged_shard_without_replica_is_reseeded_from_the_trainers() -> None:
     doc = loopback_spec(world=1, shadows=3, gap_repair="20ms", heartbeat="50ms")
-    spec = parse_spec(doc, env={})
-    with shadow_cluster(spec) as cluster:
-        model, opt, sg = _setup(spec)
-        with sg:
-            sg.restore_or_start()
-            _train(model, sg, 5)
-            assert cluster.wait_applied(4, timeout_s=30)
-            node = cluster.nodes[2]
-            with node._lock:
-                node._diverge(node._last_applied + 1, 0)
-            it = _train_until(model, sg, 5, lambda: node.ev["seeded"] > 0, 30, 0.02)
-            _finish(cluster, model, opt, sg, it)
+    with _trained(doc, 5) as (cluster, model, opt, sg):
+        node = cluster.nodes[2]
+        with node._lock:
+            node._diverge(node._last_applied + 1, 0)
+        it = _train_until(model, sg, 5, lambda: node.ev["seeded"] > 0, 30, 0.02)
+        _finish(cluster, model, opt, sg, it)
 
 
 def test_a_second_instance_fails_fast_and_changes_nothing() -> None:
     """Fencing: a rerun next to a live instance cannot bind the trainer address and stops
     before it touches a shadow; a newer generation refuses the old instance's data."""
     doc = loopback_spec(world=1, shadows=2)
-    spec = parse_spec(doc, env={})
-    with shadow_cluster(spec) as cluster:
-        model, _opt, sg = _setup(spec)
-        with sg:
-            sg.restore_or_start()
-            _train(model, sg, 5)
-            assert cluster.wait_applied(4, timeout_s=30)
-            before = [(n.status(timeline=0)["generation"], n.ev["loads"]) for n in cluster.nodes]
-            _m2, _o2, sg2 = _setup(spec)
-            with pytest.raises(
-                ShadowgradError,
-                match=r"cannot bind its trainer address.*"
-                rf"held by pid {os.getpid()}",
-            ):
-                sg2.restore_or_start()
-            after = [(n.status(timeline=0)["generation"], n.ev["loads"]) for n in cluster.nodes]
-            assert after == before
-            assert before[0][0] == sg.generation > 0
-            # a newer generation takes the shadows over: the old instance's data is refused
-            node = cluster.nodes[0]
-            with node._lock:
-                node._generation += 1
-                node._digest = wire.session_digest(sg.layout.digest64, node._generation)
-            applied = node.status(timeline=0)["last_applied"]
-            _train(model, sg, 3, 5)
-            assert sg.flush(10)
-            time.sleep(0.3)
-            assert node.status(timeline=0)["last_applied"] == applied
-            assert node.rx["wire.layout"] > 0
-            deadline = time.monotonic() + 10
-            while not sg.stats()["health"]["fenced"] and time.monotonic() < deadline:
-                time.sleep(0.05)
-            assert sg.stats()["health"]["fenced"] and sg.degraded
+    with _trained(doc, 5) as (cluster, model, _opt, sg):
+        before = [(n.status(timeline=0)["generation"], n.ev["loads"]) for n in cluster.nodes]
+        _m2, _o2, sg2 = _setup(cluster.spec)
+        with pytest.raises(
+            ShadowgradError,
+            match=r"cannot bind its trainer address.*"
+            rf"held by pid {os.getpid()}",
+        ):
+            sg2.restore_or_start()
+        after = [(n.status(timeline=0)["generation"], n.ev["loads"]) for n in cluster.nodes]
+        assert after == before
+        assert before[0][0] == sg.generation > 0
+        # a newer generation takes the shadows over: the old instance's data is refused
+        node = cluster.nodes[0]
+        with node._lock:
+            node._generation += 1
+            node._digest = wire.session_digest(sg.layout.digest64, node._generation)
+        applied = node.status(timeline=0)["last_applied"]
+        _train(model, sg, 3, 5)
+        assert sg.flush(10)
+        time.sleep(0.3)
+        assert node.status(timeline=0)["last_applied"] == applied
+        assert node.rx["wire.layout"] > 0
+        deadline = time.monotonic() + 10
+        while not sg.stats()["health"]["fenced"] and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert sg.stats()["health"]["fenced"] and sg.degraded
 
 
 def test_session_digest_is_the_layout_digest_for_generation_zero() -> None:
@@ -366,22 +355,7 @@ def test_session_digest_is_the_layout_digest_for_generation_zero() -> None:
 
 def _soak(tmp: Path, *args: str) -> list[dict[str, Any]]:
     out = tmp / "soak.json"
-    proc = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "tools" / "soak.py"),
-            "--work",
-            str(tmp),
-            "--json",
-            str(out),
-            *args,
-        ],
-        capture_output=True,
-        text=True,
-        timeout=1500,
-        check=False,
-    )
-    assert out.exists(), proc.stdout[-3000:] + proc.stderr[-3000:]
+    proc = run_soak(tmp, out, *args, timeout_s=1500)
     reports: list[dict[str, Any]] = json.loads(out.read_text())
     assert proc.returncode == 0, json.dumps(reports)[:4000]
     return reports

@@ -7,12 +7,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-import torch
 
 from shadowgrad.config import parse_spec
 from shadowgrad.shadow.testing import shadow_cluster
 from shadowgrad.trainer_hooks._testing import loopback_spec
-from tests.test_trainer_restore import _equal_states, _finish, _launch, _losses, _spec
+from tests.test_trainer_restore import _assert_shadows_hold_final, _layout, _run_to_end, _spec
 
 
 @pytest.mark.slow
@@ -21,29 +20,12 @@ def test_inband_ring_with_software_tap_is_bit_exact(tmp_path: Path, world: int) 
     doc = loopback_spec(world=world, shadows=3, mode="in-band")
     spec = _spec(tmp_path, doc)
     steps = 15
+    final = tmp_path / "final.pt"
     with shadow_cluster(parse_spec(doc, env={})) as cluster:
-        ranks = _launch(
-            spec, world, steps, "--amp", "--software-tap", "--out", str(tmp_path / "final.pt")
-        )
-        try:
-            text = _finish(ranks, world)
-        finally:
-            ranks.close()
+        text = _run_to_end(spec, world, steps, "--amp", "--software-tap", "--out", str(final))
         assert cluster.wait_applied(steps - 1, timeout_s=60), cluster.status()
-        from shadowgrad.layout import Layout, from_module
-        from tests.test_trainer_restore import _model
-
-        params, buckets = from_module(_model())
-        layout = Layout.build(params, buckets, 3, 1)
-        it, sparams, sopt = cluster.full_state(layout)
+        state = cluster.full_state(_layout(3, 1))
         status = cluster.status()
-    assert it == steps - 1
-    assert sorted(_losses(text)) == list(range(steps))
-    final = torch.load(tmp_path / "final.pt", weights_only=True)
-    names = [n for n, _ in _model().named_parameters()]
-    shadow = {"model": sparams, "optimizer": {"state": {i: sopt[n] for i, n in enumerate(names)}}}
-    assert not _equal_states(final, shadow)
-    for s in status:
-        assert s["diverged_at"] is None
-        # the shadows saw FINAL data from the ring (not mirror traffic)
+    _assert_shadows_hold_final(final, state, text, steps, status)
+    for s in status:  # the shadows saw FINAL data from the ring (not mirror traffic)
         assert s["counters"].get("data", 0) > 0

@@ -16,10 +16,13 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 import torch
+
+if TYPE_CHECKING:
+    from shadowgrad.layout import Layout
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -102,18 +105,17 @@ def worker(argv: list[str]) -> None:
         software_tap=args.software_tap,
         chunk_bytes=args.chunk_bytes,
     )
+
+    def save(path: str, **extra: Any) -> None:
+        torch.save(
+            {"model": model.module.state_dict(), "optimizer": opt.state_dict(), **extra}, path
+        )
+
     start = sg.restore_or_start()
     if rank == 0:
         print(f"start {start.iteration} {int(start.restored)} {start.user_state}", flush=True)
     if args.dump_start and rank == 0:
-        torch.save(
-            {
-                "model": model.module.state_dict(),
-                "optimizer": opt.state_dict(),
-                "iteration": start.iteration,
-            },
-            args.dump_start,
-        )
+        save(args.dump_start, iteration=start.iteration)
     for step in range(start.iteration, args.steps):
         x, y = _batch(step, rank, world, args.cnn)
         loss = torch.nn.functional.cross_entropy(model(x), y)
@@ -128,7 +130,7 @@ def worker(argv: list[str]) -> None:
     if ring is not None:  # in-band: the longest a ring send waited for window space
         print(f"ring_wait {rank} {ring.max_send_wait_s:.6f}", flush=True)
     if args.out and rank == 0:
-        torch.save({"model": model.module.state_dict(), "optimizer": opt.state_dict()}, args.out)
+        save(args.out)
     dist.destroy_process_group()
 
 
@@ -181,6 +183,86 @@ def _finish(ranks: Any, world: int, timeout_s: float = 240.0) -> str:
     return text
 
 
+def _run_to_end(spec: Path, world: int, steps: int, *extra: str) -> str:
+    """Launch ``world`` ranks for ``steps`` steps and wait for them all to exit 0; rank 0's
+    output."""
+    ranks = _launch(spec, world, steps, *extra)
+    try:
+        return _finish(ranks, world)
+    finally:
+        ranks.close()
+
+
+def _kill_rank_when(ranks: Any, logged: int, delay: float, victim: int) -> float:
+    """Once rank 0 logged step ``logged``, wait ``delay`` s and SIGKILL rank ``victim``; when
+    (``time.monotonic()``) it was killed. Fails if a rank ends first."""
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        seen = _losses(str(ranks.output(0)))
+        if seen and max(seen) >= logged:
+            break
+        if any(p.poll() is not None for p in ranks.procs):
+            raise AssertionError("a rank ended early:\n" + ranks.output(0)[-3000:])
+        time.sleep(0.005)
+    time.sleep(delay)
+    os.kill(ranks.procs[victim].pid, signal.SIGKILL)
+    return time.monotonic()
+
+
+def _layout(shadows: int, replication: int) -> Layout:
+    """The layout of :func:`_model`'s parameters over ``shadows`` shadows."""
+    from shadowgrad.layout import Layout, from_module
+
+    params, buckets = from_module(_model())
+    return Layout.build(params, buckets, shadows, replication)
+
+
+def _assert_resumed_bit_identical(
+    trial: int,
+    steps: int,
+    first: dict[int, str],
+    text: str,
+    start: int,
+    out: Path,
+    ref_losses: dict[int, str],
+    ref_final: dict[str, Any],
+    status: list[dict[str, Any]],
+) -> None:
+    """A run of ``steps`` steps, killed and resumed (losses ``first`` before the kill, rank 0's
+    output ``text`` of the run resumed at ``start``, final state in ``out``), equals the
+    reference bit for bit, and no shadow diverged."""
+    for step, loss in first.items():
+        assert loss == ref_losses[step], f"trial {trial}: first run step {step}"
+    second = _losses(text)
+    assert sorted(second) == list(range(start, steps))
+    for step, loss in second.items():
+        assert loss == ref_losses[step], f"trial {trial}: resumed run step {step}"
+    bad = _equal_states(torch.load(out, weights_only=True), ref_final)
+    assert not bad, f"trial {trial}: {bad}"
+    assert all(s["diverged_at"] is None for s in status)
+
+
+def _assert_shadows_hold_final(
+    final: Path,
+    state: tuple[int, dict[str, Any], dict[str, Any]],
+    text: str,
+    steps: int,
+    status: list[dict[str, Any]],
+) -> None:
+    """Rank 0 logged every step, and the shadows' full state (``state``: iteration, parameters,
+    optimizer state by name) is the last iteration's and equals the trainers' final state saved
+    in ``final``, with no shadow diverged."""
+    it, sparams, sopt = state
+    assert it == steps - 1
+    assert sorted(_losses(text)) == list(range(steps))
+    saved = torch.load(final, weights_only=True)
+    names = [n for n, _ in _model().named_parameters()]
+    shadow = {"model": sparams, "optimizer": {"state": {i: sopt[n] for i, n in enumerate(names)}}}
+    assert not _equal_states(saved, shadow)
+    for s in status:
+        assert s["diverged_at"] is None
+
+
 def _reference(
     tmp: Path, steps: int, amp: bool, *extra: str
 ) -> tuple[dict[int, str], dict[str, Any]]:
@@ -192,11 +274,7 @@ def _reference(
     spec = _spec(tmp, doc, "ref.toml")
     out = tmp / "ref.pt"
     with shadow_cluster(parse_spec(doc, env={})):
-        ranks = _launch(spec, 4, steps, "--out", str(out), *(["--amp"] if amp else []), *extra)
-        try:
-            text = _finish(ranks, 4)
-        finally:
-            ranks.close()
+        text = _run_to_end(spec, 4, steps, "--out", str(out), *(["--amp"] if amp else []), *extra)
     return _losses(text), torch.load(out, weights_only=True)
 
 
@@ -239,37 +317,18 @@ def _kill_trial(
     with shadow_cluster(parse_spec(doc, env={})) as cluster:
         ranks = _launch(spec, 4, STEPS, *extra)
         try:
-            deadline = time.monotonic() + 180
-            while time.monotonic() < deadline:
-                seen = _losses(str(ranks.output(0)))
-                if seen and max(seen) >= kill_after:
-                    break
-                if any(p.poll() is not None for p in ranks.procs):
-                    raise AssertionError("a rank ended early:\n" + ranks.output(0)[-3000:])
-                time.sleep(0.005)
-            time.sleep(delay)
-            os.kill(ranks.procs[victim].pid, signal.SIGKILL)
+            _kill_rank_when(ranks, kill_after, delay, victim)
             time.sleep(0.05)
             first = _losses(str(ranks.output(0)))
         finally:
             ranks.close()  # the others hang in a collective: kill them too
-        ranks = _launch(spec, 4, STEPS, "--out", str(out), *extra)
-        try:
-            text = _finish(ranks, 4)
-        finally:
-            ranks.close()
+        text = _run_to_end(spec, 4, STEPS, "--out", str(out), *extra)
         cluster_status = cluster.status()
     start, restored = _start(text)
-    second = _losses(text)
     assert restored or start == 0
-    for step, loss in first.items():
-        assert loss == ref_losses[step], f"trial {trial}: first run step {step}"
-    assert sorted(second) == list(range(start, STEPS))
-    for step, loss in second.items():
-        assert loss == ref_losses[step], f"trial {trial}: resumed run step {step}"
-    bad = _equal_states(torch.load(out, weights_only=True), ref_final)
-    assert not bad, f"trial {trial}: {bad}"
-    assert all(s["diverged_at"] is None for s in cluster_status)
+    _assert_resumed_bit_identical(
+        trial, STEPS, first, text, start, out, ref_losses, ref_final, cluster_status
+    )
     return {
         "kill_after": kill_after,
         "victim": victim,
@@ -333,26 +392,10 @@ def test_restore_from_4_ranks_into_2(tmp_path: Path) -> None:
     spec2 = _spec(tmp_path, doc2, "w2.toml")
     with shadow_cluster(parse_spec(doc4, env={})) as cluster:
         amp = ["--amp"]
-        ranks = _launch(spec4, 4, 12, "--out", str(tmp_path / "w4.pt"), *amp)
-        try:
-            _finish(ranks, 4)
-        finally:
-            ranks.close()
+        _run_to_end(spec4, 4, 12, "--out", str(tmp_path / "w4.pt"), *amp)
         assert cluster.wait_applied(11, timeout_s=60)
-        ranks = _launch(
-            spec2,
-            2,
-            16,
-            "--dump-start",
-            str(tmp_path / "w2start.pt"),
-            *amp,
-            "--out",
-            str(tmp_path / "w2.pt"),
-        )
-        try:
-            text = _finish(ranks, 2)
-        finally:
-            ranks.close()
+        start_dump = ["--dump-start", str(tmp_path / "w2start.pt")]
+        text = _run_to_end(spec2, 2, 16, *start_dump, *amp, "--out", str(tmp_path / "w2.pt"))
         assert cluster.wait_applied(15, timeout_s=60)
     assert _start(text) == (12, True)
     # the user state of iteration 11 came back from the shadows (COMMIT(11) in the fetch reply)

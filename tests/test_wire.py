@@ -6,27 +6,13 @@ import json
 import re
 import struct
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from shadowgrad import wire
-from shadowgrad.errors import (
-    BadFieldError,
-    BadMacError,
-    BadMagicError,
-    ChecksumError,
-    ForeignJobError,
-    LayoutMismatchError,
-    LengthMismatchError,
-    OversizeError,
-    TruncatedError,
-    UnauthenticatedError,
-    UnknownKindError,
-    VersionError,
-    WireError,
-)
+from shadowgrad import errors, wire
 from shadowgrad.wire import DType, Flag, Kind
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -148,10 +134,10 @@ def test_any_single_byte_flip_is_detected(
     buf = bytearray(_data(*msg))
     i = data.draw(st.integers(0, len(buf) - 1), label="index")
     buf[i] ^= data.draw(st.integers(1, 255), label="xor")
-    with pytest.raises(WireError) as err:
+    with pytest.raises(errors.WireError) as err:
         wire.decode(buf)
     # a specific subclass, never the generic base
-    assert type(err.value) is not WireError and err.value.reason != "malformed"
+    assert type(err.value) is not errors.WireError and err.value.reason != "malformed"
 
 
 @MANY
@@ -159,14 +145,14 @@ def test_any_single_byte_flip_is_detected(
 def test_truncation_is_detected(msg: tuple[dict[str, object], bytes], data: st.DataObject) -> None:
     buf = _data(*msg)
     cut = data.draw(st.integers(0, len(buf) - 1))
-    with pytest.raises(TruncatedError):
+    with pytest.raises(errors.TruncatedError):
         wire.decode(buf[:cut])
 
 
 @MANY
 @given(data_messages(max_elems=64), st.binary(min_size=1, max_size=128))
 def test_trailing_bytes_are_detected(msg: tuple[dict[str, object], bytes], extra: bytes) -> None:
-    with pytest.raises(OversizeError):
+    with pytest.raises(errors.OversizeError):
         wire.decode(_data(*msg) + extra)
 
 
@@ -175,22 +161,18 @@ def test_trailing_bytes_are_detected(msg: tuple[dict[str, object], bytes], extra
 def test_huge_length_field_is_detected(msg: tuple[dict[str, object], bytes], length: int) -> None:
     buf = bytearray(_data(*msg))
     struct.pack_into("!I", buf, wire.HEADER_SIZE - 8, length)
-    with pytest.raises(OversizeError):
+    with pytest.raises(errors.OversizeError):
         wire.decode(buf)
 
 
+def _header_of_job_1(kind: Kind, **kw: Any) -> bytes:
+    """``encode_header`` of job 1 with sender, iteration, seq and layout 0."""
+    return wire.encode_header(kind, job=1, sender=0, iteration=0, seq=0, layout=0, **kw)
+
+
 def test_oversize_payload_refused_on_encode() -> None:
-    with pytest.raises(OversizeError):
-        wire.encode_header(
-            Kind.DATA,
-            job=1,
-            sender=0,
-            iteration=0,
-            seq=0,
-            layout=0,
-            dtype=DType.UINT8,
-            payload=bytes(wire.MAX_PAYLOAD + 1),
-        )
+    with pytest.raises(errors.OversizeError):
+        _header_of_job_1(Kind.DATA, dtype=DType.UINT8, payload=bytes(wire.MAX_PAYLOAD + 1))
 
 
 @MANY
@@ -198,7 +180,7 @@ def test_oversize_payload_refused_on_encode() -> None:
 def test_wrong_version_is_detected(msg: tuple[dict[str, object], bytes], version: int) -> None:
     fields, payload = msg
     header = wire.encode_header(Kind.DATA, payload=payload, version=version, **fields)  # type: ignore[arg-type]
-    with pytest.raises(VersionError):
+    with pytest.raises(errors.VersionError):
         wire.decode(header + payload)
 
 
@@ -210,7 +192,7 @@ def test_foreign_job_is_detected(msg: tuple[dict[str, object], bytes], other: in
     if other == fields["job"]:
         wire.decode(buf, job=other)
         return
-    with pytest.raises(ForeignJobError):
+    with pytest.raises(errors.ForeignJobError):
         wire.decode(buf, job=other)
 
 
@@ -219,8 +201,8 @@ def test_foreign_job_is_detected(msg: tuple[dict[str, object], bytes], other: in
 def test_random_bytes_never_crash(buf: bytes) -> None:
     try:
         wire.decode(buf)
-    except WireError as e:
-        assert type(e) is not WireError
+    except errors.WireError as e:
+        assert type(e) is not errors.WireError
     else:  # only a valid datagram may decode; random bytes essentially never are
         assert buf[:2] == b"SG"
 
@@ -228,15 +210,15 @@ def test_random_bytes_never_crash(buf: bytes) -> None:
 def test_layout_mismatch_bad_fields_and_kinds() -> None:
     kw = dict(job=1, sender=0, iteration=0, seq=0)
     buf = wire.encode(Kind.DATA, layout=5, dtype=DType.FLOAT32, payload=bytes(8), **kw)  # type: ignore[arg-type]
-    with pytest.raises(LayoutMismatchError):
+    with pytest.raises(errors.LayoutMismatchError):
         wire.decode(buf, layout=6)
-    with pytest.raises(BadFieldError):  # misaligned DATA
+    with pytest.raises(errors.BadFieldError):  # misaligned DATA
         wire.encode(Kind.DATA, layout=5, dtype=DType.FLOAT32, payload=bytes(6), **kw)  # type: ignore[arg-type]
-    with pytest.raises(BadFieldError):  # FINAL on a COMMIT
+    with pytest.raises(errors.BadFieldError):  # FINAL on a COMMIT
         wire.encode(Kind.COMMIT, layout=5, flags=Flag.FINAL, **kw)  # type: ignore[arg-type]
-    with pytest.raises(BadFieldError):  # out-of-range field names itself
+    with pytest.raises(errors.BadFieldError):  # out-of-range field names itself
         wire.encode(Kind.ACK, layout=-1, payload=bytes(8), **kw)  # type: ignore[arg-type]
-    with pytest.raises(LengthMismatchError):  # a COMMIT without its body
+    with pytest.raises(errors.LengthMismatchError):  # a COMMIT without its body
         wire.decode(wire.encode(Kind.COMMIT, layout=0, **kw))  # type: ignore[arg-type]
     # an undefined kind with a *valid* checksum is still refused by kind
     bad = bytearray(buf)
@@ -244,11 +226,11 @@ def test_layout_mismatch_bad_fields_and_kinds() -> None:
     prefix = bytes(bad[: wire.HEADER_SIZE - 4])
     crc = wire.crc(bytes(bad[wire.HEADER_SIZE :]), wire.crc(prefix))
     bad[wire.HEADER_SIZE - 4 : wire.HEADER_SIZE] = crc.to_bytes(4, "big")
-    with pytest.raises(UnknownKindError):
+    with pytest.raises(errors.UnknownKindError):
         wire.decode(bad)
-    with pytest.raises(BadMagicError):
+    with pytest.raises(errors.BadMagicError):
         wire.decode(b"XX" + buf[2:])
-    with pytest.raises(ChecksumError):
+    with pytest.raises(errors.ChecksumError):
         wire.decode(buf[:-1] + bytes([buf[-1] ^ 1]))
 
 
@@ -435,7 +417,7 @@ def test_sealed_records_verify_and_forgeries_do_not(kind: Kind) -> None:
     # without a key the datagram still decodes (MAC not checked: a receiver without the key)
     assert bytes(wire.decode(data).payload) == body
     # another job's key, or any byte changed with the CRC fixed up, fails the MAC
-    with pytest.raises(BadMacError):
+    with pytest.raises(errors.BadMacError):
         wire.decode(data, key=wire.mac_key("job-secret", 8))
     for pos in (10, wire.HEADER_SIZE + 1, len(data) - 1):
         forged = bytearray(data)
@@ -443,29 +425,20 @@ def test_sealed_records_verify_and_forgeries_do_not(kind: Kind) -> None:
         forged[wire.HEADER_SIZE - 4 : wire.HEADER_SIZE] = wire.crc(
             bytes(forged[: wire.HEADER_SIZE - 4]) + bytes(forged[wire.HEADER_SIZE :])
         ).to_bytes(4, "big")
-        with pytest.raises(WireError) as ei:
+        with pytest.raises(errors.WireError) as ei:
             wire.decode(bytes(forged), key=KEY)
         assert ei.value.reason in ("bad_mac", "field", "length", "kind"), ei.value.reason
     # the same record unsealed: refused by a receiver that holds the key
     plain = wire.encode(kind, job=7, sender=0, iteration=4, seq=1, layout=9, payload=body, **extra)
     if kind in wire.AUTHENTICATED_KINDS:
-        with pytest.raises(UnauthenticatedError):
+        with pytest.raises(errors.UnauthenticatedError):
             wire.decode(plain, key=KEY)
     else:  # DATA: only when the receiver requires it
         wire.decode(plain, key=KEY)
-        with pytest.raises(UnauthenticatedError):
+        with pytest.raises(errors.UnauthenticatedError):
             wire.decode(plain, key=KEY, require=frozenset({Kind.DATA}))
 
 
 def test_encode_header_refuses_a_mac_flag_it_cannot_fill() -> None:
-    with pytest.raises(WireError):
-        wire.encode_header(
-            Kind.NACK,
-            job=1,
-            sender=0,
-            iteration=0,
-            seq=0,
-            layout=0,
-            flags=Flag.MAC,
-            payload=wire.NackRecord.of([]).body(),
-        )
+    with pytest.raises(errors.WireError):
+        _header_of_job_1(Kind.NACK, flags=Flag.MAC, payload=wire.NackRecord.of([]).body())
