@@ -2166,24 +2166,31 @@ class Checker:
         timeout = self.errors.get("ParserTimeout", 5)
         tree = fits_tree()
 
-        def emit_tree(name: str) -> None:
-            if name == "accept":
-                o("return")
-                return
+        def jump(tgt: str) -> str:
+            return "break" if tgt == "accept" else f"s = {num[tgt]}; continue"
+
+        def emit_state(name: str, inline: bool) -> None:
+            """State ``name``'s code; its transitions inline the next states (a tree) or jump
+            to them (the loop over state numbers)."""
             lines, items = compiled[name]
             for ln in lines:
                 o(ln)
             for kind, text, tgt in items:
                 if kind in ("line", "raise"):
                     o(text)
+                elif not inline:
+                    o(jump(tgt) if kind == "goto" else f"if {text}: {jump(tgt)}")
                 elif kind == "goto":
                     emit_tree(tgt)
                 else:
                     with o.block(f"if {text}:"):
                         emit_tree(tgt)
 
-        def jump(tgt: str) -> str:
-            return "break" if tgt == "accept" else f"s = {num[tgt]}; continue"
+        def emit_tree(name: str) -> None:
+            if name == "accept":
+                o("return")
+            else:
+                emit_state(name, inline=True)
 
         with o.block("def parse(C):"):
             o(f"F = {fcls}()" if self.frame_vars else "F = None")
@@ -2203,16 +2210,7 @@ class Checker:
                 o("n += 1")
                 for i, name in enumerate(states):
                     with o.block(f"{'if' if i == 0 else 'elif'} s == {num[name]}:"):
-                        lines, items = compiled[name]
-                        for ln in lines:
-                            o(ln)
-                        for kind, text, tgt in items:
-                            if kind in ("line", "raise"):
-                                o(text)
-                            elif kind == "goto":
-                                o(jump(tgt))
-                            else:
-                                o(f"if {text}: {jump(tgt)}")
+                        emit_state(name, inline=False)
             with o.block("if n > 1000:"):
                 o(f"raise _ParserError({timeout})")
 
