@@ -15,7 +15,10 @@ import json
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from shadowgrad.replies import ShadowStatus
 
 
 def configure(p: argparse.ArgumentParser) -> None:
@@ -52,18 +55,18 @@ def _clients(spec: Any, token: str) -> Any:
     return make
 
 
-def _statuses(spec: Any, token: str) -> dict[int, dict[str, Any] | None]:
+def _statuses(spec: Any, token: str) -> dict[int, ShadowStatus | None]:
     """Every shadow's status (None: no answer). A shadow refusing the token is an error: a
     wrong token must never read as "no state, start fresh"."""
     from shadowgrad.errors import ShadowgradError
     from shadowgrad.shadow.control import ControlError
 
     make = _clients(spec, token)
-    out: dict[int, dict[str, Any] | None] = {}
+    out: dict[int, ShadowStatus | None] = {}
     for k in range(spec.shadows.count):
         try:
             with make(k) as c:
-                out[k] = c.status(timeline=0)
+                out[k] = c.status_typed(timeline=0)
         except ControlError as e:
             if e.code == "bad_token":
                 where = spec.security.token_file or spec.security.token_env
@@ -82,23 +85,23 @@ def _statuses(spec: Any, token: str) -> dict[int, dict[str, Any] | None]:
 
 
 def _from_controller(spec: Any, token: str) -> dict[str, Any] | None:
+    from shadowgrad.control_client import ControllerClient
     from shadowgrad.errors import ShadowgradError
-    from shadowgrad.shadow.control import ControlError, ShadowClient
+    from shadowgrad.shadow.control import ControlError
 
     t = spec.timeouts
     try:
-        with ShadowClient(
+        with ControllerClient(
             f"tcp://{spec.controller.address}", token, timeout_s=t.rpc_s + 2 * t.failure_detect_s
         ) as c:
-            head, _ = c.call("restore_point", requester="shadowgrad restore")
+            point = c.restore_point(requester="shadowgrad restore")
     except ControlError as e:
         if e.code == "bad_token":
             raise ShadowgradError(f"the controller refused the token: {e}") from None
         raise ShadowgradError(f"the controller has no restore point: {e}") from None
     except ShadowgradError:
         return None  # not answering: fall back to the shadows
-    head["by"] = "controller"
-    return head
+    return {**point.raw, "by": "controller"}  # printed as the controller said it
 
 
 def run(args: argparse.Namespace) -> int:
@@ -113,7 +116,7 @@ def run(args: argparse.Namespace) -> int:
         sts = _statuses(spec, token)
         released = []
         for k, st in sts.items():
-            for it in (st or {}).get("holds") or []:
+            for it in () if st is None else st.holds:
                 with make(k) as c:
                     c.release(int(it))
                 released.append((k, int(it)))

@@ -100,18 +100,23 @@ def _collect(
 
 def _controller_state(spec: Any, token: str, timeout_s: float | None) -> dict[str, Any]:
     """What the controller says (its state machine, the published I*, holds), or the error."""
-    from shadowgrad.shadow.control import ShadowClient
+    from shadowgrad.control_client import ControllerClient
 
     try:
-        with ShadowClient(
+        with ControllerClient(
             f"tcp://{spec.controller.address}", token, timeout_s=timeout_s or spec.timeouts.rpc_s
         ) as c:
-            head, _ = c.call("status")
+            st = c.status()
     except Exception as e:  # reported in the view, never a crash
         return {"error": str(e)}
     return {
-        k: head.get(k)
-        for k in ("state", "reason", "istar", "held", "failure", "detections", "counters")
+        "state": st.state,
+        "reason": st.reason,
+        "istar": st.istar,
+        "held": list(st.held),
+        "failure": st.failure,
+        "detections": st.detections,
+        "counters": dict(st.counters),
     }
 
 

@@ -55,8 +55,10 @@ if TYPE_CHECKING:  # pragma: no cover
     import torch
 
     from shadowgrad.config import JobSpec
+    from shadowgrad.control_client import ShadowClient
     from shadowgrad.layout import Layout
     from shadowgrad.optspec import OptimizerSpec
+    from shadowgrad.replies import ShadowStatus
 
 __all__ = [
     "FORMAT",
@@ -283,7 +285,7 @@ class _Conn:
     token: str
     rpc_s: float
 
-    def client(self, k: int, timeout_s: float | None = None) -> Any:
+    def client(self, k: int, timeout_s: float | None = None) -> ShadowClient:
         """Shadow ``k``'s control client (as the trainers build it, trainer_hooks._session)."""
         from shadowgrad.shadow.control import ShadowClient
 
@@ -308,16 +310,16 @@ def _refused(spec: JobSpec, k: int, exc: Exception) -> ExportError:
     )
 
 
-def _statuses(conn: _Conn) -> dict[int, dict[str, Any] | None]:
+def _statuses(conn: _Conn) -> dict[int, ShadowStatus | None]:
     from shadowgrad.errors import ShadowgradTimeout
     from shadowgrad.shadow.control import ControlError
 
     spec = conn.spec
-    out: dict[int, dict[str, Any] | None] = {}
+    out: dict[int, ShadowStatus | None] = {}
     for k in range(spec.shadows.count):
         try:
             with conn.client(k) as c:
-                out[k] = c.status(timeline=0)
+                out[k] = c.status_typed(timeline=0)
         except ControlError as e:
             if e.code == "bad_token":
                 raise _refused(spec, k, e) from None
@@ -329,29 +331,28 @@ def _statuses(conn: _Conn) -> dict[int, dict[str, Any] | None]:
     return out
 
 
-def _can_serve(status: Mapping[str, Any] | None, it: int) -> bool:
-    if not status or not status.get("loaded"):
+def _can_serve(status: ShadowStatus | None, it: int) -> bool:
+    if status is None or not status.loaded:
         return False
-    hole = status.get("diverged_at")
-    if hole is not None and int(hole) <= it:
+    hole = status.diverged_at
+    if hole is not None and hole <= it:
         return False
-    avail = {int(a) for a in status.get("available") or ()}
-    return it in avail or status.get("last_applied") == it
+    return it in status.available or status.last_applied == it
 
 
-def _describe(k: int, status: Mapping[str, Any] | None) -> str:
+def _describe(k: int, status: ShadowStatus | None) -> str:
     if status is None:
         return f"shadow {k}: no answer"
-    if not status.get("loaded"):
+    if not status.loaded:
         return f"shadow {k}: not loaded"
-    hole = status.get("diverged_at")
+    hole = status.diverged_at
     tail = f", diverged at {hole}" if hole is not None else ""
-    return f"shadow {k}: available {status.get('available')}{tail}"
+    return f"shadow {k}: available {list(status.available)}{tail}"
 
 
 def _sources(
     spec: JobSpec,
-    statuses: Mapping[int, Mapping[str, Any] | None],
+    statuses: Mapping[int, ShadowStatus | None],
     iteration: int | Literal["latest"],
 ) -> tuple[int, list[int]]:
     """(I, source shadow per shard)."""
@@ -377,7 +378,7 @@ def _sources(
         it, preferred = point.istar, list(point.source)
     else:
         it = int(iteration)
-        digests = {str(s.get("layout")) for s in statuses.values() if s and s.get("loaded")}
+        digests = {str(s.layout) for s in statuses.values() if s and s.loaded}
         if len(digests) > 1:
             shown = sorted(d[:16] for d in digests)
             raise ExportError(f"the shadows hold different layouts {shown}: not one job's state")
@@ -396,7 +397,7 @@ def _sources(
 
 @contextlib.contextmanager
 def _holding(
-    conn: _Conn, statuses: Mapping[int, Mapping[str, Any] | None], sources: Sequence[int], it: int
+    conn: _Conn, statuses: Mapping[int, ShadowStatus | None], sources: Sequence[int], it: int
 ) -> Iterator[None]:
     """``hold(it)`` on every source; on exit release the holds this export placed (a hold that
     was there before, e.g. the controller's, stays: holds are not counted)."""
@@ -405,7 +406,8 @@ def _holding(
     placed: list[int] = []
     try:
         for k in sorted(set(sources)):
-            before = {int(h) for h in (statuses.get(k) or {}).get("holds") or ()}
+            st = statuses.get(k)
+            before = set(() if st is None else st.holds)
             try:
                 with conn.client(k) as c:
                     c.hold(it)
@@ -436,8 +438,6 @@ def _fetch(
     conn: _Conn, layout: Layout, sources: Sequence[int], it: int, progress: Progress | None
 ) -> tuple[list[list[dict[str, torch.Tensor]]], dict[str, Any] | None, set[int]]:
     """Every shard's boxes at ``it``; COMMIT(it) (shard 0's, else any shard's); generations."""
-    from shadowgrad.shadow.control import decode_states
-
     exports: list[list[dict[str, torch.Tensor]]] = []
     commit: dict[str, Any] | None = None
     generations: set[int] = set()
@@ -447,13 +447,13 @@ def _fetch(
         bulk = max(conn.rpc_s, conn.spec.timeouts.connect_s + 3 * nbytes / _BULK_BYTES_PER_S)
         t0 = time.monotonic()
         with conn.client(k, bulk) as c:
-            head, frames = c.call("fetch", iteration=it, boxes=None)
-        if int(head.get("iteration", -2)) != it or int(head.get("shard", -1)) != shard:
+            reply = c.fetch_raw(it)
+        if reply.iteration != it or reply.shard != shard:
             raise ExportError(
-                f"shadow {k} answered iteration {head.get('iteration')} of shard "
-                f"{head.get('shard')}, asked for iteration {it} of shard {shard}"
+                f"shadow {k} answered iteration {reply.iteration} of shard "
+                f"{reply.shard}, asked for iteration {it} of shard {shard}"
             )
-        states = decode_states(head["entries"], frames)
+        states = reply.decode().states
         nbox = len(layout.shard_boxes(shard))
         if sorted(states) != list(range(nbox)):
             raise ExportError(
@@ -461,14 +461,13 @@ def _fetch(
                 f"the layout has {nbox}"
             )
         exports.append([states[b] for b in range(nbox)])
-        generations.add(int(head.get("generation") or 0))
-        got = head.get("commit")
-        if commit is None and isinstance(got, dict):
-            commit = got
-        size = sum(len(f) for f in frames)
+        generations.add(reply.generation or 0)
+        if commit is None:
+            commit = reply.commit
+        size = sum(len(f) for f in reply.frames)
         if progress is not None:
             progress(
-                f"shard {shard + 1}/{n} from shadow {k}: {len(head['entries'])} tensors, "
+                f"shard {shard + 1}/{n} from shadow {k}: {len(reply.entries)} tensors, "
                 f"{size / 2**20:.2f} MiB in {time.monotonic() - t0:.2f}s"
             )
     return exports, commit, generations
@@ -612,11 +611,12 @@ def export_checkpoint(
         try:
             with _holding(conn, statuses, sources, it):
                 with conn.client(sources[0]) as c:
-                    config, _ = c.call("config")
-                layout = Layout.from_json(config["layout"])
-                optspec = OptimizerSpec.from_json(config["optimizer"])
+                    config = c.config()
+                layout = Layout.from_json(config.layout)
+                optspec = OptimizerSpec.from_json(config.optimizer)
                 for k in sources:
-                    digest = (statuses[k] or {}).get("layout")
+                    st = statuses[k]
+                    digest = None if st is None else st.layout
                     if digest != layout.digest:
                         raise ExportError(
                             f"shadow {k} holds layout {str(digest)[:16]}, shadow "

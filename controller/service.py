@@ -30,7 +30,6 @@ logged, counted and changes nothing.
 
 from __future__ import annotations
 
-import hmac
 import json
 import logging
 import threading
@@ -39,14 +38,19 @@ from collections import Counter
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import zmq
 
+from shadowgrad._control_server import check_request
 from shadowgrad._log import event
 from shadowgrad.config import JobSpec
 from shadowgrad.errors import ShadowgradError
+from shadowgrad.replies import ShadowStatus, StatusLike, shadow_statuses
 from shadowgrad.restore import NoRestorePointError, restore_point, settle
+
+if TYPE_CHECKING:
+    from shadowgrad.control_client import ShadowClient
 
 __all__ = ["Controller", "ControllerOptions"]
 
@@ -77,7 +81,8 @@ class Controller:
     """The controller of one job. ``driver``: a :class:`~shadowgrad.controller.switch.
     SwitchDriver` (in-band; None in mirror mode or when another process owns the switch).
     ``endpoints``: shadow id -> control endpoint (default: the spec's); ``statuses``: a
-    callable returning every shadow's status (default: polled from the endpoints)."""
+    callable returning every shadow's status, typed or as a dict (default: polled from the
+    endpoints)."""
 
     def __init__(
         self,
@@ -87,7 +92,7 @@ class Controller:
         driver: Any = None,
         bind: str | None = None,
         options: ControllerOptions | None = None,
-        statuses: Callable[[], dict[int, dict[str, Any] | None]] | None = None,
+        statuses: Callable[[], Mapping[int, StatusLike | None]] | None = None,
         endpoints: Mapping[int, str] | None = None,
     ) -> None:
         self.spec = spec
@@ -108,7 +113,9 @@ class Controller:
             if endpoints is not None
             else {k: f"tcp://{spec.shadows.control_endpoint(k)}" for k in range(spec.shadows.count)}
         )
-        self._poll_statuses = statuses or self._poll_shadows
+        self._poll_statuses: Callable[[], dict[int, ShadowStatus | None]] = (
+            self._poll_shadows if statuses is None else lambda: shadow_statuses(statuses())
+        )
         self._pool = ThreadPoolExecutor(
             max_workers=max(1, spec.shadows.count), thread_name_prefix="ctl-poll"
         )
@@ -121,7 +128,7 @@ class Controller:
         self._refused: set[int] = set()  # shadows that refused our token (logged once each)
         self.state = "starting"
         self.reason = "started"
-        self.statuses: dict[int, dict[str, Any] | None] = {}
+        self.statuses: dict[int, ShadowStatus | None] = {}
         self.members = {
             k: _Member(since=time.monotonic(), last_ok=time.monotonic())
             for k in range(spec.shadows.count)
@@ -195,18 +202,17 @@ class Controller:
 
     # ---------------------------------------------------------------- polling
 
-    def _client(self, k: int, timeout_s: float) -> Any:
+    def _client(self, k: int, timeout_s: float) -> ShadowClient:
         from shadowgrad.shadow.control import ShadowClient
 
         return ShadowClient(self._endpoints[k], self._token, timeout_s=timeout_s)
 
-    def _one(self, k: int) -> dict[str, Any] | None:
+    def _one(self, k: int) -> ShadowStatus | None:
         from shadowgrad.shadow.control import ControlError
 
         try:
             with self._client(k, self._poll_timeout_s) as c:
-                st: dict[str, Any] = c.status(timeline=0)
-                return st
+                return c.status_typed(timeline=0)
         except ControlError as e:
             if e.code == "bad_token":
                 self.ev["shadow_refused_token"] += 1
@@ -224,9 +230,9 @@ class Controller:
             log.debug("status of shadow %d failed: %s", k, e)
             return None
 
-    def _poll_shadows(self) -> dict[int, dict[str, Any] | None]:
+    def _poll_shadows(self) -> dict[int, ShadowStatus | None]:
         futs = {k: self._pool.submit(self._one, k) for k in range(self.spec.shadows.count)}
-        out: dict[int, dict[str, Any] | None] = {}
+        out: dict[int, ShadowStatus | None] = {}
         for k, f in futs.items():
             try:
                 out[k] = f.result(timeout=self._poll_timeout_s + 1.0)
@@ -244,17 +250,21 @@ class Controller:
 
     # ---------------------------------------------------------------- detection
 
+    def _generation_seen(self) -> int:
+        """The newest generation a shadow that answered the last poll serves (0: none)."""
+        return max((s.generation for s in self.statuses.values() if s), default=0)
+
     def trainers_signal(self) -> dict[str, Any]:
         """What the shadows (and the switch) say about the trainers."""
-        sts = [s for s in self.statuses.values() if s is not None and s.get("loaded")]
-        silent = [float(s["trainers_silent_s"]) for s in sts if "trainers_silent_s" in s]
+        sts = [s for s in self.statuses.values() if s is not None and s.loaded]
+        silent = [s.trainers_silent_s for s in sts]
         ranks: dict[str, dict[str, Any]] = {}
         for s in sts:
-            for r, d in (s.get("ranks") or {}).items():
-                cur = ranks.get(r)
-                if cur is None or float(d["silent_s"]) < float(cur["silent_s"]):
-                    ranks[r] = dict(d)
-        newest = max((int(s.get("newest_seen", -1)) for s in sts), default=None)
+            for r, d in s.ranks.items():
+                cur = ranks.get(str(r))
+                if cur is None or d.silent_s < float(cur["silent_s"]):
+                    ranks[str(r)] = d.to_json()
+        newest = max((s.newest_seen for s in sts), default=None)
         out: dict[str, Any] = {
             "silent_s": min(silent) if silent else None,
             "ranks": ranks,
@@ -307,12 +317,12 @@ class Controller:
                             log,
                             "controller.shadow_back",
                             shadow=k,
-                            loaded=bool(st.get("loaded")),
-                            last_applied=st.get("last_applied"),
+                            loaded=st.loaded,
+                            last_applied=st.last_applied,
                         )
-                if m.rejoining and st.get("loaded") and st.get("diverged_at") is None:
+                if m.rejoining and st.loaded and st.diverged_at is None:
                     it = self.trainers_signal().get("iteration")
-                    la = st.get("last_applied")
+                    la = st.last_applied
                     if la is not None and (
                         it is None or int(it) - int(la) <= self.opts.lag_iterations
                     ):
@@ -364,9 +374,7 @@ class Controller:
         if silent is None:
             return  # no loaded shadow: nothing to say about the trainers yet
         if self.state == "finished":
-            gen = max(
-                (int(s.get("generation") or 0) for s in self.statuses.values() if s), default=0
-            )
+            gen = self._generation_seen()
             if self._generation_at_failure is None:
                 self._generation_at_failure = gen  # finished before the first poll
             elif silent < fd and gen > self._generation_at_failure:
@@ -378,9 +386,7 @@ class Controller:
             if silent >= fd:
                 self._trainers_failed(sig, evidence="shadows")
         elif self.state in ("trainers_failed", "restoring") and silent < fd:
-            gen = max(
-                (int(s.get("generation") or 0) for s in self.statuses.values() if s), default=0
-            )
+            gen = self._generation_seen()
             newer = self._generation_at_failure is None or gen > self._generation_at_failure
             istar = (self.istar or {}).get("istar")
             # a paused job that goes on (same generation) sends iterations past I* + 1
@@ -407,9 +413,7 @@ class Controller:
         }
         self.detections.append(self.failure)
         self.ev["trainer_failures"] += 1
-        self._generation_at_failure = max(
-            (int(s.get("generation") or 0) for s in self.statuses.values() if s), default=0
-        )
+        self._generation_at_failure = self._generation_seen()
         event(
             log,
             "controller.trainer_failed",
@@ -463,7 +467,7 @@ class Controller:
             interval_s=max(0.05, t.gap_repair_s),
             timeout_s=t.failure_detect_s,
         )
-        self.statuses = {k: (None if v is None else dict(v)) for k, v in statuses.items()}
+        self.statuses = statuses
         point = restore_point(
             statuses, num_shards=self.spec.num_shards, replication=self.spec.shadows.replication
         )
@@ -489,9 +493,7 @@ class Controller:
                     self._release(k, (self.istar or {}).get("istar"))
             self.held = held
         doc["held"] = list(self.held)
-        doc["generation_seen"] = max(
-            (int(s.get("generation") or 0) for s in statuses.values() if s), default=0
-        )
+        doc["generation_seen"] = self._generation_seen()
         self.istar = doc
         event(
             log,
@@ -526,7 +528,7 @@ class Controller:
                 self._set("restoring", f"restart requested by {requester}")
                 return dict(self.istar)
             self.statuses = self._poll_statuses()
-            if not any(s is not None and s.get("loaded") for s in self.statuses.values()):
+            if not any(s is not None and s.loaded for s in self.statuses.values()):
                 # a new job (no shadow holds state yet): not a failure
                 point = restore_point(
                     self.statuses,
@@ -536,10 +538,7 @@ class Controller:
                 return {
                     **point.to_json(),
                     "held": [],
-                    "generation_seen": max(
-                        (int(s.get("generation") or 0) for s in self.statuses.values() if s),
-                        default=0,
-                    ),
+                    "generation_seen": self._generation_seen(),
                 }
             self._trainers_failed(
                 self.trainers_signal(), evidence="restart request", requester=requester
@@ -632,6 +631,16 @@ class Controller:
             return None
         return None if point.fresh else point.istar
 
+    def _member_json(self, k: int, m: _Member) -> dict[str, Any]:
+        st = self.statuses.get(k)
+        return {
+            "reachable": m.reachable,
+            "failed": m.failed,
+            "rejoining": m.rejoining,
+            "last_applied": None if st is None else st.last_applied,
+            "diverged_at": None if st is None else st.diverged_at,
+        }
+
     def status(self) -> dict[str, Any]:
         with self._lock:
             return {
@@ -647,16 +656,7 @@ class Controller:
                 "held": list(self.held),
                 "failure": self.failure,
                 "detections": len(self.detections),
-                "shadows": {
-                    str(k): {
-                        "reachable": m.reachable,
-                        "failed": m.failed,
-                        "rejoining": m.rejoining,
-                        "last_applied": (self.statuses.get(k) or {}).get("last_applied"),
-                        "diverged_at": (self.statuses.get(k) or {}).get("diverged_at"),
-                    }
-                    for k, m in self.members.items()
-                },
+                "shadows": {str(k): self._member_json(k, m) for k, m in self.members.items()},
                 "switch": None
                 if self.driver is None
                 else {"converge": self.converge_reports[-1] if self.converge_reports else None},
@@ -687,18 +687,17 @@ class Controller:
                 log.warning("controller reply failed: %s", e)
 
     def _serve(self, head: bytes) -> dict[str, Any]:
-        try:
-            req = json.loads(head)
-            if not isinstance(req, Mapping):
-                raise ValueError("request is not an object")
-        except ValueError as e:
-            self.ev["control_bad_request"] += 1
-            return {"ok": False, "code": "bad_request", "error": f"not JSON: {e}"}
-        tok = req.get("token")
-        if not isinstance(tok, str) or not hmac.compare_digest(tok.encode(), self._token.encode()):
-            self.ev["control_bad_token"] += 1
-            event(log, "controller.control_bad_token", level=logging.WARNING, op=str(req.get("op")))
-            return {"ok": False, "code": "bad_token", "error": "wrong or missing job token"}
+        req, refused = check_request(head, self._token)
+        if refused is not None:
+            self.ev[f"control_{refused['code']}"] += 1
+            if refused["code"] == "bad_token":
+                event(
+                    log,
+                    "controller.control_bad_token",
+                    level=logging.WARNING,
+                    op=str(req.get("op")),
+                )
+            return refused
         op = req.get("op")
         self.ev[f"control_{op}"] += 1
         try:
@@ -714,7 +713,7 @@ class Controller:
                     # from no statuses made its first poll look like "a new run"), else what
                     # the shadows serve
                     gen = req.get("generation")
-                    seen = [int(s.get("generation") or 0) for s in self.statuses.values() if s]
+                    seen = [s.generation for s in self.statuses.values() if s]
                     finished = gen if isinstance(gen, int) else (max(seen) if seen else None)
                     if self.state in ("trainers_failed", "restoring") and (
                         finished is None

@@ -304,33 +304,29 @@ class ForwardStage(_Stage):
         hosts = [*job.trainers, *job.shadows]
         tag = job.owner_tag
         for h in hosts:
-            out.add(
-                Entry.make(
+            # (table, match, action, params) of the host's route, L2 entry and flood entry
+            entries: tuple[tuple[str, Mapping[str, MatchValue], str, Mapping[str, int]], ...] = (
+                (
                     "SgIngress.ipv4_forward",
                     {"hdr.ipv4.dstAddr": (h.ip, 32)},
                     "SgIngress.route",
                     {"port": h.port, "dmac": h.mac},
-                    metadata=tag,
-                )
-            )
-            out.add(
-                Entry.make(
+                ),
+                (
                     "SgIngress.l2_forward",
                     {"hdr.ethernet.dstAddr": h.mac},
                     "SgIngress.bridge",
                     {"port": h.port},
-                    metadata=tag,
-                )
-            )
-            out.add(
-                Entry.make(
+                ),
+                (
                     "SgIngress.l2_flood",
                     {"standard_metadata.ingress_port": h.port},
                     "SgIngress.flood",
                     {"grp": job.flood_gid(base)},
-                    metadata=tag,
-                )
+                ),
             )
+            for table, match, action, params in entries:
+                out.add(Entry.make(table, match, action, params, metadata=tag))
         out.groups[job.flood_gid(base)] = frozenset((h.port, 0) for h in hosts)
 
     def owns(self, job: _Job, e: Entry, base: int | None) -> bool:

@@ -44,6 +44,7 @@ from typing import Any, NamedTuple, Protocol
 from shadowgrad.config import JobSpec
 from shadowgrad.errors import ShadowgradError, ShadowgradTimeout
 from shadowgrad.layout import shadows_of_shard
+from shadowgrad.replies import ShadowStatus
 from shadowgrad.restore import NoRestorePointError, restore_point, usable_iteration
 
 __all__ = [
@@ -124,7 +125,7 @@ class Reply(NamedTuple):
     error code (``timeout``, ``unreachable``, or the code it answered, e.g. ``bad_token``),
     its text, and whether the shadow answered at all."""
 
-    status: Mapping[str, Any] | None
+    status: ShadowStatus | None
     code: str | None = None
     error: str | None = None
     reachable: bool = True
@@ -169,7 +170,7 @@ def _poll(spec: JobSpec, token: str, timeout_s: float) -> dict[int, Reply]:
         ep = f"tcp://{spec.shadows.control_endpoint(k)}"
         try:
             with ShadowClient(ep, token, timeout_s=timeout_s, context=ctx) as c:
-                return Reply(c.status(timeline=0))
+                return Reply(c.status_typed(timeline=0))
         except ShadowgradTimeout:
             return Reply(None, "timeout", f"no reply from {ep} within {timeout_s:g}s", False)
         except ControlError as e:  # it answered, but refused (bad_token, ...)
@@ -230,11 +231,9 @@ def _rate(new: Any, old: Any, dt: float | None) -> float | None:
 
 def _shadow_row(spec: JobSpec, k: int, reply: Reply) -> dict[str, Any]:
     num_shards = spec.num_shards
-    status = reply.status
-    s = status or {}
-    counters = s.get("counters") or {}
-    events = s.get("events") or {}
-    drops = drops_of(counters)
+    s = reply.status
+    drops = drops_of(s.counters) if s is not None else {}
+    events = s.events if s is not None else {}
     return {
         "id": k,
         "endpoint": f"tcp://{spec.shadows.control_endpoint(k)}",
@@ -243,18 +242,18 @@ def _shadow_row(spec: JobSpec, k: int, reply: Reply) -> dict[str, Any]:
         "error_code": reply.code,
         "shard": k % num_shards,
         "replica": k // num_shards,
-        "loaded": bool(s.get("loaded")) if status is not None else None,
-        "last_applied": s.get("last_applied"),
-        "last_ready": s.get("last_ready"),
-        "newest_seen": s.get("newest_seen"),
-        "istar_view": s.get("istar"),
+        "loaded": None if s is None else s.loaded,
+        "last_applied": None if s is None else s.last_applied,
+        "last_ready": None if s is None else s.last_ready,
+        "newest_seen": None if s is None else s.newest_seen,
+        "istar_view": None if s is None else s.istar,
         "lag": None,
-        "lag_threshold": lag_threshold(s.get("window")),
-        "diverged_at": s.get("diverged_at"),
-        "generation": s.get("generation"),
-        "window": s.get("window"),
-        "buffered": s.get("buffered"),
-        "trainers_silent_s": s.get("trainers_silent_s"),
+        "lag_threshold": lag_threshold(None if s is None else s.window),
+        "diverged_at": None if s is None else s.diverged_at,
+        "generation": None if s is None else s.generation,
+        "window": None if s is None else s.window,
+        "buffered": None if s is None else s.buffered,
+        "trainers_silent_s": None if s is None else s.trainers_silent_s,
         "health": "unreachable",
         "drops": drops,
         "drops_total": sum(drops.values()),
@@ -287,14 +286,8 @@ def build(
     problems: list[str] = []
 
     # trainers: as the shadows hear them
-    seen = [int(s["newest_seen"]) for s in answering.values() if s.get("newest_seen") is not None]
-    iteration = max(seen) if seen else None
-    silent = [
-        float(s["trainers_silent_s"])
-        for s in answering.values()
-        if s.get("trainers_silent_s") is not None
-    ]
-    silent_s = min(silent) if silent else None
+    iteration = max((s.newest_seen for s in answering.values()), default=None)
+    silent_s = min((s.trainers_silent_s for s in answering.values()), default=None)
     alive = None if silent_s is None else silent_s < t.failure_detect_s
     state = "unknown" if alive is None else "running" if alive else "silent"
     trainers: dict[str, Any] = {
@@ -345,7 +338,7 @@ def build(
             )
 
     # every shadow
-    loaded_gens = [int(s.get("generation") or 0) for s in answering.values() if s.get("loaded")]
+    loaded_gens = [s.generation for s in answering.values() if s.loaded]
     job_gen = max(loaded_gens) if loaded_gens else None
     for row in rows:
         k = row["id"]
@@ -359,7 +352,7 @@ def build(
             else:
                 problems.append(f"{where} unreachable: {row['error']}")
             continue
-        if not s.get("loaded"):
+        if not s.loaded:
             row["health"] = "unloaded"
             problems.append(f"shadow {k} is not loaded (holds no state)")
             continue
@@ -392,7 +385,7 @@ def build(
     for shard in range(num_shards):
         members = shadows_of_shard(shard, num_shards, replication)
         ans = [m for m in members if statuses[m] is not None]
-        usable = [m for m in ans if usable_iteration(statuses[m] or {}) is not None]
+        usable = [m for m in ans if usable_iteration(answering[m]) is not None]
         healthy = [m for m in members if rows[m]["health"] in ("ok", "lagging")]
         st = "unavailable" if not usable else "ok" if len(healthy) == len(members) else "degraded"
         if st == "unavailable":

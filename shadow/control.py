@@ -8,7 +8,9 @@ followed by binary frames (``load`` only). Every reply is a JSON header frame
 (``"param"`` or an optimizer state key), dtype and shape, and the CRC-32C (``wire.crc``) of each
 of its chunk frames (at most :data:`CHUNK_BYTES` each). Receivers verify every chunk before use.
 
-Ops: ``status``, ``hold``, ``release``, ``fetch``, ``load``, ``snapshot`` (see docs/shadow.md).
+Ops: ``status``, ``hold``, ``release``, ``fetch``, ``load``, ``snapshot``, ``config`` (see
+docs/shadow.md); the client reads ``status`` and ``config`` into :class:`ShadowStatus` and
+:class:`ShadowConfig` (:mod:`shadowgrad.replies`).
 ``fetch`` replies and ``load`` requests also carry the COMMIT record of the iteration
 (``"commit"``, see :func:`commit_to_json`).
 
@@ -20,6 +22,7 @@ and the client (:mod:`shadowgrad.control_client`). The server is :mod:`shadowgra
 from __future__ import annotations
 
 from shadowgrad.control_client import FetchReply, FetchResult, ShadowClient
+from shadowgrad.replies import ShadowConfig, ShadowStatus
 from shadowgrad.tensorstream import (
     CHUNK_BYTES,
     ControlError,
@@ -35,6 +38,8 @@ __all__ = [
     "ShadowClient",
     "FetchResult",
     "FetchReply",
+    "ShadowStatus",
+    "ShadowConfig",
     "encode_states",
     "decode_states",
     "commit_to_json",

@@ -21,7 +21,6 @@ handled.
 from __future__ import annotations
 
 import contextlib
-import hmac
 import json
 import logging
 import socket
@@ -39,6 +38,7 @@ import zmq
 
 from shadowgrad import wire
 from shadowgrad._addr import canonical, resolve
+from shadowgrad._control_server import check_request
 from shadowgrad._log import event
 from shadowgrad.config import JobSpec
 from shadowgrad.errors import LayoutError, ShadowgradError, WireError
@@ -48,6 +48,7 @@ from shadowgrad.optspec import OptimizerSpec
 from shadowgrad.shadow.assembly import IntervalSet, IterBuffer, ShardGeometry
 from shadowgrad.shadow.control import (
     ControlError,
+    FetchResult,
     ShadowClient,
     commit_from_json,
     commit_to_json,
@@ -65,6 +66,8 @@ log = logging.getLogger(__name__)
 #: wire encoding of "no iteration" (-1) in READY records' u64 fields
 NONE_ITER = (1 << 64) - 1
 _UNKNOWN = -2  # internal: nothing known
+#: what a control call to a replica (clone, resync) may fail with: skip that replica
+_PEER_ERRORS = (ShadowgradError, zmq.ZMQError, KeyError, ValueError)
 
 
 def _enc(i: int) -> int:
@@ -747,12 +750,10 @@ class ShadowNode:
                     # iteration's retained copy, and the restarted trainers fill the hole.
                     if not rec.waited_silent:
                         rec.waited_silent = True
-                        self.ev["repair_trainers_silent"] += 1
-                        event(
-                            log,
-                            "shadow.repair_waiting",
-                            level=logging.INFO,
-                            shadow=self.id,
+                        self._note(
+                            "repair_waiting",
+                            logging.INFO,
+                            counter="repair_trainers_silent",
                             iteration=i,
                             silent_s=round(now - self._trainer_rx_at, 3),
                         )
@@ -833,14 +834,11 @@ class ShadowNode:
         if self._diverged_at is not None and self._diverged_at <= it:
             return
         self._diverged_at = it
-        self.ev["diverged"] += 1
         ld = self._ld
         assert ld is not None
-        event(
-            log,
-            "shadow.diverged",
-            level=logging.WARNING,
-            shadow=self.id,
+        self._note(
+            "diverged",
+            logging.WARNING,
             shard=ld.shard,
             iteration=it,
             last_applied=self._last_applied,
@@ -904,15 +902,7 @@ class ShadowNode:
                 self._cond.notify_all()  # a hold waiting for this step (_op_hold)
                 if gen != self._gen:
                     return
-                self.ev["replay_failed"] += 1
-                event(
-                    log,
-                    "shadow.replay_failed",
-                    level=logging.ERROR,
-                    shadow=self.id,
-                    iteration=i,
-                    error=str(failed),
-                )
+                self._note("replay_failed", logging.ERROR, iteration=i, error=str(failed))
                 self._diverge(i, rec.buf.cov.total)
             return
         with self._lock:
@@ -957,42 +947,31 @@ class ShadowNode:
             if sid == self.id or self._ld is not None or self._stop.is_set():
                 continue
             try:
-                with ShadowClient(
-                    self._peer_control(sid), self._token, timeout_s=self.spec.timeouts.rpc_s
-                ) as client:
-                    cfg, _ = client.call("config")
-                    if cfg.get("diverged_at") is not None:
+                with self._peer_client(sid) as client:
+                    cfg = client.config()
+                    if cfg.diverged_at is not None:
                         continue
-                    layout = Layout.from_json(cfg["layout"])
-                    res = client.fetch(None, timeout_s=max(self.spec.timeouts.rpc_s, 30.0))
-            except (ShadowgradError, zmq.ZMQError, KeyError, ValueError) as e:
+                    layout = Layout.from_json(cfg.layout)
+                    res = self._peer_fetch(client)
+            except _PEER_ERRORS as e:
                 if not isinstance(e, ControlError) or e.code != "not_loaded":
                     self.ev["clone_failed"] += 1
                     log.debug("shadow %d: clone from shadow %d failed: %s", self.id, sid, e)
                 continue
-            opt_json = str(cfg["optimizer"])
             try:
                 self._load_state(
                     layout,
                     res.iteration,
                     res.states,
-                    opt_json,
-                    OptimizerSpec.from_json(opt_json),
+                    cfg.optimizer,
+                    OptimizerSpec.from_json(cfg.optimizer),
                     commit=res.commit,
-                    generation=int(cfg.get("generation") or 0),
+                    generation=cfg.generation,
                     reseed=False,
                     source=f"shadow {sid}",
                 )
             except (ShadowgradError, ReplayError) as e:
-                self.ev["clone_failed"] += 1
-                event(
-                    log,
-                    "shadow.clone_failed",
-                    level=logging.WARNING,
-                    shadow=self.id,
-                    replica=sid,
-                    error=str(e),
-                )
+                self._note("clone_failed", logging.WARNING, replica=sid, error=str(e))
                 continue
             self.ev["cloned"] += 1
             return
@@ -1013,25 +992,14 @@ class ShadowNode:
             # prefer replicas known to be past the hole
             replicas.sort(key=lambda s: -(self._peers[s].last_applied if s in self._peers else -9))
         for sid in replicas:
-            endpoint = self._peer_control(sid)
             try:
-                with ShadowClient(
-                    endpoint, self._token, timeout_s=self.spec.timeouts.rpc_s
-                ) as client:
-                    st = client.status(timeline=0)
-                    if st.get("diverged_at") is not None or int(st["last_applied"]) < d:
+                with self._peer_client(sid) as client:
+                    st = client.status_typed(timeline=0)
+                    if st.diverged_at is not None or st.last_applied is None or st.last_applied < d:
                         continue
-                    res = client.fetch(None, timeout_s=max(self.spec.timeouts.rpc_s, 30.0))
-            except (ShadowgradError, zmq.ZMQError, KeyError, ValueError) as e:
-                self.ev["resync_failed"] += 1
-                event(
-                    log,
-                    "shadow.resync_failed",
-                    level=logging.WARNING,
-                    shadow=self.id,
-                    replica=sid,
-                    error=str(e),
-                )
+                    res = self._peer_fetch(client)
+            except _PEER_ERRORS as e:
+                self._note("resync_failed", logging.WARNING, replica=sid, error=str(e))
                 continue
             self._install(res.iteration, res.states, source=f"shadow {sid}", commit=res.commit)
             return
@@ -1039,6 +1007,30 @@ class ShadowNode:
     def _peer_control(self, sid: int) -> str:
         ep = self._peer_controls.get(sid)
         return ep if ep is not None else f"tcp://{self.spec.shadows.control_endpoint(sid)}"
+
+    def _peer_client(self, sid: int) -> ShadowClient:
+        return ShadowClient(
+            self._peer_control(sid), self._token, timeout_s=self.spec.timeouts.rpc_s
+        )
+
+    def _peer_fetch(self, client: ShadowClient) -> FetchResult:
+        """The newest state a replica holds (clone, resync): a whole shard, a longer deadline."""
+        return client.fetch(None, timeout_s=max(self.spec.timeouts.rpc_s, 30.0))
+
+    def _note(
+        self,
+        name: str,
+        level: int,
+        *,
+        counter: str | None = None,
+        count: bool = True,
+        **fields: Any,
+    ) -> None:
+        """Log the event ``shadow.<name>`` of this shadow and, with ``count``, count it in
+        :attr:`ev` as ``counter`` (default: ``name``)."""
+        if count:
+            self.ev[counter or name] += 1
+        event(log, f"shadow.{name}", level=level, shadow=self.id, **fields)
 
     def set_peer_control(self, shadow_id: int, endpoint: str) -> None:
         """Tell this node where shadow ``shadow_id`` serves its control endpoint."""
@@ -1059,15 +1051,7 @@ class ShadowNode:
             with self._state_lock:
                 ld.replayer.load(iteration, boxes)
         except (KeyError, ReplayError) as e:
-            self.ev["resync_failed"] += 1
-            event(
-                log,
-                "shadow.resync_failed",
-                level=logging.WARNING,
-                shadow=self.id,
-                source=source,
-                error=str(e),
-            )
+            self._note("resync_failed", logging.WARNING, source=source, error=str(e))
             return
         with self._lock:
             self._gen += 1
@@ -1087,12 +1071,10 @@ class ShadowNode:
                         self._commits[iteration] = commit_to_json(c_it, c_rec)
                 except ControlError as e:
                     log.warning("shadow %d: resync from %s: bad COMMIT: %s", self.id, source, e)
-            self.ev["resynced"] += 1
-            event(
-                log,
-                "shadow.resync",
-                level=logging.WARNING,
-                shadow=self.id,
+            self._note(
+                "resync",
+                logging.WARNING,
+                counter="resynced",
                 shard=ld.shard,
                 source=source,
                 iteration=iteration,
@@ -1150,16 +1132,8 @@ class ShadowNode:
             try:
                 path = write_snapshot(Path(root), **kw)
             except ShadowgradError as e:
-                self.ev["snapshot_failed"] += 1
                 info["error"] = str(e)
-                event(
-                    log,
-                    "shadow.snapshot_failed",
-                    level=logging.ERROR,
-                    shadow=self.id,
-                    iteration=it,
-                    error=str(e),
-                )
+                self._note("snapshot_failed", logging.ERROR, iteration=it, error=str(e))
                 return
             info["path"] = str(path)
             info["seconds"] = time.monotonic() - t0
@@ -1202,24 +1176,13 @@ class ShadowNode:
                 log.warning("control reply failed: %s", e)
 
     def _serve(self, head: bytes, frames: list[memoryview]) -> tuple[dict[str, Any], list[Any]]:
-        try:
-            req = json.loads(head)
-            if not isinstance(req, dict):
-                raise ValueError("request is not an object")
-        except ValueError as e:
-            self.ev["control_bad_request"] += 1
-            return {"ok": False, "code": "bad_request", "error": f"not JSON: {e}"}, []
-        tok = req.get("token")
-        if not isinstance(tok, str) or not hmac.compare_digest(tok.encode(), self._token.encode()):
-            self.ev["control_bad_token"] += 1
-            event(
-                log,
-                "shadow.control_bad_token",
-                level=logging.WARNING,
-                shadow=self.id,
-                op=str(req.get("op")),
-            )
-            return {"ok": False, "code": "bad_token", "error": "wrong or missing job token"}, []
+        req, refused = check_request(head, self._token)
+        if refused is not None:
+            if refused["code"] == "bad_token":
+                self._note("control_bad_token", logging.WARNING, op=str(req.get("op")))
+            else:
+                self.ev["control_bad_request"] += 1
+            return refused, []
         op = req.get("op")
         handler = {
             "status": self._op_status,
@@ -1535,13 +1498,10 @@ class ShadowNode:
                 self._newest_seen = max(self._newest_seen, iteration)
             self._snap_next = self.spec.shadows.snapshot_every
             self.ev["loads"] += 1
-            if reseed:
-                self.ev["seeded"] += 1
-            event(
-                log,
-                "shadow.seeded" if reseed else "shadow.load",
-                level=logging.WARNING if reseed else logging.INFO,
-                shadow=self.id,
+            self._note(
+                "seeded" if reseed else "load",
+                logging.WARNING if reseed else logging.INFO,
+                count=reseed,
                 shard=shard,
                 replica=replica,
                 iteration=iteration,

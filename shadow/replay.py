@@ -412,19 +412,24 @@ class ShardReplayer:
         for idxs in self._by_dtype:
             torch._foreach_mul_([grads[i] for i in idxs], coef_t)
 
+    def _diverged(self, iteration: int, reason: str, why: str) -> ReplayDivergedError:
+        """Log ``shadow.replay.diverged`` (``reason``: a label) and the error to raise."""
+        event(
+            logger,
+            "shadow.replay.diverged",
+            logging.WARNING,
+            shard=self.shard,
+            iteration=iteration,
+            reason=reason,
+        )
+        return ReplayDivergedError(f"shard {self.shard} iteration {iteration}: {why}")
+
     def _check_found(self, iteration: int, found: bool, skipped: bool) -> None:
         if found and not skipped:
-            event(
-                logger,
-                "shadow.replay.diverged",
-                logging.WARNING,
-                shard=self.shard,
-                iteration=iteration,
-                reason="nonfinite_grad_not_skipped",
-            )
-            raise ReplayDivergedError(
-                f"shard {self.shard} iteration {iteration}: non-finite gradients, but the COMMIT"
-                " says the trainer did not skip the step"
+            raise self._diverged(
+                iteration,
+                "nonfinite_grad_not_skipped",
+                "non-finite gradients, but the COMMIT says the trainer did not skip the step",
             )
 
     def _check_fused_sgd_first_skip(self, iteration: int) -> None:
@@ -437,18 +442,11 @@ class ShardReplayer:
             if group["momentum"] != 0 and any(
                 "momentum_buffer" not in self._opt.state.get(p, {}) for p in group["params"]
             ):
-                event(
-                    logger,
-                    "shadow.replay.diverged",
-                    logging.WARNING,
-                    shard=self.shard,
-                    iteration=iteration,
-                    reason="fused_sgd_skipped_first_step",
-                )
-                raise ReplayDivergedError(
-                    f"shard {self.shard} iteration {iteration}: fused SGD skipped its first step"
-                    " under GradScaler; torch leaves the momentum buffer uninitialised on the"
-                    " trainer, so it cannot be replayed"
+                raise self._diverged(
+                    iteration,
+                    "fused_sgd_skipped_first_step",
+                    "fused SGD skipped its first step under GradScaler; torch leaves the momentum"
+                    " buffer uninitialised on the trainer, so it cannot be replayed",
                 )
 
     def _apply(

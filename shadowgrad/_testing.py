@@ -67,25 +67,44 @@ def loopback_spec(
             "trainer_ports": list(range(1, world + 1)),
             "shadow_ports": list(range(world + 1, world + shadows + 1)),
         }
+    return _spec(
+        {"id": job_id, "name": "trainer-test", "mode": mode},
+        [f"127.0.0.1:{p}" for p in tports[:world]],
+        [f"127.0.0.1:{p}" for p in udp[world:]],
+        switch,
+        world=world,
+        replication=replication,
+        timeouts={"gap_repair": gap_repair, "heartbeat": heartbeat, "rpc": rpc},
+    )
+
+
+def _spec(
+    job: dict[str, Any],
+    trainers: list[str],
+    shadows: list[str],
+    switch: dict[str, Any],
+    *,
+    world: int,
+    replication: int,
+    timeouts: dict[str, str],
+) -> dict[str, Any]:
+    """The spec dict of a test job: ``world`` gloo trainers and the shadows at these addresses,
+    the shadows' control ports at a free base, failure detection in 2 s."""
     return {
-        "job": {"id": job_id, "name": "trainer-test", "mode": mode},
-        "trainers": {
-            "world_size": world,
-            "addresses": [f"127.0.0.1:{p}" for p in tports[:world]],
-            "backend": "gloo",
-        },
+        "job": job,
+        "trainers": {"world_size": world, "addresses": trainers, "backend": "gloo"},
         "shadows": {
-            "count": shadows,
+            "count": len(shadows),
             "replication": replication,
-            "addresses": [f"127.0.0.1:{p}" for p in udp[world:]],
-            "control_port": _free_tcp_base(shadows),
+            "addresses": shadows,
+            "control_port": _free_tcp_base(len(shadows)),
         },
         "switch": switch,
         "timeouts": {
-            "gap_repair": gap_repair,
-            "heartbeat": heartbeat,
+            "gap_repair": timeouts["gap_repair"],
+            "heartbeat": timeouts["heartbeat"],
             "failure_detect": "2s",
-            "rpc": rpc,
+            "rpc": timeouts["rpc"],
             "connect": "20s",
         },
         "security": {"token_env": "SHADOWGRAD_TOKEN"},
@@ -132,34 +151,20 @@ def switch_spec(
     tports = list(range(1, world + 1))
     sports = list(range(world + 1, world + shadows + 1))
     base = _free_udp_ports([*tports, *sports, 510])
-    return {
-        "job": {"id": job_id, "name": "switch-test", "mode": "in-band"},
-        "trainers": {
-            "world_size": world,
-            "addresses": [f"127.{n}.{t}.{i + 1}" for i in range(world)],
-            "backend": "gloo",
-        },
-        "shadows": {
-            "count": shadows,
-            "replication": replication,
-            "addresses": [f"127.{n}.{t}.{101 + i}" for i in range(shadows)],
-            "control_port": _free_tcp_base(shadows),
-        },
-        "switch": {
+    return _spec(
+        {"id": job_id, "name": "switch-test", "mode": "in-band"},
+        [f"127.{n}.{t}.{i + 1}" for i in range(world)],
+        [f"127.{n}.{t}.{101 + i}" for i in range(shadows)],
+        {
             "target": "bmv2_testbed",
             "trainer_ports": tports,
             "shadow_ports": sports,
             "loopback": f"127.0.0.1:{base}",
         },
-        "timeouts": {
-            "gap_repair": gap_repair,
-            "heartbeat": heartbeat,
-            "failure_detect": "2s",
-            "rpc": rpc,
-            "connect": "20s",
-        },
-        "security": {"token_env": "SHADOWGRAD_TOKEN"},
-    }
+        world=world,
+        replication=replication,
+        timeouts={"gap_repair": gap_repair, "heartbeat": heartbeat, "rpc": rpc},
+    )
 
 
 def spec_toml(doc: dict[str, Any]) -> str:

@@ -6,10 +6,17 @@ followed by binary frames (``load`` only). Every reply is a JSON header frame
 (``fetch`` only). Tensors travel as a tensor stream (:mod:`shadowgrad.tensorstream`).
 
 Shadow ops (:class:`ShadowClient`): ``status``, ``hold``, ``release``, ``fetch``, ``load``,
-``snapshot`` (see docs/shadow.md); ``fetch`` replies and ``load`` requests also carry the
-COMMIT record of the iteration (``"commit"``, see :func:`~shadowgrad.tensorstream.commit_to_json`).
-The controller's endpoint speaks the same protocol (:class:`ControllerClient`: ``status``,
-``restore_point``, ``finished``, ``release``).
+``snapshot``, ``config`` (see docs/shadow.md); ``fetch`` replies and ``load`` requests also carry
+the COMMIT record of the iteration (``"commit"``, see
+:func:`~shadowgrad.tensorstream.commit_to_json`). The controller's endpoint speaks the same
+protocol (:class:`ControllerClient`: ``status``, ``restore_point``, ``finished``, ``release``).
+
+Replies are read into typed dataclasses (:mod:`shadowgrad.replies`): ``status_typed`` gives a
+:class:`~shadowgrad.replies.ShadowStatus`, ``config`` a :class:`~shadowgrad.replies.ShadowConfig`,
+``fetch_raw`` a :class:`FetchReply`, the controller's ``status`` and ``restore_point`` a
+:class:`~shadowgrad.replies.ControllerStatus` and :class:`~shadowgrad.replies.RestorePointReply`.
+``ShadowClient.status`` (and ``hold``, ``release``, ``load``, ``snapshot``) still return the
+reply header as a dict, for the tools and tests that keep or print it whole.
 
 In core so that the trainer hooks, the controller and the shadows share one client; the server
 side is the shadow node (``shadowgrad.shadow.node``) and the controller service.
@@ -26,6 +33,13 @@ import torch
 import zmq
 
 from shadowgrad.errors import ShadowgradTimeout
+from shadowgrad.replies import (
+    ControllerStatus,
+    RestorePointReply,
+    ShadowConfig,
+    ShadowStatus,
+    _Reader,
+)
 from shadowgrad.tensorstream import ControlError, decode_states, encode_states
 
 __all__ = [
@@ -35,6 +49,10 @@ __all__ = [
     "FetchResult",
     "FetchReply",
     "ControlError",
+    "ShadowStatus",
+    "ShadowConfig",
+    "ControllerStatus",
+    "RestorePointReply",
 ]
 
 
@@ -53,12 +71,30 @@ class FetchResult:
 class FetchReply:
     """A ``fetch`` reply before decoding: the tensor stream's ``entries`` and chunk ``frames``
     as they came (for a caller that forwards them; :func:`decode_states` verifies and decodes),
-    and the COMMIT record of ``iteration`` (None when the shadow has none)."""
+    the COMMIT record of ``iteration`` (None when the shadow has none), and the ``shard`` and
+    ``generation`` the shadow serves (None when not read from a reply)."""
 
     iteration: int
     entries: list[dict[str, Any]]
     frames: list[bytes]
     commit: dict[str, Any] | None = None
+    shard: int | None = None
+    generation: int | None = None
+
+    @classmethod
+    def from_wire(cls, header: Mapping[str, Any], frames: list[bytes]) -> FetchReply:
+        """Read a ``fetch`` reply (ControlError ``bad_reply`` when malformed; a ``commit``
+        that is not an object reads as none)."""
+        r = _Reader(header, "fetch reply")
+        commit = header.get("commit")
+        return cls(
+            r.integer("iteration"),
+            r.objects("entries"),
+            frames,
+            commit if isinstance(commit, dict) else None,
+            shard=r.integer("shard"),
+            generation=r.integer("generation"),
+        )
 
     def decode(self) -> FetchResult:
         """Verify every chunk and decode the states (ControlError)."""
@@ -144,14 +180,19 @@ class ControlClient:
 
 
 class ControllerClient(ControlClient):
-    """Blocking client of the controller's control endpoint (ops ``restore_point``,
-    ``finished``; ``status`` and ``release`` through :meth:`call`)."""
+    """Blocking client of the controller's control endpoint (ops ``status``,
+    ``restore_point``, ``finished``; ``release`` through :meth:`call`)."""
 
-    def restore_point(self, requester: str, timeout_s: float | None = None) -> dict[str, Any]:
+    def status(self, timeout_s: float | None = None) -> ControllerStatus:
+        """The controller's state machine, published restore point and counters."""
+        header, _ = self.call("status", timeout_s=timeout_s)
+        return ControllerStatus.from_wire(header)
+
+    def restore_point(self, requester: str, timeout_s: float | None = None) -> RestorePointReply:
         """The controller's restore point (``fresh``/``reachable`` or ``istar``/``source``/
         ``layout``, with ``generation_seen``); ``requester`` names the caller in its log."""
         header, _ = self.call("restore_point", timeout_s=timeout_s, requester=requester)
-        return header
+        return RestorePointReply.from_wire(header)
 
     def finished(
         self, iteration: int | None, generation: int, requester: str, timeout_s: float | None = None
@@ -174,8 +215,20 @@ class ShadowClient(ControlClient):
     # -- ops -----------------------------------------------------------------------------
 
     def status(self, timeline: int = 16) -> dict[str, Any]:
+        """The ``status`` reply header as it came (see :meth:`status_typed`)."""
         header, _ = self.call("status", timeline=timeline)
         return header
+
+    def status_typed(self, timeline: int = 16) -> ShadowStatus:
+        """The shadow's status, typed (ControlError ``bad_reply`` when malformed); its
+        ``timeline`` and ``pending`` (``timeline`` entries of each) are in ``raw``."""
+        return ShadowStatus.from_wire(self.status(timeline))
+
+    def config(self) -> ShadowConfig:
+        """Layout, optimizer and generation of the shard this shadow holds (``not_loaded``
+        when it holds none)."""
+        header, _ = self.call("config")
+        return ShadowConfig.from_wire(header)
 
     def hold(self, iteration: int) -> dict[str, Any]:
         header, _ = self.call("hold", iteration=iteration)
@@ -198,13 +251,7 @@ class ShadowClient(ControlClient):
             boxes=None if boxes is None else list(boxes),
             timeout_s=timeout_s,
         )
-        commit = header.get("commit")
-        return FetchReply(
-            int(header["iteration"]),
-            header["entries"],
-            frames,
-            commit if isinstance(commit, dict) else None,
-        )
+        return FetchReply.from_wire(header, frames)
 
     def fetch(
         self,

@@ -19,6 +19,7 @@ import enum
 from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
+from typing import TypeVar
 
 from shadowgrad.errors import BadFieldError, ShadowgradError
 
@@ -33,6 +34,8 @@ __all__ = [
     "layout_itemsize",
     "wire_code",
 ]
+
+_V = TypeVar("_V")
 
 
 class DType(enum.IntEnum):
@@ -118,24 +121,24 @@ if set(WIRE_ITEMSIZE) != set(DType):  # pragma: no cover - a table edit gone wro
     raise AssertionError(f"wire codes without a table entry: {set(DType) - set(WIRE_ITEMSIZE)}")
 
 
+def _lookup(table: Mapping[str, _V], name: str, *, layout: bool = False) -> _V:
+    """``table[name]`` for an index by dtype name (here and :mod:`shadowgrad.torch_dtypes`);
+    :class:`UnknownDTypeError` naming the supported ones (``layout``: a layout dtypes' index)."""
+    try:
+        return table[name]
+    except (KeyError, TypeError):
+        what = f"dtype {name!r} is not a layout dtype" if layout else f"unknown dtype {name!r}"
+        raise UnknownDTypeError(f"{what} (supported: {', '.join(table)})") from None
+
+
 def dtype_info(name: str) -> DTypeInfo:
     """The table entry of ``name`` (``"float32"``); :class:`UnknownDTypeError` if none."""
-    try:
-        return DTYPES[name]
-    except (KeyError, TypeError):
-        raise UnknownDTypeError(
-            f"unknown dtype {name!r} (supported: {', '.join(DTYPES)})"
-        ) from None
+    return _lookup(DTYPES, name)
 
 
 def layout_itemsize(name: str) -> int:
     """Itemsize of a layout dtype; :class:`UnknownDTypeError` for any other name."""
-    try:
-        return LAYOUT_ITEMSIZE[name]
-    except (KeyError, TypeError):
-        raise UnknownDTypeError(
-            f"dtype {name!r} is not a layout dtype (supported: {', '.join(LAYOUT_ITEMSIZE)})"
-        ) from None
+    return _lookup(LAYOUT_ITEMSIZE, name, layout=True)
 
 
 def wire_code(name: str) -> DType:

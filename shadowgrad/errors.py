@@ -15,6 +15,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ShadowgradError",
+    "KeyedValueError",
     "ConfigError",
     "LayoutError",
     "WireError",
@@ -29,6 +30,7 @@ __all__ = [
     "ForeignJobError",
     "LayoutMismatchError",
     "ShadowgradTimeout",
+    "ControlError",
     "P4RuntimeError",
 ]
 
@@ -37,12 +39,10 @@ class ShadowgradError(Exception):
     """Base class of every error shadowgrad raises on purpose."""
 
 
-class ConfigError(ShadowgradError, ValueError):
-    """A job spec (or an environment override) is invalid.
-
-    ``key`` is the dotted path of the offending key (``"shadows.replication"``), ``value`` the
-    bad value as found (``None`` when the key is missing).
-    """
+class KeyedValueError(ShadowgradError, ValueError):
+    """A document (job spec, optimizer spec) holds a bad value: ``key`` is the path of the
+    offending key, ``value`` the bad value as found (``None`` when the key is missing),
+    ``reason`` what is wrong with it."""
 
     def __init__(self, key: str, value: Any, reason: str) -> None:
         self.key = key
@@ -50,6 +50,14 @@ class ConfigError(ShadowgradError, ValueError):
         self.reason = reason
         shown = "<missing>" if value is None else repr(value)
         super().__init__(f"{key} = {shown}: {reason}")
+
+
+class ConfigError(KeyedValueError):
+    """A job spec (or an environment override) is invalid.
+
+    ``key`` is the dotted path of the offending key (``"shadows.replication"``), ``value`` the
+    bad value as found (``None`` when the key is missing).
+    """
 
 
 class LayoutError(ShadowgradError, ValueError):
@@ -137,6 +145,20 @@ class BadMacError(WireError):
 
 class ShadowgradTimeout(ShadowgradError, TimeoutError):  # noqa: N818 (reads as TimeoutError)
     """A blocking call gave up after its timeout."""
+
+
+class ControlError(ShadowgradError):
+    """A control request failed: bad token, bad request, unavailable state, corrupt stream.
+
+    ``code`` is a short machine-readable label (``bad_token``, ``bad_request``, ``unavailable``,
+    ``not_loaded``, ``checksum``, ``internal``; ``bad_reply`` on the client side: a reply it
+    cannot read). Defined here, torch-free, so that the typed replies
+    (:mod:`shadowgrad.replies`) can raise it; :mod:`shadowgrad.tensorstream` re-exports it.
+    """
+
+    def __init__(self, code: str, message: str) -> None:
+        self.code = code
+        super().__init__(f"{code}: {message}")
 
 
 class P4RuntimeError(ShadowgradError, RuntimeError):

@@ -46,7 +46,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, TypeAlias, cast
 
-from shadowgrad.errors import ShadowgradError
+from shadowgrad.errors import KeyedValueError
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -105,19 +105,12 @@ _HYPER: Mapping[str, Mapping[str, str]] = {
 _NOT_HYPER = frozenset({"params", "lr", "initial_lr"})
 
 
-class OptSpecError(ShadowgradError, ValueError):
+class OptSpecError(KeyedValueError):
     """An optimizer spec is invalid or describes an optimizer that cannot be replayed exactly.
 
     ``key`` is the path of the offending key (``"groups[1].hyper.eps"``, ``"type"``), ``value``
     the bad value as found (``None`` when missing).
     """
-
-    def __init__(self, key: str, value: Any, reason: str) -> None:
-        self.key = key
-        self.value = value
-        self.reason = reason
-        shown = "<missing>" if value is None else repr(value)
-        super().__init__(f"{key} = {shown}: {reason}")
 
 
 def _is_number(value: object) -> bool:

@@ -19,6 +19,7 @@ from typing import Any
 
 from shadowgrad.errors import ShadowgradError
 from shadowgrad.layout import shadows_of_shard
+from shadowgrad.replies import ShadowStatus, StatusLike, shadow_status, shadow_statuses
 
 __all__ = ["RestorePoint", "NoRestorePointError", "restore_point", "settle", "usable_iteration"]
 
@@ -52,40 +53,40 @@ class RestorePoint:
         }
 
 
-def usable_iteration(status: Mapping[str, Any]) -> int | None:
+def usable_iteration(status: StatusLike) -> int | None:
     """The newest iteration a loaded shadow can serve (``None``: it holds no state)."""
-    if not status.get("loaded") or status.get("last_applied") is None:
+    st = shadow_status(status)
+    if not st.loaded or st.last_applied is None:
         return None
-    usable = int(status["last_applied"])
-    hole = status.get("diverged_at")
-    if hole is not None:
-        usable = min(usable, int(hole) - 1)
-    return usable
+    if st.diverged_at is not None:
+        return min(st.last_applied, st.diverged_at - 1)
+    return st.last_applied
 
 
 def restore_point(
-    statuses: Mapping[int, Mapping[str, Any] | None],
+    statuses: Mapping[int, StatusLike | None],
     *,
     num_shards: int,
     replication: int,
     digest: str | None = None,
 ) -> RestorePoint:
-    """I* and its sources from ``statuses[shadow]`` (a shadow's ``status`` reply, or ``None``
-    when it does not answer), for a job of ``num_shards`` shards held ``replication`` times.
-    ``digest``: the layout the caller trains (None: whatever the shadows hold, as long as they
-    agree). Raises :class:`NoRestorePointError` when some shard has shadows that answer without
-    state, or none that answer, and ShadowgradError when a shadow holds another layout (another
-    job's state)."""
-    reachable = sum(s is not None for s in statuses.values())
-    loaded = {k: s for k, s in statuses.items() if s is not None and s.get("loaded")}
+    """I* and its sources from ``statuses[shadow]`` (a shadow's ``status`` reply, typed or as a
+    dict, or ``None`` when it does not answer), for a job of ``num_shards`` shards held
+    ``replication`` times. ``digest``: the layout the caller trains (None: whatever the shadows
+    hold, as long as they agree). Raises :class:`NoRestorePointError` when some shard has
+    shadows that answer without state, or none that answer, and ShadowgradError when a shadow
+    holds another layout (another job's state)."""
+    typed = shadow_statuses(statuses)
+    reachable = sum(s is not None for s in typed.values())
+    loaded = {k: s for k, s in typed.items() if s is not None and s.loaded}
     if not loaded:
         return RestorePoint(istar=-1, fresh=True, reachable=reachable)
     if digest is None:
-        digest = str(next(iter(loaded.values())).get("layout"))
+        digest = str(next(iter(loaded.values())).layout)
     for k, s in loaded.items():
-        if s.get("layout") != digest:
+        if s.layout != digest:
             raise ShadowgradError(
-                f"shadow {k} holds layout {str(s.get('layout'))[:16]}, this job uses "
+                f"shadow {k} holds layout {str(s.layout)[:16]}, this job uses "
                 f"{digest[:16]}: not this job's state (restart the shadows for a new job)"
             )
     best: list[tuple[int, int]] = []  # per shard: (usable, shadow)
@@ -97,7 +98,7 @@ def restore_point(
             if u is not None:
                 cands.append((u, k))
         if not cands:
-            answering = [k for k in members if statuses.get(k) is not None]
+            answering = [k for k in members if typed.get(k) is not None]
             if answering:
                 raise NoRestorePointError(
                     f"cannot restore: shard {shard}'s shadows {answering} answer but hold no "
@@ -106,7 +107,7 @@ def restore_point(
                 )
             raise NoRestorePointError(f"cannot restore: no shadow holding shard {shard} answers")
         best.append(max(cands))
-    gens = tuple(sorted({int(s.get("generation") or 0) for s in loaded.values()}))
+    gens = tuple(sorted({s.generation for s in loaded.values()}))
     return RestorePoint(
         istar=min(u for u, _ in best),
         source=tuple(k for _, k in best),
@@ -118,29 +119,31 @@ def restore_point(
 
 
 def settle(
-    poll: Callable[[], Mapping[int, Mapping[str, Any] | None]],
-    statuses: Mapping[int, Mapping[str, Any] | None],
+    poll: Callable[[], Mapping[int, StatusLike | None]],
+    statuses: Mapping[int, StatusLike | None],
     *,
     interval_s: float,
     timeout_s: float,
-) -> Mapping[int, Mapping[str, Any] | None]:
+) -> dict[int, ShadowStatus | None]:
     """Let the shadows finish what they can still apply before I* is fixed: the data of the
     iterations every rank completed may still be in flight or in repair. Polls (``poll()``)
     until no shadow's ``last_applied`` moved for three polls, at most ``timeout_s``; returns the
     last statuses."""
+
+    def applied(s: ShadowStatus | None) -> int | None:
+        return None if s is None else s.last_applied
+
     deadline = time.monotonic() + timeout_s
     quiet = 0
+    last = shadow_statuses(statuses)
     while (
         quiet < 3
         and time.monotonic() < deadline
-        and any(s is not None and s.get("loaded") for s in statuses.values())
+        and any(s is not None and s.loaded for s in last.values())
     ):
         time.sleep(interval_s)
-        now = poll()
-        moved = any(
-            (now.get(k) or {}).get("last_applied") != (statuses.get(k) or {}).get("last_applied")
-            for k in now
-        )
+        now = shadow_statuses(poll())
+        moved = any(applied(now.get(k)) != applied(last.get(k)) for k in now)
         quiet = 0 if moved else quiet + 1
-        statuses = now
-    return statuses
+        last = now
+    return last

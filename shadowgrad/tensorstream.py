@@ -22,7 +22,7 @@ import torch
 
 from shadowgrad import wire
 from shadowgrad.dtypes import DTYPES
-from shadowgrad.errors import ShadowgradError
+from shadowgrad.errors import ControlError
 from shadowgrad.torch_dtypes import TORCH_DTYPES
 
 __all__ = [
@@ -39,18 +39,6 @@ CHUNK_BYTES = 4 * 2**20
 
 #: what a tensor stream carries: every dtype of the one table (:mod:`shadowgrad.torch_dtypes`)
 _DTYPES = TORCH_DTYPES
-
-
-class ControlError(ShadowgradError):
-    """A control request failed: bad token, bad request, unavailable state, corrupt stream.
-
-    ``code`` is a short machine-readable label (``bad_token``, ``bad_request``, ``unavailable``,
-    ``not_loaded``, ``checksum``, ``internal``).
-    """
-
-    def __init__(self, code: str, message: str) -> None:
-        self.code = code
-        super().__init__(f"{code}: {message}")
 
 
 def _dtype_name(t: torch.Tensor) -> str:

@@ -12,7 +12,7 @@ from types import MappingProxyType
 
 import torch
 
-from shadowgrad.dtypes import DTYPES, LAYOUT_ITEMSIZE, DType, UnknownDTypeError
+from shadowgrad.dtypes import DTYPES, LAYOUT_ITEMSIZE, DType, UnknownDTypeError, _lookup
 
 __all__ = [
     "TORCH_DTYPES",
@@ -62,22 +62,12 @@ GRAD_WIRE_DTYPES: Mapping[torch.dtype, DType] = MappingProxyType(_grad_wire())
 
 def torch_dtype(name: str) -> torch.dtype:
     """``"float32"`` -> ``torch.float32`` for any dtype of the table (UnknownDTypeError)."""
-    try:
-        return TORCH_DTYPES[name]
-    except (KeyError, TypeError):
-        raise UnknownDTypeError(
-            f"unknown dtype {name!r} (supported: {', '.join(TORCH_DTYPES)})"
-        ) from None
+    return _lookup(TORCH_DTYPES, name)
 
 
 def layout_torch_dtype(name: str) -> torch.dtype:
     """``"float32"`` -> ``torch.float32`` for a layout dtype only (UnknownDTypeError)."""
-    try:
-        return LAYOUT_TORCH_DTYPES[name]
-    except (KeyError, TypeError):
-        raise UnknownDTypeError(
-            f"dtype {name!r} is not a layout dtype (supported: {', '.join(LAYOUT_TORCH_DTYPES)})"
-        ) from None
+    return _lookup(LAYOUT_TORCH_DTYPES, name, layout=True)
 
 
 def dtype_name(dtype: torch.dtype) -> str:

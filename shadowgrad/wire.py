@@ -67,6 +67,7 @@ __all__ = [
     "NackRange",
     "NackRecord",
     "encode_header",
+    "encode_parts",
     "encode",
     "decode",
     "peek_header",
@@ -249,8 +250,6 @@ def encode_header(
     Validates what the decoder would reject (ranges, flags, dtype alignment), so a sender never
     emits a datagram its peers will drop. For an authenticated datagram use :func:`seal`.
     """
-    if int(flags) & Flag.MAC:
-        raise BadFieldError("Flag.MAC is set by seal(), which computes the tag")
     return _header(
         kind,
         job=job,
@@ -303,6 +302,40 @@ def seal(
     )
 
 
+def encode_parts(
+    kind: Kind,
+    *,
+    key: bytes | None,
+    job: int,
+    sender: int,
+    iteration: int,
+    seq: int,
+    layout: int,
+    payload: bytes | bytearray | memoryview = b"",
+    flags: Flag | int = 0,
+    dtype: DType = DType.NONE,
+    bucket: int = 0,
+    offset: int = 0,
+) -> tuple[bytes, bytes]:
+    """``(header, tag)``: :func:`seal`'s with ``key``, else :func:`encode_header`'s and an empty
+    tag. Send ``header + payload + tag`` (for a sender that authenticates when it has a key)."""
+    return _header(
+        kind,
+        job=job,
+        sender=sender,
+        iteration=iteration,
+        seq=seq,
+        layout=layout,
+        payload=payload,
+        flags=flags if key is None else int(flags) | Flag.MAC,
+        dtype=dtype,
+        bucket=bucket,
+        offset=offset,
+        version=VERSION,
+        key=key,
+    )
+
+
 def _header(
     kind: Kind,
     *,
@@ -319,6 +352,8 @@ def _header(
     version: int,
     key: bytes | None,
 ) -> tuple[bytes, bytes]:
+    if key is None and int(flags) & Flag.MAC:
+        raise BadFieldError("Flag.MAC is set by seal(), which computes the tag")
     kind = Kind(kind)
     length = memoryview(payload).nbytes
     if length > MAX_PAYLOAD:
@@ -338,28 +373,10 @@ def _header(
         ("layout", layout),
     ):
         _check_range(name, value)
-    tag = b""
-    if key is not None:
-        if length + MAC_SIZE > MAX_PAYLOAD:
-            raise OversizeError(f"payload of {length} bytes + MAC exceeds MAX_PAYLOAD")
-        prefix = _PREFIX.pack(
-            MAGIC,
-            version,
-            kind,
-            flags,
-            dtype,
-            sender,
-            job,
-            bucket,
-            iteration,
-            seq,
-            offset,
-            layout,
-            length + MAC_SIZE,
-        )
-        tag = _tag(key, prefix, payload)
-        crc = _crc32c(tag, _crc32c(payload, _crc32c(prefix)))
-        return prefix + crc.to_bytes(4, "big"), tag
+    # with a key the length field counts the MAC tag that follows the payload
+    wire_length = length if key is None else length + MAC_SIZE
+    if wire_length > MAX_PAYLOAD:
+        raise OversizeError(f"payload of {length} bytes + MAC exceeds MAX_PAYLOAD")
     prefix = _PREFIX.pack(
         MAGIC,
         version,
@@ -373,9 +390,13 @@ def _header(
         seq,
         offset,
         layout,
-        length,
+        wire_length,
     )
-    return prefix + _crc32c(payload, _crc32c(prefix)).to_bytes(4, "big"), tag
+    if key is None:
+        return prefix + _crc32c(payload, _crc32c(prefix)).to_bytes(4, "big"), b""
+    tag = _tag(key, prefix, payload)
+    crc = _crc32c(tag, _crc32c(payload, _crc32c(prefix)))
+    return prefix + crc.to_bytes(4, "big"), tag
 
 
 def encode(
@@ -395,24 +416,9 @@ def encode(
 ) -> bytes:
     """Header + payload (+ MAC tag with ``key``) as one ``bytes`` (a copy; for small control
     messages, tests and pcaps)."""
-    if key is not None:
-        header, tag = seal(
-            kind,
-            key=key,
-            job=job,
-            sender=sender,
-            iteration=iteration,
-            seq=seq,
-            layout=layout,
-            payload=payload,
-            flags=flags,
-            dtype=dtype,
-            bucket=bucket,
-            offset=offset,
-        )
-        return header + bytes(payload) + tag
-    header = encode_header(
+    header, tag = encode_parts(
         kind,
+        key=key,
         job=job,
         sender=sender,
         iteration=iteration,
@@ -424,7 +430,7 @@ def encode(
         bucket=bucket,
         offset=offset,
     )
-    return header + bytes(payload)
+    return header + bytes(payload) + tag
 
 
 def _check_data_fields(kind: Kind, dtype: DType, offset: int, length: int) -> None:

@@ -32,6 +32,7 @@ from typing import Any
 
 from shadowgrad._log import event
 from shadowgrad.layout import Layout
+from shadowgrad.replies import ShadowStatus
 
 __all__ = ["HealthMonitor", "ShadowView"]
 
@@ -63,23 +64,43 @@ class ShadowView:
     requested: str | None = None
 
 
-def classify(st: dict[str, Any] | None, generation: int) -> str:
+def classify(st: ShadowStatus | None, generation: int) -> str:
     if st is None:
         return UNREACHABLE
-    if not st.get("loaded"):
+    if not st.loaded:
         return UNLOADED
-    gen = int(st.get("generation") or 0)
-    if gen > generation:
+    if st.generation > generation:
         return FENCED
-    if gen < generation:
+    if st.generation < generation:
         return STALE
-    if st.get("diverged_at") is not None:
+    if st.diverged_at is not None:
         return DIVERGED
     return HEALTHY
 
 
+def reseed_event(
+    logger: logging.Logger,
+    rank: int,
+    shadow: int,
+    iteration: int,
+    *,
+    shard: int | None = None,
+    error: BaseException | None = None,
+    **fields: Any,
+) -> None:
+    """Log ``trainer.reseed``: rank ``rank`` re-seeded ``shadow`` (of ``shard``) with the state
+    of ``iteration`` (``fields``: how it went), or with ``error``, ``trainer.reseed_failed``.
+    The monitor's re-seeds and the one at close."""
+    more: dict[str, Any]
+    if error is None:
+        name, more = "trainer.reseed", {"shard": shard, "iteration": iteration, **fields}
+    else:
+        name, more = "trainer.reseed_failed", {"iteration": iteration, "error": str(error)}
+    event(logger, name, logging.WARNING, rank=rank, shadow=shadow, **more)
+
+
 class HealthMonitor:
-    """See the module docstring. ``status(k)`` returns shadow ``k``'s status dict or raises;
+    """See the module docstring. ``status(k)`` returns shadow ``k``'s status or raises;
     ``load(k, iteration, states, commit)`` sends a re-seed ``load`` to shadow ``k``."""
 
     def __init__(
@@ -89,7 +110,7 @@ class HealthMonitor:
         rank: int,
         world: int,
         generation: int,
-        status: Callable[[int], dict[str, Any]],
+        status: Callable[[int], ShadowStatus],
         load: Callable[[int, int, list[dict[str, Any]], dict[str, Any] | None], None],
         interval_s: float,
         grace_s: float,
@@ -258,35 +279,25 @@ class HealthMonitor:
                     self.reseed_failures += 1
                     with self._lock:
                         self.views[k].seeded = None
-                    event(
-                        log,
-                        "trainer.reseed_failed",
-                        logging.WARNING,
-                        rank=self.rank,
-                        shadow=k,
-                        iteration=iteration,
-                        error=str(exc),
-                    )
+                    reseed_event(log, self.rank, k, iteration, error=exc)
                     continue
                 self.reseeds += 1
                 with self._lock:
                     v = self.views[k]
                     v.seeded = (iteration, time.monotonic())
                     v.requested = None
-                event(
+                reseed_event(
                     log,
-                    "trainer.reseed",
-                    logging.WARNING,
-                    rank=self.rank,
-                    shadow=k,
+                    self.rank,
+                    k,
+                    iteration,
                     shard=self.layout.shard_of_shadow(k)[0],
-                    iteration=iteration,
                     pause_ms=round(1000 * self.pauses[-1], 3) if self.pauses else None,
                     send_ms=round(1000 * (time.monotonic() - t0), 1),
                 )
 
     def _poll(self) -> None:
-        sts: dict[int, dict[str, Any] | None] = {}
+        sts: dict[int, ShadowStatus | None] = {}
         for k in range(self.layout.num_shadows):
             if self._stop.is_set():
                 return
@@ -296,13 +307,13 @@ class HealthMonitor:
                 sts[k] = None
         self.polls += 1
         now = time.monotonic()
-        changes: list[tuple[int, str, str, dict[str, Any] | None]] = []
+        changes: list[tuple[int, str, str, ShadowStatus | None]] = []
         with self._lock:
             for k, st in sts.items():
                 v = self.views[k]
                 state = classify(st, self.generation)
-                if st is not None and st.get("last_applied") is not None:
-                    la = int(st["last_applied"])
+                if st is not None and st.last_applied is not None:
+                    la = st.last_applied
                     if la != v.last_applied or v.training_then is None:
                         v.moved_at, v.training_then = now, self._progress()
                     v.last_applied = la
@@ -320,7 +331,7 @@ class HealthMonitor:
                         logging.ERROR,
                         rank=self.rank,
                         generation=self.generation,
-                        newer=max(int((s or {}).get("generation") or 0) for s in sts.values()),
+                        newer=max(0 if s is None else s.generation for s in sts.values()),
                     )
             else:
                 self._stalled_locked(now)
@@ -336,8 +347,8 @@ class HealthMonitor:
                 shadow=k,
                 state=new,
                 previous=old,
-                last_applied=None if st is None else st.get("last_applied"),
-                diverged_at=None if st is None else st.get("diverged_at"),
+                last_applied=None if st is None else st.last_applied,
+                diverged_at=None if st is None else st.diverged_at,
             )
 
     def _stalled_locked(self, now: float) -> None:

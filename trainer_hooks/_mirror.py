@@ -42,8 +42,7 @@ from shadowgrad.wire import (
     Kind,
     NackRecord,
     decode,
-    encode_header,
-    seal,
+    encode_parts,
 )
 
 from ._guard import Peers, RepairBudget
@@ -516,37 +515,20 @@ class MirrorSender:
             for addr in [only] if only is not None else self._dest[run.shard]:
                 seq = self._seq[addr]
                 self._seq[addr] = seq + 1
-                tag = b""
-                if self.authenticate_data:
-                    assert self.key is not None
-                    header, tag = seal(
-                        Kind.DATA,
-                        key=self.key,
-                        job=self.job,
-                        sender=self.rank,
-                        iteration=slot.iteration,
-                        seq=seq,
-                        layout=self.digest,
-                        payload=payload,
-                        flags=flags,
-                        dtype=dtype,
-                        bucket=bucket,
-                        offset=off,
-                    )
-                else:
-                    header = encode_header(
-                        Kind.DATA,
-                        job=self.job,
-                        sender=self.rank,
-                        iteration=slot.iteration,
-                        seq=seq,
-                        layout=self.digest,
-                        payload=payload,
-                        flags=flags,
-                        dtype=dtype,
-                        bucket=bucket,
-                        offset=off,
-                    )
+                header, tag = encode_parts(
+                    Kind.DATA,
+                    key=self.key if self.authenticate_data else None,
+                    job=self.job,
+                    sender=self.rank,
+                    iteration=slot.iteration,
+                    seq=seq,
+                    layout=self.digest,
+                    payload=payload,
+                    flags=flags,
+                    dtype=dtype,
+                    bucket=bucket,
+                    offset=off,
+                )
                 if self._sendto(header, payload, addr, retx, tag):
                     if retx:
                         self.counters.retx_chunks += 1

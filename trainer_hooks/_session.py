@@ -24,6 +24,7 @@ from shadowgrad.errors import ConfigError, ShadowgradError
 from shadowgrad.frames import MAX_FRAMED_DATAGRAM
 from shadowgrad.layout import Layout, from_module
 from shadowgrad.optspec import OptimizerSpec, load_state_by_name, state_by_name
+from shadowgrad.replies import ShadowStatus
 from shadowgrad.restore import restore_point, settle
 from shadowgrad.tensorstream import CHUNK_BYTES, commit_to_json, decode_states
 from shadowgrad.wire import (
@@ -36,7 +37,7 @@ from shadowgrad.wire import (
 )
 
 from ._dist import Group
-from ._health import HealthMonitor
+from ._health import HealthMonitor, reseed_event
 from ._mirror import CommitInfo, MirrorSender
 from ._plan import RankPlan, param_map
 from .hooks import LayoutReducer, layout_hook
@@ -308,12 +309,12 @@ class Shadowgrad:
             self._start_problem = reason
         event(log, "trainer.degraded", logging.WARNING, rank=self.rank, reason=reason, **fields)
 
-    def _statuses(self, *, report: bool) -> dict[int, dict[str, Any] | None]:
-        out: dict[int, dict[str, Any] | None] = {}
+    def _statuses(self, *, report: bool) -> dict[int, ShadowStatus | None]:
+        out: dict[int, ShadowStatus | None] = {}
         for k in range(self.spec.shadows.count):
             try:
                 with self._client(k, self.spec.timeouts.rpc_s) as c:
-                    out[k] = c.status(timeline=0)
+                    out[k] = c.status_typed(timeline=0)
             except Exception as exc:
                 out[k] = None
                 if report:
@@ -334,7 +335,7 @@ class Shadowgrad:
             with ControllerClient(
                 f"tcp://{addr}", self._token, timeout_s=t.rpc_s + 2 * t.failure_detect_s
             ) as c:
-                head = c.restore_point(requester=f"rank {self.rank}")
+                point = c.restore_point(requester=f"rank {self.rank}")
         except Exception as exc:
             event(
                 log,
@@ -344,31 +345,26 @@ class Shadowgrad:
                 error=str(exc),
             )
             return None
-        seen = int(head.get("generation_seen") or 0)
-        generation = max(seen + 1, time.time_ns() // 1_000_000)
-        if head.get("fresh"):
-            return {
-                "mode": "fresh",
-                "reachable": int(head.get("reachable") or 0),
-                "generation": generation,
-            }
-        if head.get("layout") != self.layout.digest:
+        generation = max(point.generation_seen + 1, time.time_ns() // 1_000_000)
+        if point.fresh:
+            return {"mode": "fresh", "reachable": point.reachable, "generation": generation}
+        if point.layout != self.layout.digest:
             raise ShadowgradError(
-                f"the controller's restore point is of layout {str(head.get('layout'))[:16]}, "
+                f"the controller's restore point is of layout {str(point.layout)[:16]}, "
                 f"this trainer uses {self.layout.digest[:16]}: not this job's state"
             )
         event(
             log,
             "trainer.restore_point",
-            istar=int(head["istar"]),
+            istar=point.istar,
             generation=generation,
-            source=list(head["source"]),
+            source=list(point.source),
             by="controller",
         )
         return {
             "mode": "restore",
-            "istar": int(head["istar"]),
-            "source": list(head["source"]),
+            "istar": point.istar,
+            "source": list(point.source),
             "generation": generation,
         }
 
@@ -388,7 +384,7 @@ class Shadowgrad:
         )
         # a new generation for this instance: above every generation a shadow has seen, so the
         # shadows fence out any older instance that is still sending
-        seen = max((int(s.get("generation") or 0) for s in statuses.values() if s), default=0)
+        seen = max((s.generation for s in statuses.values() if s), default=0)
         generation = max(seen + 1, time.time_ns() // 1_000_000)
         # the one rule, in core (shadowgrad.restore)
         point = restore_point(
@@ -762,15 +758,14 @@ class Shadowgrad:
         clients: dict[int, ShadowClient] = {}
         self._health_ctx = (ctx, clients)
 
-        def status(k: int) -> dict[str, Any]:
+        def status(k: int) -> ShadowStatus:
             c = clients.get(k)
             if c is None:
                 ep = self.spec.shadows.control_endpoint(k)
                 c = clients[k] = ShadowClient(
                     f"tcp://{ep}", self._token, timeout_s=min(1.0, t.rpc_s), context=ctx
                 )
-            out: dict[str, Any] = c.status(timeline=0)
-            return out
+            return c.status_typed(timeline=0)
 
         def load(
             k: int, iteration: int, states: list[dict[str, Any]], commit: dict[str, Any] | None
@@ -1014,7 +1009,7 @@ class Shadowgrad:
             for k, st in sts.items():
                 state = classify(st, self.generation)
                 if state == "healthy":
-                    if _as_int((st or {}).get("last_applied")) < iteration:
+                    if _as_int(None if st is None else st.last_applied) < iteration:
                         waiting.append(k)
                     continue
                 if state == "fenced" or now - first_seen.setdefault(k, now) > (
@@ -1047,26 +1042,9 @@ class Shadowgrad:
         try:
             self._send_load(k, iteration, self._shard_states(shard, clone=False), None, reseed=True)
         except Exception as exc:
-            event(
-                log,
-                "trainer.reseed_failed",
-                logging.WARNING,
-                rank=self.rank,
-                shadow=k,
-                iteration=iteration,
-                error=str(exc),
-            )
+            reseed_event(log, self.rank, k, iteration, error=exc)
             return
-        event(
-            log,
-            "trainer.reseed",
-            logging.WARNING,
-            rank=self.rank,
-            shadow=k,
-            shard=shard,
-            iteration=iteration,
-            at="close",
-        )
+        reseed_event(log, self.rank, k, iteration, shard=shard, at="close")
 
     def __enter__(self) -> Shadowgrad:
         return self
