@@ -45,7 +45,7 @@ def configure(p: argparse.ArgumentParser) -> None:
 
 
 def _clients(spec: Any, token: str) -> Any:
-    from shadowgrad.shadow.control import ShadowClient
+    from shadowgrad.control_client import ShadowClient
 
     def make(k: int) -> ShadowClient:
         return ShadowClient(
@@ -58,8 +58,7 @@ def _clients(spec: Any, token: str) -> Any:
 def _statuses(spec: Any, token: str) -> dict[int, ShadowStatus | None]:
     """Every shadow's status (None: no answer). A shadow refusing the token is an error: a
     wrong token must never read as "no state, start fresh"."""
-    from shadowgrad.errors import ShadowgradError
-    from shadowgrad.shadow.control import ControlError
+    from shadowgrad.errors import ControlError, ShadowgradError
 
     make = _clients(spec, token)
     out: dict[int, ShadowStatus | None] = {}
@@ -86,8 +85,7 @@ def _statuses(spec: Any, token: str) -> dict[int, ShadowStatus | None]:
 
 def _from_controller(spec: Any, token: str) -> dict[str, Any] | None:
     from shadowgrad.control_client import ControllerClient
-    from shadowgrad.errors import ShadowgradError
-    from shadowgrad.shadow.control import ControlError
+    from shadowgrad.errors import ControlError, ShadowgradError
 
     t = spec.timeouts
     try:

@@ -6,7 +6,7 @@ per shard (``latest``: the restore point I* by :func:`shadowgrad.restore.restore
 rule; an explicit ``I``: a shadow whose status says it can serve ``I``), places ``hold(I)`` on
 the sources, reads layout and optimizer spec (``config``), fetches every shard at ``I`` (each
 tensor stream verified chunk by chunk, CRC-32C), releases the holds it placed, glues the shards
-into full tensors (:func:`shadowgrad.shadow.replay.assemble_full`) and writes, single-process,
+into full tensors (:func:`shadowgrad.boxes.assemble_full`) and writes, single-process,
 
 .. code-block:: text
 
@@ -287,7 +287,7 @@ class _Conn:
 
     def client(self, k: int, timeout_s: float | None = None) -> ShadowClient:
         """Shadow ``k``'s control client (as the trainers build it, trainer_hooks._session)."""
-        from shadowgrad.shadow.control import ShadowClient
+        from shadowgrad.control_client import ShadowClient
 
         ep = self.spec.shadows.control_endpoint(k)
         return ShadowClient(
@@ -311,8 +311,7 @@ def _refused(spec: JobSpec, k: int, exc: Exception) -> ExportError:
 
 
 def _statuses(conn: _Conn) -> dict[int, ShadowStatus | None]:
-    from shadowgrad.errors import ShadowgradTimeout
-    from shadowgrad.shadow.control import ControlError
+    from shadowgrad.errors import ControlError, ShadowgradTimeout
 
     spec = conn.spec
     out: dict[int, ShadowStatus | None] = {}
@@ -401,7 +400,7 @@ def _holding(
 ) -> Iterator[None]:
     """``hold(it)`` on every source; on exit release the holds this export placed (a hold that
     was there before, e.g. the controller's, stays: holds are not counted)."""
-    from shadowgrad.shadow.control import ControlError
+    from shadowgrad.errors import ControlError
 
     placed: list[int] = []
     try:
@@ -587,10 +586,11 @@ def export_checkpoint(
     :class:`ExportError` (a ShadowgradError) and leaves nothing behind on failure.
     """
     from shadowgrad.blob import unpack_blob
+    from shadowgrad.boxes import assemble_full
+    from shadowgrad.errors import ControlError
     from shadowgrad.layout import Layout
     from shadowgrad.optspec import OptimizerSpec
-    from shadowgrad.shadow.control import ControlError, commit_from_json
-    from shadowgrad.shadow.replay import assemble_full
+    from shadowgrad.tensorstream import commit_from_json
 
     if iteration != "latest" and (
         isinstance(iteration, bool) or not isinstance(iteration, int) or iteration < -1

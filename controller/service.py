@@ -203,12 +203,12 @@ class Controller:
     # ---------------------------------------------------------------- polling
 
     def _client(self, k: int, timeout_s: float) -> ShadowClient:
-        from shadowgrad.shadow.control import ShadowClient
+        from shadowgrad.control_client import ShadowClient
 
         return ShadowClient(self._endpoints[k], self._token, timeout_s=timeout_s)
 
     def _one(self, k: int) -> ShadowStatus | None:
-        from shadowgrad.shadow.control import ControlError
+        from shadowgrad.errors import ControlError
 
         try:
             with self._client(k, self._poll_timeout_s) as c:

@@ -161,7 +161,8 @@ def _poll(spec: JobSpec, token: str, timeout_s: float) -> dict[int, Reply]:
     """``{shadow: Reply}``, every shadow polled at once (one thread each, at most 256)."""
     import zmq
 
-    from shadowgrad.shadow.control import ControlError, ShadowClient
+    from shadowgrad.control_client import ShadowClient
+    from shadowgrad.errors import ControlError
 
     count = spec.shadows.count
     ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()

@@ -286,3 +286,34 @@ def test_import_scan_sees_every_form(tmp_path: Path) -> None:
         "shadowgrad.controller",
         "shadowgrad.bmv2_testbed.runner",
     } <= mods
+
+
+#: (file, module) imports of another package allowed anyway, with the reason
+PEER_ALLOWED = {
+    # `shadowgrad switch program` with switch.target = "bmv2_testbed" compiles p4/ with the
+    # software target's compiler (where a user of real bmv2 runs p4c), imported lazily there
+    ("controller/_cmd.py", "shadowgrad.bmv2_testbed.inband"),
+}
+
+
+@pytest.mark.parametrize("peer", ["shadow", "controller"])
+def test_peer_packages_import_no_other_peer(peer: str) -> None:
+    """DESIGN §1: core <- shadow, trainer_hooks, controller <- bmv2_testbed. The shadow and the
+    controller import core, never each other (nor the trainer side or the testbed, but for
+    :data:`PEER_ALLOWED`)."""
+    others = ("shadowgrad.shadow", "shadowgrad.controller", "shadowgrad.trainer_hooks")
+    others += ("shadowgrad.bmv2_testbed",)
+    own = f"shadowgrad.{peer}"
+    folder = ROOT / peer
+    bad: list[str] = []
+    for path in sorted(folder.rglob("*.py")):
+        rel = path.relative_to(folder)
+        package = ".".join(("shadowgrad", peer, *rel.parent.parts))
+        for line, mod in _imports(path, package):
+            if any(mod == p or mod.startswith(p + ".") for p in others if p != own):
+                where = f"{peer}/{rel.as_posix()}"
+                if not any(
+                    f == where and (mod == m or mod.startswith(m + ".")) for f, m in PEER_ALLOWED
+                ):
+                    bad.append(f"{where}:{line}: {mod}")
+    assert not bad, f"{peer} must import only core:\n" + "\n".join(bad)
