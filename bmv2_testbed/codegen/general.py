@@ -25,11 +25,14 @@ from ..frontend.types import BitT, BoolT, EnumT, ErrorT, StructT, Ty, bit_width
 __all__ = [
     "Emitter",
     "HeaderCodec",
+    "ParserGraph",
+    "ParserState",
     "attr",
     "csum16_terms",
     "default_value",
     "header_codec",
     "packed_bytes",
+    "parser_code",
     "runtime_code",
     "scalar_default",
     "struct_plan",
@@ -37,6 +40,7 @@ __all__ = [
 ]
 
 _RESERVED_ATTRS = {"_v_", "copy"}
+PARSER_TREE_MAX = 64  # states emitted when a DAG parser is inlined as nested ifs
 
 
 def attr(name: str) -> str:
@@ -187,6 +191,102 @@ def _codec_code(o: Emitter, t: StructT, codec: HeaderCodec, too_short: int) -> N
                 src = f"({src} & {(1 << w) - 1})"
             parts.append(f"({src} << {shift})" if shift else src)
         o(f"return ({' | '.join(parts) or '0'}).to_bytes({nb}, 'big')")
+
+
+@dataclass(frozen=True)
+class ParserState:
+    """One checked parser state: the code of its statements, then its transition as
+    ``(kind, text, target)`` items in order: ``line`` (code, e.g. a select key computed once),
+    ``if`` (condition, target state), ``goto`` (target state), ``raise`` (code)."""
+
+    code: list[str]
+    transitions: list[tuple[str, str, str]]
+
+
+@dataclass(frozen=True)
+class ParserGraph:
+    """A checked parser: its states in declaration order (``start`` among them; ``accept`` is
+    a target, never a state) and the error code of ParserTimeout."""
+
+    states: dict[str, ParserState]
+    timeout_error: int
+
+    def fits_tree(self) -> bool:
+        """Inlining from start emits at most PARSER_TREE_MAX states (so no cycle)."""
+        emitted = 0
+        stack: list[tuple[str, tuple[str, ...]]] = [("start", ())]
+        while stack:
+            name, seen = stack.pop()
+            if name == "accept":
+                continue
+            emitted += 1
+            if name in seen or emitted > PARSER_TREE_MAX:
+                return False
+            stack.extend(
+                (t, (*seen, name))
+                for k, _c, t in self.states[name].transitions
+                if k in ("if", "goto")
+            )
+        return True
+
+
+def parser_code(graph: ParserGraph, prologue: list[str]) -> list[str]:
+    """``parse(C)``: one function for the whole parser (hot path: no call per state), starting
+    with ``prologue`` (the frame and the parser's locals). When the states reachable from start
+    form a small DAG the transitions are nested ifs with the target states inlined (a tree:
+    every path ends in return or raise), otherwise a loop over a state number (a transition
+    sets it and continues; accept breaks) with bmv2's ParserTimeout after 1,000 states."""
+    o = Emitter()
+    num = {n: i for i, n in enumerate(graph.states)}
+
+    def jump(tgt: str) -> str:
+        return "break" if tgt == "accept" else f"s = {num[tgt]}; continue"
+
+    def emit_state(name: str, inline: bool) -> None:
+        """State ``name``'s code; its transitions inline the next states (a tree) or jump to
+        them (the loop over state numbers)."""
+        st = graph.states[name]
+        for ln in st.code:
+            o(ln)
+        for kind, text, tgt in st.transitions:
+            if kind in ("line", "raise"):
+                o(text)
+            elif not inline:
+                o(jump(tgt) if kind == "goto" else f"if {text}: {jump(tgt)}")
+            elif kind == "goto":
+                emit_tree(tgt)
+            else:
+                with o.block(f"if {text}:"):
+                    emit_tree(tgt)
+
+    def emit_tree(name: str) -> None:
+        if name == "accept":
+            o("return")
+        else:
+            emit_state(name, inline=True)
+
+    timeout = graph.timeout_error
+    with o.block("def parse(C):"):
+        for ln in prologue:
+            o(ln)
+        o("_b = C.buf")  # the frame never changes while parsing
+        o("_n = len(_b)")
+        if graph.fits_tree():
+            emit_tree("start")
+            return o.lines
+        o(f"s = {num['start']}")
+        o("n = 0")
+        with o.block("while True:"):
+            # the 1001st state still runs before ParserTimeout (as one call per state did)
+            with o.block("if n > 1000:"):
+                o(f"raise _ParserError({timeout})")
+            o("n += 1")
+            for i, name in enumerate(graph.states):
+                with o.block(f"{'if' if i == 0 else 'elif'} s == {num[name]}:"):
+                    emit_state(name, inline=False)
+        with o.block("if n > 1000:"):
+            o(f"raise _ParserError({timeout})")
+    return o.lines
 
 
 def runtime_code(

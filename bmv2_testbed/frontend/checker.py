@@ -15,11 +15,14 @@ from typing import Any
 
 from ..codegen.general import (
     Emitter,
+    ParserGraph,
+    ParserState,
     attr,
     csum16_terms,
     default_value,
     header_codec,
     packed_bytes,
+    parser_code,
     runtime_code,
     scalar_default,
     types_code,
@@ -64,7 +67,6 @@ VOID = VoidT()
 STR = StrT()
 
 _AFTER_INGRESS = ("egress", "compute")  # the controls that run on a replica
-_PARSER_TREE_MAX = 64  # states emitted when a DAG parser is inlined as nested ifs
 
 
 # extern functions whose semantics the target implements
@@ -2109,12 +2111,8 @@ class Checker:
         for s in d.states:
             if s.name in ("accept", "reject"):
                 raise Diagnostic(s.loc, f"state {s.name} cannot be defined")
-        # One function for the whole parser (hot path: no call per state). Each state is
-        # compiled once into lines plus its transition items; then, when the states reachable
-        # from start form a small DAG, the transitions are emitted as nested ifs with the
-        # target states inlined (a tree: every path ends in return or raise), otherwise as a
-        # loop over a state number (a transition sets it and continues; accept breaks).
-        num = {n: i for i, n in enumerate(states)}
+        # Each state is checked once into its code and transition items: the parser graph,
+        # from which the general backend writes the one parse function (codegen.general).
 
         def check_target(name: str, loc: Loc) -> None:
             if name == "reject":
@@ -2147,72 +2145,12 @@ class Checker:
         if len(compiled) != len(states):
             return  # diagnostics reported; no code
 
-        def fits_tree() -> bool:
-            """Inlining from start emits at most _PARSER_TREE_MAX states (so no cycle)."""
-            emitted = 0
-            stack: list[tuple[str, tuple[str, ...]]] = [("start", ())]
-            while stack:
-                name, seen = stack.pop()
-                if name == "accept":
-                    continue
-                emitted += 1
-                if name in seen or emitted > _PARSER_TREE_MAX:
-                    return False
-                stack.extend(
-                    (t, (*seen, name)) for k, _c, t in compiled[name][1] if k in ("if", "goto")
-                )
-            return True
-
-        timeout = self.errors.get("ParserTimeout", 5)
-        tree = fits_tree()
-
-        def jump(tgt: str) -> str:
-            return "break" if tgt == "accept" else f"s = {num[tgt]}; continue"
-
-        def emit_state(name: str, inline: bool) -> None:
-            """State ``name``'s code; its transitions inline the next states (a tree) or jump
-            to them (the loop over state numbers)."""
-            lines, items = compiled[name]
-            for ln in lines:
-                o(ln)
-            for kind, text, tgt in items:
-                if kind in ("line", "raise"):
-                    o(text)
-                elif not inline:
-                    o(jump(tgt) if kind == "goto" else f"if {text}: {jump(tgt)}")
-                elif kind == "goto":
-                    emit_tree(tgt)
-                else:
-                    with o.block(f"if {text}:"):
-                        emit_tree(tgt)
-
-        def emit_tree(name: str) -> None:
-            if name == "accept":
-                o("return")
-            else:
-                emit_state(name, inline=True)
-
-        with o.block("def parse(C):"):
-            o(f"F = {fcls}()" if self.frame_vars else "F = None")
-            for ln in init_lines:
-                o(ln)
-            o("_b = C.buf")  # the frame never changes while parsing
-            o("_n = len(_b)")
-            if tree:
-                emit_tree("start")
-                return
-            o(f"s = {num['start']}")
-            o("n = 0")
-            with o.block("while True:"):
-                # the 1001st state still runs before ParserTimeout (as one call per state did)
-                with o.block("if n > 1000:"):
-                    o(f"raise _ParserError({timeout})")
-                o("n += 1")
-                for i, name in enumerate(states):
-                    with o.block(f"{'if' if i == 0 else 'elif'} s == {num[name]}:"):
-                        emit_state(name, inline=False)
-            with o.block("if n > 1000:"):
-                o(f"raise _ParserError({timeout})")
+        graph = ParserGraph(
+            {n: ParserState(*compiled[n]) for n in states}, self.errors.get("ParserTimeout", 5)
+        )
+        frame = f"F = {fcls}()" if self.frame_vars else "F = None"
+        for line in parser_code(graph, [frame, *init_lines]):
+            o(line)
 
     def select_items(
         self, tr: A.Transition, scope: Scope, check_target: Any
