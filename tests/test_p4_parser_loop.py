@@ -64,6 +64,7 @@ def pipe() -> Pipeline:
 def test_a_cyclic_parser_is_a_loop_over_states(pipe: Pipeline) -> None:
     parse = pipe.source.split("def parse(C):", 1)[1].split("\ndef ", 1)[0]
     assert "while True:" in parse and "if n > 1000:" in parse
+    assert pipe.fast_unsupported == "a loop (a parser whose states form a cycle)"
 
 
 @pytest.mark.parametrize("k", [1, 2, 5, 40])

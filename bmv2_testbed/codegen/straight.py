@@ -351,7 +351,10 @@ class _Builder:
         if not isinstance(
             st, (ast.Assign, ast.AugAssign, ast.Expr, ast.Raise, ast.Pass, ast.Return)
         ):
-            raise FastPathUnsupported(type(st).__name__)
+            what = (
+                "a loop (a parser whose states form a cycle)" if isinstance(st, ast.While) else ""
+            )
+            raise FastPathUnsupported(what or f"a {type(st).__name__} statement")
         self._check(st)
         return [rw.visit(copy.deepcopy(st))]
 
@@ -365,7 +368,7 @@ class _Builder:
             ):
                 raise FastPathUnsupported(f"call of {n.func.id} in an unexpected place")
             if isinstance(n, (ast.Lambda, ast.NamedExpr)):
-                raise FastPathUnsupported(type(n).__name__)
+                raise FastPathUnsupported(f"a {type(n).__name__} expression")
 
     def _sub(self, stmts: list[ast.stmt], rw: _Rewriter) -> list[ast.stmt]:
         saved = rw.alias
