@@ -14,10 +14,12 @@ blocks and the layout in :class:`~..frontend.model.ProgramFacts`.
 from __future__ import annotations
 
 import keyword
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
 
+from ..frontend import ir
 from ..frontend.diagnostics import Diagnostic, Loc
 from ..frontend.model import Scalar
 from ..frontend.types import BitT, BoolT, EnumT, ErrorT, StructT, Ty, bit_width
@@ -33,6 +35,7 @@ __all__ = [
     "header_codec",
     "packed_bytes",
     "parser_code",
+    "py_expr",
     "runtime_code",
     "scalar_default",
     "struct_plan",
@@ -453,3 +456,323 @@ def packed_bytes(fl: list[tuple[str, int]]) -> str:
         shift -= w
         parts.append(f"({p} << {shift})" if shift else p)
     return f"({' | '.join(parts)}).to_bytes({(total + pad) // 8}, 'big')"
+
+
+# ---------------------------------------------------------------------------- IR -> Python
+def _norm(x: str, t: BitT) -> str:
+    """``x`` reduced to ``t``'s range (two's complement for int<W>)."""
+    m = (1 << t.width) - 1
+    if t.signed:
+        h = 1 << (t.width - 1)
+        return f"((({x}) + {h} & {m}) - {h})"
+    return f"(({x}) & {m})"
+
+
+def _arith(e: ir.Arith) -> str:
+    t = e.ty
+    assert isinstance(t, BitT)
+    a, b, op = py_expr(e.a), py_expr(e.b), e.op
+    m = (1 << t.width) - 1
+    h = 1 << (t.width - 1)
+    if op in ("+", "-", "*", "<<"):
+        return _norm(f"{a} {op} {b}", t)
+    if op in ("/", "%"):
+        return f"_{'div' if op == '/' else 'mod'}({a}, {b})"
+    if op in ("&", "|", "^", ">>"):
+        return f"({a} {op} {b})"
+    add = "+" if op == "|+|" else "-"
+    if t.signed:
+        return f"max({-h}, min({a} {add} {b}, {h - 1}))"
+    return f"min({a} + {b}, {m})" if op == "|+|" else f"max({a} - {b}, 0)"
+
+
+def _unary(e: ir.Unary) -> str:
+    x = py_expr(e.x)
+    if e.op == "!":
+        return f"(not {x})"
+    t = e.ty
+    assert isinstance(t, BitT)
+    if e.op == "-":
+        return _norm(f"-{x}", t)
+    return f"(~{x})" if t.signed else f"({x} ^ {(1 << t.width) - 1})"
+
+
+def _cast(e: ir.Cast) -> str:
+    t, src, x = e.ty, e.x.ty, py_expr(e.x)
+    if isinstance(t, BitT):
+        if isinstance(src, BoolT):
+            return f"(1 if {x} else 0)"
+        if isinstance(src, EnumT) and src.underlying is not None:
+            src = src.underlying
+        if not t.signed and isinstance(src, BitT) and not src.signed and src.width <= t.width:
+            return x
+        return _norm(x, t)
+    if isinstance(t, BoolT):
+        return f"({x} == 1)"
+    return x  # an enum from its underlying type
+
+
+def _concat(e: ir.Concat) -> str:
+    a, b, t = e.a.ty, e.b.ty, e.ty
+    assert isinstance(a, BitT) and isinstance(b, BitT) and isinstance(t, BitT)
+    ua = py_expr(e.a) if not a.signed else f"({py_expr(e.a)} & {(1 << a.width) - 1})"
+    ub = py_expr(e.b) if not b.signed else f"({py_expr(e.b)} & {(1 << b.width) - 1})"
+    py = f"(({ua} << {b.width}) | {ub})"
+    if t.signed:
+        h = 1 << (t.width - 1)
+        py = f"(({py} + {h} & {(1 << t.width) - 1}) - {h})"
+    return py
+
+
+def _slice(e: ir.Slice) -> str:
+    t = e.x.ty
+    assert isinstance(t, BitT)
+    src = py_expr(e.x) if not t.signed else f"({py_expr(e.x)} & {(1 << t.width) - 1})"
+    return f"(({src} >> {e.lo}) & {(1 << (e.hi - e.lo + 1)) - 1})"
+
+
+def _ref(e: ir.Ref) -> str:
+    if e.kind == "ctx":
+        return f"C.{e.name}"
+    if e.kind == "frame":
+        return f"F.{attr(e.name)}"
+    return e.name
+
+
+def _table_result(e: ir.TableResult) -> str:
+    a = py_expr(e.apply)
+    return {"hit": f"{a}[1]", "miss": f"(not {a}[1])", "action_run": f"{a}[0]"}[e.what]
+
+
+def _lookahead(e: ir.Lookahead) -> str:
+    t = e.ty
+    if isinstance(t, BitT):
+        return f"_peek(C, {t.width})"
+    assert isinstance(t, StructT)
+    return f"_look_{t.name}(C)"
+
+
+_EXPR: dict[type, Callable[[Any], str]] = {
+    ir.Const: lambda e: repr(e.value) if isinstance(e.value, str) else str(e.value),
+    ir.Ref: _ref,
+    ir.Entity: lambda e: "",
+    ir.Field: lambda e: f"{py_expr(e.base)}.{attr(e.name)}",
+    ir.IsValid: lambda e: f"{py_expr(e.header)}._v_",
+    ir.Arith: _arith,
+    ir.Unary: _unary,
+    ir.Logic: lambda e: f"({py_expr(e.a)} {'and' if e.op == '&&' else 'or'} {py_expr(e.b)})",
+    ir.Cmp: lambda e: f"({py_expr(e.a)} {e.op} {py_expr(e.b)})",
+    ir.Slice: _slice,
+    ir.Concat: _concat,
+    ir.Cast: _cast,
+    ir.Cond: lambda e: f"({py_expr(e.a)} if {py_expr(e.c)} else {py_expr(e.b)})",
+    ir.Tuple: lambda e: "(" + "".join(py_expr(i) + ", " for i in e.items) + ")",
+    ir.TableApply: lambda e: f"{e.table}(C, F)",
+    ir.TableResult: _table_result,
+    ir.Lookahead: _lookahead,
+}
+
+
+def py_expr(e: ir.Expr) -> str:
+    """Python for the IR expression ``e`` (over the context ``C`` and frame ``F``)."""
+    return _EXPR[type(e)](e)
+
+
+def _item(d: ir.DataItem) -> tuple[str, int]:
+    """A field list element as (Python for its unsigned value, width)."""
+    p, t = py_expr(d.value), d.value.ty
+    if isinstance(t, BoolT):
+        return f"(1 if {p} else 0)", d.width
+    if isinstance(t, BitT) and t.signed:
+        return f"({p} & {(1 << d.width) - 1})", d.width
+    return p, d.width
+
+
+def _guard(data: tuple[ir.DataItem, ...], implied: tuple[ir.Expr, ...]) -> tuple[str, str] | None:
+    """bmv2 serialises a field list leaving out the fields of headers that are invalid at the
+    time: None when every header in ``data`` is known valid (``implied``, or no header
+    fields); else ``(all_valid, data)``, a test that each such header is valid and Python for
+    the bytes in general."""
+    valid = [None if d.header is None else f"{py_expr(d.header)}._v_" for d in data]
+    checks = sorted({v for v in valid if v is not None} - {f"{py_expr(h)}._v_" for h in implied})
+    if not checks:
+        return None
+    body = ", ".join(
+        f"({p}, {w}, {v or 'True'})" for (p, w), v in zip(map(_item, data), valid, strict=True)
+    )
+    return " and ".join(checks), f"_bits_valid(({body},))"
+
+
+class PyWriter:
+    """Writes IR statements as the general backend's Python, into an :class:`Emitter`;
+    ``codecs``: each header type's :class:`HeaderCodec` (extract and emit are inlined)."""
+
+    def __init__(self, codecs: dict[str, HeaderCodec]) -> None:
+        self.codecs = codecs
+
+    def stmts(self, o: Emitter, ss: tuple[ir.Stmt, ...] | list[ir.Stmt]) -> None:
+        for s in ss:
+            self.stmt(o, s)
+
+    def stmt(self, o: Emitter, s: ir.Stmt) -> None:
+        if isinstance(s, ir.If):
+            with o.block(f"if {py_expr(s.cond)}:"):
+                self.stmts(o, s.then)
+            if s.other is not None:
+                with o.block("else:"):
+                    self.stmts(o, s.other)
+        elif isinstance(s, ir.Switch):
+            o(f"{s.var} = {py_expr(s.on)}")
+            for i, arm in enumerate(s.arms):
+                if arm.actions:
+                    cond = " or ".join(f"{s.var} == AID[{a!r}]" for a in arm.actions)
+                    head = f"{'if' if i == 0 else 'elif'} {cond}:"
+                else:
+                    head = "if True:" if i == 0 else "else:"
+                with o.block(head):
+                    self.stmts(o, arm.body)
+        elif isinstance(s, ir.Extract):
+            self.extract(o, s)
+        elif isinstance(s, ir.Emit):
+            self.emit(o, py_expr(s.value), s.value.ty)
+        elif isinstance(s, ir.ApplySub):
+            r = s.var
+            o(f"{r} = {s.sub}(C{''.join(', ' + py_expr(a) for a in s.args)})")
+            for i, lv in enumerate(s.outs):
+                o(f"{py_expr(lv)} = {r}[{i + 1}]")
+            o(f"if {r}[0]: raise _EXIT")
+        else:
+            o(self.line(s))
+
+    def line(self, s: ir.Stmt) -> str:
+        """A one-line statement."""
+        if isinstance(s, ir.Nop):
+            return "pass"
+        if isinstance(s, ir.Assign):
+            copy = ".copy()" if isinstance(s.lhs.ty, StructT) else ""
+            return f"{py_expr(s.lhs)} = {py_expr(s.rhs)}{copy}"
+        if isinstance(s, ir.AssignSlice):
+            return _assign_slice(s)
+        if isinstance(s, ir.Init):
+            return f"{py_expr(s.var)} = {default_value(s.var.ty)}"
+        if isinstance(s, ir.Exit):
+            return "raise _EXIT"
+        if isinstance(s, ir.Return):
+            return "raise _RETURN" if s.from_sub else "return None"
+        if isinstance(s, ir.Eval):
+            return py_expr(s.expr)
+        if isinstance(s, ir.CallAction):
+            return f"{s.action}(C, F{''.join(', ' + py_expr(a) for a in s.args)})"
+        if isinstance(s, ir.SetValid):
+            return f"{py_expr(s.header)}._v_ = {s.valid}"
+        if isinstance(s, ir.Advance):
+            return f"_advance(C, {py_expr(s.bits)})"
+        if isinstance(s, ir.Verify):
+            return f"if not {py_expr(s.cond)}: raise _ParserError({py_expr(s.error)})"
+        if isinstance(s, ir.Count):
+            return f"_count({s.counter}, {py_expr(s.index)}, C)"
+        if isinstance(s, ir.RegisterRead):
+            return f"{py_expr(s.dst)} = _rread({s.register}, {py_expr(s.index)})"
+        if isinstance(s, ir.RegisterWrite):
+            return f"_rwrite({s.register}, {py_expr(s.index)}, {py_expr(s.value)})"
+        if isinstance(s, ir.MarkToDrop):
+            v = py_expr(s.std)
+            return f"{v}.egress_spec = DROP_PORT; {v}.mcast_grp = 0"
+        if isinstance(s, ir.Checksum):
+            return _checksum(s)
+        if isinstance(s, ir.Hash):
+            fl = [_item(d) for d in s.data]
+            data = packed_bytes(fl)
+            guard = _guard(s.data, ())
+            if guard is not None:
+                data = f"({data} if {guard[0]} else {guard[1]})"
+            assert isinstance(s.dst.ty, BitT)
+            m = (1 << s.dst.ty.width) - 1
+            return (
+                f"{py_expr(s.dst)} = _hashmod(_hash_{s.algo}({data}, 64 if '{s.algo}' == "
+                f"'identity' else 32), {py_expr(s.base)}, {py_expr(s.max)}) & {m}"
+            )
+        if isinstance(s, ir.Random):
+            return f"{py_expr(s.dst)} = _random({py_expr(s.lo)}, {py_expr(s.hi)})"
+        if isinstance(s, ir.Digest):
+            items = "".join(f"_be({p}, {w}), " for p, w in map(_item, s.data))
+            return f"C.digests = (*C.digests, (DIG_{s.name}, [{items}]))"
+        if isinstance(s, ir.Clone):
+            return (
+                f"C.clone_type = {2 if s.egress else 1}; C.clone_session = "
+                f"{py_expr(s.session)}; C.clone_fl = {s.field_list}"
+            )
+        if isinstance(s, ir.PreserveFieldList):
+            return f"C.{'recirc_fl' if s.recirculate else 'resubmit_fl'} = {s.index}"
+        if isinstance(s, ir.Truncate):
+            return f"C.truncate_len = {py_expr(s.length)}"
+        raise TypeError(f"not a one-line statement: {s!r}")  # pragma: no cover
+
+    def extract(self, o: Emitter, s: ir.Extract) -> None:
+        """``_ext_<type>`` inlined (hot path); ``_h``/``_o``/``_e``/``_x`` cannot clash with
+        the checker's names (P4 locals are ``l_*``, select keys ``k*``)."""
+        t = s.header.ty
+        assert isinstance(t, StructT)
+        c = self.codecs[t.name]
+        o(f"_h = {py_expr(s.header)}")
+        o("_o = C.off")
+        o(f"_e = _o + {c.nbytes}")
+        o(f"if _e > _n: raise _ParserError({s.short})")
+        o("C.off = _e")
+        if c.struct is not None:  # one struct.unpack_from for the whole header
+            for ln in c.struct[1]:
+                o(ln.replace("{U}", f"_SU_{t.name}(_b, _o)").replace("{H}", "_h"))
+            o("_h._v_ = True")
+        else:
+            o("_x = int.from_bytes(_b[_o:_e], 'big')")
+            for ln in c.unpack:
+                o(ln.replace("{H}", "_h").replace("{V}", "_x"))
+
+    def emit(self, o: Emitter, py: str, t: Ty) -> None:
+        assert isinstance(t, StructT)
+        if t.is_header:
+            c = self.codecs[t.name]
+            if c.struct is not None:
+                args = ", ".join(a.replace("{H}", "_h") for a in c.struct[2])
+                o(f"_h = {py}")
+                o(f"if _h._v_: P.append(_SP_{t.name}({args}))")
+            else:
+                o(f"if {py}._v_: P.append(_pk_{t.name}({py}))")
+            return
+        if not t.fields:
+            o("pass")
+        for n, ft in t.fields:
+            self.emit(o, f"{py}.{attr(n)}", ft)
+
+
+def _assign_slice(s: ir.AssignSlice) -> str:
+    t = s.lhs.ty
+    assert isinstance(t, BitT)
+    b, r = py_expr(s.lhs), py_expr(s.rhs)
+    w = s.hi - s.lo + 1
+    wm = (1 << w) - 1
+    full = (1 << t.width) - 1
+    keep = full ^ (wm << s.lo)
+    if t.signed:
+        h = 1 << (t.width - 1)
+        return f"{b} = ((({b} & {keep}) | (({r} & {wm}) << {s.lo})) + {h} & {full}) - {h}"
+    return f"{b} = ({b} & {keep}) | ({r} << {s.lo})"
+
+
+def _checksum(s: ir.Checksum) -> str:
+    fl = [_item(d) for d in s.data]
+    guard = _guard(s.data, s.implied)
+    pay = " + C.buf[C.payload_off:]" if s.payload else ""
+    w = s.width
+    if s.algo == "csum16" and not pay and any(w_ > 0 for _, w_ in fl):
+        # no bytes: a number congruent to the packed data modulo 0xFFFF (hot path)
+        calc = f"_hash_csum16_fold({csum16_terms(fl)}, {w})"
+    else:
+        calc = f"_hash_{s.algo}({packed_bytes(fl)}{pay}, {w})"
+    if guard is not None:
+        # a field of an invalid header is left out of the data (bmv2's BufBuilder)
+        calc = f"({calc} if {guard[0]} else _hash_{s.algo}({guard[1]}{pay}, {w}))"
+    c, f = py_expr(s.cond), py_expr(s.field)
+    if s.verify:
+        return f"if {c} and {calc} != {f}: C.std.checksum_error = 1"
+    return f"if {c}: {f} = {calc}"

@@ -17,18 +17,21 @@ from ..codegen.general import (
     Emitter,
     ParserGraph,
     ParserState,
+    PyWriter,
     attr,
-    csum16_terms,
     default_value,
     header_codec,
-    packed_bytes,
     parser_code,
+    py_expr,
     runtime_code,
     scalar_default,
     types_code,
 )
 from . import ast as A  # noqa: N812
+from . import ir
 from .diagnostics import Diagnostic, Loc
+from .ir import Expr as IRExpr
+from .ir import Stmt as IRStmt
 from .model import (
     ActionInfo,
     ConstEntry,
@@ -94,20 +97,40 @@ HASH_ALGOS = {"crc32", "crc16", "identity", "csum16", "xor16"}
 
 @dataclass
 class V:
-    """A checked expression: Python source, type, compile-time value, assignability."""
+    """A checked expression: its IR (which carries the type), compile-time value,
+    assignability."""
 
-    py: str
-    ty: Ty
+    ir: IRExpr
     const: Any = None
     lvalue: bool = False
     readonly_why: str = ""
+    stmt: IRStmt | None = None  # a call that is a statement (the value is void)
+
+    @property
+    def ty(self) -> Ty:
+        return self.ir.ty
+
+    @property
+    def py(self) -> str:
+        """The general backend's Python for it (while statements are still written here)."""
+        return py_expr(self.ir)
+
+
+def do(stmt: ir.Stmt) -> V:
+    """A call that is a statement."""
+    return V(ir.Entity(VOID), stmt=stmt)
+
+
+def konst(ty: Ty, value: Any) -> V:
+    """A compile-time value of type ``ty``."""
+    return V(ir.Const(ty, value), value)
 
 
 @dataclass
 class Sym:
     kind: str  # const var type table action extern_inst packet control parser func
     ty: Ty | None = None
-    py: str = ""
+    ir: Any = None  # the IR a var or const stands for
     value: Any = None
     data: Any = None
     readonly: str = ""  # why it cannot be assigned ("" = assignable)
@@ -179,8 +202,7 @@ class Checker:
         self.counters: dict[str, CounterInfo] = {}
         self.registers: dict[str, RegisterInfo] = {}
         self.digests: dict[str, DigestInfo] = {}
-        self.hdr_unpack: dict[str, tuple[int, list[str]]] = {}
-        self.hdr_struct: dict[str, tuple[list[str], list[str]]] = {}
+        self.w = PyWriter({})  # the general backend's writer, with codecs once types are known
         # members of the headers struct that egress or compute-checksum code mentions (None:
         # any may be written); a replica shares the others with its original (copy_ctx)
         self.egress_hdrs: set[str] | None = set()
@@ -301,7 +323,7 @@ class Checker:
                 self.err(
                     d.value.loc, f"the value of constant {d.name} is not a compile-time constant"
                 )
-            self.g.add(d.name, Sym("const", ty, py=v.py, value=v.const))
+            self.g.add(d.name, Sym("const", ty, ir=v.ir, value=v.const))
         elif isinstance(d, A.ExternDecl):
             self.g.add(d.name, Sym("type", ExternT(d.name), data=d))
         elif isinstance(d, A.FunctionProto):
@@ -473,7 +495,7 @@ class Checker:
                 if c >> w and c > 0:
                     raise Diagnostic(loc, f"value {c} does not fit in {ty}")
                 c &= (1 << w) - 1
-            return V(str(c), ty, c)
+            return konst(ty, c)
         raise Diagnostic(
             loc,
             f"{what or 'expression'} has type {v.ty}, expected {ty}"
@@ -493,12 +515,12 @@ class Checker:
     def expr(self, e: A.Expr, scope: Scope) -> V:
         if isinstance(e, A.IntLit):
             if e.width is None:
-                return V(str(e.value), INTLIT, e.value)
-            return V(str(e.value), BitT(e.width, e.signed), e.value)
+                return konst(INTLIT, e.value)
+            return konst(BitT(e.width, e.signed), e.value)
         if isinstance(e, A.BoolLit):
-            return V(str(e.value), BOOL, e.value)
+            return konst(BOOL, e.value)
         if isinstance(e, A.StrLit):
-            return V(repr(e.value), STR, e.value)
+            return konst(STR, e.value)
         if isinstance(e, A.Name):
             return self.name_expr(e, scope)
         if isinstance(e, A.Member):
@@ -522,17 +544,13 @@ class Checker:
                 raise Diagnostic(e.loc, "the branches of ?: need a width (cast one of them)")
             if c.const is not None and a.const is not None and b.const is not None:
                 r = a if c.const else b
-                return V(r.py, r.ty, r.const)
-            return V(f"({a.py} if {c.py} else {b.py})", a.ty)
+                return V(r.ir, r.const)
+            return V(ir.Cond(a.ty, c.ir, a.ir, b.ir))
         if isinstance(e, A.Cast):
             return self.cast_expr(e, scope)
         if isinstance(e, A.ListExpr):
             items = [self.expr(i, scope) for i in e.items]
-            return V(
-                "(" + "".join(i.py + ", " for i in items) + ")",
-                ListT([i.ty for i in items]),
-                data_items(items),
-            )
+            return V(ir.Tuple(ListT([i.ty for i in items]), tuple(i.ir for i in items)))
         if isinstance(e, (A.Mask, A.RangeKS, A.Default)):
             raise Diagnostic(e.loc, "keyset expression outside select/entries")
         raise Diagnostic(e.loc, f"unsupported expression {type(e).__name__}")
@@ -545,15 +563,15 @@ class Checker:
             raise Poisoned(e.loc, f"{e.name} has errors")
         if s.kind == "const":
             assert s.ty is not None
-            return V(s.py, s.ty, s.value)
+            return V(s.ir, s.value)
         if s.kind == "var":
             assert s.ty is not None
-            return V(s.py, s.ty, None, lvalue=not s.readonly, readonly_why=s.readonly)
+            return V(s.ir, None, lvalue=not s.readonly, readonly_why=s.readonly)
         if s.kind == "type":
             assert s.ty is not None
-            return V("", OtherT("type"), s.ty)
+            return V(ir.Entity(OtherT("type")), s.ty)
         if s.kind in ("table", "extern_inst", "packet", "action", "func", "subctl"):
-            return V("", OtherT(s.kind), s)
+            return V(ir.Entity(OtherT(s.kind)), s)
         raise Diagnostic(e.loc, f"{e.name} cannot be used in an expression")
 
     def member_expr(self, e: A.Member, scope: Scope) -> V:
@@ -562,7 +580,7 @@ class Checker:
             if e.name not in self.errors:
                 raise Diagnostic(e.name_loc or e.loc, f"unknown error {e.name}")
             c = self.errors[e.name]
-            return V(str(c), ERROR, c)
+            return konst(ERROR, c)
         base = self.expr(e.expr, scope)
         if isinstance(base.ty, OtherT) and base.ty.what == "type":
             t = base.const
@@ -570,14 +588,14 @@ class Checker:
                 if e.name not in t.members:
                     raise Diagnostic(e.name_loc or e.loc, f"{t} has no member {e.name}")
                 c = t.members[e.name]
-                return V(str(c), t, c)
+                return konst(t, c)
             raise Diagnostic(e.name_loc or e.loc, f"cannot select member {e.name} of type {t}")
         if isinstance(base.ty, StructT):
             ft = base.ty.field(e.name)
             if ft is None:
                 raise Diagnostic(e.name_loc or e.loc, f"{base.ty} has no field {e.name}")
             if (
-                base.py == "C.hdr"
+                is_ctx(base.ir, "hdr")
                 and self.ctl_role in _AFTER_INGRESS
                 and self.egress_hdrs is not None
             ):
@@ -585,19 +603,16 @@ class Checker:
             if base.ty is self.std_t and not target:
                 self.note_std_read(e.name)
             return V(
-                f"{base.py}.{attr(e.name)}",
-                ft,
+                ir.Field(ft, base.ir, e.name),
                 None,
                 lvalue=base.lvalue,
                 readonly_why=base.readonly_why,
             )
         if isinstance(base.ty, ApplyT):
-            if e.name == "hit":
-                return V(f"{base.py}[1]", BOOL)
-            if e.name == "miss":
-                return V(f"(not {base.py}[1])", BOOL)
+            if e.name in ("hit", "miss"):
+                return V(ir.TableResult(BOOL, e.name, base.ir))
             if e.name == "action_run":
-                return V(f"{base.py}[0]", OtherT("action_run"), base.ty.table)
+                return V(ir.TableResult(OtherT("action_run"), e.name, base.ir), base.ty.table)
             raise Diagnostic(e.name_loc or e.loc, f"a table apply result has no member {e.name}")
         raise Diagnostic(e.name_loc or e.loc, f"cannot select member {e.name} of {base.ty}")
 
@@ -612,11 +627,9 @@ class Checker:
         if not 0 <= lo <= hi < b.ty.width:
             raise Diagnostic(e.loc, f"slice [{hi}:{lo}] out of range for {b.ty}")
         w = hi - lo + 1
-        m = (1 << w) - 1
-        src = b.py if not b.ty.signed else f"({b.py} & {(1 << b.ty.width) - 1})"
-        const = None if b.const is None else (int(b.const) >> lo) & m
+        const = None if b.const is None else (int(b.const) >> lo) & ((1 << w) - 1)
         return V(
-            f"(({src} >> {lo}) & {m})", BitT(w), const, lvalue=b.lvalue, readonly_why=b.readonly_why
+            ir.Slice(BitT(w), b.ir, hi, lo), const, lvalue=b.lvalue, readonly_why=b.readonly_why
         )
 
     def cast_expr(self, e: A.Cast, scope: Scope) -> V:
@@ -636,28 +649,24 @@ class Checker:
                     c = int(v.const) & m
                     if ty.signed and c >= h:
                         c -= 1 << w
-                    return V(str(c), ty, c)
-                if ty.signed:
-                    return V(f"((({v.py}) + {h} & {m}) - {h})", ty)
-                if isinstance(src, BitT) and not src.signed and src.width <= w:
-                    return V(v.py, ty)
-                return V(f"(({v.py}) & {m})", ty)
+                    return konst(ty, c)
+                return V(ir.Cast(ty, v.ir))
             if isinstance(src, BoolT) and w == 1 and not ty.signed:
                 if v.const is not None:
-                    return V(str(int(v.const)), ty, int(v.const))
-                return V(f"(1 if {v.py} else 0)", ty)
+                    return konst(ty, int(v.const))
+                return V(ir.Cast(ty, v.ir))
         if isinstance(ty, BoolT) and isinstance(src, BitT) and src.width == 1:
             if v.const is not None:
-                return V(str(bool(v.const)), BOOL, bool(v.const))
-            return V(f"({v.py} == 1)", BOOL)
+                return konst(BOOL, bool(v.const))
+            return V(ir.Cast(BOOL, v.ir))
         if isinstance(ty, BoolT) and isinstance(src, IntLitT) and v.const in (0, 1):
-            return V(str(bool(v.const)), BOOL, bool(v.const))
+            return konst(BOOL, bool(v.const))
         if (
             isinstance(ty, EnumT)
             and ty.underlying is not None
             and (src == ty.underlying or isinstance(src, IntLitT))
         ):
-            return V(v.py, ty, v.const)
+            return V(ir.Cast(ty, v.ir), v.const)
         raise Diagnostic(e.loc, f"cannot cast {v.ty} to {ty}")
 
     def unify(self, a: V, b: V, loc: Loc, op: str) -> tuple[V, V]:
@@ -683,13 +692,13 @@ class Checker:
             if not isinstance(v.ty, BoolT):
                 raise Diagnostic(e.loc, f"operator '!' needs a bool, not {v.ty}")
             if v.const is not None:
-                return V(str(not v.const), BOOL, not v.const)
-            return V(f"(not {v.py})", BOOL)
+                return konst(BOOL, not v.const)
+            return V(ir.Unary(BOOL, "!", v.ir))
         if isinstance(v.ty, IntLitT):
             c = -int(v.const) if e.op == "-" else ~int(v.const)
             if e.op == "~":
                 raise Diagnostic(e.loc, "operator '~' needs a value with a width")
-            return V(str(c), INTLIT, c)
+            return konst(INTLIT, c)
         if not isinstance(v.ty, BitT):
             raise Diagnostic(e.loc, f"operator '{e.op}' needs bit<W> or int<W>, not {v.ty}")
         return self.arith(e.op, v, None, e.loc)
@@ -702,23 +711,14 @@ class Checker:
         m = (1 << w) - 1
         h = 1 << (w - 1)
 
-        def norm(x: str) -> str:
-            return f"((({x}) + {h} & {m}) - {h})" if t.signed else f"(({x}) & {m})"
-
         def cnorm(x: int) -> int:
             x &= m
             return x - (1 << w) if t.signed and x >= h else x
 
         if b is None:
             if a.const is not None:
-                return V(
-                    str(cnorm(-int(a.const) if op == "-" else ~int(a.const))),
-                    t,
-                    cnorm(-int(a.const) if op == "-" else ~int(a.const)),
-                )
-            if op == "-":
-                return V(norm(f"-{a.py}"), t)
-            return V(f"({a.py} ^ {m})" if not t.signed else f"(~{a.py})", t)
+                return konst(t, cnorm(-int(a.const) if op == "-" else ~int(a.const)))
+            return V(ir.Unary(t, op, a.ir))
         ca, cb = a.const, b.const
         if ca is not None and cb is not None:
             x, y = int(ca), int(cb)
@@ -749,25 +749,12 @@ class Checker:
             else:  # pragma: no cover
                 raise Diagnostic(loc, f"operator {op}")
             r = cnorm(r)
-            return V(str(r), t, r)
-        px, py_ = a.py, b.py
-        if op in ("+", "-", "*"):
-            return V(norm(f"{px} {op} {py_}"), t)
-        if op in ("/", "%"):
-            if t.signed:
-                raise Diagnostic(loc, f"operator '{op}' on signed values is not supported")
-            return V(f"_{'div' if op == '/' else 'mod'}({px}, {py_})", t)
-        if op in ("&", "|", "^"):
-            return V(f"({px} {op} {py_})", t)
-        if op == "|+|":
-            if t.signed:
-                return V(f"max({-h}, min({px} + {py_}, {h - 1}))", t)
-            return V(f"min({px} + {py_}, {m})", t)
-        if op == "|-|":
-            if t.signed:
-                return V(f"max({-h}, min({px} - {py_}, {h - 1}))", t)
-            return V(f"max({px} - {py_}, 0)", t)
-        raise Diagnostic(loc, f"unsupported operator {op}")  # pragma: no cover
+            return konst(t, r)
+        if op in ("/", "%") and t.signed:
+            raise Diagnostic(loc, f"operator '{op}' on signed values is not supported")
+        if op not in ("+", "-", "*", "/", "%", "&", "|", "^", "|+|", "|-|"):  # pragma: no cover
+            raise Diagnostic(loc, f"unsupported operator {op}")
+        return V(ir.Arith(t, op, a.ir, b.ir))
 
     def binary_expr(self, e: A.Binary, scope: Scope) -> V:
         op = e.op
@@ -779,8 +766,8 @@ class Checker:
                     raise Diagnostic(side.loc, f"operator '{op}' needs bool operands, not {v.ty}")
             if a.const is not None and b.const is not None:
                 r = (a.const and b.const) if op == "&&" else (a.const or b.const)
-                return V(str(bool(r)), BOOL, bool(r))
-            return V(f"({a.py} {'and' if op == '&&' else 'or'} {b.py})", BOOL)
+                return konst(BOOL, bool(r))
+            return V(ir.Logic(BOOL, op, a.ir, b.ir))
         if op in ("<<", ">>"):
             if not isinstance(b.ty, (BitT, IntLitT)) or (
                 b.ty == BitT(b.ty.width, True) if isinstance(b.ty, BitT) else False
@@ -796,7 +783,7 @@ class Checker:
                         "needs a width (cast the literal)",
                     )
                 r = int(a.const) << int(b.const) if op == "<<" else int(a.const) >> int(b.const)
-                return V(str(r), INTLIT, r)
+                return konst(INTLIT, r)
             if not isinstance(a.ty, BitT):
                 raise Diagnostic(e.left.loc, f"cannot shift a value of type {a.ty}")
             t = a.ty
@@ -807,13 +794,8 @@ class Checker:
                 r &= m
                 if t.signed and r >> (t.width - 1):
                     r -= 1 << t.width
-                return V(str(r), t, r)
-            if op == "<<":
-                if t.signed:
-                    h = 1 << (t.width - 1)
-                    return V(f"((({a.py} << {b.py}) + {h} & {m}) - {h})", t)
-                return V(f"(({a.py} << {b.py}) & {m})", t)
-            return V(f"({a.py} >> {b.py})", t)
+                return konst(t, r)
+            return V(ir.Arith(t, op, a.ir, b.ir))
         if op == "++":
             for v, side in ((a, e.left), (b, e.right)):
                 if not isinstance(v.ty, BitT):
@@ -823,19 +805,12 @@ class Checker:
             assert isinstance(a.ty, BitT) and isinstance(b.ty, BitT)
             wa, wb = a.ty.width, b.ty.width
             t = BitT(wa + wb, a.ty.signed)
-            ua = a.py if not a.ty.signed else f"({a.py} & {(1 << wa) - 1})"
-            ub = b.py if not b.ty.signed else f"({b.py} & {(1 << wb) - 1})"
-            py = f"(({ua} << {wb}) | {ub})"
-            if t.signed:
-                h = 1 << (t.width - 1)
-                py = f"(({py} + {h} & {(1 << t.width) - 1}) - {h})"
-            c = None
             if a.const is not None and b.const is not None:
                 c = ((int(a.const) & ((1 << wa) - 1)) << wb) | (int(b.const) & ((1 << wb) - 1))
                 if t.signed and c >> (t.width - 1):
                     c -= 1 << t.width
-                py = str(c)
-            return V(py, t, c)
+                return konst(t, c)
+            return V(ir.Concat(t, a.ir, b.ir))
         if op in ("==", "!=", "<", ">", "<=", ">="):
             a, b = self.unify(a, b, e.loc, op)
             if op in ("<", ">", "<=", ">=") and not isinstance(a.ty, (BitT, IntLitT)):
@@ -844,8 +819,8 @@ class Checker:
                 raise Diagnostic(e.loc, f"cannot compare values of type {a.ty}")
             if a.const is not None and b.const is not None:
                 r = bool(eval(f"{a.const!r} {op} {b.const!r}"))  # ints/bools only
-                return V(str(r), BOOL, r)
-            return V(f"({a.py} {op} {b.py})", BOOL)
+                return konst(BOOL, r)
+            return V(ir.Cmp(BOOL, op, a.ir, b.ir))
         if op in ("+", "-", "*", "/", "%", "&", "|", "^", "|+|", "|-|"):
             if isinstance(a.ty, IntLitT) and isinstance(b.ty, IntLitT):
                 x, y = int(a.const), int(b.const)
@@ -863,7 +838,7 @@ class Checker:
                     "|": x | y,
                     "^": x ^ y,
                 }[op]
-                return V(str(r), INTLIT, r)
+                return konst(INTLIT, r)
             a, b = self.unify(a, b, e.loc, op)
             if not isinstance(a.ty, BitT):
                 raise Diagnostic(
@@ -885,10 +860,10 @@ class Checker:
                 if e.args:
                     raise Diagnostic(e.loc, f"{m}() takes no arguments")
                 if m == "isValid":
-                    return V(f"{base.py}._v_", BOOL)
+                    return V(ir.IsValid(BOOL, base.ir))
                 if not base.lvalue:
                     raise Diagnostic(e.loc, f"cannot call {m}() on a read-only header")
-                return V(f"{base.py}._v_ = {m == 'setValid'}", VOID)
+                return do(ir.SetValid(base.ir, m == "setValid"))
             bs = self.expr(f.expr, scope)
             if isinstance(bs.ty, OtherT) and isinstance(bs.const, Sym):
                 s: Sym = bs.const
@@ -905,7 +880,7 @@ class Checker:
                             "(bmv2 allows one apply per control)",
                         )
                     tc.applied = True
-                    return V(f"{tc.uid}(C, F)", ApplyT(tc))
+                    return V(ir.TableApply(ApplyT(tc), tc.uid))
                 if s.kind == "packet":
                     return self.packet_call(s, m, e, scope)
                 if s.kind == "subctl":
@@ -946,35 +921,24 @@ class Checker:
             v = self.expr(e, scope)
         finally:
             self.assign_target = False
-        if v.py == "C.hdr" and self.ctl_role in _AFTER_INGRESS:
+        if is_ctx(v.ir, "hdr") and self.ctl_role in _AFTER_INGRESS:
             self.egress_hdrs = None  # the whole headers struct written: copy every header
         if not v.lvalue:
             why = f" ({v.readonly_why})" if v.readonly_why else ""
             raise Diagnostic(e.loc, f"expression is not assignable{why}")
         return v
 
-    def assign_code(self, lhs_e: A.Expr, rhs: V, scope: Scope, loc: Loc) -> str:
+    def assign(self, lhs_e: A.Expr, rhs: V, scope: Scope, loc: Loc) -> ir.Stmt:
         if isinstance(lhs_e, A.Slice):
             base = self.lvalue(lhs_e.expr, scope, read=True)
             sl = self.slice_expr(lhs_e, scope)
             assert isinstance(sl.ty, BitT) and isinstance(base.ty, BitT)
             r = self.coerce(rhs, sl.ty, loc, "right-hand side")
-            lo = int(self.expr(lhs_e.lo, scope).const)
-            wm = (1 << sl.ty.width) - 1
-            full = (1 << base.ty.width) - 1
-            keep = full ^ (wm << lo)
-            if base.ty.signed:
-                h = 1 << (base.ty.width - 1)
-                return (
-                    f"{base.py} = ((({base.py} & {keep}) | (({r.py} & {wm}) << {lo})) + {h} "
-                    f"& {full}) - {h}"
-                )
-            return f"{base.py} = ({base.py} & {keep}) | ({r.py} << {lo})"
+            assert isinstance(sl.ir, ir.Slice)
+            return ir.AssignSlice(base.ir, sl.ir.hi, sl.ir.lo, r.ir)
         lv = self.lvalue(lhs_e, scope)
         r = self.coerce(rhs, lv.ty, loc, "right-hand side")
-        if isinstance(lv.ty, StructT):
-            return f"{lv.py} = {r.py}.copy()"
-        return f"{lv.py} = {r.py}"
+        return ir.Assign(lv.ir, r.ir)
 
     def packet_call(self, s: Sym, m: str, e: A.Call, scope: Scope) -> V:
         kind = s.data
@@ -986,41 +950,18 @@ class Checker:
                 h = self.lvalue(e.args[0], scope)
                 if not (isinstance(h.ty, StructT) and h.ty.is_header):
                     raise Diagnostic(e.args[0].loc, f"extract needs a header, not {h.ty}")
-                # _ext_<type> inlined (hot path); ``_h``/``_o``/``_e``/``_x`` cannot clash
-                # with generated names (P4 locals are l_*, keys k*)
-                nb, unpack = self.hdr_unpack[h.ty.name]
-                code = [
-                    f"_h = {h.py}",
-                    "_o = C.off",
-                    f"_e = _o + {nb}",
-                    f"if _e > _n: raise _ParserError({self.errors['PacketTooShort']})",
-                    "C.off = _e",
-                    "_x = int.from_bytes(_b[_o:_e], 'big')",
-                ]
-                sp = self.hdr_struct.get(h.ty.name)
-                if sp is not None:  # one struct.unpack_from for the whole header
-                    code.pop()  # no int.from_bytes
-                    code += [
-                        ln.replace("{U}", f"_SU_{h.ty.name}(_b, _o)").replace("{H}", "_h")
-                        for ln in sp[0]
-                    ]
-                    code.append("_h._v_ = True")
-                else:
-                    code += [ln.replace("{H}", "_h").replace("{V}", "_x") for ln in unpack]
-                return V("\n".join(code), VOID)
+                return do(ir.Extract(h.ir, self.errors["PacketTooShort"]))
             if m == "lookahead":
                 if len(e.type_args) != 1 or e.args:
                     raise Diagnostic(e.loc, "lookahead needs one type argument and no arguments")
                 t = self.resolve_type(e.type_args[0], scope)
-                if isinstance(t, BitT):
-                    return V(f"_peek(C, {t.width})", t)
-                if isinstance(t, StructT) and t.is_header:
-                    return V(f"_look_{t.name}(C)", t)
+                if isinstance(t, BitT) or (isinstance(t, StructT) and t.is_header):
+                    return V(ir.Lookahead(t))
                 raise Diagnostic(e.loc, f"lookahead<{t}> is not supported")
             if m == "advance":
                 self.args_n(e, 1, "advance")
                 a = self.coerce(self.expr(e.args[0], scope), BitT(32), e.args[0].loc)
-                return V(f"_advance(C, {a.py})", VOID)
+                return do(ir.Advance(a.ir))
             raise Diagnostic(e.func.loc, f"packet_in has no method {m} on this target")
         if self.ctl_role != "deparser":
             raise Diagnostic(e.loc, "packet_out.emit is only allowed in the deparser")
@@ -1030,24 +971,20 @@ class Checker:
         v = self.expr(e.args[0], scope)
         if not isinstance(v.ty, StructT):
             raise Diagnostic(e.args[0].loc, f"emit needs a header or struct, not {v.ty}")
-        return V(self.emit_code(v.py, v.ty), VOID)
+        self.check_emit(v.ty)
+        return do(ir.Emit(v.ir))
 
-    def emit_code(self, py: str, t: StructT) -> str:
+    def check_emit(self, t: StructT) -> None:
+        """A struct to emit holds only headers and structs of them."""
         if t.is_header:
-            sp = self.hdr_struct.get(t.name)
-            if sp is not None:
-                args = ", ".join(a.replace("{H}", "_h") for a in sp[1])
-                return f"_h = {py}\nif _h._v_: P.append(_SP_{t.name}({args}))"
-            return f"if {py}._v_: P.append(_pk_{t.name}({py}))"
-        parts = []
+            return
         for n, ft in t.fields:
             if not isinstance(ft, StructT):
                 raise Diagnostic(
                     Loc("<emit>", 0, 0),
                     f"cannot emit struct {t.name}: field {n} is not a header or struct",
                 )
-            parts.append(self.emit_code(f"{py}.{attr(n)}", ft))
-        return "\n".join(parts) if parts else "pass"
+            self.check_emit(ft)
 
     def extern_method(self, s: Sym, m: str, e: A.Call, scope: Scope) -> V:
         kind, info, uid = s.data
@@ -1057,12 +994,12 @@ class Checker:
             self.args_n(e, 1, "count")
             i = self.coerce(self.expr(e.args[0], scope), BitT(32), e.args[0].loc, "index")
             self.note_std_read("packet_length")  # bytes counted
-            return V(f"_count({uid}, {i.py}, C)", VOID)
+            return do(ir.Count(uid, i.ir))
         if kind == "direct_counter":
             if m != "count":
                 raise Diagnostic(e.func.loc, f"direct_counter has no method {m}")
             self.args_n(e, 0, "count")
-            return V("pass", VOID)  # bmv2 counts every hit of the owning table
+            return do(ir.Nop())  # bmv2 counts every hit of the owning table
         if kind == "register":
             assert isinstance(info, RegisterInfo)
             elt = s.ty
@@ -1075,73 +1012,48 @@ class Checker:
                         e.args[0].loc, f"register read into {dst.ty}, register holds {elt}"
                     )
                 i = self.coerce(self.expr(e.args[1], scope), BitT(32), e.args[1].loc, "index")
-                return V(f"{dst.py} = _rread({uid}, {i.py})", VOID)
+                return do(ir.RegisterRead(dst.ir, uid, i.ir))
             if m == "write":
                 self.args_n(e, 2, "write")
                 i = self.coerce(self.expr(e.args[0], scope), BitT(32), e.args[0].loc, "index")
                 v = self.coerce(self.expr(e.args[1], scope), elt, e.args[1].loc, "value")
-                return V(f"_rwrite({uid}, {i.py}, {v.py})", VOID)
+                return do(ir.RegisterWrite(uid, i.ir, v.ir))
             raise Diagnostic(e.func.loc, f"register has no method {m}")
         raise Diagnostic(e.func.loc, f"unsupported extern method {m}")
 
-    def fields_list(self, e: A.Expr, scope: Scope, what: str) -> list[tuple[str, int]]:
-        """A ``{a, b, ...}`` list (or a struct/header) as [(python expr, width)]."""
+    def fields_list(self, e: A.Expr, scope: Scope, what: str) -> tuple[ir.DataItem, ...]:
+        """A ``{a, b, ...}`` list (or a struct/header) as data items: each value, its width
+        and, for a field of a header, that header."""
         if isinstance(e, A.ListExpr):
             vals = [(self.expr(i, scope), i.loc) for i in e.items]
+            headers = [self.header_of(v.ir) for v, _ in vals]
         else:
             v = self.expr(e, scope)
             if not isinstance(v.ty, StructT):
                 raise Diagnostic(e.loc, f"{what} must be a list {{...}} or a struct")
-            vals = [(V(f"{v.py}.{attr(n)}", ft), e.loc) for n, ft in v.ty.fields]
+            vals = [(V(ir.Field(ft, v.ir, n)), e.loc) for n, ft in v.ty.fields]
             if v.ty is self.std_t:
                 self.note_std_read(*(n for n, _ in v.ty.fields))
-        out: list[tuple[str, int]] = []
-        for v, loc in vals:
+            headers = [v.ir if v.ty.is_header else None] * len(vals)
+        out: list[ir.DataItem] = []
+        for (v, loc), h in zip(vals, headers, strict=True):
             w = bit_width(v.ty)
-            if w is None or (isinstance(v.ty, BoolT) and False):
+            if w is None:
                 raise Diagnostic(loc, f"{what}: element of type {v.ty} has no fixed width")
-            py = v.py
-            if isinstance(v.ty, BoolT):
-                py = f"(1 if {py} else 0)"
-            elif isinstance(v.ty, BitT) and v.ty.signed:
-                py = f"({py} & {(1 << w) - 1})"
-            out.append((py, w))
-        return out
+            out.append(ir.DataItem(v.ir, w, h))
+        return tuple(out)
 
-    def fields_guard(
-        self, e: A.Expr, fl: list[tuple[str, int]], scope: Scope, implied: set[str]
-    ) -> tuple[str, str] | None:
-        """bmv2 serialises a field list leaving out the fields of headers that are invalid at
-        the time. For the list ``e`` (``fl``: its :meth:`fields_list`), returns None when every
-        header in it is known valid (the condition of the checksum implies it, or the list has
-        no header fields); else ``(all_valid, data)``: a test that every such header is valid,
-        and Python for the bytes in general."""
-        if isinstance(e, A.ListExpr):
-            valid = [self.header_of(i, scope) for i in e.items]
-        else:
-            v = self.expr(e, scope)
-            hv = f"{v.py}._v_" if isinstance(v.ty, StructT) and v.ty.is_header else None
-            valid = [hv] * len(fl)
-        items = [(p, w, hv) for (p, w), hv in zip(fl, valid, strict=True)]
-        checks = sorted({hv for _, _, hv in items if hv is not None} - implied)
-        if not checks:
-            return None
-        body = ", ".join(f"({p}, {w}, {hv or 'True'})" for p, w, hv in items)
-        return " and ".join(checks), f"_bits_valid(({body},))"
-
-    def header_of(self, e: A.Expr, scope: Scope) -> str | None:
-        """Validity (Python) of the header whose field ``e`` names directly, else None."""
-        if not isinstance(e, A.Member):
-            return None
-        base = self.expr(e.expr, scope)
-        if isinstance(base.ty, StructT) and base.ty.is_header:
-            return f"{base.py}._v_"
+    @staticmethod
+    def header_of(e: ir.Expr) -> ir.Expr | None:
+        """The header whose field ``e`` is, else None."""
+        if isinstance(e, ir.Field) and isinstance(e.base.ty, StructT) and e.base.ty.is_header:
+            return e.base
         return None
 
-    def valid_in(self, e: A.Expr, scope: Scope) -> set[str]:
+    def valid_in(self, e: A.Expr, scope: Scope) -> tuple[ir.Expr, ...]:
         """The headers a condition requires to be valid: ``h.isValid()`` joined by ``&&``."""
         if isinstance(e, A.Binary) and e.op == "&&":
-            return self.valid_in(e.left, scope) | self.valid_in(e.right, scope)
+            return self.valid_in(e.left, scope) + self.valid_in(e.right, scope)
         if (
             isinstance(e, A.Call)
             and isinstance(e.func, A.Member)
@@ -1150,8 +1062,8 @@ class Checker:
         ):
             base = self.expr(e.func.expr, scope)
             if isinstance(base.ty, StructT) and base.ty.is_header:
-                return {f"{base.py}._v_"}
-        return set()
+                return (base.ir,)
+        return ()
 
     def algo(self, e: A.Expr, scope: Scope) -> str:
         v = self.expr(e, scope)
@@ -1173,7 +1085,7 @@ class Checker:
             v = self.expr(a[0], scope)
             if not (isinstance(v.ty, StructT) and v.ty.name == "standard_metadata_t"):
                 raise Diagnostic(a[0].loc, "mark_to_drop needs standard_metadata")
-            return V(f"{v.py}.egress_spec = DROP_PORT; {v.py}.mcast_grp = 0", VOID)
+            return do(ir.MarkToDrop(v.ir))
         if name == "verify":
             if self.ctl_role != "parser":
                 raise Diagnostic(e.loc, "verify() is only allowed in the parser")
@@ -1182,7 +1094,7 @@ class Checker:
             er = self.expr(a[1], scope)
             if not isinstance(er.ty, ErrorT):
                 raise Diagnostic(a[1].loc, f"verify needs an error, not {er.ty}")
-            return V(f"if not {c.py}: raise _ParserError({er.py})", VOID)
+            return do(ir.Verify(c.ir, er.ir))
         if name in (
             "verify_checksum",
             "update_checksum",
@@ -1196,9 +1108,8 @@ class Checker:
             self.args_n(e, 4, name)
             c = self.cond(a[0], scope)
             fl = self.fields_list(a[1], scope, "checksum data")
-            guard = self.fields_guard(a[1], fl, scope, implied=self.valid_in(a[0], scope))
+            implied = self.valid_in(a[0], scope)
             alg = self.algo(a[3], scope)
-            pay = " + C.buf[C.payload_off:]" if name.endswith("payload") else ""
             if role == "verify":
                 ck = self.expr(a[2], scope)
                 w = bit_width(ck.ty)
@@ -1209,17 +1120,18 @@ class Checker:
                 w = bit_width(ck.ty)
                 if w is None or not isinstance(ck.ty, BitT):
                     raise Diagnostic(a[2].loc, f"checksum field of type {ck.ty}")
-            if alg == "csum16" and not pay and any(w_ > 0 for _, w_ in fl):
-                # no bytes: a number congruent to the packed data modulo 0xFFFF (hot path)
-                calc = f"_hash_csum16_fold({csum16_terms(fl)}, {w})"
-            else:
-                calc = f"_hash_{alg}({packed_bytes(fl)}{pay}, {w})"
-            if guard is not None:
-                # a field of an invalid header is left out of the data (bmv2's BufBuilder)
-                calc = f"({calc} if {guard[0]} else _hash_{alg}({guard[1]}{pay}, {w}))"
-            if role == "verify":
-                return V(f"if {c.py} and {calc} != {ck.py}: C.std.checksum_error = 1", VOID)
-            return V(f"if {c.py}: {ck.py} = {calc}", VOID)
+            return do(
+                ir.Checksum(
+                    role == "verify",
+                    c.ir,
+                    fl,
+                    implied,
+                    ck.ir,
+                    w,
+                    alg,
+                    name.endswith("payload"),
+                )
+            )
         if name == "hash":
             self.args_n(e, 5, name)
             dst = self.lvalue(a[0], scope)
@@ -1232,22 +1144,13 @@ class Checker:
                 if not isinstance(v.ty, (BitT, IntLitT)):
                     raise Diagnostic(x.loc, f"hash base/max must be bit<W>, not {v.ty}")
             fl = self.fields_list(a[3], scope, "hash data")
-            data = packed_bytes(fl)
-            guard = self.fields_guard(a[3], fl, scope, implied=set())
-            if guard is not None:
-                data = f"({data} if {guard[0]} else {guard[1]})"
-            m = (1 << dst.ty.width) - 1
-            return V(
-                f"{dst.py} = _hashmod(_hash_{alg}({data}, 64 if '{alg}' == 'identity' "
-                f"else 32), {base.py}, {mx.py}) & {m}",
-                VOID,
-            )
+            return do(ir.Hash(dst.ir, alg, base.ir, fl, mx.ir))
         if name == "random":
             self.args_n(e, 3, name)
             dst = self.lvalue(a[0], scope)
             lo = self.coerce(self.expr(a[1], scope), dst.ty, a[1].loc)
             hi = self.coerce(self.expr(a[2], scope), dst.ty, a[2].loc)
-            return V(f"{dst.py} = _random({lo.py}, {hi.py})", VOID)
+            return do(ir.Random(dst.ir, lo.ir, hi.ir))
         if name == "digest":
             self.args_n(e, 2, name)
             rcv = self.coerce(self.expr(a[0], scope), BitT(32), a[0].loc, "receiver")
@@ -1270,7 +1173,8 @@ class Checker:
                     f"digest data has {len(fl)} elements, struct "
                     f"{st.name} has {len(st.fields)} fields",
                 )
-            for (_p, w), (fname, ft) in zip(fl, st.fields, strict=True):
+            for item, (fname, ft) in zip(fl, st.fields, strict=True):
+                w = item.width
                 if bit_width(ft) != w:
                     raise Diagnostic(
                         a[1].loc, f"digest element for {fname} is {w} bits, field is {ft}"
@@ -1279,9 +1183,7 @@ class Checker:
                 self.digests[st.name] = DigestInfo(
                     st.name, [(n, bit_width(t) or 0) for n, t in st.fields]
                 )
-            did = f"DIG_{st.name}"
-            items = "".join(f"_be({p}, {w}), " for p, w in fl)
-            return V(f"C.digests = (*C.digests, ({did}, [{items}]))", VOID)
+            return do(ir.Digest(st.name, fl))
         if name in ("clone", "clone3", "clone_preserving_field_list"):
             n = {"clone": 2, "clone3": 3, "clone_preserving_field_list": 3}[name]
             self.args_n(e, n, name)
@@ -1296,19 +1198,15 @@ class Checker:
                     f"only allowed in the {want} control",
                 )
             sess = self.coerce(self.expr(a[1], scope), BitT(32), a[1].loc, "session")
-            flist = "-1"
+            flist = -1
             if name == "clone_preserving_field_list":
                 f = self.coerce(self.expr(a[2], scope), BitT(8), a[2].loc, "field list index")
                 if f.const is None:
                     raise Diagnostic(a[2].loc, "field list index must be a constant")
-                flist = str(f.const)
+                flist = int(f.const)
             elif name == "clone3":
                 self.expr(a[2], scope)
-            return V(
-                f"C.clone_type = {int(ct.const) + 1}; C.clone_session = {sess.py}; "
-                f"C.clone_fl = {flist}",
-                VOID,
-            )
+            return do(ir.Clone(ct.const == 1, sess.ir, flist))
         if name in ("resubmit_preserving_field_list", "recirculate_preserving_field_list"):
             self.args_n(e, 1, name)
             want = "ingress" if name.startswith("resubmit") else "egress"
@@ -1317,18 +1215,17 @@ class Checker:
             f = self.coerce(self.expr(a[0], scope), BitT(8), a[0].loc, "field list index")
             if f.const is None:
                 raise Diagnostic(a[0].loc, "field list index must be a constant")
-            attr_ = "resubmit_fl" if want == "ingress" else "recirc_fl"
-            return V(f"C.{attr_} = {f.const}", VOID)
+            return do(ir.PreserveFieldList(want == "egress", int(f.const)))
         if name == "truncate":
             self.args_n(e, 1, name)
             n_ = self.coerce(self.expr(a[0], scope), BitT(32), a[0].loc, "length")
-            return V(f"C.truncate_len = {n_.py}", VOID)
+            return do(ir.Truncate(n_.ir))
         if name == "log_msg":
             if not a:
                 raise Diagnostic(e.loc, "log_msg needs a message")
             for x in a:
                 self.expr(x, scope)
-            return V("pass", VOID)
+            return do(ir.Nop())
         raise Diagnostic(e.loc, f"{name} is not supported")  # pragma: no cover
 
     def direct_action_call(self, s: Sym, e: A.Call, scope: Scope) -> V:
@@ -1339,72 +1236,65 @@ class Checker:
             )
         args = []
         for (pn, pt, _d), x in zip(ac.params, e.args, strict=True):
-            args.append(self.coerce(self.expr(x, scope), pt, x.loc, f"argument {pn}").py)
+            args.append(self.coerce(self.expr(x, scope), pt, x.loc, f"argument {pn}").ir)
         self.used_action_uids.add(ac.uid)
-        return V(f"{ac.uid}(C, F{''.join(', ' + x for x in args)})", VOID)
+        return do(ir.CallAction(ac.uid, tuple(args)))
 
     # ------------------------------------------------------------------ statements
-    def stmts(self, ss: list[A.Stmt], scope: Scope) -> None:
+    def stmts(self, ss: list[A.Stmt], scope: Scope) -> list[ir.Stmt]:
+        out: list[ir.Stmt] = []
         for s in ss:
             try:
-                self.stmt(s, scope)
+                out.extend(self.stmt(s, scope))
             except Diagnostic as d:
                 self.add_diag(d)
+        return out
 
-    def stmt(self, s: A.Stmt, scope: Scope) -> None:
-        o = self.out
+    def stmt(self, s: A.Stmt, scope: Scope) -> list[ir.Stmt]:
         if isinstance(s, A.Block):
-            inner = Scope(scope)
-            n = len(o.lines)
-            self.stmts(s.stmts, inner)
-            if len(o.lines) == n:
-                o("pass")
-        elif isinstance(s, A.Empty):
-            o("pass")
-        elif isinstance(s, A.Assign):
+            return self.stmts(s.stmts, Scope(scope)) or [ir.Nop()]
+        if isinstance(s, A.Empty):
+            return [ir.Nop()]
+        if isinstance(s, A.Assign):
             if self.ctl_role == "deparser":
                 raise Diagnostic(s.loc, "assignments are not allowed in the deparser")
             rhs = self.expr(s.rhs, scope)
-            for line in self.assign_code(s.lhs, rhs, scope, s.rhs.loc).split("\n"):
-                o(line)
-        elif isinstance(s, A.CallStmt):
+            return [self.assign(s.lhs, rhs, scope, s.rhs.loc)]
+        if isinstance(s, A.CallStmt):
             v = self.call(s.call, scope, stmt=True) if isinstance(s.call, A.Call) else None
             if v is None:
                 raise Diagnostic(s.loc, "not a call")
-            for line in v.py.split("\n"):
-                o(line)
-        elif isinstance(s, A.If):
+            return [v.stmt if v.stmt is not None else ir.Eval(v.ir)]
+        if isinstance(s, A.If):
             if self.ctl_role == "parser":
                 raise Diagnostic(s.loc, "'if' is not allowed in parser states; use select")
             c = self.cond(s.cond, scope)
-            with o.block(f"if {c.py}:"):
-                self.stmt(s.then, Scope(scope))
-            if s.other is not None:
-                with o.block("else:"):
-                    self.stmt(s.other, Scope(scope))
-        elif isinstance(s, A.Switch):
-            self.switch_stmt(s, scope)
-        elif isinstance(s, A.Exit):
+            then = tuple(self.stmt(s.then, Scope(scope)))
+            other = None if s.other is None else tuple(self.stmt(s.other, Scope(scope)))
+            return [ir.If(c.ir, then, other)]
+        if isinstance(s, A.Switch):
+            return [self.switch_stmt(s, scope)]
+        if isinstance(s, A.Exit):
             if self.ctl_role in ("parser", "deparser"):
                 raise Diagnostic(s.loc, f"'exit' is not allowed in the {self.ctl_role}")
-            o("raise _EXIT")
-        elif isinstance(s, A.Return):
+            return [ir.Exit()]
+        if isinstance(s, A.Return):
             if s.value is not None:
                 raise Diagnostic(s.loc, "return with a value is not supported")
             if self.ctl_role in ("parser",):
                 raise Diagnostic(s.loc, "'return' is not allowed in the parser")
-            o("raise _RETURN" if self.in_sub_apply else "return None")
-        elif isinstance(s, A.VarDecl):
-            self.local_var(s, scope, frame=False)
-        elif isinstance(s, A.Instantiation):
+            return [ir.Return(self.in_sub_apply)]
+        if isinstance(s, A.VarDecl):
+            return self.local_var(s, scope, frame=False)
+        if isinstance(s, A.Instantiation):
             raise Diagnostic(s.loc, "instantiations are only allowed at control level")
-        else:  # pragma: no cover
-            raise Diagnostic(s.loc, f"unsupported statement {type(s).__name__}")
+        raise Diagnostic(s.loc, f"unsupported statement {type(s).__name__}")  # pragma: no cover
 
     def default_value(self, t: Ty) -> str:
         return default_value(t)
 
-    def local_var(self, s: A.VarDecl, scope: Scope, frame: bool) -> None:
+    def local_var(self, s: A.VarDecl, scope: Scope, frame: bool) -> list[ir.Stmt]:
+        """Declare the variable; returns the statements that initialise it."""
         ty = self.resolve_type(s.type, scope)
         if isinstance(ty, (ExternT, IntLitT, VoidT, StrT)):
             raise Diagnostic(s.type.loc, f"cannot declare a variable of type {ty}")
@@ -1418,29 +1308,31 @@ class Checker:
                 raise Diagnostic(
                     s.init.loc, f"the value of constant {s.name} is not a compile-time constant"
                 )
-            scope.add(s.name, Sym("const", ty, py=v.py, value=v.const))
-            return
+            scope.add(s.name, Sym("const", ty, ir=v.ir, value=v.const))
+            return []
         init = None
         if s.init is not None:
             init = self.coerce(self.expr(s.init, scope), ty, s.init.loc, "initializer")
-        py = f"F.{attr(s.name)}" if frame else self.fresh(f"l_{s.name}_")
+        ref = (
+            ir.Ref(ty, "frame", s.name)
+            if frame
+            else ir.Ref(ty, "local", self.fresh(f"l_{s.name}_"))
+        )
         if frame:
             self.frame_vars.append((attr(s.name), self.default_value(ty), scalar_default(ty)))
+        scope.add(s.name, Sym("var", ty, ir=ref))
         if init is not None:
-            self.out(f"{py} = {init.py}{'.copy()' if isinstance(ty, StructT) else ''}")
-        elif not frame:
-            self.out(f"{py} = {self.default_value(ty)}")
-        scope.add(s.name, Sym("var", ty, py=py))
+            return [ir.Assign(ref, init.ir)]
+        return [] if frame else [ir.Init(ref)]
 
-    def switch_stmt(self, s: A.Switch, scope: Scope) -> None:
+    def switch_stmt(self, s: A.Switch, scope: Scope) -> ir.Switch:
         v = self.expr(s.expr, scope)
         if not (isinstance(v.ty, OtherT) and v.ty.what == "action_run"):
             raise Diagnostic(s.expr.loc, "switch is only supported on t.apply().action_run")
         tc: TableCtx = v.const
         var = self.fresh("sw")
-        self.out(f"{var} = {v.py}")
+        arms: list[ir.SwitchArm] = []
         pending: list[str] = []
-        first = True
         seen: set[str] = set()
         has_default = False
         for c in s.cases:
@@ -1450,9 +1342,7 @@ class Checker:
                     raise Diagnostic(c.loc, "fall-through into default is not supported")
                 if c.body is None:
                     raise Diagnostic(c.loc, "default label needs a body")
-                with self.out.block("else:" if not first else "if True:"):
-                    self.stmt(c.body, Scope(scope))
-                first = False
+                arms.append(ir.SwitchArm((), tuple(self.stmt(c.body, Scope(scope)))))
                 continue
             if has_default:
                 raise Diagnostic(c.loc, "default must be the last switch label")
@@ -1462,17 +1352,14 @@ class Checker:
             if fq in seen:
                 raise Diagnostic(c.loc, f"duplicate switch label {c.label}")
             seen.add(fq)
-            pending.append(f"{var} == AID[{fq!r}]")
+            pending.append(fq)
             if c.body is None:
                 continue
-            cond = " or ".join(pending)
+            arms.append(ir.SwitchArm(tuple(pending), tuple(self.stmt(c.body, Scope(scope)))))
             pending = []
-            with self.out.block(f"{'if' if first else 'elif'} {cond}:"):
-                self.stmt(c.body, Scope(scope))
-            first = False
         if pending:
-            with self.out.block(f"{'if' if first else 'elif'} {' or '.join(pending)}:"):
-                self.out("pass")
+            arms.append(ir.SwitchArm(tuple(pending), (ir.Nop(),)))
+        return ir.Switch(var, v.ir, tuple(arms))
 
     # ------------------------------------------------------------------ controls
     def action_ctx(self, s: Sym) -> ActionCtx:
@@ -1505,16 +1392,16 @@ class Checker:
             py = self.fresh(f"p_{p.name}_")
             pys.append(py)
             params.append((p.name, t, p.direction))
-            inner.add(p.name, Sym("var", t, py=py, readonly="action parameters are read-only"))
+            ro = "action parameters are read-only"
+            inner.add(p.name, Sym("var", t, ir=ir.Ref(t, "param", py), readonly=ro))
         uid = self.fresh("a_")
         ac = ActionCtx(uid, fq, d, params)
         self.actions_by_name.setdefault(fq, ac)
-        saved = self.out
-        self.out = Emitter()
-        with self.out.block(f"def {uid}(C, F{''.join(', ' + p for p in pys)}):"):
-            self.stmts(d.body.stmts, inner)
-        self.action_code.extend(self.out.lines)
-        self.out = saved
+        body = self.stmts(d.body.stmts, inner)
+        o = Emitter()
+        with o.block(f"def {uid}(C, F{''.join(', ' + p for p in pys)}):"):
+            self.w.stmts(o, body)
+        self.action_code.extend(o.lines)
         return ac
 
     action_code: list[str]
@@ -1583,31 +1470,28 @@ class Checker:
             exp = {"H": self.headers_t, "M": self.meta_t, "S": self.std_t}[w]
             if t is not exp:
                 raise Diagnostic(p.type.loc, f"parameter {p.name} has type {t}, expected {exp}")
-            py = {"H": "C.hdr", "M": "C.meta", "S": "C.std"}[w]
+            ctx = {"H": "hdr", "M": "meta", "S": "std"}[w]
             ro = (
                 ""
                 if p.direction in ("inout", "out")
                 else f"parameter {p.name} is '{p.direction or 'directionless'}'"
             )
-            scope.add(p.name, Sym("var", t, py=py, readonly=ro))
+            scope.add(p.name, Sym("var", t, ir=ir.Ref(t, "ctx", ctx), readonly=ro))
 
-    def control_locals(self, decls: list[Any], scope: Scope) -> list[str]:
+    def control_locals(self, decls: list[Any], scope: Scope) -> list[ir.Stmt]:
         """Declare a control's locals (actions, tables, instances, variables) in ``scope``; a
-        bad one is reported and poisoned. Returns the frame-initialising lines they emit."""
-        saved, self.out = self.out, Emitter()
-        try:
-            tables: list[TableCtx] = []
-            for loc_d in decls:
-                try:
-                    self.control_local(loc_d, scope, tables)
-                except Diagnostic as e:
-                    self.add_diag(e)
-                    name = getattr(loc_d, "name", None)
-                    if isinstance(name, str) and scope.syms.get(name) is None:
-                        scope.add(name, Sym("poison"))
-            return self.out.lines
-        finally:
-            self.out = saved
+        bad one is reported and poisoned. Returns the statements that initialise the frame."""
+        init: list[ir.Stmt] = []
+        tables: list[TableCtx] = []
+        for loc_d in decls:
+            try:
+                init.extend(self.control_local(loc_d, scope, tables))
+            except Diagnostic as e:
+                self.add_diag(e)
+                name = getattr(loc_d, "name", None)
+                if isinstance(name, str) and scope.syms.get(name) is None:
+                    scope.add(name, Sym("poison"))
+        return init
 
     def frame_class(self, o: Emitter, fcls: str) -> None:
         """The class of a block's frame: one slot per local, initialised to its default."""
@@ -1625,22 +1509,22 @@ class Checker:
         self.frame_vars = []
         scope = Scope(self.g)
         self.bind_params(role, d, scope)
-        init_lines = self.control_locals(d.locals, scope)
+        init = self.control_locals(d.locals, scope)
         o = self.out
         fcls = f"F_{fn}"
         self.frame_class(o, fcls)
         self.frames[fn] = {n: v for n, _, v in self.frame_vars}
         if role == "parser":
-            self.compile_parser(d, scope, fcls, init_lines)
+            self.compile_parser(d, scope, fcls, init)
             return
+        assert d.body is not None
+        body = self.stmts(d.body.stmts, Scope(scope))
         with o.block(f"def {fn}(C):"):
             o(f"F = {fcls}()" if self.frame_vars else "F = None")
-            for ln in init_lines:
-                o(ln)
+            self.w.stmts(o, init)
             if role == "deparser":
                 o("P = []")
-                assert d.body is not None
-                self.stmts(d.body.stmts, Scope(scope))
+                self.w.stmts(o, body)
                 # a large payload is joined from a view, not copied twice
                 o("_b = C.buf")
                 o("_o = C.payload_off")
@@ -1648,8 +1532,7 @@ class Checker:
                 o("return b''.join(P)")
             else:
                 with o.block("try:"):
-                    assert d.body is not None
-                    self.stmts(d.body.stmts, Scope(scope))
+                    self.w.stmts(o, body)
                 with o.block("except _ExitType:"):
                     o("pass")
 
@@ -1662,7 +1545,7 @@ class Checker:
             raise Diagnostic(inst.loc, f"{inst.name} is already declared")
         name = self.fq_name(inst.name, inst.annotations)
         uid = self.fresh("sub_")
-        saved = (self.ctl_name, self.frame_vars, self.out, self.in_sub_apply)
+        saved = (self.ctl_name, self.frame_vars, self.in_sub_apply)
         self.ctl_name, self.frame_vars, self.in_sub_apply = name, [], False
         try:
             sc = Scope(self.g)
@@ -1684,11 +1567,13 @@ class Checker:
                     if p.direction in ("inout", "out")
                     else f"parameter {p.name} is '{p.direction or 'directionless'}'"
                 )
-                sc.add(p.name, Sym("var", t, py=f"F.{attr(p.name)}", readonly=ro))
+                sc.add(p.name, Sym("var", t, ir=ir.Ref(t, "frame", p.name), readonly=ro))
                 params.append((p.name, t, p.direction))
-            init_lines = self.control_locals(decl.locals, sc)
+            init = self.control_locals(decl.locals, sc)
+            self.in_sub_apply = True
+            assert decl.body is not None
+            body = self.stmts(decl.body.stmts, Scope(sc))
             o = Emitter()
-            self.out = o
             fcls = f"F_{uid}"
             self.frame_class(o, fcls)
             args = [f"a{i}" for i in range(len(params))]
@@ -1702,12 +1587,9 @@ class Checker:
                 o(f"F = {fcls}()")
                 for (n, _t, _d), a in zip(params, args, strict=True):
                     o(f"F.{attr(n)} = {a}")
-                for ln in init_lines:
-                    o(ln)
-                self.in_sub_apply = True
+                self.w.stmts(o, init)
                 with o.block("try:"):
-                    assert decl.body is not None
-                    self.stmts(decl.body.stmts, Scope(sc))
+                    self.w.stmts(o, body)
                 with o.block("except _ReturnType:"):
                     o("pass")
                 with o.block("except _ExitType:"):
@@ -1715,7 +1597,7 @@ class Checker:
                 o(f"return (False, {ret})")
             self.action_code.extend(o.lines)
         finally:
-            self.ctl_name, self.frame_vars, self.out, self.in_sub_apply = saved
+            self.ctl_name, self.frame_vars, self.in_sub_apply = saved
         scope.add(inst.name, Sym("subctl", data=SubCtx(uid, name, params)))
 
     def subctl_apply(self, sub: SubCtx, e: A.Call, scope: Scope) -> V:
@@ -1728,8 +1610,8 @@ class Checker:
             )
         if self.ctl_role in _AFTER_INGRESS:
             self.egress_hdrs = None  # references escape into the sub-control: copy all
-        args: list[str] = []
-        copy_out: list[str] = []
+        args: list[ir.Expr] = []
+        copy_out: list[ir.Expr] = []
         for (pn, pt, d), x in zip(sub.params, e.args, strict=True):
             if d in ("out", "inout"):
                 lv = self.lvalue(x, scope, read=True)  # passed in as the frame's value
@@ -1737,18 +1619,14 @@ class Checker:
                     raise Diagnostic(
                         x.loc, f"argument for {d} parameter {pn} has type {lv.ty}, expected {pt}"
                     )
-                args.append(lv.py)
+                args.append(lv.ir)
                 if not isinstance(pt, StructT):
-                    copy_out.append(lv.py)
+                    copy_out.append(lv.ir)
             else:
-                args.append(self.coerce(self.expr(x, scope), pt, x.loc, f"argument {pn}").py)
-        r = self.fresh("_r")
-        lines = [f"{r} = {sub.uid}(C{''.join(', ' + a for a in args)})"]
-        lines += [f"{lv} = {r}[{i + 1}]" for i, lv in enumerate(copy_out)]
-        lines.append(f"if {r}[0]: raise _EXIT")
-        return V("\n".join(lines), VOID)
+                args.append(self.coerce(self.expr(x, scope), pt, x.loc, f"argument {pn}").ir)
+        return do(ir.ApplySub(sub.uid, self.fresh("_r"), tuple(args), tuple(copy_out)))
 
-    def control_local(self, d: Any, scope: Scope, tables: list[TableCtx]) -> None:
+    def control_local(self, d: Any, scope: Scope, tables: list[TableCtx]) -> list[ir.Stmt]:
         if isinstance(d, A.ActionDecl):
             if self.ctl_role in ("parser", "deparser", "verify", "compute"):
                 raise Diagnostic(d.loc, f"actions are not supported in the {self.ctl_role}")
@@ -1765,9 +1643,10 @@ class Checker:
         elif isinstance(d, A.Instantiation):
             self.instantiate(d, scope)
         elif isinstance(d, A.VarDecl):
-            self.local_var(d, scope, frame=True)
+            return self.local_var(d, scope, frame=True)
         else:
             raise Diagnostic(d.loc, f"unsupported declaration in {self.ctl_name}")
+        return []
 
     def instantiate(self, d: A.Instantiation, scope: Scope) -> None:
         ts = scope.lookup(d.type.name) if d.type.kind == "name" else None
@@ -2047,9 +1926,9 @@ class Checker:
             def cv(x: A.Expr, t: BitT = t) -> int:
                 v = self.expr(x, scope)
                 if isinstance(v.ty, BoolT) and t.width == 1:
-                    v = V(str(int(v.const)), t, None if v.const is None else int(v.const))
+                    v = konst(t, None if v.const is None else int(v.const))
                 elif isinstance(v.ty, EnumT) and v.ty.underlying:
-                    v = V(v.py, v.ty.underlying, v.const)
+                    v = V(ir.Cast(v.ty.underlying, v.ir), v.const)
                 v = self.coerce(v, t, x.loc, "key value")
                 if v.const is None:
                     raise Diagnostic(x.loc, "entry key values must be compile-time constants")
@@ -2101,9 +1980,7 @@ class Checker:
         return ConstEntry(matches, fq, args, prio if needs_prio else 0)
 
     # ------------------------------------------------------------------ parser
-    def compile_parser(
-        self, d: A.ParserDecl, scope: Scope, fcls: str, init_lines: list[str]
-    ) -> None:
+    def compile_parser(self, d: A.ParserDecl, scope: Scope, fcls: str, init: list[ir.Stmt]) -> None:
         o = self.out
         states = {s.name: s for s in d.states}
         if "start" not in states:
@@ -2124,11 +2001,10 @@ class Checker:
 
         compiled: dict[str, tuple[list[str], list[tuple[str, str, str]]]] = {}
         for st in d.states:
-            saved = self.out
-            self.out = Emitter()
             try:
                 sc = Scope(scope)
-                self.stmts(st.stmts, sc)
+                code = Emitter()
+                self.w.stmts(code, self.stmts(st.stmts, sc))
                 tr = st.transition
                 if tr is None:
                     raise Diagnostic(st.loc, f"state {st.name} has no transition")
@@ -2137,11 +2013,9 @@ class Checker:
                     items = [("goto", "", tr.state or "")]
                 else:
                     items = self.select_items(tr, sc, check_target)
-                compiled[st.name] = (self.out.lines, items)
+                compiled[st.name] = (code.lines, items)
             except Diagnostic as e:
                 self.diags.append(e)
-            finally:
-                self.out = saved
         if len(compiled) != len(states):
             return  # diagnostics reported; no code
 
@@ -2149,7 +2023,9 @@ class Checker:
             {n: ParserState(*compiled[n]) for n in states}, self.errors.get("ParserTimeout", 5)
         )
         frame = f"F = {fcls}()" if self.frame_vars else "F = None"
-        for line in parser_code(graph, [frame, *init_lines]):
+        init_code = Emitter()
+        self.w.stmts(init_code, init)
+        for line in parser_code(graph, [frame, *init_code.lines]):
             o(line)
 
     def select_items(
@@ -2214,12 +2090,10 @@ class Checker:
         """The classes and header codecs (the general backend's), and what the code of blocks
         needs to know of each header's codec."""
         codecs = {t.name: header_codec(t) for t in self.structs if t.is_header}
+        self.w = PyWriter(codecs)
         for name, c in codecs.items():
-            self.hdr_unpack[name] = (c.nbytes, c.unpack)
             if c.struct is not None:
-                fmt, lines, pack = c.struct
-                self.pack_formats[name] = fmt
-                self.hdr_struct[name] = (lines, pack)
+                self.pack_formats[name] = c.struct[0]
         for line in types_code(self.structs, codecs, self.errors["PacketTooShort"]):
             self.out(line)
 
@@ -2283,8 +2157,9 @@ class Checker:
         return "\n".join(lines + self.runtime_code() + tr) + "\n"
 
 
-def data_items(items: list[V]) -> Any:
-    return None
+def is_ctx(e: ir.Expr, name: str) -> bool:
+    """Whether ``e`` is the packet context's ``hdr``, ``meta`` or ``std``."""
+    return isinstance(e, ir.Ref) and e.kind == "ctx" and e.name == name
 
 
 def expr_text(e: A.Expr) -> str:

@@ -1,0 +1,531 @@
+"""The checked program's code as a typed IR: what the checker produces and the backends read.
+
+The checker (:mod:`.checker`) resolves names, types and widths and, for code that checks,
+builds these nodes; it writes no target code. Every expression carries its resolved P4 type
+(:mod:`.types`), so a backend knows the width and signedness of each operation without looking
+anything up. Names that the checker allocates (locals ``l_x_3``, action parameters ``p_x_4``,
+table, action, counter and register uids) are identifiers of the IR; the P4 names of fields and
+frame variables are kept as written, and a backend maps them to its own (``codegen.general.attr``).
+
+The general backend (:mod:`..codegen.general`, :func:`~..codegen.general.py_expr` and
+:func:`~..codegen.general.py_stmts`) turns the IR into the Python the dataplane runs; the
+straight-line backend (:mod:`..codegen.straight`) rewrites that Python into one function per
+program. Nodes are immutable.
+
+Expressions (``Expr``): constants, references to state (the packet context's headers, metadata
+and standard metadata, a block's frame, a local, an action parameter), field selection, header
+validity, P4 arithmetic with its wrap-around (:class:`Arith`, :class:`Unary`), slices,
+concatenation, casts, comparisons, conditionals, tuples, a table's apply and its results, and
+lookahead. Statements (``Stmt``) are listed in ``STATEMENTS``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TypeAlias
+
+from .types import Ty
+
+__all__ = [
+    "Advance",
+    "ApplySub",
+    "Arith",
+    "Assign",
+    "AssignSlice",
+    "CallAction",
+    "Checksum",
+    "Clone",
+    "Count",
+    "DataItem",
+    "Digest",
+    "Emit",
+    "Eval",
+    "Exit",
+    "Extract",
+    "Hash",
+    "If",
+    "Init",
+    "MarkToDrop",
+    "Nop",
+    "PreserveFieldList",
+    "Random",
+    "RegisterRead",
+    "RegisterWrite",
+    "Return",
+    "SetValid",
+    "Stmt",
+    "Switch",
+    "SwitchArm",
+    "Truncate",
+    "Verify",
+    "Cast",
+    "Cmp",
+    "Concat",
+    "Cond",
+    "Const",
+    "Entity",
+    "Expr",
+    "Field",
+    "IsValid",
+    "Logic",
+    "Lookahead",
+    "Ref",
+    "Slice",
+    "TableApply",
+    "TableResult",
+    "Tuple",
+    "Unary",
+]
+
+
+@dataclass(frozen=True, eq=False, slots=True)
+class Const:
+    """A compile-time value (int, bool or, for ``log_msg``, str) of type ``ty``."""
+
+    ty: Ty
+    value: int | bool | str
+
+
+@dataclass(frozen=True, eq=False, slots=True)
+class Ref:
+    """A variable. ``kind``: ``ctx`` (the packet's ``hdr``/``meta``/``std``, by ``name``),
+    ``frame`` (a control local or sub-control parameter, by its P4 name), ``local`` (a block
+    local) or ``param`` (an action parameter), both by the name the checker gave them."""
+
+    ty: Ty
+    kind: str
+    name: str
+
+
+@dataclass(frozen=True, eq=False, slots=True)
+class Entity:
+    """A name that is not a value (a type, table, extern instance, action, packet...): the
+    checker keeps what it names beside the node; a backend never sees one in code."""
+
+    ty: Ty
+
+
+@dataclass(frozen=True, eq=False, slots=True)
+class Field:
+    """Field ``name`` (as written in P4) of the struct or header ``base``."""
+
+    ty: Ty
+    base: Expr
+    name: str
+
+
+@dataclass(frozen=True, eq=False, slots=True)
+class IsValid:
+    """``h.isValid()``."""
+
+    ty: Ty
+    header: Expr
+
+
+@dataclass(frozen=True, eq=False, slots=True)
+class Arith:
+    """``a op b`` on ``ty`` (bit<W> or int<W>), wrapping as P4 does: ``op`` is one of
+    ``+ - * / % & | ^ << >> |+| |-|`` (``|+|``/``|-|`` saturate; ``/``/``%`` are unsigned)."""
+
+    ty: Ty
+    op: str
+    a: Expr
+    b: Expr
+
+
+@dataclass(frozen=True, eq=False, slots=True)
+class Unary:
+    """``-x`` (wraps), ``~x`` on ``ty``, or ``!x`` on a bool (``op`` ``-``, ``~``, ``!``)."""
+
+    ty: Ty
+    op: str
+    x: Expr
+
+
+@dataclass(frozen=True, eq=False, slots=True)
+class Logic:
+    """``a && b`` / ``a || b`` (``op`` ``&&``/``||``)."""
+
+    ty: Ty
+    op: str
+    a: Expr
+    b: Expr
+
+
+@dataclass(frozen=True, eq=False, slots=True)
+class Cmp:
+    """``a op b`` for ``op`` in ``== != < > <= >=``, operands of one type."""
+
+    ty: Ty
+    op: str
+    a: Expr
+    b: Expr
+
+
+@dataclass(frozen=True, eq=False, slots=True)
+class Slice:
+    """``x[hi:lo]`` (``ty`` is bit<hi-lo+1>)."""
+
+    ty: Ty
+    x: Expr
+    hi: int
+    lo: int
+
+
+@dataclass(frozen=True, eq=False, slots=True)
+class Concat:
+    """``a ++ b``."""
+
+    ty: Ty
+    a: Expr
+    b: Expr
+
+
+@dataclass(frozen=True, eq=False, slots=True)
+class Cast:
+    """``(ty) x``: bit/int width or sign changes, bool <-> bit<1>, enum <-> its underlying."""
+
+    ty: Ty
+    x: Expr
+
+
+@dataclass(frozen=True, eq=False, slots=True)
+class Cond:
+    """``c ? a : b``."""
+
+    ty: Ty
+    c: Expr
+    a: Expr
+    b: Expr
+
+
+@dataclass(frozen=True, eq=False, slots=True)
+class Tuple:
+    """``{a, b, ...}`` as a value."""
+
+    ty: Ty
+    items: tuple[Expr, ...]
+
+
+@dataclass(frozen=True, eq=False, slots=True)
+class TableApply:
+    """``t.apply()`` of the table the checker named ``table`` (type ApplyT)."""
+
+    ty: Ty
+    table: str
+
+
+@dataclass(frozen=True, eq=False, slots=True)
+class TableResult:
+    """``.hit``, ``.miss`` or ``.action_run`` (``what``) of a table's apply."""
+
+    ty: Ty
+    what: str
+    apply: Expr
+
+
+@dataclass(frozen=True, eq=False, slots=True)
+class Lookahead:
+    """``pkt.lookahead<ty>()`` (a bit<W> or a header type)."""
+
+    ty: Ty
+
+
+Expr: TypeAlias = (
+    Const
+    | Ref
+    | Entity
+    | Field
+    | IsValid
+    | Arith
+    | Unary
+    | Logic
+    | Cmp
+    | Slice
+    | Concat
+    | Cast
+    | Cond
+    | Tuple
+    | TableApply
+    | TableResult
+    | Lookahead
+)
+
+
+# ---------------------------------------------------------------------------- statements
+@dataclass(frozen=True, eq=False, slots=True)
+class Nop:
+    """Does nothing (an empty block or statement, ``log_msg``, a direct counter's count)."""
+
+
+@dataclass(frozen=True, eq=False, slots=True)
+class Assign:
+    """``lhs = rhs`` (a struct or header is copied)."""
+
+    lhs: Expr
+    rhs: Expr
+
+
+@dataclass(frozen=True, eq=False, slots=True)
+class AssignSlice:
+    """``lhs[hi:lo] = rhs`` (``rhs`` of type bit<hi-lo+1>)."""
+
+    lhs: Expr
+    hi: int
+    lo: int
+    rhs: Expr
+
+
+@dataclass(frozen=True, eq=False, slots=True)
+class Init:
+    """A local declared without a value: its type's default."""
+
+    var: Ref
+
+
+@dataclass(frozen=True, eq=False, slots=True)
+class If:
+    """``if (cond) then else other`` (``other`` None: no else)."""
+
+    cond: Expr
+    then: tuple[Stmt, ...]
+    other: tuple[Stmt, ...] | None
+
+
+@dataclass(frozen=True, eq=False, slots=True)
+class SwitchArm:
+    """Labels (fully qualified action names; empty: ``default``) and the body they share."""
+
+    actions: tuple[str, ...]
+    body: tuple[Stmt, ...]
+
+
+@dataclass(frozen=True, eq=False, slots=True)
+class Switch:
+    """``switch (t.apply().action_run)``: the action run is kept in ``var``; the arms are
+    tried in order (labels that fall through are merged into the next arm)."""
+
+    var: str
+    on: Expr
+    arms: tuple[SwitchArm, ...]
+
+
+@dataclass(frozen=True, eq=False, slots=True)
+class Exit:
+    """``exit``."""
+
+
+@dataclass(frozen=True, eq=False, slots=True)
+class Return:
+    """``return`` from an action or a control (``from_sub``: from a sub-control's apply)."""
+
+    from_sub: bool
+
+
+@dataclass(frozen=True, eq=False, slots=True)
+class Eval:
+    """An expression evaluated for its effect (a table's apply as a statement)."""
+
+    expr: Expr
+
+
+@dataclass(frozen=True, eq=False, slots=True)
+class CallAction:
+    """A direct call of the action the checker named ``action``."""
+
+    action: str
+    args: tuple[Expr, ...]
+
+
+@dataclass(frozen=True, eq=False, slots=True)
+class ApplySub:
+    """``c.apply(args)`` of the sub-control named ``sub``: ``outs`` are the non-struct
+    arguments of out/inout parameters, assigned back from the call's result ``var``."""
+
+    sub: str
+    var: str
+    args: tuple[Expr, ...]
+    outs: tuple[Expr, ...]
+
+
+@dataclass(frozen=True, eq=False, slots=True)
+class SetValid:
+    """``h.setValid()`` / ``h.setInvalid()``."""
+
+    header: Expr
+    valid: bool
+
+
+@dataclass(frozen=True, eq=False, slots=True)
+class Extract:
+    """``pkt.extract(h)``; too few bytes left: parser error ``short``."""
+
+    header: Expr
+    short: int
+
+
+@dataclass(frozen=True, eq=False, slots=True)
+class Advance:
+    """``pkt.advance(bits)``."""
+
+    bits: Expr
+
+
+@dataclass(frozen=True, eq=False, slots=True)
+class Emit:
+    """``pkt.emit(x)``: a header if valid, or each header of a struct in field order."""
+
+    value: Expr
+
+
+@dataclass(frozen=True, eq=False, slots=True)
+class Verify:
+    """``verify(cond, error)``."""
+
+    cond: Expr
+    error: Expr
+
+
+@dataclass(frozen=True, eq=False, slots=True)
+class Count:
+    """``c.count(index)`` of the indirect counter the checker named ``counter``."""
+
+    counter: str
+    index: Expr
+
+
+@dataclass(frozen=True, eq=False, slots=True)
+class RegisterRead:
+    """``r.read(dst, index)`` of the register the checker named ``register``."""
+
+    dst: Expr
+    register: str
+    index: Expr
+
+
+@dataclass(frozen=True, eq=False, slots=True)
+class RegisterWrite:
+    """``r.write(index, value)``."""
+
+    register: str
+    index: Expr
+    value: Expr
+
+
+@dataclass(frozen=True, eq=False, slots=True)
+class MarkToDrop:
+    """``mark_to_drop(std)``."""
+
+    std: Expr
+
+
+@dataclass(frozen=True, eq=False, slots=True)
+class DataItem:
+    """One element of a field list (checksum, hash or digest data) and, when it is a field
+    of a header, that header (bmv2 leaves out the fields of invalid headers)."""
+
+    value: Expr
+    width: int
+    header: Expr | None
+
+
+@dataclass(frozen=True, eq=False, slots=True)
+class Checksum:
+    """``verify_checksum[_with_payload]`` (``verify``) or ``update_checksum[...]``: when
+    ``cond``, the checksum ``algo`` of ``data`` (and the payload) is compared with, or
+    written to, ``field`` (of ``width`` bits). ``implied`` are the headers ``cond`` itself
+    requires valid."""
+
+    verify: bool
+    cond: Expr
+    data: tuple[DataItem, ...]
+    implied: tuple[Expr, ...]
+    field: Expr
+    width: int
+    algo: str
+    payload: bool
+
+
+@dataclass(frozen=True, eq=False, slots=True)
+class Hash:
+    """``hash(dst, algo, base, data, max)``."""
+
+    dst: Expr
+    algo: str
+    base: Expr
+    data: tuple[DataItem, ...]
+    max: Expr
+
+
+@dataclass(frozen=True, eq=False, slots=True)
+class Random:
+    """``random(dst, lo, hi)``."""
+
+    dst: Expr
+    lo: Expr
+    hi: Expr
+
+
+@dataclass(frozen=True, eq=False, slots=True)
+class Digest:
+    """``digest<T>(receiver, data)``: the digest of struct ``name``, its fields' values."""
+
+    name: str
+    data: tuple[DataItem, ...]
+
+
+@dataclass(frozen=True, eq=False, slots=True)
+class Clone:
+    """``clone``/``clone3``/``clone_preserving_field_list``: ``egress`` is E2E (else I2E);
+    ``field_list`` -1 when none is preserved."""
+
+    egress: bool
+    session: Expr
+    field_list: int
+
+
+@dataclass(frozen=True, eq=False, slots=True)
+class PreserveFieldList:
+    """``resubmit_preserving_field_list`` (``recirculate`` False) or
+    ``recirculate_preserving_field_list``."""
+
+    recirculate: bool
+    index: int
+
+
+@dataclass(frozen=True, eq=False, slots=True)
+class Truncate:
+    """``truncate(length)``."""
+
+    length: Expr
+
+
+Stmt: TypeAlias = (
+    Nop
+    | Assign
+    | AssignSlice
+    | Init
+    | If
+    | Switch
+    | Exit
+    | Return
+    | Eval
+    | CallAction
+    | ApplySub
+    | SetValid
+    | Extract
+    | Advance
+    | Emit
+    | Verify
+    | Count
+    | RegisterRead
+    | RegisterWrite
+    | MarkToDrop
+    | Checksum
+    | Hash
+    | Random
+    | Digest
+    | Clone
+    | PreserveFieldList
+    | Truncate
+)
