@@ -1,10 +1,13 @@
-"""A compiled P4 pipeline: front end → checked program → Python code + P4Info, and its artefact.
+"""A compiled P4 pipeline: front end → typed IR → Python code (two backends) + P4Info, and its
+artefact.
 
-``Pipeline.compile(path_or_source)`` preprocesses, parses and checks a v1model program, assigns
-P4Runtime ids the way p4c does, and generates one Python module (a class per header/struct, a
-function per parser state, action, table and control). The module's code object is compiled
-once here; each :class:`~shadowgrad.bmv2_testbed.dataplane.Dataplane` executes it once to bind
-its runtime state, so no AST is walked per packet.
+``Pipeline.compile(path_or_source)`` preprocesses, parses and checks a v1model program into its
+typed IR (:mod:`.frontend.ir`), assigns P4Runtime ids the way p4c does, and has the general
+backend (:func:`.codegen.general.module_code`) write one Python module from the IR (a class per
+header/struct, one parse function, a function per action, table and control); the straight-line
+backend (:mod:`.codegen.straight`) builds ``fast(...)`` for the programs it covers. The module's
+code object is compiled once here; each :class:`~shadowgrad.bmv2_testbed.dataplane.Dataplane`
+executes it once to bind its runtime state, so no AST is walked per packet.
 
 The **pipeline artefact** (``to_device_config()``; the P4Runtime ``p4_device_config``) is UTF-8
 JSON::
@@ -35,7 +38,9 @@ from typing import Any
 from shadowgrad.errors import ShadowgradError
 
 from . import p4info as _p4info
+from .codegen.general import module_code
 from .codegen.straight import FastPathUnsupported, build_fast
+from .frontend import ir as p4ir
 from .frontend import model as p4model
 from .frontend.checker import Checker
 from .frontend.diagnostics import Diagnostic
@@ -337,8 +342,11 @@ class Pipeline:
         defines: dict[str, str] | None = None,
         *,
         facts: p4model.ProgramFacts,
+        program: p4ir.Program | None = None,
     ) -> None:
         self.model = model
+        #: the checked program's typed IR, which ``source`` was generated from
+        self.ir = program
         self.defines = dict(defines or {})
         #: what the checker found out about the program (not read back from ``source``)
         self.facts = facts
@@ -488,8 +496,16 @@ class Pipeline:
                     seen.append(str(diag))
             raise P4CompileError(seen)
         _p4info.assign_ids(ck.model)
+        prog = ck.program()
         return cls(
-            ck.model, ck.module_source(), files, main, include_dirs, defines, facts=ck.facts()
+            ck.model,
+            module_code(prog, ck.action_ids()),
+            files,
+            main,
+            include_dirs,
+            defines,
+            facts=ck.facts(),
+            program=prog,
         )
 
     def check_p4info(self, p4info: Any) -> None:

@@ -27,8 +27,9 @@ from ..frontend.types import BitT, BoolT, EnumT, ErrorT, StructT, Ty, bit_width
 __all__ = [
     "Emitter",
     "HeaderCodec",
-    "ParserGraph",
-    "ParserState",
+    "frame_code",
+    "module_code",
+    "transition_items",
     "attr",
     "csum16_terms",
     "default_value",
@@ -196,51 +197,60 @@ def _codec_code(o: Emitter, t: StructT, codec: HeaderCodec, too_short: int) -> N
         o(f"return ({' | '.join(parts) or '0'}).to_bytes({nb}, 'big')")
 
 
-@dataclass(frozen=True)
-class ParserState:
-    """One checked parser state: the code of its statements, then its transition as
-    ``(kind, text, target)`` items in order: ``line`` (code, e.g. a select key computed once),
-    ``if`` (condition, target state), ``goto`` (target state), ``raise`` (code)."""
-
-    code: list[str]
-    transitions: list[tuple[str, str, str]]
+def _keyset_cond(m: ir.KeysetMatch, kvar: str, key: ir.Expr) -> str:
+    if m.kind == "mask":
+        return f"({kvar} & {m.b}) == {m.a & m.b}"
+    if m.kind == "range":
+        return f"{m.a} <= {kvar} <= {m.b}"
+    return f"{kvar} == {bool(m.a)}" if isinstance(key.ty, BoolT) else f"{kvar} == {m.a}"
 
 
-@dataclass(frozen=True)
-class ParserGraph:
-    """A checked parser: its states in declaration order (``start`` among them; ``accept`` is
-    a target, never a state) and the error code of ParserTimeout."""
-
-    states: dict[str, ParserState]
-    timeout_error: int
-
-    def fits_tree(self) -> bool:
-        """Inlining from start emits at most PARSER_TREE_MAX states (so no cycle)."""
-        emitted = 0
-        stack: list[tuple[str, tuple[str, ...]]] = [("start", ())]
-        while stack:
-            name, seen = stack.pop()
-            if name == "accept":
-                continue
-            emitted += 1
-            if name in seen or emitted > PARSER_TREE_MAX:
-                return False
-            stack.extend(
-                (t, (*seen, name))
-                for k, _c, t in self.states[name].transitions
-                if k in ("if", "goto")
-            )
-        return True
+def transition_items(tr: ir.Transition) -> list[tuple[str, str, str]]:
+    """A transition as ``(kind, text, target)`` items in order: ``line`` (a select key
+    computed once, ``k0 = ...``), ``if`` (condition, target state), ``goto`` (target state),
+    ``raise`` (NoMatch)."""
+    out = [("line", f"k{i} = {py_expr(k)}", "") for i, k in enumerate(tr.keys)]
+    for c in tr.cases:
+        conds = [
+            _keyset_cond(m, f"k{i}", tr.keys[i]) for i, m in enumerate(c.matches) if m is not None
+        ]
+        out.append(("if", " and ".join(conds) or "True", c.target))
+    if tr.default is not None:
+        out.append(("goto", "", tr.default))
+    else:
+        out.append(("raise", f"raise _ParserError({tr.no_match})", ""))
+    return out
 
 
-def parser_code(graph: ParserGraph, prologue: list[str]) -> list[str]:
+def _fits_tree(states: dict[str, list[tuple[str, str, str]]]) -> bool:
+    """Inlining from start emits at most PARSER_TREE_MAX states (so no cycle)."""
+    emitted = 0
+    stack: list[tuple[str, tuple[str, ...]]] = [("start", ())]
+    while stack:
+        name, seen = stack.pop()
+        if name == "accept":
+            continue
+        emitted += 1
+        if name in seen or emitted > PARSER_TREE_MAX:
+            return False
+        stack.extend((t, (*seen, name)) for k, _c, t in states[name] if k in ("if", "goto"))
+    return True
+
+
+def parser_code(p: ir.ParserDef, w: PyWriter, prologue: list[str]) -> list[str]:
     """``parse(C)``: one function for the whole parser (hot path: no call per state), starting
     with ``prologue`` (the frame and the parser's locals). When the states reachable from start
     form a small DAG the transitions are nested ifs with the target states inlined (a tree:
     every path ends in return or raise), otherwise a loop over a state number (a transition
     sets it and continues; accept breaks) with bmv2's ParserTimeout after 1,000 states."""
     o = Emitter()
-    num = {n: i for i, n in enumerate(graph.states)}
+    num = {n: i for i, n in enumerate(p.states)}
+    items = {n: transition_items(st.transition) for n, st in p.states.items()}
+    code: dict[str, list[str]] = {}
+    for n, st in p.states.items():
+        c = Emitter()
+        w.stmts(c, st.body)
+        code[n] = c.lines
 
     def jump(tgt: str) -> str:
         return "break" if tgt == "accept" else f"s = {num[tgt]}; continue"
@@ -248,10 +258,9 @@ def parser_code(graph: ParserGraph, prologue: list[str]) -> list[str]:
     def emit_state(name: str, inline: bool) -> None:
         """State ``name``'s code; its transitions inline the next states (a tree) or jump to
         them (the loop over state numbers)."""
-        st = graph.states[name]
-        for ln in st.code:
+        for ln in code[name]:
             o(ln)
-        for kind, text, tgt in st.transitions:
+        for kind, text, tgt in items[name]:
             if kind in ("line", "raise"):
                 o(text)
             elif not inline:
@@ -268,13 +277,13 @@ def parser_code(graph: ParserGraph, prologue: list[str]) -> list[str]:
         else:
             emit_state(name, inline=True)
 
-    timeout = graph.timeout_error
+    timeout = p.timeout_error
     with o.block("def parse(C):"):
         for ln in prologue:
             o(ln)
         o("_b = C.buf")  # the frame never changes while parsing
         o("_n = len(_b)")
-        if graph.fits_tree():
+        if _fits_tree(items):
             emit_tree("start")
             return o.lines
         o(f"s = {num['start']}")
@@ -284,7 +293,7 @@ def parser_code(graph: ParserGraph, prologue: list[str]) -> list[str]:
             with o.block("if n > 1000:"):
                 o(f"raise _ParserError({timeout})")
             o("n += 1")
-            for i, name in enumerate(graph.states):
+            for i, name in enumerate(p.states):
                 with o.block(f"{'if' if i == 0 else 'elif'} s == {num[name]}:"):
                     emit_state(name, inline=False)
         with o.block("if n > 1000:"):
@@ -776,3 +785,116 @@ def _checksum(s: ir.Checksum) -> str:
     if s.verify:
         return f"if {c} and {calc} != {f}: C.std.checksum_error = 1"
     return f"if {c}: {f} = {calc}"
+
+
+# ---------------------------------------------------------------------------- the module
+def frame_code(o: Emitter, fcls: str, frame: tuple[ir.FrameVar, ...]) -> None:
+    """The class of a block's frame: one slot per variable, initialised to its default."""
+    with o.block(f"class {fcls}:"):
+        o(f"__slots__ = {tuple(attr(v.name) for v in frame)!r}")
+        with o.block("def __init__(self):"):
+            for v in frame:
+                o(f"self.{attr(v.name)} = {'None' if v.by_ref else default_value(v.ty)}")
+
+
+def _frame_line(fcls: str, frame: tuple[ir.FrameVar, ...]) -> str:
+    return f"F = {fcls}()" if frame else "F = None"
+
+
+def _control_code(o: Emitter, w: PyWriter, c: ir.ControlDef) -> None:
+    fcls = f"F_{c.fn}"
+    frame_code(o, fcls, c.frame)
+    with o.block(f"def {c.fn}(C):"):
+        o(_frame_line(fcls, c.frame))
+        w.stmts(o, c.init)
+        if c.role == "deparser":
+            o("P = []")
+            w.stmts(o, c.body)
+            # a large payload is joined from a view, not copied twice
+            o("_b = C.buf")
+            o("_o = C.payload_off")
+            o("P.append(_b[_o:] if len(_b) - _o < 512 else memoryview(_b)[_o:])")
+            o("return b''.join(P)")
+        else:
+            with o.block("try:"):
+                w.stmts(o, c.body)
+            with o.block("except _ExitType:"):
+                o("pass")
+
+
+def _table_code(o: Emitter, t: ir.TableDef) -> None:
+    uid = t.uid
+    with o.block(f"def {uid}(C, F):"):
+        kt = "(" + "".join(p + ", " for p, _w in map(_item, t.keys)) + ")"
+        # exact tables without a direct counter: the dict lookup inline (hot path)
+        o(f"d = T_{uid}.fast")
+        with o.block("if d is None:"):
+            o(f"a, args, hit = T_{uid}.lookup({kt}, C.std.packet_length)")
+        with o.block("else:"):
+            o(f"e = d.get({kt})")
+            with o.block("if e is None:"):
+                o(f"a = T_{uid}.default_action; args = T_{uid}.default_args; hit = False")
+            with o.block("else:"):
+                o("a = e.action_id; args = e.args; hit = True")
+        o(f"ACT_{uid}[a](C, F, *args)")
+        o("return a, hit")
+
+
+def _sub_code(o: Emitter, w: PyWriter, d: ir.SubControlDef) -> None:
+    fcls = f"F_{d.uid}"
+    frame_code(o, fcls, d.frame)
+    args = [f"a{i}" for i in range(len(d.params))]
+    ret = "".join(f"F.{attr(n)}, " for n in d.outs)
+    with o.block(f"def {d.uid}(C{''.join(', ' + a for a in args)}):"):
+        o(f"F = {fcls}()")
+        for n, a in zip(d.params, args, strict=True):
+            o(f"F.{attr(n)} = {a}")
+        w.stmts(o, d.init)
+        with o.block("try:"):
+            w.stmts(o, d.body)
+        with o.block("except _ReturnType:"):
+            o("pass")
+        with o.block("except _ExitType:"):
+            o(f"return (True, {ret})")
+        o(f"return (False, {ret})")
+
+
+def module_code(prog: ir.Program, action_ids: dict[str, int]) -> str:
+    """The general backend's module for a checked program: the classes and codecs, the
+    parser and controls, the actions, tables and sub-controls, the context functions, and the
+    names that bind them to the runtime ``R`` (``action_ids``: P4Runtime id per action)."""
+    codecs = {t.name: header_codec(t) for t in prog.structs if t.is_header}
+    w = PyWriter(codecs)
+    o = Emitter()
+    for line in types_code(prog.structs, codecs, prog.errors["PacketTooShort"]):
+        o(line)
+    p = prog.parser
+    frame_code(o, "F_parse", p.frame)
+    init = Emitter()
+    w.stmts(init, p.init)
+    for line in parser_code(p, w, [_frame_line("F_parse", p.frame), *init.lines]):
+        o(line)
+    for c in prog.controls:
+        _control_code(o, w, c)
+    for d in prog.defs:
+        if isinstance(d, ir.ActionDef):
+            with o.block(f"def {d.uid}(C, F{''.join(', ' + p for p in d.params)}):"):
+                w.stmts(o, d.body)
+        elif isinstance(d, ir.TableDef):
+            _table_code(o, d)
+        else:
+            _sub_code(o, w, d)
+    lines = o.lines + runtime_code(
+        prog.headers, prog.meta, prog.std, prog.egress_headers, prog.field_lists
+    )
+    lines.append(f"AID = {action_ids!r}")
+    for t in prog.tables:
+        lines.append(f"T_{t.uid} = R.tables_by_name[{t.name!r}]")
+        items = ", ".join(f"{action_ids[n]}: {prog.actions[n]}" for n in t.actions)
+        lines.append(f"ACT_{t.uid} = {{{items}}}")
+    for dg in prog.digests:
+        lines.append(f"DIG_{dg.name} = {dg.id}")
+    for uid, kind, info in prog.externs:
+        lines.append(f"{uid} = R.{'counters' if kind == 'counter' else 'registers'}[{info.id}]")
+    lines.append("DROP_PORT = R.drop_port")
+    return "\n".join(lines) + "\n"

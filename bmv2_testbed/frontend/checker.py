@@ -1,11 +1,12 @@
-"""Type/semantic checker and code generator for the supported P4_16 subset on v1model.
+"""Type and semantic checker for the supported P4_16 subset on v1model.
 
 One pass over the AST checks names, types and widths (reporting ``file:line:col: message``) and,
-for code that checks, emits Python source: one function per parser state, action, table and
-control, plus a class per header/struct type. The source is compiled once when the pipeline is
-loaded; no AST is walked per packet. Along the way it records what the back ends need to know
-about the program (:meth:`Checker.facts`, a :class:`~.model.ProgramFacts`: e.g. which
-standard_metadata fields each block reads), so that no later stage scans the generated source.
+for code that checks, builds the program's typed IR (:mod:`.ir`, :meth:`Checker.program`): the
+parser's states and transitions, the controls, actions, tables and sub-controls as typed
+statements and expressions. It writes no target code; the backends (:mod:`..codegen`) do.
+Along the way it records the P4Runtime model (:attr:`Checker.model`) and what the backends need
+to know about the program (:meth:`Checker.facts`, a :class:`~.model.ProgramFacts`: e.g. which
+standard_metadata fields each block reads, the frames' initial values).
 """
 
 from __future__ import annotations
@@ -14,18 +15,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..codegen.general import (
-    Emitter,
-    ParserGraph,
-    ParserState,
-    PyWriter,
     attr,
-    default_value,
     header_codec,
-    parser_code,
-    py_expr,
-    runtime_code,
     scalar_default,
-    types_code,
 )
 from . import ast as A  # noqa: N812
 from . import ir
@@ -70,6 +62,7 @@ VOID = VoidT()
 STR = StrT()
 
 _AFTER_INGRESS = ("egress", "compute")  # the controls that run on a replica
+_DECLARABLE = (StructT, BoolT, BitT, ErrorT, EnumT)  # types a variable starts from
 
 
 # extern functions whose semantics the target implements
@@ -109,11 +102,6 @@ class V:
     @property
     def ty(self) -> Ty:
         return self.ir.ty
-
-    @property
-    def py(self) -> str:
-        """The general backend's Python for it (while statements are still written here)."""
-        return py_expr(self.ir)
 
 
 def do(stmt: ir.Stmt) -> V:
@@ -190,19 +178,21 @@ class Checker:
         self.prog = program
         self.diags: list[Diagnostic] = []
         self.g = Scope()
-        self.out = Emitter()
         self.model = ProgramModel()
         self.uid = 0
         self.errors: dict[str, int] = {}
         self.structs: list[StructT] = []
         self.actions_by_name: dict[str, ActionCtx] = {}
         self.tables: list[TableCtx] = []
-        self.trailer: list[str] = []
-        self.ext_binds: list[tuple[str, str, Any]] = []
+        self.ext_binds: list[tuple[str, str, CounterInfo | RegisterInfo]] = []
         self.counters: dict[str, CounterInfo] = {}
         self.registers: dict[str, RegisterInfo] = {}
         self.digests: dict[str, DigestInfo] = {}
-        self.w = PyWriter({})  # the general backend's writer, with codecs once types are known
+        # the program's IR: the parser, the controls, and the actions, tables and
+        # sub-controls in declaration order
+        self.parser: ir.ParserDef | None = None
+        self.controls: list[ir.ControlDef] = []
+        self.defs: list[ir.ActionDef | ir.TableDef | ir.SubControlDef] = []
         # members of the headers struct that egress or compute-checksum code mentions (None:
         # any may be written); a replica shares the others with its original (copy_ctx)
         self.egress_hdrs: set[str] | None = set()
@@ -211,8 +201,8 @@ class Checker:
         self.roles: dict[str, A.Decl] = {}
         self.ctl_name = ""
         self.ctl_role = ""
-        # the current block's frame: (attribute, initialiser code, its value if a scalar)
-        self.frame_vars: list[tuple[str, str, Scalar | None]] = []
+        # the current block's frame
+        self.frame_vars: list[ir.FrameVar] = []
         # what the back ends need to know (ProgramFacts): block function -> frame defaults,
         # header type -> struct format of its one-pack plan
         self.frames: dict[str, dict[str, Scalar | None]] = {}
@@ -1290,9 +1280,6 @@ class Checker:
             raise Diagnostic(s.loc, "instantiations are only allowed at control level")
         raise Diagnostic(s.loc, f"unsupported statement {type(s).__name__}")  # pragma: no cover
 
-    def default_value(self, t: Ty) -> str:
-        return default_value(t)
-
     def local_var(self, s: A.VarDecl, scope: Scope, frame: bool) -> list[ir.Stmt]:
         """Declare the variable; returns the statements that initialise it."""
         ty = self.resolve_type(s.type, scope)
@@ -1318,8 +1305,10 @@ class Checker:
             if frame
             else ir.Ref(ty, "local", self.fresh(f"l_{s.name}_"))
         )
+        if (frame or init is None) and not isinstance(ty, _DECLARABLE):
+            raise Diagnostic(s.type.loc, f"cannot declare a variable of type {ty}")
         if frame:
-            self.frame_vars.append((attr(s.name), self.default_value(ty), scalar_default(ty)))
+            self.frame_vars.append(ir.FrameVar(s.name, ty))
         scope.add(s.name, Sym("var", ty, ir=ref))
         if init is not None:
             return [ir.Assign(ref, init.ir)]
@@ -1397,17 +1386,10 @@ class Checker:
         uid = self.fresh("a_")
         ac = ActionCtx(uid, fq, d, params)
         self.actions_by_name.setdefault(fq, ac)
-        body = self.stmts(d.body.stmts, inner)
-        o = Emitter()
-        with o.block(f"def {uid}(C, F{''.join(', ' + p for p in pys)}):"):
-            self.w.stmts(o, body)
-        self.action_code.extend(o.lines)
+        self.defs.append(ir.ActionDef(uid, tuple(pys), tuple(self.stmts(d.body.stmts, inner))))
         return ac
 
-    action_code: list[str]
-
     def compile_pipeline(self, blocks: dict[str, Any]) -> None:
-        self.action_code = []
         parser = blocks["parser"]
         ps = parser.params
         if len(ps) != 4:
@@ -1493,14 +1475,6 @@ class Checker:
                     scope.add(name, Sym("poison"))
         return init
 
-    def frame_class(self, o: Emitter, fcls: str) -> None:
-        """The class of a block's frame: one slot per local, initialised to its default."""
-        with o.block(f"class {fcls}:"):
-            o(f"__slots__ = {tuple(n for n, _, _ in self.frame_vars)!r}")
-            with o.block("def __init__(self):"):
-                for n, dv, _ in self.frame_vars:
-                    o(f"self.{n} = {dv}")
-
     def compile_block(self, role: str, fn: str, d: Any) -> None:
         self.ctl_name = (
             A.ann_get(d.annotations, "name") and str(A.ann_get(d.annotations, "name").args[0])  # type: ignore[union-attr]
@@ -1509,32 +1483,15 @@ class Checker:
         self.frame_vars = []
         scope = Scope(self.g)
         self.bind_params(role, d, scope)
-        init = self.control_locals(d.locals, scope)
-        o = self.out
-        fcls = f"F_{fn}"
-        self.frame_class(o, fcls)
-        self.frames[fn] = {n: v for n, _, v in self.frame_vars}
+        init = tuple(self.control_locals(d.locals, scope))
+        frame = tuple(self.frame_vars)
+        self.frames[fn] = {attr(v.name): scalar_default(v.ty) for v in frame}
         if role == "parser":
-            self.compile_parser(d, scope, fcls, init)
+            self.compile_parser(d, scope, frame, init)
             return
         assert d.body is not None
-        body = self.stmts(d.body.stmts, Scope(scope))
-        with o.block(f"def {fn}(C):"):
-            o(f"F = {fcls}()" if self.frame_vars else "F = None")
-            self.w.stmts(o, init)
-            if role == "deparser":
-                o("P = []")
-                self.w.stmts(o, body)
-                # a large payload is joined from a view, not copied twice
-                o("_b = C.buf")
-                o("_o = C.payload_off")
-                o("P.append(_b[_o:] if len(_b) - _o < 512 else memoryview(_b)[_o:])")
-                o("return b''.join(P)")
-            else:
-                with o.block("try:"):
-                    self.w.stmts(o, body)
-                with o.block("except _ExitType:"):
-                    o("pass")
+        body = tuple(self.stmts(d.body.stmts, Scope(scope)))
+        self.controls.append(ir.ControlDef(role, fn, frame, init, body))
 
     def define_subcontrol(self, decl: A.ControlDecl, inst: A.Instantiation, scope: Scope) -> None:
         if decl.proto:
@@ -1556,12 +1513,12 @@ class Checker:
                     raise Diagnostic(
                         p.loc, f"sub-control parameter {p.name} of type {t} is not supported"
                     )
-                dv = (
-                    self.default_value(t)
-                    if p.direction == "out" or not isinstance(t, StructT)
-                    else "None"
-                )
-                self.frame_vars.append((attr(p.name), dv, scalar_default(t)))
+                by_ref = p.direction != "out" and isinstance(t, StructT)
+                if not by_ref and not isinstance(t, _DECLARABLE):
+                    raise Diagnostic(
+                        p.loc, f"sub-control parameter {p.name} of type {t} is not supported"
+                    )
+                self.frame_vars.append(ir.FrameVar(p.name, t, by_ref))
                 ro = (
                     ""
                     if p.direction in ("inout", "out")
@@ -1573,29 +1530,19 @@ class Checker:
             self.in_sub_apply = True
             assert decl.body is not None
             body = self.stmts(decl.body.stmts, Scope(sc))
-            o = Emitter()
-            fcls = f"F_{uid}"
-            self.frame_class(o, fcls)
-            args = [f"a{i}" for i in range(len(params))]
-            outs = [
-                f"F.{attr(n)}"
-                for n, t, d in params
-                if d in ("out", "inout") and not isinstance(t, StructT)
-            ]
-            ret = "".join(x + ", " for x in outs)
-            with o.block(f"def {uid}(C{''.join(', ' + a for a in args)}):"):
-                o(f"F = {fcls}()")
-                for (n, _t, _d), a in zip(params, args, strict=True):
-                    o(f"F.{attr(n)} = {a}")
-                self.w.stmts(o, init)
-                with o.block("try:"):
-                    self.w.stmts(o, body)
-                with o.block("except _ReturnType:"):
-                    o("pass")
-                with o.block("except _ExitType:"):
-                    o(f"return (True, {ret})")
-                o(f"return (False, {ret})")
-            self.action_code.extend(o.lines)
+            outs = tuple(
+                n for n, t, d in params if d in ("out", "inout") and not isinstance(t, StructT)
+            )
+            self.defs.append(
+                ir.SubControlDef(
+                    uid,
+                    tuple(self.frame_vars),
+                    tuple(n for n, _t, _d in params),
+                    outs,
+                    tuple(init),
+                    tuple(body),
+                )
+            )
         finally:
             self.ctl_name, self.frame_vars, self.in_sub_apply = saved
         scope.add(inst.name, Sym("subctl", data=SubCtx(uid, name, params)))
@@ -1738,7 +1685,7 @@ class Checker:
         mk = self.g.lookup("$match_kind")
         kinds_ok = {"exact", "lpm", "ternary", "range", "optional"}
         keys: list[KeyInfo] = []
-        key_py: list[str] = []
+        key_ir: list[ir.DataItem] = []
         if "key" in props:
             for i, k in enumerate(props["key"].keys or []):
                 if mk is None or k.match_kind not in mk.data:
@@ -1749,15 +1696,10 @@ class Checker:
                 w = bit_width(v.ty)
                 if w is None:
                     raise Diagnostic(k.expr.loc, f"key of type {v.ty} cannot be matched")
-                py = v.py
-                if isinstance(v.ty, BoolT):
-                    py = f"(1 if {py} else 0)"
-                elif isinstance(v.ty, BitT) and v.ty.signed:
-                    py = f"({py} & {(1 << w) - 1})"
                 kn = A.ann_get(k.annotations, "name")
                 name = str(kn.args[0]) if kn and kn.args else expr_text(k.expr)
                 keys.append(KeyInfo(i + 1, name, w, k.match_kind))
-                key_py.append(py)
+                key_ir.append(ir.DataItem(v.ir, w, None))
         if sum(1 for k in keys if k.match_kind == "lpm") > 1:
             raise Diagnostic(d.loc, f"table {d.name} has more than one lpm key (bmv2 allows one)")
         if "actions" not in props:
@@ -1868,23 +1810,8 @@ class Checker:
         tc = TableCtx(uid, info, acts, local_names=local_names)
         self.tables.append(tc)
         self.model.tables.append(info)
-        o = Emitter()
         self.note_std_read("packet_length")  # bytes counted by a direct counter
-        with o.block(f"def {uid}(C, F):"):
-            kt = "(" + "".join(k + ", " for k in key_py) + ")"
-            # exact tables without a direct counter: the dict lookup inline (hot path)
-            o(f"d = T_{uid}.fast")
-            with o.block("if d is None:"):
-                o(f"a, args, hit = T_{uid}.lookup({kt}, C.std.packet_length)")
-            with o.block("else:"):
-                o(f"e = d.get({kt})")
-                with o.block("if e is None:"):
-                    o(f"a = T_{uid}.default_action; args = T_{uid}.default_args; hit = False")
-                with o.block("else:"):
-                    o("a = e.action_id; args = e.args; hit = True")
-            o(f"ACT_{uid}[a](C, F, *args)")
-            o("return a, hit")
-        self.action_code.extend(o.lines)
+        self.defs.append(ir.TableDef(uid, tuple(key_ir)))
         return tc
 
     def const_args(
@@ -1980,16 +1907,19 @@ class Checker:
         return ConstEntry(matches, fq, args, prio if needs_prio else 0)
 
     # ------------------------------------------------------------------ parser
-    def compile_parser(self, d: A.ParserDecl, scope: Scope, fcls: str, init: list[ir.Stmt]) -> None:
-        o = self.out
+    def compile_parser(
+        self,
+        d: A.ParserDecl,
+        scope: Scope,
+        frame: tuple[ir.FrameVar, ...],
+        init: tuple[ir.Stmt, ...],
+    ) -> None:
         states = {s.name: s for s in d.states}
         if "start" not in states:
             raise Diagnostic(d.loc, f"parser {d.name} has no start state")
         for s in d.states:
             if s.name in ("accept", "reject"):
                 raise Diagnostic(s.loc, f"state {s.name} cannot be defined")
-        # Each state is checked once into its code and transition items: the parser graph,
-        # from which the general backend writes the one parse function (codegen.general).
 
         def check_target(name: str, loc: Loc) -> None:
             if name == "reject":
@@ -1999,66 +1929,55 @@ class Checker:
             if name != "accept" and name not in states:
                 raise Diagnostic(loc, f"unknown parser state {name}")
 
-        compiled: dict[str, tuple[list[str], list[tuple[str, str, str]]]] = {}
+        compiled: dict[str, ir.ParserState] = {}
         for st in d.states:
             try:
                 sc = Scope(scope)
-                code = Emitter()
-                self.w.stmts(code, self.stmts(st.stmts, sc))
+                body = tuple(self.stmts(st.stmts, sc))
                 tr = st.transition
                 if tr is None:
                     raise Diagnostic(st.loc, f"state {st.name} has no transition")
                 if tr.select is None:
                     check_target(tr.state or "", tr.loc)
-                    items = [("goto", "", tr.state or "")]
+                    trans = ir.Transition((), (), tr.state or "", -1)
                 else:
-                    items = self.select_items(tr, sc, check_target)
-                compiled[st.name] = (code.lines, items)
+                    trans = self.select(tr, sc, check_target)
+                compiled[st.name] = ir.ParserState(body, trans)
             except Diagnostic as e:
                 self.diags.append(e)
         if len(compiled) != len(states):
             return  # diagnostics reported; no code
-
-        graph = ParserGraph(
-            {n: ParserState(*compiled[n]) for n in states}, self.errors.get("ParserTimeout", 5)
+        self.parser = ir.ParserDef(
+            frame,
+            init,
+            {n: compiled[n] for n in states},
+            self.errors.get("ParserTimeout", 5),
         )
-        frame = f"F = {fcls}()" if self.frame_vars else "F = None"
-        init_code = Emitter()
-        self.w.stmts(init_code, init)
-        for line in parser_code(graph, [frame, *init_code.lines]):
-            o(line)
 
-    def select_items(
-        self, tr: A.Transition, scope: Scope, check_target: Any
-    ) -> list[tuple[str, str, str]]:
-        """A select as (kind, text, target) items in order: ``line`` (key computations),
-        ``if`` (condition, target), ``goto`` (the default's target), ``raise`` (NoMatch)."""
+    def select(self, tr: A.Transition, scope: Scope, check_target: Any) -> ir.Transition:
+        """A select transition: its keys, its cases up to the first default, that default."""
         assert tr.select is not None and tr.cases is not None
-        out: list[tuple[str, str, str]] = []
         kv = [self.expr(x, scope) for x in tr.select]
-        kvars = []
         for i, v in enumerate(kv):
             if isinstance(v.ty, (IntLitT, StructT, ListT, OtherT)):
                 raise Diagnostic(tr.select[i].loc, f"cannot select on a value of type {v.ty}")
-            kvars.append(f"k{i}")
-            out.append(("line", f"k{i} = {v.py}", ""))
+        keys = tuple(v.ir for v in kv)
+        cases: list[ir.SelectCase] = []
         for c in tr.cases:
             check_target(c.state, c.loc)
             ks = c.keyset
             items = ks.items if isinstance(ks, A.ListExpr) else [ks]
             if len(items) == 1 and isinstance(items[0], A.Default):
-                out.append(("goto", "", c.state))
-                return out
+                return ir.Transition(keys, tuple(cases), c.state, self.errors["NoMatch"])
             if len(items) != len(kv):
                 raise Diagnostic(c.loc, f"keyset has {len(items)} elements, select has {len(kv)}")
-            conds: list[str] = []
-            for it, k, kvar in zip(items, kv, kvars, strict=True):
-                conds.extend(self.keyset_cond(it, k, kvar, scope))
-            out.append(("if", " and ".join(conds) or "True", c.state))
-        out.append(("raise", f"raise _ParserError({self.errors['NoMatch']})", ""))
-        return out
+            matches = tuple(
+                self.keyset_match(it, k, scope) for it, k in zip(items, kv, strict=True)
+            )
+            cases.append(ir.SelectCase(matches, c.state))
+        return ir.Transition(keys, tuple(cases), None, self.errors["NoMatch"])
 
-    def keyset_cond(self, it: A.Expr, k: V, kvar: str, scope: Scope) -> list[str]:
+    def keyset_match(self, it: A.Expr, k: V, scope: Scope) -> ir.KeysetMatch | None:
         def const(x: A.Expr) -> int:
             v = self.expr(x, scope)
             if isinstance(k.ty, (BoolT, ErrorT, EnumT)):
@@ -2071,42 +1990,34 @@ class Checker:
             return int(v.const)
 
         if isinstance(it, A.Default):
-            return []
+            return None
         if isinstance(it, A.Mask):
             if not isinstance(k.ty, BitT):
                 raise Diagnostic(it.loc, f"a mask needs a bit<W> key, not {k.ty}")
-            v, m = const(it.value), const(it.mask)
-            return [f"({kvar} & {m}) == {v & m}"]
+            return ir.KeysetMatch("mask", const(it.value), const(it.mask))
         if isinstance(it, A.RangeKS):
-            lo, hi = const(it.lo), const(it.hi)
-            return [f"{lo} <= {kvar} <= {hi}"]
-        v = const(it)
-        if isinstance(k.ty, BoolT):
-            return [f"{kvar} == {bool(v)}"]
-        return [f"{kvar} == {v}"]
+            return ir.KeysetMatch("range", const(it.lo), const(it.hi))
+        return ir.KeysetMatch("value", const(it))
 
-    # ------------------------------------------------------------------ types code
+    # ------------------------------------------------------------------ types
     def gen_types(self) -> None:
-        """The classes and header codecs (the general backend's), and what the code of blocks
-        needs to know of each header's codec."""
-        codecs = {t.name: header_codec(t) for t in self.structs if t.is_header}
-        self.w = PyWriter(codecs)
-        for name, c in codecs.items():
-            if c.struct is not None:
-                self.pack_formats[name] = c.struct[0]
-        for line in types_code(self.structs, codecs, self.errors["PacketTooShort"]):
-            self.out(line)
+        """What the back ends need to know of each header type's layout (ProgramFacts)."""
+        for t in self.structs:
+            if t.is_header:
+                c = header_codec(t)
+                if c.struct is not None:
+                    self.pack_formats[t.name] = c.struct[0]
 
-    def runtime_code(self) -> list[str]:
-        """new_ctx / copy_ctx / reset_meta / preserve for this program's types."""
-        assert self.headers_t and self.meta_t and self.std_t
+    def field_lists(self) -> dict[int, list[str]]:
+        """The metadata fields of each ``@field_list`` index."""
+        assert self.meta_t is not None
         lists: dict[int, list[str]] = {}
         for n, _ft in self.meta_t.fields:
             a = A.ann_get(self.meta_t.field_anns.get(n, []), "field_list")
             for idx in a.args if a is not None else []:
                 if isinstance(idx, int):
                     lists.setdefault(idx, []).append(n)
-        return runtime_code(self.headers_t, self.meta_t, self.std_t, self.egress_hdrs, lists)
+        return lists
 
     def controller_headers(self) -> None:
         for t in self.structs:
@@ -2136,25 +2047,27 @@ class Checker:
         self.model.errors = list(self.errors)
 
     # ------------------------------------------------------------------ output
-    def module_source(self) -> str:
-        """The generated module (call after ids are assigned)."""
-        o = self.out
-        lines = list(o.lines) + list(self.action_code)
-        tr = list(self.trailer)
-        aid = self.action_ids()
-        tr.append(f"AID = {aid!r}")
-        for tc in self.tables:
-            tr.append(f"T_{tc.uid} = R.tables_by_name[{tc.info.name!r}]")
-            items = ", ".join(
-                f"{aid[n]}: {self.actions_by_name[n].uid}" for n in tc.info.action_names
-            )
-            tr.append(f"ACT_{tc.uid} = {{{items}}}")
-        for d in self.model.digests:
-            tr.append(f"DIG_{d.name} = {d.id}")
-        for uid, kind, info in self.ext_binds:
-            tr.append(f"{uid} = R.{'counters' if kind == 'counter' else 'registers'}[{info.id}]")
-        tr.append("DROP_PORT = R.drop_port")
-        return "\n".join(lines + self.runtime_code() + tr) + "\n"
+    def program(self) -> ir.Program:
+        """The checked program as IR (call after a run without diagnostics)."""
+        assert self.headers_t and self.meta_t and self.std_t and self.parser
+        return ir.Program(
+            structs=list(self.structs),
+            headers=self.headers_t,
+            meta=self.meta_t,
+            std=self.std_t,
+            parser=self.parser,
+            controls=list(self.controls),
+            defs=list(self.defs),
+            actions={n: ac.uid for n, ac in self.actions_by_name.items()},
+            tables=[
+                ir.TableRef(tc.uid, tc.info.name, tuple(tc.info.action_names)) for tc in self.tables
+            ],
+            externs=list(self.ext_binds),
+            digests=list(self.model.digests),
+            field_lists=self.field_lists(),
+            egress_headers=None if self.egress_hdrs is None else set(self.egress_hdrs),
+            errors=dict(self.errors),
+        )
 
 
 def is_ctx(e: ir.Expr, name: str) -> bool:

@@ -24,9 +24,22 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TypeAlias
 
-from .types import Ty
+from .model import CounterInfo, DigestInfo, RegisterInfo
+from .types import StructT, Ty
 
 __all__ = [
+    "ActionDef",
+    "ControlDef",
+    "FrameVar",
+    "KeysetMatch",
+    "ParserDef",
+    "ParserState",
+    "Program",
+    "SelectCase",
+    "SubControlDef",
+    "TableDef",
+    "TableRef",
+    "Transition",
     "Advance",
     "ApplySub",
     "Arith",
@@ -529,3 +542,141 @@ Stmt: TypeAlias = (
     | PreserveFieldList
     | Truncate
 )
+
+
+# ---------------------------------------------------------------------------- declarations
+@dataclass(frozen=True, eq=False, slots=True)
+class FrameVar:
+    """A variable of a block's frame (its locals that live across its code): a control local
+    or a sub-control parameter; ``by_ref``: a struct argument, set by the call."""
+
+    name: str
+    ty: Ty
+    by_ref: bool = False
+
+
+@dataclass(frozen=True, eq=False, slots=True)
+class ActionDef:
+    """An action: the names the checker gave its parameters, and its body."""
+
+    uid: str
+    params: tuple[str, ...]
+    body: tuple[Stmt, ...]
+
+
+@dataclass(frozen=True, eq=False, slots=True)
+class TableDef:
+    """A table's apply: look up ``keys`` (each with its width), run the action found."""
+
+    uid: str
+    keys: tuple[DataItem, ...]
+
+
+@dataclass(frozen=True, eq=False, slots=True)
+class SubControlDef:
+    """A control instantiated inside another: its parameters are frame variables (the first
+    ``len(params)`` of ``frame``); ``outs``: the non-struct out/inout ones, returned."""
+
+    uid: str
+    frame: tuple[FrameVar, ...]
+    params: tuple[str, ...]
+    outs: tuple[str, ...]
+    init: tuple[Stmt, ...]
+    body: tuple[Stmt, ...]
+
+
+@dataclass(frozen=True, eq=False, slots=True)
+class ControlDef:
+    """One of V1Switch's controls (``role``: verify, ingress, egress, compute, deparser),
+    as function ``fn``: its frame, the frame's initialisation, its body."""
+
+    role: str
+    fn: str
+    frame: tuple[FrameVar, ...]
+    init: tuple[Stmt, ...]
+    body: tuple[Stmt, ...]
+
+
+@dataclass(frozen=True, eq=False, slots=True)
+class KeysetMatch:
+    """One key's part of a select case: ``value`` (``a``), ``mask`` (``a &&& b``) or
+    ``range`` (``a .. b``)."""
+
+    kind: str
+    a: int
+    b: int = 0
+
+
+@dataclass(frozen=True, eq=False, slots=True)
+class SelectCase:
+    """A select case: per key, its match (None: ``_``), and the next state."""
+
+    matches: tuple[KeysetMatch | None, ...]
+    target: str
+
+
+@dataclass(frozen=True, eq=False, slots=True)
+class Transition:
+    """A state's transition: ``select(keys)`` over ``cases`` in order, then ``default`` (a
+    state, or None: parser error ``no_match``); a plain ``transition s`` has no keys."""
+
+    keys: tuple[Expr, ...]
+    cases: tuple[SelectCase, ...]
+    default: str | None
+    no_match: int
+
+
+@dataclass(frozen=True, eq=False, slots=True)
+class ParserState:
+    """A parser state: its statements, then its transition."""
+
+    body: tuple[Stmt, ...]
+    transition: Transition
+
+
+@dataclass(frozen=True, eq=False, slots=True)
+class ParserDef:
+    """The parser: its frame, the frame's initialisation, its states in declaration order
+    (``start`` among them; ``accept`` is a target, never a state) and the error code of
+    ParserTimeout."""
+
+    frame: tuple[FrameVar, ...]
+    init: tuple[Stmt, ...]
+    states: dict[str, ParserState]
+    timeout_error: int
+
+
+@dataclass(frozen=True, eq=False, slots=True)
+class TableRef:
+    """A table as the runtime knows it: the checker's ``uid``, its P4Info ``name`` and the
+    fully qualified names of its actions."""
+
+    uid: str
+    name: str
+    actions: tuple[str, ...]
+
+
+@dataclass(eq=False, slots=True)
+class Program:
+    """A checked program: the typed declarations (``structs``, with the parser's headers,
+    metadata and standard metadata types), the blocks (parser first, then the controls in
+    V1Switch order), the actions, tables and sub-controls in declaration order, and the
+    names that bind the code to the runtime: ``actions`` (fully qualified name -> uid),
+    ``tables``, ``externs`` (uid, ``counter``/``register``, its P4Info entry), ``digests``
+    (their P4Info entries; ids are read once assigned), the metadata's ``field_lists``
+    (index -> fields) and ``egress_headers`` (the headers egress may touch; None: any)."""
+
+    structs: list[StructT]
+    headers: StructT
+    meta: StructT
+    std: StructT
+    parser: ParserDef
+    controls: list[ControlDef]
+    defs: list[ActionDef | TableDef | SubControlDef]
+    actions: dict[str, str]
+    tables: list[TableRef]
+    externs: list[tuple[str, str, CounterInfo | RegisterInfo]]
+    digests: list[DigestInfo]
+    field_lists: dict[int, list[str]]
+    egress_headers: set[str] | None
+    errors: dict[str, int]
