@@ -38,7 +38,7 @@ from typing import Any
 from shadowgrad.errors import ShadowgradError
 
 from . import p4info as _p4info
-from .codegen.general import module_code
+from .codegen.general import GeneralModule, build_general
 from .codegen.straight import FastPathUnsupported, build_fast
 from .frontend import ir as p4ir
 from .frontend import model as p4model
@@ -335,7 +335,7 @@ class Pipeline:
     def __init__(  # noqa: PLR0917
         self,
         model: p4model.ProgramModel,
-        source: str,
+        general: GeneralModule,
         files: dict[str, str],
         main: str,
         include_dirs: list[str],
@@ -353,8 +353,9 @@ class Pipeline:
         #: whether the program reads the queueing fields of standard_metadata (then each copy's
         #: egress gets the depth of its port's queue; see Dataplane.queue_depth)
         self.reads_queue = facts.reads_std(QUEUE_FIELDS)
-        # the general backend's module, parsed once: compiled here, read by the fast path
-        tree = ast.parse(source, f"<p4:{main}>")
+        # the general backend's module (a tree): compiled here, read by the straight-line one
+        tree = general.tree
+        source = general.source
         self.code = compile(tree, f"<p4:{main}>", "exec")
         #: ``fast(...)`` (the straight-line backend), compiled into the same namespace; None
         #: when the program is not covered (``fast_unsupported`` says why)
@@ -499,7 +500,7 @@ class Pipeline:
         prog = ck.program()
         return cls(
             ck.model,
-            module_code(prog, ck.action_ids()),
+            build_general(prog, ck.action_ids(), f"<p4:{main}>"),
             files,
             main,
             include_dirs,

@@ -13,6 +13,7 @@ blocks and the layout in :class:`~..frontend.model.ProgramFacts`.
 
 from __future__ import annotations
 
+import ast
 import keyword
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -27,6 +28,8 @@ from ..frontend.types import BitT, BoolT, EnumT, ErrorT, StructT, Ty, bit_width
 __all__ = [
     "Emitter",
     "HeaderCodec",
+    "GeneralModule",
+    "build_general",
     "frame_code",
     "module_code",
     "transition_items",
@@ -859,10 +862,27 @@ def _sub_code(o: Emitter, w: PyWriter, d: ir.SubControlDef) -> None:
         o(f"return (False, {ret})")
 
 
+@dataclass(frozen=True)
+class GeneralModule:
+    """The general backend's output: the module as a tree (what the pipeline compiles and the
+    straight-line backend reads) and its ``source`` (what ``--dump-python`` shows)."""
+
+    source: str
+    tree: ast.Module
+
+
+def build_general(prog: ir.Program, action_ids: dict[str, int], filename: str) -> GeneralModule:
+    """The general backend's module for a checked program (see :func:`module_code`), as a
+    tree with ``filename`` in its code locations."""
+    source = module_code(prog, action_ids)
+    return GeneralModule(source, ast.parse(source, filename))
+
+
 def module_code(prog: ir.Program, action_ids: dict[str, int]) -> str:
-    """The general backend's module for a checked program: the classes and codecs, the
-    parser and controls, the actions, tables and sub-controls, the context functions, and the
-    names that bind them to the runtime ``R`` (``action_ids``: P4Runtime id per action)."""
+    """The general backend's module for a checked program, as source: the classes and
+    codecs, the parser and controls, the actions, tables and sub-controls, the context
+    functions, and the names that bind them to the runtime ``R`` (``action_ids``: P4Runtime id
+    per action)."""
     codecs = {t.name: header_codec(t) for t in prog.structs if t.is_header}
     w = PyWriter(codecs)
     o = Emitter()
