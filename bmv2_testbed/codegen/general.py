@@ -1,14 +1,15 @@
 """The general backend: the Python the dataplane runs for any program the checker accepts.
 
-A class per header and struct (headers' fields default to class attributes; structs keep
-``__slots__``), a codec per header type (``_unpack_``/``_ext_``/``_look_``/``_pk_``, and one
-``struct`` format for a header whose fields pack into whole bytes), the context functions
-(``new_ctx``, ``copy_ctx``, ``reset_meta``, ``preserve``), and the naming and value rules the
-checker follows when it writes the code of blocks, tables and actions (:func:`attr`,
-:func:`default_value`, :func:`struct_plan`, :func:`packed_bytes`, :func:`csum16_terms`).
-Everything here works from the checker's typed declarations (:mod:`..frontend.types`), never
-from P4 syntax. The straight-line backend (:mod:`.straight`) reads this backend's code of the
-blocks and the layout in :class:`~..frontend.model.ProgramFacts`.
+Written from the checked program's IR (:mod:`..frontend.ir`, :func:`module_code`): a class per
+header and struct (headers' fields default to class attributes; structs keep ``__slots__``), a
+codec per header type (``_unpack_``/``_ext_``/``_look_``/``_pk_``, and one ``struct`` format for
+a header whose fields pack into whole bytes), one parse function from the parser's states, a
+function per control, action, table and sub-control from their statements (:func:`py_expr`,
+:class:`PyWriter`), the context functions (``new_ctx``, ``copy_ctx``, ``reset_meta``,
+``preserve``) and the names that bind the code to the runtime. This module is the one place that
+knows what Python an IR node becomes; it works from types and IR, never from P4 syntax.
+:func:`build_general` returns the module as a tree, which the pipeline compiles and the
+straight-line backend (:mod:`.straight`) rewrites.
 """
 
 from __future__ import annotations

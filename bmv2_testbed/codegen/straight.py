@@ -1,11 +1,11 @@
 """The straight-line fast path: one Python function per program, header fields as locals.
 
-The code generator (``frontend/checker.py``) emits a module of small functions over a
-per-packet context object (``C.hdr.ipv4.ttl``, ``C.std.egress_spec``, a function per action and
-table). That general form covers every supported feature but costs an object per header and a
-call per block, table and action. :func:`build_fast` rewrites the code of that module's
-blocks, tables and actions (its tree, parsed once by the pipeline, which compiles the same tree;
-no generated text is read back) into one function, taking the layout of the program's state —
+The general backend (:mod:`.general`) writes, from the checked program's IR, a module of small
+functions over a per-packet context object (``C.hdr.ipv4.ttl``, ``C.std.egress_spec``, a
+function per action and table). That general form covers every supported feature but costs an
+object per header and a call per block, table and action. :func:`build_fast` rewrites the code
+of that module's blocks, tables and actions (its tree, which the pipeline also compiles; no
+generated text is read back) into one function, taking the layout of the program's state —
 headers and their fields, metadata, frames, initial values, pack formats, the tables' action
 maps — from the checker's :class:`~.frontend.model.ProgramFacts`::
 

@@ -1,0 +1,197 @@
+"""The P4 target's typed IR: what the checker produces (frontend/ir.py) and what the general
+backend makes of a node (codegen/general.py), tested apart from the dataplane.
+
+* A checked program's IR carries resolved types: P4 arithmetic as ``Arith`` on bit<W> with its
+  width, a select as keys plus keyset matches, a table's keys with their widths.
+* The checker writes no code: it imports nothing from the general backend that writes Python.
+* Each expression node, rendered by the general backend and evaluated, computes what P4 says
+  (wrap-around of bit<W>, two's complement of int<W>, saturation, slices, concatenation,
+  casts), checked against a reference written here from the P4 spec for random operands.
+"""
+
+from __future__ import annotations
+
+import ast
+import random
+from pathlib import Path
+
+import pytest
+
+from shadowgrad.bmv2_testbed.codegen.general import py_expr
+from shadowgrad.bmv2_testbed.frontend import ir
+from shadowgrad.bmv2_testbed.frontend.types import BitT, BoolT
+from shadowgrad.bmv2_testbed.pipeline import Pipeline, _div, _mod
+
+ROOT = Path(__file__).resolve().parents[1]
+
+PROG = """
+#include <core.p4>
+#include <v1model.p4>
+header eth_t { bit<48> dst; bit<48> src; bit<16> type; }
+header ip_t { bit<8> ttl; int<8> delta; bit<16> len; }
+struct headers { eth_t eth; ip_t ip; }
+struct metadata { bit<8> m; }
+parser P(packet_in pkt, out headers hdr, inout metadata meta, inout standard_metadata_t sm) {
+    state start {
+        pkt.extract(hdr.eth);
+        transition select(hdr.eth.type) { 0x0800: ip; 0x8000 &&& 0xF000: ip; default: accept; }
+    }
+    state ip { pkt.extract(hdr.ip); transition accept; }
+}
+control V(inout headers hdr, inout metadata meta) { apply { } }
+control I(inout headers hdr, inout metadata meta, inout standard_metadata_t sm) {
+    action fwd(bit<9> port) { sm.egress_spec = port; hdr.ip.ttl = hdr.ip.ttl - 1; }
+    table t { key = { hdr.ip.ttl: exact; hdr.ip.delta: exact; } actions = { fwd; NoAction; } }
+    apply { if (hdr.ip.isValid()) { t.apply(); } }
+}
+control E(inout headers hdr, inout metadata meta, inout standard_metadata_t sm) { apply { } }
+control C(inout headers hdr, inout metadata meta) { apply { } }
+control D(packet_out pkt, in headers hdr) { apply { pkt.emit(hdr); } }
+V1Switch(P(), V(), I(), E(), C(), D()) main;
+"""
+
+
+def _walk(node: object) -> list[object]:
+    """Every IR node under ``node`` (dataclass fields, tuples, dicts)."""
+    out = [node]
+    for name in getattr(type(node), "__slots__", ()):
+        v = getattr(node, name)
+        items = v.values() if isinstance(v, dict) else v if isinstance(v, tuple) else [v]
+        for x in items:
+            if hasattr(type(x), "__slots__") and type(x).__module__ == ir.__name__:
+                out += _walk(x)
+    return out
+
+
+def test_the_checked_program_is_typed_ir() -> None:
+    pipe = Pipeline.compile(PROG, filename="ir.p4")
+    prog = pipe.ir
+    assert isinstance(prog, ir.Program)
+    assert [c.role for c in prog.controls] == ["verify", "ingress", "egress", "compute", "deparser"]
+    # the parser: typed select keys, a value and a mask case, the default
+    start = prog.parser.states["start"]
+    assert isinstance(start.body[0], ir.Extract)
+    tr = start.transition
+    assert [k.ty for k in tr.keys] == [BitT(16)]
+    assert [(m.kind, m.a, m.b) for c in tr.cases for m in c.matches if m] == [
+        ("value", 0x0800, 0),
+        ("mask", 0x8000, 0xF000),
+    ]
+    assert [c.target for c in tr.cases] == ["ip", "ip"] and tr.default == "accept"
+    # the action: ttl - 1 is bit<8> arithmetic (it wraps), the port a bit<9> parameter
+    fwd = next(d for d in prog.defs if isinstance(d, ir.ActionDef) and d.params)
+    sub = next(s for s in fwd.body if isinstance(s, ir.Assign) and isinstance(s.rhs, ir.Arith))
+    assert isinstance(sub.rhs, ir.Arith) and sub.rhs.op == "-" and sub.rhs.ty == BitT(8)
+    assert isinstance(sub.lhs, ir.Field) and sub.lhs.name == "ttl"
+    # the table: its keys with widths, the signed one typed int<8>
+    table = next(d for d in prog.defs if isinstance(d, ir.TableDef))
+    assert [(k.width, k.value.ty) for k in table.keys] == [(8, BitT(8)), (8, BitT(8, True))]
+    # the ingress: if (isValid) { t.apply(); }
+    ingress = prog.controls[1]
+    cond = ingress.body[0]
+    assert isinstance(cond, ir.If) and isinstance(cond.cond, ir.IsValid)
+    assert isinstance(cond.then[0], ir.Eval) and isinstance(cond.then[0].expr, ir.TableApply)
+    # every expression in the program carries a type
+    nodes = [n for block in (*prog.controls, prog.parser, *prog.defs) for n in _walk(block)]
+    exprs = [n for n in nodes if hasattr(n, "ty")]
+    assert exprs and all(n.ty is not None for n in exprs)  # type: ignore[attr-defined]
+
+
+def test_the_checker_writes_no_code() -> None:
+    """The checker imports from the general backend only its naming and layout rules, nothing
+    that writes Python (that is the backend's, from the IR)."""
+    tree = ast.parse((ROOT / "bmv2_testbed/frontend/checker.py").read_text())
+    imported = {
+        a.name
+        for n in ast.walk(tree)
+        if isinstance(n, ast.ImportFrom) and (n.module or "").endswith("codegen.general")
+        for a in n.names
+    }
+    assert imported <= {"attr", "header_codec", "scalar_default"}, imported
+
+
+def _bits(t: BitT, x: int) -> int:
+    """``x`` as a value of ``t`` (P4: bit<W> modulo 2^W, int<W> two's complement)."""
+    x &= (1 << t.width) - 1
+    return x - (1 << t.width) if t.signed and x >> (t.width - 1) else x
+
+
+def _ref_arith(op: str, t: BitT, a: int, b: int) -> int:
+    lo, hi = (
+        (-(1 << (t.width - 1)), (1 << (t.width - 1)) - 1) if t.signed else (0, (1 << t.width) - 1)
+    )
+    if op == "|+|":
+        return max(lo, min(hi, a + b))
+    if op == "|-|":
+        return max(lo, min(hi, a - b))
+    ops = {
+        "+": lambda: a + b,
+        "-": lambda: a - b,
+        "*": lambda: a * b,
+        "&": lambda: a & b,
+        "|": lambda: a | b,
+        "^": lambda: a ^ b,
+        "<<": lambda: a << b,
+        ">>": lambda: a >> b,
+        "/": lambda: a // b if b else 0,
+        "%": lambda: a % b if b else 0,
+    }
+    r = ops[op]()
+    return _bits(t, r)
+
+
+def _eval(e: ir.Expr, env: dict[str, int]) -> object:
+    """The general backend's Python for ``e``, run with the pipeline's helpers."""
+    return eval(py_expr(e), {"_div": _div, "_mod": _mod}, env)
+
+
+@pytest.mark.parametrize("signed", [False, True])
+@pytest.mark.parametrize("width", [1, 7, 8, 16, 33])
+def test_arithmetic_nodes_compute_what_p4_says(width: int, signed: bool) -> None:
+    rng = random.Random(width * 2 + signed)
+    t = BitT(width, signed)
+    a, b = ir.Ref(t, "local", "a"), ir.Ref(t, "local", "b")
+    ops = ["+", "-", "*", "&", "|", "^", "|+|", "|-|", ">>", "<<"]
+    if not signed:
+        ops += ["/", "%"]
+    for _ in range(200):
+        x = _bits(t, rng.getrandbits(width))
+        y = _bits(t, rng.getrandbits(width))
+        for op in ops:
+            bv = y
+            rhs: ir.Expr = b
+            if op in ("<<", ">>"):  # a shift amount is unsigned
+                bv = rng.randrange(width + 2)
+                rhs = ir.Ref(BitT(8), "local", "b")
+            got = _eval(ir.Arith(t, op, a, rhs), {"a": x, "b": bv})
+            assert got == _ref_arith(op, t, x, bv), (op, t, x, bv)
+        assert _eval(ir.Unary(t, "-", a), {"a": x}) == _bits(t, -x)
+        assert _eval(ir.Unary(t, "~", a), {"a": x}) == _bits(t, ~x)
+
+
+def test_slices_concatenation_and_casts() -> None:
+    rng = random.Random(7)
+    u16, s16, u8, s8 = BitT(16), BitT(16, True), BitT(8), BitT(8, True)
+    for _ in range(500):
+        x = rng.getrandbits(16)
+        sx = _bits(s16, x)
+        v, sv = ir.Ref(u16, "local", "v"), ir.Ref(s16, "local", "v")
+        # slices of bit and int values are unsigned bits of the two's complement
+        assert _eval(ir.Slice(BitT(5), v, 11, 7), {"v": x}) == (x >> 7) & 31
+        assert _eval(ir.Slice(BitT(5), sv, 11, 7), {"v": sx}) == (x >> 7) & 31
+        # ++: a's bits above b's; the result signed when a is
+        hi, lo = rng.getrandbits(8), rng.getrandbits(8)
+        cat = ir.Concat(u16, ir.Ref(u8, "local", "h"), ir.Ref(u8, "local", "l"))
+        assert _eval(cat, {"h": hi, "l": lo}) == hi << 8 | lo
+        scat = ir.Concat(s16, ir.Ref(s8, "local", "h"), ir.Ref(u8, "local", "l"))
+        assert _eval(scat, {"h": _bits(s8, hi), "l": lo}) == _bits(s16, hi << 8 | lo)
+        # casts: narrowing wraps, bit <-> int reinterprets, bool <-> bit<1>
+        assert _eval(ir.Cast(u8, v), {"v": x}) == x & 255
+        assert _eval(ir.Cast(s8, v), {"v": x}) == _bits(s8, x)
+        assert _eval(ir.Cast(u16, sv), {"v": sx}) == x
+        assert _eval(ir.Cast(s16, v), {"v": x}) == sx
+        assert _eval(ir.Cast(BitT(32), v), {"v": x}) == x
+    flag = ir.Ref(BoolT(), "local", "f")
+    assert [_eval(ir.Cast(BitT(1), flag), {"f": f}) for f in (False, True)] == [0, 1]
+    one = ir.Ref(BitT(1), "local", "o")
+    assert [_eval(ir.Cast(BoolT(), one), {"o": o}) for o in (0, 1)] == [False, True]
