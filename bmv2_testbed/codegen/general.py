@@ -650,76 +650,17 @@ class PyWriter:
             self.emit(o, py_expr(s.value), s.value.ty)
         elif isinstance(s, ir.ApplySub):
             r = s.var
-            o(f"{r} = {s.sub}(C{''.join(', ' + py_expr(a) for a in s.args)})")
+            o(f"{r} = {s.sub}(C{_args(s.args)})")
             for i, lv in enumerate(s.outs):
                 o(f"{py_expr(lv)} = {r}[{i + 1}]")
             o(f"if {r}[0]: raise _EXIT")
         else:
             o(self.line(s))
 
-    def line(self, s: ir.Stmt) -> str:
+    @staticmethod
+    def line(s: ir.Stmt) -> str:
         """A one-line statement."""
-        if isinstance(s, ir.Nop):
-            return "pass"
-        if isinstance(s, ir.Assign):
-            copy = ".copy()" if isinstance(s.lhs.ty, StructT) else ""
-            return f"{py_expr(s.lhs)} = {py_expr(s.rhs)}{copy}"
-        if isinstance(s, ir.AssignSlice):
-            return _assign_slice(s)
-        if isinstance(s, ir.Init):
-            return f"{py_expr(s.var)} = {default_value(s.var.ty)}"
-        if isinstance(s, ir.Exit):
-            return "raise _EXIT"
-        if isinstance(s, ir.Return):
-            return "raise _RETURN" if s.from_sub else "return None"
-        if isinstance(s, ir.Eval):
-            return py_expr(s.expr)
-        if isinstance(s, ir.CallAction):
-            return f"{s.action}(C, F{''.join(', ' + py_expr(a) for a in s.args)})"
-        if isinstance(s, ir.SetValid):
-            return f"{py_expr(s.header)}._v_ = {s.valid}"
-        if isinstance(s, ir.Advance):
-            return f"_advance(C, {py_expr(s.bits)})"
-        if isinstance(s, ir.Verify):
-            return f"if not {py_expr(s.cond)}: raise _ParserError({py_expr(s.error)})"
-        if isinstance(s, ir.Count):
-            return f"_count({s.counter}, {py_expr(s.index)}, C)"
-        if isinstance(s, ir.RegisterRead):
-            return f"{py_expr(s.dst)} = _rread({s.register}, {py_expr(s.index)})"
-        if isinstance(s, ir.RegisterWrite):
-            return f"_rwrite({s.register}, {py_expr(s.index)}, {py_expr(s.value)})"
-        if isinstance(s, ir.MarkToDrop):
-            v = py_expr(s.std)
-            return f"{v}.egress_spec = DROP_PORT; {v}.mcast_grp = 0"
-        if isinstance(s, ir.Checksum):
-            return _checksum(s)
-        if isinstance(s, ir.Hash):
-            fl = [_item(d) for d in s.data]
-            data = packed_bytes(fl)
-            guard = _guard(s.data, ())
-            if guard is not None:
-                data = f"({data} if {guard[0]} else {guard[1]})"
-            assert isinstance(s.dst.ty, BitT)
-            m = (1 << s.dst.ty.width) - 1
-            return (
-                f"{py_expr(s.dst)} = _hashmod(_hash_{s.algo}({data}, 64 if '{s.algo}' == "
-                f"'identity' else 32), {py_expr(s.base)}, {py_expr(s.max)}) & {m}"
-            )
-        if isinstance(s, ir.Random):
-            return f"{py_expr(s.dst)} = _random({py_expr(s.lo)}, {py_expr(s.hi)})"
-        if isinstance(s, ir.Digest):
-            items = "".join(f"_be({p}, {w}), " for p, w in map(_item, s.data))
-            return f"C.digests = (*C.digests, (DIG_{s.name}, [{items}]))"
-        if isinstance(s, ir.Clone):
-            return (
-                f"C.clone_type = {2 if s.egress else 1}; C.clone_session = "
-                f"{py_expr(s.session)}; C.clone_fl = {s.field_list}"
-            )
-        if isinstance(s, ir.PreserveFieldList):
-            return f"C.{'recirc_fl' if s.recirculate else 'resubmit_fl'} = {s.index}"
-        if isinstance(s, ir.Truncate):
-            return f"C.truncate_len = {py_expr(s.length)}"
-        raise TypeError(f"not a one-line statement: {s!r}")  # pragma: no cover
+        return _LINE[type(s)](s)
 
     def extract(self, o: Emitter, s: ir.Extract) -> None:
         """``_ext_<type>`` inlined (hot path); ``_h``/``_o``/``_e``/``_x`` cannot clash with
@@ -770,6 +711,19 @@ def _assign_slice(s: ir.AssignSlice) -> str:
         h = 1 << (t.width - 1)
         return f"{b} = ((({b} & {keep}) | (({r} & {wm}) << {s.lo})) + {h} & {full}) - {h}"
     return f"{b} = ({b} & {keep}) | ({r} << {s.lo})"
+
+
+def _hash(s: ir.Hash) -> str:
+    data = packed_bytes([_item(d) for d in s.data])
+    guard = _guard(s.data, ())
+    if guard is not None:
+        data = f"({data} if {guard[0]} else {guard[1]})"
+    assert isinstance(s.dst.ty, BitT)
+    m = (1 << s.dst.ty.width) - 1
+    return (
+        f"{py_expr(s.dst)} = _hashmod(_hash_{s.algo}({data}, 64 if '{s.algo}' == "
+        f"'identity' else 32), {py_expr(s.base)}, {py_expr(s.max)}) & {m}"
+    )
 
 
 def _checksum(s: ir.Checksum) -> str:
@@ -919,3 +873,45 @@ def module_code(prog: ir.Program, action_ids: dict[str, int]) -> str:
         lines.append(f"{uid} = R.{'counters' if kind == 'counter' else 'registers'}[{info.id}]")
     lines.append("DROP_PORT = R.drop_port")
     return "\n".join(lines) + "\n"
+
+
+def _args(args: tuple[ir.Expr, ...]) -> str:
+    return "".join(", " + py_expr(a) for a in args)
+
+
+_LINE: dict[type, Callable[[Any], str]] = {
+    ir.Nop: lambda s: "pass",
+    ir.Assign: lambda s: (
+        f"{py_expr(s.lhs)} = {py_expr(s.rhs)}{'.copy()' if isinstance(s.lhs.ty, StructT) else ''}"
+    ),
+    ir.AssignSlice: _assign_slice,
+    ir.Init: lambda s: f"{py_expr(s.var)} = {default_value(s.var.ty)}",
+    ir.Exit: lambda s: "raise _EXIT",
+    ir.Return: lambda s: "raise _RETURN" if s.from_sub else "return None",
+    ir.Eval: lambda s: py_expr(s.expr),
+    ir.CallAction: lambda s: f"{s.action}(C, F{_args(s.args)})",
+    ir.SetValid: lambda s: f"{py_expr(s.header)}._v_ = {s.valid}",
+    ir.Advance: lambda s: f"_advance(C, {py_expr(s.bits)})",
+    ir.Verify: lambda s: f"if not {py_expr(s.cond)}: raise _ParserError({py_expr(s.error)})",
+    ir.Count: lambda s: f"_count({s.counter}, {py_expr(s.index)}, C)",
+    ir.RegisterRead: lambda s: f"{py_expr(s.dst)} = _rread({s.register}, {py_expr(s.index)})",
+    ir.RegisterWrite: lambda s: f"_rwrite({s.register}{_args((s.index, s.value))})",
+    ir.MarkToDrop: lambda s: (
+        f"{py_expr(s.std)}.egress_spec = DROP_PORT; {py_expr(s.std)}.mcast_grp = 0"
+    ),
+    ir.Checksum: _checksum,
+    ir.Hash: _hash,
+    ir.Random: lambda s: f"{py_expr(s.dst)} = _random({py_expr(s.lo)}, {py_expr(s.hi)})",
+    ir.Digest: lambda s: (
+        f"C.digests = (*C.digests, (DIG_{s.name}, "
+        f"[{''.join(f'_be({p}, {w}), ' for p, w in map(_item, s.data))}]))"
+    ),
+    ir.Clone: lambda s: (
+        f"C.clone_type = {2 if s.egress else 1}; C.clone_session = "
+        f"{py_expr(s.session)}; C.clone_fl = {s.field_list}"
+    ),
+    ir.PreserveFieldList: lambda s: (
+        f"C.{'recirc_fl' if s.recirculate else 'resubmit_fl'} = {s.index}"
+    ),
+    ir.Truncate: lambda s: f"C.truncate_len = {py_expr(s.length)}",
+}
