@@ -859,9 +859,8 @@ def module_code(prog: ir.Program, action_ids: dict[str, int]) -> str:
             _table_code(o, d)
         else:
             _sub_code(o, w, d)
-    lines = o.lines + runtime_code(
-        prog.headers, prog.meta, prog.std, prog.egress_headers, prog.field_lists
-    )
+    egress = None if prog.egress_headers is None else {attr(h) for h in prog.egress_headers}
+    lines = o.lines + runtime_code(prog.headers, prog.meta, prog.std, egress, prog.field_lists)
     lines.append(f"AID = {action_ids!r}")
     for t in prog.tables:
         lines.append(f"T_{t.uid} = R.tables_by_name[{t.name!r}]")

@@ -589,7 +589,7 @@ class Checker:
                 and self.ctl_role in _AFTER_INGRESS
                 and self.egress_hdrs is not None
             ):
-                self.egress_hdrs.add(attr(e.name))
+                self.egress_hdrs.add(e.name)
             if base.ty is self.std_t and not target:
                 self.note_std_read(e.name)
             return V(
