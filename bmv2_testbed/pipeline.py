@@ -342,10 +342,10 @@ class Pipeline:
         defines: dict[str, str] | None = None,
         *,
         facts: p4model.ProgramFacts,
-        program: p4ir.Program | None = None,
+        program: p4ir.Program,
     ) -> None:
         self.model = model
-        #: the checked program's typed IR, which ``source`` was generated from
+        #: the checked program's typed IR, which the general backend's module was written from
         self.ir = program
         self.defines = dict(defines or {})
         #: what the checker found out about the program (not read back from ``source``)

@@ -91,10 +91,17 @@ def test_the_checked_program_is_typed_ir() -> None:
     cond = ingress.body[0]
     assert isinstance(cond, ir.If) and isinstance(cond.cond, ir.IsValid)
     assert isinstance(cond.then[0], ir.Eval) and isinstance(cond.then[0].expr, ir.TableApply)
-    # every expression in the program carries a type
+    # every field read or written has the type its header declares (the backends take widths
+    # and signs from the nodes, never from a lookup of their own)
     nodes = [n for block in (*prog.controls, prog.parser, *prog.defs) for n in _walk(block)]
-    exprs = [n for n in nodes if hasattr(n, "ty")]
-    assert exprs and all(n.ty is not None for n in exprs)  # type: ignore[attr-defined]
+    fields = [n for n in nodes if isinstance(n, ir.Field) and n.base.ty in (prog.headers,)]
+    fields += [n for n in nodes if isinstance(n, ir.Field) and isinstance(n.base, ir.Field)]
+    assert fields
+    for f in fields:
+        declared = f.base.ty.field(f.name)  # type: ignore[union-attr]
+        assert declared is not None and f.ty == declared, (f.name, f.ty, declared)
+    widths = {(f.name, str(f.ty)) for f in fields}
+    assert {("ttl", "bit<8>"), ("delta", "int<8>"), ("type", "bit<16>")} <= widths, widths
 
 
 def test_the_checker_writes_no_code() -> None:

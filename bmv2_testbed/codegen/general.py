@@ -29,11 +29,10 @@ from ..frontend.types import BitT, BoolT, EnumT, ErrorT, StructT, Ty, bit_width
 __all__ = [
     "Emitter",
     "HeaderCodec",
+    "PyWriter",
     "GeneralModule",
     "build_general",
-    "frame_code",
     "module_code",
-    "transition_items",
     "attr",
     "csum16_terms",
     "default_value",
@@ -209,7 +208,7 @@ def _keyset_cond(m: ir.KeysetMatch, kvar: str, key: ir.Expr) -> str:
     return f"{kvar} == {bool(m.a)}" if isinstance(key.ty, BoolT) else f"{kvar} == {m.a}"
 
 
-def transition_items(tr: ir.Transition) -> list[tuple[str, str, str]]:
+def _transition_items(tr: ir.Transition) -> list[tuple[str, str, str]]:
     """A transition as ``(kind, text, target)`` items in order: ``line`` (a select key
     computed once, ``k0 = ...``), ``if`` (condition, target state), ``goto`` (target state),
     ``raise`` (NoMatch)."""
@@ -249,7 +248,7 @@ def parser_code(p: ir.ParserDef, w: PyWriter, prologue: list[str]) -> list[str]:
     sets it and continues; accept breaks) with bmv2's ParserTimeout after 1,000 states."""
     o = Emitter()
     num = {n: i for i, n in enumerate(p.states)}
-    items = {n: transition_items(st.transition) for n, st in p.states.items()}
+    items = {n: _transition_items(st.transition) for n, st in p.states.items()}
     code: dict[str, list[str]] = {}
     for n, st in p.states.items():
         c = Emitter()
@@ -472,6 +471,15 @@ def packed_bytes(fl: list[tuple[str, int]]) -> str:
 
 
 # ---------------------------------------------------------------------------- IR -> Python
+def _unsigned(x: str, t: Ty) -> str:
+    """Python ``x`` (a value of ``t``) as its bits: a bool as 0/1, an int<W> masked to W bits."""
+    if isinstance(t, BoolT):
+        return f"(1 if {x} else 0)"
+    if isinstance(t, BitT) and t.signed:
+        return f"({x} & {(1 << t.width) - 1})"
+    return x
+
+
 def _norm(x: str, t: BitT) -> str:
     """``x`` reduced to ``t``'s range (two's complement for int<W>)."""
     m = (1 << t.width) - 1
@@ -528,9 +536,7 @@ def _cast(e: ir.Cast) -> str:
 def _concat(e: ir.Concat) -> str:
     a, b, t = e.a.ty, e.b.ty, e.ty
     assert isinstance(a, BitT) and isinstance(b, BitT) and isinstance(t, BitT)
-    ua = py_expr(e.a) if not a.signed else f"({py_expr(e.a)} & {(1 << a.width) - 1})"
-    ub = py_expr(e.b) if not b.signed else f"({py_expr(e.b)} & {(1 << b.width) - 1})"
-    py = f"(({ua} << {b.width}) | {ub})"
+    py = f"(({_unsigned(py_expr(e.a), a)} << {b.width}) | {_unsigned(py_expr(e.b), b)})"
     if t.signed:
         h = 1 << (t.width - 1)
         py = f"(({py} + {h} & {(1 << t.width) - 1}) - {h})"
@@ -538,9 +544,7 @@ def _concat(e: ir.Concat) -> str:
 
 
 def _slice(e: ir.Slice) -> str:
-    t = e.x.ty
-    assert isinstance(t, BitT)
-    src = py_expr(e.x) if not t.signed else f"({py_expr(e.x)} & {(1 << t.width) - 1})"
+    src = _unsigned(py_expr(e.x), e.x.ty)
     return f"(({src} >> {e.lo}) & {(1 << (e.hi - e.lo + 1)) - 1})"
 
 
@@ -593,35 +597,32 @@ def py_expr(e: ir.Expr) -> str:
 
 def _item(d: ir.DataItem) -> tuple[str, int]:
     """A field list element as (Python for its unsigned value, width)."""
-    p, t = py_expr(d.value), d.value.ty
-    if isinstance(t, BoolT):
-        return f"(1 if {p} else 0)", d.width
-    if isinstance(t, BitT) and t.signed:
-        return f"({p} & {(1 << d.width) - 1})", d.width
-    return p, d.width
+    return _unsigned(py_expr(d.value), d.value.ty), d.width
 
 
-def _guard(data: tuple[ir.DataItem, ...], implied: tuple[ir.Expr, ...]) -> tuple[str, str] | None:
+def _guard(
+    data: tuple[ir.DataItem, ...], fl: list[tuple[str, int]], implied: tuple[ir.Expr, ...]
+) -> tuple[str, str] | None:
     """bmv2 serialises a field list leaving out the fields of headers that are invalid at the
-    time: None when every header in ``data`` is known valid (``implied``, or no header
-    fields); else ``(all_valid, data)``, a test that each such header is valid and Python for
-    the bytes in general."""
+    time: None when every header in ``data`` (``fl``: its items) is known valid (``implied``,
+    or no header fields); else ``(all_valid, data)``, a test that each such header is valid
+    and Python for the bytes in general."""
     valid = [None if d.header is None else f"{py_expr(d.header)}._v_" for d in data]
     checks = sorted({v for v in valid if v is not None} - {f"{py_expr(h)}._v_" for h in implied})
     if not checks:
         return None
-    body = ", ".join(
-        f"({p}, {w}, {v or 'True'})" for (p, w), v in zip(map(_item, data), valid, strict=True)
-    )
+    body = ", ".join(f"({p}, {w}, {v or 'True'})" for (p, w), v in zip(fl, valid, strict=True))
     return " and ".join(checks), f"_bits_valid(({body},))"
 
 
 class PyWriter:
     """Writes IR statements as the general backend's Python, into an :class:`Emitter`;
-    ``codecs``: each header type's :class:`HeaderCodec` (extract and emit are inlined)."""
+    ``codecs``: each header type's :class:`HeaderCodec` (extract and emit are inlined);
+    ``action_ids``: each action's P4Runtime id (a switch compares the action run with them)."""
 
-    def __init__(self, codecs: dict[str, HeaderCodec]) -> None:
+    def __init__(self, codecs: dict[str, HeaderCodec], action_ids: dict[str, int]) -> None:
         self.codecs = codecs
+        self.action_ids = action_ids
 
     def stmts(self, o: Emitter, ss: tuple[ir.Stmt, ...] | list[ir.Stmt]) -> None:
         for s in ss:
@@ -638,7 +639,7 @@ class PyWriter:
             o(f"{s.var} = {py_expr(s.on)}")
             for i, arm in enumerate(s.arms):
                 if arm.actions:
-                    cond = " or ".join(f"{s.var} == AID[{a!r}]" for a in arm.actions)
+                    cond = " or ".join(f"{s.var} == {self.action_ids[a]}" for a in arm.actions)
                     head = f"{'if' if i == 0 else 'elif'} {cond}:"
                 else:
                     head = "if True:" if i == 0 else "else:"
@@ -714,21 +715,22 @@ def _assign_slice(s: ir.AssignSlice) -> str:
 
 
 def _hash(s: ir.Hash) -> str:
-    data = packed_bytes([_item(d) for d in s.data])
-    guard = _guard(s.data, ())
+    fl = [_item(d) for d in s.data]
+    data = packed_bytes(fl)
+    guard = _guard(s.data, fl, ())
     if guard is not None:
         data = f"({data} if {guard[0]} else {guard[1]})"
     assert isinstance(s.dst.ty, BitT)
     m = (1 << s.dst.ty.width) - 1
     return (
-        f"{py_expr(s.dst)} = _hashmod(_hash_{s.algo}({data}, 64 if '{s.algo}' == "
-        f"'identity' else 32), {py_expr(s.base)}, {py_expr(s.max)}) & {m}"
+        f"{py_expr(s.dst)} = _hashmod(_hash_{s.algo}({data}, "
+        f"{64 if s.algo == 'identity' else 32}), {py_expr(s.base)}, {py_expr(s.max)}) & {m}"
     )
 
 
 def _checksum(s: ir.Checksum) -> str:
     fl = [_item(d) for d in s.data]
-    guard = _guard(s.data, s.implied)
+    guard = _guard(s.data, fl, s.implied)
     pay = " + C.buf[C.payload_off:]" if s.payload else ""
     w = s.width
     if s.algo == "csum16" and not pay and any(w_ > 0 for _, w_ in fl):
@@ -746,7 +748,7 @@ def _checksum(s: ir.Checksum) -> str:
 
 
 # ---------------------------------------------------------------------------- the module
-def frame_code(o: Emitter, fcls: str, frame: tuple[ir.FrameVar, ...]) -> None:
+def _frame_code(o: Emitter, fcls: str, frame: tuple[ir.FrameVar, ...]) -> None:
     """The class of a block's frame: one slot per variable, initialised to its default."""
     with o.block(f"class {fcls}:"):
         o(f"__slots__ = {tuple(attr(v.name) for v in frame)!r}")
@@ -761,7 +763,7 @@ def _frame_line(fcls: str, frame: tuple[ir.FrameVar, ...]) -> str:
 
 def _control_code(o: Emitter, w: PyWriter, c: ir.ControlDef) -> None:
     fcls = f"F_{c.fn}"
-    frame_code(o, fcls, c.frame)
+    _frame_code(o, fcls, c.frame)
     with o.block(f"def {c.fn}(C):"):
         o(_frame_line(fcls, c.frame))
         w.stmts(o, c.init)
@@ -800,7 +802,7 @@ def _table_code(o: Emitter, t: ir.TableDef) -> None:
 
 def _sub_code(o: Emitter, w: PyWriter, d: ir.SubControlDef) -> None:
     fcls = f"F_{d.uid}"
-    frame_code(o, fcls, d.frame)
+    _frame_code(o, fcls, d.frame)
     args = [f"a{i}" for i in range(len(d.params))]
     ret = "".join(f"F.{attr(n)}, " for n in d.outs)
     with o.block(f"def {d.uid}(C{''.join(', ' + a for a in args)}):"):
@@ -839,12 +841,12 @@ def module_code(prog: ir.Program, action_ids: dict[str, int]) -> str:
     functions, and the names that bind them to the runtime ``R`` (``action_ids``: P4Runtime id
     per action)."""
     codecs = {t.name: header_codec(t) for t in prog.structs if t.is_header}
-    w = PyWriter(codecs)
+    w = PyWriter(codecs, action_ids)
     o = Emitter()
     for line in types_code(prog.structs, codecs, prog.errors["PacketTooShort"]):
         o(line)
     p = prog.parser
-    frame_code(o, "F_parse", p.frame)
+    _frame_code(o, "F_parse", p.frame)
     init = Emitter()
     w.stmts(init, p.init)
     for line in parser_code(p, w, [_frame_line("F_parse", p.frame), *init.lines]):
@@ -861,7 +863,6 @@ def module_code(prog: ir.Program, action_ids: dict[str, int]) -> str:
             _sub_code(o, w, d)
     egress = None if prog.egress_headers is None else {attr(h) for h in prog.egress_headers}
     lines = o.lines + runtime_code(prog.headers, prog.meta, prog.std, egress, prog.field_lists)
-    lines.append(f"AID = {action_ids!r}")
     for t in prog.tables:
         lines.append(f"T_{t.uid} = R.tables_by_name[{t.name!r}]")
         items = ", ".join(f"{action_ids[n]}: {prog.actions[n]}" for n in t.actions)

@@ -118,7 +118,7 @@ def konst(ty: Ty, value: Any) -> V:
 class Sym:
     kind: str  # const var type table action extern_inst packet control parser func
     ty: Ty | None = None
-    ir: Any = None  # the IR a var or const stands for
+    ir: IRExpr | None = None  # the IR a var or const stands for
     value: Any = None
     data: Any = None
     readonly: str = ""  # why it cannot be assigned ("" = assignable)
@@ -552,10 +552,10 @@ class Checker:
         if s.kind == "poison":
             raise Poisoned(e.loc, f"{e.name} has errors")
         if s.kind == "const":
-            assert s.ty is not None
+            assert s.ir is not None
             return V(s.ir, s.value)
         if s.kind == "var":
-            assert s.ty is not None
+            assert s.ir is not None
             return V(s.ir, None, lvalue=not s.readonly, readonly_why=s.readonly)
         if s.kind == "type":
             assert s.ty is not None
@@ -1509,10 +1509,8 @@ class Checker:
             params: list[tuple[str, Ty, str]] = []
             for p in decl.params:
                 t = self.resolve_type(p.type, sc)
-                if isinstance(t, (ExternT, IntLitT, VoidT, StrT)):
-                    raise Diagnostic(
-                        p.loc, f"sub-control parameter {p.name} of type {t} is not supported"
-                    )
+                # a struct passed in is the caller's (by reference); anything else starts from
+                # its type's default, so externs, literals, void and strings cannot be one
                 by_ref = p.direction != "out" and isinstance(t, StructT)
                 if not by_ref and not isinstance(t, _DECLARABLE):
                     raise Diagnostic(
