@@ -104,7 +104,7 @@ def _from_controller(spec: Any, token: str) -> dict[str, Any] | None:
 
 def run(args: argparse.Namespace) -> int:
     from shadowgrad.config import load_spec
-    from shadowgrad.restore import restore_point, settle
+    from shadowgrad.restore import fix_restore_point, restore_point, settle
 
     spec = load_spec(args.spec)
     token = spec.token()
@@ -134,21 +134,40 @@ def run(args: argparse.Namespace) -> int:
             )
     held_here: list[int] = []
     if doc is None:
-        settled = settle(
-            lambda: _statuses(spec, token),
-            _statuses(spec, token),
-            interval_s=max(0.05, t.gap_repair_s),
-            timeout_s=t.failure_detect_s,
-        )
-        point = restore_point(
-            settled, num_shards=spec.num_shards, replication=spec.shadows.replication
-        )
+        interval_s = max(0.05, t.gap_repair_s)
+        if args.no_hold:
+            settled = settle(
+                lambda: _statuses(spec, token),
+                _statuses(spec, token),
+                interval_s=interval_s,
+                timeout_s=t.failure_detect_s,
+            )
+            point = restore_point(
+                settled, num_shards=spec.num_shards, replication=spec.shadows.replication
+            )
+        else:
+
+            def hold(k: int, it: int) -> None:
+                with make(k) as c:
+                    c.hold(it)
+
+            def release(k: int, it: int) -> None:
+                with make(k) as c:
+                    c.release(it)
+
+            # the one rule (core): settled, computed, and held on every source
+            point, held_here = fix_restore_point(
+                lambda: _statuses(spec, token),
+                hold,
+                release,
+                num_shards=spec.num_shards,
+                replication=spec.shadows.replication,
+                interval_s=interval_s,
+                timeout_s=t.failure_detect_s,
+                who="restore",
+            )
         doc = {**point.to_json(), "by": "shadows"}
         if not point.fresh and not args.no_hold:
-            for k in point.source:
-                with make(k) as c:
-                    c.hold(point.istar)
-                held_here.append(k)
             doc["held"] = held_here
     if args.json:
         print(json.dumps(doc))

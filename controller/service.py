@@ -47,7 +47,7 @@ from shadowgrad._log import event
 from shadowgrad.config import JobSpec
 from shadowgrad.errors import ShadowgradError
 from shadowgrad.replies import ShadowStatus, StatusLike, shadow_statuses
-from shadowgrad.restore import NoRestorePointError, restore_point, settle
+from shadowgrad.restore import NoRestorePointError, fix_restore_point, restore_point
 
 if TYPE_CHECKING:
     from shadowgrad.control_client import ShadowClient
@@ -459,39 +459,40 @@ class Controller:
     # ---------------------------------------------------------------- I*
 
     def _fix_istar(self) -> dict[str, Any]:
-        """Settle, compute I* with the core rule, hold it on its sources, publish it."""
+        """Settle, compute I* with the core rule and hold it on its sources (recomputed and
+        held again when a source moved on meanwhile: :func:`~shadowgrad.restore.
+        fix_restore_point`), then publish it. Never publishes a point held nowhere: when no
+        attempt holds, NoRestorePointError (the trainers then survey the shadows)."""
         t = self.spec.timeouts
-        statuses = settle(
-            self._poll_statuses,
-            self.statuses,
-            interval_s=max(0.05, t.gap_repair_s),
+        old = (self.istar or {}).get("istar")
+        old_held, self.held = self.held, []
+        for k in old_held:  # a new decision replaces the old one (and its holds)
+            self._release(k, old)
+
+        def hold(k: int, it: int) -> None:
+            with self._client(k, t.rpc_s) as c:
+                c.hold(it)
+
+        def release(k: int, it: int) -> None:
+            self._release(k, it)
+
+        def poll() -> dict[int, ShadowStatus | None]:
+            self.statuses = self._poll_statuses()
+            return self.statuses
+
+        point, held = fix_restore_point(
+            poll,
+            hold,
+            release,
+            num_shards=self.spec.num_shards,
+            replication=self.spec.shadows.replication,
+            interval_s=max(0.05, min(t.gap_repair_s, self.poll_s)),
             timeout_s=t.failure_detect_s,
+            who="controller",
+            first=self.statuses,
         )
-        self.statuses = statuses
-        point = restore_point(
-            statuses, num_shards=self.spec.num_shards, replication=self.spec.shadows.replication
-        )
+        self.held = held
         doc = point.to_json()
-        if not point.fresh:
-            held = []
-            for k in point.source:
-                try:
-                    with self._client(k, t.rpc_s) as c:
-                        c.hold(point.istar)
-                    held.append(k)
-                except Exception as e:
-                    event(
-                        log,
-                        "controller.hold_failed",
-                        level=logging.WARNING,
-                        shadow=k,
-                        iteration=point.istar,
-                        error=str(e),
-                    )
-            for k in self.held:
-                if k not in held:
-                    self._release(k, (self.istar or {}).get("istar"))
-            self.held = held
         doc["held"] = list(self.held)
         doc["generation_seen"] = self._generation_seen()
         self.istar = doc
@@ -515,16 +516,33 @@ class Controller:
         except Exception as e:
             event(log, "controller.release_failed", level=logging.WARNING, shadow=k, error=str(e))
 
-    def restore_point(self, requester: str = "operator") -> dict[str, Any]:
+    def restore_point(
+        self, requester: str = "operator", failed: int | None = None
+    ) -> dict[str, Any]:
         """The restore point restarted trainers use: the published one while the failure is
         being handled; otherwise (a restart the controller had not detected yet, e.g.
-        torchrun restarting faster than failure_detect) the request is itself the evidence."""
+        torchrun restarting faster than failure_detect) the request is itself the evidence.
+        ``failed``: the requester could not fetch that iteration (the published point, if it
+        is that one, is stale: it is fixed and held anew)."""
         with self._lock:
             if (
                 self.state in ("trainers_failed", "restoring")
                 and self.istar is not None
                 and "error" not in self.istar
             ):
+                if failed is not None and self.istar.get("istar") == failed:
+                    event(
+                        log,
+                        "controller.restore_point_stale",
+                        level=logging.WARNING,
+                        istar=failed,
+                        requester=requester,
+                    )
+                    try:
+                        self._fix_istar()
+                    except ShadowgradError as e:
+                        self.istar = {"error": str(e)}
+                        raise
                 self._set("restoring", f"restart requested by {requester}")
                 return dict(self.istar)
             self.statuses = self._poll_statuses()
@@ -704,7 +722,14 @@ class Controller:
             if op == "status":
                 return self.status()
             if op == "restore_point":
-                return {"ok": True, **self.restore_point(str(req.get("requester", "client")))}
+                failed = req.get("failed")
+                return {
+                    "ok": True,
+                    **self.restore_point(
+                        str(req.get("requester", "client")),
+                        failed=failed if isinstance(failed, int) else None,
+                    ),
+                }
             if op == "finished":
                 # rank 0's close(): the end of training, not a failure
                 with self._lock:

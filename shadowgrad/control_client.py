@@ -188,10 +188,15 @@ class ControllerClient(ControlClient):
         header, _ = self.call("status", timeout_s=timeout_s)
         return ControllerStatus.from_wire(header)
 
-    def restore_point(self, requester: str, timeout_s: float | None = None) -> RestorePointReply:
+    def restore_point(
+        self, requester: str, timeout_s: float | None = None, *, failed: int | None = None
+    ) -> RestorePointReply:
         """The controller's restore point (``fresh``/``reachable`` or ``istar``/``source``/
-        ``layout``, with ``generation_seen``); ``requester`` names the caller in its log."""
-        header, _ = self.call("restore_point", timeout_s=timeout_s, requester=requester)
+        ``layout``, with ``generation_seen``); ``requester`` names the caller in its log;
+        ``failed``: the iteration the caller was given and could not fetch (the controller
+        then fixes and holds a new one)."""
+        extra: dict[str, Any] = {} if failed is None else {"failed": failed}
+        header, _ = self.call("restore_point", timeout_s=timeout_s, requester=requester, **extra)
         return RestorePointReply.from_wire(header)
 
     def finished(

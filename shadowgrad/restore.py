@@ -12,16 +12,28 @@ cut it applied past (invariant 2).
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from shadowgrad._log import event
 from shadowgrad.errors import ShadowgradError
 from shadowgrad.layout import shadows_of_shard
 from shadowgrad.replies import ShadowStatus, StatusLike, shadow_status, shadow_statuses
 
-__all__ = ["RestorePoint", "NoRestorePointError", "restore_point", "settle", "usable_iteration"]
+__all__ = [
+    "RestorePoint",
+    "NoRestorePointError",
+    "fix_restore_point",
+    "restore_point",
+    "settle",
+    "usable_iteration",
+]
+
+log = logging.getLogger(__name__)
 
 
 class NoRestorePointError(ShadowgradError):
@@ -118,32 +130,149 @@ def restore_point(
     )
 
 
+def _cuts(statuses: Mapping[int, ShadowStatus | None]) -> tuple[int, int] | None:
+    """(applied cut, ready cut) of the loaded shadows that answer: per shard the best replica's
+    usable iteration, resp. the newest iteration it has complete and verified (``last_ready``,
+    the data it can still apply); the minimum over the shards (None: nobody holds state)."""
+    applied: dict[int, int] = {}
+    ready: dict[int, int] = {}
+    for s in statuses.values():
+        u = None if s is None else usable_iteration(s)
+        if s is None or u is None or s.shard is None:
+            continue
+        r = max(u, s.last_ready if s.last_ready is not None else u)
+        if s.diverged_at is not None:
+            r = min(r, s.diverged_at - 1)
+        applied[s.shard] = max(applied.get(s.shard, u), u)
+        ready[s.shard] = max(ready.get(s.shard, r), r)
+    if not applied:
+        return None
+    return min(applied.values()), min(ready.values())
+
+
 def settle(
     poll: Callable[[], Mapping[int, StatusLike | None]],
     statuses: Mapping[int, StatusLike | None],
     *,
     interval_s: float,
     timeout_s: float,
+    max_s: float | None = None,
 ) -> dict[int, ShadowStatus | None]:
-    """Let the shadows finish what they can still apply before I* is fixed: the data of the
-    iterations every rank completed may still be in flight or in repair. Polls (``poll()``)
-    until no shadow's ``last_applied`` moved for three polls, at most ``timeout_s``; returns the
-    last statuses."""
+    """Let the shadows apply what they already hold before I* is fixed: after a failure they
+    may still be behind the trainers (a fast job, a slow shadow), and every iteration they hold
+    complete is one the restarted job does not repeat.
 
-    def applied(s: ShadowStatus | None) -> int | None:
-        return None if s is None else s.last_applied
+    Ends on facts: as soon as the applied cut (what every shard has applied) has reached the
+    ready cut (what every shard holds complete and verified) and the ready cut did not move
+    since the poll before. While the shadows make progress it waits (``timeout_s`` after the
+    last progress, at most ``max_s`` in all, default ``4 * timeout_s``); when nothing moves
+    for three polls it ends too (what is missing is not coming). Polls with ``poll()`` every
+    ``interval_s``; returns the last statuses."""
 
-    deadline = time.monotonic() + timeout_s
+    def applied(s: ShadowStatus | None) -> tuple[int | None, int | None]:
+        return (None, None) if s is None else (s.last_applied, s.last_ready)
+
+    start = time.monotonic()
+    hard = start + (4 * timeout_s if max_s is None else max_s)
+    moved_at = start
     quiet = 0
     last = shadow_statuses(statuses)
-    while (
-        quiet < 3
-        and time.monotonic() < deadline
-        and any(s is not None and s.loaded for s in last.values())
-    ):
+    prev_ready: int | None = None
+    while True:
+        cuts = _cuts(last)
+        if cuts is None:
+            return last  # nobody holds state: nothing to wait for
+        a, r = cuts
+        if a >= r and prev_ready == r:
+            return last
+        now = time.monotonic()
+        if quiet >= 3 or now >= hard or now - moved_at >= timeout_s:
+            return last
+        prev_ready = r
         time.sleep(interval_s)
-        now = shadow_statuses(poll())
-        moved = any(applied(now.get(k)) != applied(last.get(k)) for k in now)
-        quiet = 0 if moved else quiet + 1
-        last = now
-    return last
+        cur = shadow_statuses(poll())
+        if any(applied(cur.get(k)) != applied(last.get(k)) for k in {*cur, *last}):
+            quiet, moved_at = 0, time.monotonic()
+        else:
+            quiet += 1
+        last = cur
+
+
+#: ``hold(shadow, iteration)`` / ``release(shadow, iteration)``: raises when it cannot
+_Hold = Callable[[int, int], object]
+
+
+def fix_restore_point(
+    poll: Callable[[], Mapping[int, StatusLike | None]],
+    hold: _Hold,
+    release: _Hold,
+    *,
+    num_shards: int,
+    replication: int,
+    digest: str | None = None,
+    interval_s: float,
+    timeout_s: float,
+    attempts: int = 6,
+    who: str = "restore",
+    first: Mapping[int, StatusLike | None] | None = None,
+) -> tuple[RestorePoint, list[int]]:
+    """The restore point as a fact: settle (:func:`settle`), compute I* (:func:`restore_point`),
+    and hold it on every source shadow (``hold(shadow, iteration)``, raising when the shadow
+    cannot). A hold can fail because the shadow moved on between the poll and the hold (it
+    applied past I* and the cut moved with it) or went away: then the holds placed are released
+    (``release``), the shadows are polled again and the cut is recomputed and held again, at
+    most ``attempts`` times, each retry a ``<who>.hold_retry`` event. Returns the point and the
+    shadows that hold it (every source: a point is never returned held nowhere); raises
+    :class:`NoRestorePointError` when no attempt held. ``first``: statuses already polled."""
+    statuses = settle(
+        poll,
+        poll() if first is None else first,
+        interval_s=interval_s,
+        timeout_s=timeout_s,
+    )
+    errors: dict[int, str] = {}
+    for attempt in range(1, attempts + 1):
+        point = restore_point(
+            statuses, num_shards=num_shards, replication=replication, digest=digest
+        )
+        if point.fresh:
+            return point, []
+        held: list[int] = []
+        errors = {}
+        for k in dict.fromkeys(point.source):
+            try:
+                hold(k, point.istar)
+            except Exception as e:
+                errors[k] = str(e)
+                event(
+                    log,
+                    f"{who}.hold_failed",
+                    level=logging.WARNING,
+                    shadow=k,
+                    iteration=point.istar,
+                    attempt=attempt,
+                    error=str(e),
+                )
+            else:
+                held.append(k)
+        if not errors:
+            return point, held
+        for k in held:
+            with contextlib.suppress(Exception):
+                release(k, point.istar)
+        if attempt < attempts:
+            event(
+                log,
+                f"{who}.hold_retry",
+                level=logging.WARNING,
+                iteration=point.istar,
+                attempt=attempt,
+                failed=sorted(errors),
+                reason="a source shadow moved past I* or went away before the hold",
+            )
+            time.sleep(min(0.05 * attempt, 0.5))
+            statuses = settle(poll, poll(), interval_s=interval_s, timeout_s=timeout_s)
+    raise NoRestorePointError(
+        f"cannot hold a restore point on its sources after {attempts} attempts "
+        f"(last failures: {errors})"
+    )

@@ -428,3 +428,93 @@ def test_reading_a_running_rank_output_never_corrupts_it() -> None:
         assert all(loss == f"0x1.{step:013x}p+0" for step, loss in seen.items())
     finally:
         ranks.close()
+
+
+class _StaleController:
+    """A controller that always answers ``restore_point`` with the same old iteration
+    (``istar``, which the shadows no longer hold): a decision gone stale. Counts the requests
+    and what they said had failed."""
+
+    def __init__(self, token: str, istar: int, shadows: int, layout: str) -> None:
+        import threading
+
+        import zmq
+
+        self.token, self.istar, self.shadows, self.layout = token, istar, shadows, layout
+        self.requests: list[dict[str, Any]] = []
+        self._ctx = zmq.Context()
+        self._sock = self._ctx.socket(zmq.ROUTER)
+        self._sock.setsockopt(zmq.LINGER, 0)
+        port = self._sock.bind_to_random_port("tcp://127.0.0.1")
+        self.address = f"127.0.0.1:{port}"
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        import json
+
+        import zmq
+
+        from shadowgrad._control_server import check_request
+
+        while not self._stop.is_set():
+            if not self._sock.poll(50, zmq.POLLIN):
+                continue
+            parts = self._sock.recv_multipart()
+            sep = next(i for i, p in enumerate(parts) if len(p) == 0)
+            req, refused = check_request(parts[sep + 1], self.token)
+            if refused is not None:
+                reply: dict[str, Any] = refused
+            elif req.get("op") == "restore_point":
+                self.requests.append(req)
+                reply = {
+                    "ok": True,
+                    "istar": self.istar,
+                    "source": list(range(self.shadows)),
+                    "usable": [self.istar] * self.shadows,
+                    "fresh": False,
+                    "reachable": self.shadows,
+                    "layout": self.layout,
+                    "held": list(range(self.shadows)),
+                    "generation_seen": 0,
+                }
+            else:
+                reply = {"ok": True}
+            self._sock.send_multipart([*parts[: sep + 1], json.dumps(reply).encode()])
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+        self._sock.close(linger=0)
+        self._ctx.term()
+
+
+def test_restarted_trainers_never_die_on_a_stale_restore_point(tmp_path: Path) -> None:
+    """The controller's restore point cannot be fetched (the shadows moved on): the trainers
+    ask it again, saying which iteration failed, then survey the shadows themselves, restore
+    the newest iteration every shard holds and resume bit-identically (issue 21)."""
+    from shadowgrad.config import parse_spec
+    from shadowgrad.shadow.testing import shadow_cluster
+    from shadowgrad.trainer_hooks._testing import TOKEN, loopback_spec
+
+    ref_losses, ref_final = _reference(tmp_path, STEPS, False)
+    doc = loopback_spec(world=4, shadows=3)
+    spec = _spec(tmp_path, doc, "plain.toml")
+    out = tmp_path / "stale.pt"
+    with shadow_cluster(parse_spec(doc, env={})) as cluster:
+        first_text = _run_to_end(spec, 4, STEPS // 2)  # 0 .. 14 on the shadows
+        stale = _StaleController(TOKEN, istar=3, shadows=3, layout=cluster.status()[0]["layout"])
+        try:
+            doc_ctl = {**doc, "controller": {"address": stale.address}}
+            spec_ctl = _spec(tmp_path, doc_ctl, "stale.toml")
+            text = _run_to_end(spec_ctl, 4, STEPS, "--out", str(out))
+        finally:
+            stale.close()
+        status = cluster.status()
+    assert [r.get("failed") for r in stale.requests] == [None, 3], stale.requests
+    assert text.count("trainer.restore_retry") == 2, text[-4000:]
+    start, restored = _start(text)
+    assert restored and start == STEPS // 2
+    first = _losses(first_text)
+    _assert_resumed_bit_identical(0, STEPS, first, text, start, out, ref_losses, ref_final, status)

@@ -25,7 +25,7 @@ from shadowgrad.frames import MAX_FRAMED_DATAGRAM
 from shadowgrad.layout import Layout, from_module
 from shadowgrad.optspec import OptimizerSpec, load_state_by_name, state_by_name
 from shadowgrad.replies import ShadowStatus
-from shadowgrad.restore import restore_point, settle
+from shadowgrad.restore import fix_restore_point
 from shadowgrad.tensorstream import CHUNK_BYTES, commit_to_json, decode_states
 from shadowgrad.wire import (
     DEFAULT_CHUNK_BYTES,
@@ -57,6 +57,10 @@ DEFAULT_BUFFER_BYTES = 256 * 2**20
 MAX_SLOTS = 1024
 #: the most bytes of module state (buffers, frozen parameters) the COMMIT record carries
 MODULE_STATE_MAX = 32 * 2**10
+
+
+class _FetchFailedError(ShadowgradError):
+    """A rank could not fetch the restore point it was given (every rank raises it)."""
 
 
 class Start(NamedTuple):
@@ -323,19 +327,21 @@ class Shadowgrad:
                     )
         return out
 
-    def _ask_controller(self) -> dict[str, Any] | None:
+    def _ask_controller(self, failed: int | None = None) -> dict[str, Any] | None:
         """Rank 0, with ``[controller] address`` in the spec: the controller's restore point
         (it fixed I* when it detected the failure, or fixes it now); None when it does not
-        answer (the trainers then survey the shadows themselves, with the same rule)."""
+        answer (the trainers then survey the shadows themselves, with the same rule).
+        ``failed``: the iteration it gave before, which could not be fetched."""
         addr = self.spec.controller.address
         if addr is None:
             return None
         t = self.spec.timeouts
         try:
+            # the controller may be settling and holding I* (up to 4 x failure_detect)
             with ControllerClient(
-                f"tcp://{addr}", self._token, timeout_s=t.rpc_s + 2 * t.failure_detect_s
+                f"tcp://{addr}", self._token, timeout_s=t.rpc_s + 5 * t.failure_detect_s
             ) as c:
-                point = c.restore_point(requester=f"rank {self.rank}")
+                point = c.restore_point(requester=f"rank {self.rank}", failed=failed)
         except Exception as exc:
             event(
                 log,
@@ -366,33 +372,50 @@ class Shadowgrad:
             "istar": point.istar,
             "source": list(point.source),
             "generation": generation,
+            "held": [],  # the controller's holds: it releases them
         }
 
-    def _survey(self) -> dict[str, Any]:
-        """Rank 0: status of every shadow -> decision (fresh / restore at I*)."""
-        asked = self._ask_controller()
-        if asked is not None:
-            return asked
+    def _survey(self, failed: int | None = None, *, ask: bool = True) -> dict[str, Any]:
+        """Rank 0: the decision (fresh / restore at I*): the controller's, when one answers
+        (``ask``), else from the status of every shadow with the core rule, held on its
+        sources before it is used. ``failed``: the I* of the previous attempt, which some
+        rank could not fetch."""
+        if ask:
+            asked = self._ask_controller(failed)
+            if asked is not None:
+                return asked
         layout = self.layout
-        first = self._statuses(report=True)
         t = self.spec.timeouts
-        statuses = settle(
-            lambda: self._statuses(report=False),
-            first,
-            interval_s=max(0.05, t.gap_repair_s),
-            timeout_s=t.failure_detect_s,
-        )
-        # a new generation for this instance: above every generation a shadow has seen, so the
-        # shadows fence out any older instance that is still sending
-        seen = max((s.generation for s in statuses.values() if s), default=0)
-        generation = max(seen + 1, time.time_ns() // 1_000_000)
-        # the one rule, in core (shadowgrad.restore)
-        point = restore_point(
-            statuses,
+        polled: list[dict[int, ShadowStatus | None]] = []
+
+        def poll() -> dict[int, ShadowStatus | None]:
+            polled.append(self._statuses(report=not polled))
+            return polled[-1]
+
+        def hold(k: int, it: int) -> None:
+            with self._client(k, t.rpc_s) as c:
+                c.hold(it)
+
+        def release(k: int, it: int) -> None:
+            with self._client(k, t.rpc_s) as c:
+                c.release(it)
+
+        # the one rule, in core (shadowgrad.restore): settle, I*, held on its sources
+        point, held = fix_restore_point(
+            poll,
+            hold,
+            release,
             num_shards=layout.num_shards,
             replication=layout.replication,
             digest=layout.digest,
+            interval_s=max(0.05, t.gap_repair_s),
+            timeout_s=t.failure_detect_s,
+            who="trainer",
         )
+        # a new generation for this instance: above every generation a shadow has seen, so the
+        # shadows fence out any older instance that is still sending
+        seen = max((s.generation for st in polled for s in st.values() if s), default=0)
+        generation = max(seen + 1, time.time_ns() // 1_000_000)
         if point.fresh:
             return {"mode": "fresh", "reachable": point.reachable, "generation": generation}
         event(
@@ -409,6 +432,7 @@ class Shadowgrad:
             "istar": point.istar,
             "source": list(point.source),
             "generation": generation,
+            "held": held,  # this rank's holds: released once every rank fetched
         }
 
     def _shard_states(self, shard: int, *, clone: bool) -> list[dict[str, torch.Tensor]]:
@@ -491,19 +515,50 @@ class Shadowgrad:
                 or "another rank could not bind its trainer address"
                 " (see its error): is an earlier instance still running?"
             )
+        # a decision can be stale by the time it is used (a shadow moved on, or went away):
+        # ask again (the controller fixes a new one), then survey the shadows without it
+        failed: int | None = None
+        attempts = 3
         decision: dict[str, Any] | None = None
-        if g.rank == 0:
+        for attempt in range(1, attempts + 1):
+            decision = None
+            if g.rank == 0:
+                try:
+                    decision = self._survey(failed, ask=attempt < attempts)
+                except ShadowgradError as exc:
+                    decision = {"mode": "error", "error": str(exc)}
+            decision = g.broadcast_object(decision, src=0)
+            assert decision is not None
+            if decision["mode"] == "error":
+                self._close_sockets()
+                raise ShadowgradError(decision["error"])
+            self.generation = int(decision.get("generation", 0))
+            self._digest = session_digest(self.layout.digest64, self.generation)
+            if decision["mode"] == "fresh":
+                break
             try:
-                decision = self._survey()
-            except ShadowgradError as exc:
-                decision = {"mode": "error", "error": str(exc)}
-        decision = g.broadcast_object(decision, src=0)
+                start = self._restore(
+                    int(decision["istar"]), list(decision["source"]), decision.get("held", [])
+                )
+                break
+            except _FetchFailedError as exc:
+                failed = int(decision["istar"])
+                if attempt == attempts:
+                    self._close_sockets()
+                    raise ShadowgradError(str(exc)) from None
+                if g.rank == 0:
+                    event(
+                        log,
+                        "trainer.restore_retry",
+                        logging.WARNING,
+                        istar=failed,
+                        attempt=attempt,
+                        error=str(exc),
+                        next="ask the controller again"
+                        if attempt + 1 < attempts and self.spec.controller.address is not None
+                        else "survey the shadows",
+                    )
         assert decision is not None
-        if decision["mode"] == "error":
-            self._close_sockets()
-            raise ShadowgradError(decision["error"])
-        self.generation = int(decision.get("generation", 0))
-        self._digest = session_digest(self.layout.digest64, self.generation)
         if decision["mode"] == "fresh":
             start = Start(first_iteration, None, False)
             if decision.get("reachable", 1) == 0:
@@ -512,7 +567,6 @@ class Shadowgrad:
             else:
                 ok = self._load_shadows(first_iteration - 1)
         else:
-            start = self._restore(int(decision["istar"]), list(decision["source"]))
             ok = self._load_shadows(start.iteration - 1, self._restored_commit)
         if g.all_min(int(ok)) == 0:
             self._degrade("bootstrap_failed", lasting=False)
@@ -532,25 +586,20 @@ class Shadowgrad:
         )
         return start
 
-    def _restore(self, istar: int, source: list[int]) -> Start:
+    def _release_held(self, held: list[int], istar: int) -> None:
+        for k in held:
+            try:
+                with self._client(k, self.spec.timeouts.rpc_s) as c:
+                    c.release(istar)
+            except Exception as exc:
+                event(log, "trainer.release_failed", logging.WARNING, shadow=k, error=str(exc))
+
+    def _restore(self, istar: int, source: list[int], held: list[int]) -> Start:
+        """Fetch I* (held on ``source`` by the controller, or by rank 0's survey: ``held``,
+        released here once every rank fetched) and load it. Raises :class:`_FetchFailedError` on
+        every rank when some rank could not fetch (the caller decides again)."""
         g = self.group
         layout = self.layout
-        held: list[int] = []
-        if g.rank == 0:
-            for k in source:
-                try:
-                    with self._client(k, self.spec.timeouts.rpc_s) as c:
-                        c.hold(istar)
-                    held.append(k)
-                except Exception as exc:
-                    event(
-                        log,
-                        "trainer.hold_failed",
-                        logging.WARNING,
-                        shadow=k,
-                        iteration=istar,
-                        error=str(exc),
-                    )
         # each rank fetches the shards s with s % world == rank
         mine: dict[int, FetchReply] = {}
         error: str | None = None
@@ -569,7 +618,9 @@ class Shadowgrad:
                 break
         failed = g.all_min(0 if error else 1) == 0
         if failed:
-            raise ShadowgradError(error or "restore failed on another rank")
+            if g.rank == 0:
+                self._release_held(held, istar)
+            raise _FetchFailedError(error or "restore failed on another rank")
         exports: list[list[dict[str, torch.Tensor]]] = []
         commit: dict[str, Any] | None = None
         for shard in range(layout.num_shards):
@@ -598,12 +649,7 @@ class Shadowgrad:
             if shard == 0:
                 commit = header_doc["commit"]
         if g.rank == 0:
-            for k in held:
-                try:
-                    with self._client(k, self.spec.timeouts.rpc_s) as c:
-                        c.release(istar)
-                except Exception as exc:
-                    event(log, "trainer.release_failed", logging.WARNING, shadow=k, error=str(exc))
+            self._release_held(held, istar)
         params, opt_state = assemble_full(layout, exports)
         with torch.no_grad():
             for name, p in self.params.items():
