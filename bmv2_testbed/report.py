@@ -335,7 +335,15 @@ def _fault_rows(
                 f"{label}: the record says {lost} iteration(s) lost, the step times "
                 f"show {repeats} repeated"
             )
-        if t_detect is None:
+        down, fd = _num(f.get("down_s")), _num(f.get("failure_detect_s"))
+        if t_detect is None and cls == "shadow" and down is not None and fd is not None:
+            # detection: the first controller event that noticed this outage (runner.py)
+            notes.append(
+                f"{label}: not detected (down {down:g} s, under failure_detect {fd:g} s: by design)"
+                if down < fd
+                else f"{label}: not detected, although down {down:g} s (failure_detect {fd:g} s)"
+            )
+        elif t_detect is None:
             notes.append(f"{label}: no detection recorded")
         if t_recovered is None:
             notes.append(f"{label}: no recovery recorded")

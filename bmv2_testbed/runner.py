@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
 import os
 import re
 import secrets
@@ -291,6 +292,7 @@ class Runner:
             "samples": [],
             "faults": [],
             "starts": [],
+            "failure_detect_s": spec.timeouts.failure_detect_s,
         }
         t_begin = time.time()
         try:
@@ -454,6 +456,8 @@ class Runner:
 
                             rec["note"] = f"shadow {k} SIGSTOPped for {f.down_s}s"
                         rec["t_back"] = None
+                        rec["down_s"] = f.down_s
+                        rec["failure_detect_s"] = spec.timeouts.failure_detect_s
                         timers.append((now + f.down_s, back))
 
                         def mark(rec: dict[str, Any] = rec) -> None:
@@ -480,6 +484,9 @@ class Runner:
             time.sleep(0.5)  # the controller's last status and events
             obs["events"] = _events(d / "controller.log")
             obs["final_status"] = self._final_status(path, spec, env)
+            # the controller stops first: closing the switch (netns: the controller reaches the
+            # shadows through it) and stopping the shadows is the job's teardown, not news
+            ctl.stop(grace_s=3.0)
             if self._switch is not None:
                 c = self._switch.counters()
                 obs["switch"] = {
@@ -680,6 +687,7 @@ def _events(path: Path) -> list[dict[str, Any]]:
 def _settle_faults(obs: dict[str, Any]) -> None:
     """Detection and recovery times from the controller's events and the samples; work lost."""
     events = obs.get("events", [])
+    fd = float(obs.get("failure_detect_s") or 0.0)
     for f in obs["faults"]:
         t = f["t_inject"]
         if f["kind"] == "kill_trainer":
@@ -690,12 +698,17 @@ def _settle_faults(obs: dict[str, Any]) -> None:
             if f["resumed_at"] is not None and f["last_logged"] is not None:
                 f["lost_iterations"] = max(0, f["last_logged"] - f["resumed_at"] + 1)
         elif f["kind"] in ("kill_shadow", "pause_shadow"):
+            end = _outage_end(f, obs, fd)
+            # the first event that noticed this outage: a shadow_failed of this shadow after the
+            # fault and before the outage ended (one later is about something else: another
+            # fault, the job being torn down); none when nothing noticed (a pause shorter than
+            # failure_detect goes unnoticed by design)
             det = [
                 e["t"]
                 for e in events
                 if e["event"] == "controller.shadow_failed"
                 and e.get("shadow") == f["target"]
-                and e["t"] >= t
+                and t <= e["t"] <= end
             ]
             f["t_detect"] = min(det) if det else None
             back = f.get("t_back") or t
@@ -707,6 +720,38 @@ def _settle_faults(obs: dict[str, Any]) -> None:
         elif f["kind"] == "restart_controller":
             det = [e["t"] for e in events if e["event"] == "controller.started" and e["t"] >= t]
             f["t_recovered"] = min(det) if det else None
+
+
+#: what a detection may lag the end of the silence that caused it: a controller tick and a poll
+_DETECT_SLACK_S = 1.0
+
+
+def _outage_end(f: dict[str, Any], obs: dict[str, Any], fd: float) -> float:
+    """When the outage a shadow fault caused was over, as far as detecting it goes: the
+    controller saw the shadow back (``controller.shadow_back``), the next fault on the same
+    shadow, or training finished (``controller.job_finished``), whichever came first; for a
+    pause also ``t_back + failure_detect`` (+ a tick): a resumed process answers at once, so
+    a silence that started during the pause is noticed by then or never."""
+    t, k = f["t_inject"], f["target"]
+    ends = [
+        e["t"]
+        for e in obs.get("events", [])
+        if e["t"] >= t
+        and (
+            (e["event"] == "controller.shadow_back" and e.get("shadow") == k)
+            or e["event"] == "controller.job_finished"
+        )
+    ]
+    ends += [
+        g["t_inject"]
+        for g in obs["faults"]
+        if g["kind"] in ("kill_shadow", "pause_shadow")
+        and g.get("target") == k
+        and g["t_inject"] > t
+    ]
+    if f["kind"] == "pause_shadow" and f.get("t_back") is not None:
+        ends.append(float(f["t_back"]) + fd + _DETECT_SLACK_S)
+    return min(ends, default=math.inf)
 
 
 def run_scenario(scenario: Scenario, work: Path, **kw: Any) -> dict[str, Any]:

@@ -18,11 +18,13 @@ from typing import Any
 
 EPILOG = """\
 exit status:
-  0  healthy: every shadow answers, is loaded, not diverged and keeps up; trainers running
+  0  healthy: every shadow answers, is loaded, not diverged and keeps up; trainers running,
+     or finished (rank 0 closed after the last iteration and told the shadows/controller)
   3  degraded: at least one problem is listed (a shadow unreachable, refusing, unloaded,
      diverged, of an older generation or lagging; a shard without a healthy replica; no
      restore point; trainers silent for timeouts.failure_detect)
-  1  error: bad spec, unreadable token, bad option
+  1  error: bad spec, unreadable token, a token refused (bad_token) by every shadow and
+     controller that answered (not this job's token), bad option
 With --watch the status is that of the last refresh (Ctrl-C ends the watch with 0).
 
 health of a shadow: ok, lagging (behind the trainers by more than min(8, window/4)
@@ -79,15 +81,24 @@ def _collect(
     falls back to polling the shadows; today it always polls the shadows (``"shadows"``)."""
     from shadowgrad.controller.view import collect
 
-    view = collect(spec, token=token, timeout_s=timeout_s, previous=previous)
+    st: dict[str, Any] | None = None
     if spec.controller.address is not None:
-        view["controller_state"] = _controller_state(spec, token, timeout_s)
-        st = view["controller_state"]
+        st = _controller_state(spec, token, timeout_s)
+    # the controller's word that training ended counts when the shadows were not told (an
+    # older trainer, shadows that did not answer rank 0's close)
+    finished = None
+    if st is not None and st.get("state") == "finished":
+        finished = st.get("finished") or {}
+    view = collect(spec, token=token, timeout_s=timeout_s, previous=previous, finished=finished)
+    if st is not None:
+        view["controller_state"] = st
         problem = (
-            f"controller {spec.controller.address} unreachable: {st['error']}"
+            f"controller {spec.controller.address} refused status: {st['error']}"
+            if "error_code" in st
+            else f"controller {spec.controller.address} unreachable: {st['error']}"
             if "error" in st
             else None
-            if st.get("state") in ("running", "starting")
+            if st.get("state") in ("running", "starting", "finished")
             else f"controller: {st.get('state')} ({st.get('reason')})"
         )
         if problem is not None:
@@ -101,23 +112,63 @@ def _collect(
 def _controller_state(spec: Any, token: str, timeout_s: float | None) -> dict[str, Any]:
     """What the controller says (its state machine, the published I*, holds), or the error."""
     from shadowgrad.control_client import ControllerClient
+    from shadowgrad.errors import ControlError
 
     try:
         with ControllerClient(
             f"tcp://{spec.controller.address}", token, timeout_s=timeout_s or spec.timeouts.rpc_s
         ) as c:
             st = c.status()
+    except ControlError as e:  # it answered, but refused (bad_token, ...)
+        return {"error": str(e), "error_code": e.code}
     except Exception as e:  # reported in the view, never a crash
         return {"error": str(e)}
+    shadows = st.raw.get("shadows")
     return {
         "state": st.state,
         "reason": st.reason,
+        "finished": st.raw.get("finished"),
+        # the controller's word on each shadow (ok, starting, unreachable, failed, ...)
+        "shadows": {str(k): (v or {}).get("state") for k, v in (shadows or {}).items()}
+        if isinstance(shadows, dict)
+        else None,
         "istar": st.istar,
         "held": list(st.held),
         "failure": st.failure,
         "detections": st.detections,
         "counters": dict(st.counters),
     }
+
+
+def _token_refused(spec: Any, view: dict[str, Any]) -> str | None:
+    """The error when the token was refused (``bad_token``) by at least one shadow or the
+    controller and accepted by none (this is not the job's token); None otherwise (a token
+    refused by some shadows only is their problem, listed in the view)."""
+    rows = view["shadows"]
+    refused = [r["id"] for r in rows if r["error_code"] == "bad_token"]
+    accepted = any(r["loaded"] is not None for r in rows)  # answered a status
+    cs = view.get("controller_state")
+    ctl_refused = cs is not None and cs.get("error_code") == "bad_token"
+    ctl_accepted = cs is not None and "error" not in cs
+    if not (refused or ctl_refused) or accepted or ctl_accepted:
+        return None
+    who = []
+    if refused:
+        who.append(f"shadow{'s' if len(refused) > 1 else ''} {', '.join(map(str, refused))}")
+    if ctl_refused:
+        who.append(f"the controller ({spec.controller.address})")
+    sec = spec.security
+    where = (
+        f"security.token_file = {sec.token_file}"
+        if sec.token_file is not None
+        else f"the environment variable {sec.token_env} (security.token_env)"
+    )
+    silent = len(rows) - len(refused)
+    others = f"; {silent} other shadow(s) did not answer" if silent else ""
+    return (
+        f"the job token was refused (bad_token) by {' and '.join(who)}{others}: "
+        f"the token from {where} is not this job's token"
+    )
 
 
 def _emit(view: dict[str, Any], args: argparse.Namespace, *, tty: bool, colour: bool) -> None:
@@ -140,6 +191,7 @@ def _emit(view: dict[str, Any], args: argparse.Namespace, *, tty: bool, colour: 
 def run(args: argparse.Namespace) -> int:
     from shadowgrad.config import load_spec
     from shadowgrad.controller.view import exit_status, use_colour
+    from shadowgrad.errors import ShadowgradError
 
     _check(args)
     spec = load_spec(args.spec)
@@ -149,6 +201,9 @@ def run(args: argparse.Namespace) -> int:
     if not args.watch:
         view = _collect(spec, token, args.timeout, None)
         _emit(view, args, tty=tty, colour=colour)
+        refused = _token_refused(spec, view)
+        if refused is not None:
+            raise ShadowgradError(refused)  # exit 1: a wrong token is an error, not a state
         return exit_status(view)
     previous: dict[str, Any] | None = None
     status = 0
@@ -158,6 +213,9 @@ def run(args: argparse.Namespace) -> int:
             started = time.monotonic()
             view = _collect(spec, token, args.timeout, previous)
             _emit(view, args, tty=tty, colour=colour)
+            refused = _token_refused(spec, view)
+            if refused is not None:
+                raise ShadowgradError(refused)  # no refresh makes a wrong token right
             status = exit_status(view)
             previous = view
             n += 1

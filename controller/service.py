@@ -10,7 +10,10 @@ It watches the job through two independent signals and acts on failures:
   source shadows and publishes it; restarted trainers (``torchrun --max-restarts`` or a rerun)
   ask the controller for it; once they send again the holds are released;
 * **shadows** — their status; a shadow that does not answer for ``failure_detect`` is failed
-  (r >= 2: its shard goes on from the replicas; r = 1: the shard is degraded); when it returns
+  (r >= 2: its shard goes on from the replicas; r = 1: the shard is degraded). One that has not
+  answered loaded yet is ``starting`` (the job has not started, or the trainers' first load
+  keeps it busy) and is failed only after ``timeouts.connect`` without an answer; once training
+  finished, shadows that go away are ``stopped``, not failed. When a failed shadow returns
   it re-joins (cloned from a replica or re-seeded by the trainers, the shadows' own mechanism)
   and the controller reports when it has caught up;
 * **switch** (in-band) — programmed at start through the driver and re-converged every
@@ -73,8 +76,25 @@ class _Member:
     since: float = 0.0  # monotonic: when it became (un)reachable
     last_ok: float = 0.0  # monotonic: its last status answer
     seen: bool = False  # answered at least once since the controller started
+    #: answered loaded at least once (its job started): until then the shadow is "starting"
+    #: (the trainers' first load may keep it from answering for a while) and is failed only
+    #: after timeouts.connect without an answer
+    started: bool = False
+    #: not answering since training finished: the job is being shut down, no failure
+    stopped: bool = False
     failed: bool = False
     rejoining: bool = False
+
+    def state(self) -> str:
+        """``ok``, ``starting``, ``unreachable`` (not answering, not failed yet), ``failed``,
+        ``rejoining`` (failed, answering again, not caught up yet) or ``stopped``."""
+        if self.failed:
+            return "rejoining" if self.rejoining else "failed"
+        if self.stopped:
+            return "stopped"
+        if not self.started:
+            return "starting"
+        return "ok" if self.reachable else "unreachable"
 
 
 class Controller:
@@ -141,6 +161,8 @@ class Controller:
         self._switch_commits: tuple[int, float] | None = None  # (total COMMITs, when it moved)
         self._next_converge = 0.0
         self._generation_at_failure: int | None = None
+        #: rank 0's ``finished`` (iteration, generation, requester) while state is "finished"
+        self.finished: dict[str, Any] | None = None
 
     # ---------------------------------------------------------------- lifecycle
 
@@ -308,7 +330,8 @@ class Controller:
         for k, m in self.members.items():
             st = self.statuses.get(k)
             if st is not None:
-                m.last_ok, m.seen = now, True
+                m.last_ok, m.seen, m.stopped = now, True, False
+                m.started = m.started or st.loaded
                 if not m.reachable:
                     m.reachable, m.since = True, now
                     if m.failed:
@@ -338,9 +361,19 @@ class Controller:
             if m.reachable:
                 # unreachable since its last answer (the poll before this one)
                 m.reachable, m.since = False, m.last_ok
-            # a shadow never seen may still be starting (a controller started with or before
-            # its shadows): failed only once it had timeouts.connect to come up
-            limit = fd if m.seen else max(fd, self.spec.timeouts.connect_s)
+            if self.state == "finished":
+                # training ended: shadows going away now are the job being shut down (the
+                # demo closes the switch, an operator stops them), not failures. When a new
+                # run starts, one still away is starting again, with its start deadline from
+                # then
+                if not m.stopped and not m.failed:
+                    event(log, "controller.shadow_stopped", shadow=k, after="finished")
+                m.stopped, m.started, m.since = not m.failed, False, now
+                continue
+            # a shadow not started yet (never answered loaded since the controller started: it
+            # starts with or after the controller, and the trainers' first load may keep it
+            # busy) is "starting": failed only once it had timeouts.connect to come up
+            limit = fd if m.started else max(fd, self.spec.timeouts.connect_s)
             if not m.failed and now - m.since >= limit:
                 m.failed = True
                 self.ev["shadow_failures"] += 1
@@ -363,6 +396,8 @@ class Controller:
                     replicas_answering=peers,
                     degraded=not peers,
                     evidence=f"no status reply for {now - m.since:.1f}s"
+                    if m.started
+                    else f"not started (never answered loaded) in {now - m.since:.1f}s"
                     if m.seen
                     else f"never answered in {now - m.since:.1f}s since the controller started",
                 )
@@ -652,6 +687,7 @@ class Controller:
     def _member_json(self, k: int, m: _Member) -> dict[str, Any]:
         st = self.statuses.get(k)
         return {
+            "state": m.state(),
             "reachable": m.reachable,
             "failed": m.failed,
             "rejoining": m.rejoining,
@@ -674,6 +710,7 @@ class Controller:
                 "held": list(self.held),
                 "failure": self.failure,
                 "detections": len(self.detections),
+                "finished": self.finished if self.state == "finished" else None,
                 "shadows": {str(k): self._member_json(k, m) for k, m in self.members.items()},
                 "switch": None
                 if self.driver is None
@@ -755,7 +792,12 @@ class Controller:
                         generation=self._generation_at_failure,
                         requester=str(req.get("requester", "client")),
                     )
-                    self._set("finished", f"training ended at iteration {req.get('iteration')}")
+                    self.finished = {
+                        "iteration": req.get("iteration"),
+                        "generation": self._generation_at_failure,
+                        "requester": str(req.get("requester", "client")),
+                    }
+                    self._set("finished", f"training ended after iteration {req.get('iteration')}")
                 return {"ok": True}
             if op == "release":
                 with self._lock:

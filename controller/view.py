@@ -15,7 +15,9 @@ The view (``SCHEMA`` = 1; every key is always present unless marked optional):
 * ``trainers``: ``world_size``, ``iteration`` (newest iteration any shadow has seen), ``silent_s``
   (min over answering shadows of ``trainers_silent_s``), ``failure_detect_s``, ``alive``
   (``silent_s < failure_detect_s``; null when unknown), ``state`` (``running`` / ``silent`` /
-  ``unknown``), ``iterations_per_s`` (null without ``previous``);
+  ``finished`` / ``unknown``), ``iterations_per_s`` (null without ``previous``), ``finished``
+  (rank 0's word that training ended: ``iteration``, ``generation``, ``requester``, ``source``
+  (``shadows``, or ``controller`` when only the controller was told); null while it runs);
 * ``istar``: ``iteration`` (null when there is no restore point), ``fresh``, ``source`` (shadow
   per shard), ``usable`` (per shard), ``layout``, ``generations``, ``reason`` (why there is no
   restore point, else null), ``reachable``;
@@ -196,13 +198,15 @@ def collect(
     timeout_s: float | None = None,
     switch: SwitchCounters | None = None,
     previous: Mapping[str, Any] | None = None,
+    finished: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Poll every shadow of ``spec`` (``status`` over its control endpoint, ``timeout_s``
     each, default ``timeouts.rpc``; all at once) and return the job view (module docstring).
     ``token``: the job's token (default ``spec.token()``); ``switch``: an object with
     ``counters()`` (e.g. a ``SwitchDriver``) whose counters join the view; ``previous``: an
-    earlier view of the same job, for rates. Never raises for a shadow that is down or refuses
-    the request: that is what the view reports."""
+    earlier view of the same job, for rates; ``finished``: the controller's word that training
+    ended (see :func:`build`). Never raises for a shadow that is down or refuses the request:
+    that is what the view reports."""
     tok = spec.token() if token is None else token
     timeout = spec.timeouts.rpc_s if timeout_s is None else float(timeout_s)
     if not timeout > 0:
@@ -217,7 +221,13 @@ def collect(
         except Exception as e:  # the switch is optional: report, do not fail the view
             sw = {"error": f"{type(e).__name__}: {e}"}
     return build(
-        spec, polled, now=now, elapsed_s=time.monotonic() - t0, switch=sw, previous=previous
+        spec,
+        polled,
+        now=now,
+        elapsed_s=time.monotonic() - t0,
+        switch=sw,
+        previous=previous,
+        finished=finished,
     )
 
 
@@ -271,10 +281,13 @@ def build(
     elapsed_s: float = 0.0,
     switch: Mapping[str, Any] | None = None,
     previous: Mapping[str, Any] | None = None,
+    finished: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The view from already polled replies, ``polled[shadow]`` (what :func:`collect` gathers;
     a controller that polls the shadows itself builds the same view; a shadow missing from
-    ``polled`` counts as unreachable)."""
+    ``polled`` counts as unreachable). ``finished``: another witness that training ended (the
+    controller's ``finished``: ``iteration``, ``generation``), used when no shadow says so and
+    no shadow serves a newer generation than it names."""
     t = spec.timeouts
     num_shards, replication = spec.num_shards, spec.shadows.replication
     replies = {
@@ -291,6 +304,9 @@ def build(
     silent_s = min((s.trainers_silent_s for s in answering.values()), default=None)
     alive = None if silent_s is None else silent_s < t.failure_detect_s
     state = "unknown" if alive is None else "running" if alive else "silent"
+    ended = _finished_of(answering, finished)
+    if ended is not None:
+        state = "finished"  # rank 0 closed after the last iteration: its silence is no alarm
     trainers: dict[str, Any] = {
         "world_size": spec.trainers.world_size,
         "iteration": iteration,
@@ -299,6 +315,7 @@ def build(
         "alive": alive,
         "state": state,
         "iterations_per_s": None,
+        "finished": ended,
     }
 
     # I*: the one rule, in core
@@ -479,6 +496,31 @@ def build(
     return view
 
 
+def _finished_of(
+    answering: Mapping[int, ShadowStatus], witness: Mapping[str, Any] | None
+) -> dict[str, Any] | None:
+    """Whether training ended: a loaded shadow of the job's generation (the newest served)
+    says so for that generation; else ``witness`` (the controller), unless a shadow serves a
+    newer generation than it names (a new run)."""
+    gens = [s.generation for s in answering.values() if s.loaded]
+    job_gen = max(gens) if gens else None
+    for s in answering.values():
+        f = s.finished
+        if f is not None and s.loaded and s.generation == job_gen == f.get("generation"):
+            return {**dict(f), "source": "shadows"}
+    if witness is None:
+        return None
+    wgen = witness.get("generation")
+    if job_gen is not None and isinstance(wgen, int) and job_gen > wgen:
+        return None
+    return {
+        "iteration": witness.get("iteration"),
+        "generation": wgen,
+        "requester": witness.get("requester"),
+        "source": "controller",
+    }
+
+
 def exit_status(view: Mapping[str, Any]) -> int:
     """``shadowgrad status``'s exit status for a view: 0 healthy, 3 degraded."""
     return 0 if view.get("healthy") else 3
@@ -538,7 +580,12 @@ def render_text(view: Mapping[str, Any], *, colour: bool = False) -> str:
     )
     lines = [paint(title, _BOLD) + f"   {when}   source: {view['source']}"]
     silent = "-" if tr["silent_s"] is None else f"{tr['silent_s']:.2f}s"
-    tstate = paint(tr["state"], {"running": _GREEN, "silent": _RED}.get(tr["state"], _YELLOW))
+    tstate = paint(
+        tr["state"],
+        {"running": _GREEN, "finished": _GREEN, "silent": _RED}.get(tr["state"], _YELLOW),
+    )
+    if tr.get("finished") is not None:
+        tstate += f" (training ended after iteration {_fmt(tr['finished'].get('iteration'))})"
     rate = "" if tr.get("iterations_per_s") is None else f", {tr['iterations_per_s']:g} it/s"
     lines.append(
         f"trainers: iteration {_fmt(tr['iteration'])}, {tstate}, silent {silent} "
@@ -551,9 +598,17 @@ def render_text(view: Mapping[str, Any], *, colour: bool = False) -> str:
         else:
             held = (cs.get("istar") or {}).get("istar")
             extra = f", I* {held} held on {cs.get('held')}" if cs.get("held") else ""
+            by_state: dict[str, list[str]] = {}
+            for k, v in (cs.get("shadows") or {}).items():
+                if v not in (None, "ok"):
+                    by_state.setdefault(str(v), []).append(str(k))
+            extra += "".join(f"; shadows {st}: {', '.join(ks)}" for st, ks in by_state.items())
             lines.append(
                 "controller: "
-                + paint(str(cs.get("state")), _GREEN if cs.get("state") == "running" else _YELLOW)
+                + paint(
+                    str(cs.get("state")),
+                    _GREEN if cs.get("state") in ("running", "finished") else _YELLOW,
+                )
                 + f" ({cs.get('reason')}){extra}"
             )
     if ist["reason"] is not None:

@@ -8,9 +8,9 @@ followed by binary frames (``load`` only). Every reply is a JSON header frame
 (``"param"`` or an optimizer state key), dtype and shape, and the CRC-32C (``wire.crc``) of each
 of its chunk frames (at most :data:`CHUNK_BYTES` each). Receivers verify every chunk before use.
 
-Ops: ``status``, ``hold``, ``release``, ``fetch``, ``load``, ``snapshot``, ``config`` (see
-docs/shadow.md); the client reads ``status`` and ``config`` into :class:`ShadowStatus` and
-:class:`ShadowConfig` (:mod:`shadowgrad.replies`).
+Ops: ``status``, ``hold``, ``release``, ``fetch``, ``load``, ``snapshot``, ``config``,
+``finished`` (see docs/shadow.md); the client reads ``status`` and ``config`` into
+:class:`ShadowStatus` and :class:`ShadowConfig` (:mod:`shadowgrad.replies`).
 ``fetch`` replies and ``load`` requests also carry the COMMIT record of the iteration
 (``"commit"``, see :func:`commit_to_json`).
 

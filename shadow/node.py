@@ -28,7 +28,7 @@ import threading
 import time
 import traceback
 from collections import Counter, OrderedDict
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -172,8 +172,11 @@ class ShadowNode:
     ``sock``: an already bound UDP socket (tests bind port 0 and put the port in the spec);
     otherwise the node binds ``spec.shadows.addresses[shadow_id]``. ``control_bind``: zmq bind
     address (default ``tcp://<host>:<control_port + id>``; ``tcp://127.0.0.1:*`` picks a free
-    port, see :attr:`control_endpoint`). ``peer_controls``: control endpoints of other shadows
-    by id (for resync), default from the spec. ``layout`` may be given now or with ``load``.
+    port, see :attr:`control_endpoint`); ``control_socket``: instead, a ROUTER socket bound
+    already and its context, the node owns both from now on (``shadowgrad shadow`` binds it
+    before importing torch, :mod:`shadowgrad.shadow._early`). ``peer_controls``: control
+    endpoints of other shadows by id (for resync), default from the spec. ``layout`` may be
+    given now or with ``load``.
     """
 
     def __init__(
@@ -185,6 +188,7 @@ class ShadowNode:
         layout: Layout | None = None,
         sock: socket.socket | None = None,
         control_bind: str | None = None,
+        control_socket: tuple[zmq.Context[zmq.Socket[bytes]], zmq.Socket[bytes]] | None = None,
         peer_controls: Mapping[int, str] | None = None,
         options: NodeOptions | None = None,
     ) -> None:
@@ -246,21 +250,25 @@ class ShadowNode:
         if spec.job.mode == "in-band" and sw.loopback is not None and sw.shadow_ports:
             ep = sw.loopback_endpoint(sw.shadow_ports[shadow_id])
             self._switch_ep = (ep.host, ep.port)
-        self._ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
-        self._rep = self._ctx.socket(zmq.ROUTER)
-        self._rep.setsockopt(zmq.LINGER, 0)
-        if control_bind is None:
-            ep = spec.shadows.control_endpoint(shadow_id)
-            control_bind = f"tcp://{ep}"
-        try:
-            self._rep.bind(control_bind)
-        except zmq.ZMQError as e:
-            self._rep.close(linger=0)
-            self._ctx.term()
-            self.sock.close()
-            raise ShadowgradError(
-                f"shadow {shadow_id}: cannot bind its control endpoint {control_bind}: {e}"
-            ) from None
+        self._ctx: zmq.Context[zmq.Socket[bytes]]
+        if control_socket is not None:  # bound already (shadowgrad shadow, while starting)
+            self._ctx, self._rep = control_socket
+        else:
+            self._ctx = zmq.Context()
+            self._rep = self._ctx.socket(zmq.ROUTER)
+            self._rep.setsockopt(zmq.LINGER, 0)
+            if control_bind is None:
+                ep = spec.shadows.control_endpoint(shadow_id)
+                control_bind = f"tcp://{ep}"
+            try:
+                self._rep.bind(control_bind)
+            except zmq.ZMQError as e:
+                self._rep.close(linger=0)
+                self._ctx.term()
+                self.sock.close()
+                raise ShadowgradError(
+                    f"shadow {shadow_id}: cannot bind its control endpoint {control_bind}: {e}"
+                ) from None
         last = self._rep.getsockopt(zmq.LAST_ENDPOINT)
         self.control_endpoint: str = last.decode() if isinstance(last, bytes) else str(last)
         # state
@@ -292,6 +300,9 @@ class ShadowNode:
         #: generations are refused
         self._generation = 0
         self._digest = 0  # wire.session_digest(layout digest64, generation) once loaded
+        #: rank 0's ``finished`` (training ended): {iteration, generation, requester}; it
+        #: speaks for its generation only (a load of a newer one hides it, see _finished_now)
+        self._finished: dict[str, Any] | None = None
         self._next_clone = 0.0
         self.rx: Counter[str] = Counter()
         self.ev: Counter[str] = Counter()
@@ -320,13 +331,15 @@ class ShadowNode:
         host, port = self.sock.getsockname()[:2]
         return str(host), int(port)
 
-    def start(self) -> ShadowNode:
+    def start(self, backlog: Sequence[Sequence[zmq.Frame]] = ()) -> ShadowNode:
+        """Start the threads. ``backlog``: requests received on a ``control_socket`` before
+        the node existed (``EarlyControl.handover``), served first, in order."""
         if self._layout_hint is not None:
             self._check_layout(self._layout_hint)
-        loops: list[tuple[str, Any, tuple[int, ...]]] = [
+        loops: list[tuple[str, Any, tuple[Any, ...]]] = [
             (f"rx{k}", self._rx_loop, (k,)) for k in range(self.opts.rx_threads)
         ]
-        loops += [("apply", self._apply_loop, ()), ("control", self._control_loop, ())]
+        loops += [("apply", self._apply_loop, ()), ("control", self._control_loop, (backlog,))]
         for name, target, args in loops:
             t = threading.Thread(
                 target=self._guard,
@@ -1151,8 +1164,12 @@ class ShadowNode:
 
     # ---------------------------------------------------------------- control service
 
-    def _control_loop(self) -> None:
+    def _control_loop(self, backlog: Sequence[Sequence[zmq.Frame]] = ()) -> None:
         rep = self._rep
+        for parts in backlog:  # what came while the process was starting, in order
+            if self._stop.is_set():
+                return
+            self._handle_control(parts)
         while not self._stop.is_set():
             if not rep.poll(int(self.opts.tick_s * 10 * 1000), zmq.POLLIN):
                 continue
@@ -1160,20 +1177,25 @@ class ShadowNode:
                 parts = rep.recv_multipart(zmq.NOBLOCK, copy=False)
             except zmq.Again:
                 continue
-            sep = next((k for k, p in enumerate(parts) if len(p.bytes) == 0), None)
-            if sep is None or sep + 1 >= len(parts):
-                self.ev["control_malformed"] += 1
-                continue
-            envelope = [p.bytes for p in parts[: sep + 1]]
-            head, frames = parts[sep + 1], [p.buffer for p in parts[sep + 2 :]]
-            reply_head, reply_frames = self._serve(head.bytes, frames)
-            try:
-                rep.send_multipart(
-                    [*envelope, json.dumps(reply_head).encode(), *reply_frames], copy=False
-                )
-            except zmq.ZMQError as e:
-                self.ev["control_send_error"] += 1
-                log.warning("control reply failed: %s", e)
+            self._handle_control(parts)
+
+    def _handle_control(self, parts: Sequence[zmq.Frame]) -> None:
+        """Serve one request as the ROUTER received it (routing envelope, empty delimiter,
+        header, frames) and send the reply. On the control thread only."""
+        sep = next((k for k, p in enumerate(parts) if len(p.bytes) == 0), None)
+        if sep is None or sep + 1 >= len(parts):
+            self.ev["control_malformed"] += 1
+            return
+        envelope = [p.bytes for p in parts[: sep + 1]]
+        head, frames = parts[sep + 1], [p.buffer for p in parts[sep + 2 :]]
+        reply_head, reply_frames = self._serve(head.bytes, frames)
+        try:
+            self._rep.send_multipart(
+                [*envelope, json.dumps(reply_head).encode(), *reply_frames], copy=False
+            )
+        except zmq.ZMQError as e:
+            self.ev["control_send_error"] += 1
+            log.warning("control reply failed: %s", e)
 
     def _serve(self, head: bytes, frames: list[memoryview]) -> tuple[dict[str, Any], list[Any]]:
         req, refused = check_request(head, self._token)
@@ -1192,6 +1214,7 @@ class ShadowNode:
             "load": self._op_load,
             "snapshot": self._op_snapshot,
             "config": self._op_config,
+            "finished": self._op_finished,
         }.get(op if isinstance(op, str) else "")
         if handler is None:
             self.ev["control_bad_request"] += 1
@@ -1224,6 +1247,8 @@ class ShadowNode:
             return {
                 "ok": True,
                 "shadow": self.id,
+                # the process is up (EarlyControl answers true while it imports torch)
+                "starting": False,
                 "loaded": ld is not None,
                 "shard": None if ld is None else ld.shard,
                 "replica": None if ld is None else ld.replica,
@@ -1261,7 +1286,50 @@ class ShadowNode:
                 "timeline": [{"iteration": k, **v} for k, v in tl],
                 "pending": pending,
                 "last_snapshot": self._last_snapshot,
+                "finished": self._finished_now(),
             }
+
+    def _finished_now(self) -> dict[str, Any] | None:
+        """The ``finished`` record, while the generation it names is the one served (a later
+        load of a newer generation, a new run of the job, clears it). Under ``_lock``."""
+        f = self._finished
+        if f is not None and int(f["generation"]) < self._generation:
+            self._finished = f = None
+        return None if f is None else dict(f)
+
+    def _op_finished(
+        self, req: dict[str, Any], _f: list[memoryview]
+    ) -> tuple[dict[str, Any], list[Any]]:
+        """Rank 0's ``close()`` after the last iteration: training ended normally (the
+        trainers' silence from now on is no failure). ``iteration``: the last iteration
+        trained (or null); ``generation``: the job instance that ended (an older one than the
+        generation served is refused, ``stale_generation``)."""
+        it, gen = req.get("iteration"), req.get("generation")
+        if not isinstance(gen, int) or isinstance(gen, bool):
+            raise ControlError("bad_request", f"finished: generation must be an integer: {gen!r}")
+        if it is not None and (not isinstance(it, int) or isinstance(it, bool)):
+            raise ControlError("bad_request", f"finished: iteration must be an integer: {it!r}")
+        with self._lock:
+            if gen < self._generation:
+                raise ControlError(
+                    "stale_generation",
+                    f"finished of generation {gen}: this shadow serves generation "
+                    f"{self._generation} of the job",
+                )
+            self._finished = {
+                "iteration": it,
+                "generation": gen,
+                "requester": str(req.get("requester", "client")),
+            }
+            self._note(
+                "finished",
+                logging.INFO,
+                count=False,
+                iteration=it,
+                generation=gen,
+                last_applied=self._last_applied if self._ld is not None else None,
+            )
+            return {"ok": True, "finished": dict(self._finished)}, []
 
     def _op_status(
         self, req: dict[str, Any], _f: list[memoryview]
@@ -1379,8 +1447,13 @@ class ShadowNode:
         self, req: dict[str, Any], frames: list[memoryview]
     ) -> tuple[dict[str, Any], list[Any]]:
         layout_json = req.get("layout")
+        ld = self._ld
+        known = [x for x in (None if ld is None else ld.layout, self._layout_hint) if x is not None]
         if layout_json is not None:
-            layout = Layout.from_json(layout_json)
+            # the layout this shadow holds already (a re-seed, a restore): no parse (canonical
+            # JSON, so the same text is the same layout)
+            same = next((x for x in known if x.to_json() == layout_json), None)
+            layout = same if same is not None else Layout.from_json(layout_json)
         elif self._ld is not None:
             layout = self._ld.layout
         elif self._layout_hint is not None:
@@ -1399,7 +1472,8 @@ class ShadowNode:
             commit = commit_to_json(c_it, c_rec)
         opt_json = str(req["optimizer"])
         opt = OptimizerSpec.from_json(opt_json)
-        states = decode_states(req["entries"], frames)
+        # views of the request's frames where a tensor came in one (ShardReplayer.load copies)
+        states = decode_states(req["entries"], frames, copy=False)
         return self._load_state(
             layout,
             iteration,

@@ -67,7 +67,11 @@ COMMANDS: dict[str, tuple[str, str]] = {
 EXIT_ERROR = 1
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The command line. ``only``: the command about to run; only its module is imported
+    (the others are listed with their help line): a command that must start fast, such as
+    ``shadow`` (its control endpoint answers before it imports torch), does not pay for
+    importing every other command's module."""
     parser = argparse.ArgumentParser(
         prog="shadowgrad",
         description="In-network per-iteration checkpointing for data-parallel training.",
@@ -84,6 +88,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name, (module_name, help_text) in COMMANDS.items():
+        if only is not None and name != only:
+            sub.add_parser(name, help=help_text, description=help_text)
+            continue
         try:
             module = importlib.import_module(module_name)
         except ImportError as e:  # an extra is not installed: say so when the command is used
@@ -110,8 +117,10 @@ def _unavailable(name: str, error: ImportError) -> Callable[[argparse.Namespace]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    words = sys.argv[1:] if argv is None else list(argv)
+    # the first word naming a command is the command (no top-level option takes one as value)
+    parser = build_parser(next((w for w in words if w in COMMANDS), None))
+    args = parser.parse_args(words)
     configure_logging(args.log_level, json_lines=args.log_json)
     try:
         status: int = args._run(args)

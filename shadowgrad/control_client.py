@@ -6,8 +6,8 @@ followed by binary frames (``load`` only). Every reply is a JSON header frame
 (``fetch`` only). Tensors travel as a tensor stream (:mod:`shadowgrad.tensorstream`).
 
 Shadow ops (:class:`ShadowClient`): ``status``, ``hold``, ``release``, ``fetch``, ``load``,
-``snapshot``, ``config`` (see docs/shadow.md); ``fetch`` replies and ``load`` requests also carry
-the COMMIT record of the iteration (``"commit"``, see
+``snapshot``, ``config``, ``finished`` (see docs/shadow.md); ``fetch`` replies and ``load``
+requests also carry the COMMIT record of the iteration (``"commit"``, see
 :func:`~shadowgrad.tensorstream.commit_to_json`). The controller's endpoint speaks the same
 protocol (:class:`ControllerClient`: ``status``, ``restore_point``, ``finished``, ``release``).
 
@@ -308,4 +308,22 @@ class ShadowClient(ControlClient):
 
     def snapshot(self, wait: bool = True, timeout_s: float | None = None) -> dict[str, Any]:
         header, _ = self.call("snapshot", wait=wait, timeout_s=timeout_s)
+        return header
+
+    def finished(
+        self,
+        iteration: int | None,
+        generation: int,
+        requester: str,
+        timeout_s: float | None = None,
+    ) -> dict[str, Any]:
+        """Tell the shadow that training (``generation`` of the job) ended normally after
+        ``iteration`` (the last iteration trained); its status then carries ``finished``."""
+        header, _ = self.call(
+            "finished",
+            timeout_s=timeout_s,
+            iteration=iteration,
+            generation=generation,
+            requester=requester,
+        )
         return header

@@ -21,7 +21,7 @@ Standard library only (no torch, no zmq): the restore rule and the job view impo
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import MISSING, dataclass, field, fields
 from typing import Any, ClassVar, Self, TypeVar
 
 from shadowgrad.errors import ControlError
@@ -155,11 +155,13 @@ class _Reply:
 
 
 def _read(cls: Any, r: _Reader) -> Any:
-    """An instance of the dataclass ``cls``, every field read from ``r`` by its annotation."""
+    """An instance of the dataclass ``cls``, every field read from ``r`` by its annotation. A
+    field with a default is optional: a reply without it (an older peer's) takes the default."""
     return cls(
         **{
             f.name: r.doc if f.name == "raw" else _READERS[str(f.type)](r, f.name)
             for f in fields(cls)
+            if f.name == "raw" or f.name in r.doc or f.default is MISSING
         }
     )
 
@@ -228,6 +230,10 @@ class ShadowStatus(_Reply):
     counters: Mapping[str, int]
     events: Mapping[str, int]
     peers: Mapping[int, PeerStatus]
+    #: rank 0's word that training ended (``finished`` op): ``{"iteration": the last iteration
+    #: trained, "generation": ..., "requester": ...}``; None while the generation it serves has
+    #: not finished (optional: a shadow without the op has no such key)
+    finished: Mapping[str, Any] | None = None
     raw: Mapping[str, Any] = _raw()
 
 

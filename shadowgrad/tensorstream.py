@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -84,10 +85,27 @@ def encode_states(
     return entries, frames
 
 
+def _frame_tensor(chunk: memoryview) -> torch.Tensor:
+    """A uint8 tensor over ``chunk``'s memory, no copy (read-only memory: never written)."""
+    if chunk.nbytes == 0:
+        return torch.empty(0, dtype=torch.uint8)
+    with warnings.catch_warnings():  # torch warns (once) that the buffer is not writable
+        warnings.simplefilter("ignore", UserWarning)
+        return torch.frombuffer(chunk, dtype=torch.uint8)
+
+
 def decode_states(
-    entries: Sequence[Mapping[str, Any]], frames: Sequence[memoryview | bytes]
+    entries: Sequence[Mapping[str, Any]],
+    frames: Sequence[memoryview | bytes],
+    *,
+    copy: bool = True,
 ) -> dict[int, dict[str, torch.Tensor]]:
-    """Reverse of :func:`encode_states`; verifies every chunk's CRC-32 (ControlError)."""
+    """Reverse of :func:`encode_states`; verifies every chunk's CRC-32 (ControlError).
+
+    ``copy=False``: a tensor that came in one frame is a view of that frame's memory (no copy;
+    it stays valid while the frame is referenced, and must not be written): for a caller that
+    copies the states anyway (the shadow's ``load``). Tensors of several frames are
+    assembled into new memory either way."""
     out: dict[int, dict[str, torch.Tensor]] = {}
     pos = 0
     for entry in entries:
@@ -100,8 +118,9 @@ def decode_states(
             crcs = [int(c) for c in entry["crc"]]
         except (KeyError, TypeError, ValueError) as e:
             raise ControlError("bad_request", f"malformed tensor entry {entry!r}: {e}") from None
-        buf = torch.empty(nbytes, dtype=torch.uint8)
-        mv = buf.numpy().data.cast("B")
+        view = not copy and len(crcs) == 1
+        buf = None if view else torch.empty(nbytes, dtype=torch.uint8)
+        mv = None if buf is None else buf.numpy().data.cast("B")
         lo = 0
         for k, crc in enumerate(crcs):
             if pos >= len(frames):
@@ -112,13 +131,17 @@ def decode_states(
                 raise ControlError("checksum", f"chunk {k} of {key!r} (box {box}) fails CRC-32")
             if lo + chunk.nbytes > nbytes:
                 raise ControlError("bad_request", f"{key!r} of box {box}: more bytes than nbytes")
-            mv[lo : lo + chunk.nbytes] = chunk
+            if mv is None:
+                buf = _frame_tensor(chunk)
+            else:
+                mv[lo : lo + chunk.nbytes] = chunk
             lo += chunk.nbytes
         if lo != nbytes:
             raise ControlError("bad_request", f"{key!r} of box {box}: {lo} of {nbytes} bytes")
         itemsize = DTYPES[str(entry["dtype"])].itemsize
         if nbytes % itemsize or nbytes // itemsize != _numel(shape):
             raise ControlError("bad_request", f"{key!r} of box {box}: shape {shape} vs {nbytes} B")
+        assert buf is not None  # one chunk (a view), or the assembled copy
         out.setdefault(box, {})[key] = buf.view(dtype).reshape(shape)
     if pos != len(frames):
         raise ControlError("bad_request", f"{len(frames) - pos} unexpected trailing frames")

@@ -159,3 +159,109 @@ def test_a_dead_shadow_is_reported_failed_and_rejoins_when_it_answers_again() ->
         with _controller(c, statuses=statuses) as ctl:
             time.sleep(c.spec.timeouts.failure_detect_s + 0.5)
             assert not ctl.members[1].failed and ctl.ev["shadow_failures"] == 0
+
+
+def _shadow_events(caplog: pytest.LogCaptureFixture, name: str) -> list[dict[str, Any]]:
+    return [
+        getattr(r, "fields", {})
+        for r in caplog.records
+        if getattr(r, "event", None) == f"controller.{name}"
+    ]
+
+
+def test_shadows_that_start_late_or_are_busy_with_their_first_load_are_starting(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Seen in the demo: every shadow declared failed when the job started (the controller
+    starts with its shadows; a shadow answered once, then the trainers' first load kept it
+    from answering for longer than failure_detect). Until it answered loaded, a shadow is
+    ``starting``: failed only after timeouts.connect without an answer."""
+    import dataclasses
+    import logging
+
+    caplog.set_level(logging.INFO, logger="shadowgrad.controller.service")
+    case = Case("ctl-starting", "mlp", "adamw", iterations=3)
+    trainer = RefTrainer(case, seed=9)
+    layout = trainer.layout(num_shadows=4, replication=2)
+    with cluster(layout) as c:  # the nodes are not loaded yet: the job has not started
+        fd = c.spec.timeouts.failure_detect_s
+        spec = dataclasses.replace(
+            c.spec, timeouts=dataclasses.replace(c.spec.timeouts, connect_s=fd * 4)
+        )
+        down = {1, 3}  # not up yet
+
+        def statuses() -> dict[int, dict[str, Any] | None]:
+            return {n.id: (None if n.id in down else n.status(timeline=0)) for n in c.nodes}
+
+        eps = {n.id: n.control_endpoint for n in c.nodes}
+        opts = ControllerOptions(poll_s=0.05)
+        with Controller(spec, token=TOKEN, endpoints=eps, options=opts, statuses=statuses) as ctl:
+            time.sleep(fd * 1.5)  # longer than failure_detect: still starting
+            st = ctl.status()["shadows"]
+            assert [st[str(k)]["state"] for k in range(4)] == ["starting"] * 4, st
+            down.discard(1)  # shadow 1 comes up (unloaded) ...
+            assert _wait(lambda: ctl.members[1].seen, 4.0)
+            down.add(1)  # ... then the trainers' first load keeps it busy past failure_detect
+            time.sleep(fd * 1.5)
+            assert ctl.status()["shadows"]["1"]["state"] == "starting"
+            down.discard(1)
+            c.load(trainer.named, trainer.optimizer_spec())
+            _run(c, trainer, range(2))
+            assert _wait(lambda: ctl.status()["shadows"]["1"]["state"] == "ok", 4.0)
+            assert ctl.status()["shadows"]["0"]["state"] == "ok"
+            assert ctl.ev["shadow_failures"] == 0 and not _shadow_events(caplog, "shadow_failed")
+            # shadow 3 never answered: failed once timeouts.connect passed, and says why
+            assert _wait(lambda: ctl.members[3].failed, fd * 4 + 4.0), ctl.status()
+            (ev,) = _shadow_events(caplog, "shadow_failed")
+            assert ev["shadow"] == 3 and "never answered" in ev["evidence"], ev
+            assert ctl.status()["shadows"]["3"]["state"] == "failed"
+            # a started shadow that stops answering is failed after failure_detect (as before)
+            down.add(0)
+            assert _wait(lambda: ctl.members[0].failed, fd + 4.0)
+            assert "no status reply" in _shadow_events(caplog, "shadow_failed")[-1]["evidence"]
+
+
+def test_shadows_going_away_after_training_finished_are_stopped_not_failed(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Seen in the demo: every shadow declared failed at the end of a run (the switch or the
+    shadows stopped after rank 0's close). Once the controller knows training finished, a
+    shadow that goes away is ``stopped``: no shadow_failed; a new run makes it starting again
+    (its start deadline counted from then)."""
+    import logging
+
+    caplog.set_level(logging.INFO, logger="shadowgrad.controller.service")
+    case = Case("ctl-finished", "mlp", "adamw", iterations=4)
+    trainer = RefTrainer(case, seed=10)
+    layout = trainer.layout(num_shadows=2)
+    with cluster(layout) as c:
+        c.load(trainer.named, trainer.optimizer_spec())
+        down: set[int] = set()
+
+        def statuses() -> dict[int, dict[str, Any] | None]:
+            return {n.id: (None if n.id in down else n.status(timeline=0)) for n in c.nodes}
+
+        bind = _free_tcp()
+        fd = c.spec.timeouts.failure_detect_s
+        with _controller(c, bind=bind, statuses=statuses) as ctl:
+            _run(c, trainer, range(3))
+            assert _wait(lambda: ctl.state == "running", 3.0), ctl.status()
+            with ShadowClient(bind, TOKEN, timeout_s=5.0) as cl:
+                head, _ = cl.call("finished", iteration=2, generation=0, requester="rank 0")
+            assert head["ok"] and ctl.state == "finished"
+            assert ctl.status()["finished"] == {
+                "iteration": 2,
+                "generation": 0,
+                "requester": "rank 0",
+            }
+            down.update({0, 1})  # the job is torn down
+            time.sleep(fd * 2)
+            st = ctl.status()
+            assert [st["shadows"][k]["state"] for k in ("0", "1")] == ["stopped", "stopped"], st
+            assert ctl.ev["shadow_failures"] == 0 and not _shadow_events(caplog, "shadow_failed")
+            assert ctl.ev["trainer_failures"] == 0 and ctl.state == "finished"
+            assert {e["shadow"] for e in _shadow_events(caplog, "shadow_stopped")} == {0, 1}
+            # a shadow back after the finish is ok again, without a rejoin
+            down.discard(0)
+            assert _wait(lambda: ctl.status()["shadows"]["0"]["state"] == "ok", 3.0)
+            assert not _shadow_events(caplog, "shadow_back")

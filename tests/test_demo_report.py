@@ -364,3 +364,89 @@ def test_without_matplotlib(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> 
     text = rp.render_summary(report)
     assert "plots: skipped, matplotlib is not installed" in text
     assert text.splitlines()[-1] == "bit-exact resume: yes"
+
+
+# ------------------------------------------------------------------------------- detection
+
+
+def _pause_obs(down_s: float, events: list[dict[str, Any]]) -> dict[str, Any]:
+    """What the runner observed of a run with shadow 0 SIGSTOPped at T0 + 10 for ``down_s``
+    (failure_detect 2 s), the job finishing at T0 + 40 (``events``: the controller's)."""
+    t = T0 + 10.0
+    return {
+        "events": [
+            *events,
+            {"t": T0 + 40.0, "event": "controller.job_finished", "iteration": 99},
+        ],
+        "samples": [[t + 0.2 * i, 50 + i, 48 + i, [48 + i, 48 + i]] for i in range(200)],
+        "failure_detect_s": 2.0,
+        "faults": [
+            {
+                "kind": "pause_shadow",
+                "target": 0,
+                "at_iteration": 50,
+                "t_inject": t,
+                "t_detect": None,
+                "t_recovered": None,
+                "t_back": t + down_s,
+                "down_s": down_s,
+                "failure_detect_s": 2.0,
+                "last_logged": 50,
+                "resumed_at": None,
+                "lost_iterations": 0,
+                "note": "",
+            }
+        ],
+    }
+
+
+def test_pause_detection_is_the_event_that_noticed_it_not_a_later_one() -> None:
+    from shadowgrad.bmv2_testbed.runner import _settle_faults
+
+    late = {"t": T0 + 43.2, "event": "controller.shadow_failed", "shadow": 0}  # the teardown
+    # a 1 s pause (under failure_detect): nothing noticed it; the shadow_failed at the end of
+    # the run (33 s later) is not its detection
+    obs = _pause_obs(1.0, [late])
+    _settle_faults(obs)
+    assert obs["faults"][0]["t_detect"] is None
+    s = rp.summarize({**make_record(), "faults": obs["faults"]})
+    assert s["faults"][0]["detect_s"] is None
+    assert any("not detected (down 1 s, under failure_detect 2 s" in n for n in s["notes"])
+    assert "   -" in rp.render_summary({"summary": s})
+    # a 4 s pause: the controller noticed it after failure_detect, and that is the detection
+    hit = {"t": T0 + 12.3, "event": "controller.shadow_failed", "shadow": 0}
+    back = {"t": T0 + 14.2, "event": "controller.shadow_back", "shadow": 0}
+    obs = _pause_obs(4.0, [hit, back, late])
+    _settle_faults(obs)
+    assert obs["faults"][0]["t_detect"] == T0 + 12.3
+    # a 4 s pause the controller did not notice in time (nothing before t_back +
+    # failure_detect): no detection, and the note says it was long enough to be noticed
+    obs = _pause_obs(4.0, [{"t": T0 + 30.0, "event": "controller.shadow_failed", "shadow": 0}])
+    _settle_faults(obs)
+    assert obs["faults"][0]["t_detect"] is None
+    s = rp.summarize({**make_record(), "faults": obs["faults"]})
+    assert any("not detected, although down 4 s" in n for n in s["notes"]), s["notes"]
+    # another shadow's failure is not this one's detection
+    obs = _pause_obs(4.0, [{"t": T0 + 12.3, "event": "controller.shadow_failed", "shadow": 1}])
+    _settle_faults(obs)
+    assert obs["faults"][0]["t_detect"] is None
+
+
+def test_kill_detection_waits_for_the_restarted_shadow_but_not_past_its_return() -> None:
+    from shadowgrad.bmv2_testbed.runner import _settle_faults
+
+    obs = _pause_obs(1.0, [])
+    obs["faults"][0]["kind"] = "kill_shadow"
+    # the restarted process took 9 s to answer: the controller's detection 2.4 s after the kill
+    # (after t_back) is this fault's; the one after its shadow_back is not
+    obs["events"][:0] = [
+        {"t": T0 + 12.4, "event": "controller.shadow_failed", "shadow": 0},
+        {"t": T0 + 19.0, "event": "controller.shadow_back", "shadow": 0},
+        {"t": T0 + 25.0, "event": "controller.shadow_failed", "shadow": 0},
+    ]
+    _settle_faults(obs)
+    assert obs["faults"][0]["t_detect"] == T0 + 12.4
+    obs["events"] = obs["events"][1:]  # only the later one: not this fault's detection
+    obs["faults"][0]["t_detect"] = None
+    _settle_faults(obs)
+    assert obs["faults"][0]["t_detect"] is None

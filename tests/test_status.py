@@ -24,7 +24,7 @@ from shadowgrad._testing import _free_tcp_base
 from shadowgrad.cli import main
 from shadowgrad.config import JobSpec, parse_spec
 from shadowgrad.controller import view as jobview
-from shadowgrad.shadow.control import ShadowClient
+from shadowgrad.shadow.control import ControlError, ShadowClient
 from shadowgrad.shadow.node import ShadowNode
 from tests._training import (
     JOB_ID,
@@ -258,7 +258,9 @@ def test_status_json_schema_and_exit_0(healthy: Job, capsys: pytest.CaptureFixtu
         "alive",
         "state",
         "iterations_per_s",
+        "finished",
     }
+    assert v["trainers"]["finished"] is None  # running
     assert set(v["istar"]) == {
         "iteration",
         "fresh",
@@ -359,9 +361,18 @@ def test_wrong_token_is_each_shadows_error_not_a_crash(
     assert v["istar"]["iteration"] is None and v["istar"]["reason"]
     assert v["trainers"]["state"] == "unknown"
     wrong = healthy.write_spec("wrong.toml", "not-the-token")
-    rc, out, _ = _status(["--spec", str(wrong)], capsys)
-    assert rc == 3
+    rc, out, err = _status(["--spec", str(wrong)], capsys)
+    # a token no shadow accepts is an error (exit 1, docs/operations.md), not a job state; the
+    # view is still printed (every shadow's refusal), the error names who refused and where
+    # the token came from
+    assert rc == 1, (rc, err)
     assert out.count("bad_token") >= 4 and "DEGRADED" in out
+    assert "the job token was refused (bad_token) by shadows 0, 1, 2, 3" in err, err
+    assert f"security.token_file = {wrong}.token" in err and "is not this job's token" in err
+    rc, out, err = _status(["--spec", str(wrong), "--json"], capsys)
+    assert rc == 1 and json.loads(out)["shadows"][0]["error_code"] == "bad_token"
+    rc, _, err = _status(["--spec", str(wrong), "--watch", "--count", "3"], capsys)
+    assert rc == 1 and "refused (bad_token)" in err  # no refresh makes it right
 
 
 def test_bad_options_exit_1(
@@ -449,6 +460,114 @@ def test_unloaded_shadow_and_silent_trainers(
         assert any(p.startswith("trainers silent for") for p in v["problems"])
     finally:
         job.close()
+
+
+def _quick_spec(job: Job, name: str, token: str = TOKEN, **extra: Any) -> Path:
+    """``job``'s spec with failure_detect 0.3 s (the trainers fall silent fast), plus
+    ``extra`` sections."""
+    saved = job.doc
+    job.doc = {
+        **saved,
+        "timeouts": {**saved["timeouts"], "heartbeat": "50ms", "failure_detect": "300ms"},
+        **extra,
+    }
+    try:
+        return job.write_spec(name, token)
+    finally:
+        job.doc = saved
+
+
+def test_a_clean_finish_is_finished_not_silent(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Rank 0's close tells every shadow (``finished``); ``status`` then says the trainers
+    finished and exits 0, without a controller; a load of a newer generation clears it."""
+    from shadowgrad.replies import ShadowStatus
+
+    with trained_job(tmp_path, 3) as job:
+        quick = _quick_spec(job, "quick.toml")
+        time.sleep(0.4)  # the trainers are gone: silent
+        rc, out, _ = _status(["--spec", str(quick)], capsys)
+        assert rc == 3 and "trainers silent for" in out
+        for n in job.nodes:  # what rank 0's close() does
+            with ShadowClient(n.control_endpoint, TOKEN, timeout_s=5.0) as c:
+                head = c.finished(2, 0, requester="rank 0")
+                assert head["finished"] == {"iteration": 2, "generation": 0, "requester": "rank 0"}
+                st = c.status_typed(timeline=0)
+                assert st.finished == head["finished"]
+                # an older trainer (an older generation) cannot say the job finished
+                with pytest.raises(ControlError, match="stale_generation"):
+                    c.finished(2, -1, requester="rank 0")
+                with pytest.raises(ControlError, match="bad_request"):
+                    c.call("finished", iteration="x", generation=0)
+        # a shadow without the op (an older one) has no such key: it reads as not finished
+        old = {k: v for k, v in st.raw.items() if k != "finished"}
+        assert ShadowStatus.from_wire(old).finished is None
+        rc, out, _ = _status(["--spec", str(quick), "--json"], capsys)
+        v = json.loads(out)
+        assert rc == 0, v["problems"]
+        assert v["healthy"] and v["trainers"]["state"] == "finished"
+        assert v["trainers"]["finished"] == {
+            "iteration": 2,
+            "generation": 0,
+            "requester": "rank 0",
+            "source": "shadows",
+        }
+        assert v["summary"].startswith("healthy: I* = 2, trainers finished"), v["summary"]
+        rc, out, _ = _status(["--spec", str(quick)], capsys)
+        assert rc == 0 and "finished (training ended after iteration 2)" in out, out
+        # a new run of the job (a newer generation loaded) clears it
+        opt = job.trainer.optimizer_spec().to_json()
+        for n in job.nodes:
+            shard, _ = job.layout.shard_of_shadow(n.id)
+            with ShadowClient(n.control_endpoint, TOKEN, timeout_s=10.0) as c:
+                c.load(
+                    -1,
+                    initial_states(job.layout, shard, job.trainer.named),
+                    opt,
+                    job.layout.to_json(),
+                    generation=5,
+                )
+                assert c.status_typed(timeline=0).finished is None
+        time.sleep(0.4)
+        rc, out, _ = _status(["--spec", str(quick), "--json"], capsys)
+        assert rc == 3 and json.loads(out)["trainers"]["state"] == "silent"
+
+
+def test_a_finish_the_controller_was_told_of_is_finished(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """With a controller: its state ``finished`` is no problem, and its word stands for the
+    shadows' when they were not told (exit 0); a wrong token refused by the shadows and the
+    controller exits 1 naming both."""
+    from shadowgrad.control_client import ControllerClient
+    from shadowgrad.controller.service import Controller, ControllerOptions
+
+    with trained_job(tmp_path, 3) as job:
+        from shadowgrad.config import load_spec
+
+        ctl_at = {"address": f"127.0.0.1:{_free_tcp_base(1)}"}
+        quick = _quick_spec(job, "ctl.toml", controller=ctl_at)
+        wrong = _quick_spec(job, "ctl-wrong.toml", "not-the-token", controller=ctl_at)
+        opts = ControllerOptions(poll_s=0.05)
+        with Controller(load_spec(quick), token=TOKEN, options=opts) as ctl:
+            time.sleep(0.4)
+            rc, out, _ = _status(["--spec", str(quick), "--json"], capsys)
+            v = json.loads(out)
+            assert rc == 3 and v["controller_state"]["state"] == "trainers_failed", v
+            with ControllerClient(f"tcp://{ctl_at['address']}", TOKEN, timeout_s=5.0) as c:
+                c.finished(2, 0, requester="rank 0")
+            assert ctl.state == "finished"
+            rc, out, _ = _status(["--spec", str(quick), "--json"], capsys)
+            v = json.loads(out)
+            assert rc == 0, v["problems"]
+            assert v["controller_state"]["state"] == "finished"
+            assert v["controller_state"]["finished"]["iteration"] == 2
+            assert v["trainers"]["state"] == "finished"
+            assert v["trainers"]["finished"]["source"] == "controller"
+            assert set(v["controller_state"]["shadows"].values()) == {"ok"}
+            rc, _, err = _status(["--spec", str(wrong)], capsys)
+            assert rc == 1 and "by shadows 0, 1, 2, 3 and the controller" in err, err
 
 
 def test_switch_counters_join_the_view(healthy: Job) -> None:

@@ -194,3 +194,32 @@ class _Plain:
         torch.nn.utils.clip_grad_norm_(params, 0.3)
         self.opt.step()
         self.opt.zero_grad(set_to_none=True)
+
+
+def test_a_clean_close_tells_every_shadow_that_training_finished() -> None:
+    """Rank 0's close() after the last iteration: every shadow's status says ``finished``
+    (the last iteration trained, this instance's generation) — no controller needed. A close
+    by an exception says nothing."""
+    doc = loopback_spec(world=1, shadows=2)
+    spec = parse_spec(doc, env={})
+    with shadow_cluster(spec) as cluster:
+        model, _opt, sg = _setup(spec, scaler=False)
+        with sg:
+            sg.restore_or_start()
+            _train(model, sg, 4)
+            assert all(st["finished"] is None for st in cluster.status())
+        for st in cluster.status():
+            assert st["finished"] == {
+                "iteration": 3,
+                "generation": sg.generation,
+                "requester": "rank 0",
+            }, st
+            assert st["last_applied"] == 3
+        # a rerun (a newer generation loads the shadows) is no longer finished; leaving its
+        # ``with`` block by an exception does not say it finished
+        model, _opt, sg = _setup(spec, scaler=False)
+        with pytest.raises(RuntimeError, match="user code"), sg:
+            assert sg.restore_or_start().restored
+            _train(model, sg, 1, start=4)
+            raise RuntimeError("user code failed")
+        assert all(st["finished"] is None for st in cluster.status()), cluster.status()

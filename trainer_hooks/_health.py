@@ -2,7 +2,9 @@
 
 One :class:`HealthMonitor` thread per rank polls every shadow's ``status`` (short timeouts, never
 on the training thread) and classifies each shadow: ``healthy``, ``unloaded`` (a restarted shadow
-with no state), ``diverged``, ``stale`` (it serves an older generation of the job),
+with no state), ``starting`` (a restarted shadow process that answers but is still importing
+torch: not re-seeded until it is ``unloaded``, so the state sent is the newest and its ``load``
+does not wait), ``diverged``, ``stale`` (it serves an older generation of the job),
 ``fenced`` (it serves a *newer* one: another instance took over and this one must not touch the
 shadows), or ``unreachable``. A shard is healthy while one of its replicas is.
 
@@ -18,7 +20,8 @@ before the trainers step in. A NACK the retransmit history can no longer answer 
 re-seed at once (``request``).
 
 Events (once per change): ``trainer.shadow_health`` (shadow, state, previous), ``trainer.reseed``
-(shadow, iteration, pause_ms), ``trainer.reseed_failed``, ``trainer.fenced``.
+(shadow, iteration, pause_ms; send_ms, bytes and send_mb_s: the ``load``'s round trip, the bytes
+of tensor data it carried and their rate), ``trainer.reseed_failed``, ``trainer.fenced``.
 """
 
 from __future__ import annotations
@@ -38,9 +41,10 @@ __all__ = ["HealthMonitor", "ShadowView"]
 
 log = logging.getLogger(__name__)
 
-HEALTHY, UNLOADED, DIVERGED, STALE, FENCED, UNREACHABLE = (
+HEALTHY, UNLOADED, STARTING, DIVERGED, STALE, FENCED, UNREACHABLE = (
     "healthy",
     "unloaded",
+    "starting",
     "diverged",
     "stale",
     "fenced",
@@ -68,7 +72,9 @@ def classify(st: ShadowStatus | None, generation: int) -> str:
     if st is None:
         return UNREACHABLE
     if not st.loaded:
-        return UNLOADED
+        # a shadow process still importing torch answers "starting" (shadow/_early.py): a
+        # re-seed now would wait for it, so it is taken once the shadow can load at once
+        return STARTING if st.raw.get("starting") is True else UNLOADED
     if st.generation > generation:
         return FENCED
     if st.generation < generation:
@@ -76,6 +82,11 @@ def classify(st: ShadowStatus | None, generation: int) -> str:
     if st.diverged_at is not None:
         return DIVERGED
     return HEALTHY
+
+
+def state_bytes(states: list[dict[str, Any]]) -> int:
+    """Bytes of tensor data in a shard's box states (what a re-seed ``load`` carries)."""
+    return sum(int(getattr(v, "nbytes", 0)) for st in states for v in st.values())
 
 
 def reseed_event(
@@ -271,10 +282,12 @@ class HealthMonitor:
         with self._lock:
             todo, self._submitted = self._submitted, []
         for iteration, shadows, states, commit in todo:
+            nbytes = state_bytes(states)
             for k in shadows:
                 t0 = time.monotonic()
                 try:
                     self._load(k, iteration, states, commit)
+                    send_s = time.monotonic() - t0
                 except Exception as exc:
                     self.reseed_failures += 1
                     with self._lock:
@@ -293,7 +306,9 @@ class HealthMonitor:
                     iteration,
                     shard=self.layout.shard_of_shadow(k)[0],
                     pause_ms=round(1000 * self.pauses[-1], 3) if self.pauses else None,
-                    send_ms=round(1000 * (time.monotonic() - t0), 1),
+                    send_ms=round(1000 * send_s, 1),
+                    bytes=nbytes,
+                    send_mb_s=round(nbytes / send_s / 1e6, 1) if send_s > 0 else None,
                 )
 
     def _poll(self) -> None:
@@ -389,7 +404,9 @@ class HealthMonitor:
 
     def _choose_locked(self, now: float) -> None:
         for k, v in self.views.items():
-            if v.state == UNREACHABLE or (k % self.world != self.rank and v.requested is None):
+            if v.state in (UNREACHABLE, STARTING) or (
+                k % self.world != self.rank and v.requested is None
+            ):
                 continue  # another rank's (unless this rank was the one asked)
             if v.state == HEALTHY and v.requested is None:
                 continue

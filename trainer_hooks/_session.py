@@ -459,19 +459,28 @@ class Shadowgrad:
         commit: dict[str, Any] | None,
         *,
         reseed: bool,
+        client: ShadowClient | None = None,
     ) -> None:
+        """``load`` the box states of shadow ``k``'s shard. ``client``: one already connected
+        to shadow ``k`` (the health monitor's), used and kept open; else a new connection."""
         shard, _ = self.layout.shard_of_shadow(k)
-        with self._client(k, self._bulk_timeout(3 * self.layout.shard_bytes(shard))) as c:
+        timeout = self._bulk_timeout(3 * self.layout.shard_bytes(shard))
+        c = client if client is not None else self._client(k, timeout)
+        try:
             c.load(
                 iteration,
                 states,
                 self.optspec.to_json(),
                 self.layout.to_json(),
+                timeout_s=timeout,
                 commit=commit,
                 generation=self.generation,
                 reseed=reseed,
                 source=f"rank {self.rank}",
             )
+        finally:
+            if client is None:
+                c.close()
 
     def _load_shadows(self, iteration: int, commit: dict[str, Any] | None = None) -> bool:
         """Bootstrap the shadows this rank is responsible for (``k % world == rank``) with the
@@ -799,24 +808,28 @@ class Shadowgrad:
         import zmq
 
         t = self.spec.timeouts
-        # one context and one client per shadow for the monitor's polls (its thread only)
+        # one context and one client per shadow for the monitor's polls and re-seeds (its
+        # thread only): a re-seed goes over the connection the polls keep open
         ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
         clients: dict[int, ShadowClient] = {}
         self._health_ctx = (ctx, clients)
 
-        def status(k: int) -> ShadowStatus:
+        def client(k: int) -> ShadowClient:
             c = clients.get(k)
             if c is None:
                 ep = self.spec.shadows.control_endpoint(k)
                 c = clients[k] = ShadowClient(
                     f"tcp://{ep}", self._token, timeout_s=min(1.0, t.rpc_s), context=ctx
                 )
-            return c.status_typed(timeline=0)
+            return c
+
+        def status(k: int) -> ShadowStatus:
+            return client(k).status_typed(timeline=0)
 
         def load(
             k: int, iteration: int, states: list[dict[str, Any]], commit: dict[str, Any] | None
         ) -> None:
-            self._send_load(k, iteration, states, commit, reseed=True)
+            self._send_load(k, iteration, states, commit, reseed=True, client=client(k))
 
         self.health = HealthMonitor(
             self.layout,
@@ -997,7 +1010,9 @@ class Shadowgrad:
         ``finished`` (rank 0): tell the controller that training ended normally, first — the
         waits below are silence on the data path that it must not take for a failure (seen in
         CI: a close that took longer than ``failure_detect`` was reported as a trainer
-        failure). Leaving a ``with`` block by an exception passes False."""
+        failure) — and, once the last iteration was sent, every shadow (their status then says
+        ``finished``, so ``shadowgrad status`` after a clean end is no alarm, with or without a
+        controller). Leaving a ``with`` block by an exception passes False."""
         if self._closed:
             return
         self._closed = True
@@ -1018,7 +1033,40 @@ class Shadowgrad:
             ctx.term()
         if self.ring is not None:
             self.ring.close(max(1.0, deadline - time.monotonic()))
+        if self.rank == 0 and finished:
+            self._tell_shadows_finished()
         self._close_sockets()
+
+    def _tell_shadows_finished(self) -> None:
+        """Training ended normally: every shadow records it (``finished`` op; its status then
+        says so), once the last iteration was sent and waited for. Best effort, all shadows at
+        once, a short timeout each: a shadow that does not answer is named in an event."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        if self._iteration is None:
+            return
+        last, count = self._iteration - 1, self.spec.shadows.count
+        timeout = min(self.spec.timeouts.rpc_s, 2.0)
+
+        def one(k: int) -> str | None:
+            try:
+                with self._client(k, timeout) as c:
+                    c.finished(last, self.generation, requester=f"rank {self.rank}")
+            except Exception as exc:  # best effort: a dead shadow has nothing to record
+                return str(exc)
+            return None
+
+        with ThreadPoolExecutor(max_workers=max(1, min(count, 16))) as pool:
+            errors = {k: e for k, e in enumerate(pool.map(one, range(count))) if e is not None}
+        if errors:
+            event(
+                log,
+                "trainer.finished_not_told",
+                logging.WARNING,
+                rank=self.rank,
+                iteration=last,
+                shadows=errors,
+            )
 
     def _tell_controller_finished(self) -> None:
         """Training ended normally: the controller must not take the silence for a failure."""
@@ -1029,7 +1077,9 @@ class Shadowgrad:
             with ControllerClient(
                 f"tcp://{addr}", self._token, timeout_s=self.spec.timeouts.rpc_s
             ) as c:
-                c.finished(self._iteration, self.generation, requester=f"rank {self.rank}")
+                # the last iteration trained (``_iteration`` is the next one a step commits)
+                last = None if self._iteration is None else self._iteration - 1
+                c.finished(last, self.generation, requester=f"rank {self.rank}")
         except Exception as exc:  # best effort: the controller may be down
             event(
                 log,
