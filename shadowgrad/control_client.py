@@ -178,6 +178,25 @@ class ControlClient:
             raise ControlError(str(header.get("code", "error")), str(header.get("error", "")))
         return header, list(reply[1:])
 
+    def finished(
+        self,
+        iteration: int | None,
+        generation: int,
+        requester: str,
+        timeout_s: float | None = None,
+    ) -> dict[str, Any]:
+        """Tell the peer (a shadow or the controller: both serve ``finished``) that training
+        (``generation`` of the job) ended normally after ``iteration``, the last iteration
+        trained; a shadow's status then carries ``finished``."""
+        header, _ = self.call(
+            "finished",
+            timeout_s=timeout_s,
+            iteration=iteration,
+            generation=generation,
+            requester=requester,
+        )
+        return header
+
 
 class ControllerClient(ControlClient):
     """Blocking client of the controller's control endpoint (ops ``status``,
@@ -198,19 +217,6 @@ class ControllerClient(ControlClient):
         extra: dict[str, Any] = {} if failed is None else {"failed": failed}
         header, _ = self.call("restore_point", timeout_s=timeout_s, requester=requester, **extra)
         return RestorePointReply.from_wire(header)
-
-    def finished(
-        self, iteration: int | None, generation: int, requester: str, timeout_s: float | None = None
-    ) -> dict[str, Any]:
-        """Tell the controller that training ended normally after ``iteration``."""
-        header, _ = self.call(
-            "finished",
-            timeout_s=timeout_s,
-            iteration=iteration,
-            generation=generation,
-            requester=requester,
-        )
-        return header
 
 
 class ShadowClient(ControlClient):
@@ -308,22 +314,4 @@ class ShadowClient(ControlClient):
 
     def snapshot(self, wait: bool = True, timeout_s: float | None = None) -> dict[str, Any]:
         header, _ = self.call("snapshot", wait=wait, timeout_s=timeout_s)
-        return header
-
-    def finished(
-        self,
-        iteration: int | None,
-        generation: int,
-        requester: str,
-        timeout_s: float | None = None,
-    ) -> dict[str, Any]:
-        """Tell the shadow that training (``generation`` of the job) ended normally after
-        ``iteration`` (the last iteration trained); its status then carries ``finished``."""
-        header, _ = self.call(
-            "finished",
-            timeout_s=timeout_s,
-            iteration=iteration,
-            generation=generation,
-            requester=requester,
-        )
         return header

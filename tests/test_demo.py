@@ -224,7 +224,7 @@ def _events(out: Path, name: str) -> list[dict[str, Any]]:
                     continue
                 if doc.get("event") == name:
                     found.append(doc)
-            elif f" {name} " in line:
+            elif line.startswith(f"{name} ") or f" {name} " in line:
                 found.append({"line": line})
     return found
 
