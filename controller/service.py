@@ -331,6 +331,12 @@ class Controller:
             st = self.statuses.get(k)
             if st is not None:
                 m.last_ok, m.seen, m.stopped = now, True, False
+                if m.started and not st.loaded and not m.failed and self.state != "finished":
+                    # it had state and answers without: it restarted (a process that answers
+                    # while still starting can be back within failure_detect) and lost it
+                    self._shadow_failed(k, m, "answers without its state (restarted)")
+                    m.rejoining = True
+                    event(log, "controller.shadow_back", shadow=k, loaded=False, last_applied=None)
                 m.started = m.started or st.loaded
                 if not m.reachable:
                     m.reachable, m.since = True, now
@@ -375,32 +381,37 @@ class Controller:
             # busy) is "starting": failed only once it had timeouts.connect to come up
             limit = fd if m.started else max(fd, self.spec.timeouts.connect_s)
             if not m.failed and now - m.since >= limit:
-                m.failed = True
-                self.ev["shadow_failures"] += 1
-                shard = k % self.spec.num_shards
-                from shadowgrad.layout import shadows_of_shard
-
-                peers = [
-                    j
-                    for j in shadows_of_shard(
-                        shard, self.spec.num_shards, self.spec.shadows.replication
-                    )
-                    if j != k and self.statuses.get(j) is not None
-                ]
-                event(
-                    log,
-                    "controller.shadow_failed",
-                    level=logging.WARNING,
-                    shadow=k,
-                    shard=shard,
-                    replicas_answering=peers,
-                    degraded=not peers,
-                    evidence=f"no status reply for {now - m.since:.1f}s"
+                self._shadow_failed(
+                    k,
+                    m,
+                    f"no status reply for {now - m.since:.1f}s"
                     if m.started
                     else f"not started (never answered loaded) in {now - m.since:.1f}s"
                     if m.seen
                     else f"never answered in {now - m.since:.1f}s since the controller started",
                 )
+
+    def _shadow_failed(self, k: int, m: _Member, evidence: str) -> None:
+        from shadowgrad.layout import shadows_of_shard
+
+        m.failed = True
+        self.ev["shadow_failures"] += 1
+        shard = k % self.spec.num_shards
+        peers = [
+            j
+            for j in shadows_of_shard(shard, self.spec.num_shards, self.spec.shadows.replication)
+            if j != k and self.statuses.get(j) is not None
+        ]
+        event(
+            log,
+            "controller.shadow_failed",
+            level=logging.WARNING,
+            shadow=k,
+            shard=shard,
+            replicas_answering=peers,
+            degraded=not peers,
+            evidence=evidence,
+        )
 
     def _watch_trainers(self, now: float) -> None:
         fd = self.spec.timeouts.failure_detect_s
