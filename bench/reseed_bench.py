@@ -17,9 +17,10 @@ the first ``status`` reply (``status_s``: its control endpoint answers, still ``
 the first reply no longer ``starting`` (``ready_s``: torch imported, the node up), then the
 trainer's re-seed ``load`` of the shard (``Shadowgrad._send_load`` over the health monitor's
 kind of connection, which the status polls opened) — the first one into the fresh process and
-warm ones after it — against a bare zmq round trip of the same frames to a ROUTER in another
-process (the loopback baseline, same run). ``--hog N`` runs N busy loops meanwhile (a loaded
-machine).
+warm ones after it; whole round trips, and the transfer alone (less the install time the shadow
+reports: ``trainer.reseed``'s send_mb_s) — against a bare zmq round trip of the same frames
+to a ROUTER in another process (the loopback baseline, same run). ``--hog N`` runs N busy
+loops meanwhile (a loaded machine).
 
     .venv/bin/python bench/reseed_bench.py --sections load --load-models transformer,10M --hog 2
 
@@ -227,16 +228,19 @@ def _restart_and_load(
             time.sleep(0.005)
             st = c.status(timeline=0)
         ready_s = time.monotonic() - t0
-        loads = []
+        loads, sends = [], []
         for it in range(warm + 1):
             t1 = time.perf_counter()
-            sg._send_load(k, it, states, None, reseed=True, client=c)
+            install = sg._send_load(k, it, states, None, reseed=True, client=c)
             loads.append(time.perf_counter() - t1)
+            sends.append(loads[-1] - min(install or 0.0, loads[-1]))  # as trainer.reseed splits
     return {
         "status_s": status_s,
         "ready_s": ready_s,
         "first_load_s": loads[0],
         "warm_load_s": statistics.median(loads[1:]) if warm else loads[0],
+        "first_send_s": sends[0],
+        "warm_send_s": statistics.median(sends[1:]) if warm else sends[0],
     }
 
 
@@ -259,6 +263,7 @@ def bench_load(model_name: str, repeat: int, warm: int = 3) -> dict[str, Any]:
         return statistics.median(r[key] for r in runs)
 
     first, warm_s = med("first_load_s"), med("warm_load_s")
+    first_send, warm_send = med("first_send_s"), med("warm_send_s")
     return {
         "model": model_name,
         "shard": shard,
@@ -274,6 +279,11 @@ def bench_load(model_name: str, repeat: int, warm: int = 3) -> dict[str, Any]:
         "first_load_MB_s": nbytes / first / 1e6,
         "warm_load_MB_s": nbytes / warm_s / 1e6,
         "zmq_MB_s": nbytes / base / 1e6,
+        # the transfer alone (the round trip less the shadow's install): trainer.reseed's
+        # send_mb_s
+        "first_send_MB_s": nbytes / first_send / 1e6,
+        "warm_send_MB_s": nbytes / warm_send / 1e6,
+        "first_send_vs_zmq": base / first_send,
         "first_load_vs_zmq": base / first,
         "warm_load_vs_zmq": base / warm_s,
         "runs": runs,
@@ -320,7 +330,8 @@ def main() -> int:
             f"re-seed {r['model']:>11} (shard {r['shard']}: {r['bytes'] / 1e6:.2f} MB, "
             f"{r['tensors']} tensors): restarted shadow answers in {r['status_s']:.2f} s, "
             f"ready in {r['ready_s']:.2f} s; first load {r['first_load_ms']:.1f} ms = "
-            f"{r['first_load_MB_s']:.0f} MB/s, warm {r['warm_load_MB_s']:.0f} MB/s; bare zmq "
+            f"{r['first_load_MB_s']:.0f} MB/s (transfer {r['first_send_MB_s']:.0f} MB/s = "
+            f"{r['first_send_vs_zmq']:.2f}x zmq), warm {r['warm_load_MB_s']:.0f} MB/s; bare zmq "
             f"{r['zmq_MB_s']:.0f} MB/s (first load {r['first_load_vs_zmq']:.2f}x, warm "
             f"{r['warm_load_vs_zmq']:.2f}x of it)"
             + (f" [{args.hog} busy loops]" if args.hog else ""),

@@ -1446,6 +1446,7 @@ class ShadowNode:
     def _op_load(
         self, req: dict[str, Any], frames: list[memoryview]
     ) -> tuple[dict[str, Any], list[Any]]:
+        t0 = time.perf_counter()
         layout_json = req.get("layout")
         ld = self._ld
         known = [x for x in (None if ld is None else ld.layout, self._layout_hint) if x is not None]
@@ -1474,7 +1475,7 @@ class ShadowNode:
         opt = OptimizerSpec.from_json(opt_json)
         # views of the request's frames where a tensor came in one (ShardReplayer.load copies)
         states = decode_states(req["entries"], frames, copy=False)
-        return self._load_state(
+        reply, out = self._load_state(
             layout,
             iteration,
             states,
@@ -1485,6 +1486,9 @@ class ShadowNode:
             reseed=bool(req.get("reseed", False)),
             source=str(req.get("source", "load")),
         )
+        # the sender splits its round trip into the transfer and this (trainer.reseed)
+        reply["install_ms"] = round(1000 * (time.perf_counter() - t0), 3)
+        return reply, out
 
     def _load_state(
         self,

@@ -20,8 +20,10 @@ before the trainers step in. A NACK the retransmit history can no longer answer 
 re-seed at once (``request``).
 
 Events (once per change): ``trainer.shadow_health`` (shadow, state, previous), ``trainer.reseed``
-(shadow, iteration, pause_ms; send_ms, bytes and send_mb_s: the ``load``'s round trip, the bytes
-of tensor data it carried and their rate), ``trainer.reseed_failed``, ``trainer.fenced``.
+(shadow, iteration, pause_ms; rtt_ms: the ``load``'s round trip; install_ms: the part of it the
+shadow spent installing the state, as it reports; send_ms = rtt_ms - install_ms: the transfer;
+bytes: the tensor data it carried; send_mb_s: bytes / send_ms), ``trainer.reseed_failed``,
+``trainer.fenced``.
 """
 
 from __future__ import annotations
@@ -110,6 +112,21 @@ def reseed_event(
     event(logger, name, logging.WARNING, rank=rank, shadow=shadow, **more)
 
 
+def _send_fields(nbytes: int, rtt_s: float, install_s: float | None) -> dict[str, Any]:
+    """The timing fields of ``trainer.reseed``: the round trip split into the transfer and the
+    shadow's install (``install_s`` as the shadow reported it; None from a shadow that does not
+    report it: the whole round trip counts as the transfer)."""
+    inst = min(max(0.0, install_s or 0.0), rtt_s)
+    send_s = rtt_s - inst
+    return {
+        "rtt_ms": round(1000 * rtt_s, 1),
+        "install_ms": None if install_s is None else round(1000 * inst, 1),
+        "send_ms": round(1000 * send_s, 1),
+        "bytes": nbytes,
+        "send_mb_s": round(nbytes / send_s / 1e6, 1) if send_s > 0 else None,
+    }
+
+
 class HealthMonitor:
     """See the module docstring. ``status(k)`` returns shadow ``k``'s status or raises;
     ``load(k, iteration, states, commit)`` sends a re-seed ``load`` to shadow ``k``."""
@@ -122,7 +139,7 @@ class HealthMonitor:
         world: int,
         generation: int,
         status: Callable[[int], ShadowStatus],
-        load: Callable[[int, int, list[dict[str, Any]], dict[str, Any] | None], None],
+        load: Callable[[int, int, list[dict[str, Any]], dict[str, Any] | None], float | None],
         interval_s: float,
         grace_s: float,
         reseed_timeout_s: float,
@@ -286,8 +303,8 @@ class HealthMonitor:
             for k in shadows:
                 t0 = time.monotonic()
                 try:
-                    self._load(k, iteration, states, commit)
-                    send_s = time.monotonic() - t0
+                    install_s = self._load(k, iteration, states, commit)
+                    rtt_s = time.monotonic() - t0
                 except Exception as exc:
                     self.reseed_failures += 1
                     with self._lock:
@@ -306,9 +323,7 @@ class HealthMonitor:
                     iteration,
                     shard=self.layout.shard_of_shadow(k)[0],
                     pause_ms=round(1000 * self.pauses[-1], 3) if self.pauses else None,
-                    send_ms=round(1000 * send_s, 1),
-                    bytes=nbytes,
-                    send_mb_s=round(nbytes / send_s / 1e6, 1) if send_s > 0 else None,
+                    **_send_fields(nbytes, rtt_s, install_s),
                 )
 
     def _poll(self) -> None:

@@ -460,14 +460,16 @@ class Shadowgrad:
         *,
         reseed: bool,
         client: ShadowClient | None = None,
-    ) -> None:
+    ) -> float | None:
         """``load`` the box states of shadow ``k``'s shard. ``client``: one already connected
-        to shadow ``k`` (the health monitor's), used and kept open; else a new connection."""
+        to shadow ``k`` (the health monitor's), used and kept open; else a new connection.
+        Returns the seconds the shadow says it spent installing the state (None if it does
+        not say)."""
         shard, _ = self.layout.shard_of_shadow(k)
         timeout = self._bulk_timeout(3 * self.layout.shard_bytes(shard))
         c = client if client is not None else self._client(k, timeout)
         try:
-            c.load(
+            reply = c.load(
                 iteration,
                 states,
                 self.optspec.to_json(),
@@ -481,6 +483,8 @@ class Shadowgrad:
         finally:
             if client is None:
                 c.close()
+        ms = reply.get("install_ms")
+        return float(ms) / 1000 if isinstance(ms, int | float) else None
 
     def _load_shadows(self, iteration: int, commit: dict[str, Any] | None = None) -> bool:
         """Bootstrap the shadows this rank is responsible for (``k % world == rank``) with the
@@ -828,8 +832,8 @@ class Shadowgrad:
 
         def load(
             k: int, iteration: int, states: list[dict[str, Any]], commit: dict[str, Any] | None
-        ) -> None:
-            self._send_load(k, iteration, states, commit, reseed=True, client=client(k))
+        ) -> float | None:
+            return self._send_load(k, iteration, states, commit, reseed=True, client=client(k))
 
         self.health = HealthMonitor(
             self.layout,
