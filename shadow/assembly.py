@@ -185,6 +185,9 @@ class ShardGeometry:
 
     def owns_any(self, bucket: int, offset: int, length: int) -> bool:
         """Whether bucket bytes ``[offset, offset+length)`` hold any byte of this shard."""
+        i = bisect.bisect_right(self._starts[bucket], offset) - 1
+        if i >= 0 and offset < self.segments[bucket][i].end:  # the usual case: inside a box
+            return True
         return next(self.overlaps(bucket, offset, length), None) is not None
 
     def local_to_bucket(self, s: int, e: int) -> list[tuple[int, int, int]]:

@@ -70,6 +70,10 @@ _UNKNOWN = -2  # internal: nothing known
 _PEER_ERRORS = (ShadowgradError, zmq.ZMQError, KeyError, ValueError)
 
 
+_FINAL = int(wire.Flag.FINAL)
+_RETX = int(wire.Flag.RETX)
+
+
 def _enc(i: int) -> int:
     return NONE_ITER if i < 0 else i
 
@@ -495,7 +499,8 @@ class ShadowNode:
     def _on_data(self, h: wire.Header, payload: memoryview) -> str:
         ld = self._ld
         assert ld is not None
-        if not h.flags & wire.Flag.FINAL:
+        flags = h.flags._value_  # int arithmetic: IntFlag operators run in Python
+        if not flags & _FINAL:
             return "not_final"
         it = h.iteration
         if it <= self._last_applied:
@@ -538,11 +543,11 @@ class ShadowNode:
             rec.t_first = wall
         rec.t_last = wall
         rec.activity = now
-        if h.flags & wire.Flag.RETX:
+        if flags & _RETX:
             self.ev["repaired_bytes"] += res.new
         if rec.buf.complete:
             self._maybe_ready(rec)
-        return "retx" if h.flags & wire.Flag.RETX else "data"
+        return "retx" if flags & _RETX else "data"
 
     def _take_buf(self, ld: _Loaded) -> IterBuffer | None:
         """A free iteration buffer: from the pool, or a new one while fewer than the window."""

@@ -64,7 +64,7 @@ class ShadowGrad(Packet):
         if self.length is None:
             pkt = pkt[:_LENGTH_AT] + len(pay).to_bytes(4, "big") + pkt[_LENGTH_AT + 4 :]
         if self.checksum is None:
-            crc = wire.crc(pay, wire.crc(pkt[: wire.HEADER_SIZE - 4]))
+            crc = wire.checksum(pkt[: wire.HEADER_SIZE] + pay)
             pkt = pkt[: wire.HEADER_SIZE - 4] + crc.to_bytes(4, "big")
         return pkt + pay
 

@@ -71,8 +71,7 @@ class Fuzzer:
 
     def _resign(self, data: bytearray) -> bytes:
         """Recompute the CRC after editing header fields (a well-formed lie)."""
-        crc = wire.crc(bytes(data[wire.HEADER_SIZE :]), wire.crc(bytes(data[:52])))
-        data[52:56] = crc.to_bytes(4, "big")
+        data[52:56] = wire.checksum(data).to_bytes(4, "big")
         return bytes(data)
 
     def one(self) -> tuple[bytes, str | None]:

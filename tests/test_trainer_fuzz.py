@@ -66,9 +66,7 @@ class Gen:
             return bytes(base[: r.randrange(len(base))]), True, False
         if k == 3:  # a flipped byte with the CRC fixed up: only the MAC can tell
             base[r.randrange(wire.HEADER_SIZE, len(base))] ^= r.randrange(1, 256)
-            base[52:56] = wire.crc(
-                bytes(base[wire.HEADER_SIZE :]), wire.crc(bytes(base[:52]))
-            ).to_bytes(4, "big")
+            base[52:56] = wire.checksum(base).to_bytes(4, "big")
             return bytes(base), True, False
         if k == 4:
             return self._nack(key=None), True, False  # no MAC

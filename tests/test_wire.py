@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 import struct
@@ -422,9 +423,7 @@ def test_sealed_records_verify_and_forgeries_do_not(kind: Kind) -> None:
     for pos in (10, wire.HEADER_SIZE + 1, len(data) - 1):
         forged = bytearray(data)
         forged[pos] ^= 0x01
-        forged[wire.HEADER_SIZE - 4 : wire.HEADER_SIZE] = wire.crc(
-            bytes(forged[: wire.HEADER_SIZE - 4]) + bytes(forged[wire.HEADER_SIZE :])
-        ).to_bytes(4, "big")
+        forged[wire.HEADER_SIZE - 4 : wire.HEADER_SIZE] = wire.checksum(forged).to_bytes(4, "big")
         with pytest.raises(errors.WireError) as ei:
             wire.decode(bytes(forged), key=KEY)
         assert ei.value.reason in ("bad_mac", "field", "length", "kind"), ei.value.reason
@@ -442,3 +441,83 @@ def test_sealed_records_verify_and_forgeries_do_not(kind: Kind) -> None:
 def test_encode_header_refuses_a_mac_flag_it_cannot_fill() -> None:
     with pytest.raises(errors.WireError):
         _header_of_job_1(Kind.NACK, flags=Flag.MAC, payload=wire.NackRecord.of([]).body())
+
+
+def test_nonces_never_repeat_in_a_process_nor_across_a_fork() -> None:
+    """The GMAC's nonce is drawn by the sender (docs/security.md): a retransmission of the same
+    bytes gets a new one, a forked child does not continue its parent's sequence."""
+    import os
+
+    fields = {"job": 7, "sender": 0, "iteration": 4, "seq": 1, "layout": 9}
+    first = wire.encode(Kind.ACK, payload=bytes(8), key=KEY, **fields)  # type: ignore[arg-type]
+    again = wire.encode(Kind.ACK, payload=bytes(8), key=KEY, **fields)  # type: ignore[arg-type]
+    trailer = slice(-wire.MAC_SIZE, -wire.TAG_SIZE)
+    assert first[: -wire.MAC_SIZE] == again[: -wire.MAC_SIZE] and first[trailer] != again[trailer]
+    nonces = {wire._NONCES.next() for _ in range(20000)}
+    assert len(nonces) == 20000 and len({n[:8] for n in nonces}) == 1  # one epoch, a counter
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # child: report its first nonce and leave at once
+        os.write(w, wire._NONCES.next())
+        os._exit(0)
+    os.waitpid(pid, 0)
+    child = os.read(r, 64)
+    os.close(r)
+    os.close(w)
+    assert len(child) == wire.NONCE_SIZE and child[:8] != wire._NONCES.next()[:8]
+    # a new epoch every 2^32 nonces gets a new prefix
+    n = wire._Nonces()
+    n._count = itertools.count(2**32 - 1)
+    a, b = n.next(), n.next()
+    assert a[:8] != b[:8] and a[8:] == b"\xff\xff\xff\xff" and b[8:] == bytes(4)
+
+
+def test_a_sealed_datagrams_crc_covers_the_header_and_the_mac_the_rest() -> None:
+    body = bytes(range(64))
+    data = bytearray(
+        wire.encode(
+            Kind.DATA,
+            job=7,
+            sender=0,
+            iteration=4,
+            seq=1,
+            layout=9,
+            payload=body,
+            key=KEY,
+            dtype=DType.FLOAT32,
+            flags=Flag.FINAL,
+        )
+    )
+    assert int.from_bytes(data[52:56], "big") == wire.crc(bytes(data[:52])) == wire.checksum(data)
+    data[wire.HEADER_SIZE + 3] ^= 0x80  # a payload bit: the CRC does not see it, the MAC does
+    with pytest.raises(errors.BadMacError):
+        wire.decode(bytes(data), key=KEY)
+    data[wire.HEADER_SIZE + 3] ^= 0x80
+    data[20] ^= 0x01  # a header bit: the CRC sees it first
+    with pytest.raises(errors.ChecksumError):
+        wire.decode(bytes(data), key=KEY)
+    data[20] ^= 0x01
+    assert bytes(wire.decode(bytes(data), key=KEY).payload) == body
+    with pytest.raises(errors.BadFieldError):
+        wire.decode(bytes(data), key=b"short")  # not a wire.mac_key
+
+
+def test_seal_in_place_equals_seal_and_copies_no_payload() -> None:
+    buf = memoryview(bytearray(range(256)) * 4)
+    at, n = 128, 512
+    fields = {"job": 7, "sender": 1, "iteration": 3, "seq": 2, "layout": 9, "bucket": 1}
+    payload = bytes(buf[at : at + n])
+    dgram, trailer = wire.seal_in_place(
+        Kind.DATA, key=KEY, buf=buf, at=at, length=n, dtype=DType.FLOAT32, offset=64, **fields
+    )
+    assert dgram.obj is buf.obj and dgram.nbytes == wire.HEADER_SIZE + n  # a view, no copy
+    msg = wire.decode(bytes(dgram) + trailer, job=7, layout=9, key=KEY, require=frozenset(Kind))
+    assert bytes(msg.payload) == payload and msg.header.offset == 64
+    header, _ = wire.seal(
+        Kind.DATA, key=KEY, payload=payload, dtype=DType.FLOAT32, offset=64, **fields
+    )
+    assert bytes(dgram[: wire.HEADER_SIZE]) == header  # the same header as seal()'s
+    with pytest.raises(errors.BadFieldError):  # no room for the header
+        wire.seal_in_place(
+            Kind.DATA, key=KEY, buf=buf, at=8, length=64, dtype=DType.FLOAT32, **fields
+        )

@@ -36,6 +36,7 @@ import torch
 from shadowgrad._log import event
 from shadowgrad.errors import WireError
 from shadowgrad.wire import (
+    HEADER_SIZE,
     MAX_DATAGRAM,
     CommitRecord,
     Flag,
@@ -43,6 +44,7 @@ from shadowgrad.wire import (
     NackRecord,
     decode,
     encode_parts,
+    seal_in_place,
 )
 
 from ._guard import Peers, RepairBudget
@@ -81,10 +83,15 @@ class CommitInfo:
         )
 
 
+#: bytes before a slot's staging area (room for one header, cache-line aligned)
+_LEAD = -(-HEADER_SIZE // 64) * 64
+_FINAL, _RETX, _LAST = int(Flag.FINAL), int(Flag.RETX), int(Flag.LAST)
+
+
 @dataclass
 class _Slot:
-    buf: torch.Tensor
-    mv: memoryview
+    buf: torch.Tensor  # the staging area (captures write here)
+    mv: memoryview  # bytes of the whole allocation: staging offset x is at mv[_LEAD + x]
     iteration: int = -1
     state: int = _FREE
     busy: bool = False
@@ -341,8 +348,10 @@ class MirrorSender:
                 os.write(self._wake_w, b"x")
 
     def _new_slot(self) -> _Slot:
-        buf = torch.empty(self._slot_nbytes, dtype=torch.uint8, pin_memory=self._pin)
-        slot = _Slot(buf, _bytes_view(buf))
+        # _LEAD bytes of room before the staging area: an authenticated chunk's header is
+        # written in front of its payload, so the GMAC and sendmsg read one contiguous buffer
+        full = torch.empty(_LEAD + self._slot_nbytes, dtype=torch.uint8, pin_memory=self._pin)
+        slot = _Slot(full[_LEAD:], _bytes_view(full))
         self._slots.append(slot)
         return slot
 
@@ -470,7 +479,7 @@ class MirrorSender:
 
     def _sendto(
         self,
-        header: bytes,
+        header: bytes | memoryview,
         payload: memoryview | bytes,
         addr: tuple[str, int],
         retx: bool = False,
@@ -479,7 +488,7 @@ class MirrorSender:
         if not retx and self.drop_first_sends and self._rng.random() < self.drop_first_sends:
             self.counters.injected_drops += 1
             return True
-        parts = [header, payload, tag] if tag else [header, payload]
+        parts = [p for p in (header, payload, tag) if len(p)]
         try:
             try:
                 self.sock.sendmsg(parts, (), 0, addr)
@@ -504,32 +513,46 @@ class MirrorSender:
             run.dtype,
         )
         step = self.chunk_bytes
-        flags_base = Flag.FINAL | (Flag.RETX if retx else Flag(0))
+        flags_base = _FINAL | (_RETX if retx else 0)
+        key = self.key if self.authenticate_data else None
+        mv = slot.mv
         for off in range(start, end, step):
             n = min(step, end - off)
-            payload = slot.mv[staging + (off - start) : staging + (off - start) + n]
-            flags = flags_base | (Flag.LAST if off + n >= end else Flag(0))
+            at = _LEAD + staging + (off - start)
+            flags = flags_base | (_LAST if off + n >= end else 0)
             if only is not None and not self.repair_budget.take(only, n):
                 self._count("repair_rate_limited")
                 return
             for addr in [only] if only is not None else self._dest[run.shard]:
                 seq = self._seq[addr]
                 self._seq[addr] = seq + 1
-                header, tag = encode_parts(
-                    Kind.DATA,
-                    key=self.key if self.authenticate_data else None,
-                    job=self.job,
-                    sender=self.rank,
-                    iteration=slot.iteration,
-                    seq=seq,
-                    layout=self.digest,
-                    payload=payload,
-                    flags=flags,
-                    dtype=dtype,
-                    bucket=bucket,
-                    offset=off,
-                )
-                if self._sendto(header, payload, addr, retx, tag):
+                fields = {
+                    "job": self.job,
+                    "sender": self.rank,
+                    "iteration": slot.iteration,
+                    "seq": seq,
+                    "layout": self.digest,
+                    "flags": flags,
+                    "dtype": dtype,
+                    "bucket": bucket,
+                    "offset": off,
+                }
+                if key is not None:
+                    # the header in front of the payload, over the previous chunk's last bytes
+                    # (kept and put back: a retransmission needs them): no payload copy
+                    kept = bytes(mv[at - HEADER_SIZE : at])
+                    try:
+                        datagram, trailer = seal_in_place(
+                            Kind.DATA, key=key, buf=mv, at=at, length=n, **fields
+                        )
+                        ok = self._sendto(datagram, b"", addr, retx, trailer)
+                    finally:
+                        mv[at - HEADER_SIZE : at] = kept
+                else:
+                    payload = mv[at : at + n]
+                    header, _ = encode_parts(Kind.DATA, key=None, payload=payload, **fields)
+                    ok = self._sendto(header, payload, addr, retx)
+                if ok:
                     if retx:
                         self.counters.retx_chunks += 1
                     else:
