@@ -5,9 +5,11 @@ controller, trainers on one machine — inject the scenario's faults, and report
 topology is the best the machine allows unless ``--topology`` says otherwise: network
 namespaces + veths as root (``netns``), else the switch's loopback UDP ports (``loopback``, any
 user); ``userns`` runs the loopback topology inside a fresh user + network namespace
-(``unshare -Urn``), isolated from the host's network, for an ordinary user. Exit status 0 when
-the report says ok (bit-exact resume, losses equal to the reference, at most one iteration lost
-per trainer fault and none per shadow fault), 1 otherwise.
+(``unshare -Urn``), isolated from the host's network, for an ordinary user. ``--out`` is
+cleared of a previous run's artefacts first (the cache is kept); a non-empty folder that is not
+a demo's output is refused, and nothing is deleted. Exit status 0 when the report says ok
+(bit-exact resume, losses equal to the reference, at most one iteration lost per trainer fault
+and none per shadow fault, a report that does not contradict itself), 1 otherwise.
 """
 
 from __future__ import annotations
@@ -47,13 +49,14 @@ def configure(p: argparse.ArgumentParser) -> None:
         "--out",
         type=Path,
         default=Path("demo-out"),
-        help="work directory: logs, report.json, plots (default: demo-out)",
+        help="work directory: logs, report.json, plots (default: demo-out); a previous "
+        "run's artefacts in it are removed first, the cache kept",
     )
     p.add_argument(
         "--cache",
         type=Path,
         default=None,
-        help="reference-run cache (default: $SHADOWGRAD_CACHE or "
+        help="cache of the reference and plain runs (default: $SHADOWGRAD_CACHE or "
         "$XDG_CACHE_HOME/shadowgrad or OUT/.cache/shadowgrad)",
     )
     p.add_argument("--timeout", type=float, default=900.0, help="seconds per run")
@@ -131,6 +134,13 @@ def run(args: argparse.Namespace) -> int:
             timeout_s=args.timeout,
             progress=not args.no_progress and sys.stderr.isatty(),
         )
+        if runner.cleared:
+            print(
+                f"shadowgrad demo: {args.out} holds a previous run: removed "
+                f"{', '.join(runner.cleared)} (the reference cache is kept)",
+                file=sys.stderr,
+                flush=True,
+            )
         where = (
             "loopback ports inside a user + network namespace"
             if runner.label == "userns"

@@ -2,6 +2,12 @@
 the launcher) training a small model on generated data with shadowgrad attached.
 
     python -m shadowgrad.bmv2_testbed.demo_worker --spec job.toml --model mlp --steps 300
+    python -m shadowgrad.bmv2_testbed.demo_worker --plain --model mlp --steps 300
+
+``--plain`` trains the same model on the same batches with the same optimizer, clipping and
+schedule *without shadowgrad*: plain gloo DDP (``loss.backward()``, ``clip_grad_norm_``,
+``opt.step()``), no shadows, no switch program, nothing imported from shadowgrad's trainer
+hooks. The demo times it as the baseline of the trainer overhead (docs/testbed.md).
 
 Models (no downloads): ``mlp`` (3 linear layers) and ``transformer`` (a 2-layer encoder over
 random token sequences). AdamW with weight decay, gradient clipping and a warm-up + cosine LR
@@ -70,17 +76,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
 
-    from shadowgrad.trainer_hooks import attach, init_process_group
-
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--spec", required=True)
+    ap.add_argument("--spec", default=None, help="the job spec (required unless --plain)")
+    ap.add_argument("--plain", action="store_true", help="plain DDP, without shadowgrad")
     ap.add_argument("--model", choices=MODELS, default="mlp")
     ap.add_argument("--steps", type=int, required=True)
     ap.add_argument("--out", default=None)
     ap.add_argument("--chunk-bytes", type=int, default=None)
     ap.add_argument("--sleep", type=float, default=0.0, help="seconds of 'compute' per step")
     args = ap.parse_args(argv)
-    init_process_group("gloo")
+    if args.spec is None and not args.plain:
+        ap.error("--spec is required (or --plain)")
+    if args.plain:
+        import datetime
+
+        dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=1800))
+    else:
+        from shadowgrad.trainer_hooks import init_process_group
+
+        init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     model = DistributedDataParallel(build_model(args.model))
     opt = torch.optim.AdamW(model.parameters(), lr=2e-3, weight_decay=0.05)
@@ -88,18 +102,38 @@ def main(argv: Sequence[str] | None = None) -> int:
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda s: min(1.0, (s + 1) / 10) * 0.5 * (1 + math.cos(math.pi * s / total))
     )
-    sg = attach(
-        model, opt, args.spec, lr_scheduler=sched, max_grad_norm=1.0, chunk_bytes=args.chunk_bytes
-    )
-    start = sg.restore_or_start()
-    if rank == 0:
-        print(f"start {start.iteration} {int(start.restored)}", flush=True)
-    for step in range(start.iteration, args.steps):
+    sg = None
+    first = 0
+    if not args.plain:
+        from shadowgrad.trainer_hooks import attach
+
+        sg = attach(
+            model,
+            opt,
+            args.spec,
+            lr_scheduler=sched,
+            max_grad_norm=1.0,
+            chunk_bytes=args.chunk_bytes,
+        )
+        start = sg.restore_or_start()
+        first = start.iteration
+        if rank == 0:
+            print(f"start {start.iteration} {int(start.restored)}", flush=True)
+    elif rank == 0:
+        print("start 0 0", flush=True)
+    for step in range(first, args.steps):
         t0 = time.perf_counter()
         x, y = batch(args.model, step, rank, world)
         loss = torch.nn.functional.cross_entropy(model(x), y)
-        sg.backward(loss)
-        sg.step(user_state={"step": step})
+        if sg is not None:
+            sg.backward(loss)
+            sg.step(user_state={"step": step})
+        else:
+            loss.backward()  # type: ignore[no-untyped-call]
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            sched.step()
+            opt.zero_grad(set_to_none=True)
         if args.sleep:
             time.sleep(args.sleep)
         if rank == 0:
@@ -108,7 +142,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 f"wall {time.time():.6f}",
                 flush=True,
             )
-    sg.close()
+    if sg is not None:
+        sg.close()
     if args.out and rank == 0:
         torch.save({"model": model.module.state_dict(), "optimizer": opt.state_dict()}, args.out)
     dist.destroy_process_group()

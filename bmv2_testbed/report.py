@@ -3,14 +3,17 @@ out.
 
 The demo runner runs a scenario (trainers, shadows, a controller and a P4 switch on one machine,
 faults injected) and hands over a *run record*: a JSON-shaped dict with the scenario, the losses
-of the run and of a fault-free reference, rank 0's step times, ~5 Hz samples of the trainer
+of the run and of a fault-free reference, the step time of the same job run without shadowgrad
+(``plain``), the window the run took place in, rank 0's step times, ~5 Hz samples of the trainer
 iteration, I* and every shadow's ``last_applied``, the injected faults with their detection and
 recovery times, the switch's replication counters, drop counters and the bit-exactness check of
 the resumed state. This module is a pure transformation of that record:
 
 * :func:`summarize` computes the figures (work lost per fault, detection and recovery times,
-  trainer overhead against the reference, replicated bytes, drops, bit-exactness, whether every
-  loss equals the reference's) and the verdict ``ok``;
+  the trainer overhead: the unfaulted checkpointed run against the plain one; the faulted run
+  against the unfaulted one, replicated bytes, drops, bit-exactness, whether every loss equals
+  the reference's), checks that they do not contradict each other (:func:`contradictions`) and
+  gives the verdict ``ok``;
 * :func:`write_report` writes ``report.json`` (atomically) and the plots ``loss.png``,
   ``step_time.png``, ``lag.png`` and ``recovery.png``;
 * :func:`render_summary` formats the summary for a terminal.
@@ -43,6 +46,7 @@ __all__ = [
     "MAX_LOST",
     "PLOT_FILES",
     "RESTART_WARMUP_STEPS",
+    "contradictions",
     "render_summary",
     "summarize",
     "write_report",
@@ -301,10 +305,12 @@ def _fault_rows(
     observed: Mapping[int, int],
     have_steps: bool,
     started: float,
-) -> tuple[list[dict[str, Any]], list[str], list[str]]:
+) -> tuple[list[dict[str, Any]], list[str], list[str], list[str]]:
+    """(rows, problems, notes, contradictions) of the faults."""
     rows: list[dict[str, Any]] = []
     problems: list[str] = []
     notes: list[str] = []
+    contra: list[str] = []
     for i, f in enumerate(faults):
         kind = str(f.get("kind"))
         cls = FAULT_CLASS.get(kind, "unknown")
@@ -331,18 +337,29 @@ def _fault_rows(
         elif not within:
             problems.append(f"{label}: lost {lost} iteration(s), at most {bound} allowed")
         if repeats is not None and source == "record" and lost is not None and repeats != lost:
-            notes.append(
+            contra.append(
                 f"{label}: the record says {lost} iteration(s) lost, the step times "
                 f"show {repeats} repeated"
             )
+        for what, secs in (("detect", detect), ("recover", recover)):
+            if secs is not None and secs < 0:
+                contra.append(f"{label}: {what} {secs:.3f} s, before the fault was injected")
         down, fd = _num(f.get("down_s")), _num(f.get("failure_detect_s"))
         if t_detect is None and cls == "shadow" and down is not None and fd is not None:
             # detection: the first controller event that noticed this outage (runner.py)
-            notes.append(
-                f"{label}: not detected (down {down:g} s, under failure_detect {fd:g} s: by design)"
-                if down < fd
-                else f"{label}: not detected, although down {down:g} s (failure_detect {fd:g} s)"
-            )
+            if down < fd:
+                notes.append(
+                    f"{label}: not detected (down {down:g} s, under failure_detect {fd:g} s: "
+                    "by design)"
+                )
+            else:
+                problems.append(
+                    f"{label}: not detected, although down {down:g} s (failure_detect {fd:g} s)"
+                )
+        elif t_detect is None and cls == "trainer" and t_inject is not None:
+            # a killed trainer is always declared failed: silent for failure_detect, or the
+            # rerun's restart request (controller.trainer_failed either way)
+            problems.append(f"{label}: no detection recorded (a trainer kill is always detected)")
         elif t_detect is None:
             notes.append(f"{label}: no detection recorded")
         if t_recovered is None:
@@ -367,12 +384,14 @@ def _fault_rows(
                 "note": str(f.get("note") or ""),
             }
         )
-    return rows, problems, notes
+    return rows, problems, notes, contra
 
 
-def _overhead(
+def _faulted_vs_unfaulted(
     record: Mapping[str, Any], steps: Sequence[tuple[float, int, float]], warmup: set[int]
 ) -> dict[str, Any]:
+    """The faulted run's mean step time against the unfaulted reference's (both with
+    shadowgrad): what the faults did to the steps that ran, not what checkpointing costs."""
     used = [s[2] for k, s in enumerate(steps) if k not in warmup]
     mean = statistics.fmean(used) if used else None
     ref = _num(_map(record.get("reference")).get("mean_step_s"))
@@ -382,10 +401,105 @@ def _overhead(
         "run_median_step_s": statistics.median(used) if used else None,
         "reference_mean_step_s": ref,
         "ratio": ratio,
-        "overhead_pct": None if ratio is None else (ratio - 1.0) * 100.0,
+        "pct": None if ratio is None else (ratio - 1.0) * 100.0,
         "steps_used": len(used),
         "steps_excluded": len(steps) - len(used),
     }
+
+
+def _overhead(record: Mapping[str, Any], faulted: Mapping[str, Any]) -> dict[str, Any]:
+    """The trainer overhead: the unfaulted run with shadowgrad (the reference) against the same
+    job without it (``plain``), mean step times with the first steps left out of both.
+    ``run_mean_step_s``/``run_median_step_s`` are the faulted run's (as in
+    :func:`_faulted_vs_unfaulted`), kept for readers that convert lost iterations to seconds."""
+    ref = _map(record.get("reference"))
+    plain = _map(record.get("plain"))
+    ckpt, base = _num(ref.get("mean_step_s")), _num(plain.get("mean_step_s"))
+    ratio = ckpt / base if ckpt is not None and base is not None and base > 0 else None
+    return {
+        "checkpointed_mean_step_s": ckpt,
+        "plain_mean_step_s": base,
+        "ratio": ratio,
+        "overhead_pct": None if ratio is None else (ratio - 1.0) * 100.0,
+        "checkpointed_cached": bool(ref.get("cached")),
+        "plain_cached": bool(plain.get("cached")) if plain else None,
+        "run_mean_step_s": faulted.get("run_mean_step_s"),
+        "run_median_step_s": faulted.get("run_median_step_s"),
+    }
+
+
+#: how far outside the run's window a timestamp of the run may lie (clock reads, a status file
+#: written just before it was read)
+_WINDOW_SLACK_S = 2.0
+
+
+def contradictions(record: Mapping[str, Any], summary: Mapping[str, Any]) -> list[str]:
+    """Where the report contradicts itself (each a sentence; none: consistent). The fault rows'
+    own checks (negative detection or recovery, lost != repeated) come from :func:`summarize`;
+    this adds the run as a whole: a negative wall time; repeated steps the faults do not
+    account for; timestamps outside the run's window (``run_window``: a stale log or event of
+    an earlier run); a wall time longer than the window, or than the steps plus the restarts
+    can account for, or shorter than the step times add up to."""
+    out: list[str] = []
+    steps = _steps(record)
+    rows = list(summary.get("faults", ()))
+    wall = _num(summary.get("wall_s"))
+    if wall is not None and wall < 0:
+        out.append(f"wall time {wall:.1f} s is negative")
+    repeated = _int(summary.get("repeated_steps")) or 0
+    lost = [_int(r.get("lost_iterations")) for r in rows]
+    if steps and all(v is not None for v in lost):
+        accounted = sum(v for v in lost if v is not None)
+        if repeated != accounted:
+            out.append(
+                f"{repeated} step(s) repeated, but the faults account for {accounted} "
+                "iteration(s) lost"
+            )
+    window = _map(record.get("run_window"))
+    began, ended = _num(window.get("began")), _num(window.get("ended"))
+    if began is not None and ended is not None:
+        lo, hi = began - _WINDOW_SLACK_S, ended + _WINDOW_SLACK_S
+        stale = {
+            "step(s)": sum(1 for s in steps if not lo <= s[0] <= hi),
+            "sample(s)": sum(1 for s in _samples(record) if not lo <= s[0] <= hi),
+            "event(s)": sum(
+                1
+                for e in _seq(record.get("events"))
+                if (t := _num(_map(e).get("t"))) is not None and not lo <= t <= hi
+            ),
+            "fault time(s)": sum(
+                1
+                for f in _faults(record)
+                for k in ("t_inject", "t_detect", "t_recovered")
+                if (t := _num(f.get(k))) is not None and not lo <= t <= hi
+            ),
+        }
+        bad = [f"{n} {what}" for what, n in stale.items() if n]
+        if bad:
+            out.append(
+                f"{', '.join(bad)} outside this run's {ended - began:.1f} s "
+                "(from an earlier run's logs?)"
+            )
+        if wall is not None and wall > ended - began + _WINDOW_SLACK_S:
+            out.append(f"wall time {wall:.1f} s is longer than the run ({ended - began:.1f} s)")
+    if steps and wall is not None and wall >= 0:
+        busy = sum(s[2] for s in steps)
+        restarts = sum(
+            v
+            for r in rows
+            if r.get("class") == "trainer" and (v := _num(r.get("recover_s"))) is not None and v > 0
+        )
+        if wall > 1.5 * (busy + restarts) + 10.0:
+            out.append(
+                f"wall time {wall:.1f} s, but the steps take {busy:.1f} s and the restarts "
+                f"{restarts:.1f} s"
+            )
+        if busy > 1.2 * (wall + max(s[2] for s in steps)) + 2.0:
+            out.append(
+                f"the step times add up to {busy:.1f} s, more than the {wall:.1f} s wall time "
+                "(steps of overlapping runs?)"
+            )
+    return out
 
 
 def _lag(
@@ -420,14 +534,20 @@ def summarize(record: Mapping[str, Any]) -> dict[str, Any]:
     ``repeated_steps`` ``faults_by_kind`` ``faults`` (per fault: ``index`` ``kind`` ``class``
     ``target`` ``at_iteration`` ``last_logged`` ``resumed_at`` ``t_inject_s`` ``detect_s``
     ``recover_s`` ``lost_iterations`` ``lost_source`` ``repeated_observed`` ``max_lost``
-    ``within_bound`` ``note``) ``trainer_overhead`` ``switch_replicated_packets``
-    ``switch_replicated_bytes`` ``drops`` ``shadow_lag`` ``reference`` ``bit_exact_resume``
-    ``bit_exact_compared`` ``bit_exact_differ`` ``losses_match`` ``losses_compared``
-    ``loss_mismatch_count`` ``loss_mismatches`` ``events`` ``ok`` ``problems`` ``notes``.
+    ``within_bound`` ``note``) ``trainer_overhead`` (the unfaulted run with shadowgrad against
+    the same job without it: ``checkpointed_mean_step_s`` ``plain_mean_step_s`` ``ratio``
+    ``overhead_pct``) ``faulted_vs_unfaulted`` (the faulted run against the unfaulted one:
+    ``run_mean_step_s`` ``reference_mean_step_s`` ``ratio`` ``pct`` ``steps_excluded``)
+    ``switch_replicated_packets`` ``switch_replicated_bytes`` ``drops`` ``shadow_lag``
+    ``reference`` ``plain`` ``bit_exact_resume`` ``bit_exact_compared`` ``bit_exact_differ``
+    ``losses_match`` ``losses_compared`` ``loss_mismatch_count`` ``loss_mismatches``
+    ``events`` ``ok`` ``problems`` ``notes`` ``contradictions``.
 
     ``ok``: the resumed state is bit-exact, every loss equals the reference's, every trainer
-    fault lost at most one iteration and every other fault none (:data:`MAX_LOST`); ``problems``
-    says why not.
+    fault lost at most one iteration and every other fault none (:data:`MAX_LOST`), every fault
+    that must be detected was, and the report does not contradict itself
+    (``contradictions``: negative detection or recovery times, lost != repeated steps, stale
+    or implausible times, see :func:`contradictions`); ``problems`` says why not.
     """
     scenario = dict(_map(record.get("scenario")))
     started = _started(record)
@@ -437,7 +557,7 @@ def summarize(record: Mapping[str, Any]) -> dict[str, Any]:
     faults = _faults(record)
     samples = _samples(record)
     warmup, repeated, observed = _step_analysis(steps, faults)
-    rows, problems, notes = _fault_rows(faults, observed, bool(steps), started)
+    rows, problems, notes, contra = _fault_rows(faults, observed, bool(steps), started)
 
     unlogged: set[int] = set()
     for f in faults:
@@ -494,8 +614,8 @@ def summarize(record: Mapping[str, Any]) -> dict[str, Any]:
     reference = _map(record.get("reference"))
     events = [_map(e) for e in _seq(record.get("events"))]
 
-    ok = not problems and bit_ok and bool(loss["losses_match"])
-    return {
+    faulted = _faulted_vs_unfaulted(record, steps, warmup)
+    out: dict[str, Any] = {
         "scenario": scenario,
         "name": str(scenario.get("name", "")),
         "model": scenario.get("model"),
@@ -510,7 +630,8 @@ def summarize(record: Mapping[str, Any]) -> dict[str, Any]:
         "repeated_steps": len(repeated),
         "faults_by_kind": dict(sorted(Counter(r["kind"] for r in rows).items())),
         "faults": rows,
-        "trainer_overhead": _overhead(record, steps, warmup),
+        "trainer_overhead": _overhead(record, faulted),
+        "faulted_vs_unfaulted": faulted,
         "switch_replicated_packets": None
         if switch is None
         else _int(switch.get("replicated_packets")),
@@ -526,15 +647,26 @@ def summarize(record: Mapping[str, Any]) -> dict[str, Any]:
             "cached": bool(reference.get("cached")),
             "seconds": _num(reference.get("seconds")),
         },
+        "plain": None
+        if not _map(record.get("plain"))
+        else {
+            "cached": bool(_map(record.get("plain")).get("cached")),
+            "seconds": _num(_map(record.get("plain")).get("seconds")),
+        },
         "bit_exact_resume": bit_ok,
         "bit_exact_compared": compared,
         "bit_exact_differ": differ,
         **loss,
         "events": len(events),
-        "ok": ok,
+        "ok": False,
         "problems": problems,
         "notes": notes,
     }
+    contra += contradictions(record, out)
+    out["contradictions"] = contra
+    out["problems"] = [f"the report contradicts itself: {c}" for c in contra] + problems
+    out["ok"] = not out["problems"] and bit_ok and bool(loss["losses_match"])
+    return out
 
 
 # --------------------------------------------------------------------------- files
@@ -794,11 +926,15 @@ def _plot_step_time(record: Mapping[str, Any], summary: Mapping[str, Any]) -> Fi
                 label=label,
                 **{"zorder": 4, **style},
             )
-    over = _map(summary.get("trainer_overhead"))
+    over = _map(summary.get("faulted_vs_unfaulted") or summary.get("trainer_overhead"))
     mean, ref = _num(over.get("run_mean_step_s")), _num(over.get("reference_mean_step_s"))
+    plain = _num(_map(summary.get("trainer_overhead")).get("plain_mean_step_s"))
     if mean is not None:
         ax.axhline(
-            mean * 1000.0, color="#1f77b4", linewidth=1.0, label=f"run mean {mean * 1000.0:.1f} ms"
+            mean * 1000.0,
+            color="#1f77b4",
+            linewidth=1.0,
+            label=f"faulted run mean {mean * 1000.0:.1f} ms",
         )
     if ref is not None:
         ax.axhline(
@@ -806,7 +942,15 @@ def _plot_step_time(record: Mapping[str, Any], summary: Mapping[str, Any]) -> Fi
             color="#555555",
             linewidth=1.0,
             linestyle=":",
-            label=f"reference mean {ref * 1000.0:.1f} ms",
+            label=f"unfaulted run mean {ref * 1000.0:.1f} ms",
+        )
+    if plain is not None:
+        ax.axhline(
+            plain * 1000.0,
+            color="#2ca02c",
+            linewidth=1.0,
+            linestyle="--",
+            label=f"without shadowgrad {plain * 1000.0:.1f} ms",
         )
     for f in faults:
         t0, t1 = _num(f.get("t_inject")), _num(f.get("t_recovered"))
@@ -821,7 +965,14 @@ def _plot_step_time(record: Mapping[str, Any], summary: Mapping[str, Any]) -> Fi
     ax.set_xlabel("wall time since start (s)")
     ax.set_ylabel("trainer step time, rank 0 (ms)")
     ratio = _num(over.get("ratio"))
-    extra = f": x{ratio:.3f} the reference" if ratio is not None else ""
+    cost = _num(_map(summary.get("trainer_overhead")).get("ratio")) if plain is not None else None
+    # the title has room for one figure: the overhead (the legend has every mean)
+    if cost is not None:
+        extra = f": overhead x{cost:.3f}"
+    elif ratio is not None:
+        extra = f": faulted x{ratio:.3f} the unfaulted run"
+    else:
+        extra = ""
     ax.set_title(_title(summary, "Per-iteration trainer time") + extra)
     ax.grid(alpha=0.3)
     # Keep a very slow restart step from flattening everything else: cap the axis at a
@@ -1021,6 +1172,50 @@ def _reasons(counts: Mapping[str, int]) -> str:
     return ", ".join(f"{k} {v}" for k, v in nonzero.items()) if nonzero else "none"
 
 
+def _overhead_lines(s: Mapping[str, Any]) -> list[str]:
+    """``trainer overhead`` (the unfaulted run with shadowgrad against the same job without
+    it) and ``faulted run vs unfaulted`` (both with shadowgrad). A summary from before the plain
+    run existed has only the second figure, under ``trainer_overhead``: it is shown as such."""
+    over = _map(s.get("trainer_overhead"))
+    legacy = "faulted_vs_unfaulted" not in s
+    fvu = over if legacy else _map(s.get("faulted_vs_unfaulted"))
+    lines = []
+    ckpt, base = _num(over.get("checkpointed_mean_step_s")), _num(over.get("plain_mean_step_s"))
+    ratio, pct = _num(over.get("ratio")), _num(over.get("overhead_pct"))
+    if legacy:
+        lines.append("trainer overhead: n/a (this report has no run without shadowgrad)")
+    elif ckpt is None or base is None or ratio is None or pct is None:
+        lines.append(
+            "trainer overhead: n/a ("
+            + ("no unfaulted run" if ckpt is None else "no run without shadowgrad")
+            + " to compare with)"
+        )
+    else:
+        cached = {
+            (True, True): "; both cached",
+            (True, False): "; the one with shadowgrad cached",
+            (False, True): "; the one without cached",
+        }.get((bool(over.get("checkpointed_cached")), bool(over.get("plain_cached"))), "")
+        lines.append(
+            f"trainer overhead: x{ratio:.3f} ({pct:+.1f} %), {ckpt * 1000:.2f} ms/step with "
+            f"shadowgrad vs {base * 1000:.2f} ms without (unfaulted runs{cached})"
+        )
+    mean, ref = _num(fvu.get("run_mean_step_s")), _num(fvu.get("reference_mean_step_s"))
+    f_ratio = _num(fvu.get("ratio"))
+    f_pct = _num(fvu.get("overhead_pct" if legacy else "pct"))
+    if mean is None:
+        lines.append("faulted run vs unfaulted: n/a (no step times)")
+    elif f_ratio is None or ref is None or f_pct is None:
+        lines.append(f"faulted run vs unfaulted: {mean * 1000:.2f} ms/step, no unfaulted run")
+    else:
+        lines.append(
+            f"faulted run vs unfaulted: x{f_ratio:.3f} ({f_pct:+.1f} %), {mean * 1000:.2f} "
+            f"vs {ref * 1000:.2f} ms/step ({fvu.get('steps_excluded', 0)} post-restart steps "
+            "left out)"
+        )
+    return lines
+
+
 def render_summary(report_or_summary: Mapping[str, Any], *, colour: bool = False) -> str:
     """The terminal summary of a report (from :func:`write_report`) or of a summary (from
     :func:`summarize`); ``colour`` adds ANSI colours. Ends with ``bit-exact resume: yes`` or
@@ -1088,19 +1283,7 @@ def render_summary(report_or_summary: Mapping[str, Any], *, colour: bool = False
                 f"  {r.get('kind')!s:<19}{target:>6}{at:>6}"
                 f"{_secs(r.get('detect_s')):>10}{_secs(r.get('recover_s')):>11}" + cell
             )
-    over = _map(s.get("trainer_overhead"))
-    mean, ref = _num(over.get("run_mean_step_s")), _num(over.get("reference_mean_step_s"))
-    ratio, pct = _num(over.get("ratio")), _num(over.get("overhead_pct"))
-    if mean is None:
-        lines.append("trainer overhead: n/a (no step times)")
-    elif ratio is None or ref is None or pct is None:
-        lines.append(f"trainer overhead: {mean * 1000:.2f} ms/step, no reference time")
-    else:
-        lines.append(
-            f"trainer overhead: x{ratio:.3f} ({pct:+.1f} %), {mean * 1000:.2f} ms/step"
-            f" vs {ref * 1000:.2f} ms reference ({over.get('steps_excluded', 0)} "
-            f"post-restart steps left out)"
-        )
+    lines += _overhead_lines(s)
     nbytes = s.get("switch_replicated_bytes")
     if nbytes is None and s.get("switch_replicated_packets") is None:
         lines.append("switch: no counters")
@@ -1136,8 +1319,17 @@ def render_summary(report_or_summary: Mapping[str, Any], *, colour: bool = False
     for note in s.get("notes", ()):
         lines.append(f"note: {note}")
     problems = list(s.get("problems", ()))
+    contra = [str(c) for c in s.get("contradictions", ())]
     if s.get("ok"):
         lines.append(paint("result: OK", "32;1"))
+    elif contra:
+        # every contradiction is shown: a report that contradicts itself says where
+        rest = [p for p in problems if not str(p).startswith("the report contradicts itself")]
+        shown = rest[:2] + ([f"... {len(rest) - 2} more"] if len(rest) > 2 else [])
+        lines.append(
+            paint("result: FAILED, the report contradicts itself", "31;1")
+            + f" ({'; '.join(contra + shown)})"
+        )
     else:
         shown = problems[:3] + ([f"... {len(problems) - 3} more"] if len(problems) > 3 else [])
         lines.append(paint("result: FAILED", "31;1") + (f" ({'; '.join(shown)})" if shown else ""))

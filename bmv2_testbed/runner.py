@@ -8,10 +8,14 @@ injects the scenario's faults when rank 0 has logged their iteration, samples th
 the controller's status file, and always tears everything down — processes, veths, namespaces
 — also on Ctrl-C, SIGTERM or an error of its own.
 
-A demo is two runs of the same job: an uninterrupted **reference** (cached under the cache
-directory, keyed by everything it depends on) and the **faulted** run; the report compares the
-faulted run's final parameters and optimizer state with the reference's bit for bit
-(:mod:`.report`).
+A demo is three runs of the same job: an uninterrupted **reference** with shadowgrad, the same
+job **plain** (plain gloo DDP, no shadowgrad: the baseline of the trainer overhead), both cached
+under the cache directory, keyed by everything they depend on, and the **faulted** run; the
+report compares the faulted run's final parameters and optimizer state with the reference's bit
+for bit, and the reference's step time with the plain run's (:mod:`.report`).
+
+A run reads only what it wrote: :func:`prepare_out` clears the output folder of a previous
+run's artefacts first (the cache kept), and refuses a non-empty folder that is not a demo's.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ import re
 import secrets
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import time
@@ -36,7 +41,7 @@ from shadowgrad.errors import ShadowgradError
 from .scenario import Fault, Scenario
 from .topology import MTU, Namespaces, choose
 
-__all__ = ["Runner", "run_scenario", "choose_target"]
+__all__ = ["OUT_MARKER", "Runner", "choose_target", "prepare_out", "run_scenario"]
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +67,91 @@ def choose_target(requested: str = "auto") -> str:
     if requested not in ("auto", "sim"):
         raise ShadowgradError(f"--target {requested!r}: expected auto, sim or bmv2")
     return "sim"
+
+
+#: the file that marks a folder as a demo's output (written by :func:`prepare_out`)
+OUT_MARKER = ".shadowgrad-demo"
+#: what a demo writes into its output folder, besides the marker and the cache
+_OUT_FILES = (
+    "topology.json",
+    "report.json",
+    "loss.png",
+    "step_time.png",
+    "lag.png",
+    "recovery.png",
+)
+_OUT_DIRS = ("reference", "plain", "run")
+#: a cache inside the output folder (``OUT/.cache/shadowgrad``, the default): never cleared
+_OUT_CACHE = ".cache"
+
+
+def _artefact(name: str) -> bool:
+    """Whether ``name`` (an entry of the output folder) is something a demo writes there."""
+    if name in _OUT_FILES or name in _OUT_DIRS or name == OUT_MARKER:
+        return True
+    # report.py's temporary files (``.report.json.<pid>.<hex>.tmp``), left by a killed run
+    return name.endswith(".tmp") and any(name.startswith(f".{f}.") for f in _OUT_FILES)
+
+
+def prepare_out(out: Path, cache_dir: Path | None = None) -> list[str]:
+    """Make ``out`` ready for a new demo run: create it, or clear what a previous run left in
+    it, so the run reads only what it writes. Returns the names removed.
+
+    Kept: the cache (``out/.cache``, and the top entry of ``out`` that holds ``cache_dir``),
+    and, in a folder marked as a demo's (:data:`OUT_MARKER`), anything a demo does not write.
+    Refused (:class:`ShadowgradError`, nothing deleted): ``out`` is not a directory, ``out`` is
+    the cache itself, or ``out`` is not empty and does not look like a demo's output folder
+    (no marker, and entries a demo does not write, or none of its reports)."""
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise ShadowgradError(f"--out {out}: exists and is not a directory")
+    keep = {_OUT_CACHE}
+    if cache_dir is not None:
+        try:
+            rel = Path(cache_dir).resolve().relative_to(out.resolve())
+        except ValueError:
+            rel = None
+        if rel is not None:
+            if not rel.parts:
+                raise ShadowgradError(
+                    f"--out {out} is the reference cache itself (--cache {cache_dir}): "
+                    "give the demo its own output folder"
+                )
+            keep.add(rel.parts[0])
+    out.mkdir(parents=True, exist_ok=True)
+    entries = sorted((e for e in out.iterdir() if e.name not in keep), key=lambda e: e.name)
+    marked = (out / OUT_MARKER).exists()
+    if entries and not marked:
+        foreign = [e.name for e in entries if not _artefact(e.name)]
+        reports = [e.name for e in entries if e.name in ("topology.json", "report.json")]
+        if foreign or not reports:
+            shown = ", ".join((foreign or [e.name for e in entries])[:6])
+            more = len(foreign or entries) - 6
+            raise ShadowgradError(
+                f"--out {out}: the folder is not empty and is not a demo's output folder "
+                f"(no {OUT_MARKER} file; "
+                + (f"it holds {shown}" + (f" and {more} more" if more > 0 else ""))
+                + (
+                    ", which a demo does not write"
+                    if foreign
+                    else "; no topology.json or report.json"
+                )
+                + "): nothing was deleted. Give --out a new or empty folder, or one a demo wrote"
+            )
+    removed = []
+    for e in entries:
+        if not _artefact(e.name) or e.name == OUT_MARKER:
+            continue  # a marked folder's other contents are not the demo's to delete
+        if e.is_dir() and not e.is_symlink():
+            shutil.rmtree(e)
+        else:
+            e.unlink()
+        removed.append(e.name)
+    (out / OUT_MARKER).write_text(
+        "This folder is a shadowgrad demo's output: every run into it clears what the previous "
+        "run wrote here (the cache in .cache/ is kept).\n"
+    )
+    return removed
 
 
 def _free_port() -> int:
@@ -133,6 +223,8 @@ class Runner:
                 Path(os.environ.get("XDG_CACHE_HOME", work / ".cache")) / "shadowgrad",
             )
         )
+        # a run reads only what it wrote: the previous run's logs, events and report go first
+        self.cleared = prepare_out(work, self.cache_dir)
         self.progress = progress
         self.timeout_s = timeout_s
         self._procs: list[_Proc] = []
@@ -226,8 +318,17 @@ class Runner:
         return p
 
     def _ranks(
-        self, spec: Any, path: Path, d: Path, env: dict[str, str], *, attempt: int, final: Path
+        self,
+        spec: Any,
+        path: Path,
+        d: Path,
+        env: dict[str, str],
+        *,
+        attempt: int,
+        final: Path | None,
+        plain: bool = False,
     ) -> list[_Proc]:
+        """The trainer ranks of one attempt; ``plain``: without shadowgrad (plain DDP)."""
         sc = self.sc
         master = "10.0.0.1" if self.topology == "netns" else "127.0.0.1"
         port = 29500 + secrets.randbelow(20000) if self.topology == "netns" else _free_port()
@@ -248,16 +349,15 @@ class Runner:
                 sys.executable,
                 "-m",
                 "shadowgrad.bmv2_testbed.demo_worker",
-                "--spec",
-                str(path),
+                *(["--plain"] if plain else ["--spec", str(path)]),
                 "--model",
                 sc.model,
                 "--steps",
                 str(sc.iterations),
-                "--out",
-                str(final),
             ]
-            if self.chunk is not None:
+            if final is not None:
+                argv += ["--out", str(final)]
+            if self.chunk is not None and not plain:
                 argv += ["--chunk-bytes", str(self.chunk)]
             if sc.sleep_s:
                 argv += ["--sleep", str(sc.sleep_s)]
@@ -272,8 +372,7 @@ class Runner:
         from shadowgrad.trainer_hooks._testing import spec_toml
 
         sc = self.sc
-        d = self.work / label
-        d.mkdir(parents=True, exist_ok=True)
+        d = self._fresh_dir(label)
         doc = self._spec_doc()
         spec = parse_spec(doc, env={})
         layout = self._layout()
@@ -500,9 +599,86 @@ class Runner:
                     int((q.get("drops") or {}).get("emulated_loss", 0))
                     for q in (fc.get("queues") or {}).values()
                 )
+            obs["began"] = t_begin
             obs["seconds"] = time.time() - t_begin
             obs["final"] = str(final)
             _settle_faults(obs)
+            return obs
+        finally:
+            self._teardown()
+
+    def _fresh_dir(self, label: str) -> Path:
+        """``work/label``, emptied: a run's logs are opened for appending (a restarted process
+        goes on in its log), so nothing of an earlier run may be there."""
+        d = self.work / label
+        if d.is_symlink() or d.is_file():
+            d.unlink()
+        elif d.exists():
+            shutil.rmtree(d)
+        d.mkdir(parents=True)
+        return d
+
+    def execute_plain(self, label: str = "plain") -> dict[str, Any]:
+        """The job without shadowgrad: the same ranks, model, batches, optimizer, clipping and
+        schedule as plain gloo DDP (``demo_worker --plain``): no shadows, no controller, no
+        tap. On netns the ranks' traffic still crosses the switch (it is their only network),
+        programmed with everything but the tap; on loopback gloo talks over the loopback
+        directly (the switch's UDP ports only carry shadowgrad's ring). Returns rank 0's steps
+        and the run's seconds."""
+        from shadowgrad.config import parse_spec
+        from shadowgrad.frames import port_mac
+
+        d = self._fresh_dir(label)
+        doc = self._spec_doc()
+        spec = parse_spec(doc, env={})
+        os.environ["SHADOWGRAD_DEMO_RUN"] = self.run_id
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        env.pop("OMP_NUM_THREADS", None)
+        obs: dict[str, Any] = {"label": label, "steps": [], "faults": [], "samples": []}
+        t_begin = time.time()
+        try:
+            if self.topology == "netns":
+                from .inband import JobSwitch
+
+                hosts = [
+                    (p, ep.host, port_mac(p))
+                    for p, ep in [
+                        *zip(spec.switch.trainer_ports, spec.trainers.addresses, strict=True),
+                        *zip(spec.switch.shadow_ports, spec.shadows.addresses, strict=True),
+                    ]
+                ]
+                self._net = Namespaces(hosts, tag=self.run_id[:4])
+                self._switch = JobSwitch(
+                    spec, self._layout(), interfaces=self._net.switch_if, tap=False
+                )
+            ranks = self._ranks(spec, d / "job.toml", d, env, attempt=0, final=None, plain=True)
+            deadline = time.monotonic() + self.timeout_s
+            last = -1
+            while any(r.p.poll() is None for r in ranks):
+                if time.monotonic() > deadline:
+                    raise ShadowgradError(
+                        f"{label}: the run did not finish in {self.timeout_s:.0f}s (logs in {d})"
+                    )
+                if self.progress:
+                    text = ranks[0].log.read_text(errors="replace")
+                    found = [int(m[1]) for m in _STEP.finditer(text)]
+                    last = found[-1] if found else last
+                    self._progress(label, last, obs)
+                time.sleep(0.2)
+            if self.progress:
+                sys.stderr.write("\n")
+            codes = [r.p.returncode for r in ranks]
+            if codes != [0] * len(ranks):
+                tails = "\n".join(
+                    f"--- {r.log.name}\n{r.log.read_text(errors='replace')[-2000:]}" for r in ranks
+                )
+                raise ShadowgradError(f"{label}: trainer exit codes {codes}\n{tails}")
+            text = ranks[0].log.read_text(errors="replace")
+            obs["steps"] = [
+                [float(m[4]), int(m[1]), float(m[3]), m[2], 0] for m in _STEP.finditer(text)
+            ]
+            obs["began"] = t_begin
+            obs["seconds"] = time.time() - t_begin
             return obs
         finally:
             self._teardown()
@@ -605,13 +781,44 @@ class Runner:
         ref["final"] = str(cdir / "final.pt")
         return ref
 
-    def run(self) -> dict[str, Any]:
-        """Reference (cached) + faulted run -> the run record of report.py."""
-        ref = self.reference()
-        obs = self.execute("run", self.sc.faults)
-        return self._record(ref, obs)
+    def plain(self) -> dict[str, Any]:
+        """The job without shadowgrad (cached like the reference): its step times."""
+        key = self.sc.reference_key(self.topology, self.chunk)
+        cdir = self.cache_dir / "plain" / key
+        meta = cdir / "plain.json"
+        if meta.exists():
+            with contextlib.suppress(ValueError, OSError):
+                cached: dict[str, Any] = json.loads(meta.read_text())
+                if isinstance(cached, dict) and cached.get("mean_step_s") is not None:
+                    cached["cached"] = True
+                    return cached
+        obs = self.execute_plain("plain")
+        times = [s[2] for s in obs["steps"][2:]]
+        out = {
+            "mean_step_s": _mean(times),
+            "median_step_s": statistics.median(times) if times else None,
+            "steps": len(obs["steps"]),
+            "seconds": obs["seconds"],
+            "key": key,
+            "losses": {str(s[1]): s[3] for s in obs["steps"]},
+        }
+        cdir.mkdir(parents=True, exist_ok=True)
+        tmp = meta.with_name(f".{meta.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(out))
+        os.replace(tmp, meta)
+        out["cached"] = False
+        return out
 
-    def _record(self, ref: dict[str, Any], obs: dict[str, Any]) -> dict[str, Any]:
+    def run(self) -> dict[str, Any]:
+        """Reference and plain runs (cached) + the faulted run -> the run record of report.py."""
+        ref = self.reference()
+        plain = self.plain()
+        obs = self.execute("run", self.sc.faults)
+        return self._record(ref, obs, plain)
+
+    def _record(
+        self, ref: dict[str, Any], obs: dict[str, Any], plain: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
         import torch
 
         mine = torch.load(obs["final"], weights_only=True)
@@ -655,6 +862,24 @@ class Runner:
                 "seconds": ref["seconds"],
                 "mean_step_s": ref["mean_step_s"],
             },
+            # the same job without shadowgrad: the baseline of the trainer overhead
+            "plain": None
+            if plain is None
+            else {
+                "cached": plain.get("cached"),
+                "seconds": plain.get("seconds"),
+                "mean_step_s": plain.get("mean_step_s"),
+                "median_step_s": plain.get("median_step_s"),
+                "steps": plain.get("steps"),
+                "losses_equal_reference": _equal_losses(plain.get("losses"), ref["losses"]),
+            },
+            # when this run (the faulted one) began and ended: everything it observed is inside
+            "run_window": {
+                "began": obs.get("began"),
+                "ended": None
+                if obs.get("began") is None
+                else float(obs["began"]) + float(obs["seconds"]),
+            },
             "events": obs.get("events", []),
             "final_status_summary": fs.get("summary"),
             "shadow_repaired_bytes": sum(
@@ -666,6 +891,15 @@ class Runner:
 
 def _mean(xs: list[float]) -> float | None:
     return sum(xs) / len(xs) if xs else None
+
+
+def _equal_losses(a: Any, b: Any) -> list[int] | None:
+    """[iterations whose loss is the same bit for bit, iterations compared] of two
+    {iteration: hex} maps, or None when one is missing."""
+    if not isinstance(a, dict) or not isinstance(b, dict):
+        return None
+    common = set(a) & set(b)
+    return [sum(1 for k in common if a[k] == b[k]), len(common)]
 
 
 def _events(path: Path) -> list[dict[str, Any]]:

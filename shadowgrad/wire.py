@@ -254,7 +254,7 @@ def _verify(key: bytes, aad: memoryview, trailer: memoryview) -> bool:
 
 #: itemsize of every wire dtype code. DType (re-exported here) and its itemsizes live in the one
 #: dtype table, :mod:`shadowgrad.dtypes`
-_ITEMSIZE_BY_CODE: dict[int, int] = {int(d): size for d, size in WIRE_ITEMSIZE.items()}
+_ITEMSIZE = WIRE_ITEMSIZE
 
 
 class Header(NamedTuple):
@@ -307,9 +307,9 @@ def session_digest(layout64: int, generation: int) -> int:
 
 
 _KINDS: dict[int, Kind] = {int(k): k for k in Kind}
-_DTYPES: dict[int, DType] = {int(d): d for d in DType}
 _ALLOWED_INT: dict[Kind, int] = {k: int(v) for k, v in _ALLOWED_FLAGS.items()}
 _FLAGS: dict[int, Flag] = {v: Flag(v) for v in range(256)}
+_MAC_BIT = int(Flag.MAC)  # int & IntFlag runs IntFlag.__rand__ in Python
 
 
 def _check_range(name: str, value: int) -> None:
@@ -381,7 +381,7 @@ def seal(
         seq=seq,
         layout=layout,
         payload=payload,
-        flags=int(flags) | Flag.MAC,
+        flags=int(flags) | _MAC_BIT,
         dtype=dtype,
         bucket=bucket,
         offset=offset,
@@ -415,7 +415,7 @@ def encode_parts(
         seq=seq,
         layout=layout,
         payload=payload,
-        flags=flags if key is None else int(flags) | Flag.MAC,
+        flags=flags if key is None else int(flags) | _MAC_BIT,
         dtype=dtype,
         bucket=bucket,
         offset=offset,
@@ -442,7 +442,7 @@ def _header(
     room: tuple[memoryview, int] | None = None,
 ) -> tuple[bytes, bytes]:
     flags = int(flags)
-    if key is None and flags & Flag.MAC:
+    if key is None and flags & _MAC_BIT:
         raise BadFieldError("Flag.MAC is set by seal(), which computes the tag")
     kind_ = _KINDS.get(kind)
     if kind_ is None:
@@ -452,9 +452,7 @@ def _header(
         raise OversizeError(f"payload of {length} bytes exceeds MAX_PAYLOAD={MAX_PAYLOAD}")
     if flags & ~_ALLOWED_INT[kind_]:
         raise BadFieldError(f"flags 0x{flags:02x} not allowed for {kind_.name}")
-    dtype_ = _DTYPES.get(dtype)
-    if dtype_ is None:
-        dtype_ = DType(dtype)
+    dtype_ = dtype if type(dtype) is DType else DType(dtype)
     _check_data_fields(kind_, dtype_, offset, length)
     # with a key the length field counts the MAC trailer that follows the payload
     wire_length = length if key is None else length + MAC_SIZE
@@ -535,7 +533,7 @@ def seal_in_place(
         seq=seq,
         layout=layout,
         payload=buf[at : at + length],
-        flags=int(flags) | Flag.MAC,
+        flags=int(flags) | _MAC_BIT,
         dtype=dtype,
         bucket=bucket,
         offset=offset,
@@ -584,7 +582,7 @@ def _check_data_fields(kind: Kind, dtype: DType, offset: int, length: int) -> No
     if kind is Kind.DATA:
         if dtype is DType.NONE:
             raise BadFieldError("DATA message without a dtype")
-        size = _ITEMSIZE_BY_CODE[dtype._value_]  # an int key: Enum hashes in Python
+        size = _ITEMSIZE[dtype]
         if length == 0:
             raise BadFieldError("DATA message with an empty payload")
         if length % size or offset % size:
@@ -601,7 +599,7 @@ def checksum(datagram: bytes | bytearray | memoryview) -> int:
     then — unless ``Flag.MAC`` is set (the tag covers those) — the bytes after the header."""
     mv = memoryview(datagram).cast("B")
     value = _crc32c(mv[:_CSUM_AT])
-    if mv.nbytes > 4 and mv[4] & Flag.MAC:
+    if mv.nbytes > 4 and mv[4] & _MAC_BIT:
         return value
     return _crc32c(mv[HEADER_SIZE:], value)
 
@@ -627,7 +625,7 @@ def peek_header(buf: bytes | bytearray | memoryview) -> Header:
         length,
         _,
     ) = _STRUCT.unpack_from(mv)
-    if flags & Flag.MAC and length >= MAC_SIZE:
+    if flags & _MAC_BIT and length >= MAC_SIZE:
         length -= MAC_SIZE  # the payload's length, as decode() reports it
     return Header(
         kind, flags, dtype, sender, job, bucket, iteration, seq, offset, layout, length, version
@@ -688,7 +686,7 @@ def decode(
     if n > HEADER_SIZE + length:
         raise OversizeError(f"{n - HEADER_SIZE - length} bytes past the announced payload")
     payload = mv[HEADER_SIZE:]
-    sealed = flags & Flag.MAC
+    sealed = flags & _MAC_BIT
     # sealed: the CRC covers the header only (the tag covers the rest, checked below)
     crc_ = _crc32c(mv[:_CSUM_AT]) if sealed else _crc32c(payload, _crc32c(mv[:_CSUM_AT]))
     if crc_ != checksum:
@@ -702,10 +700,10 @@ def decode(
         length -= MAC_SIZE
         trailer = payload[length:]
         payload = payload[:length]
-    dtype_ = _DTYPES.get(dtype)
-    if dtype_ is None:
-        raise BadFieldError(f"dtype code {dtype} is not defined")
-    dtype = dtype_
+    try:
+        dtype = DType(dtype)
+    except ValueError:
+        raise BadFieldError(f"dtype code {dtype} is not defined") from None
     _check_data_fields(kind, dtype, offset, length)
     checker = _BODY_CHECKS.get(kind)
     if checker is not None:

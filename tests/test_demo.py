@@ -53,7 +53,7 @@ def cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def _demo(
     out: Path,
-    scenario: str,
+    scenario: str | Path,
     *extra: str,
     cache: Path,
     prefix: tuple[str, ...] = (),
@@ -63,7 +63,7 @@ def _demo(
         *prefix,
         CLI,
         "demo",
-        str(SCEN / f"{scenario}.toml"),
+        str(scenario if isinstance(scenario, Path) else SCEN / f"{scenario}.toml"),
         "--out",
         str(out),
         "--cache",
@@ -208,6 +208,96 @@ def test_both_replicas_of_a_shard_killed_are_current_again_within_seconds(
     # only the two killed shadows were ever failed (no false alarm at the start or the end)
     failed = {e["shadow"] for e in _events(tmp_path / "out", "controller.shadow_failed")}
     assert failed <= {1, 3}, failed
+
+
+#: the smallest demo with a trainer kill: mirror mode (no switch), 2 ranks, 40 iterations
+_TINY = """name = "t-tiny"
+model = "mlp"
+mode = "mirror"
+trainers = 2
+shards = 2
+replication = 1
+iterations = 40
+sleep = "10ms"
+
+[[faults]]
+kind = "kill_trainer"
+target = 1
+at = 20
+"""
+
+
+def _consistent(rep: dict[str, Any]) -> dict[str, Any]:
+    """The report of one run, and only of it: OK, no contradiction, durations not negative,
+    a wall time the run's own window and steps account for, repeated steps = work lost."""
+    s = _check(rep)
+    rec = rep["record"]
+    assert s["contradictions"] == [], s["contradictions"]
+    for f in s["faults"]:
+        assert f["detect_s"] is not None and f["detect_s"] >= 0, f
+        assert f["recover_s"] is not None and f["recover_s"] >= 0, f
+    assert s["repeated_steps"] == sum(f["lost_iterations"] for f in s["faults"])
+    # every step logged is one of this run's iterations, or one of its repeats
+    assert s["steps_executed"] - s["repeated_steps"] <= s["iterations_planned"]
+    window = rec["run_window"]["ended"] - rec["run_window"]["began"]
+    assert 0 < s["wall_s"] <= window, (s["wall_s"], window)
+    assert min(w for w, _, _ in rec["step_times"]) >= rec["run_window"]["began"]
+    # the overhead is the unfaulted run with shadowgrad against the same job without it
+    over = s["trainer_overhead"]
+    assert over["plain_mean_step_s"] and over["checkpointed_mean_step_s"], over
+    assert "trainer overhead: x" in rep["_stdout"] and "with shadowgrad vs" in rep["_stdout"]
+    assert "faulted run vs unfaulted: x" in rep["_stdout"]
+    return s
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_two_demos_into_one_out_each_report_only_their_own_run(tmp_path: Path) -> None:
+    """Issue 22: a second demo into the same --out read the first run's logs and events with
+    its own (600 steps executed, 300 repeated, 1578 s wall for an 85 s run, a negative
+    recovery) and still said OK. The second run clears the first one's artefacts (the cache in
+    OUT/.cache stays: its reference and plain runs are reused) and reports as consistently as
+    the first."""
+    scenario = tmp_path / "t-tiny.toml"
+    scenario.write_text(_TINY)
+    out = tmp_path / "out"
+    cache = out / ".cache" / "shadowgrad"  # the default place: inside --out
+    first = _demo(out, scenario, "--topology", "loopback", cache=cache)
+    s1 = _consistent(first)
+    assert (out / ".shadowgrad-demo").exists()
+    assert not first["record"]["reference"]["cached"] and not first["record"]["plain"]["cached"]
+    stale = out / "run" / "stale-from-run-1.log"
+    stale.write_text("step 999 loss 0x1p+0 dt 0.1 wall 1.0\n")
+    second = _demo(out, scenario, "--topology", "loopback", cache=cache)
+    s2 = _consistent(second)
+    assert second["record"]["reference"]["cached"] and second["record"]["plain"]["cached"]
+    assert "holds a previous run: removed" in second["_stderr"]
+    assert not stale.exists()
+    assert s2["wall_s"] < 3 * s1["wall_s"] + 60, (s1["wall_s"], s2["wall_s"])
+    assert s2["trainer_overhead"]["ratio"] == s1["trainer_overhead"]["ratio"]  # both cached
+
+
+def test_an_out_folder_that_is_not_a_demos_is_refused_and_left_alone(tmp_path: Path) -> None:
+    out = tmp_path / "mine"
+    (out / "run").mkdir(parents=True)
+    (out / "run" / "notes.txt").write_text("mine")
+    (out / "thesis.tex").write_text("mine")
+    proc = subprocess.run(
+        [CLI, "demo", str(SCEN / "t-mirror.toml"), "--out", str(out), "--no-progress"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert (
+        f"--out {out}: the folder is not empty and is not a demo's output folder "
+        "(no .shadowgrad-demo file; it holds thesis.tex, which a demo does not write): "
+        "nothing was deleted"
+    ) in proc.stderr
+    assert (out / "thesis.tex").read_text() == "mine"
+    assert (out / "run" / "notes.txt").read_text() == "mine"
+    assert sorted(p.name for p in out.iterdir()) == ["run", "thesis.tex"]
 
 
 def _events(out: Path, name: str) -> list[dict[str, Any]]:

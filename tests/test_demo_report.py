@@ -16,7 +16,8 @@ from shadowgrad.bmv2_testbed import report as rp
 
 T0 = 1_700_000_000.0
 STEP_S = 0.05  # a normal step of the run
-REF_STEP_S = 0.048  # the reference's mean step
+REF_STEP_S = 0.048  # the reference's mean step (unfaulted, with shadowgrad)
+PLAIN_STEP_S = 0.040  # the same job's mean step without shadowgrad
 RESTART_STEPS_S = (0.40, 0.20)  # the first two steps after the restart: start-up, cold caches
 KILL_AT = 80  # trainer 1 is killed after iteration 80 ran, before the shadows had it
 SHADOW_KILL_AT = 140
@@ -126,6 +127,8 @@ def make_record(iterations: int = 200) -> dict[str, Any]:
         "shadow_drops": {"stale_epoch": 12, "crc": 1},
         "bit_exact": {"resume": True, "compared": 24, "differ": []},
         "reference": {"cached": True, "seconds": 9.8, "mean_step_s": REF_STEP_S},
+        "plain": {"cached": False, "seconds": 8.1, "mean_step_s": PLAIN_STEP_S, "steps": 200},
+        "run_window": {"began": T0 - 1.0, "ended": ended + 2.0},
         "events": [
             {"t": kill_t + 0.35, "event": "trainer.failed", "rank": 1},
             {"t": shadow_t + 0.4, "event": "shadow.failed", "shadow": 0},
@@ -158,13 +161,23 @@ def test_summary_figures() -> None:
     assert shadow["recover_s"] == pytest.approx(2.0)
     assert 0 < kill["t_inject_s"] < shadow["t_inject_s"] < s["wall_s"]
 
+    # the trainer overhead: the unfaulted run with shadowgrad against the plain run
     over = s["trainer_overhead"]
-    # The two slow steps after the restart are left out: the mean is the plain step time.
-    assert over["steps_excluded"] == 2
-    assert over["steps_used"] == 199
-    assert over["run_mean_step_s"] == pytest.approx(STEP_S)
-    assert over["ratio"] == pytest.approx(STEP_S / REF_STEP_S)
-    assert over["overhead_pct"] == pytest.approx((STEP_S / REF_STEP_S - 1) * 100)
+    assert over["checkpointed_mean_step_s"] == REF_STEP_S
+    assert over["plain_mean_step_s"] == PLAIN_STEP_S
+    assert over["ratio"] == pytest.approx(REF_STEP_S / PLAIN_STEP_S)
+    assert over["overhead_pct"] == pytest.approx((REF_STEP_S / PLAIN_STEP_S - 1) * 100)
+    assert (over["checkpointed_cached"], over["plain_cached"]) == (True, False)
+    # the faulted run against the unfaulted one: the two slow steps after the restart are left
+    # out, the mean is the normal step time
+    fvu = s["faulted_vs_unfaulted"]
+    assert fvu["steps_excluded"] == 2
+    assert fvu["steps_used"] == 199
+    assert fvu["run_mean_step_s"] == pytest.approx(STEP_S)
+    assert over["run_median_step_s"] == fvu["run_median_step_s"] == pytest.approx(STEP_S)
+    assert fvu["ratio"] == pytest.approx(STEP_S / REF_STEP_S)
+    assert fvu["pct"] == pytest.approx((STEP_S / REF_STEP_S - 1) * 100)
+    assert s["contradictions"] == []
 
     assert s["switch_replicated_bytes"] == 187_654_321
     assert s["switch_replicated_packets"] == 123_456
@@ -269,7 +282,11 @@ def test_write_report_and_plots(tmp_path: Path) -> None:
     assert "kill_trainer" in text and "kill_shadow" in text
     assert "178.96 MiB" in text  # 187,654,321 bytes
     assert "no_route 3" in text and "stale_epoch 12" in text
-    assert "x1.042" in text
+    assert "faulted run vs unfaulted: x1.042 (+4.2 %)" in text
+    assert (
+        "trainer overhead: x1.200 (+20.0 %), 48.00 ms/step with shadowgrad vs 40.00 ms without "
+        "(unfaulted runs; the one with shadowgrad cached)"
+    ) in text
     assert "loss.png" in text
     assert "\x1b[" not in text
 
@@ -307,6 +324,7 @@ def test_empty_record_skips_plots(tmp_path: Path) -> None:
     s = report["summary"]
     assert s["ok"] is False  # nothing was compared
     assert s["trainer_overhead"]["ratio"] is None
+    assert s["faulted_vs_unfaulted"]["ratio"] is None
     assert s["switch_replicated_bytes"] is None
     text = rp.render_summary(report)
     assert "switch: no counters" in text
@@ -420,12 +438,13 @@ def test_pause_detection_is_the_event_that_noticed_it_not_a_later_one() -> None:
     _settle_faults(obs)
     assert obs["faults"][0]["t_detect"] == T0 + 12.3
     # a 4 s pause the controller did not notice in time (nothing before t_back +
-    # failure_detect): no detection, and the note says it was long enough to be noticed
+    # failure_detect): no detection, and a problem: it was long enough to be noticed
     obs = _pause_obs(4.0, [{"t": T0 + 30.0, "event": "controller.shadow_failed", "shadow": 0}])
     _settle_faults(obs)
     assert obs["faults"][0]["t_detect"] is None
     s = rp.summarize({**make_record(), "faults": obs["faults"]})
-    assert any("not detected, although down 4 s" in n for n in s["notes"]), s["notes"]
+    assert any("not detected, although down 4 s" in n for n in s["problems"]), s["problems"]
+    assert s["ok"] is False
     # another shadow's failure is not this one's detection
     obs = _pause_obs(4.0, [{"t": T0 + 12.3, "event": "controller.shadow_failed", "shadow": 1}])
     _settle_faults(obs)
@@ -450,3 +469,146 @@ def test_kill_detection_waits_for_the_restarted_shadow_but_not_past_its_return()
     obs["faults"][0]["t_detect"] = None
     _settle_faults(obs)
     assert obs["faults"][0]["t_detect"] is None
+
+
+# ------------------------------------------------------------------------- contradictions
+
+
+def _contra(s: dict[str, Any], text: str) -> bool:
+    return any(text in c for c in s["contradictions"])
+
+
+def test_a_report_of_two_runs_mixed_together_contradicts_itself() -> None:
+    """Issue 22: a second demo into the same --out read the first run's logs along with its
+    own: 600 steps executed, 300 repeated, a wall time of 1578 s for an 85 s run, a negative
+    recovery, and still "result: OK". Each of these is a contradiction, and the result is
+    FAILED with the reasons."""
+    rec = make_record()
+    earlier = make_record()
+    shift = -1500.0
+    old_steps = [[w + shift, it, dt] for w, it, dt in earlier["step_times"]]
+    rec["step_times"] = old_steps + rec["step_times"]
+    rec["started"] = old_steps[0][0]
+    # the restart's "first step" was read from the earlier run's log
+    rec["faults"][0]["t_recovered"] = old_steps[10][0]
+    rec["events"].insert(0, {"t": T0 + shift, "event": "controller.started"})
+    s = rp.summarize(rec)
+    assert s["ok"] is False
+    assert _contra(s, "fault 1 (kill_trainer 1): recover -") and _contra(s, "before the fault")
+    assert _contra(s, "the record says 1 iteration(s) lost, the step times show")
+    assert _contra(s, "step(s) repeated, but the faults account for 1")
+    assert _contra(s, "201 step(s), 1 event(s), 1 fault time(s) outside this run's")
+    assert _contra(s, "is longer than the run")
+    assert _contra(s, "but the steps take")
+    assert all(p.startswith("the report contradicts itself: ") for p in s["problems"][:3])
+    text = rp.render_summary(s)
+    result = next(line for line in text.splitlines() if line.startswith("result:"))
+    assert result.startswith("result: FAILED, the report contradicts itself (")
+    for c in s["contradictions"]:  # every contradiction is printed, none cut
+        assert c in result
+    assert "result: OK" not in text
+
+
+def test_negative_detection_is_a_contradiction() -> None:
+    rec = make_record()
+    rec["faults"][1]["t_detect"] = rec["faults"][1]["t_inject"] - 1.0
+    s = rp.summarize(rec)
+    assert s["faults"][1]["detect_s"] == pytest.approx(-1.0)
+    assert s["contradictions"] == [
+        "fault 2 (kill_shadow 0): detect -1.000 s, before the fault was injected"
+    ]
+    assert s["ok"] is False
+
+
+def test_lost_not_equal_to_repeated_is_a_contradiction() -> None:
+    """The record says the kill lost nothing, the step times show iteration 80 twice."""
+    rec = make_record()
+    rec["faults"][0]["lost_iterations"] = 0
+    s = rp.summarize(rec)
+    assert s["ok"] is False
+    assert s["contradictions"] == [
+        "fault 1 (kill_trainer 1): the record says 0 iteration(s) lost, the step times show "
+        "1 repeated",
+        "1 step(s) repeated, but the faults account for 0 iteration(s) lost",
+    ]
+    assert "note: fault 1" not in rp.render_summary(s)  # no longer a mere note
+
+
+def test_repeats_no_fault_explains_are_a_contradiction() -> None:
+    rec = make_record()
+    rec["faults"] = rec["faults"][1:]  # the trainer kill not in the record: 80 ran twice anyway
+    s = rp.summarize(rec)
+    assert s["repeated_steps"] == 1
+    assert _contra(s, "1 step(s) repeated, but the faults account for 0 iteration(s) lost")
+    assert s["ok"] is False
+
+
+def test_a_trainer_kill_without_a_detection_is_not_ok() -> None:
+    rec = make_record()
+    rec["faults"][0]["t_detect"] = None
+    s = rp.summarize(rec)
+    assert s["ok"] is False and s["contradictions"] == []
+    assert any(
+        "no detection recorded (a trainer kill is always detected)" in p for p in s["problems"]
+    )
+
+
+def test_implausible_wall_time_is_a_contradiction() -> None:
+    rec = make_record()
+    rec["ended"] = rec["ended"] + 1000.0
+    s = rp.summarize(rec)
+    assert _contra(s, "is longer than the run") and _contra(s, "but the steps take")
+    # without the run's window, the step times alone still show it
+    del rec["run_window"]
+    s = rp.summarize(rec)
+    assert s["ok"] is False
+    assert [c for c in s["contradictions"] if "wall time" in c] == [
+        c for c in s["contradictions"] if "but the steps take" in c
+    ]
+    rec = make_record()
+    rec["ended"] = rec["started"] - 5.0
+    assert _contra(rp.summarize(rec), "is negative")
+    # steps that add up to far more than the wall time: two runs' steps interleaved
+    rec = make_record()
+    rec["step_times"] = [[w, it, dt * 10] for w, it, dt in rec["step_times"]]
+    assert _contra(rp.summarize(rec), "more than the")
+
+
+def test_a_stale_event_is_a_contradiction() -> None:
+    rec = make_record()
+    rec["events"].append({"t": T0 - 500.0, "event": "controller.trainer_failed"})
+    rec["samples"].insert(0, [T0 - 400.0, 3, 2, [1, 1]])
+    s = rp.summarize(rec)
+    window = rec["run_window"]["ended"] - rec["run_window"]["began"]
+    assert s["contradictions"] == [
+        f"1 sample(s), 1 event(s) outside this run's {window:.1f} s (from an earlier run's logs?)"
+    ]
+    assert s["ok"] is False
+
+
+def test_overhead_lines_without_a_plain_run_and_of_an_older_summary() -> None:
+    rec = make_record()
+    del rec["plain"]
+    s = rp.summarize(rec)
+    assert s["ok"] is True  # the overhead is a figure, not a verdict
+    text = rp.render_summary(s)
+    assert "trainer overhead: n/a (no run without shadowgrad to compare with)" in text
+    assert "faulted run vs unfaulted: x1.042 (+4.2 %), 50.00 vs 48.00 ms/step" in text
+    # a summary written before the plain run existed (bench/results' sample): its only figure
+    # was the faulted run against the unfaulted one, and it is labelled as such
+    old = {k: v for k, v in rp.summarize(make_record()).items() if k != "faulted_vs_unfaulted"}
+    old.pop("contradictions")
+    old["trainer_overhead"] = {
+        "run_mean_step_s": 0.06677,
+        "reference_mean_step_s": 0.07246,
+        "ratio": 0.921,
+        "overhead_pct": -7.9,
+        "steps_excluded": 2,
+    }
+    text = rp.render_summary(old)
+    assert "trainer overhead: n/a (this report has no run without shadowgrad)" in text
+    assert (
+        "faulted run vs unfaulted: x0.921 (-7.9 %), 66.77 vs 72.46 ms/step "
+        "(2 post-restart steps left out)"
+    ) in text
+    assert "result: OK" in text

@@ -526,7 +526,7 @@ class MirrorSender:
             for addr in [only] if only is not None else self._dest[run.shard]:
                 seq = self._seq[addr]
                 self._seq[addr] = seq + 1
-                fields = {
+                fields: dict[str, Any] = {
                     "job": self.job,
                     "sender": self.rank,
                     "iteration": slot.iteration,
