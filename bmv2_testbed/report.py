@@ -69,6 +69,9 @@ FAULT_CLASS: dict[str, str] = {
 #: controller, packet loss and a pipeline reload never make the trainers repeat work.
 MAX_LOST: dict[str, int] = {"trainer": 1, "shadow": 0, "infrastructure": 0}
 
+#: What a detection may lag the end of the silence that caused it: a controller tick and a poll.
+DETECT_SLACK_S = 1.0
+
 #: Steps at the start of each resumed segment left out of the trainer's mean step time (process
 #: start-up, re-connection, cold caches after a restart).
 RESTART_WARMUP_STEPS = 2
@@ -345,12 +348,19 @@ def _fault_rows(
             if secs is not None and secs < 0:
                 contra.append(f"{label}: {what} {secs:.3f} s, before the fault was injected")
         down, fd = _num(f.get("down_s")), _num(f.get("failure_detect_s"))
+        seen = _num(f.get("observable_s"))
         if t_detect is None and cls == "shadow" and down is not None and fd is not None:
             # detection: the first controller event that noticed this outage (runner.py)
             if down < fd:
                 notes.append(
                     f"{label}: not detected (down {down:g} s, under failure_detect {fd:g} s: "
                     "by design)"
+                )
+            elif seen is not None and seen < fd + DETECT_SLACK_S:
+                notes.append(
+                    f"{label}: not detected (down {down:g} s, silence watchable for {seen:g} s "
+                    f"before the shadow was back, the next fault or the end of training: under "
+                    f"failure_detect {fd:g} s + a controller tick)"
                 )
             else:
                 problems.append(

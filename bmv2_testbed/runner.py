@@ -38,6 +38,7 @@ from typing import Any
 
 from shadowgrad.errors import ShadowgradError
 
+from .report import DETECT_SLACK_S
 from .scenario import Fault, Scenario
 from .topology import MTU, Namespaces, choose
 
@@ -945,6 +946,9 @@ def _settle_faults(obs: dict[str, Any]) -> None:
                 and t <= e["t"] <= end
             ]
             f["t_detect"] = min(det) if det else None
+            # how long the controller could have watched the silence: the outage, cut short
+            # when training ended (then nothing is watched) or another fault began
+            f["observable_s"] = round(min(float(f.get("down_s") or 0.0), end - t), 3)
             back = f.get("t_back") or t
             for wall, it, _istar, applied in obs["samples"]:
                 a = applied[f["target"]] if f["target"] < len(applied) else None
@@ -954,10 +958,6 @@ def _settle_faults(obs: dict[str, Any]) -> None:
         elif f["kind"] == "restart_controller":
             det = [e["t"] for e in events if e["event"] == "controller.started" and e["t"] >= t]
             f["t_recovered"] = min(det) if det else None
-
-
-#: what a detection may lag the end of the silence that caused it: a controller tick and a poll
-_DETECT_SLACK_S = 1.0
 
 
 def _outage_end(f: dict[str, Any], obs: dict[str, Any], fd: float) -> float:
@@ -984,7 +984,7 @@ def _outage_end(f: dict[str, Any], obs: dict[str, Any], fd: float) -> float:
         and g["t_inject"] > t
     ]
     if f["kind"] == "pause_shadow" and f.get("t_back") is not None:
-        ends.append(float(f["t_back"]) + fd + _DETECT_SLACK_S)
+        ends.append(float(f["t_back"]) + fd + DETECT_SLACK_S)
     return min(ends, default=math.inf)
 
 

@@ -86,13 +86,16 @@ def _trial(
     ):
         # the switch was programmed already: the controller's convergence writes nothing
         assert ctl.converge_reports[0]["writes"] == 0, ctl.converge_reports
-        ranks = _launch(path, 4, STEPS, "--amp")
+        # paced (50 ms a step): on a loaded machine the tiny model's last steps otherwise run
+        # out before the kill lands, and a job that finished has no failure to detect
+        ranks = _launch(path, 4, STEPS, "--amp", "--sleep", "0.05")
         try:
             t_kill = _kill_rank_when(ranks, kill_after, delay, victim)
             time.sleep(0.05)
             first = _losses(str(ranks.output(0)))
         finally:
             ranks.close()  # the others hang in the ring: a torchrun would kill them too
+        assert max(first) < STEPS - 1, f"trial {trial}: the job ended before the kill landed"
         assert wait_for(lambda: ctl.detections, 20.0), ctl.status()
         detect_s = time.monotonic() - t_kill if len(ctl.detections) == 1 else None
         assert wait_for(lambda: ctl.istar is not None, 20.0), ctl.status()

@@ -612,3 +612,25 @@ def test_overhead_lines_without_a_plain_run_and_of_an_older_summary() -> None:
         "(2 post-restart steps left out)"
     ) in text
     assert "result: OK" in text
+
+
+def test_a_shadow_kill_training_outran_is_a_note_not_a_problem() -> None:
+    """A shadow killed for 2.5 s (failure_detect 2 s) when training ends 1.8 s later: the
+    controller stops watching at the end of training, so nothing could notice it (the CI run
+    that failed on exactly this); the same kill with training going on is a problem."""
+    from shadowgrad.bmv2_testbed.runner import _settle_faults
+
+    obs = _pause_obs(2.5, [])
+    obs["faults"][0]["kind"] = "kill_shadow"
+    obs["events"] = [{"t": T0 + 11.8, "event": "controller.job_finished", "iteration": 99}]
+    _settle_faults(obs)
+    assert obs["faults"][0]["observable_s"] == pytest.approx(1.8)
+    s = rp.summarize({**make_record(), "faults": obs["faults"]})
+    assert not any("not detected" in p for p in s["problems"]), s["problems"]
+    assert any("silence watchable for 1.8 s" in n for n in s["notes"]), s["notes"]
+    obs = _pause_obs(3.5, [])
+    obs["faults"][0]["kind"] = "kill_shadow"
+    _settle_faults(obs)
+    assert obs["faults"][0]["observable_s"] == pytest.approx(3.5)
+    s = rp.summarize({**make_record(), "faults": obs["faults"]})
+    assert any("not detected, although down 3.5 s" in n for n in s["problems"]), s["problems"]
