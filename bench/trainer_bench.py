@@ -97,7 +97,17 @@ def worker(args: argparse.Namespace) -> None:
         sg.restore_or_start()
     times: list[float] = []
     ckpt: list[bool] = []
+    # the checkpoint's own time on the training thread per measured iteration: mirror's
+    # capture (the copy into a staging slot), DCP's get_state_dict + wait for the previous
+    # save + async_save's staging, torch.save; and this rank's CPU (all threads) and the
+    # mirror sender thread's over the measured iterations
+    blocked: list[float] = []
+    cpu0 = 0.0
+    mirror0: dict[str, Any] = {}
     for it in range(args.warmup + args.iters):
+        if it == args.warmup:
+            cpu0 = time.process_time()
+            mirror0 = sg.stats().get("mirror", {}) if sg is not None else {}
         # a periodic policy saves on the first iteration of every window of ``every`` measured
         # ones (so a background write's spill-over falls inside the window it belongs to), and
         # once in the warm-up (its one-time set-up is not a checkpoint's cost)
@@ -113,6 +123,7 @@ def worker(args: argparse.Namespace) -> None:
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             opt.step()
             opt.zero_grad(set_to_none=True)
+            tb = time.perf_counter()
             if kind == "dcp_async" and save:
                 import torch.distributed.checkpoint as dcp
                 from torch.distributed.checkpoint.state_dict import get_state_dict
@@ -135,17 +146,29 @@ def worker(args: argparse.Namespace) -> None:
                     {"model": model.module.state_dict(), "optim": opt.state_dict()},
                     ckdir / "ckpt.pt",
                 )
+            tb = time.perf_counter() - tb
         dt = time.perf_counter() - t0
         if it >= args.warmup:
             times.append(dt)
+            if kind in ("dcp_async", "torch_save"):
+                blocked.append(tb)
             ckpt.append(save and kind in ("dcp_async", "torch_save"))
+    cpu = (time.process_time() - cpu0) / args.iters
+    mirror1 = sg.stats().get("mirror", {}) if sg is not None else {}
     if fut is not None:
         fut.result()
     extra: dict[str, Any] = {}
+    sender_cpu = None
     if sg is not None:
+        n = mirror1["captures"] - mirror0["captures"]
+        blocked = [(mirror1["capture_s"] - mirror0["capture_s"]) / max(1, n)] * args.iters
+        if mirror1.get("thread_cpu_s") is not None and mirror0.get("thread_cpu_s") is not None:
+            sender_cpu = (mirror1["thread_cpu_s"] - mirror0["thread_cpu_s"]) / args.iters
         sg.flush(30)
         extra = sg.stats()
         sg.close()
+    cpus: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(cpus, (cpu, sender_cpu))
     dist.barrier()
     if rank == 0:
         print(
@@ -157,6 +180,9 @@ def worker(args: argparse.Namespace) -> None:
                     "params": nparams,
                     "times": times,
                     "checkpointed": ckpt,
+                    "blocked_s": blocked,
+                    "rank_cpu_per_iter_s": [c for c, _ in cpus],
+                    "sender_cpu_per_iter_s": [c for _, c in cpus],
                     "durable_s": durable,
                     "every": every,
                     "world": args.world,
@@ -285,7 +311,31 @@ def summarize(runs: list[dict[str, Any]], base_runs: list[dict[str, Any]]) -> di
             ]
         )
     out["durable_s"] = _stats([d for r in runs for d in r.get("durable_s") or []])
+    # the checkpoint's own time on the training thread, per checkpoint (mirror: the capture
+    # of every iteration; DCP / torch.save: the call on the iterations that save)
+    own = [b for r in runs for b, c in zip(r.get("blocked_s") or [], _saves(r), strict=False) if c]
+    out["blocked_per_checkpoint_s"] = _stats(own)
+
+    def per_rank_sum(key: str) -> float | None:
+        vals = [sum(v) for r in runs if (v := r.get(key)) and None not in v]
+        return statistics.median(vals) if vals else None
+
+    # CPU seconds per measured iteration, all ranks together (median over the rounds), and
+    # the part of it that is mirror's sender threads (off the critical path)
+    out["ranks_cpu_per_iter_s"] = per_rank_sum("rank_cpu_per_iter_s")
+    out["sender_cpu_per_iter_s"] = per_rank_sum("sender_cpu_per_iter_s")
     return out
+
+
+def _ms(label: str, secs: float | None) -> str:
+    return "" if secs is None else f"{label} {secs * 1e3:.1f} ms"
+
+
+def _saves(run: dict[str, Any]) -> list[bool]:
+    """Which measured iterations of ``run`` took a checkpoint (mirror: every one)."""
+    if run.get("checkpointed") and any(run["checkpointed"]):
+        return list(run["checkpointed"])
+    return [bool(run.get("extra", {}).get("mirror"))] * len(run["times"])
 
 
 def main() -> int:
@@ -395,9 +445,13 @@ def main() -> int:
                         f"{size:>5} {entry['params'] / 1e6:7.1f}M params world {world} "
                         f"{variant:<13} median {entry['median_s'] * 1000:9.1f} ms/iter "
                         f"ratio {ratio}"
-                        + (
-                            f" ({entry['shadows']} shadows x{nshadows})" if kind == "mirror" else ""
-                        ),
+                        + (f" ({entry['shadows']} shadows x{nshadows})" if kind == "mirror" else "")
+                        + _ms(
+                            "  blocked/ckpt",
+                            (entry["blocked_per_checkpoint_s"] or {}).get("median"),
+                        )
+                        + _ms("  cpu/iter ranks", entry["ranks_cpu_per_iter_s"])
+                        + _ms(" of it sender threads", entry["sender_cpu_per_iter_s"]),
                         flush=True,
                     )
     finally:

@@ -436,7 +436,14 @@ def test_documented_example_with_the_controller(tmp_path: Path) -> None:
     assert "retx_after_settle" in shadow, "the restarted shadow never caught up"
     assert shadow["shadows"][1]["reseeds"] >= 1
     c = shadow["controller"]
-    assert c["trainer_failed"] == 0 and c["shadow_failed"] == 1 and c["shadow_rejoined"] == 1, c
+    assert c["trainer_failed"] == 0, c
+    # the kill is the one failure while the job runs; on a loaded machine a shadow may also be
+    # slower to start than timeouts.connect ("never answered ... since the controller
+    # started", CI): a start-up failure, not this test's, and it must rejoin like the killed one
+    startup = ("never answered", "not started")
+    running = [f for f in c["shadow_failures"] if not str(f[1]).startswith(startup)]
+    assert [k for k, _ in running] == [1], c["shadow_failures"]
+    assert {k for k, _ in c["shadow_failures"]} <= set(c["rejoined_shadows"]), c
 
 
 def test_a_parameter_without_gradient_is_skipped_as_torch_skips_it() -> None:

@@ -568,6 +568,14 @@ def soak(args: argparse.Namespace, work: Path, run: int) -> dict[str, Any]:
                 "job_finished": len(_events(clog, "controller.job_finished")),
                 "shadow_failed": len(_events(clog, "controller.shadow_failed")),
                 "shadow_rejoined": len(_events(clog, "controller.shadow_rejoined")),
+                # (shadow, evidence) of every shadow_failed, and the shadows that rejoined
+                "shadow_failures": [
+                    [e.get("shadow"), e.get("evidence")]
+                    for e in _events(clog, "controller.shadow_failed")
+                ],
+                "rejoined_shadows": [
+                    e.get("shadow") for e in _events(clog, "controller.shadow_rejoined")
+                ],
                 "evidence": [e.get("evidence") for e in failed],
                 # SIGKILL -> the controller's event (a restart request counts: torchrun restarts
                 # the group faster than failure_detect)

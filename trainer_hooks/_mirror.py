@@ -112,6 +112,10 @@ class _Counters:
     dropped_iterations: int = 0
     send_errors: int = 0
     injected_drops: int = 0
+    #: wall seconds the training thread spent in :meth:`MirrorSender.capture` (the whole cost
+    #: of mirror mode on the critical path), and how many captures that was
+    capture_s: float = 0.0
+    captures: int = 0
     by_reason: dict[str, int] = field(default_factory=dict)
 
 
@@ -244,6 +248,14 @@ class MirrorSender:
         A parameter without a gradient (unused this iteration) is sent as zeros; the COMMIT
         names it (``CommitInfo.no_grad``) and the shadows skip it, as the optimizer does.
         """
+        t0 = time.perf_counter()
+        try:
+            return self._capture(iteration, grads)
+        finally:
+            self.counters.capture_s += time.perf_counter() - t0
+            self.counters.captures += 1
+
+    def _capture(self, iteration: int, grads: Mapping[str, torch.Tensor | None]) -> bool:
         with self._lock:
             slot = self._take_slot()
             if slot is None or len(self._queue) >= self._max_queue:
@@ -323,6 +335,13 @@ class MirrorSender:
         out = {k: v for k, v in vars(c).items() if k != "by_reason"}
         out["last_drop"] = self.last_drop
         out["slots_allocated"] = len(self._slots)
+        # CPU seconds of the sender thread so far (encode, MAC, send, NACKs): off the critical
+        # path, but on a machine without a spare core it competes with training
+        out["thread_cpu_s"] = None
+        ident = self._thread.ident
+        if ident is not None and self._thread.is_alive():
+            with contextlib.suppress(OSError, AttributeError):
+                out["thread_cpu_s"] = time.clock_gettime(time.pthread_getcpuclockid(ident))
         out["rejected_by_reason"] = dict(c.by_reason)
         return out
 
