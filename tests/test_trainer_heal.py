@@ -367,7 +367,8 @@ def test_documented_example_soak(tmp_path: Path) -> None:
     """The documented example (2 ranks, 3 ``shadowgrad shadow`` processes, torchrun) at full
     speed, as a user runs it: 1,500 iterations clean; a shadow SIGSTOPped for 3 s; a shadow
     SIGKILLed and restarted (r = 1, re-seeded by the trainers; r = 2 is in the controller
-    soak below); torchrun SIGKILLed with its workers alive and an immediate rerun (fenced); the
+    soak below); torchrun SIGKILLed with its workers alive (paused while the rerun starts, so
+    that it always meets them) and an immediate rerun (fenced); the
     whole job SIGKILLed three times and rerun 8 s later. Every run ends bit-identical to
     ``examples/train_plain.py`` with every shadow at the last iteration."""
     clean = _soak(tmp_path / "clean", "--steps", "1500")[0]

@@ -841,6 +841,13 @@ def _fence(
     before = _statuses(spec)
     workers = _descendants(trainer.pid)
     os.kill(trainer.pid, signal.SIGKILL)
+    # the old workers are paused (SIGSTOP) while the rerun starts: on a loaded 2-core machine
+    # the rerun needs ~25 s to import torch and rendezvous before it binds, and an old job that
+    # finished by then would free its ports (the rerun would rightly take over, and the case
+    # would prove nothing). A paused instance still holds its ports: the fence must still hold.
+    for w in workers:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(w, signal.SIGSTOP)
     t0 = time.monotonic()
     rerun = _torchrun(
         "train_mirror.py",
@@ -851,11 +858,12 @@ def _fence(
         rc = rerun.wait(120)
     finally:
         _reap(rerun)
-    took = time.monotonic() - t0
-    # conclusive only if the old instance was still running when the rerun ended: on a loaded
-    # 2-core machine the rerun needs ~25 s to import torch and rendezvous before it binds; an
-    # old job that finished by then freed its ports, and the rerun rightly took over
-    old_alive = bool(workers) and all(_alive([w]) for w in workers)
+        took = time.monotonic() - t0
+        # conclusive only if the old instance was still there when the rerun ended
+        old_alive = bool(workers) and all(_alive([w]) for w in workers)
+        for w in workers:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(w, signal.SIGCONT)
     after = _statuses(spec)
     text = (logs / "rerun.log").read_text(errors="replace")
     msg = next((ln for ln in text.splitlines() if "cannot bind its trainer address" in ln), "")
