@@ -14,6 +14,7 @@ import json
 import os
 import platform
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -91,13 +92,19 @@ def write_json(path: Path, doc: Any, *, indent: int = 1, sort_keys: bool = False
     atomic_write(path, json.dumps(doc, indent=indent, sort_keys=sort_keys) + "\n")
 
 
-def start_ranks(script: str, args: Any, **options: object) -> Any:
+def start_ranks(
+    script: str, args: Any, *, cpus: Sequence[int] | None = None, **options: object
+) -> Any:
     """``args.world`` ranks (``trainer_hooks._testing.Ranks``, in the repository root, with
     the test token) of ``python script --worker`` with ``--iters``, ``--warmup`` and
-    ``--batch`` from ``args`` and ``options`` (``close_timeout=3`` -> ``--close-timeout 3``)."""
+    ``--batch`` from ``args`` and ``options`` (``close_timeout=3`` -> ``--close-timeout 3``).
+    ``cpus``: the ranks run on those CPUs only (``taskset -c``; no ``preexec_fn``, which is
+    unsafe in a process with threads)."""
     from shadowgrad.trainer_hooks._testing import TOKEN, Ranks
 
     argv = [sys.executable, script, "--worker"]
+    if cpus is not None:
+        argv = ["taskset", "-c", ",".join(map(str, sorted(cpus))), *argv]
     options = {"iters": args.iters, "warmup": args.warmup, "batch": args.batch, **options}
     for name, value in options.items():
         argv += [f"--{name.replace('_', '-')}", str(value)]

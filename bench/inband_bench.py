@@ -1,10 +1,22 @@
-"""Iteration time of an in-band job through the P4 target against the same ring without copies,
-mirror mode and plain gloo DDP, on the same model and batches in the same run.
+"""Iteration time, bytes and CPU of an in-band job through the P4 target against the same ring
+without shadowgrad, the ring without copies, mirror mode and plain gloo DDP, on the same model
+and batches in the same run.
 
 For each model size (``--sizes``, parameters of an MLP) it launches ``--world`` DDP ranks (gloo,
 CPU, one intra-op thread each) once per variant and round:
 
-* ``ddp``          -- plain DDP + AdamW, no shadowgrad (the baseline of the ratios)
+* ``ddp``          -- plain DDP + AdamW, no shadowgrad (the baseline of ``ratio_to_ddp``)
+* ``ring``         -- the clean ring, what a user runs without shadowgrad (the baseline of
+                      the in-band ratios, ``ratio_to_ring`` and ``vs_ring``): no ``attach``;
+                      the session's layout, ``LayoutReducer`` comm hook and ``RingAllReduce``
+                      on the same link (frames through the same switch, ``JobSwitch(tap=False)``)
+                      from the same trainer address, with the session's chunk size, RTO,
+                      timeout and shard cuts, but no MAC key, nothing retained for NACKs
+                      (``retain=0``: the FINAL bytes are never copied), no shadows (none run)
+                      and no COMMITs
+* ``ring_mac`` (only when asked for) -- the clean ring with the session's MAC key and
+                      ``security.authenticate_data`` (the MACs on ACKs and DATA that in-band
+                      carries): in-band rows get ``vs_ring_mac`` too
 * ``mirror``       -- shadowgrad mirror mode: gloo all-reduce, then every rank sends its slice
                       of the reduced gradients to the shadows itself
 * ``inband_notap`` -- in-band mode: the ring all-reduce crosses ``sg-switch-grpc`` running
@@ -21,19 +33,34 @@ CPU, one intra-op thread each) once per variant and round:
 
 The shadows are ``--shadows`` real shadow nodes (2 shards x 2 replicas by default) as threads of
 this process, so on a small machine they share the CPUs with the ranks and the switch process.
+``--pin on`` puts the ranks on one half of this process's CPUs (``taskset -c``) and the switch
+process and this process (the shadows' threads) on the other half (``sched_setaffinity``; on 2
+cores: ranks on CPU 0, the rest on CPU 1); ``--pin both`` runs every variant unpinned and pinned,
+the pinned rows named ``VARIANT@pinned`` (``"pinned": true``; their ratios are to the pinned
+``ddp`` and ``ring``).
+
 Per-iteration time is measured on rank 0 with ``time.perf_counter`` around forward + backward +
 step (the first ``--warmup`` iterations are not measured); ``--rounds`` runs of every variant
 are interleaved and their iterations pooled. The report gives, per size and variant:
-min/p10/p25/median/p75/p90/max and IQR, the median's ratio to ``ddp`` in the same run, the
-medians of forward / backward (the all-reduce ends in it) / step, CPU seconds per measured
-iteration of the ranks, the switch process and the shadows, the switch counters (FINAL chunks
-tagged per rank, DATA copies per shadow, drops, per-port frames and queue drops), whether the
-shadows ended at the last iteration, each rank's ring counters, and the environment. Timings
-are printed, never asserted.
+min/p10/p25/median/p75/p90/max and IQR, the median's ratio to ``ddp`` and to ``ring`` in the
+same run, the medians of forward / backward (the all-reduce ends in it) / step, CPU seconds per
+measured iteration of the ranks, the switch process and the shadows, the switch counters (FINAL
+chunks tagged per rank, DATA copies per shadow, drops, per-port frames, bytes and queue drops),
+whether the shadows ended at the last iteration, each rank's ring counters, and the environment.
+Per rank and iteration (``per_rank_per_iter``, its ``note`` says how each is counted): the bytes
+and frames the switch received on the rank's port (whole run, over ``iterations_run`` = warmup
++ iters), the datagrams and bytes its ring link sent and its TCP bytes (gloo, the health
+monitor's polls) in the measured iterations, its ring counters (DATA, RETX, ACK), its CPU
+seconds (``process_time`` and ``getrusage``) and wall per measured iteration, and its whole
+process's CPU seconds. Where a switch runs, ``switch_rate``: every frame it received per
+iteration, the packet rate in the iterations and over the ranks' wall, and the switch process's
+CPU per iteration in cores (near one: the Python switch is the ring's bottleneck). In-band rows
+get ``vs_ring``: bytes, datagrams and CPU per iteration against the clean ring. Nothing is
+asserted.
 
     .venv/bin/python bench/inband_bench.py          # 100K,1M params x 40 iterations x 2 rounds
     .venv/bin/python bench/inband_bench.py --sizes 300K --iters 20 --rounds 1 \\
-        --variants ddp,inband_notap,inband,inband_notap_repair
+        --variants ddp,ring,inband_notap,inband,inband_notap_repair --pin both
 
 Results: ``bench/results/inband_bench.json`` (``--out``).
 """
@@ -47,6 +74,7 @@ import math
 import os
 import platform
 import re
+import resource
 import shlex
 import shutil
 import statistics
@@ -62,9 +90,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/ is not a pack
 import _common
 
 ROOT = Path(__file__).resolve().parents[1]
-VARIANTS = ("ddp", "mirror", "inband_notap", "inband")
-#: not run by default: the empty tap with shadows that repair everything by NACK
-EXTRA_VARIANTS = ("inband_notap_repair",)
+VARIANTS = ("ddp", "ring", "mirror", "inband_notap", "inband")
+#: not run by default: the empty tap with shadows that repair everything by NACK, and the clean
+#: ring with the session's MACs (ACKs, and DATA with security.authenticate_data)
+EXTRA_VARIANTS = ("inband_notap_repair", "ring_mac")
+#: the clean rings: no attach, no shadows, no COMMITs, nothing retained
+RING_VARIANTS = ("ring", "ring_mac")
 CLASSES = 10
 
 
@@ -108,6 +139,141 @@ def batch(step: int, rank: int, per_rank: int, width: int) -> tuple[Any, Any]:
 # --------------------------------------------------------------------------- worker
 
 
+def clean_ring(ddp: Any, spec_path: str, rank: int, *, macs: bool = False) -> Any:
+    """Variant ``ring``: the ring an in-band session of ``spec_path`` runs, without shadowgrad.
+
+    The same layout (``from_module`` + ``Layout.build`` with the spec's shadows and
+    replication, so the same buckets and shard cuts), the same :class:`LayoutReducer` comm hook,
+    the same link (frames through the switch's loopback port with ``switch.loopback``, else
+    UDP) bound to the same trainer address, and a :class:`RingConfig` with the session's job,
+    layout digest, chunk size, RTO, timeout and cuts -- but no MAC key, no DATA MACs, nothing
+    retained for NACKs (``retain=0``: the FINAL bytes are never copied), no shadows; nothing
+    sends COMMITs. (The session's header ``layout`` field mixes in its generation; the field
+    has the same size either way.) ``macs`` (variant ``ring_mac``): the session's key and
+    ``security.authenticate_data``, so ACKs (and DATA) carry the session's MACs.
+    """
+    from shadowgrad.config import load_spec
+    from shadowgrad.frames import MAX_FRAMED_DATAGRAM
+    from shadowgrad.layout import Layout, from_module
+    from shadowgrad.trainer_hooks._plan import param_map
+    from shadowgrad.trainer_hooks._session import NETWORK_DATAGRAM, _is_loopback
+    from shadowgrad.trainer_hooks.hooks import LayoutReducer, layout_hook
+    from shadowgrad.trainer_hooks.link import FrameLink, UdpLink
+    from shadowgrad.trainer_hooks.ring import RingAllReduce, RingConfig
+    from shadowgrad.wire import HEADER_SIZE, MAC_SIZE, MAX_DATAGRAM
+
+    spec = load_spec(spec_path)
+    module = ddp.module
+    # what Shadowgrad.__init__ does (no software tap; chunk_bytes and layout not given)
+    cap_mb: float | None = None
+    if not getattr(ddp, "bucket_bytes_cap_default", True):
+        cap_mb = ddp.bucket_bytes_cap / 2**20
+    params, buckets = from_module(module, cap_mb)
+    layout = Layout.build(params, buckets, spec.shadows.count, spec.shadows.replication)
+    sw = spec.switch
+    frames = spec.job.mode == "in-band" and sw.target != "none" and sw.loopback is not None
+    hosts = [a.host for a in spec.shadows.addresses]
+    room = (
+        MAX_FRAMED_DATAGRAM
+        if frames
+        else MAX_DATAGRAM
+        if all(map(_is_loopback, hosts))
+        else NETWORK_DATAGRAM
+    )
+    tag = MAC_SIZE if spec.security.authenticate_data else 0
+    chunk_bytes = (room - HEADER_SIZE - tag) // 64 * 64
+    # what Shadowgrad._bind does for the ring's link
+    ep = spec.trainers.addresses[rank]
+    link: Any
+    if frames:
+        sep = sw.loopback_endpoint(sw.trainer_ports[rank])
+        peers = {(a.host, a.port): sw.trainer_mac(i) for i, a in enumerate(spec.trainers.addresses)}
+        peers.update(
+            {(a.host, a.port): sw.shadow_mac(k) for k, a in enumerate(spec.shadows.addresses)}
+        )
+        link = FrameLink(
+            (ep.host, ep.port), switch=(sep.host, sep.port), mac=sw.trainer_mac(rank), peers=peers
+        )
+    else:
+        link = UdpLink((ep.host, ep.port))
+    # what Shadowgrad._start_ring does, less the shadows
+    t = spec.timeouts
+    cfg = RingConfig(
+        job=spec.job.id,
+        layout=layout.digest64,
+        chunk_bytes=chunk_bytes,
+        rto_s=min(0.05, t.gap_repair_s / 2),
+        timeout_s=max(30.0, 10 * t.failure_detect_s),
+        retain=0,
+        cuts=RingConfig.shard_cuts(layout.bucket_routes),
+        key=spec.mac_key() if macs else None,
+        authenticate_data=macs and spec.security.authenticate_data,
+        shadows=(),
+    )
+    addrs = [(a.host, a.port) for a in spec.trainers.addresses]
+    ring = RingAllReduce(rank, len(addrs), link, addrs, cfg)
+    reducer: LayoutReducer  # the reduce fn reads the reducer's iteration, as the session's does
+    reducer = LayoutReducer(
+        layout,
+        param_map(module, layout),
+        reduce=lambda b, flat: ring.submit(reducer.iteration, b, flat),
+    )
+    ddp.register_comm_hook(reducer, layout_hook)
+    return ring.start()
+
+
+def count_sends(link: Any) -> list[int]:
+    """Count every datagram ``link`` sends from now on: ``[datagrams, bytes]`` (UDP payload
+    bytes; a frame through the switch adds its Ethernet/IPv4/UDP headers on the switch port)."""
+    sent = [0, 0]
+    inner = link.send
+
+    def send(parts: Any, addr: Any) -> bool:
+        sent[0] += 1
+        sent[1] += sum(map(len, parts))
+        ok: bool = inner(parts, addr)
+        return ok
+
+    link.send = send  # an instance attribute: the session's COMMIT sends go through it too
+    return sent
+
+
+def tcp_bytes_sent() -> int | None:
+    """Bytes this process's open TCP sockets sent and had acknowledged (``tcpi_bytes_acked``
+    of ``TCP_INFO``, Linux): gloo's all-reduce traffic and the rendezvous store's."""
+    import socket
+    import struct
+
+    try:
+        fds = os.listdir("/proc/self/fd")
+    except OSError:
+        return None
+    total = 0
+    for name in fds:
+        try:
+            if not os.readlink(f"/proc/self/fd/{name}").startswith("socket:"):
+                continue
+            s = socket.socket(fileno=os.dup(int(name)))
+        except OSError:
+            continue
+        with s:  # closes the duplicate only
+            if s.type != socket.SOCK_STREAM or s.family not in (socket.AF_INET, socket.AF_INET6):
+                continue
+            try:
+                info = s.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 232)
+            except OSError:
+                continue
+            if len(info) >= 128:
+                total += struct.unpack_from("Q", info, 120)[0]
+    return total
+
+
+def _rusage_cpu_s() -> float:
+    """user + system CPU seconds of this whole process so far (every thread), getrusage."""
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    return ru.ru_utime + ru.ru_stime
+
+
 def worker(args: argparse.Namespace) -> None:
     import torch
     import torch.distributed as dist
@@ -123,21 +289,31 @@ def worker(args: argparse.Namespace) -> None:
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01)
     sg: Any = None
     ring: Any = None
+    sent: list[int] | None = None  # [datagrams, bytes] the ring's link sent
     t_start = time.perf_counter()
-    if args.variant != "ddp":
+    if args.variant in RING_VARIANTS:
+        ring = clean_ring(model, args.spec, rank, macs=args.variant == "ring_mac")
+        sent = count_sends(ring.link)
+        dist.barrier()  # every rank's link is bound before the first datagram
+    elif args.variant != "ddp":
         from shadowgrad.trainer_hooks import attach
 
         sg = attach(model, opt, args.spec)
         sg.restore_or_start()
+        if sg.ring is not None:
+            sent = count_sends(sg.ring.link)
     t_start = time.perf_counter() - t_start
     times: list[float] = []
     phases: list[tuple[float, float, float]] = []  # forward, backward (+ reduction), step
-    cpu0 = wall0 = 0.0
+    cpu0 = wall0 = ru0 = 0.0
+    tcp0: int | None = None
+    sent0 = [0, 0]
     for it in range(args.warmup + args.iters):
         if it == args.warmup:
             if rank == 0:
                 print("MEASURE begin", flush=True)
-            cpu0, wall0 = time.process_time(), time.perf_counter()
+            tcp0, sent0 = tcp_bytes_sent(), list(sent or (0, 0))
+            cpu0, ru0, wall0 = time.process_time(), _rusage_cpu_s(), time.perf_counter()
         x, y = batch(it, rank, args.batch, args.width)
         t0 = time.perf_counter()
         loss = torch.nn.functional.cross_entropy(model(x), y)
@@ -157,7 +333,13 @@ def worker(args: argparse.Namespace) -> None:
             phases.append((t1 - t0, t2 - t1, t3 - t2))
     # this rank's CPU time (all its threads: training, ring engine, sender, health monitor)
     # over the measured iterations, and their wall time
-    loop = (time.process_time() - cpu0, time.perf_counter() - wall0)
+    loop = (time.process_time() - cpu0, time.perf_counter() - wall0, _rusage_cpu_s() - ru0)
+    tcp1 = tcp_bytes_sent()
+    window: dict[str, Any] = {
+        "tcp_bytes": None if tcp0 is None or tcp1 is None else tcp1 - tcp0,
+        "link_datagrams": None if sent is None else sent[0] - sent0[0],
+        "link_bytes": None if sent is None else sent[1] - sent0[1],
+    }
     if rank == 0:
         print("MEASURE end", flush=True)
     extra: dict[str, Any] = {}
@@ -169,13 +351,17 @@ def worker(args: argparse.Namespace) -> None:
         sg.close(args.close_timeout)
         if ring is not None:
             extra["ring_max_send_wait_s"] = ring.max_send_wait_s
+    elif ring is not None:
+        ring.close(2.0)
+        extra["ring_max_send_wait_s"] = ring.max_send_wait_s
     t_close = time.perf_counter() - t_close
+    window["process_cpu_s"] = _rusage_cpu_s()  # the whole rank process, start to close
     ring_stats: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(ring_stats, None if ring is None else dict(ring.stats))
     if any(ring_stats):  # every rank's ring counters (data_sent, retx, rx_duplicate, ...)
         extra["ring_stats"] = ring_stats
     loops: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(loops, loop)
+    dist.all_gather_object(loops, (*loop, window))
     if rank == 0:
         print(
             "RESULT "
@@ -190,8 +376,16 @@ def worker(args: argparse.Namespace) -> None:
                     "phases": phases,
                     "start_s": t_start,
                     "close_s": t_close,
-                    "rank_loop_cpu_s": [c for c, _ in loops],
-                    "rank_loop_wall_s": [w for _, w in loops],
+                    "rank_loop_cpu_s": [x[0] for x in loops],
+                    "rank_loop_wall_s": [x[1] for x in loops],
+                    # per rank over the measured iterations: getrusage(RUSAGE_SELF) user+sys,
+                    # TCP bytes sent (gloo), the ring link's datagrams and bytes; and the
+                    # whole process's getrusage CPU seconds (start to close)
+                    "rank_loop_rusage_cpu_s": [x[2] for x in loops],
+                    "rank_tcp_bytes": [x[3]["tcp_bytes"] for x in loops],
+                    "rank_link_datagrams": [x[3]["link_datagrams"] for x in loops],
+                    "rank_link_bytes": [x[3]["link_bytes"] for x in loops],
+                    "rank_process_cpu_s": [x[3]["process_cpu_s"] for x in loops],
                     "session": extra,
                 },
                 default=str,
@@ -248,8 +442,10 @@ def run_ranks(
     close_timeout: float,
     *,
     probe: Callable[[], dict[str, float | None]] | None = None,
+    cpus: list[int] | None = None,
 ) -> dict[str, Any]:
-    """Run ``--world`` ranks of the worker; every child is reaped (killed on a timeout).
+    """Run ``--world`` ranks of the worker (on ``cpus`` only, if given); every child is reaped
+    (killed on a timeout).
 
     ``probe()`` (CPU counters of this process and the switch) is sampled when rank 0 reports the
     start and the end of its measured iterations; the differences go to ``res["window_cpu_s"]``.
@@ -257,6 +453,7 @@ def run_ranks(
     ranks = _common.start_ranks(
         __file__,
         args,
+        cpus=cpus,
         variant=variant,
         width=width,
         depth=args.depth,
@@ -305,6 +502,28 @@ def _proc_cpu_s(pid: int) -> float | None:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def cpu_halves() -> tuple[list[int], list[int]]:
+    """(A, B): the CPUs this process may use, split into two disjoint halves (``--pin``: the
+    ranks on A; the switch and this process, the shadows' threads, on B)."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        raise SystemExit(f"--pin needs at least 2 CPUs, this process may use {cpus}")
+    half = len(cpus) // 2
+    return cpus[:half], cpus[half:]
+
+
+def set_affinity(pid: int, cpus: Any) -> None:
+    """Every thread of process ``pid`` on ``cpus`` (``sched_setaffinity`` sets one thread;
+    threads started later inherit their starter's)."""
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        tids = [str(pid)]
+    for tid in tids:
+        with contextlib.suppress(OSError):  # a thread that just ended
+            os.sched_setaffinity(int(tid), cpus)
+
+
 def _shadow_summary(cluster: Any) -> list[dict[str, Any]]:
     out = []
     for s in cluster.status():
@@ -329,6 +548,7 @@ def _switch_summary(final: dict[str, Any]) -> dict[str, Any]:
         p, q = ports[port], queues.get(port, {})
         out[port] = {
             "rx_packets": p.get("rx_packets"),
+            "rx_bytes": p.get("rx_bytes"),
             "tx_packets": p.get("tx_packets"),
             "tx_bytes": p.get("tx_bytes"),
             "max_queue_depth": q.get("max_depth"),
@@ -343,9 +563,42 @@ def _switch_summary(final: dict[str, Any]) -> dict[str, Any]:
 
 
 def run_variant(
-    args: argparse.Namespace, variant: str, width: int, layout: Any, tmp: Path
+    args: argparse.Namespace,
+    variant: str,
+    width: int,
+    layout: Any,
+    tmp: Path,
+    *,
+    pinned: bool = False,
 ) -> dict[str, Any]:
-    """One variant: its switch and shadows (if any) around one launch of the ranks."""
+    """One variant: its switch and shadows (if any) around one launch of the ranks.
+
+    ``pinned``: the ranks on one half of this process's CPUs, the switch and this process (the
+    shadows' threads) on the other (:func:`cpu_halves`); this process's affinity is restored
+    afterwards."""
+    if not pinned:
+        return _run_variant(args, variant, width, layout, tmp, ranks_cpus=None)
+    mine = os.sched_getaffinity(0)
+    ranks_cpus, other = cpu_halves()
+    # before the switch and the shadows start: their processes and threads inherit it
+    set_affinity(os.getpid(), other)
+    try:
+        res = _run_variant(args, variant, width, layout, tmp, ranks_cpus=ranks_cpus)
+    finally:
+        set_affinity(os.getpid(), mine)
+    res["affinity"] = {"ranks": ranks_cpus, "switch_and_shadows": other}
+    return res
+
+
+def _run_variant(
+    args: argparse.Namespace,
+    variant: str,
+    width: int,
+    layout: Any,
+    tmp: Path,
+    *,
+    ranks_cpus: list[int] | None,
+) -> dict[str, Any]:
     from shadowgrad.bmv2_testbed.inband import JobSwitch
     from shadowgrad.config import parse_spec
     from shadowgrad.shadow.testing import shadow_cluster
@@ -353,8 +606,9 @@ def run_variant(
 
     if variant == "ddp":
         t0 = time.monotonic()
-        res = run_ranks(args, variant, width, None, args.close_timeout)
+        res = run_ranks(args, variant, width, None, args.close_timeout, cpus=ranks_cpus)
         res["ranks_wall_s"] = time.monotonic() - t0
+        res["iterations_run"] = args.warmup + args.iters
         return res
     timeouts = {"gap_repair": args.gap_repair, "heartbeat": "200ms", "rpc": "5s"}
     if variant == "mirror":
@@ -395,7 +649,12 @@ def run_variant(
         sw = None
         if variant != "mirror":
             sw = stack.enter_context(JobSwitch(spec, layout, tap=variant == "inband"))
-        cluster = stack.enter_context(shadow_cluster(shadow_spec))
+            if ranks_cpus is not None:  # started with this process's affinity; made sure
+                set_affinity(sw.proc.pid, os.sched_getaffinity(0))
+        # the clean ring: no shadows at all (nothing sends COMMITs)
+        cluster = (
+            None if variant in RING_VARIANTS else stack.enter_context(shadow_cluster(shadow_spec))
+        )
         out["setup_s"] = time.monotonic() - t0
         pid = sw.proc.pid if sw is not None else None
 
@@ -403,17 +662,20 @@ def run_variant(
             # this process: the shadows' threads (and the P4Runtime client); the switch is a
             # process of its own
             return {
-                "shadows": time.process_time(),
+                "shadows": None if cluster is None else time.process_time(),
                 "switch": None if pid is None else _proc_cpu_s(pid),
             }
 
         t0 = time.monotonic()
-        res = run_ranks(args, variant, width, spec_path, close_timeout, probe=probe)
+        res = run_ranks(
+            args, variant, width, spec_path, close_timeout, probe=probe, cpus=ranks_cpus
+        )
         out["ranks_wall_s"] = time.monotonic() - t0
-        t0 = time.monotonic()
-        out["shadows_at_last"] = cluster.wait_applied(last, timeout_s=settle)
-        out["shadows_settle_s"] = time.monotonic() - t0
-        out["shadows"] = _shadow_summary(cluster)
+        if cluster is not None:
+            t0 = time.monotonic()
+            out["shadows_at_last"] = cluster.wait_applied(last, timeout_s=settle)
+            out["shadows_settle_s"] = time.monotonic() - t0
+            out["shadows"] = _shadow_summary(cluster)
         if sw is not None:
             c = sw.counters()
             out["switch_counters"] = {
@@ -428,8 +690,42 @@ def run_variant(
         out["teardown_s"] = time.monotonic() - t0
         if sw is not None:
             out["switch_ports"] = _switch_summary(sw.final_counters)
+            ports = out["switch_ports"]["ports"]
+            # what each rank sent into the switch over the whole run (its trainer port's
+            # received frames, Ethernet/IPv4/UDP headers included), and everything the switch
+            # received on any port
+            tports = [str(p) for p in spec.switch.trainer_ports]
+            out["switch_rank_rx_bytes"] = [(ports.get(p) or {}).get("rx_bytes") for p in tports]
+            out["switch_rank_rx_packets"] = [(ports.get(p) or {}).get("rx_packets") for p in tports]
+            out["switch_rx_packets"] = sum(p.get("rx_packets") or 0 for p in ports.values())
+    out["iterations_run"] = args.warmup + args.iters
     res.update(out)
     return res
+
+
+def _per_rank(runs: list[dict[str, Any]], key: str, per: int) -> list[float | None] | None:
+    """``run[key][rank] / per`` for every rank, the median over the rounds (None where absent)."""
+    if not runs or not runs[0].get(key):
+        return None
+    out: list[float | None] = []
+    for k in range(len(runs[0][key])):
+        vals = [r[key][k] / per for r in runs if r.get(key) and r[key][k] is not None]
+        out.append(statistics.median(vals) if vals else None)
+    return out
+
+
+def _ring_per_rank(runs: list[dict[str, Any]], counter: str, per: int) -> list[float | None] | None:
+    """Ring counter ``counter`` of every rank (whole run) / ``per``, the median over the rounds."""
+    vals = []
+    for r in runs:
+        rs = (r.get("session") or {}).get("ring_stats")
+        if rs:
+            vals.append({"x": [None if st is None else st.get(counter, 0) for st in rs]})
+    return _per_rank(vals, "x", per)
+
+
+def _total(xs: list[float | None] | None) -> float | None:
+    return None if xs is None or any(x is None for x in xs) else sum(x for x in xs if x)
 
 
 def summarize(size: str, variant: str, runs: list[dict[str, Any]], buckets: int) -> dict[str, Any]:
@@ -467,8 +763,55 @@ def summarize(size: str, variant: str, runs: list[dict[str, Any]], buckets: int)
         "shadows_at_last": None
         if "shadows_at_last" not in first
         else all(r["shadows_at_last"] for r in runs),
-        "runs": runs,
     }
+    ran = first["iterations_run"]
+    # per rank and iteration, the median over the rounds
+    pr: dict[str, Any] = {
+        "note": "switch_rx_*: the frames the switch received on the rank's trainer port over "
+        "the whole run (start, warmup, measured iterations, close; Ethernet/IPv4/UDP headers "
+        "included) / iterations_run (warmup + iters); ring_*: the rank's ring counters "
+        "(DATA first sends, retransmissions, ACKs, NACK repairs) over the whole run / "
+        "iterations_run; link_*: the datagrams (UDP payload "
+        "bytes) the rank's ring link sent during the measured iterations / iters; tcp_bytes: "
+        "the rank's TCP bytes sent and acknowledged (gloo) during the measured iterations / "
+        "iters; cpu_s: time.process_time, rusage_cpu_s: getrusage(RUSAGE_SELF) user+sys, "
+        "wall_s: perf_counter, over the measured iterations / iters; process_cpu_s: the "
+        "whole rank process's getrusage CPU seconds, start to close (not per iteration)",
+        "iterations_run": ran,
+        "switch_rx_bytes": _per_rank(runs, "switch_rank_rx_bytes", ran),
+        "switch_rx_packets": _per_rank(runs, "switch_rank_rx_packets", ran),
+        "link_bytes": _per_rank(runs, "rank_link_bytes", its),
+        "link_datagrams": _per_rank(runs, "rank_link_datagrams", its),
+        "ring_data": _ring_per_rank(runs, "data_sent", ran),
+        "ring_retx": _ring_per_rank(runs, "retx", ran),
+        "ring_acks": _ring_per_rank(runs, "ack_sent", ran),
+        "ring_nack_retx": _ring_per_rank(runs, "nack_retx", ran),
+        "tcp_bytes": _per_rank(runs, "rank_tcp_bytes", its),
+        "cpu_s": _per_rank(runs, "rank_loop_cpu_s", its),
+        "rusage_cpu_s": _per_rank(runs, "rank_loop_rusage_cpu_s", its),
+        "wall_s": _per_rank(runs, "rank_loop_wall_s", its),
+        "process_cpu_s": _per_rank(runs, "rank_process_cpu_s", 1),
+    }
+    entry["per_rank_per_iter"] = pr
+    if "switch_rx_packets" in first:
+        # the software switch's load: every frame it received (all ports) per iteration
+        # run, that over the mean measured iteration (the rate while training), that over
+        # the ranks' whole wall (process start to exit), and the switch process's CPU per
+        # iteration over the median iteration (near 1 core or more: the switch can be the
+        # ring's bottleneck; it is one Python process)
+        pkts = statistics.median(r["switch_rx_packets"] for r in runs)
+        mean_it = statistics.fmean(times)
+        sw_cpu = entry["cpu_per_iter_s"]["switch"]
+        entry["switch_rate"] = {
+            "rx_packets": pkts,
+            "rx_packets_per_iter": pkts / ran,
+            "pps_iterations": pkts / ran / mean_it if mean_it else None,
+            "pps_ranks_wall": statistics.median(
+                r["switch_rx_packets"] / r["ranks_wall_s"] for r in runs
+            ),
+            "cpu_cores": None if sw_cpu is None else sw_cpu / entry["stats_s"]["median"],
+        }
+    entry["runs"] = runs
     cpu = [v for v in entry["cpu_per_iter_s"].values() if v is not None]
     # everything runs on this host's cores: an iteration cannot be shorter than all the CPU
     # it costs spread over them (close to the median where the host is CPU bound)
@@ -476,14 +819,43 @@ def summarize(size: str, variant: str, runs: list[dict[str, Any]], buckets: int)
     return entry
 
 
+def compare(entry: dict[str, Any], base: dict[str, Any]) -> dict[str, float | None]:
+    """``entry`` against ``base`` (the clean ring): ratios of the median iteration, of the
+    bytes per iteration (all ranks: into the switch, out of the ring links) and of the ranks'
+    CPU seconds per iteration."""
+
+    def ratio(a: float | None, b: float | None) -> float | None:
+        return None if a is None or not b else a / b
+
+    pe, pb = entry["per_rank_per_iter"], base["per_rank_per_iter"]
+    return {
+        "median": ratio(entry["stats_s"]["median"], base["stats_s"]["median"]),
+        "switch_rx_bytes_per_iter": ratio(
+            _total(pe["switch_rx_bytes"]), _total(pb["switch_rx_bytes"])
+        ),
+        "link_bytes_per_iter": ratio(_total(pe["link_bytes"]), _total(pb["link_bytes"])),
+        "link_datagrams_per_iter": ratio(
+            _total(pe["link_datagrams"]), _total(pb["link_datagrams"])
+        ),
+        "cpu_per_iter": ratio(_total(pe["cpu_s"]), _total(pb["cpu_s"])),
+        "rusage_cpu_per_iter": ratio(_total(pe["rusage_cpu_s"]), _total(pb["rusage_cpu_s"])),
+    }
+
+
+def _fmt(xs: list[float | None] | None, scale: float, spec: str) -> str:
+    return "-" if xs is None else "/".join("-" if x is None else f"{x * scale:{spec}}" for x in xs)
+
+
 def print_row(e: dict[str, Any]) -> None:
     st, pm = e["stats_s"], e["phase_median_s"]
     ratio = "-" if e["ratio_to_ddp"] is None else f"{e['ratio_to_ddp']:.2f}x"
+    ring = "-" if e.get("ratio_to_ring") is None else f"{e['ratio_to_ring']:.3f}x"
     at_last = e["shadows_at_last"]
+    pr = e["per_rank_per_iter"]
     print(
-        f"{e['size']:>5} {e['params'] / 1e6:6.3f}M  {e['variant']:<19} median "
+        f"{e['size']:>5} {e['params'] / 1e6:6.3f}M  {e['variant']:<26} median "
         f"{st['median'] * 1e3:7.1f} ms  p10/p90 {st['p10'] * 1e3:6.1f}/{st['p90'] * 1e3:6.1f}"
-        f"  IQR {st['iqr'] * 1e3:6.1f}  ratio {ratio:>6}  fwd/bwd/step "
+        f"  IQR {st['iqr'] * 1e3:6.1f}  ratio {ratio:>6} (ring {ring})  fwd/bwd/step "
         f"{pm['forward'] * 1e3:.1f}/{pm['backward'] * 1e3:.1f}/{pm['step'] * 1e3:.1f} ms"
         + "  cpu/iter ranks/switch/shadows "
         + "/".join("-" if v is None else f"{v * 1e3:.0f}" for v in e["cpu_per_iter_s"].values())
@@ -491,6 +863,33 @@ def print_row(e: dict[str, Any]) -> None:
         + ("" if at_last is None else f"  shadows at last: {at_last}"),
         flush=True,
     )
+    # per rank and iteration (see per_rank_per_iter.note in the JSON)
+    line = (
+        f"{'':15}per rank/iter: switch rx {_fmt(pr['switch_rx_bytes'], 1, '.0f')} B, "
+        f"link {_fmt(pr['link_bytes'], 1, '.0f')} B in {_fmt(pr['link_datagrams'], 1, '.1f')} "
+        f"datagrams (ring DATA/RETX/ACK {_fmt(pr['ring_data'], 1, '.1f')} | "
+        f"{_fmt(pr['ring_retx'], 1, '.1f')} | {_fmt(pr['ring_acks'], 1, '.1f')}), "
+        f"tcp {_fmt(pr['tcp_bytes'], 1, '.0f')} B, "
+        f"cpu {_fmt(pr['cpu_s'], 1e3, '.1f')} ms (rusage {_fmt(pr['rusage_cpu_s'], 1e3, '.1f')})"
+        f", wall {_fmt(pr['wall_s'], 1e3, '.1f')} ms"
+    )
+    rate = e.get("switch_rate")
+    if rate is not None:
+        cores = rate["cpu_cores"]
+        line += (
+            f"; switch {rate['rx_packets_per_iter']:.0f} pkts/iter, "
+            f"{rate['pps_iterations'] or 0:.0f} pkt/s in iterations "
+            f"({rate['pps_ranks_wall']:.0f} over the ranks' wall), "
+            + ("-" if cores is None else f"{cores:.2f}")
+            + " cores"
+        )
+    for base in ("ring", "ring_mac"):
+        vs = e.get(f"vs_{base}")
+        if vs:
+            line += f"; vs {base}: " + ", ".join(
+                f"{k} {'-' if v is None else f'{v:.4f}x'}" for k, v in vs.items() if k != "median"
+            )
+    print(line, flush=True)
 
 
 def environment() -> dict[str, Any]:
@@ -554,6 +953,13 @@ def main() -> int:
         default=1,
         help="relaunches of a variant whose ranks failed (recorded in the JSON)",
     )
+    ap.add_argument(
+        "--pin",
+        choices=("off", "on", "both"),
+        default="off",
+        help="on: the ranks on one half of the CPUs, the switch and the shadows on the other "
+        "(rows named VARIANT@pinned); both: every variant unpinned and pinned",
+    )
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "inband_bench.json"))
     args = ap.parse_args()
     if args.worker:
@@ -570,6 +976,11 @@ def main() -> int:
     bad = sorted(set(variants) - set(VARIANTS) - set(EXTRA_VARIANTS))
     if bad:
         ap.error(f"unknown variants {bad}")
+    pins = {"off": [False], "on": [True], "both": [False, True]}[args.pin]
+    if True in pins:
+        cpu_halves()  # fails early on a single CPU
+    #: (row name, variant, pinned)
+    rows = [(v + ("@pinned" if p else ""), v, p) for v in variants for p in pins]
     t_run = time.monotonic()
     report: dict[str, Any] = {
         "benchmark": "inband_bench",
@@ -585,11 +996,13 @@ def main() -> int:
         "shadows": args.shadows,
         "replication": args.replication,
         "gap_repair": args.gap_repair,
+        "pin": args.pin,
         "timing": "rank 0, perf_counter around forward + "
-        "backward + step; ratio = median / median of ddp in the same run",
+        "backward + step; ratio = median / median of ddp in the same run (ratio_to_ring: of "
+        "ring; both with the same pinning)",
         "results": [],
     }
-    if any(v.startswith("inband") for v in variants):
+    if any(v.startswith("inband") or v in RING_VARIANTS for v in variants):
         t0 = time.monotonic()
         compile_product()
         report["p4_compile_s"] = time.monotonic() - t0
@@ -600,15 +1013,15 @@ def main() -> int:
             width = width_for(target, args.depth)
             params, buckets = from_module(make_model(width, args.depth))
             layout = Layout.build(params, buckets, args.shadows, args.replication)
-            runs: dict[str, list[dict[str, Any]]] = {v: [] for v in variants}
+            runs: dict[str, list[dict[str, Any]]] = {name: [] for name, _, _ in rows}
             for rnd in range(args.rounds):  # rounds interleave the variants (drift, load)
-                for variant in variants:
+                for name, variant, pinned in rows:
                     t0 = time.monotonic()
                     load0 = os.getloadavg()[0]
                     failures: list[str] = []
                     while True:
                         try:
-                            res = run_variant(args, variant, width, layout, tmp)
+                            res = run_variant(args, variant, width, layout, tmp, pinned=pinned)
                             break
                         except RanksFailedError as exc:
                             # a failed launch is kept (full rank outputs in a file outside the
@@ -619,7 +1032,7 @@ def main() -> int:
                             log.write_text(exc.report())
                             failures.append(f"{exc} (rank outputs: {log})")
                             print(
-                                f"  {size} {variant} round {rnd}: FAILED, {failures[-1]}\n"
+                                f"  {size} {name} round {rnd}: FAILED, {failures[-1]}\n"
                                 + exc.report()[-3000:],
                                 flush=True,
                             )
@@ -630,19 +1043,32 @@ def main() -> int:
                     res["loadavg_1min"] = [load0, os.getloadavg()[0]]
                     res["round"] = rnd
                     res["median_s"] = statistics.median(res["times"])
-                    runs[variant].append(res)
+                    runs[name].append(res)
                     print(
-                        f"  {size} {variant} round {rnd}: median {res['median_s'] * 1e3:.1f} "
+                        f"  {size} {name} round {rnd}: median {res['median_s'] * 1e3:.1f} "
                         f"ms, {res['wall_s']:.0f} s wall, load {load0:.1f}",
                         flush=True,
                     )
-            base: float | None = None
-            for variant in variants:
-                entry = summarize(size, variant, runs[variant], len(layout.buckets))
+            entries = {}
+            for name, variant, pinned in rows:
+                entry = summarize(size, name, runs[name], len(layout.buckets))
+                entry["pinned"] = pinned
+                entries[variant, pinned] = entry
+            for (variant, pinned), entry in entries.items():
                 med = entry["stats_s"]["median"]
-                if variant == "ddp":
-                    base = med
-                entry["ratio_to_ddp"] = None if base is None else med / base
+                ddp = entries.get(("ddp", pinned))
+                ring = entries.get(("ring", pinned))
+                ring_mac = entries.get(("ring_mac", pinned))
+                entry["ratio_to_ddp"] = None if ddp is None else med / ddp["stats_s"]["median"]
+                entry["ratio_to_ring"] = None if ring is None else med / ring["stats_s"]["median"]
+                if ring is not None and (variant.startswith("inband") or variant == "ring_mac"):
+                    # in-band against the clean ring (acceptance: bytes per iteration equal
+                    # but for the COMMIT record, <= 0.1 % more; CPU per iteration <= 1 % more)
+                    entry["vs_ring"] = compare(entry, ring)
+                if ring_mac is not None and variant.startswith("inband"):
+                    # against the clean ring with the session's MACs: what is left is the
+                    # COMMITs, the tap and the session's own work
+                    entry["vs_ring_mac"] = compare(entry, ring_mac)
                 report["results"].append(entry)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

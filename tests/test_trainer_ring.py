@@ -4,6 +4,7 @@ drop/duplication/reordering, each reduced byte tagged FINAL exactly once; and th
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing as mp
 import os
 import traceback
@@ -187,3 +188,71 @@ def test_ring_allreduce_exact_and_deterministic_under_faults(world: int, tmp_pat
     for res in (*clean[1:], *faulty):
         for name, t in clean[0]["ddp"].items():
             assert torch.equal(res["ddp"][name], t), name
+
+
+def _nack_pair(retain: int, inputs: list[torch.Tensor]) -> tuple[list[torch.Tensor], Any, Any]:
+    """Two ranks (threads) reduce ``inputs`` (bucket 0 of iteration 0) with ``retain``, then a
+    shadow NACKs rank 0's FINAL bytes: (results, rank 0's ring stats, the shadow's replies)."""
+    import socket
+    import time
+
+    from shadowgrad.trainer_hooks.link import UdpLink
+    from shadowgrad.trainer_hooks.ring import RingAllReduce, RingConfig
+    from shadowgrad.wire import MAX_DATAGRAM, Kind, NackRecord, encode
+
+    shadow = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    shadow.bind(("127.0.0.1", 0))
+    shadow.settimeout(0.3)
+    links = [UdpLink(("127.0.0.1", 0)) for _ in range(2)]
+    addrs = [link.address for link in links]
+    cfg = RingConfig(
+        job=9,
+        chunk_bytes=4096,
+        rto_s=0.01,
+        timeout_s=20,
+        retain=retain,
+        shadows=(shadow.getsockname(),),
+    )
+    rings = [RingAllReduce(r, 2, links[r], addrs, cfg).start() for r in range(2)]
+    try:
+        bufs = [t.clone() for t in inputs]
+        futs = [ring.submit(0, 0, t) for ring, t in zip(rings, bufs, strict=True)]
+        for f in futs:
+            f.wait()
+        nbytes = inputs[0].numel() * inputs[0].element_size()
+        nack = encode(
+            Kind.NACK,
+            job=9,
+            sender=0,
+            iteration=0,
+            seq=1,
+            layout=0,
+            payload=NackRecord.of([(0, 0, nbytes)]).body(),
+        )
+        shadow.sendto(nack, addrs[0])
+        deadline = time.monotonic() + 10
+        while not rings[0].stats["nack"] and time.monotonic() < deadline:
+            time.sleep(0.01)
+        replies = []
+        with contextlib.suppress(TimeoutError):
+            while True:
+                replies.append(shadow.recv(MAX_DATAGRAM))
+        return bufs, dict(rings[0].stats), replies
+    finally:
+        for ring in rings:
+            ring.close(1.0)
+        shadow.close()
+
+
+def test_ring_without_retention_reduces_the_same_bits_and_answers_no_nack() -> None:
+    g = torch.Generator().manual_seed(5)
+    inputs = [torch.randn(10_001, generator=g) * (1 + 99 * r) for r in range(2)]
+    kept, kept_stats, kept_replies = _nack_pair(4, inputs)
+    bare, bare_stats, bare_replies = _nack_pair(0, inputs)
+    for k, b in zip(kept, bare, strict=True):
+        assert torch.equal(k, b)  # bit-exact, retained or not
+    assert torch.equal(bare[0], bare[1])
+    assert kept_stats["nack_retx"] > 0 and kept_replies  # the retaining ring answers
+    assert bare_stats["nack"] == 1 and bare_stats["nack_unavailable"] == 1
+    assert "nack_retx" not in bare_stats and not bare_replies  # nothing kept to resend
+    assert bare_stats["data_sent"] == kept_stats["data_sent"]  # the same datagrams otherwise

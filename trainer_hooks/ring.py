@@ -24,7 +24,9 @@ is tagged FINAL (its retransmissions FINAL|RETX); reduce-scatter traffic and lat
 forwards are untagged, so each reduced byte is tagged exactly once per iteration.
 
 **Shadows.** The FINAL bytes this rank produced are kept for the last ``retain`` iterations, and
-a shadow's NACK for them is answered with FINAL|RETX DATA sent straight to the shadow.
+a shadow's NACK for them is answered with FINAL|RETX DATA sent straight to the shadow. With
+``retain=0`` (a ring without shadows) they are never copied and every NACK is unavailable; the
+FINAL tagging, a header bit, is the same.
 """
 
 from __future__ import annotations
@@ -85,7 +87,7 @@ class RingConfig:
     rto_s: float = 0.02
     max_rto_s: float = 0.5
     timeout_s: float = 30.0
-    retain: int = 4  #: iterations of FINAL bytes kept for shadow NACKs
+    retain: int = 4  #: iterations of FINAL bytes kept for shadow NACKs (0: none, never copied)
     #: per bucket, the byte offsets where a datagram must end (the layout's shard boundaries,
     #: ``Layout.bucket_routes`` ends): the switch maps a FINAL datagram to the one shard that
     #: owns its first byte, so none may straddle a boundary
@@ -260,9 +262,11 @@ class RingAllReduce:
         if dtype is None:
             raise TransportError(f"dtype {host.dtype} cannot travel on the wire")
         n, world = host.numel(), self.world
+        keep = self.cfg.retain > 0  # retain=0: no copy of the FINAL bytes at all
         host.div_(world)
         if world == 1:
-            self._retain(iteration, bucket, [(0, dtype, bytes(_bytes(host)))])
+            if keep:
+                self._retain(iteration, bucket, [(0, dtype, bytes(_bytes(host)))])
             if flat is not host:
                 flat.copy_(host)
             return
@@ -278,12 +282,13 @@ class RingAllReduce:
             self._recv_chunk(ctx, (r - s - 1) % world, add=True)
         for s in range(world - 1):  # all-gather
             c = (r + 1 - s) % world
-            if s == 0:
+            if s == 0 and keep:
                 lo, hi = ctx.bounds[c], ctx.bounds[c + 1]
                 finals.append((lo, dtype, bytes(raw[lo:hi])))
             self._send_chunk(ctx, c, int(Flag.FINAL) if s == 0 else 0)
             self._recv_chunk(ctx, (r - s) % world, add=False)
-        self._retain(iteration, bucket, finals)
+        if keep:
+            self._retain(iteration, bucket, finals)
         if flat is not host:
             flat.copy_(host)
 
