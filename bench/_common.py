@@ -116,3 +116,36 @@ def rank_result(out: str) -> dict[str, Any]:
     line = next(ln for ln in out.splitlines() if ln.startswith("RESULT "))
     res: dict[str, Any] = json.loads(line[len("RESULT ") :])
     return res
+
+
+def thread_cpu_s() -> dict[str, float]:
+    """CPU seconds (user + system, ``/proc/self/task/*/stat``) of every live thread of this
+    process by name: a Python thread's ``threading`` name (its ``native_id``), else the OS
+    thread name (gloo's, ZeroMQ's, PyTorch's); threads of one name are summed. Two snapshots'
+    difference says where a process's CPU went (``bench/trainer_bench.py``)."""
+    import threading
+
+    names = {t.native_id: t.name for t in threading.enumerate() if t.native_id is not None}
+    tick = os.sysconf("SC_CLK_TCK")
+    out: dict[str, float] = {}
+    try:
+        tids = os.listdir("/proc/self/task")
+    except OSError:
+        return out
+    for tid in tids:
+        try:
+            with open(f"/proc/self/task/{tid}/stat", encoding="ascii", errors="replace") as f:
+                head, _, rest = f.read().rpartition(")")
+        except OSError:  # a thread that just ended
+            continue
+        fields = rest.split()
+        name = names.get(int(tid)) or head.partition("(")[2] or tid
+        out[name] = out.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / tick
+    return out
+
+
+def cpu_delta(before: dict[str, float], after: dict[str, float], per: int) -> dict[str, float]:
+    """``(after - before) / per`` by thread name, the largest first (threads gone by ``after``
+    are left out; a thread started between the two counts from zero)."""
+    d = {k: (v - before.get(k, 0.0)) / per for k, v in after.items()}
+    return dict(sorted(d.items(), key=lambda kv: -kv[1]))

@@ -103,10 +103,12 @@ def worker(args: argparse.Namespace) -> None:
     # mirror sender thread's over the measured iterations
     blocked: list[float] = []
     cpu0 = 0.0
+    threads0: dict[str, float] = {}
     mirror0: dict[str, Any] = {}
     for it in range(args.warmup + args.iters):
         if it == args.warmup:
             cpu0 = time.process_time()
+            threads0 = _common.thread_cpu_s()
             mirror0 = sg.stats().get("mirror", {}) if sg is not None else {}
         # a periodic policy saves on the first iteration of every window of ``every`` measured
         # ones (so a background write's spill-over falls inside the window it belongs to), and
@@ -154,6 +156,7 @@ def worker(args: argparse.Namespace) -> None:
                 blocked.append(tb)
             ckpt.append(save and kind in ("dcp_async", "torch_save"))
     cpu = (time.process_time() - cpu0) / args.iters
+    threads = _common.cpu_delta(threads0, _common.thread_cpu_s(), args.iters)
     mirror1 = sg.stats().get("mirror", {}) if sg is not None else {}
     if fut is not None:
         fut.result()
@@ -168,7 +171,7 @@ def worker(args: argparse.Namespace) -> None:
         extra = sg.stats()
         sg.close()
     cpus: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(cpus, (cpu, sender_cpu))
+    dist.all_gather_object(cpus, (cpu, sender_cpu, threads))
     dist.barrier()
     if rank == 0:
         print(
@@ -181,8 +184,10 @@ def worker(args: argparse.Namespace) -> None:
                     "times": times,
                     "checkpointed": ckpt,
                     "blocked_s": blocked,
-                    "rank_cpu_per_iter_s": [c for c, _ in cpus],
-                    "sender_cpu_per_iter_s": [c for _, c in cpus],
+                    "rank_cpu_per_iter_s": [c[0] for c in cpus],
+                    "sender_cpu_per_iter_s": [c[1] for c in cpus],
+                    # per rank: CPU seconds per measured iteration by thread name
+                    "thread_cpu_per_iter_s": [c[2] for c in cpus],
                     "durable_s": durable,
                     "every": every,
                     "world": args.world,
@@ -324,6 +329,18 @@ def summarize(runs: list[dict[str, Any]], base_runs: list[dict[str, Any]]) -> di
     # the part of it that is mirror's sender threads (off the critical path)
     out["ranks_cpu_per_iter_s"] = per_rank_sum("rank_cpu_per_iter_s")
     out["sender_cpu_per_iter_s"] = per_rank_sum("sender_cpu_per_iter_s")
+    # where it goes: CPU per measured iteration by thread name, all ranks summed, the median
+    # over the rounds (the main thread is "MainThread"; gloo's, ZeroMQ's by their OS names)
+    names = {n for r in runs for per in r.get("thread_cpu_per_iter_s") or [] for n in per}
+    by_thread = {
+        n: statistics.median(
+            sum(per.get(n, 0.0) for per in r["thread_cpu_per_iter_s"])
+            for r in runs
+            if r.get("thread_cpu_per_iter_s")
+        )
+        for n in names
+    }
+    out["thread_cpu_per_iter_s"] = dict(sorted(by_thread.items(), key=lambda kv: -kv[1]))
     return out
 
 
