@@ -341,6 +341,8 @@ def summarize(runs: list[dict[str, Any]], base_runs: list[dict[str, Any]]) -> di
         for n in names
     }
     out["thread_cpu_per_iter_s"] = dict(sorted(by_thread.items(), key=lambda kv: -kv[1]))
+    rx = [v for r in runs if (v := r.get("receiver_cpu_per_iter_s")) is not None]
+    out["receiver_cpu_per_iter_s"] = statistics.median(rx) if rx else None
     return out
 
 
@@ -409,6 +411,7 @@ def main() -> int:
         "rounds": args.rounds,
         "batch": args.batch,
         "num_shadows": counts[0],
+        "cpus": len(os.sched_getaffinity(0)),
         "shadow_counts": counts,
         "results": [],
     }
@@ -507,6 +510,7 @@ def _one(
         kind = "mirror"
     wargs = argparse.Namespace(**{**vars(args), "world": world})
     t0 = time.monotonic()
+    cpu0 = time.process_time()  # this process: the sinks' or the real shadows' threads
     try:
         if kind == "mirror" and mode == "real":
             with shadow_cluster(parse_spec(doc, env={})) as cluster:
@@ -529,6 +533,9 @@ def _one(
         shutil.rmtree(ckdir, ignore_errors=True)
     res["shadows"] = mode if kind == "mirror" else None
     res["wall_s"] = time.monotonic() - t0
+    # the CPU the shadows' side took on the same cores (sinks draining, or real shadows'
+    # ingest and replay), per iteration the ranks ran (warmup included: they receive it too)
+    res["receiver_cpu_per_iter_s"] = (time.process_time() - cpu0) / (args.warmup + args.iters)
     return res
 
 

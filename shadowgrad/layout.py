@@ -320,8 +320,17 @@ def from_module(
     *,
     grad_ready_order: Sequence[str] | None = None,
     last_bucket_small: bool = False,
+    initial: bool = False,
 ) -> tuple[list[ParamSpec], list[list[str]]]:
     """ParamSpecs of ``module`` in DDP's order and its DDP buckets (:func:`ddp_buckets`).
+
+    The buckets are those default DDP uses from its second iteration on, the rebuilt
+    assignment, with ``grad_ready_order`` (all names) or, without it, the order most models'
+    gradients become ready in: the reverse of the parameters' order. Where that prediction
+    holds, every DDP bucket *is* a layout bucket from the second iteration on and
+    :class:`~shadowgrad.trainer_hooks.LayoutReducer` reduces it in place (no copy in or out);
+    where it does not, the reducer copies, with the same bits. ``initial=True``: DDP's initial
+    assignment instead (what ``find_unused_parameters=True`` uses every iteration).
 
     ``bucket_cap_mb=None`` means DDP's default (25 MiB buckets after a 1 MiB first bucket); an
     explicit value gives every bucket that cap, as DDP does. Parameters listed in
@@ -352,6 +361,11 @@ def from_module(
         if not bucket_cap_mb >= 0:
             raise LayoutError(f"bucket_cap_mb must be >= 0, got {bucket_cap_mb!r}")
         cap = first = int(bucket_cap_mb * 2**20)
+    if initial:
+        if grad_ready_order is not None or last_bucket_small:
+            raise LayoutError("initial=True takes no grad_ready_order or last_bucket_small")
+    elif grad_ready_order is None:
+        grad_ready_order = [p.name for p in reversed(params)]
     buckets = ddp_buckets(
         params, cap, first, grad_ready_order=grad_ready_order, last_bucket_small=last_bucket_small
     )

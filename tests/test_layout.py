@@ -392,7 +392,7 @@ def _observe_ddp(
 def test_ddp_find_unused_uses_reversed_initial_assignment(cap_mb: float | None) -> None:
     torch.manual_seed(0)
     model = _Mixed(width=300, depth=4)  # ~1.4 MiB of float32: the 1 MiB first bucket matters
-    _, want = from_module(model, bucket_cap_mb=cap_mb)
+    _, want = from_module(model, bucket_cap_mb=cap_mb, initial=True)
     _, per_iter = _observe_ddp(model, 2, 300, bucket_cap_mb=cap_mb, find_unused_parameters=True)
     assert len(want) >= 3
     assert per_iter == [want, want]
@@ -417,6 +417,49 @@ def test_ddp_default_rebuilds_in_grad_ready_order(cap_mb: float | None) -> None:
     model_rank = {p.name: i for i, p in enumerate(specs)}
     assert all([rank[n] for n in b] == sorted(rank[n] for n in b) for b in rebuilt)
     assert any([model_rank[n] for n in b] != sorted(model_rank[n] for n in b) for b in rebuilt)
+
+
+@pytest.mark.parametrize("cap_mb", [None, 0.05])
+@pytest.mark.usefixtures("gloo_group")
+def test_the_default_layout_is_ddps_rebuilt_buckets_so_the_reducer_copies_nothing(
+    cap_mb: float | None,
+) -> None:
+    """``from_module``'s buckets are default DDP's rebuilt ones for a model whose gradients
+    become ready in reverse order: from the second iteration on every DDP bucket is a layout
+    bucket, reduced in place; the initial assignment (``initial=True``) copies every time, and
+    both give the same gradients."""
+    from shadowgrad.trainer_hooks._plan import param_map
+    from shadowgrad.trainer_hooks.hooks import LayoutReducer, layout_hook
+
+    grads = []
+    counts = []
+    for initial in (False, True):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(
+            *[m for _ in range(6) for m in (torch.nn.Linear(300, 300), torch.nn.ReLU())]
+        )
+        layout = Layout.build(*from_module(model, cap_mb, initial=initial), 2, 1)
+        assert len(layout.buckets) >= 2
+        ddp = torch.nn.parallel.DistributedDataParallel(
+            model, **({} if cap_mb is None else {"bucket_cap_mb": cap_mb})
+        )
+        red = LayoutReducer(layout, param_map(model, layout))
+        ddp.register_comm_hook(red, layout_hook)
+        got = []
+        for it in range(3):
+            x = torch.randn(8, 300, generator=torch.Generator().manual_seed(it))
+            ddp(x).square().mean().backward()
+            got.append({n: p.grad.clone() for n, p in model.named_parameters()})
+            model.zero_grad(set_to_none=True)
+        grads.append(got)
+        counts.append((red.reductions, red.zero_copy))
+    (reductions, zero_copy), (_, zero_copy_initial) = counts
+    per_iter = reductions // 3
+    assert zero_copy == 2 * per_iter  # iterations 2 and 3: every bucket in place
+    assert zero_copy_initial == 0
+    for a, b in zip(*grads, strict=True):
+        for name in a:
+            assert torch.equal(a[name], b[name]), name
 
 
 # ----------------------------------------------------------------------------------------------

@@ -361,6 +361,18 @@ def _soak(tmp: Path, *args: str) -> list[dict[str, Any]]:
     return reports
 
 
+def _check_job_kills(kills: list[dict[str, Any]]) -> None:
+    """Whole-job SIGKILLs: the restore never goes back beyond what every shadow had applied at
+    the kill; where the shadows kept up (lag <= 1) at most the iteration in flight is repeated
+    (+1 for the log's granularity); a CPU-starved machine whose shadows lagged repeats what
+    they had not applied yet."""
+    print("lag at kill", [k["lag_at_kill"] for k in kills])
+    print("repeated", [k["repeated"] for k in kills])
+    assert not [k for k in kills if k["lost_held"]], kills
+    caught_up = [k for k in kills if k["lag_at_kill"] is not None and k["lag_at_kill"] <= 1]
+    assert all(k["repeated"] <= 2 for k in caught_up), caught_up
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(1800)
 def test_documented_example_soak(tmp_path: Path) -> None:
@@ -391,7 +403,7 @@ def test_documented_example_soak(tmp_path: Path) -> None:
     # partial iteration left by the kill must not be declared a divergence (seen in CI when the
     # rerun was slow to start), and the rerun's restore replaces it
     jobs = _soak(tmp_path / "jobs", "--steps", "600", "--kill-job", "3", "--down", "8")[0]
-    assert all(k["repeated"] <= 2 for k in jobs["job_kills"]), jobs["job_kills"]
+    _check_job_kills(jobs["job_kills"])
 
 
 @pytest.mark.slow
@@ -411,7 +423,7 @@ def test_documented_example_with_the_controller(tmp_path: Path) -> None:
     # design; measured and reported (not a timing bound: the machine is shared)
     print("detect_s", sorted(c["detect_s"]))
     assert len(c["detect_s"]) == 20
-    assert all(k["repeated"] <= 2 for k in many["job_kills"]), many["job_kills"]
+    _check_job_kills(many["job_kills"])
     ranks = _soak(tmp_path / "ranks", "--steps", "600", "--controller", "--kill-rank", "3")[0]
     assert len(ranks["rank_kills"]) == 3, ranks
     assert ranks["controller"]["recovered"] == 3

@@ -419,6 +419,10 @@ def soak(args: argparse.Namespace, work: Path, run: int) -> dict[str, Any]:
             now = time.monotonic() - t0
             if kills_left and kill_at >= 0 and trainer_step(tlog) >= kill_at:
                 kills_left -= 1
+                # what every shadow had applied just before the kill: the restore point may
+                # never be older (that would lose what they held); a job whose shadows lagged
+                # (a CPU-starved machine) may repeat more than the one iteration in flight
+                held = [None if s is None else s.get("last_applied") for s in _statuses(spec)]
                 last = trainer_step(tlog)
                 wall = time.time()
                 _reap(trainer)
@@ -431,7 +435,16 @@ def soak(args: argparse.Namespace, work: Path, run: int) -> dict[str, Any]:
                     ["--spec", str(spec), "--steps", str(args.steps), "--out", str(final)],
                     tlog,
                 )
-                report["job_kills"].append({"last_logged": last, "log": tlog.name, "wall": wall})
+                report["job_kills"].append(
+                    {
+                        "last_logged": last,
+                        "log": tlog.name,
+                        "wall": wall,
+                        "shadows_held": None
+                        if None in held or not held
+                        else min(int(h) for h in held if h is not None),
+                    }
+                )
                 kill_at = -1
                 continue
             if rank_kills_left and rank_kill_at < 0 and step >= 0:
@@ -592,6 +605,11 @@ def soak(args: argparse.Namespace, work: Path, run: int) -> dict[str, Any]:
         for kr in report.get("job_kills", []):
             kr["resumed_at"] = _first_step(logs / kr["log"])
             kr["repeated"] = kr["last_logged"] - kr["resumed_at"] + 1
+            h = kr["shadows_held"]
+            # the shadows' lag at the kill (iterations the trainers had logged beyond what every
+            # shadow had applied), and whether the restore went back beyond what they held
+            kr["lag_at_kill"] = None if h is None else kr["last_logged"] - h
+            kr["lost_held"] = h is not None and kr["resumed_at"] - 1 < h
         if report.get("job_kills"):
             reps = [k["repeated"] for k in report["job_kills"]]
             report["repeated_iterations"] = {str(v): reps.count(v) for v in sorted(set(reps))}

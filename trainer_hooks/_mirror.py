@@ -266,6 +266,8 @@ class MirrorSender:
             self._by_iter[iteration] = slot
             self._recovered_locked(iteration)
         cuda = False
+        dsts: list[torch.Tensor] = []
+        srcs: list[torch.Tensor] = []
         for piece in self.plan.pieces:
             g = grads.get(piece.name)
             dst = slot.buf[piece.staging_offset : piece.staging_offset + piece.nbytes]
@@ -273,8 +275,14 @@ class MirrorSender:
                 dst.zero_()
                 continue
             src = g.detach().reshape(-1)[piece.elem_start : piece.elem_start + piece.numel]
-            dst.view(torch_dtype(piece.dtype)).copy_(src, non_blocking=src.is_cuda)
+            dsts.append(dst.view(torch_dtype(piece.dtype)))
+            srcs.append(src)
             cuda = cuda or src.is_cuda
+        if dsts:
+            # one call for every piece: the GIL is released once for all the copies, not once
+            # per piece (on busy cores each hand-back of the GIL to this thread can wait for a
+            # scheduler slice while the sender thread runs)
+            torch._foreach_copy_(dsts, srcs, non_blocking=cuda)
         slot.ready = None
         if cuda:
             ev = torch.cuda.Event()  # type: ignore[no-untyped-call]

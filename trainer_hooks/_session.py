@@ -289,6 +289,12 @@ class Shadowgrad:
             "chunk_bytes": self.chunk_bytes,
             "generation": self.generation,
         }
+        if self.reducer is not None:
+            # layout-bucket reductions, and how many reduced DDP's bucket in place (no copies)
+            out["reducer"] = {
+                "reductions": self.reducer.reductions,
+                "zero_copy": self.reducer.zero_copy,
+            }
         if self._sender is not None:
             out["mirror"] = self._sender.stats()
         if self.health is not None:
