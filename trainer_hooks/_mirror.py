@@ -210,7 +210,18 @@ class MirrorSender:
         #: slot holding each iteration: a capture and a NACK find theirs in O(1)
         self._history: collections.deque[_Slot] = collections.deque()
         self._by_iter: dict[int, _Slot] = {}
+        #: slots allocated (their pages touched) but never captured into, taken first
+        self._unused: list[_Slot] = []
         self._new_slot()  # the first one now: a failing allocation shows at attach
+        # the rest now too, each written once: a capture into a slot whose pages were never
+        # touched page-faults all of it in on the training thread (a 100M-parameter rank's
+        # 200 MB slot: ~0.1 s, once per slot); the same memory a run holds after its first
+        # ``slots`` iterations anyway
+        try:
+            while len(self._slots) < self._max_slots:
+                self._new_slot()
+        except RuntimeError:  # out of (pinned) memory: make do with what there is
+            self._max_slots = len(self._slots)
         #: state-change logging of drops: the reason of the current degraded spell, drops since
         #: the last summary, when that was
         self._drop_reason: str | None = None
@@ -377,9 +388,10 @@ class MirrorSender:
     def _new_slot(self) -> _Slot:
         # _LEAD bytes of room before the staging area: an authenticated chunk's header is
         # written in front of its payload, so the GMAC and sendmsg read one contiguous buffer
-        full = torch.empty(_LEAD + self._slot_nbytes, dtype=torch.uint8, pin_memory=self._pin)
+        full = torch.zeros(_LEAD + self._slot_nbytes, dtype=torch.uint8, pin_memory=self._pin)
         slot = _Slot(full[_LEAD:], _bytes_view(full))
         self._slots.append(slot)
+        self._unused.append(slot)
         return slot
 
     def _take_slot(self) -> _Slot | None:
@@ -387,13 +399,8 @@ class MirrorSender:
         ``slots``), or the oldest sent one beyond the retransmit history (the newest
         ``history`` sent slots younger than ``history_s`` are kept for NACKs), skipping one
         a retransmission is being sent from. O(slots) at worst, O(1) as a rule."""
-        if self._slots[-1].state == _FREE:
-            return self._slots[-1]
-        if len(self._slots) < self._max_slots:
-            try:
-                return self._new_slot()
-            except RuntimeError:  # out of (pinned) memory: make do with what there is
-                self._max_slots = len(self._slots)
+        if self._unused:
+            return self._unused.pop(0)
         # the oldest recyclable sent slot that no NACK is being answered from right now: a
         # retransmission of the oldest iteration (a NACK storm for it) must not make the next
         # capture fail while a younger slot beyond the history is free (seen in CI: dropped)
