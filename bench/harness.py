@@ -1144,15 +1144,21 @@ def render_goals(g: Doc) -> list[str]:
         if r is None or r <= 1 + GOAL_MIRROR or None in (t, cpus, a, b):
             continue
         busy = a / t
+        idle = cpus - busy
+        extra = b - a + rx
+        room = (
+            "no core is left idle to absorb it"
+            if idle < 0.05
+            else f"the {idle:.2f} idle cores would need {_f(extra / idle, 1, 1e3)} ms to absorb "
+            f"it against a {_f(t, 1, 1e3)} ms iteration"
+        )
         out += [
             "",
             f"{x['size']}: without checkpoints the ranks keep {busy:.2f} of this machine's "
-            f"{cpus} cores busy; mirror adds {_f((b - a + rx), 1, 1e3)} ms of CPU per "
-            f"iteration ({_f(b - a, 1, 1e3)} ms in the ranks, {_f(rx, 1, 1e3)} ms in the "
-            f"sinks), which the {cpus - busy:.2f} idle cores could absorb in "
-            f"{_f((b - a + rx) / max(cpus - busy, 1e-9), 1, 1e3)} ms against a "
-            f"{_f(t, 1, 1e3)} ms iteration: on this machine the checkpoint's bytes cost "
-            "CPU the trainers need, so wall time grows with it.",
+            f"{cpus} cores busy; mirror adds {_f(extra, 1, 1e3)} ms of CPU per iteration "
+            f"({_f(b - a, 1, 1e3)} ms in the ranks, {_f(rx, 1, 1e3)} ms in the sinks) and "
+            f"{room}: on this machine the checkpoint's bytes cost CPU the trainers need, so "
+            "wall time grows with it.",
         ]
     out += [
         "",
