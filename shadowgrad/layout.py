@@ -45,7 +45,9 @@ DDP bucket order (checked against torch 2.13, see ``tests/test_layout.py``):
   **rebuilds** the buckets from the order in which gradients became ready in the first backward:
   the same size rule over the ready order, *not* sorted and *not* reversed, and parameters
   inside a bucket in ready order (typically reverse model order). Pass ``grad_ready_order`` to
-  :func:`ddp_buckets` to get those steady-state buckets. In a rebuild, a dtype's partially filled
+  :func:`ddp_buckets` to get those steady-state buckets; :func:`from_module` predicts that order
+  as the reverse of the parameters' order unless told otherwise (``initial=True``: the initial
+  assignment). In a rebuild, a dtype's partially filled
   trailing bucket is emitted after the full ones in reverse order of the dtype's first
   appearance (libstdc++ ``unordered_map`` order; verified for all orders of the four dtypes).
 * ``DDP_SET_LAST_BUCKET_CAP=1`` makes a rebuild run over the reversed ready order and reverse the

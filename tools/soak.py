@@ -442,7 +442,7 @@ def soak(args: argparse.Namespace, work: Path, run: int) -> dict[str, Any]:
                         "wall": wall,
                         "shadows_held": None
                         if None in held or not held
-                        else min(int(h) for h in held if h is not None),
+                        else min(int(h) for h in held),
                     }
                 )
                 kill_at = -1

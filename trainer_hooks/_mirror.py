@@ -112,8 +112,8 @@ class _Counters:
     dropped_iterations: int = 0
     send_errors: int = 0
     injected_drops: int = 0
-    #: wall seconds the training thread spent in :meth:`MirrorSender.capture` (the whole cost
-    #: of mirror mode on the critical path), and how many captures that was
+    #: wall seconds the training thread spent in :meth:`MirrorSender.capture` (mirror mode's
+    #: own time on the training thread; the sender thread's CPU is apart), and how many
     capture_s: float = 0.0
     captures: int = 0
     by_reason: dict[str, int] = field(default_factory=dict)
@@ -395,12 +395,12 @@ class MirrorSender:
         return slot
 
     def _take_slot(self) -> _Slot | None:
-        """A slot for a new capture (lock held): the one never used yet, a new one (up to
-        ``slots``), or the oldest sent one beyond the retransmit history (the newest
+        """A slot for a new capture (lock held): one never captured into yet (all are allocated
+        at start), or the oldest sent one beyond the retransmit history (the newest
         ``history`` sent slots younger than ``history_s`` are kept for NACKs), skipping one
         a retransmission is being sent from. O(slots) at worst, O(1) as a rule."""
         if self._unused:
-            return self._unused.pop(0)
+            return self._unused.pop()
         # the oldest recyclable sent slot that no NACK is being answered from right now: a
         # retransmission of the oldest iteration (a NACK storm for it) must not make the next
         # capture fail while a younger slot beyond the history is free (seen in CI: dropped)
