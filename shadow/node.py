@@ -1478,8 +1478,10 @@ class ShadowNode:
             commit = commit_to_json(c_it, c_rec)
         opt_json = str(req["optimizer"])
         opt = OptimizerSpec.from_json(opt_json)
+        # keep: no state in the request; install this shadow's own state of ``iteration`` (the
+        # restore point it served: live, or a held snapshot) as the new session's start
         # views of the request's frames where a tensor came in one (ShardReplayer.load copies)
-        states = decode_states(req["entries"], frames, copy=False)
+        states = None if req.get("keep") else decode_states(req["entries"], frames, copy=False)
         reply, out = self._load_state(
             layout,
             iteration,
@@ -1495,11 +1497,39 @@ class ShadowNode:
         reply["install_ms"] = round(1000 * (time.perf_counter() - t0), 3)
         return reply, out
 
+    def _own_replayer(
+        self, layout: Layout, iteration: int, opt_json: str, opt: Any
+    ) -> ShardReplayer:
+        """A ``keep`` load: this shadow's own state of ``iteration`` as a replayer (the live one
+        when it stands at ``iteration`` with the same optimizer, else a new one loaded from the
+        live state or the held snapshot of ``iteration``). ``unavailable`` when this shadow
+        does not have it. The caller holds ``_state_lock`` (no step meanwhile)."""
+        ld = self._ld
+        with self._lock:
+            last, snap, div = self._last_applied, self._snaps.get(iteration), self._diverged_at
+        if ld is None or ld.layout != layout:
+            raise ControlError("unavailable", "keep: this shadow holds no state of this layout")
+        if div is not None and div <= iteration:
+            raise ControlError("unavailable", f"keep: diverged at {div}")
+        if iteration == last:
+            if ld.optimizer_json == opt_json:
+                return ld.replayer
+            states = ld.replayer.export(copy=False)
+        elif snap is not None:
+            states = [snap[b] for b in range(len(ld.geom.boxes))]
+        else:
+            raise ControlError(
+                "unavailable", f"keep: iteration {iteration} not held here (at {last})"
+            )
+        replayer = ShardReplayer(layout, ld.shard, opt)
+        replayer.load(iteration, [dict(st) for st in states])
+        return replayer
+
     def _load_state(
         self,
         layout: Layout,
         iteration: int,
-        states: Mapping[int, Mapping[str, torch.Tensor]],
+        states: Mapping[int, Mapping[str, torch.Tensor]] | None,
         opt_json: str,
         opt: Any,
         *,
@@ -1509,98 +1539,142 @@ class ShadowNode:
         source: str,
     ) -> tuple[dict[str, Any], list[Any]]:
         """Install a whole shard state as ``iteration`` (``load``, and the clone of a restarted
-        replica). ``reseed``: the job goes on (self-healing), so data already buffered for later
-        iterations of the same generation is kept; otherwise everything in flight is dropped."""
+        replica); ``states=None``: this shadow's own state of ``iteration`` (a ``keep`` load,
+        :meth:`_own_replayer`). ``reseed``: the job goes on (self-healing), so data already
+        buffered for later iterations of the same generation is kept; otherwise everything in
+        flight is dropped."""
         self._check_layout(layout)
         shard, replica = layout.shard_of_shadow(self.id)
         geom = ShardGeometry(layout, shard)
-        if sorted(states) != list(range(len(geom.boxes))):
-            raise ControlError(
-                "bad_request",
-                f"load has boxes {sorted(states)}, shard {shard} has {len(geom.boxes)}",
-            )
-        replayer = ShardReplayer(layout, shard, opt)
-        replayer.load(iteration, [dict(states[k]) for k in range(len(geom.boxes))])
+        replayer: ShardReplayer | None = None
+        if states is not None:
+            if sorted(states) != list(range(len(geom.boxes))):
+                raise ControlError(
+                    "bad_request",
+                    f"load has boxes {sorted(states)}, shard {shard} has {len(geom.boxes)}",
+                )
+            replayer = ShardReplayer(layout, shard, opt)
+            replayer.load(iteration, [dict(states[k]) for k in range(len(geom.boxes))])
         window = self.opts.window
         if window is None:
             per = max(1, geom.local_nbytes)
             window = max(4, min(self.opts.max_window, self.opts.window_bytes // per))
-        with self._state_lock, self._lock:
-            if generation < self._generation:
-                self.ev["load_stale_generation"] += 1
-                raise ControlError(
-                    "stale_generation",
-                    f"load of generation {generation}: this "
-                    f"shadow serves generation {self._generation} of the job (a "
-                    "newer instance started; this one is fenced out)",
+        with self._state_lock:
+            if replayer is None:
+                replayer = self._own_replayer(layout, iteration, opt_json, opt)
+            with self._lock:
+                return self._start_session(
+                    layout,
+                    replayer,
+                    shard=shard,
+                    replica=replica,
+                    geom=geom,
+                    iteration=iteration,
+                    opt_json=opt_json,
+                    window=window,
+                    commit=commit,
+                    generation=generation,
+                    reseed=reseed,
+                    source=source,
+                    kept=states is None,
                 )
-            old = self._ld
-            same = old is not None and old.layout == layout and old.shard == shard
-            keep = reseed and same and generation == self._generation
-            if same and old is not None:
-                pool, allocated, geom = old.pool, old.allocated, old.geom
-                for it, rec in list(self._iters.items()):
-                    if keep and it > iteration:
-                        continue
-                    del self._iters[it]
-                    if rec.buf is not None:
-                        pool.append(rec.buf)
-            else:
-                pool, allocated = [], 0
-                self._iters.clear()
-            self._ld = _Loaded(
-                layout,
-                shard,
-                replica,
-                geom,
-                replayer,
-                opt_json,
-                pool,
-                window=window,
-                allocated=allocated,
+
+    def _start_session(
+        self,
+        layout: Layout,
+        replayer: ShardReplayer,
+        *,
+        shard: int,
+        replica: int,
+        geom: ShardGeometry,
+        iteration: int,
+        opt_json: str,
+        window: int,
+        commit: dict[str, Any] | None,
+        generation: int,
+        reseed: bool,
+        source: str,
+        kept: bool,
+    ) -> tuple[dict[str, Any], list[Any]]:
+        """The session bookkeeping of a load (both locks held)."""
+        if generation < self._generation:
+            self.ev["load_stale_generation"] += 1
+            raise ControlError(
+                "stale_generation",
+                f"load of generation {generation}: this "
+                f"shadow serves generation {self._generation} of the job (a "
+                "newer instance started; this one is fenced out)",
             )
-            self._gen += 1
-            self._generation = generation
-            self._digest = wire.session_digest(layout.digest64, generation)
-            self._last_applied = iteration
-            self._applying = None
-            self._trainer_rx_at = time.monotonic()  # a LOAD comes from the trainers
-            self._diverged_at = None
-            self._istar = _UNKNOWN
-            self._snaps.clear()
-            self._commits = {iteration: commit} if commit is not None else {}
-            if not keep:
-                self._peers.clear()
-                self._holds.clear()
-                # the senders of the old job (e.g. ranks 2, 3 before a 4 -> 2 restore) are gone
-                self._bucket_senders.clear()
-                self._rank_newest.clear()
-                self._rank_rx_at.clear()
-                self._newest_seen = iteration
-            else:
-                self._newest_seen = max(self._newest_seen, iteration)
-            self._snap_next = self.spec.shadows.snapshot_every
-            self.ev["loads"] += 1
-            self._note(
-                "seeded" if reseed else "load",
-                logging.WARNING if reseed else logging.INFO,
-                count=reseed,
-                shard=shard,
-                replica=replica,
-                iteration=iteration,
-                source=source,
-                generation=generation,
-                layout=layout.digest[:16],
-                boxes=len(geom.boxes),
-                kept_ahead=len(self._iters),
-            )
-            self._update_istar()
-            self._send_ready(retx=False)
-            if reseed and commit is None and iteration >= 0:
-                # seeded by a rank other than 0: ask rank 0 for COMMIT(iteration), so a restore
-                # at I* = iteration still has the scheduler, scaler and user state
-                self._send_nack(iteration, [], commit_missing=True)
-            self._cond.notify_all()
+        old = self._ld
+        same = old is not None and old.layout == layout and old.shard == shard
+        keep = reseed and same and generation == self._generation
+        if same and old is not None:
+            pool, allocated, geom = old.pool, old.allocated, old.geom
+            for it, rec in list(self._iters.items()):
+                if keep and it > iteration:
+                    continue
+                del self._iters[it]
+                if rec.buf is not None:
+                    pool.append(rec.buf)
+        else:
+            pool, allocated = [], 0
+            self._iters.clear()
+        self._ld = _Loaded(
+            layout,
+            shard,
+            replica,
+            geom,
+            replayer,
+            opt_json,
+            pool,
+            window=window,
+            allocated=allocated,
+        )
+        self._gen += 1
+        self._generation = generation
+        self._digest = wire.session_digest(layout.digest64, generation)
+        self._last_applied = iteration
+        self._applying = None
+        self._trainer_rx_at = time.monotonic()  # a LOAD comes from the trainers
+        self._diverged_at = None
+        self._istar = _UNKNOWN
+        self._snaps.clear()
+        self._commits = {iteration: commit} if commit is not None else {}
+        if not keep:
+            self._peers.clear()
+            self._holds.clear()
+            # the senders of the old job (e.g. ranks 2, 3 before a 4 -> 2 restore) are gone
+            self._bucket_senders.clear()
+            self._rank_newest.clear()
+            self._rank_rx_at.clear()
+            self._newest_seen = iteration
+        else:
+            self._newest_seen = max(self._newest_seen, iteration)
+        self._snap_next = self.spec.shadows.snapshot_every
+        self.ev["loads"] += 1
+        if kept:
+            self.ev["loads_kept"] += 1  # installed its own state: nothing travelled
+        self._note(
+            "seeded" if reseed else "load",
+            logging.WARNING if reseed else logging.INFO,
+            count=reseed,
+            shard=shard,
+            replica=replica,
+            iteration=iteration,
+            source=source,
+            generation=generation,
+            layout=layout.digest[:16],
+            boxes=len(geom.boxes),
+            kept_ahead=len(self._iters),
+            own_state=kept,
+        )
+        self._update_istar()
+        self._send_ready(retx=False)
+        if reseed and commit is None and iteration >= 0:
+            # seeded by a rank other than 0: ask rank 0 for COMMIT(iteration), so a restore
+            # at I* = iteration still has the scheduler, scaler and user state
+            self._send_nack(iteration, [], commit_missing=True)
+        self._cond.notify_all()
         return {
             "ok": True,
             "shard": shard,

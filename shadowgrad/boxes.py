@@ -10,13 +10,16 @@ of all shards back into full tensors (:func:`assemble_full`). The shadow's optim
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import torch
 
 from shadowgrad.errors import ShadowgradError
 from shadowgrad.layout import Box, Layout
-from shadowgrad.torch_dtypes import LAYOUT_TORCH_DTYPES
+from shadowgrad.tensorstream import copy_verified, iter_stream
+from shadowgrad.torch_dtypes import LAYOUT_TORCH_DTYPES, TORCH_DTYPES
 
 __all__ = [
     "ReplayError",
@@ -26,6 +29,7 @@ __all__ = [
     "box_where",
     "box_states_from_full",
     "assemble_full",
+    "FullStateSink",
 ]
 
 #: one box's state: ``"param"`` plus the torch optimizer state keys
@@ -165,3 +169,117 @@ def assemble_full(
                         f" shape {tuple(value.shape)}"
                     )
     return params, states
+
+
+class FullStateSink:
+    """The tensor streams of every shard's ``fetch`` reply, written straight into full
+    tensors: the parameters (``params``: destination tensors by name, written in place where
+    they are contiguous CPU tensors of the layout's shape and dtype; the others, and names not
+    given, get new memory) and the optimizer state (new full tensors, one per key, allocated as
+    the first box of a tensor names it). Every chunk is verified as it is copied, once, from
+    the reply's frame to its place (:func:`shadowgrad.tensorstream.copy_verified`).
+
+    :meth:`write` may run for different shards on different threads at once. :meth:`finish`
+    checks that every box of every shard came, with the same state keys across the boxes of a
+    tensor and the same 0-d values (``step``), as :func:`assemble_full` does, and returns
+    ``(params_by_name, optim_state_by_name)``.
+    """
+
+    def __init__(self, layout: Layout, params: Mapping[str, torch.Tensor] | None = None) -> None:
+        self.layout = layout
+        self._lock = threading.Lock()
+        self.params: dict[str, torch.Tensor] = {}
+        #: parameters written in place into the caller's tensors
+        self.in_place: set[str] = set()
+        given = params or {}
+        for p in layout.params:
+            dtype = LAYOUT_TORCH_DTYPES[p.dtype]
+            t = given.get(p.name)
+            if (
+                t is not None
+                and t.device.type == "cpu"
+                and t.is_contiguous()
+                and t.dtype == dtype
+                and tuple(t.shape) == tuple(p.shape)
+            ):
+                self.params[p.name] = t
+                self.in_place.add(p.name)
+            else:
+                self.params[p.name] = torch.empty(p.shape, dtype=dtype)
+        self.states: dict[str, dict[str, torch.Tensor]] = {}
+        self._keys: dict[tuple[int, int], set[str]] = {}
+        self.nbytes = 0
+
+    def _state_tensor(self, name: str, key: str, dtype: torch.dtype) -> torch.Tensor:
+        with self._lock:
+            st = self.states.setdefault(name, {})
+            t = st.get(key)
+            if t is None:
+                t = st[key] = torch.empty(self.params[name].shape, dtype=dtype)
+            elif t.dtype != dtype:
+                raise ReplayInputError(f"state {key!r} of {name!r} comes as {dtype} and {t.dtype}")
+            return t
+
+    def write(
+        self, shard: int, entries: Sequence[Mapping[str, Any]], frames: Sequence[Any]
+    ) -> None:
+        """Shard ``shard``'s stream (a ``fetch`` reply's ``entries`` and frames, all boxes)."""
+        boxes = self.layout.shard_boxes(shard)
+        for t in iter_stream(entries, frames):
+            if not 0 <= t.box < len(boxes):
+                raise ReplayInputError(f"shard {shard} has no box {t.box}")
+            box = boxes[t.box]
+            if "name" in t.entry and (
+                t.entry.get("name") != box.name
+                or tuple(t.entry.get("offsets") or ()) != box.offsets
+            ):
+                raise ReplayInputError(
+                    f"shard {shard} box {t.box} is {box_where(box)}, the stream says "
+                    f"{t.entry.get('name')!r} at {t.entry.get('offsets')}"
+                )
+            dtype = TORCH_DTYPES[t.dtype]
+            if t.key == "param":
+                if t.shape != box.lengths or dtype != LAYOUT_TORCH_DTYPES[box.dtype]:
+                    raise ReplayInputError(
+                        f"shard {shard} box {box_where(box)}: bad 'param' ({t.shape}, {t.dtype})"
+                    )
+                copy_verified(t, box_rows(self.params[box.name], box))
+            elif box.lengths and t.shape == ():  # a scalar shared by every box ("step")
+                value = torch.empty((), dtype=dtype)
+                copy_verified(t, value)
+                with self._lock:
+                    st = self.states.setdefault(box.name, {})
+                    prev = st.get(t.key)
+                    if prev is None:
+                        st[t.key] = value
+                    elif not torch.equal(prev, value):
+                        raise ReplayError(
+                            f"boxes of {box.name!r} disagree on {t.key!r}: {prev.item()} vs"
+                            f" {value.item()} ({box_where(box)})"
+                        )
+            elif t.shape == box.lengths:
+                copy_verified(t, box_rows(self._state_tensor(box.name, t.key, dtype), box))
+            else:
+                raise ReplayInputError(
+                    f"shard {shard} box {box_where(box)}: state {t.key!r} has shape {t.shape}"
+                )
+            with self._lock:
+                self._keys.setdefault((shard, t.box), set()).add(t.key)
+                self.nbytes += t.nbytes
+
+    def finish(self) -> tuple[dict[str, torch.Tensor], dict[str, dict[str, torch.Tensor]]]:
+        """Check completeness and agreement; ``(params_by_name, optim_state_by_name)``."""
+        first: dict[str, tuple[set[str], Box]] = {}
+        for shard in range(self.layout.num_shards):
+            for b, box in enumerate(self.layout.shard_boxes(shard)):
+                keys = self._keys.get((shard, b))
+                if keys is None or "param" not in keys:
+                    raise ReplayInputError(f"shard {shard} box {box_where(box)}: no 'param' came")
+                prev = first.setdefault(box.name, (keys, box))
+                if prev[0] != keys:
+                    raise ReplayError(
+                        f"boxes of {box.name!r} disagree on optimizer state: "
+                        f"{box_where(prev[1])} has {sorted(prev[0] - {'param'})}, "
+                        f"{box_where(box)} has {sorted(keys - {'param'})}"
+                    )
+        return self.params, {n: st for n, st in self.states.items() if st}

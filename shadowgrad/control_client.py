@@ -76,13 +76,13 @@ class FetchReply:
 
     iteration: int
     entries: list[dict[str, Any]]
-    frames: list[bytes]
+    frames: list[bytes] | list[memoryview]
     commit: dict[str, Any] | None = None
     shard: int | None = None
     generation: int | None = None
 
     @classmethod
-    def from_wire(cls, header: Mapping[str, Any], frames: list[bytes]) -> FetchReply:
+    def from_wire(cls, header: Mapping[str, Any], frames: list[Any]) -> FetchReply:
         """Read a ``fetch`` reply (ControlError ``bad_reply`` when malformed; a ``commit``
         that is not an object reads as none)."""
         r = _Reader(header, "fetch reply")
@@ -150,9 +150,13 @@ class ControlClient:
         op: str,
         frames: Sequence[memoryview | bytes] = (),
         timeout_s: float | None = None,
+        *,
+        copy: bool = True,
         **fields: Any,
-    ) -> tuple[dict[str, Any], list[bytes]]:
-        """Send one request; return (reply header, reply frames) or raise ControlError/timeout."""
+    ) -> tuple[dict[str, Any], list[Any]]:
+        """Send one request; return (reply header, reply frames) or raise ControlError/timeout.
+        ``copy=False``: the frames are memoryviews of zmq's own receive buffers (no copy; each
+        keeps its buffer alive), else ``bytes``."""
         timeout = self.timeout_s if timeout_s is None else timeout_s
         head = json.dumps({"op": op, "token": self._token, **fields}).encode()
         s = self._socket()
@@ -163,7 +167,10 @@ class ControlClient:
             s.send_multipart([head, *frames], copy=False)
             if not s.poll(ms, zmq.POLLIN):
                 raise zmq.Again()
-            reply = s.recv_multipart()
+            if copy:
+                reply: list[Any] = s.recv_multipart()
+            else:
+                reply = [f.buffer for f in s.recv_multipart(copy=False)]
         except zmq.Again:
             self._sock = None
             s.close(linger=0)
@@ -171,7 +178,7 @@ class ControlClient:
                 f"control {op!r} to {self.endpoint} got no reply within {timeout:g}s"
             ) from None
         try:
-            header = json.loads(reply[0])
+            header = json.loads(bytes(reply[0]))
         except ValueError as e:
             raise ControlError("bad_reply", f"{op!r}: reply header is not JSON: {e}") from None
         if not header.get("ok"):
@@ -254,13 +261,17 @@ class ShadowClient(ControlClient):
         iteration: int | None = None,
         boxes: Sequence[int] | None = None,
         timeout_s: float | None = None,
+        *,
+        copy: bool = True,
     ) -> FetchReply:
-        """Like :meth:`fetch`, without decoding: the stream as it came (see :class:`FetchReply`)."""
+        """Like :meth:`fetch`, without decoding: the stream as it came (see :class:`FetchReply`;
+        ``copy=False``: its frames are views of zmq's receive buffers)."""
         header, frames = self.call(
             "fetch",
             iteration=iteration,
             boxes=None if boxes is None else list(boxes),
             timeout_s=timeout_s,
+            copy=copy,
         )
         return FetchReply.from_wire(header, frames)
 
@@ -276,7 +287,7 @@ class ShadowClient(ControlClient):
     def load(
         self,
         iteration: int,
-        states: Sequence[Mapping[str, torch.Tensor]],
+        states: Sequence[Mapping[str, torch.Tensor]] | None,
         optimizer_json: str,
         layout_json: str | None = None,
         *,
@@ -289,9 +300,17 @@ class ShadowClient(ControlClient):
         """Bootstrap the shadow with its shard's state at ``iteration`` (per box, shard order);
         ``commit``: COMMIT(``iteration``) (:func:`commit_to_json` form) to keep with it.
         ``generation``, ``reseed`` and ``source`` (a trainer's bootstrap or re-seed: its
-        generation, whether it re-seeds a running shadow, who sends) travel only when given."""
-        entries, frames = encode_states(list(enumerate(states)))
+        generation, whether it re-seeds a running shadow, who sends) travel only when given.
+        ``states=None``: a *keep* load, no state travels: the shadow installs its own state of
+        ``iteration`` (the restore point it just served: live or held) as the new session's
+        start, or refuses with ``unavailable`` when it has not got it."""
         extra: dict[str, Any] = {}
+        if states is None:
+            entries: list[dict[str, Any]] = []
+            frames: list[memoryview] = []
+            extra["keep"] = True
+        else:
+            entries, frames = encode_states(list(enumerate(states)))
         if generation is not None:
             extra["generation"] = generation
         if reseed is not None:

@@ -500,10 +500,14 @@ def load_state_by_name(
     optimizer: torch.optim.Optimizer,
     named_parameters: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]],
     state: Mapping[str, Mapping[str, torch.Tensor]],
+    *,
+    copy: bool = True,
 ) -> None:
     """Load per-name optimizer ``state`` into ``optimizer`` (its param groups, hyperparameters
     and LRs are kept) through ``optimizer.load_state_dict``, which casts and places the tensors
-    as torch does on a normal resume. Parameters absent from ``state`` start fresh."""
+    as torch does on a normal resume. Parameters absent from ``state`` start fresh.
+    ``copy=False``: the optimizer takes the given tensors themselves where their dtype and
+    device already fit (a caller that built them for it)."""
     name_of = _names_by_id(named_parameters)
     sd = optimizer.state_dict()
     index = 0
@@ -516,7 +520,7 @@ def load_state_by_name(
                     "params", tuple(p.shape), "parameter has no name in named_parameters"
                 )
             if name in state:
-                new_state[index] = {k: v.clone() for k, v in state[name].items()}
+                new_state[index] = {k: v.clone() if copy else v for k, v in state[name].items()}
             index += 1
     unknown = sorted(
         set(state)

@@ -163,11 +163,12 @@ def settle(
     complete is one the restarted job does not repeat.
 
     Ends on facts: as soon as the applied cut (what every shard has applied) has reached the
-    ready cut (what every shard holds complete and verified) and the ready cut did not move
-    since the poll before. While the shadows make progress it waits (``timeout_s`` after the
-    last progress, at most ``max_s`` in all, default ``4 * timeout_s``); when nothing moves
-    for three polls it ends too (what is missing is not coming). Polls with ``poll()`` every
-    ``interval_s``; returns the last statuses."""
+    ready cut (what every shard holds complete and verified) and either no shadow buffers any
+    incomplete iteration (nothing more can become ready: no wait at all) or the ready cut did
+    not move since the poll before. While the shadows make progress it waits (``timeout_s``
+    after the last progress, at most ``max_s`` in all, default ``4 * timeout_s``); when
+    nothing moves for three polls it ends too (what is missing is not coming). Polls with
+    ``poll()`` every ``interval_s``; returns the last statuses."""
 
     def applied(s: ShadowStatus | None) -> tuple[int | None, int | None]:
         return (None, None) if s is None else (s.last_applied, s.last_ready)
@@ -183,7 +184,8 @@ def settle(
         if cuts is None:
             return last  # nobody holds state: nothing to wait for
         a, r = cuts
-        if a >= r and prev_ready == r:
+        idle = all(s is None or not s.loaded or s.buffered == 0 for s in last.values())
+        if a >= r and (idle or prev_ready == r):
             return last
         now = time.monotonic()
         if quiet >= 3 or now >= hard or now - moved_at >= timeout_s:

@@ -16,8 +16,8 @@ from __future__ import annotations
 import base64
 import binascii
 import warnings
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any, NamedTuple
 
 import torch
 
@@ -31,6 +31,9 @@ __all__ = [
     "ControlError",
     "encode_states",
     "decode_states",
+    "iter_stream",
+    "copy_verified",
+    "StreamTensor",
     "commit_to_json",
     "commit_from_json",
 ]
@@ -94,6 +97,67 @@ def _frame_tensor(chunk: memoryview) -> torch.Tensor:
         return torch.frombuffer(chunk, dtype=torch.uint8)
 
 
+class StreamTensor(NamedTuple):
+    """One tensor of a tensor stream, its entry validated: ``box``, ``key``, ``dtype`` (its
+    name in the one dtype table), ``shape``, ``nbytes`` and its ``chunks`` as ``(frame, CRC)``
+    pairs, not yet verified (:func:`copy_verified` verifies each as it copies it)."""
+
+    box: int
+    key: str
+    dtype: str
+    shape: tuple[int, ...]
+    nbytes: int
+    chunks: list[tuple[memoryview, int]]
+    entry: Mapping[str, Any]
+
+
+def iter_stream(
+    entries: Sequence[Mapping[str, Any]], frames: Sequence[memoryview | bytes]
+) -> Iterator[StreamTensor]:
+    """The tensors of a stream in order, each entry checked against its frames (sizes, shape,
+    dtype; ControlError ``bad_request``); CRCs are checked by whoever consumes the chunks."""
+    pos = 0
+    for entry in entries:
+        try:
+            box = int(entry["box"])
+            key = str(entry["key"])
+            dtype = str(entry["dtype"])
+            _DTYPES[dtype]
+            shape = tuple(int(d) for d in entry["shape"])
+            nbytes = int(entry["nbytes"])
+            crcs = [int(c) for c in entry["crc"]]
+        except (KeyError, TypeError, ValueError) as e:
+            raise ControlError("bad_request", f"malformed tensor entry {entry!r}: {e}") from None
+        if pos + len(crcs) > len(frames):
+            raise ControlError("bad_request", f"tensor stream ends inside {key!r} of box {box}")
+        chunks = [(memoryview(frames[pos + k]).cast("B"), crc) for k, crc in enumerate(crcs)]
+        pos += len(crcs)
+        if sum(c.nbytes for c, _ in chunks) != nbytes:
+            got = sum(c.nbytes for c, _ in chunks)
+            raise ControlError("bad_request", f"{key!r} of box {box}: {got} of {nbytes} bytes")
+        itemsize = DTYPES[dtype].itemsize
+        if nbytes % itemsize or nbytes // itemsize != _numel(shape):
+            raise ControlError("bad_request", f"{key!r} of box {box}: shape {shape} vs {nbytes} B")
+        yield StreamTensor(box, key, dtype, shape, nbytes, chunks, entry)
+    if pos != len(frames):
+        raise ControlError("bad_request", f"{len(frames) - pos} unexpected trailing frames")
+
+
+def copy_verified(t: StreamTensor, dest: torch.Tensor) -> None:
+    """Verify every chunk of ``t`` (CRC-32C; ControlError ``checksum``) and copy it into
+    ``dest`` (contiguous, ``t.nbytes`` bytes), chunk by chunk: the stream's one copy."""
+    if not dest.is_contiguous() or dest.numel() * dest.element_size() != t.nbytes:
+        raise ControlError("bad_request", f"{t.key!r} of box {t.box}: destination does not fit")
+    flat = dest.reshape(-1).view(torch.uint8) if t.nbytes else dest
+    lo = 0
+    for k, (chunk, crc) in enumerate(t.chunks):
+        if wire.crc(chunk) != crc:
+            raise ControlError("checksum", f"chunk {k} of {t.key!r} (box {t.box}) fails CRC-32")
+        if chunk.nbytes:
+            flat[lo : lo + chunk.nbytes].copy_(_frame_tensor(chunk))
+        lo += chunk.nbytes
+
+
 def decode_states(
     entries: Sequence[Mapping[str, Any]],
     frames: Sequence[memoryview | bytes],
@@ -107,44 +171,17 @@ def decode_states(
     copies the states anyway (the shadow's ``load``). Tensors of several frames are
     assembled into new memory either way."""
     out: dict[int, dict[str, torch.Tensor]] = {}
-    pos = 0
-    for entry in entries:
-        try:
-            box = int(entry["box"])
-            key = str(entry["key"])
-            dtype = _DTYPES[str(entry["dtype"])]
-            shape = tuple(int(d) for d in entry["shape"])
-            nbytes = int(entry["nbytes"])
-            crcs = [int(c) for c in entry["crc"]]
-        except (KeyError, TypeError, ValueError) as e:
-            raise ControlError("bad_request", f"malformed tensor entry {entry!r}: {e}") from None
-        view = not copy and len(crcs) == 1
-        buf = None if view else torch.empty(nbytes, dtype=torch.uint8)
-        mv = None if buf is None else buf.numpy().data.cast("B")
-        lo = 0
-        for k, crc in enumerate(crcs):
-            if pos >= len(frames):
-                raise ControlError("bad_request", f"tensor stream ends inside {key!r} of box {box}")
-            chunk = memoryview(frames[pos]).cast("B")
-            pos += 1
+    for t in iter_stream(entries, frames):
+        dtype = _DTYPES[t.dtype]
+        if not copy and len(t.chunks) == 1:
+            chunk, crc = t.chunks[0]
             if wire.crc(chunk) != crc:
-                raise ControlError("checksum", f"chunk {k} of {key!r} (box {box}) fails CRC-32")
-            if lo + chunk.nbytes > nbytes:
-                raise ControlError("bad_request", f"{key!r} of box {box}: more bytes than nbytes")
-            if mv is None:
-                buf = _frame_tensor(chunk)
-            else:
-                mv[lo : lo + chunk.nbytes] = chunk
-            lo += chunk.nbytes
-        if lo != nbytes:
-            raise ControlError("bad_request", f"{key!r} of box {box}: {lo} of {nbytes} bytes")
-        itemsize = DTYPES[str(entry["dtype"])].itemsize
-        if nbytes % itemsize or nbytes // itemsize != _numel(shape):
-            raise ControlError("bad_request", f"{key!r} of box {box}: shape {shape} vs {nbytes} B")
-        assert buf is not None  # one chunk (a view), or the assembled copy
-        out.setdefault(box, {})[key] = buf.view(dtype).reshape(shape)
-    if pos != len(frames):
-        raise ControlError("bad_request", f"{len(frames) - pos} unexpected trailing frames")
+                raise ControlError("checksum", f"chunk 0 of {t.key!r} (box {t.box}) fails CRC-32")
+            buf = _frame_tensor(chunk)
+        else:
+            buf = torch.empty(t.nbytes, dtype=torch.uint8)
+            copy_verified(t, buf)
+        out.setdefault(t.box, {})[t.key] = buf.view(dtype).reshape(t.shape)
     return out
 
 

@@ -180,6 +180,49 @@ def test_restart_in_process_restores_model_and_optimizer() -> None:
             assert torch.equal(p, p2)
 
 
+def test_restore_writes_in_place_and_the_shadows_keep_their_own_state() -> None:
+    """Issue 23: a restore fetches every shard at once and writes the parameters in place (the
+    model's own tensors, no second copy of the state); the shadows that served I* keep their
+    own state as the new session's start (a keep load: nothing travels back), and the restored
+    session goes on bit-identically on the trainer and on every shadow."""
+    spec = parse_spec(loopback_spec(world=1, shadows=3), env={})
+    with shadow_cluster(spec) as cluster:
+        model, opt, sg = _setup(spec)
+        with sg:
+            sg.restore_or_start()
+            _train(model, sg, 6)
+            assert sg.flush(10)
+        assert cluster.wait_applied(5, timeout_s=30)
+        torch.manual_seed(5)  # another initialisation: everything must come back
+        model2, opt2, sg2 = _setup(spec)
+        with torch.no_grad():
+            for p in model2.parameters():
+                p.add_(1.0)
+        ptrs = {n: p.data_ptr() for n, p in model2.named_parameters()}
+        kept0 = [n.ev["loads_kept"] for n in cluster.nodes]
+        with sg2:
+            start = sg2.restore_or_start()
+            assert (start.iteration, start.restored) == (6, True)
+            assert {n: p.data_ptr() for n, p in model2.named_parameters()} == ptrs
+            for (n, p), p2 in zip(model.named_parameters(), model2.parameters(), strict=True):
+                assert torch.equal(p, p2), n
+            a = state_by_name(opt, model.named_parameters())
+            b = state_by_name(opt2, model2.named_parameters())
+            assert a.keys() == b.keys()
+            for n in a:
+                for k in a[n]:
+                    assert torch.equal(a[n][k], b[n][k]), (n, k)
+            assert [n.ev["loads_kept"] - k for n, k in zip(cluster.nodes, kept0, strict=True)] == [
+                1,
+                1,
+                1,
+            ]
+            _train(model2, sg2, 4, start=6)
+            assert sg2.flush(10)
+            assert cluster.wait_applied(9, timeout_s=30)
+            _assert_shadows_equal(cluster, sg2, model2, opt2)
+
+
 class _Plain:
     """What sg.backward/sg.step do without a scaler or scheduler (clip 0.3), for comparison."""
 

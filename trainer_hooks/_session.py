@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import base64
-import json
 import logging
 import os
 import socket
 import time
-from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -17,16 +16,16 @@ import torch
 
 from shadowgrad._log import event
 from shadowgrad.blob import pack_blob, unpack_blob
-from shadowgrad.boxes import assemble_full, box_states_from_full
+from shadowgrad.boxes import FullStateSink, box_states_from_full
 from shadowgrad.config import JobSpec, load_spec
-from shadowgrad.control_client import ControllerClient, FetchReply, ShadowClient
-from shadowgrad.errors import ConfigError, ShadowgradError
+from shadowgrad.control_client import ControllerClient, ShadowClient
+from shadowgrad.errors import ConfigError, ControlError, ShadowgradError
 from shadowgrad.frames import MAX_FRAMED_DATAGRAM
 from shadowgrad.layout import Layout, from_module
 from shadowgrad.optspec import OptimizerSpec, load_state_by_name, state_by_name
 from shadowgrad.replies import ShadowStatus
 from shadowgrad.restore import fix_restore_point
-from shadowgrad.tensorstream import CHUNK_BYTES, commit_to_json, decode_states
+from shadowgrad.tensorstream import commit_to_json
 from shadowgrad.wire import (
     DEFAULT_CHUNK_BYTES,
     HEADER_SIZE,
@@ -184,6 +183,10 @@ class Shadowgrad:
         self._degraded_reason: str | None = None
         self._start_problem: str | None = None
         self._restored_commit: dict[str, Any] | None = None
+        #: a restore wrote part of the parameters and then failed (a fresh start is not safe)
+        self._params_dirty = False
+        #: the restore point's holds (rank 0's survey), released once the shadows are loaded
+        self._held_after_restore: list[int] = []
         self._closed = False
         #: this instance's generation of the job (fencing, DESIGN invariant 8) and the value of
         #: the header's layout field that carries it
@@ -461,13 +464,14 @@ class Shadowgrad:
         self,
         k: int,
         iteration: int,
-        states: list[dict[str, Any]],
+        states: list[dict[str, Any]] | None,
         commit: dict[str, Any] | None,
         *,
         reseed: bool,
         client: ShadowClient | None = None,
     ) -> float | None:
-        """``load`` the box states of shadow ``k``'s shard. ``client``: one already connected
+        """``load`` the box states of shadow ``k``'s shard (``states=None``: a keep load, the
+        shadow installs its own state of ``iteration``). ``client``: one already connected
         to shadow ``k`` (the health monitor's), used and kept open; else a new connection.
         Returns the seconds the shadow says it spent installing the state (None if it does
         not say)."""
@@ -492,16 +496,29 @@ class Shadowgrad:
         ms = reply.get("install_ms")
         return float(ms) / 1000 if isinstance(ms, int | float) else None
 
-    def _load_shadows(self, iteration: int, commit: dict[str, Any] | None = None) -> bool:
+    def _load_shadows(
+        self, iteration: int, commit: dict[str, Any] | None = None, *, keep: bool = False
+    ) -> bool:
         """Bootstrap the shadows this rank is responsible for (``k % world == rank``) with the
         live model and optimizer state, as the state after ``iteration`` (``commit``: keep
-        COMMIT(iteration) with it, for the next restore)."""
+        COMMIT(iteration) with it, for the next restore). ``keep`` (after a restore of
+        ``iteration``): first ask each shadow to keep its own state of ``iteration`` as the new
+        session's start (nothing travels); only a shadow that has not got it is sent the
+        state."""
         ok = True
         for k in range(self.spec.shadows.count):
             if k % self.group.world != self.rank:
                 continue
             shard, _ = self.layout.shard_of_shadow(k)
             try:
+                if keep:
+                    try:
+                        self._send_load(k, iteration, None, commit, reseed=False)
+                        continue
+                    except ControlError as exc:
+                        if exc.code not in ("unavailable", "not_loaded"):
+                            raise
+                        event(log, "trainer.keep_refused", shadow=k, reason=str(exc))
                 self._send_load(
                     k, iteration, self._shard_states(shard, clone=False), commit, reseed=False
                 )
@@ -580,13 +597,23 @@ class Shadowgrad:
         assert decision is not None
         if decision["mode"] == "fresh":
             start = Start(first_iteration, None, False)
+            if self._params_dirty:
+                self._close_sockets()
+                raise ShadowgradError(
+                    "a failed restore overwrote part of the model's parameters and the shadows"
+                    " no longer hold a state to restore: start the job again"
+                )
             if decision.get("reachable", 1) == 0:
                 self._degrade("no_shadow_reachable", lasting=False)
                 ok = False
             else:
                 ok = self._load_shadows(first_iteration - 1)
         else:
-            ok = self._load_shadows(start.iteration - 1, self._restored_commit)
+            ok = self._load_shadows(start.iteration - 1, self._restored_commit, keep=True)
+            # the holds of the restore point kept it for the keep loads; a load ends them on
+            # the shadows it reached, this ends the others
+            self._release_held(self._held_after_restore, start.iteration - 1)
+            self._held_after_restore = []
         if g.all_min(int(ok)) == 0:
             self._degrade("bootstrap_failed", lasting=False)
         self._iteration = start.iteration
@@ -619,62 +646,56 @@ class Shadowgrad:
         every rank when some rank could not fetch (the caller decides again)."""
         g = self.group
         layout = self.layout
-        # each rank fetches the shards s with s % world == rank
-        mine: dict[int, FetchReply] = {}
-        error: str | None = None
-        for shard in range(layout.num_shards):
-            if shard % g.world != g.rank:
-                continue
+        # every rank fetches every shard itself, all shards at once (one connection each), each
+        # reply's chunks verified and copied once, straight into the parameters (in place) and
+        # into new optimizer state tensors; rank r starts at shard r, to spread the ranks
+        # over the shadows
+        sink = FullStateSink(layout, {n: p.detach() for n, p in self.params.items()})
+        if sink.in_place:
+            self._params_dirty = True  # a failed fetch may leave them half written
+        order = [(g.rank + j) % layout.num_shards for j in range(layout.num_shards)]
+        commit: dict[str, Any] | None = None
+
+        def fetch(shard: int) -> dict[str, Any] | None:
             k = source[shard]
-            try:
-                with self._client(k, self._bulk_timeout(3 * layout.shard_bytes(shard))) as c:
-                    reply = c.fetch_raw(istar)
-                if reply.iteration != istar:
-                    raise ShadowgradError(f"shadow {k} answered iteration {reply.iteration}")
-                mine[shard] = reply
-            except Exception as exc:
-                error = f"fetch of shard {shard} from shadow {k} failed: {exc}"
-                break
+            with self._client(k, self._bulk_timeout(3 * layout.shard_bytes(shard))) as c:
+                reply = c.fetch_raw(istar, copy=False)
+            if reply.iteration != istar:
+                raise ShadowgradError(f"shadow {k} answered iteration {reply.iteration}")
+            sink.write(shard, reply.entries, reply.frames)
+            return reply.commit
+
+        error: str | None = None
+        t0 = time.perf_counter()
+        with ThreadPoolExecutor(max(1, min(8, layout.num_shards)), "sg-restore") as pool:
+            futures = {shard: pool.submit(fetch, shard) for shard in order}
+            for shard, fut in futures.items():
+                try:
+                    got = fut.result()
+                except Exception as exc:
+                    if error is None:
+                        error = f"fetch of shard {shard} from shadow {source[shard]} failed: {exc}"
+                    continue
+                if shard == 0:
+                    commit = got
+        try:
+            params, opt_state = sink.finish() if error is None else ({}, {})
+        except ShadowgradError as exc:
+            error = f"the fetched state of iteration {istar} is inconsistent: {exc}"
         failed = g.all_min(0 if error else 1) == 0
         if failed:
             if g.rank == 0:
                 self._release_held(held, istar)
             raise _FetchFailedError(error or "restore failed on another rank")
-        exports: list[list[dict[str, torch.Tensor]]] = []
-        commit: dict[str, Any] | None = None
-        for shard in range(layout.num_shards):
-            owner = shard % g.world
-            data: bytes | None = None
-            if owner == g.rank:
-                reply = mine[shard]
-                header = json.dumps({"entries": reply.entries, "commit": reply.commit}).encode()
-                data = (
-                    len(header).to_bytes(8, "big")
-                    + header
-                    + b"".join(bytes(f) for f in reply.frames)
-                )
-            data = g.broadcast_bytes(data, src=owner)
-            hlen = int.from_bytes(data[:8], "big")
-            header_doc = json.loads(data[8 : 8 + hlen])
-            frames_mv: list[memoryview] = []
-            pos = 8 + hlen
-            mv = memoryview(data)
-            for e in header_doc["entries"]:
-                for _crc, size in _frame_sizes(e):
-                    frames_mv.append(mv[pos : pos + size])
-                    pos += size
-            states = decode_states(header_doc["entries"], frames_mv)
-            exports.append([states[b] for b in range(len(layout.shard_boxes(shard)))])
-            if shard == 0:
-                commit = header_doc["commit"]
-        if g.rank == 0:
-            self._release_held(held, istar)
-        params, opt_state = assemble_full(layout, exports)
+        fetch_s = time.perf_counter() - t0
         with torch.no_grad():
             for name, p in self.params.items():
-                p.copy_(params[name].to(p.device))
+                if name not in sink.in_place:
+                    p.copy_(params[name].to(p.device))
+        self._params_dirty = False
+        self._held_after_restore = held if g.rank == 0 else []
         if opt_state:
-            load_state_by_name(self.optimizer, self._named, opt_state)
+            load_state_by_name(self.optimizer, self._named, opt_state, copy=False)
         user: Any = None
         self._restored_commit = commit
         if istar >= 0 and (commit is None or "user_state" not in commit):
@@ -717,7 +738,15 @@ class Shadowgrad:
                     if name in self._module_state:
                         self._module_state[name].copy_(t.to(self._module_state[name].device))
             user = blob.get("user")
-        event(log, "trainer.restored", rank=self.rank, iteration=istar)
+        event(
+            log,
+            "trainer.restored",
+            rank=self.rank,
+            iteration=istar,
+            fetch_ms=round(1000 * fetch_s, 1),
+            bytes=sink.nbytes,
+            fetch_mb_s=round(sink.nbytes / fetch_s / 1e6, 1) if fetch_s > 0 else None,
+        )
         return Start(istar + 1, user, True)
 
     def _bind(self) -> str | None:
@@ -1189,14 +1218,6 @@ def _udp_port_holder(port: int) -> str | None:
         except OSError:
             continue
     return None
-
-
-def _frame_sizes(entry: Mapping[str, Any]) -> list[tuple[int, int]]:
-    """(crc, size) of each chunk frame of one tensor entry of the control stream."""
-    nbytes = int(entry["nbytes"])
-    crcs = [int(c) for c in entry["crc"]]
-    sizes = [min(CHUNK_BYTES, nbytes - i * CHUNK_BYTES) for i in range(len(crcs))]
-    return list(zip(crcs, sizes, strict=True))
 
 
 def attach(
