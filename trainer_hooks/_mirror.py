@@ -212,16 +212,8 @@ class MirrorSender:
         self._by_iter: dict[int, _Slot] = {}
         #: slots allocated (their pages touched) but never captured into, taken first
         self._unused: list[_Slot] = []
+        self._lock = threading.Lock()
         self._new_slot()  # the first one now: a failing allocation shows at attach
-        # the rest now too, each written once: a capture into a slot whose pages were never
-        # touched page-faults all of it in on the training thread (a 100M-parameter rank's
-        # 200 MB slot: ~0.1 s, once per slot); the same memory a run holds after its first
-        # ``slots`` iterations anyway
-        try:
-            while len(self._slots) < self._max_slots:
-                self._new_slot()
-        except RuntimeError:  # out of (pinned) memory: make do with what there is
-            self._max_slots = len(self._slots)
         #: state-change logging of drops: the reason of the current degraded spell, drops since
         #: the last summary, when that was
         self._drop_reason: str | None = None
@@ -230,7 +222,6 @@ class MirrorSender:
         self._next_summary = time.monotonic() + summary_s
         #: newest iteration that was dropped for the shadows (None: none)
         self.last_drop: int | None = None
-        self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
         self._queue: collections.deque[tuple[str, Any]] = collections.deque()
         self._max_queue = max_queue
@@ -238,6 +229,15 @@ class MirrorSender:
         self._last_commit: tuple[int, CommitRecord] | None = None
         self._last_send = time.monotonic()
         self._stop = False
+        # the other slots in the background, each written once: a capture into a slot whose
+        # pages were never touched page-faults all of it in on the training thread (a
+        # 100M-parameter rank's 200 MB slot: ~0.1 s, once per slot), and doing it here would
+        # hold a (re)start up as long (the same memory a run holds after its first ``slots``
+        # iterations anyway). A capture that finds no touched slot yet allocates one itself.
+        self._prefault = threading.Thread(
+            target=self._allocate_slots, name=f"shadowgrad-slots-r{plan.rank}", daemon=True
+        )
+        self._prefault.start()
         self._rx = bytearray(MAX_DATAGRAM)
         # self-pipe: work queued while the thread idles in select() wakes it at once (a
         # Condition cannot interrupt select, and a timed poll let the sender lag by its period)
@@ -346,6 +346,7 @@ class MirrorSender:
             self._stop = True
             self._wake_thread_locked()
         self._thread.join(timeout_s)
+        self._prefault.join(timeout_s)
         if self._thread.is_alive():
             log.warning("mirror sender thread of rank %d did not stop in %gs", self.rank, timeout_s)
 
@@ -385,14 +386,38 @@ class MirrorSender:
             with contextlib.suppress(OSError):
                 os.write(self._wake_w, b"x")
 
-    def _new_slot(self) -> _Slot:
+    def _alloc_slot(self) -> _Slot:
         # _LEAD bytes of room before the staging area: an authenticated chunk's header is
         # written in front of its payload, so the GMAC and sendmsg read one contiguous buffer
         full = torch.zeros(_LEAD + self._slot_nbytes, dtype=torch.uint8, pin_memory=self._pin)
-        slot = _Slot(full[_LEAD:], _bytes_view(full))
+        return _Slot(full[_LEAD:], _bytes_view(full))
+
+    def _new_slot(self) -> _Slot:
+        """Allocate a slot and add it to the unused ones (lock held, or at construction)."""
+        slot = self._alloc_slot()
         self._slots.append(slot)
         self._unused.append(slot)
         return slot
+
+    def _allocate_slots(self) -> None:
+        """The prefault thread: allocate (and so touch) the slots up to ``slots``, one at a
+        time outside the lock; stops at the first failed allocation (out of pinned memory:
+        make do with what there is) or at close."""
+        while True:
+            with self._lock:
+                if self._stop or len(self._slots) >= self._max_slots:
+                    return
+            try:
+                slot = self._alloc_slot()
+            except RuntimeError:
+                with self._lock:
+                    self._max_slots = len(self._slots)
+                return
+            with self._lock:
+                if len(self._slots) >= self._max_slots:
+                    return
+                self._slots.append(slot)
+                self._unused.append(slot)
 
     def _take_slot(self) -> _Slot | None:
         """A slot for a new capture (lock held): one never captured into yet (all are allocated
@@ -401,6 +426,12 @@ class MirrorSender:
         a retransmission is being sent from. O(slots) at worst, O(1) as a rule."""
         if self._unused:
             return self._unused.pop()
+        if len(self._slots) < self._max_slots:  # the prefault thread has not got this far
+            try:
+                self._new_slot()
+                return self._unused.pop()
+            except RuntimeError:
+                self._max_slots = len(self._slots)
         # the oldest recyclable sent slot that no NACK is being answered from right now: a
         # retransmission of the oldest iteration (a NACK storm for it) must not make the next
         # capture fail while a younger slot beyond the history is free (seen in CI: dropped)
