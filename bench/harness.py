@@ -617,6 +617,62 @@ def render_reseed(d: Doc) -> list[str]:
         ],
         rows,
     )
+    loads = d.get("load") or []
+    if loads:
+        hog = d.get("hog") or 0
+        out += [
+            "",
+            "**Re-seed into a restarted shadow** (issue 21): a real `shadowgrad shadow` process "
+            "started per repeat; *answers*: its first `status` reply (the control socket is "
+            "bound before torch is imported), *ready*: the first reply no longer `starting`; "
+            "then the trainer's re-seed `load` of its shard, the first one into the fresh "
+            "process and the median of warm ones; *transfer*: the round trip less the install "
+            "time the shadow reports (`trainer.reseed`'s `send_mb_s`). Baseline: a bare zmq "
+            "round trip of the same frames to a ROUTER in another process, same run"
+            + (f"; {hog} busy loops ran meanwhile" if hog else "")
+            + f". Goals: transfer ≥ {GOAL_RESEED_MB_S:.0f} MB/s, answers ≤ "
+            f"{GOAL_ANSWER_S:.0f} s.",
+            "",
+        ]
+        lrows = []
+        for r in loads:
+            mb = r.get("first_send_MB_s")
+            ans = r.get("status_s_max")
+            met = (
+                isinstance(mb, int | float)
+                and isinstance(ans, int | float)
+                and mb >= GOAL_RESEED_MB_S
+                and ans <= GOAL_ANSWER_S
+            )
+            lrows.append(
+                [
+                    f"`{r.get('model')}`",
+                    _f(r.get("bytes"), 2, 1e-6),
+                    f"{_f(r.get('status_s'), 2)} (max {_f(ans, 2)})",
+                    f"{_f(r.get('ready_s'), 2)} (max {_f(r.get('ready_s_max'), 2)})",
+                    _f(r.get("first_load_ms"), 1),
+                    _f(mb),
+                    _ratio(r.get("first_send_vs_zmq")),
+                    _f(r.get("warm_load_MB_s")),
+                    _f(r.get("zmq_MB_s")),
+                    "met" if met else "missed",
+                ]
+            )
+        out += _table(
+            [
+                "model",
+                "shard MB",
+                "answers s",
+                "ready s",
+                "first load ms",
+                "transfer MB/s",
+                f"{TIMES} zmq",
+                "warm load MB/s",
+                "bare zmq MB/s",
+                "goal",
+            ],
+            lrows,
+        )
     return out
 
 
@@ -688,10 +744,12 @@ def render_recovery(d: Doc) -> list[str]:
     )
     out += [
         "",
-        "Where a restore's time goes (median ms per phase; `survey` includes the settle, "
-        f"3 polls {TIMES} `timeouts.gap_repair` = {t.get('gap_repair', '?')}; "
-        "`fetch load`: fetch every shard, assemble, load into model and optimizer; `reseed`: "
-        "load the state back into the shadows as the new session's start):",
+        "Where a restore's time goes (median ms per phase; `survey`: status of every shadow "
+        "and the settle, which ends at once when nothing is left to apply, else polls every "
+        f"`timeouts.gap_repair` = {t.get('gap_repair', '?')}, then the hold of I\\*; "
+        "`fetch load`: fetch every shard at once, each chunk verified and copied once into "
+        "the parameters and optimizer state; `reseed`: the shadows start the new session from "
+        "their own state of I\\*, sent again only to one that has not got it):",
         "",
     ]
     out += _table(["size (state)", "variant", "shadows", "phases"], phases)
@@ -739,6 +797,8 @@ GOAL_INBAND = 0.01  #: in-band trainer CPU per iteration over the clean ring's
 GOAL_INBAND_BYTES = 0.001  #: in-band trainer bytes per iteration over the clean ring's
 GOAL_STALL = 10.0  #: DCP async_save every iteration stalls >= 10x more than shadowgrad
 GOAL_MIRROR = 0.05  #: mirror mode against sinks costs the trainer <= 5 % over none
+GOAL_RESEED_MB_S = 100.0  #: a re-seed's transfer into a restarted shadow, loopback
+GOAL_ANSWER_S = 3.0  #: a restarted shadow answers its control port within this
 
 
 def _num(x: Any) -> float | None:
@@ -1514,7 +1574,7 @@ BENCHES: tuple[Bench, ...] = (
     Bench(
         "reseed_bench",
         "Self-healing pause: staging copy of one shard vs memcpy",
-        ("--sizes", "1M,10M", "--repeat", "3"),
+        ("--sizes", "1M,10M", "--repeat", "3", "--load-models", "transformer,1M"),
         render=render_reseed,
     ),
     Bench(
