@@ -280,6 +280,8 @@ class ShadowNode:
         self._state_lock = threading.Lock()  # the replayer's tensors
         self._cond = threading.Condition(self._lock)
         self._stop = threading.Event()
+        #: when the control request being served was received (None: served in-process)
+        self._request_at: float | None = None
         self._ld: _Loaded | None = None
         self._iters: dict[int, _Iter] = {}
         self._last_applied = -1
@@ -1191,9 +1193,13 @@ class ShadowNode:
         if sep is None or sep + 1 >= len(parts):
             self.ev["control_malformed"] += 1
             return
+        self._request_at = time.perf_counter()  # when the request was received (load timing)
         envelope = [p.bytes for p in parts[: sep + 1]]
         head, frames = parts[sep + 1], [p.buffer for p in parts[sep + 2 :]]
-        reply_head, reply_frames = self._serve(head.bytes, frames)
+        try:
+            reply_head, reply_frames = self._serve(head.bytes, frames)
+        finally:
+            self._request_at = None
         try:
             self._rep.send_multipart(
                 [*envelope, json.dumps(reply_head).encode(), *reply_frames], copy=False
@@ -1451,7 +1457,9 @@ class ShadowNode:
     def _op_load(
         self, req: dict[str, Any], frames: list[memoryview]
     ) -> tuple[dict[str, Any], list[Any]]:
-        t0 = time.perf_counter()
+        # from the request's receipt (its header parsed, its token checked: part of the
+        # shadow's time, not of the transfer)
+        t0 = self._request_at or time.perf_counter()
         layout_json = req.get("layout")
         ld = self._ld
         known = [x for x in (None if ld is None else ld.layout, self._layout_hint) if x is not None]
