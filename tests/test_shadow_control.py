@@ -103,6 +103,39 @@ def test_token_status_hold_release_fetch() -> None:
         assert c.clients[0].status()["last_applied"] == 5
 
 
+def test_a_keep_load_starts_a_session_from_the_shadows_own_state() -> None:
+    """Issue 23: after a restore the shadows keep their own state of I* (live, or the held
+    snapshot) as the new session's start: a ``load`` with ``keep`` and no state; a shadow that
+    has not got the iteration refuses with ``unavailable`` and changes nothing."""
+    trainer = RefTrainer(Case("keep", "mlp", "adamw", iterations=10), seed=3)
+    layout = trainer.layout(num_shadows=2)
+    opt = trainer.optimizer_spec().to_json()
+    with cluster(layout) as c:
+        c.load(trainer.named, trainer.optimizer_spec())
+        _run(c, trainer, layout, range(3))
+        at2 = (
+            {k: v.detach().clone() for k, v in trainer.named.items()},
+            copy.deepcopy(state_by_name(trainer.opt, trainer.model.named_parameters())),
+        )
+        for cl in c.clients:
+            cl.hold(2)
+        _run(c, trainer, layout, range(3, 5))  # live at 4, 2 a held snapshot
+        for shard, (n, cl) in enumerate(zip(c.nodes, c.clients, strict=True)):
+            with pytest.raises(ControlError) as ei:
+                cl.load(1, None, opt, layout.to_json(), generation=7)
+            assert ei.value.code == "unavailable"
+            assert cl.status()["last_applied"] == 4 and n.ev["loads_kept"] == 0
+            reply = cl.load(2, None, opt, layout.to_json(), generation=7)
+            assert reply["iteration"] == 2 and n.ev["loads_kept"] == 1
+            st = cl.status()
+            assert (st["last_applied"], st["generation"], st["holds"]) == (2, 7, [])
+            assert not compare_shard(layout, shard, cl.fetch(2).states, *at2)
+            # standing at 2 now: a second keep of 2 takes the live state itself
+            cl.load(2, None, opt, layout.to_json(), generation=8)
+            assert n.ev["loads_kept"] == 2 and cl.status()["generation"] == 8
+            assert not compare_shard(layout, shard, cl.fetch(2).states, *at2)
+
+
 def test_stream_checksums_and_client_timeout() -> None:
     states = [(0, {"param": torch.arange(10.0), "step": torch.tensor(3.0)})]
     entries, frames = encode_states(states)
