@@ -221,14 +221,21 @@ class FullStateSink:
             return t
 
     def write(
-        self, shard: int, entries: Sequence[Mapping[str, Any]], frames: Sequence[Any]
+        self,
+        shard: int,
+        entries: Sequence[Mapping[str, Any]],
+        frames: Sequence[Any],
+        *,
+        boxes: Sequence[int] | None = None,
     ) -> None:
-        """Shard ``shard``'s stream (a ``fetch`` reply's ``entries`` and frames, all boxes)."""
-        boxes = self.layout.shard_boxes(shard)
+        """Shard ``shard``'s stream (a ``fetch`` reply's ``entries`` and frames) of the box
+        indices ``boxes`` (None: all of the shard's; a stream of other boxes is refused)."""
+        shard_boxes = self.layout.shard_boxes(shard)
+        allowed = range(len(shard_boxes)) if boxes is None else set(boxes)
         for t in iter_stream(entries, frames):
-            if not 0 <= t.box < len(boxes):
-                raise ReplayInputError(f"shard {shard} has no box {t.box}")
-            box = boxes[t.box]
+            if t.box not in allowed or not 0 <= t.box < len(shard_boxes):
+                raise ReplayInputError(f"shard {shard}: box {t.box} was not asked for")
+            box = shard_boxes[t.box]
             if "name" in t.entry and (
                 t.entry.get("name") != box.name
                 or tuple(t.entry.get("offsets") or ()) != box.offsets

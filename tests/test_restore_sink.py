@@ -102,3 +102,26 @@ def test_a_missing_shard_or_disagreeing_boxes_are_refused() -> None:
     with pytest.raises(ReplayError, match="disagree"):
         for shard in range(layout.num_shards):
             sink.write(shard, *(streams2 if shard == s1 else streams)[shard])
+
+
+def test_pieces_of_a_shard_come_as_box_groups_and_others_are_refused() -> None:
+    """A restore fetches a shard in box groups (``fetch(boxes=...)``): each piece is written
+    for its boxes only, a piece carrying a box it was not asked for is refused, and the
+    shard is complete once every group came."""
+    layout, full, ostate = _state(shards=1)
+    entries, frames = _streams(layout, full, ostate)[0]
+    nbox = len(layout.shard_boxes(0))
+    assert nbox >= 2
+    sink = FullStateSink(layout)
+    with pytest.raises(ShadowgradError, match="not asked for"):
+        sink.write(0, entries, frames, boxes=[0])
+    sink = FullStateSink(layout)
+    pos = 0
+    for b in range(nbox):  # one box per piece, as separate streams
+        own = [e for e in entries if int(e["box"]) == b]
+        n = sum(len(e["crc"]) for e in own)
+        sink.write(0, own, frames[pos : pos + n], boxes=[b])
+        pos += n
+    params, _ = sink.finish()
+    for n, t in full.items():
+        assert torch.equal(params[n], t), n

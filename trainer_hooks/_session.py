@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 import torch
+import zmq
 
 from shadowgrad._log import event
 from shadowgrad.blob import pack_blob, unpack_blob
@@ -54,6 +55,10 @@ assert (NETWORK_DATAGRAM - HEADER_SIZE) // 64 * 64 == DEFAULT_CHUNK_BYTES
 DEFAULT_BUFFER_BYTES = 256 * 2**20
 #: most staging + retransmit slots (iterations) a rank keeps
 MAX_SLOTS = 1024
+#: a restore fetches each shard in pieces of about this many parameter bytes (with the
+#: optimizer state: ~3x), at most FETCH_IN_FLIGHT requests at once
+FETCH_PIECE_BYTES = 8 * 2**20
+FETCH_IN_FLIGHT = 6
 #: the most bytes of module state (buffers, frozen parameters) the COMMIT record carries
 MODULE_STATE_MAX = 32 * 2**10
 
@@ -646,38 +651,50 @@ class Shadowgrad:
         every rank when some rank could not fetch (the caller decides again)."""
         g = self.group
         layout = self.layout
-        # every rank fetches every shard itself, all shards at once (one connection each), each
-        # reply's chunks verified and copied once, straight into the parameters (in place) and
-        # into new optimizer state tensors; rank r starts at shard r, to spread the ranks
-        # over the shadows
+        # every rank fetches every shard itself, all at once: each shard in pieces of about
+        # FETCH_PIECE_BYTES (box groups), several requests in flight on connections of their
+        # own, so the shadow prepares one piece while the last one travels and the one before
+        # is copied; each reply's chunks verified and copied once, straight into the
+        # parameters (in place) and into new optimizer state tensors; rank r starts at shard r,
+        # to spread the ranks over the shadows
         sink = FullStateSink(layout, {n: p.detach() for n, p in self.params.items()})
         if sink.in_place:
             self._params_dirty = True  # a failed fetch may leave them half written
         order = [(g.rank + j) % layout.num_shards for j in range(layout.num_shards)]
+        pieces = [(shard, grp) for shard in order for grp in _box_groups(layout, shard)]
         commit: dict[str, Any] | None = None
+        ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
 
-        def fetch(shard: int) -> dict[str, Any] | None:
+        def fetch(shard: int, boxes: list[int]) -> dict[str, Any] | None:
             k = source[shard]
-            with self._client(k, self._bulk_timeout(3 * layout.shard_bytes(shard))) as c:
-                reply = c.fetch_raw(istar, copy=False)
+            ep = f"tcp://{self.spec.shadows.control_endpoint(k)}"
+            timeout = self._bulk_timeout(3 * layout.shard_bytes(shard))
+            with ShadowClient(ep, self._token, timeout_s=timeout, context=ctx) as c:
+                reply = c.fetch_raw(istar, boxes=boxes, copy=False)
             if reply.iteration != istar:
                 raise ShadowgradError(f"shadow {k} answered iteration {reply.iteration}")
-            sink.write(shard, reply.entries, reply.frames)
+            sink.write(shard, reply.entries, reply.frames, boxes=boxes)
             return reply.commit
 
         error: str | None = None
         t0 = time.perf_counter()
-        with ThreadPoolExecutor(max(1, min(8, layout.num_shards)), "sg-restore") as pool:
-            futures = {shard: pool.submit(fetch, shard) for shard in order}
-            for shard, fut in futures.items():
-                try:
-                    got = fut.result()
-                except Exception as exc:
-                    if error is None:
-                        error = f"fetch of shard {shard} from shadow {source[shard]} failed: {exc}"
-                    continue
-                if shard == 0:
-                    commit = got
+        try:
+            workers = max(1, min(FETCH_IN_FLIGHT, len(pieces)))
+            with ThreadPoolExecutor(workers, "sg-restore") as pool:
+                futures = [(shard, pool.submit(fetch, shard, grp)) for shard, grp in pieces]
+                for shard, fut in futures:
+                    try:
+                        got = fut.result()
+                    except Exception as exc:
+                        if error is None:
+                            error = (
+                                f"fetch of shard {shard} from shadow {source[shard]} failed: {exc}"
+                            )
+                        continue
+                    if shard == 0 and commit is None:
+                        commit = got
+        finally:
+            ctx.term()
         try:
             params, opt_state = sink.finish() if error is None else ({}, {})
         except ShadowgradError as exc:
@@ -1218,6 +1235,20 @@ def _udp_port_holder(port: int) -> str | None:
         except OSError:
             continue
     return None
+
+
+def _box_groups(layout: Layout, shard: int) -> list[list[int]]:
+    """``shard``'s box indices in consecutive groups of about :data:`FETCH_PIECE_BYTES` of
+    parameter bytes (a box larger than that is a group of its own)."""
+    groups: list[list[int]] = [[]]
+    size = 0
+    for b, box in enumerate(layout.shard_boxes(shard)):
+        if groups[-1] and size + box.nbytes > FETCH_PIECE_BYTES:
+            groups.append([])
+            size = 0
+        groups[-1].append(b)
+        size += box.nbytes
+    return [g for g in groups if g]
 
 
 def attach(
