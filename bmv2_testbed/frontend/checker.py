@@ -920,12 +920,19 @@ class Checker:
 
     def assign(self, lhs_e: A.Expr, rhs: V, scope: Scope, loc: Loc) -> ir.Stmt:
         if isinstance(lhs_e, A.Slice):
-            base = self.lvalue(lhs_e.expr, scope, read=True)
+            # a slice of a slice is a slice of the innermost base: x[7:4][3:1] is x[7:5]
+            inner_e: A.Expr = lhs_e
+            while isinstance(inner_e, A.Slice):
+                inner_e = inner_e.expr
+            base = self.lvalue(inner_e, scope, read=True)
             sl = self.slice_expr(lhs_e, scope)
             assert isinstance(sl.ty, BitT) and isinstance(base.ty, BitT)
             r = self.coerce(rhs, sl.ty, loc, "right-hand side")
             assert isinstance(sl.ir, ir.Slice)
-            return ir.AssignSlice(base.ir, sl.ir.hi, sl.ir.lo, r.ir)
+            hi, lo, inner = sl.ir.hi, sl.ir.lo, sl.ir.x
+            while isinstance(inner, ir.Slice):
+                hi, lo, inner = hi + inner.lo, lo + inner.lo, inner.x
+            return ir.AssignSlice(base.ir, hi, lo, r.ir)
         lv = self.lvalue(lhs_e, scope)
         r = self.coerce(rhs, lv.ty, loc, "right-hand side")
         return ir.Assign(lv.ir, r.ir)
