@@ -153,12 +153,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("folder", nargs="?", type=Path, default=DEFAULT_FOLDER)
     ap.add_argument("--json", type=Path, default=None, help="write every program's result")
     ap.add_argument("-v", action="store_true", help="list every program")
+    ap.add_argument(
+        "--record",
+        type=Path,
+        default=None,
+        help="write the per-program record tests/test_p4_stf.py holds the target to (a folder)",
+    )
     a = ap.parse_args(argv)
     results = run_corpus(a.folder)
     if a.v:
         for r in results:
             print(f"{r.status:9s} {r.name}: {r.detail.splitlines()[0] if r.detail else ''}")
     print(summary(results))
+    if a.record is not None:
+        status = {r.name: r.status for r in results}
+        p4info = {r.name: r.p4info_identical for r in results if r.status == "pass"}
+        for fname, doc in (("p4c_stf_results.json", status), ("p4c_stf_p4info.json", p4info)):
+            (a.record / fname).write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
     if a.json is not None:
         a.json.write_text(json.dumps([asdict(r) for r in results], indent=1) + "\n")
     return 0

@@ -171,3 +171,63 @@ def test_a_code_generator_failure_is_a_diagnostic(monkeypatch: pytest.MonkeyPatc
     (d,) = ei.value.diagnostics
     assert d.startswith("gen.p4:1:1: internal error: the code generator cannot compile")
     assert "SyntaxError: cannot assign to expression here" in d
+
+
+FUNCTIONS = PROG.replace(
+    "control I(",
+    """
+bit<8> inc(inout bit<8> x) { x = x + 1; return x; }
+bit<8> early(in bit<8> v) {
+    if (v > 10) { return 1; }
+    v = v + 1;
+    return v + 2;
+}
+void setb(out bit<8> o) { o = 7; return; o = 9; }
+control I(""",
+).replace(
+    "apply { t.apply(); }",
+    """apply {
+        bit<8> a = hdr.h.a;
+        hdr.h.b = a + inc(a);  // left to right: the old a, then inc's result
+        hdr.h.c = (bit<16>)early(hdr.h.a);
+        bool z = hdr.h.a == 0 && inc(a) == 0;  // inc runs only when h.a == 0
+        hdr.h.c[15:8] = z ? 8w0xff : a;
+        bit<8> o;
+        setb(o);
+        hdr.h.a = hdr.h.a + o;
+        sm.egress_spec = 1;
+    }""",
+)
+
+
+def test_functions_copy_in_copy_out_return_and_evaluation_order() -> None:
+    p = Pipeline.compile(FUNCTIONS, filename="functions.p4")
+    stf = """
+packet 0 05 00 0000
+expect 1 0c 0b 0608 $
+packet 0 00 00 0000
+expect 1 07 01 0203 $
+packet 0 14 00 0000
+expect 1 1b 29 1501 $
+"""
+    for fast in (False, True):
+        r = run_stf(p, stf, fast_path=fast)
+        assert r.ok, r.errors
+
+
+@pytest.mark.parametrize(
+    ("decl", "call", "msg"),
+    [
+        ("bit<8> f(in bit<8> x) { return; }", "hdr.h.b = f(1);", "function f must return a value"),
+        ("void f() { }", "hdr.h.b = f();", "function f returns no value"),
+        ("bit<8> f(in bit<8> x) { return x; }", "hdr.h.b = f(1, 2);", "takes 1 argument(s)"),
+        ("bit<8> f(in bit<8> x) { return f(x); }", "hdr.h.b = f(1);", "function f calls itself"),
+    ],
+)
+def test_function_errors_are_located(decl: str, call: str, msg: str) -> None:
+    from shadowgrad.bmv2_testbed.pipeline import P4CompileError
+
+    src = PROG.replace("control I(", decl + "\ncontrol I(").replace("t.apply();", call)
+    with pytest.raises(P4CompileError) as ei:
+        Pipeline.compile(src, filename="f.p4")
+    assert any(msg in d and d.startswith("f.p4:") for d in ei.value.diagnostics), ei.value

@@ -169,6 +169,16 @@ class ActionCtx:
     info: ActionInfo | None = None
 
 
+@dataclass
+class FnCtx:
+    """A user function being inlined: where ``return`` puts the value, the flag it sets."""
+
+    name: str
+    ret: ir.Ref | None
+    flag: ir.Ref
+    returns: int = 0  # returns checked so far (a statement that added one may return)
+
+
 class Poisoned(Diagnostic):
     """A use of a declaration that already failed; not reported again."""
 
@@ -215,6 +225,11 @@ class Checker:
         # block role -> standard_metadata fields its code may read (ProgramFacts.std_reads)
         self.std_reads: dict[str, set[str]] = {}
         self.assign_target = False  # the member being checked is only assigned (lvalue)
+        # statements a user function call in the expression being checked runs first (the
+        # calls are inlined before the statement that contains them); None outside statements
+        self.prelude: list[ir.Stmt] | None = None
+        # the user functions being inlined, innermost last
+        self.fn_stack: list[FnCtx] = []
 
     # ------------------------------------------------------------------ diagnostics
     def err(self, loc: Loc, msg: str) -> None:
@@ -330,7 +345,9 @@ class Checker:
         elif isinstance(d, A.InstanceDecl):
             self.top_instance(d)
         elif isinstance(d, A.FunctionDecl):
-            self.err(d.loc, "function declarations are not supported")
+            if d.proto.type_params:
+                self.err(d.loc, "generic function declarations are not supported")
+            self.g.add(d.proto.name, Sym("userfunc", data=d))
         else:  # pragma: no cover
             self.err(d.loc, f"unsupported declaration {type(d).__name__}")
 
@@ -527,8 +544,16 @@ class Checker:
             return self.binary_expr(e, scope)
         if isinstance(e, A.Cond):
             c = self.cond(e.cond, scope)
+            m1 = len(self.prelude) if self.prelude is not None else 0
             a = self.expr(e.then, scope)
+            m2 = len(self.prelude) if self.prelude is not None else 0
             b = self.expr(e.other, scope)
+            if self.prelude is not None and len(self.prelude) > m1:
+                # a branch calls a function: only the chosen branch runs its calls
+                a_pre, b_pre = tuple(self.prelude[m1:m2]), tuple(self.prelude[m2:])
+                del self.prelude[m1:]
+                c = self.temp(c)
+                self.prelude.append(ir.If(c.ir, a_pre or (ir.Nop(),), b_pre or None))
             a, b = self.unify(a, b, e.loc, "?:")
             if isinstance(a.ty, IntLitT):
                 raise Diagnostic(e.loc, "the branches of ?: need a width (cast one of them)")
@@ -749,15 +774,24 @@ class Checker:
     def binary_expr(self, e: A.Binary, scope: Scope) -> V:
         op = e.op
         a = self.expr(e.left, scope)
+        mark = len(self.prelude) if self.prelude is not None else 0
         b = self.expr(e.right, scope)
         if op in ("&&", "||"):
             for v, side in ((a, e.left), (b, e.right)):
                 if not isinstance(v.ty, BoolT):
                     raise Diagnostic(side.loc, f"operator '{op}' needs bool operands, not {v.ty}")
+            if self.prelude is not None and len(self.prelude) > mark:
+                # the right operand calls a function: only when the left one does not decide
+                b_pre = tuple(self.prelude[mark:])
+                del self.prelude[mark:]
+                a = self.temp(a)
+                guard = a.ir if op == "&&" else ir.Unary(BOOL, "!", a.ir)
+                self.prelude.append(ir.If(guard, b_pre, None))
             if a.const is not None and b.const is not None:
                 r = (a.const and b.const) if op == "&&" else (a.const or b.const)
                 return konst(BOOL, bool(r))
             return V(ir.Logic(BOOL, op, a.ir, b.ir))
+        a = self.spill_before(a, mark)
         if op in ("<<", ">>"):
             if not isinstance(b.ty, (BitT, IntLitT)) or (
                 b.ty == BitT(b.ty.width, True) if isinstance(b.ty, BitT) else False
@@ -888,6 +922,8 @@ class Checker:
                 raise Diagnostic(f.loc, f"undeclared function {f.name}")
             if s2.kind == "action":
                 return self.direct_action_call(s2, e, scope)
+            if s2.kind == "userfunc":
+                return self.user_func_call(s2.data, e, scope, stmt)
             if s2.kind == "func":
                 if f.name not in BUILTIN_FUNCS:
                     raise Diagnostic(
@@ -1225,6 +1261,86 @@ class Checker:
             return do(ir.Nop())
         raise Diagnostic(e.loc, f"{name} is not supported")  # pragma: no cover
 
+    def temp(self, v: V, base: str = "t") -> V:
+        """Run ``v`` now (into a fresh local, in the prelude) and stand for that value."""
+        assert self.prelude is not None
+        ref = ir.Ref(v.ty, "local", self.fresh(f"l_{base}_"))
+        self.prelude.append(ir.Assign(ref, v.ir))
+        return V(ref)
+
+    def spill_before(self, v: V, mark: int) -> V:
+        """``v`` was evaluated before the prelude statements from ``mark`` on (a later
+        operand's function calls): keep its value from before them, as P4 evaluates operands
+        left to right."""
+        if self.prelude is None or len(self.prelude) == mark or v.const is not None:
+            return v
+        if isinstance(v.ty, (IntLitT, OtherT, VoidT, StrT)):
+            return v
+        ref = ir.Ref(v.ty, "local", self.fresh("l_t_"))
+        self.prelude.insert(mark, ir.Assign(ref, v.ir))
+        return V(ref)
+
+    def user_func_call(self, d: A.FunctionDecl, e: A.Call, scope: Scope, stmt: bool) -> V:
+        """Inline a call of a function declared in the program: the arguments are copied in
+        (``in``/``inout``/directionless) into fresh locals, the body runs with ``return``
+        setting the result and skipping the rest, and ``out``/``inout`` arguments are copied
+        back, all in the prelude of the statement that contains the call."""
+        pr = d.proto
+        if self.prelude is None or self.ctl_role == "parser":
+            raise Diagnostic(
+                e.loc,
+                "calls of functions are only supported in the statements of controls and actions",
+            )
+        if any(f.name == pr.name for f in self.fn_stack) or len(self.fn_stack) > 16:
+            raise Diagnostic(e.loc, f"function {pr.name} calls itself")
+        if len(e.args) != len(pr.params):
+            raise Diagnostic(
+                e.loc, f"function {pr.name} takes {len(pr.params)} argument(s), {len(e.args)} given"
+            )
+        ret_t = self.resolve_type(pr.ret, self.g) if pr.ret is not None else VOID
+        if not isinstance(ret_t, (*_DECLARABLE, VoidT)):
+            raise Diagnostic(pr.loc, f"function {pr.name} returns unsupported type {ret_t}")
+        if not stmt and isinstance(ret_t, VoidT):
+            raise Diagnostic(e.loc, f"function {pr.name} returns no value")
+        inner = Scope(self.g)
+        outs: list[tuple[A.Expr, ir.Ref]] = []
+        for p, x in zip(pr.params, e.args, strict=True):
+            t = self.resolve_type(p.type, self.g)
+            if not isinstance(t, _DECLARABLE):
+                raise Diagnostic(
+                    p.type.loc, f"function parameter {p.name} has unsupported type {t}"
+                )
+            ref = ir.Ref(t, "local", self.fresh(f"l_{p.name}_"))
+            if p.direction in ("out", "inout"):
+                lv = self.lvalue(x, scope, read=p.direction == "inout")
+                if p.direction == "inout":
+                    v = self.coerce(lv, t, x.loc, f"argument {p.name}")
+                    self.prelude.append(ir.Assign(ref, v.ir))
+                else:
+                    self.prelude.append(ir.Init(ref))
+                outs.append((x, ref))
+            else:
+                v = self.coerce(self.expr(x, scope), t, x.loc, f"argument {p.name}")
+                self.prelude.append(ir.Assign(ref, v.ir))
+            inner.add(p.name, Sym("var", t, ir=ref))
+        ret = None
+        if not isinstance(ret_t, VoidT):
+            ret = ir.Ref(ret_t, "local", self.fresh(f"l_{pr.name}_ret_"))
+            self.prelude.append(ir.Init(ret))
+        flag = ir.Ref(BOOL, "local", self.fresh(f"l_{pr.name}_done_"))
+        self.prelude.append(ir.Assign(flag, ir.Const(BOOL, False)))
+        self.fn_stack.append(FnCtx(pr.name, ret, flag))
+        try:
+            body = self.stmts(d.body.stmts, inner)
+        finally:
+            self.fn_stack.pop()
+        self.prelude.extend(body)
+        for x, ref in outs:
+            self.prelude.append(self.assign(x, V(ref), scope, x.loc))
+        if ret is None:
+            return do(ir.Nop())
+        return V(ret)
+
     def direct_action_call(self, s: Sym, e: A.Call, scope: Scope) -> V:
         ac = self.action_ctx(s)
         if len(e.args) != len(ac.params):
@@ -1240,14 +1356,32 @@ class Checker:
     # ------------------------------------------------------------------ statements
     def stmts(self, ss: list[A.Stmt], scope: Scope) -> list[ir.Stmt]:
         out: list[ir.Stmt] = []
-        for s in ss:
+        fn = self.fn_stack[-1] if self.fn_stack else None
+        for i, s in enumerate(ss):
+            before = fn.returns if fn is not None else 0
             try:
                 out.extend(self.stmt(s, scope))
             except Diagnostic as d:
                 self.add_diag(d)
+            if fn is not None and fn.returns != before and i + 1 < len(ss):
+                # in a function, a statement that may return skips the rest when it did
+                rest = self.stmts(ss[i + 1 :], scope)
+                if rest:
+                    out.append(ir.If(ir.Unary(BOOL, "!", fn.flag), tuple(rest), None))
+                break
         return out
 
     def stmt(self, s: A.Stmt, scope: Scope) -> list[ir.Stmt]:
+        """The statements of ``s``, after those its function calls run first."""
+        outer = self.prelude
+        self.prelude = []
+        try:
+            out = self.stmt_body(s, scope)
+            return [*self.prelude, *out] if self.prelude else out
+        finally:
+            self.prelude = outer
+
+    def stmt_body(self, s: A.Stmt, scope: Scope) -> list[ir.Stmt]:
         if isinstance(s, A.Block):
             return self.stmts(s.stmts, Scope(scope)) or [ir.Nop()]
         if isinstance(s, A.Empty):
@@ -1276,6 +1410,20 @@ class Checker:
                 raise Diagnostic(s.loc, f"'exit' is not allowed in the {self.ctl_role}")
             return [ir.Exit()]
         if isinstance(s, A.Return):
+            if self.fn_stack:
+                fn = self.fn_stack[-1]
+                out: list[ir.Stmt] = []
+                if fn.ret is not None:
+                    if s.value is None:
+                        raise Diagnostic(s.loc, f"function {fn.name} must return a value")
+                    v = self.coerce(
+                        self.expr(s.value, scope), fn.ret.ty, s.value.loc, "return value"
+                    )
+                    out.append(ir.Assign(fn.ret, v.ir))
+                elif s.value is not None:
+                    raise Diagnostic(s.loc, f"function {fn.name} returns no value")
+                fn.returns += 1
+                return [*out, ir.Assign(fn.flag, ir.Const(BOOL, True))]
             if s.value is not None:
                 raise Diagnostic(s.loc, "return with a value is not supported")
             if self.ctl_role in ("parser",):
