@@ -231,3 +231,39 @@ def test_function_errors_are_located(decl: str, call: str, msg: str) -> None:
     with pytest.raises(P4CompileError) as ei:
         Pipeline.compile(src, filename="f.p4")
     assert any(msg in d and d.startswith("f.p4:") for d in ei.value.diagnostics), ei.value
+
+
+INOUT_ACTIONS = PROG.replace(
+    "action drop()",
+    """action bump(inout bit<8> v, out bit<16> w, bit<8> by) {
+        v = v + by;
+        w = 16w0x0102;
+        if (v == 8w0x30) { exit; }  // the arguments are still copied back
+        v = v + 1;
+    }
+    action drop()""",
+).replace(
+    "apply { t.apply(); }",
+    "apply { sm.egress_spec = 1; bump(hdr.h.b, hdr.h.c, hdr.h.a); hdr.h.a = 0; }",
+)
+
+
+def test_inout_and_out_action_parameters_copy_back_also_on_exit() -> None:
+    p = Pipeline.compile(INOUT_ACTIONS, filename="inout.p4")
+    stf = """
+packet 0 05 10 ffff
+expect 1 00 16 0102 $
+packet 0 20 10 ffff
+expect 1 20 30 0102 $
+"""
+    for fast in (False, True):
+        r = run_stf(p, stf, fast_path=fast)
+        assert r.ok, r.errors
+
+
+def test_an_inout_action_cannot_be_in_a_table() -> None:
+    from shadowgrad.bmv2_testbed.pipeline import P4CompileError
+
+    src = INOUT_ACTIONS.replace("actions = { fwd; drop; }", "actions = { fwd; drop; bump; }")
+    with pytest.raises(P4CompileError, match="has directional parameters and cannot be used"):
+        Pipeline.compile(src, filename="t.p4")

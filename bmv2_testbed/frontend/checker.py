@@ -167,6 +167,9 @@ class ActionCtx:
     decl: A.ActionDecl
     params: list[tuple[str, Ty, str]]  # (name, type, direction)
     info: ActionInfo | None = None
+    # an action with out/inout parameters is inlined at each (direct) call, its body
+    # checked in the scope it was declared in; None: a function of its own
+    inline_scope: Scope | None = None
 
 
 @dataclass
@@ -177,6 +180,7 @@ class FnCtx:
     ret: ir.Ref | None
     flag: ir.Ref
     returns: int = 0  # returns checked so far (a statement that added one may return)
+    copy_out: tuple[ir.Stmt, ...] = ()  # the out/inout arguments' copy-back (also on exit)
 
 
 class Poisoned(Diagnostic):
@@ -1281,68 +1285,99 @@ class Checker:
         return V(ref)
 
     def user_func_call(self, d: A.FunctionDecl, e: A.Call, scope: Scope, stmt: bool) -> V:
-        """Inline a call of a function declared in the program: the arguments are copied in
-        (``in``/``inout``/directionless) into fresh locals, the body runs with ``return``
-        setting the result and skipping the rest, and ``out``/``inout`` arguments are copied
-        back, all in the prelude of the statement that contains the call."""
+        """Inline a call of a function declared in the program (see :meth:`inline_call`)."""
         pr = d.proto
-        if self.prelude is None or self.ctl_role == "parser":
-            raise Diagnostic(
-                e.loc,
-                "calls of functions are only supported in the statements of controls and actions",
-            )
-        if any(f.name == pr.name for f in self.fn_stack) or len(self.fn_stack) > 16:
-            raise Diagnostic(e.loc, f"function {pr.name} calls itself")
-        if len(e.args) != len(pr.params):
-            raise Diagnostic(
-                e.loc, f"function {pr.name} takes {len(pr.params)} argument(s), {len(e.args)} given"
-            )
         ret_t = self.resolve_type(pr.ret, self.g) if pr.ret is not None else VOID
         if not isinstance(ret_t, (*_DECLARABLE, VoidT)):
             raise Diagnostic(pr.loc, f"function {pr.name} returns unsupported type {ret_t}")
-        if not stmt and isinstance(ret_t, VoidT):
-            raise Diagnostic(e.loc, f"function {pr.name} returns no value")
-        inner = Scope(self.g)
-        outs: list[tuple[A.Expr, ir.Ref]] = []
-        for p, x in zip(pr.params, e.args, strict=True):
+        params: list[tuple[str, Ty, str]] = []
+        for p in pr.params:
             t = self.resolve_type(p.type, self.g)
             if not isinstance(t, _DECLARABLE):
                 raise Diagnostic(
                     p.type.loc, f"function parameter {p.name} has unsupported type {t}"
                 )
-            ref = ir.Ref(t, "local", self.fresh(f"l_{p.name}_"))
-            if p.direction in ("out", "inout"):
-                lv = self.lvalue(x, scope, read=p.direction == "inout")
-                if p.direction == "inout":
-                    v = self.coerce(lv, t, x.loc, f"argument {p.name}")
+            params.append((p.name, t, p.direction))
+        return self.inline_call(
+            f"function {pr.name}", pr.name, params, d.body.stmts, self.g, e, scope, ret_t, stmt
+        )
+
+    def inline_call(  # noqa: PLR0917
+        self,
+        what: str,
+        name: str,
+        params: list[tuple[str, Ty, str]],
+        body_stmts: list[A.Stmt],
+        body_scope: Scope,
+        e: A.Call,
+        scope: Scope,
+        ret_t: Ty,
+        stmt: bool,
+    ) -> V:
+        """Inline a call of a function, or of an action with out/inout parameters: the
+        arguments are copied in (``in``/``inout``/directionless) into fresh locals, left to
+        right, the body runs with ``return`` setting the result and skipping the rest, and
+        ``out``/``inout`` arguments are copied back, all in the prelude of the statement that
+        contains the call."""
+        if self.prelude is None or self.ctl_role == "parser":
+            raise Diagnostic(
+                e.loc,
+                f"calls of {what} are only supported in the statements of controls and actions",
+            )
+        if any(f.name == name for f in self.fn_stack) or len(self.fn_stack) > 16:
+            raise Diagnostic(e.loc, f"{what} calls itself")
+        if len(e.args) != len(params):
+            raise Diagnostic(e.loc, f"{what} takes {len(params)} argument(s), {len(e.args)} given")
+        if not stmt and isinstance(ret_t, VoidT):
+            raise Diagnostic(e.loc, f"{what} returns no value")
+        inner = Scope(body_scope)
+        outs: list[tuple[A.Expr, ir.Ref]] = []
+        for (pn, t, direction), x in zip(params, e.args, strict=True):
+            ref = ir.Ref(t, "local", self.fresh(f"l_{pn}_"))
+            if direction in ("out", "inout"):
+                lv = self.lvalue(x, scope, read=direction == "inout")
+                if direction == "inout":
+                    v = self.coerce(lv, t, x.loc, f"argument {pn}")
                     self.prelude.append(ir.Assign(ref, v.ir))
                 else:
                     self.prelude.append(ir.Init(ref))
                 outs.append((x, ref))
             else:
-                v = self.coerce(self.expr(x, scope), t, x.loc, f"argument {p.name}")
+                v = self.coerce(self.expr(x, scope), t, x.loc, f"argument {pn}")
                 self.prelude.append(ir.Assign(ref, v.ir))
-            inner.add(p.name, Sym("var", t, ir=ref))
+            inner.add(pn, Sym("var", t, ir=ref))
         ret = None
         if not isinstance(ret_t, VoidT):
-            ret = ir.Ref(ret_t, "local", self.fresh(f"l_{pr.name}_ret_"))
+            ret = ir.Ref(ret_t, "local", self.fresh(f"l_{name}_ret_"))
             self.prelude.append(ir.Init(ret))
-        flag = ir.Ref(BOOL, "local", self.fresh(f"l_{pr.name}_done_"))
+        flag = ir.Ref(BOOL, "local", self.fresh(f"l_{name}_done_"))
         self.prelude.append(ir.Assign(flag, ir.Const(BOOL, False)))
-        self.fn_stack.append(FnCtx(pr.name, ret, flag))
+        copy_out = tuple(self.assign(x, V(ref), scope, x.loc) for x, ref in outs)
+        self.fn_stack.append(FnCtx(what, ret, flag, copy_out=copy_out))
         try:
-            body = self.stmts(d.body.stmts, inner)
+            body = self.stmts(body_stmts, inner)
         finally:
             self.fn_stack.pop()
         self.prelude.extend(body)
-        for x, ref in outs:
-            self.prelude.append(self.assign(x, V(ref), scope, x.loc))
+        self.prelude.extend(copy_out)
         if ret is None:
             return do(ir.Nop())
         return V(ret)
 
     def direct_action_call(self, s: Sym, e: A.Call, scope: Scope) -> V:
         ac = self.action_ctx(s)
+        if ac.inline_scope is not None:
+            return self.inline_call(
+                f"action {ac.name}",
+                ac.uid,
+                ac.params,
+                ac.decl.body.stmts,
+                ac.inline_scope,
+                e,
+                scope,
+                VOID,
+                True,
+            )
         if len(e.args) != len(ac.params):
             raise Diagnostic(
                 e.loc, f"action {ac.name} takes {len(ac.params)} argument(s), {len(e.args)} given"
@@ -1408,20 +1443,21 @@ class Checker:
         if isinstance(s, A.Exit):
             if self.ctl_role in ("parser", "deparser"):
                 raise Diagnostic(s.loc, f"'exit' is not allowed in the {self.ctl_role}")
-            return [ir.Exit()]
+            # exit in an inlined call: its arguments are copied back first (innermost first)
+            return [*(c for f in reversed(self.fn_stack) for c in f.copy_out), ir.Exit()]
         if isinstance(s, A.Return):
             if self.fn_stack:
                 fn = self.fn_stack[-1]
                 out: list[ir.Stmt] = []
                 if fn.ret is not None:
                     if s.value is None:
-                        raise Diagnostic(s.loc, f"function {fn.name} must return a value")
+                        raise Diagnostic(s.loc, f"{fn.name} must return a value")
                     v = self.coerce(
                         self.expr(s.value, scope), fn.ret.ty, s.value.loc, "return value"
                     )
                     out.append(ir.Assign(fn.ret, v.ir))
                 elif s.value is not None:
-                    raise Diagnostic(s.loc, f"function {fn.name} returns no value")
+                    raise Diagnostic(s.loc, f"{fn.name} returns no value")
                 fn.returns += 1
                 return [*out, ir.Assign(fn.flag, ir.Const(BOOL, True))]
             if s.value is not None:
@@ -1527,10 +1563,20 @@ class Checker:
         params: list[tuple[str, Ty, str]] = []
         inner = Scope(scope)
         pys: list[str] = []
+        if any(p.direction in ("out", "inout") for p in d.params):
+            # only a direct call can pass out/inout arguments: inlined at each call
+            for p in d.params:
+                t = self.resolve_type(p.type, scope)
+                if not isinstance(t, _DECLARABLE):
+                    raise Diagnostic(
+                        p.type.loc, f"action parameter {p.name} has unsupported type {t}"
+                    )
+                params.append((p.name, t, p.direction))
+            ac = ActionCtx(self.fresh("a_"), fq, d, params, inline_scope=scope)
+            self.actions_by_name.setdefault(fq, ac)
+            return ac
         for p in d.params:
             t = self.resolve_type(p.type, scope)
-            if p.direction in ("out", "inout"):
-                raise Diagnostic(p.loc, f"{p.direction} action parameters are not supported")
             if not isinstance(t, (BitT, BoolT)) and not (isinstance(t, EnumT) and t.underlying):
                 raise Diagnostic(p.type.loc, f"action parameter {p.name} has unsupported type {t}")
             py = self.fresh(f"p_{p.name}_")
