@@ -345,6 +345,9 @@ def run_stf(pipe: Pipeline, text: str, *, fast_path: bool = True, name: str = "<
             res.errors.append(f"{where}: {e}")
             return res
     res.outputs = {p: outputs.get(p, []) for p in sorted(observed)}
+    for (port, reason), n in sorted(dp.drop_counts().items()):
+        if reason == "internal_error":
+            res.errors.append(f"{n} packet(s) from port {port} hit an internal error of the target")
     for port in sorted(observed):
         if port in any_ok:
             continue

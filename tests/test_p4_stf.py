@@ -267,3 +267,29 @@ def test_an_inout_action_cannot_be_in_a_table() -> None:
     src = INOUT_ACTIONS.replace("actions = { fwd; drop; }", "actions = { fwd; drop; bump; }")
     with pytest.raises(P4CompileError, match="has directional parameters and cannot be used"):
         Pipeline.compile(src, filename="t.p4")
+
+
+LIST_INIT = PROG.replace(
+    "control I(",
+    "h_t mk(in bit<8> x) { return { x, x + 1, 16w7 }; }\ncontrol I(",
+).replace(
+    "apply { t.apply(); }",
+    """apply {
+        h_t tmp = { 1, 2, 3 };  // a list initializer makes the header valid
+        hdr.h = mk(hdr.h.a);
+        hdr.h.c = hdr.h.c + tmp.c + (tmp.isValid() ? 16w0x100 : 16w0);
+        sm.egress_spec = 1;
+    }""",
+)
+
+
+def test_list_initializers_of_headers() -> None:
+    p = Pipeline.compile(LIST_INIT, filename="list.p4")
+    for fast in (False, True):
+        r = run_stf(p, "packet 0 05 00 0000\nexpect 1 05 06 010a $\n", fast_path=fast)
+        assert r.ok, r.errors
+    bad = LIST_INIT.replace("{ 1, 2, 3 }", "{ 1, 2 }")
+    from shadowgrad.bmv2_testbed.pipeline import P4CompileError
+
+    with pytest.raises(P4CompileError, match="has 2 element"):
+        Pipeline.compile(bad, filename="list.p4")

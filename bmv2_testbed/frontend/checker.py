@@ -495,6 +495,21 @@ class Checker:
         """Implicit conversion of ``v`` to ``ty`` (int literals only), else a type error."""
         if v.ty == ty or v.ty is ty:
             return v
+        if isinstance(v.ir, ir.Tuple) and isinstance(v.ty, ListT) and isinstance(ty, StructT):
+            # a list initializer of a header (which it makes valid) or struct: field by field
+            if len(v.ir.items) != len(ty.fields):
+                raise Diagnostic(
+                    loc,
+                    f"{what or 'expression'} has {len(v.ir.items)} element(s), "
+                    f"{ty} has {len(ty.fields)} field(s)",
+                )
+            items = []
+            for (fname, fty), item in zip(ty.fields, v.ir.items, strict=True):
+                iv = V(item, item.value if isinstance(item, ir.Const) else None)
+                items.append(
+                    self.coerce(iv, fty, loc, f"field {fname} of {what or 'the value'}").ir
+                )
+            return V(ir.Tuple(ty, tuple(items)))
         if isinstance(v.ty, IntLitT) and isinstance(ty, BitT):
             c = int(v.const)
             w = ty.width
@@ -958,7 +973,24 @@ class Checker:
             raise Diagnostic(e.loc, f"expression is not assignable{why}")
         return v
 
-    def assign(self, lhs_e: A.Expr, rhs: V, scope: Scope, loc: Loc) -> ir.Stmt:
+    @staticmethod
+    def init_assigns(ref: ir.Ref, rhs: ir.Expr) -> list[ir.Stmt]:
+        """A fresh local ``ref`` set to ``rhs`` (a list initializer needs the value first)."""
+        pre: list[ir.Stmt] = [ir.Init(ref)] if isinstance(rhs, ir.Tuple) else []
+        return [*pre, *Checker.assigns(ref, rhs)]
+
+    @staticmethod
+    def assigns(lhs: ir.Expr, rhs: ir.Expr) -> list[ir.Stmt]:
+        """``lhs = rhs``; a list initializer of a header or struct (a Tuple of that type) is
+        assigned field by field, a header's made valid first."""
+        if isinstance(rhs, ir.Tuple) and isinstance(rhs.ty, StructT):
+            out: list[ir.Stmt] = [ir.SetValid(lhs, True)] if rhs.ty.is_header else []
+            for (fname, fty), item in zip(rhs.ty.fields, rhs.items, strict=True):
+                out.extend(Checker.assigns(ir.Field(fty, lhs, fname), item))
+            return out
+        return [ir.Assign(lhs, rhs)]
+
+    def assign(self, lhs_e: A.Expr, rhs: V, scope: Scope, loc: Loc) -> list[ir.Stmt]:
         if isinstance(lhs_e, A.Slice):
             # a slice of a slice is a slice of the innermost base: x[7:4][3:1] is x[7:5]
             inner_e: A.Expr = lhs_e
@@ -972,10 +1004,10 @@ class Checker:
             hi, lo, inner = sl.ir.hi, sl.ir.lo, sl.ir.x
             while isinstance(inner, ir.Slice):
                 hi, lo, inner = hi + inner.lo, lo + inner.lo, inner.x
-            return ir.AssignSlice(base.ir, hi, lo, r.ir)
+            return [ir.AssignSlice(base.ir, hi, lo, r.ir)]
         lv = self.lvalue(lhs_e, scope)
         r = self.coerce(rhs, lv.ty, loc, "right-hand side")
-        return ir.Assign(lv.ir, r.ir)
+        return self.assigns(lv.ir, r.ir)
 
     def packet_call(self, s: Sym, m: str, e: A.Call, scope: Scope) -> V:
         kind = s.data
@@ -1338,13 +1370,13 @@ class Checker:
                 lv = self.lvalue(x, scope, read=direction == "inout")
                 if direction == "inout":
                     v = self.coerce(lv, t, x.loc, f"argument {pn}")
-                    self.prelude.append(ir.Assign(ref, v.ir))
+                    self.prelude.extend(self.init_assigns(ref, v.ir))
                 else:
                     self.prelude.append(ir.Init(ref))
                 outs.append((x, ref))
             else:
                 v = self.coerce(self.expr(x, scope), t, x.loc, f"argument {pn}")
-                self.prelude.append(ir.Assign(ref, v.ir))
+                self.prelude.extend(self.init_assigns(ref, v.ir))
             inner.add(pn, Sym("var", t, ir=ref))
         ret = None
         if not isinstance(ret_t, VoidT):
@@ -1352,7 +1384,7 @@ class Checker:
             self.prelude.append(ir.Init(ret))
         flag = ir.Ref(BOOL, "local", self.fresh(f"l_{name}_done_"))
         self.prelude.append(ir.Assign(flag, ir.Const(BOOL, False)))
-        copy_out = tuple(self.assign(x, V(ref), scope, x.loc) for x, ref in outs)
+        copy_out = tuple(c for x, ref in outs for c in self.assign(x, V(ref), scope, x.loc))
         self.fn_stack.append(FnCtx(what, ret, flag, copy_out=copy_out))
         try:
             body = self.stmts(body_stmts, inner)
@@ -1425,7 +1457,7 @@ class Checker:
             if self.ctl_role == "deparser":
                 raise Diagnostic(s.loc, "assignments are not allowed in the deparser")
             rhs = self.expr(s.rhs, scope)
-            return [self.assign(s.lhs, rhs, scope, s.rhs.loc)]
+            return self.assign(s.lhs, rhs, scope, s.rhs.loc)
         if isinstance(s, A.CallStmt):
             v = self.call(s.call, scope, stmt=True) if isinstance(s.call, A.Call) else None
             if v is None:
@@ -1455,7 +1487,7 @@ class Checker:
                     v = self.coerce(
                         self.expr(s.value, scope), fn.ret.ty, s.value.loc, "return value"
                     )
-                    out.append(ir.Assign(fn.ret, v.ir))
+                    out.extend(self.assigns(fn.ret, v.ir))
                 elif s.value is not None:
                     raise Diagnostic(s.loc, f"{fn.name} returns no value")
                 fn.returns += 1
@@ -1502,7 +1534,7 @@ class Checker:
             self.frame_vars.append(ir.FrameVar(s.name, ty))
         scope.add(s.name, Sym("var", ty, ir=ref))
         if init is not None:
-            return [ir.Assign(ref, init.ir)]
+            return self.init_assigns(ref, init.ir)
         return [] if frame else [ir.Init(ref)]
 
     def switch_stmt(self, s: A.Switch, scope: Scope) -> ir.Switch:
