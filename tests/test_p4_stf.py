@@ -293,3 +293,74 @@ def test_list_initializers_of_headers() -> None:
 
     with pytest.raises(P4CompileError, match="has 2 element"):
         Pipeline.compile(bad, filename="list.p4")
+
+
+STACKS = """
+#include <core.p4>
+#include <v1model.p4>
+header h_t { bit<8> v; }
+header n_t { bit<8> n; }
+struct headers { n_t n; h_t[3] s; }
+struct meta_t { }
+parser P(packet_in pkt, out headers hdr, inout meta_t m, inout standard_metadata_t sm) {
+    state start { pkt.extract(hdr.n); transition loop; }
+    state loop {
+        pkt.extract(hdr.s.next);
+        transition select(hdr.s.last.v) { 0: accept; default: loop; }
+    }
+}
+control V(inout headers hdr, inout meta_t m) { apply { } }
+control I(inout headers hdr, inout meta_t m, inout standard_metadata_t sm) {
+    apply {
+        sm.egress_spec = 1;
+        if (sm.parser_error == error.StackOutOfBounds) { sm.egress_spec = 2; }
+        hdr.n.n = (bit<8>)hdr.s.lastIndex;
+        if (hdr.n.n == 0) {
+            hdr.s.push_front(1);
+            hdr.s[0].setValid();
+            hdr.s[0].v = 0xaa;
+        } else {
+            hdr.s.pop_front(1);
+        }
+        hdr.s[hdr.n.n].v = hdr.s[hdr.n.n].v + 1;  // run-time index; out of range: no write
+    }
+}
+control E(inout headers hdr, inout meta_t m, inout standard_metadata_t sm) { apply { } }
+control C(inout headers hdr, inout meta_t m) { apply { } }
+control D(packet_out pkt, in headers hdr) { apply { pkt.emit(hdr.n); pkt.emit(hdr.s); } }
+V1Switch(P(), V(), I(), E(), C(), D()) main;
+"""
+
+
+def test_header_stacks_next_last_push_pop_and_run_time_index() -> None:
+    p = Pipeline.compile(STACKS, filename="stacks.p4")
+    stf = """
+# one element (v = 0): lastIndex 0; push_front(1) -> [aa, 00], s[0] += 1 -> ab
+packet 0 ff 00 77
+expect 1 00 ab 00 77 $
+# two elements: lastIndex 1; pop_front(1) -> [00], s[1] invalid: no write, not emitted
+packet 0 ff 05 00 77
+expect 1 01 00 77 $
+# four non-zero elements overflow the stack of 3: StackOutOfBounds, the three kept
+packet 0 ff 01 02 03 04 00
+expect 2 02 02 03 04 00 $
+"""
+    for fast in (False, True):
+        r = run_stf(p, stf, fast_path=fast)
+        assert r.ok, r.errors
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "msg"),
+    [
+        ("hdr.s[0].v = 0xaa;", "hdr.s[3].v = 0xaa;", "index 3 is out of range"),
+        ("hdr.s.pop_front(1);", "hdr.s.pop_front(hdr.n.n);", "needs a non-negative constant"),
+        ("hdr.n.n = (bit<8>)hdr.s.lastIndex;", "hdr.n.n = hdr.s.next.v;", "only supported as"),
+    ],
+)
+def test_header_stack_errors(old: str, new: str, msg: str) -> None:
+    from shadowgrad.bmv2_testbed.pipeline import P4CompileError
+
+    assert old in STACKS
+    with pytest.raises(P4CompileError, match=msg):
+        Pipeline.compile(STACKS.replace(old, new), filename="s.p4")

@@ -48,6 +48,7 @@ from .types import (
     IntLitT,
     ListT,
     OtherT,
+    StackT,
     StrT,
     StructT,
     Ty,
@@ -234,6 +235,7 @@ class Checker:
         self.prelude: list[ir.Stmt] | None = None
         # the user functions being inlined, innermost last
         self.fn_stack: list[FnCtx] = []
+        self.stack_types: dict[tuple[str, int], StackT] = {}
 
     # ------------------------------------------------------------------ diagnostics
     def err(self, loc: Loc, msg: str) -> None:
@@ -454,7 +456,7 @@ class Checker:
     # ------------------------------------------------------------------ types
     def resolve_type(self, t: A.TypeRef, scope: Scope) -> Ty:
         if t.stack is not None:
-            raise Diagnostic(t.loc, "header stacks are not supported")
+            return self.stack_type(t, scope)
         if t.kind in ("bit", "int"):
             if t.width is None:
                 if t.kind == "int":
@@ -491,6 +493,111 @@ class Checker:
         return s.ty
 
     # ------------------------------------------------------------------ expressions
+    def stack_type(self, t: A.TypeRef, scope: Scope) -> StackT:
+        """``H[n]``: a struct of n headers and the stack's nextIndex (see StackT)."""
+        assert t.stack is not None
+        elem = self.resolve_type(A.TypeRef(t.loc, t.kind, t.width, t.name, t.args), scope)
+        if not (isinstance(elem, StructT) and elem.is_header):
+            raise Diagnostic(t.loc, f"a stack holds headers, not {elem}")
+        n = self.expr(t.stack, scope)
+        if not isinstance(n.const, int) or isinstance(n.const, bool) or not 0 < n.const <= 256:
+            raise Diagnostic(t.stack.loc, "a header stack's size must be a constant 1..256")
+        key = (elem.name, int(n.const))
+        if key not in self.stack_types:
+            st = StackT(
+                f"{elem.name}[{key[1]}]",
+                False,
+                [*((f"e{i}", elem) for i in range(key[1])), ("nidx", BitT(32))],
+                pyname=f"T_{elem.name}_{key[1]}",
+                elem=elem,
+                size=key[1],
+            )
+            self.stack_types[key] = st
+            self.structs.append(st)
+        return self.stack_types[key]
+
+    def stack_elem(self, base: V, idx: ir.Expr, last: bool = False) -> V:
+        """Element ``idx`` (a run-time bit<32>) of stack ``base``; ``last``: ``idx`` is
+        nextIndex and the element is the one before it. Out of range: the last element
+        (P4 leaves the value unspecified)."""
+        st = base.ty
+        assert isinstance(st, StackT) and st.elem is not None
+        u32 = BitT(32)
+        e: ir.Expr = ir.Field(st.elem, base.ir, f"e{st.size - 1}")
+        for i in reversed(range(st.size - 1)):
+            c = ir.Cmp(BOOL, "==", idx, ir.Const(u32, i + 1 if last else i))
+            e = ir.Cond(st.elem, c, ir.Field(st.elem, base.ir, f"e{i}"), e)
+        return V(e, readonly_why="an element at a run-time index cannot be assigned")
+
+    def index_expr(self, e: A.Index, scope: Scope) -> V:
+        base = self.expr(e.expr, scope)
+        if not isinstance(base.ty, StackT):
+            raise Diagnostic(e.loc, f"cannot index a value of type {base.ty}")
+        i = self.expr(e.index, scope)
+        if i.const is not None:
+            k = int(i.const)
+            if not 0 <= k < base.ty.size:
+                raise Diagnostic(e.index.loc, f"index {k} is out of range for {base.ty}")
+            assert base.ty.elem is not None
+            return V(
+                ir.Field(base.ty.elem, base.ir, f"e{k}"),
+                lvalue=base.lvalue,
+                readonly_why=base.readonly_why,
+            )
+        if not isinstance(i.ty, BitT):
+            raise Diagnostic(e.index.loc, f"a stack index must be bit<W> or int<W>, not {i.ty}")
+        idx = i.ir if i.ty == BitT(32) else ir.Cast(BitT(32), i.ir)
+        return self.stack_elem(base, idx)
+
+    def stack_member(self, base: V, name: str, loc: Loc) -> V:
+        st = base.ty
+        assert isinstance(st, StackT) and st.elem is not None
+        nidx = ir.Field(BitT(32), base.ir, "nidx")
+        if name == "size":
+            return konst(BitT(32), st.size)
+        if name == "lastIndex":
+            return V(ir.Arith(BitT(32), "-", nidx, ir.Const(BitT(32), 1)))
+        if name == "last":
+            return self.stack_elem(base, nidx, last=True)
+        if name == "next":
+            raise Diagnostic(loc, "a stack's next is only supported as the argument of extract")
+        raise Diagnostic(loc, f"{st} has no member {name}")
+
+    def stack_shift(self, base: V, m: str, e: A.Call, scope: Scope) -> V:
+        """push_front(k) / pop_front(k) as bmv2 does them: shift the elements by k (copies),
+        invalidate the k freed ones, move nextIndex by k within 0..size."""
+        st = base.ty
+        assert isinstance(st, StackT) and st.elem is not None
+        self.args_n(e, 1, m)
+        k_v = self.expr(e.args[0], scope)
+        if not isinstance(k_v.const, int) or isinstance(k_v.const, bool) or k_v.const < 0:
+            raise Diagnostic(e.args[0].loc, f"{m} needs a non-negative constant count")
+        if not base.lvalue:
+            raise Diagnostic(e.loc, f"cannot call {m}() on a read-only stack")
+        k, n = int(k_v.const), st.size
+        el = [ir.Field(st.elem, base.ir, f"e{i}") for i in range(n)]
+        out: list[ir.Stmt] = []
+        u32 = BitT(32)
+        nidx = ir.Field(u32, base.ir, "nidx")
+        if m == "push_front":
+            for i in reversed(range(k, n)):
+                out.append(ir.Assign(el[i], el[i - k]))
+            out.extend(ir.SetValid(el[i], False) for i in range(min(k, n)))
+            up = ir.Arith(u32, "+", nidx, ir.Const(u32, k))
+            full = ir.Cmp(BOOL, ">=", nidx, ir.Const(u32, max(n - k, 0)))
+            out.append(ir.Assign(nidx, ir.Cond(u32, full, ir.Const(u32, n), up)))
+        else:
+            for i in range(n - k):
+                out.append(ir.Assign(el[i], el[i + k]))
+            out.extend(ir.SetValid(el[i], False) for i in range(max(n - k, 0), n))
+            down = ir.Arith(u32, "-", nidx, ir.Const(u32, k))
+            low = ir.Cmp(BOOL, "<", nidx, ir.Const(u32, k))
+            out.append(ir.Assign(nidx, ir.Cond(u32, low, ir.Const(u32, 0), down)))
+        if self.prelude is None:
+            raise Diagnostic(e.loc, f"{m}() is a statement")
+        self.prelude.extend(out)
+        return do(ir.Nop())
+
     def coerce(self, v: V, ty: Ty, loc: Loc, what: str = "") -> V:
         """Implicit conversion of ``v`` to ``ty`` (int literals only), else a type error."""
         if v.ty == ty or v.ty is ty:
@@ -556,7 +663,7 @@ class Checker:
         if isinstance(e, A.Slice):
             return self.slice_expr(e, scope)
         if isinstance(e, A.Index):
-            raise Diagnostic(e.loc, "array indexing (header stacks) is not supported")
+            return self.index_expr(e, scope)
         if isinstance(e, A.Unary):
             return self.unary_expr(e, scope)
         if isinstance(e, A.Binary):
@@ -624,6 +731,8 @@ class Checker:
                 c = t.members[e.name]
                 return konst(t, c)
             raise Diagnostic(e.name_loc or e.loc, f"cannot select member {e.name} of type {t}")
+        if isinstance(base.ty, StackT):
+            return self.stack_member(base, e.name, e.name_loc or e.loc)
         if isinstance(base.ty, StructT):
             ft = base.ty.field(e.name)
             if ft is None:
@@ -908,6 +1017,8 @@ class Checker:
                     raise Diagnostic(e.loc, f"cannot call {m}() on a read-only header")
                 return do(ir.SetValid(base.ir, m == "setValid"))
             bs = self.expr(f.expr, scope)
+            if isinstance(bs.ty, StackT) and m in ("push_front", "pop_front"):
+                return self.stack_shift(bs, m, e, scope)
             if isinstance(bs.ty, OtherT) and isinstance(bs.const, Sym):
                 s: Sym = bs.const
                 if s.kind == "table":
@@ -973,6 +1084,39 @@ class Checker:
             raise Diagnostic(e.loc, f"expression is not assignable{why}")
         return v
 
+    def runtime_index_now(self, e: A.Expr, scope: Scope, loc: Loc) -> tuple[A.Index, V, int] | None:
+        """:meth:`runtime_index`, its value kept in a fresh local (in the prelude)."""
+        rt = self.runtime_index(e, scope)
+        if rt is None:
+            return None
+        if self.prelude is None:
+            raise Diagnostic(loc, "a run-time stack index cannot be assigned here")
+        return rt[0], self.temp(rt[1], "idx"), rt[2]
+
+    def runtime_index(self, e: A.Expr, scope: Scope) -> tuple[A.Index, V, int] | None:
+        """The outermost stack index with a run-time value in l-value ``e`` (its index
+        checked, once), or None."""
+        found: tuple[A.Index, V, int] | None = None
+        x = e
+        while isinstance(x, (A.Member, A.Slice, A.Index)):
+            if isinstance(x, A.Index):
+                mark = len(self.prelude) if self.prelude is not None else 0
+                try:
+                    base_t = self.expr(x.expr, scope).ty
+                finally:
+                    if self.prelude is not None:
+                        del self.prelude[mark:]
+                if isinstance(base_t, StackT):
+                    i = self.expr(x.index, scope)
+                    if i.const is None:
+                        if not isinstance(i.ty, BitT):
+                            raise Diagnostic(
+                                x.index.loc, f"a stack index must be bit<W>, not {i.ty}"
+                            )
+                        found = (x, i, base_t.size)
+            x = x.expr
+        return found
+
     @staticmethod
     def init_assigns(ref: ir.Ref, rhs: ir.Expr) -> list[ir.Stmt]:
         """A fresh local ``ref`` set to ``rhs`` (a list initializer needs the value first)."""
@@ -990,7 +1134,29 @@ class Checker:
             return out
         return [ir.Assign(lhs, rhs)]
 
-    def assign(self, lhs_e: A.Expr, rhs: V, scope: Scope, loc: Loc) -> list[ir.Stmt]:
+    def assign(
+        self,
+        lhs_e: A.Expr,
+        rhs: V,
+        scope: Scope,
+        loc: Loc,
+        rt_index: tuple[A.Index, V, int] | None = None,
+    ) -> list[ir.Stmt]:
+        """``lhs_e = rhs``; ``rt_index``: the run-time stack index of ``lhs_e`` already
+        evaluated (into a local, by :meth:`runtime_index_now`), as P4 evaluates the left side
+        first."""
+        rt = rt_index or self.runtime_index_now(lhs_e, scope, loc)
+        if rt is not None:
+            # a write through a run-time stack index: one branch per element, as p4c's
+            # HSIndexSimplifier does for bmv2 (an index out of range writes nothing)
+            node, t, size = rt
+            other: tuple[ir.Stmt, ...] | None = None
+            for i in reversed(range(size)):
+                lit = A.IntLit(node.index.loc, i, None, False)
+                sub = _replace_index(lhs_e, node, A.Index(node.loc, node.expr, lit))
+                c = ir.Cmp(BOOL, "==", t.ir, ir.Const(t.ty, i))
+                other = (ir.If(c, tuple(self.assign(sub, rhs, scope, loc)), other),)
+            return list(other or ())
         if isinstance(lhs_e, A.Slice):
             # a slice of a slice is a slice of the innermost base: x[7:4][3:1] is x[7:5]
             inner_e: A.Expr = lhs_e
@@ -1016,6 +1182,11 @@ class Checker:
                 raise Diagnostic(e.loc, "packet_in methods are only allowed in the parser")
             if m == "extract":
                 self.args_n(e, 1, "extract")
+                a0 = e.args[0]
+                if isinstance(a0, A.Member) and a0.name == "next":
+                    st = self.lvalue(a0.expr, scope)
+                    if isinstance(st.ty, StackT):
+                        return self.extract_next(st)
                 h = self.lvalue(e.args[0], scope)
                 if not (isinstance(h.ty, StructT) and h.ty.is_header):
                     raise Diagnostic(e.args[0].loc, f"extract needs a header, not {h.ty}")
@@ -1043,11 +1214,26 @@ class Checker:
         self.check_emit(v.ty)
         return do(ir.Emit(v.ir))
 
+    def extract_next(self, st: V) -> V:
+        """``pkt.extract(stack.next)``: a full stack is parser error StackOutOfBounds, else
+        the element at nextIndex is extracted and nextIndex moves on."""
+        t = st.ty
+        assert isinstance(t, StackT) and self.prelude is not None
+        u32 = BitT(32)
+        nidx = ir.Field(u32, st.ir, "nidx")
+        room = ir.Cmp(BOOL, "<", nidx, ir.Const(u32, t.size))
+        self.prelude.append(ir.Verify(room, ir.Const(ERROR, self.errors["StackOutOfBounds"])))
+        self.prelude.append(ir.Assign(nidx, ir.Arith(u32, "+", nidx, ir.Const(u32, 1))))
+        h = self.stack_elem(st, nidx, last=True)
+        return do(ir.Extract(h.ir, self.errors["PacketTooShort"]))
+
     def check_emit(self, t: StructT) -> None:
         """A struct to emit holds only headers and structs of them."""
         if t.is_header:
             return
         for n, ft in t.fields:
+            if isinstance(t, StackT) and n == "nidx":
+                continue
             if not isinstance(ft, StructT):
                 raise Diagnostic(
                     Loc("<emit>", 0, 0),
@@ -1456,8 +1642,9 @@ class Checker:
         if isinstance(s, A.Assign):
             if self.ctl_role == "deparser":
                 raise Diagnostic(s.loc, "assignments are not allowed in the deparser")
+            rt = self.runtime_index_now(s.lhs, scope, s.loc)  # the left side first
             rhs = self.expr(s.rhs, scope)
-            return self.assign(s.lhs, rhs, scope, s.rhs.loc)
+            return self.assign(s.lhs, rhs, scope, s.rhs.loc, rt)
         if isinstance(s, A.CallStmt):
             v = self.call(s.call, scope, stmt=True) if isinstance(s.call, A.Call) else None
             if v is None:
@@ -2325,3 +2512,16 @@ def expr_text(e: A.Expr) -> str:
     if isinstance(e, A.Binary):
         return f"{expr_text(e.left)} {e.op} {expr_text(e.right)}"
     return "<expr>"
+
+
+def _replace_index(e: A.Expr, node: A.Index, new: A.Index) -> A.Expr:
+    """``e`` (a chain of members, slices and indexes) with ``node`` replaced by ``new``."""
+    if e is node:
+        return new
+    if isinstance(e, A.Member):
+        return A.Member(e.loc, _replace_index(e.expr, node, new), e.name, e.name_loc)
+    if isinstance(e, A.Slice):
+        return A.Slice(e.loc, _replace_index(e.expr, node, new), e.hi, e.lo)
+    if isinstance(e, A.Index):
+        return A.Index(e.loc, _replace_index(e.expr, node, new), e.index)
+    return e
