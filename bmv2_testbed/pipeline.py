@@ -496,18 +496,27 @@ class Pipeline:
                 if str(diag) not in seen:
                     seen.append(str(diag))
             raise P4CompileError(seen)
-        _p4info.assign_ids(ck.model)
-        prog = ck.program()
-        return cls(
-            ck.model,
-            build_general(prog, ck.action_ids(), f"<p4:{main}>"),
-            files,
-            main,
-            include_dirs,
-            defines,
-            facts=ck.facts(),
-            program=prog,
-        )
+        try:
+            _p4info.assign_ids(ck.model)
+            prog = ck.program()
+            return cls(
+                ck.model,
+                build_general(prog, ck.action_ids(), f"<p4:{main}>"),
+                files,
+                main,
+                include_dirs,
+                defines,
+                facts=ck.facts(),
+                program=prog,
+            )
+        except P4CompileError:
+            raise
+        except Exception as e:  # a checked program the back end cannot lower
+            # never a traceback from inside the target: the checker accepted something the
+            # code generator does not handle; say so as a diagnostic (a target bug to report)
+            what = f"{type(e).__name__}: {e}".splitlines()[0]
+            msg = "internal error: the code generator cannot compile this program"
+            raise P4CompileError([f"{main}:1:1: {msg} ({what})"]) from e
 
     def check_p4info(self, p4info: Any) -> None:
         """Raise P4CompileError unless ``p4info`` names the same objects with the same ids."""

@@ -104,8 +104,8 @@ BAD: dict[str, tuple[str, str]] = {
         "bad.p4:7:38: explicit 'reject' is not supported on bmv2; use verify(cond, error.X)",
     ),
     "header_stack": (
-        swap("struct hs { h_t h; }", "struct hs { h_t h; h_t[4] st; }"),
-        "bad.p4:4:20: header stacks are not supported",
+        swap("struct hs { h_t h; }", "struct hs { h_t h; bit<8>[4] st; }"),
+        "bad.p4:4:20: a stack holds headers, not bit<8>",
     ),
     "varbit": (swap("bit<16> b;", "varbit<16> b;"), "bad.p4:3:24: varbit is not supported"),
     "meter": (

@@ -697,7 +697,8 @@ class PyWriter:
         if not t.fields:
             o("pass")
         for n, ft in t.fields:
-            self.emit(o, f"{py}.{attr(n)}", ft)
+            if isinstance(ft, StructT):  # a stack's nextIndex is not emitted
+                self.emit(o, f"{py}.{attr(n)}", ft)
 
 
 def _assign_slice(s: ir.AssignSlice) -> str:

@@ -48,6 +48,7 @@ from .types import (
     IntLitT,
     ListT,
     OtherT,
+    StackT,
     StrT,
     StructT,
     Ty,
@@ -167,6 +168,20 @@ class ActionCtx:
     decl: A.ActionDecl
     params: list[tuple[str, Ty, str]]  # (name, type, direction)
     info: ActionInfo | None = None
+    # an action with out/inout parameters is inlined at each (direct) call, its body
+    # checked in the scope it was declared in; None: a function of its own
+    inline_scope: Scope | None = None
+
+
+@dataclass
+class FnCtx:
+    """A user function being inlined: where ``return`` puts the value, the flag it sets."""
+
+    name: str
+    ret: ir.Ref | None
+    flag: ir.Ref
+    returns: int = 0  # returns checked so far (a statement that added one may return)
+    copy_out: tuple[ir.Stmt, ...] = ()  # the out/inout arguments' copy-back (also on exit)
 
 
 class Poisoned(Diagnostic):
@@ -215,6 +230,12 @@ class Checker:
         # block role -> standard_metadata fields its code may read (ProgramFacts.std_reads)
         self.std_reads: dict[str, set[str]] = {}
         self.assign_target = False  # the member being checked is only assigned (lvalue)
+        # statements a user function call in the expression being checked runs first (the
+        # calls are inlined before the statement that contains them); None outside statements
+        self.prelude: list[ir.Stmt] | None = None
+        # the user functions being inlined, innermost last
+        self.fn_stack: list[FnCtx] = []
+        self.stack_types: dict[tuple[str, int], StackT] = {}
 
     # ------------------------------------------------------------------ diagnostics
     def err(self, loc: Loc, msg: str) -> None:
@@ -330,7 +351,9 @@ class Checker:
         elif isinstance(d, A.InstanceDecl):
             self.top_instance(d)
         elif isinstance(d, A.FunctionDecl):
-            self.err(d.loc, "function declarations are not supported")
+            if d.proto.type_params:
+                self.err(d.loc, "generic function declarations are not supported")
+            self.g.add(d.proto.name, Sym("userfunc", data=d))
         else:  # pragma: no cover
             self.err(d.loc, f"unsupported declaration {type(d).__name__}")
 
@@ -433,7 +456,7 @@ class Checker:
     # ------------------------------------------------------------------ types
     def resolve_type(self, t: A.TypeRef, scope: Scope) -> Ty:
         if t.stack is not None:
-            raise Diagnostic(t.loc, "header stacks are not supported")
+            return self.stack_type(t, scope)
         if t.kind in ("bit", "int"):
             if t.width is None:
                 if t.kind == "int":
@@ -470,10 +493,130 @@ class Checker:
         return s.ty
 
     # ------------------------------------------------------------------ expressions
+    def stack_type(self, t: A.TypeRef, scope: Scope) -> StackT:
+        """``H[n]``: a struct of n headers and the stack's nextIndex (see StackT)."""
+        assert t.stack is not None
+        elem = self.resolve_type(A.TypeRef(t.loc, t.kind, t.width, t.name, t.args), scope)
+        if not (isinstance(elem, StructT) and elem.is_header):
+            raise Diagnostic(t.loc, f"a stack holds headers, not {elem}")
+        n = self.expr(t.stack, scope)
+        if not isinstance(n.const, int) or isinstance(n.const, bool) or not 0 < n.const <= 256:
+            raise Diagnostic(t.stack.loc, "a header stack's size must be a constant 1..256")
+        key = (elem.name, int(n.const))
+        if key not in self.stack_types:
+            st = StackT(
+                f"{elem.name}[{key[1]}]",
+                False,
+                [*((f"e{i}", elem) for i in range(key[1])), ("nidx", BitT(32))],
+                pyname=f"T_{elem.name}_{key[1]}",
+                elem=elem,
+                size=key[1],
+            )
+            self.stack_types[key] = st
+            self.structs.append(st)
+        return self.stack_types[key]
+
+    def stack_elem(self, base: V, idx: ir.Expr, last: bool = False) -> V:
+        """Element ``idx`` (a run-time bit<32>) of stack ``base``; ``last``: ``idx`` is
+        nextIndex and the element is the one before it. Out of range: the last element
+        (P4 leaves the value unspecified)."""
+        st = base.ty
+        assert isinstance(st, StackT) and st.elem is not None
+        u32 = BitT(32)
+        e: ir.Expr = ir.Field(st.elem, base.ir, f"e{st.size - 1}")
+        for i in reversed(range(st.size - 1)):
+            c = ir.Cmp(BOOL, "==", idx, ir.Const(u32, i + 1 if last else i))
+            e = ir.Cond(st.elem, c, ir.Field(st.elem, base.ir, f"e{i}"), e)
+        return V(e, readonly_why="an element at a run-time index cannot be assigned")
+
+    def index_expr(self, e: A.Index, scope: Scope) -> V:
+        base = self.expr(e.expr, scope)
+        if not isinstance(base.ty, StackT):
+            raise Diagnostic(e.loc, f"cannot index a value of type {base.ty}")
+        i = self.expr(e.index, scope)
+        if i.const is not None:
+            k = int(i.const)
+            if not 0 <= k < base.ty.size:
+                raise Diagnostic(e.index.loc, f"index {k} is out of range for {base.ty}")
+            assert base.ty.elem is not None
+            return V(
+                ir.Field(base.ty.elem, base.ir, f"e{k}"),
+                lvalue=base.lvalue,
+                readonly_why=base.readonly_why,
+            )
+        if not isinstance(i.ty, BitT):
+            raise Diagnostic(e.index.loc, f"a stack index must be bit<W> or int<W>, not {i.ty}")
+        idx = i.ir if i.ty == BitT(32) else ir.Cast(BitT(32), i.ir)
+        return self.stack_elem(base, idx)
+
+    def stack_member(self, base: V, name: str, loc: Loc) -> V:
+        st = base.ty
+        assert isinstance(st, StackT) and st.elem is not None
+        nidx = ir.Field(BitT(32), base.ir, "nidx")
+        if name == "size":
+            return konst(BitT(32), st.size)
+        if name == "lastIndex":
+            return V(ir.Arith(BitT(32), "-", nidx, ir.Const(BitT(32), 1)))
+        if name == "last":
+            return self.stack_elem(base, nidx, last=True)
+        if name == "next":
+            raise Diagnostic(loc, "a stack's next is only supported as the argument of extract")
+        raise Diagnostic(loc, f"{st} has no member {name}")
+
+    def stack_shift(self, base: V, m: str, e: A.Call, scope: Scope) -> V:
+        """push_front(k) / pop_front(k) as bmv2 does them: shift the elements by k (copies),
+        invalidate the k freed ones, move nextIndex by k within 0..size."""
+        st = base.ty
+        assert isinstance(st, StackT) and st.elem is not None
+        self.args_n(e, 1, m)
+        k_v = self.expr(e.args[0], scope)
+        if not isinstance(k_v.const, int) or isinstance(k_v.const, bool) or k_v.const < 0:
+            raise Diagnostic(e.args[0].loc, f"{m} needs a non-negative constant count")
+        if not base.lvalue:
+            raise Diagnostic(e.loc, f"cannot call {m}() on a read-only stack")
+        k, n = int(k_v.const), st.size
+        el = [ir.Field(st.elem, base.ir, f"e{i}") for i in range(n)]
+        out: list[ir.Stmt] = []
+        u32 = BitT(32)
+        nidx = ir.Field(u32, base.ir, "nidx")
+        if m == "push_front":
+            for i in reversed(range(k, n)):
+                out.append(ir.Assign(el[i], el[i - k]))
+            out.extend(ir.SetValid(el[i], False) for i in range(min(k, n)))
+            up = ir.Arith(u32, "+", nidx, ir.Const(u32, k))
+            full = ir.Cmp(BOOL, ">=", nidx, ir.Const(u32, max(n - k, 0)))
+            out.append(ir.Assign(nidx, ir.Cond(u32, full, ir.Const(u32, n), up)))
+        else:
+            for i in range(n - k):
+                out.append(ir.Assign(el[i], el[i + k]))
+            out.extend(ir.SetValid(el[i], False) for i in range(max(n - k, 0), n))
+            down = ir.Arith(u32, "-", nidx, ir.Const(u32, k))
+            low = ir.Cmp(BOOL, "<", nidx, ir.Const(u32, k))
+            out.append(ir.Assign(nidx, ir.Cond(u32, low, ir.Const(u32, 0), down)))
+        if self.prelude is None:
+            raise Diagnostic(e.loc, f"{m}() is a statement")
+        self.prelude.extend(out)
+        return do(ir.Nop())
+
     def coerce(self, v: V, ty: Ty, loc: Loc, what: str = "") -> V:
         """Implicit conversion of ``v`` to ``ty`` (int literals only), else a type error."""
         if v.ty == ty or v.ty is ty:
             return v
+        if isinstance(v.ir, ir.Tuple) and isinstance(v.ty, ListT) and isinstance(ty, StructT):
+            # a list initializer of a header (which it makes valid) or struct: field by field
+            if len(v.ir.items) != len(ty.fields):
+                raise Diagnostic(
+                    loc,
+                    f"{what or 'expression'} has {len(v.ir.items)} element(s), "
+                    f"{ty} has {len(ty.fields)} field(s)",
+                )
+            items = []
+            for (fname, fty), item in zip(ty.fields, v.ir.items, strict=True):
+                iv = V(item, item.value if isinstance(item, ir.Const) else None)
+                items.append(
+                    self.coerce(iv, fty, loc, f"field {fname} of {what or 'the value'}").ir
+                )
+            return V(ir.Tuple(ty, tuple(items)))
         if isinstance(v.ty, IntLitT) and isinstance(ty, BitT):
             c = int(v.const)
             w = ty.width
@@ -520,15 +663,23 @@ class Checker:
         if isinstance(e, A.Slice):
             return self.slice_expr(e, scope)
         if isinstance(e, A.Index):
-            raise Diagnostic(e.loc, "array indexing (header stacks) is not supported")
+            return self.index_expr(e, scope)
         if isinstance(e, A.Unary):
             return self.unary_expr(e, scope)
         if isinstance(e, A.Binary):
             return self.binary_expr(e, scope)
         if isinstance(e, A.Cond):
             c = self.cond(e.cond, scope)
+            m1 = len(self.prelude) if self.prelude is not None else 0
             a = self.expr(e.then, scope)
+            m2 = len(self.prelude) if self.prelude is not None else 0
             b = self.expr(e.other, scope)
+            if self.prelude is not None and len(self.prelude) > m1:
+                # a branch calls a function: only the chosen branch runs its calls
+                a_pre, b_pre = tuple(self.prelude[m1:m2]), tuple(self.prelude[m2:])
+                del self.prelude[m1:]
+                c = self.temp(c)
+                self.prelude.append(ir.If(c.ir, a_pre or (ir.Nop(),), b_pre or None))
             a, b = self.unify(a, b, e.loc, "?:")
             if isinstance(a.ty, IntLitT):
                 raise Diagnostic(e.loc, "the branches of ?: need a width (cast one of them)")
@@ -580,6 +731,8 @@ class Checker:
                 c = t.members[e.name]
                 return konst(t, c)
             raise Diagnostic(e.name_loc or e.loc, f"cannot select member {e.name} of type {t}")
+        if isinstance(base.ty, StackT):
+            return self.stack_member(base, e.name, e.name_loc or e.loc)
         if isinstance(base.ty, StructT):
             ft = base.ty.field(e.name)
             if ft is None:
@@ -749,15 +902,24 @@ class Checker:
     def binary_expr(self, e: A.Binary, scope: Scope) -> V:
         op = e.op
         a = self.expr(e.left, scope)
+        mark = len(self.prelude) if self.prelude is not None else 0
         b = self.expr(e.right, scope)
         if op in ("&&", "||"):
             for v, side in ((a, e.left), (b, e.right)):
                 if not isinstance(v.ty, BoolT):
                     raise Diagnostic(side.loc, f"operator '{op}' needs bool operands, not {v.ty}")
+            if self.prelude is not None and len(self.prelude) > mark:
+                # the right operand calls a function: only when the left one does not decide
+                b_pre = tuple(self.prelude[mark:])
+                del self.prelude[mark:]
+                a = self.temp(a)
+                guard = a.ir if op == "&&" else ir.Unary(BOOL, "!", a.ir)
+                self.prelude.append(ir.If(guard, b_pre, None))
             if a.const is not None and b.const is not None:
                 r = (a.const and b.const) if op == "&&" else (a.const or b.const)
                 return konst(BOOL, bool(r))
             return V(ir.Logic(BOOL, op, a.ir, b.ir))
+        a = self.spill_before(a, mark)
         if op in ("<<", ">>"):
             if not isinstance(b.ty, (BitT, IntLitT)) or (
                 b.ty == BitT(b.ty.width, True) if isinstance(b.ty, BitT) else False
@@ -855,6 +1017,8 @@ class Checker:
                     raise Diagnostic(e.loc, f"cannot call {m}() on a read-only header")
                 return do(ir.SetValid(base.ir, m == "setValid"))
             bs = self.expr(f.expr, scope)
+            if isinstance(bs.ty, StackT) and m in ("push_front", "pop_front"):
+                return self.stack_shift(bs, m, e, scope)
             if isinstance(bs.ty, OtherT) and isinstance(bs.const, Sym):
                 s: Sym = bs.const
                 if s.kind == "table":
@@ -888,6 +1052,8 @@ class Checker:
                 raise Diagnostic(f.loc, f"undeclared function {f.name}")
             if s2.kind == "action":
                 return self.direct_action_call(s2, e, scope)
+            if s2.kind == "userfunc":
+                return self.user_func_call(s2.data, e, scope, stmt)
             if s2.kind == "func":
                 if f.name not in BUILTIN_FUNCS:
                     raise Diagnostic(
@@ -918,17 +1084,96 @@ class Checker:
             raise Diagnostic(e.loc, f"expression is not assignable{why}")
         return v
 
-    def assign(self, lhs_e: A.Expr, rhs: V, scope: Scope, loc: Loc) -> ir.Stmt:
+    def runtime_index_now(self, e: A.Expr, scope: Scope, loc: Loc) -> tuple[A.Index, V, int] | None:
+        """:meth:`runtime_index`, its value kept in a fresh local (in the prelude)."""
+        rt = self.runtime_index(e, scope)
+        if rt is None:
+            return None
+        if self.prelude is None:
+            raise Diagnostic(loc, "a run-time stack index cannot be assigned here")
+        return rt[0], self.temp(rt[1], "idx"), rt[2]
+
+    def runtime_index(self, e: A.Expr, scope: Scope) -> tuple[A.Index, V, int] | None:
+        """The outermost stack index with a run-time value in l-value ``e`` (its index
+        checked, once), or None."""
+        found: tuple[A.Index, V, int] | None = None
+        x = e
+        while isinstance(x, (A.Member, A.Slice, A.Index)):
+            if isinstance(x, A.Index):
+                mark = len(self.prelude) if self.prelude is not None else 0
+                try:
+                    base_t = self.expr(x.expr, scope).ty
+                finally:
+                    if self.prelude is not None:
+                        del self.prelude[mark:]
+                if isinstance(base_t, StackT):
+                    i = self.expr(x.index, scope)
+                    if i.const is None:
+                        if not isinstance(i.ty, BitT):
+                            raise Diagnostic(
+                                x.index.loc, f"a stack index must be bit<W>, not {i.ty}"
+                            )
+                        found = (x, i, base_t.size)
+            x = x.expr
+        return found
+
+    @staticmethod
+    def init_assigns(ref: ir.Ref, rhs: ir.Expr) -> list[ir.Stmt]:
+        """A fresh local ``ref`` set to ``rhs`` (a list initializer needs the value first)."""
+        pre: list[ir.Stmt] = [ir.Init(ref)] if isinstance(rhs, ir.Tuple) else []
+        return [*pre, *Checker.assigns(ref, rhs)]
+
+    @staticmethod
+    def assigns(lhs: ir.Expr, rhs: ir.Expr) -> list[ir.Stmt]:
+        """``lhs = rhs``; a list initializer of a header or struct (a Tuple of that type) is
+        assigned field by field, a header's made valid first."""
+        if isinstance(rhs, ir.Tuple) and isinstance(rhs.ty, StructT):
+            out: list[ir.Stmt] = [ir.SetValid(lhs, True)] if rhs.ty.is_header else []
+            for (fname, fty), item in zip(rhs.ty.fields, rhs.items, strict=True):
+                out.extend(Checker.assigns(ir.Field(fty, lhs, fname), item))
+            return out
+        return [ir.Assign(lhs, rhs)]
+
+    def assign(
+        self,
+        lhs_e: A.Expr,
+        rhs: V,
+        scope: Scope,
+        loc: Loc,
+        rt_index: tuple[A.Index, V, int] | None = None,
+    ) -> list[ir.Stmt]:
+        """``lhs_e = rhs``; ``rt_index``: the run-time stack index of ``lhs_e`` already
+        evaluated (into a local, by :meth:`runtime_index_now`), as P4 evaluates the left side
+        first."""
+        rt = rt_index or self.runtime_index_now(lhs_e, scope, loc)
+        if rt is not None:
+            # a write through a run-time stack index: one branch per element, as p4c's
+            # HSIndexSimplifier does for bmv2 (an index out of range writes nothing)
+            node, t, size = rt
+            other: tuple[ir.Stmt, ...] | None = None
+            for i in reversed(range(size)):
+                lit = A.IntLit(node.index.loc, i, None, False)
+                sub = _replace_index(lhs_e, node, A.Index(node.loc, node.expr, lit))
+                c = ir.Cmp(BOOL, "==", t.ir, ir.Const(t.ty, i))
+                other = (ir.If(c, tuple(self.assign(sub, rhs, scope, loc)), other),)
+            return list(other or ())
         if isinstance(lhs_e, A.Slice):
-            base = self.lvalue(lhs_e.expr, scope, read=True)
+            # a slice of a slice is a slice of the innermost base: x[7:4][3:1] is x[7:5]
+            inner_e: A.Expr = lhs_e
+            while isinstance(inner_e, A.Slice):
+                inner_e = inner_e.expr
+            base = self.lvalue(inner_e, scope, read=True)
             sl = self.slice_expr(lhs_e, scope)
             assert isinstance(sl.ty, BitT) and isinstance(base.ty, BitT)
             r = self.coerce(rhs, sl.ty, loc, "right-hand side")
             assert isinstance(sl.ir, ir.Slice)
-            return ir.AssignSlice(base.ir, sl.ir.hi, sl.ir.lo, r.ir)
+            hi, lo, inner = sl.ir.hi, sl.ir.lo, sl.ir.x
+            while isinstance(inner, ir.Slice):
+                hi, lo, inner = hi + inner.lo, lo + inner.lo, inner.x
+            return [ir.AssignSlice(base.ir, hi, lo, r.ir)]
         lv = self.lvalue(lhs_e, scope)
         r = self.coerce(rhs, lv.ty, loc, "right-hand side")
-        return ir.Assign(lv.ir, r.ir)
+        return self.assigns(lv.ir, r.ir)
 
     def packet_call(self, s: Sym, m: str, e: A.Call, scope: Scope) -> V:
         kind = s.data
@@ -937,6 +1182,11 @@ class Checker:
                 raise Diagnostic(e.loc, "packet_in methods are only allowed in the parser")
             if m == "extract":
                 self.args_n(e, 1, "extract")
+                a0 = e.args[0]
+                if isinstance(a0, A.Member) and a0.name == "next":
+                    st = self.lvalue(a0.expr, scope)
+                    if isinstance(st.ty, StackT):
+                        return self.extract_next(st)
                 h = self.lvalue(e.args[0], scope)
                 if not (isinstance(h.ty, StructT) and h.ty.is_header):
                     raise Diagnostic(e.args[0].loc, f"extract needs a header, not {h.ty}")
@@ -964,11 +1214,26 @@ class Checker:
         self.check_emit(v.ty)
         return do(ir.Emit(v.ir))
 
+    def extract_next(self, st: V) -> V:
+        """``pkt.extract(stack.next)``: a full stack is parser error StackOutOfBounds, else
+        the element at nextIndex is extracted and nextIndex moves on."""
+        t = st.ty
+        assert isinstance(t, StackT) and self.prelude is not None
+        u32 = BitT(32)
+        nidx = ir.Field(u32, st.ir, "nidx")
+        room = ir.Cmp(BOOL, "<", nidx, ir.Const(u32, t.size))
+        self.prelude.append(ir.Verify(room, ir.Const(ERROR, self.errors["StackOutOfBounds"])))
+        self.prelude.append(ir.Assign(nidx, ir.Arith(u32, "+", nidx, ir.Const(u32, 1))))
+        h = self.stack_elem(st, nidx, last=True)
+        return do(ir.Extract(h.ir, self.errors["PacketTooShort"]))
+
     def check_emit(self, t: StructT) -> None:
         """A struct to emit holds only headers and structs of them."""
         if t.is_header:
             return
         for n, ft in t.fields:
+            if isinstance(t, StackT) and n == "nidx":
+                continue
             if not isinstance(ft, StructT):
                 raise Diagnostic(
                     Loc("<emit>", 0, 0),
@@ -1218,8 +1483,119 @@ class Checker:
             return do(ir.Nop())
         raise Diagnostic(e.loc, f"{name} is not supported")  # pragma: no cover
 
+    def temp(self, v: V, base: str = "t") -> V:
+        """Run ``v`` now (into a fresh local, in the prelude) and stand for that value."""
+        assert self.prelude is not None
+        ref = ir.Ref(v.ty, "local", self.fresh(f"l_{base}_"))
+        self.prelude.append(ir.Assign(ref, v.ir))
+        return V(ref)
+
+    def spill_before(self, v: V, mark: int) -> V:
+        """``v`` was evaluated before the prelude statements from ``mark`` on (a later
+        operand's function calls): keep its value from before them, as P4 evaluates operands
+        left to right."""
+        if self.prelude is None or len(self.prelude) == mark or v.const is not None:
+            return v
+        if isinstance(v.ty, (IntLitT, OtherT, VoidT, StrT)):
+            return v
+        ref = ir.Ref(v.ty, "local", self.fresh("l_t_"))
+        self.prelude.insert(mark, ir.Assign(ref, v.ir))
+        return V(ref)
+
+    def user_func_call(self, d: A.FunctionDecl, e: A.Call, scope: Scope, stmt: bool) -> V:
+        """Inline a call of a function declared in the program (see :meth:`inline_call`)."""
+        pr = d.proto
+        ret_t = self.resolve_type(pr.ret, self.g) if pr.ret is not None else VOID
+        if not isinstance(ret_t, (*_DECLARABLE, VoidT)):
+            raise Diagnostic(pr.loc, f"function {pr.name} returns unsupported type {ret_t}")
+        params: list[tuple[str, Ty, str]] = []
+        for p in pr.params:
+            t = self.resolve_type(p.type, self.g)
+            if not isinstance(t, _DECLARABLE):
+                raise Diagnostic(
+                    p.type.loc, f"function parameter {p.name} has unsupported type {t}"
+                )
+            params.append((p.name, t, p.direction))
+        return self.inline_call(
+            f"function {pr.name}", pr.name, params, d.body.stmts, self.g, e, scope, ret_t, stmt
+        )
+
+    def inline_call(  # noqa: PLR0917
+        self,
+        what: str,
+        name: str,
+        params: list[tuple[str, Ty, str]],
+        body_stmts: list[A.Stmt],
+        body_scope: Scope,
+        e: A.Call,
+        scope: Scope,
+        ret_t: Ty,
+        stmt: bool,
+    ) -> V:
+        """Inline a call of a function, or of an action with out/inout parameters: the
+        arguments are copied in (``in``/``inout``/directionless) into fresh locals, left to
+        right, the body runs with ``return`` setting the result and skipping the rest, and
+        ``out``/``inout`` arguments are copied back, all in the prelude of the statement that
+        contains the call."""
+        if self.prelude is None or self.ctl_role == "parser":
+            raise Diagnostic(
+                e.loc,
+                f"calls of {what} are only supported in the statements of controls and actions",
+            )
+        if any(f.name == name for f in self.fn_stack) or len(self.fn_stack) > 16:
+            raise Diagnostic(e.loc, f"{what} calls itself")
+        if len(e.args) != len(params):
+            raise Diagnostic(e.loc, f"{what} takes {len(params)} argument(s), {len(e.args)} given")
+        if not stmt and isinstance(ret_t, VoidT):
+            raise Diagnostic(e.loc, f"{what} returns no value")
+        inner = Scope(body_scope)
+        outs: list[tuple[A.Expr, ir.Ref]] = []
+        for (pn, t, direction), x in zip(params, e.args, strict=True):
+            ref = ir.Ref(t, "local", self.fresh(f"l_{pn}_"))
+            if direction in ("out", "inout"):
+                lv = self.lvalue(x, scope, read=direction == "inout")
+                if direction == "inout":
+                    v = self.coerce(lv, t, x.loc, f"argument {pn}")
+                    self.prelude.extend(self.init_assigns(ref, v.ir))
+                else:
+                    self.prelude.append(ir.Init(ref))
+                outs.append((x, ref))
+            else:
+                v = self.coerce(self.expr(x, scope), t, x.loc, f"argument {pn}")
+                self.prelude.extend(self.init_assigns(ref, v.ir))
+            inner.add(pn, Sym("var", t, ir=ref))
+        ret = None
+        if not isinstance(ret_t, VoidT):
+            ret = ir.Ref(ret_t, "local", self.fresh(f"l_{name}_ret_"))
+            self.prelude.append(ir.Init(ret))
+        flag = ir.Ref(BOOL, "local", self.fresh(f"l_{name}_done_"))
+        self.prelude.append(ir.Assign(flag, ir.Const(BOOL, False)))
+        copy_out = tuple(c for x, ref in outs for c in self.assign(x, V(ref), scope, x.loc))
+        self.fn_stack.append(FnCtx(what, ret, flag, copy_out=copy_out))
+        try:
+            body = self.stmts(body_stmts, inner)
+        finally:
+            self.fn_stack.pop()
+        self.prelude.extend(body)
+        self.prelude.extend(copy_out)
+        if ret is None:
+            return do(ir.Nop())
+        return V(ret)
+
     def direct_action_call(self, s: Sym, e: A.Call, scope: Scope) -> V:
         ac = self.action_ctx(s)
+        if ac.inline_scope is not None:
+            return self.inline_call(
+                f"action {ac.name}",
+                ac.uid,
+                ac.params,
+                ac.decl.body.stmts,
+                ac.inline_scope,
+                e,
+                scope,
+                VOID,
+                True,
+            )
         if len(e.args) != len(ac.params):
             raise Diagnostic(
                 e.loc, f"action {ac.name} takes {len(ac.params)} argument(s), {len(e.args)} given"
@@ -1233,14 +1609,32 @@ class Checker:
     # ------------------------------------------------------------------ statements
     def stmts(self, ss: list[A.Stmt], scope: Scope) -> list[ir.Stmt]:
         out: list[ir.Stmt] = []
-        for s in ss:
+        fn = self.fn_stack[-1] if self.fn_stack else None
+        for i, s in enumerate(ss):
+            before = fn.returns if fn is not None else 0
             try:
                 out.extend(self.stmt(s, scope))
             except Diagnostic as d:
                 self.add_diag(d)
+            if fn is not None and fn.returns != before and i + 1 < len(ss):
+                # in a function, a statement that may return skips the rest when it did
+                rest = self.stmts(ss[i + 1 :], scope)
+                if rest:
+                    out.append(ir.If(ir.Unary(BOOL, "!", fn.flag), tuple(rest), None))
+                break
         return out
 
     def stmt(self, s: A.Stmt, scope: Scope) -> list[ir.Stmt]:
+        """The statements of ``s``, after those its function calls run first."""
+        outer = self.prelude
+        self.prelude = []
+        try:
+            out = self.stmt_body(s, scope)
+            return [*self.prelude, *out] if self.prelude else out
+        finally:
+            self.prelude = outer
+
+    def stmt_body(self, s: A.Stmt, scope: Scope) -> list[ir.Stmt]:
         if isinstance(s, A.Block):
             return self.stmts(s.stmts, Scope(scope)) or [ir.Nop()]
         if isinstance(s, A.Empty):
@@ -1248,8 +1642,9 @@ class Checker:
         if isinstance(s, A.Assign):
             if self.ctl_role == "deparser":
                 raise Diagnostic(s.loc, "assignments are not allowed in the deparser")
+            rt = self.runtime_index_now(s.lhs, scope, s.loc)  # the left side first
             rhs = self.expr(s.rhs, scope)
-            return [self.assign(s.lhs, rhs, scope, s.rhs.loc)]
+            return self.assign(s.lhs, rhs, scope, s.rhs.loc, rt)
         if isinstance(s, A.CallStmt):
             v = self.call(s.call, scope, stmt=True) if isinstance(s.call, A.Call) else None
             if v is None:
@@ -1267,8 +1662,23 @@ class Checker:
         if isinstance(s, A.Exit):
             if self.ctl_role in ("parser", "deparser"):
                 raise Diagnostic(s.loc, f"'exit' is not allowed in the {self.ctl_role}")
-            return [ir.Exit()]
+            # exit in an inlined call: its arguments are copied back first (innermost first)
+            return [*(c for f in reversed(self.fn_stack) for c in f.copy_out), ir.Exit()]
         if isinstance(s, A.Return):
+            if self.fn_stack:
+                fn = self.fn_stack[-1]
+                out: list[ir.Stmt] = []
+                if fn.ret is not None:
+                    if s.value is None:
+                        raise Diagnostic(s.loc, f"{fn.name} must return a value")
+                    v = self.coerce(
+                        self.expr(s.value, scope), fn.ret.ty, s.value.loc, "return value"
+                    )
+                    out.extend(self.assigns(fn.ret, v.ir))
+                elif s.value is not None:
+                    raise Diagnostic(s.loc, f"{fn.name} returns no value")
+                fn.returns += 1
+                return [*out, ir.Assign(fn.flag, ir.Const(BOOL, True))]
             if s.value is not None:
                 raise Diagnostic(s.loc, "return with a value is not supported")
             if self.ctl_role in ("parser",):
@@ -1311,7 +1721,7 @@ class Checker:
             self.frame_vars.append(ir.FrameVar(s.name, ty))
         scope.add(s.name, Sym("var", ty, ir=ref))
         if init is not None:
-            return [ir.Assign(ref, init.ir)]
+            return self.init_assigns(ref, init.ir)
         return [] if frame else [ir.Init(ref)]
 
     def switch_stmt(self, s: A.Switch, scope: Scope) -> ir.Switch:
@@ -1372,10 +1782,20 @@ class Checker:
         params: list[tuple[str, Ty, str]] = []
         inner = Scope(scope)
         pys: list[str] = []
+        if any(p.direction in ("out", "inout") for p in d.params):
+            # only a direct call can pass out/inout arguments: inlined at each call
+            for p in d.params:
+                t = self.resolve_type(p.type, scope)
+                if not isinstance(t, _DECLARABLE):
+                    raise Diagnostic(
+                        p.type.loc, f"action parameter {p.name} has unsupported type {t}"
+                    )
+                params.append((p.name, t, p.direction))
+            ac = ActionCtx(self.fresh("a_"), fq, d, params, inline_scope=scope)
+            self.actions_by_name.setdefault(fq, ac)
+            return ac
         for p in d.params:
             t = self.resolve_type(p.type, scope)
-            if p.direction in ("out", "inout"):
-                raise Diagnostic(p.loc, f"{p.direction} action parameters are not supported")
             if not isinstance(t, (BitT, BoolT)) and not (isinstance(t, EnumT) and t.underlying):
                 raise Diagnostic(p.type.loc, f"action parameter {p.name} has unsupported type {t}")
             py = self.fresh(f"p_{p.name}_")
@@ -2092,3 +2512,16 @@ def expr_text(e: A.Expr) -> str:
     if isinstance(e, A.Binary):
         return f"{expr_text(e.left)} {e.op} {expr_text(e.right)}"
     return "<expr>"
+
+
+def _replace_index(e: A.Expr, node: A.Index, new: A.Index) -> A.Expr:
+    """``e`` (a chain of members, slices and indexes) with ``node`` replaced by ``new``."""
+    if e is node:
+        return new
+    if isinstance(e, A.Member):
+        return A.Member(e.loc, _replace_index(e.expr, node, new), e.name, e.name_loc)
+    if isinstance(e, A.Slice):
+        return A.Slice(e.loc, _replace_index(e.expr, node, new), e.hi, e.lo)
+    if isinstance(e, A.Index):
+        return A.Index(e.loc, _replace_index(e.expr, node, new), e.index)
+    return e

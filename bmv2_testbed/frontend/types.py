@@ -91,6 +91,18 @@ class StructT(Ty):
 
 
 @dataclass(eq=False)
+class StackT(StructT):
+    """A header stack ``elem[size]``: held as a struct of ``size`` headers (fields ``e0`` ..)
+    and its ``nextIndex`` (field ``nidx``, bit<32>)."""
+
+    elem: StructT | None = None
+    size: int = 0
+
+    def __str__(self) -> str:
+        return f"{self.elem}[{self.size}]"
+
+
+@dataclass(eq=False)
 class ExternT(Ty):
     name: str
     args: list[Ty] = field(default_factory=list)

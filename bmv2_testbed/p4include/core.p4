@@ -3,6 +3,8 @@
  * externs are built into the target (see docs/p4target.md). */
 #ifndef SHADOWGRAD_CORE_P4
 #define SHADOWGRAD_CORE_P4
+/* the include guard p4c's core.p4 defines; programs test it (#ifdef _CORE_P4_) */
+#define _CORE_P4_
 
 error {
     NoError,

@@ -3,6 +3,8 @@
  * behaviour of every extern is built into the target (docs/p4target.md). */
 #ifndef SHADOWGRAD_V1MODEL_P4
 #define SHADOWGRAD_V1MODEL_P4
+/* the include guard p4c's v1model.p4 defines */
+#define _V1_MODEL_P4_
 
 #include <core.p4>
 

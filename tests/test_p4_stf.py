@@ -1,0 +1,366 @@
+"""STF files against the target (``bmv2_testbed/stf.py``) and p4c's bmv2 STF corpus
+(``../shared/p4c-stf``; skipped where it is absent): every program's result is recorded in
+``tests/golden/p4c_stf_results.json``, so a program that passes today and fails tomorrow, or
+one that compiles today and is rejected tomorrow, fails this test."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from shadowgrad.bmv2_testbed.pipeline import Pipeline
+from shadowgrad.bmv2_testbed.stf import compare_packet, run_stf
+
+ROOT = Path(__file__).resolve().parents[1]
+CORPUS = ROOT / ".." / "shared" / "p4c-stf"
+RECORD = ROOT / "tests" / "golden" / "p4c_stf_results.json"
+
+PROG = """
+#include <core.p4>
+#include <v1model.p4>
+header h_t { bit<8> a; bit<8> b; bit<16> c; }
+struct headers { h_t h; }
+struct meta_t { }
+parser P(packet_in pkt, out headers hdr, inout meta_t m, inout standard_metadata_t sm) {
+    state start { pkt.extract(hdr.h); transition accept; }
+}
+control V(inout headers hdr, inout meta_t m) { apply { } }
+control I(inout headers hdr, inout meta_t m, inout standard_metadata_t sm) {
+    action fwd(bit<9> port, bit<8> v) { sm.egress_spec = port; hdr.h.b = v; }
+    action drop() { mark_to_drop(sm); }
+    table t {
+        key = { hdr.h.a: ternary; hdr.h.c: lpm @name("cc"); }
+        actions = { fwd; drop; }
+        default_action = drop();
+    }
+    apply { t.apply(); }
+}
+control E(inout headers hdr, inout meta_t m, inout standard_metadata_t sm) { apply { } }
+control C(inout headers hdr, inout meta_t m) { apply { } }
+control D(packet_out pkt, in headers hdr) { apply { pkt.emit(hdr.h); } }
+V1Switch(P(), V(), I(), E(), C(), D()) main;
+"""
+
+
+@pytest.fixture(scope="module")
+def pipe() -> Pipeline:
+    return Pipeline.compile(PROG, filename="stf_test.p4")
+
+
+def test_compare_packet_masks_and_length() -> None:
+    assert compare_packet("0102", bytes([1, 2, 3])) is None  # a prefix is enough
+    assert compare_packet("0102 $", bytes([1, 2, 3])) is not None  # $: exact length
+    assert compare_packet("0102$", bytes([1, 2])) is None
+    assert compare_packet("0*0*", bytes([0x09, 0x0A])) is None
+    assert "byte 1" in (compare_packet("0*00", bytes([0x09, 0x0A])) or "")
+    assert "too short" in (compare_packet("010203", bytes([1, 2])) or "")
+
+
+def test_priorities_masks_and_prefixes(pipe: Pipeline) -> None:
+    stf = """
+# larger STF priority wins; '*' nibbles are don't-care; lpm length from the digits
+add t 10 h.a:0x1* cc:0x**** I.fwd(port:1, v:0x11)
+add t 20 h.a:0x12 cc:0x12** fwd(port:2, v:0x22)
+packet 0 12 00 1234
+expect 2 12 22 1234 $
+packet 0 13 00 1234
+expect 1 13 11 1234 $
+packet 0 12 00 9999
+expect 1 12 11 9999
+packet 0 22 00 0000
+"""
+    for fast in (False, True):
+        r = run_stf(pipe, stf, fast_path=fast)
+        assert r.ok, r.errors
+        assert (r.packets, r.expects) == (4, 3)
+        assert r.outputs == {
+            0: [],
+            1: [bytes.fromhex("13111234"), bytes.fromhex("12119999")],
+            2: [bytes.fromhex("12221234")],
+        }
+
+
+def test_mismatches_are_reported_per_port(pipe: Pipeline) -> None:
+    stf = """
+add t 1 h.a:0x12 cc:0x1234/16 fwd(port:3, v:0x33)
+packet 0 12 00 1234
+expect 3 12 34 1234
+expect 4 00
+"""
+    r = run_stf(pipe, stf)
+    assert not r.ok
+    assert any("port 3 packet 0: differs at byte 1" in e for e in r.errors), r.errors
+    assert "port 4: expected 1 packet(s), got 0" in r.errors
+
+
+@pytest.mark.parametrize(
+    ("line", "msg"),
+    [
+        ("add nosuch 1 h.a:1 fwd(port:1, v:1)", "no table nosuch"),
+        ("add t 1 h.zz:1 fwd(port:1, v:1)", "has no key field h.zz"),
+        ("add t 1 h.a:1 fwd(port:1)", "missing argument(s) v"),
+        ("add t 1 h.a:1 nop()", "no action of table I.t: nop"),
+        ("frobnicate 1 2", "unsupported STF command 'frobnicate'"),
+    ],
+)
+def test_bad_lines_name_the_problem(pipe: Pipeline, line: str, msg: str) -> None:
+    r = run_stf(pipe, line + "\n", name="x.stf")
+    assert not r.ok
+    assert r.errors[0].startswith("x.stf:1: ") and msg in r.errors[0], r.errors
+
+
+def test_multicast_and_mirroring_commands(pipe: Pipeline) -> None:
+    stf = """
+mc_mgrp_create 7
+mc_node_create 100 1 2
+mc_node_create 101 3
+mc_node_associate 7 0
+mc_node_associate 7 1
+mirroring_add 5 4
+"""
+    r = run_stf(pipe, stf)
+    assert r.ok, r.errors
+
+
+@pytest.mark.skipif(not CORPUS.is_dir(), reason="../shared/p4c-stf is absent")
+def test_p4c_stf_corpus_matches_the_record() -> None:
+    from shadowgrad.bmv2_testbed.corpus import run_corpus
+
+    results = run_corpus(CORPUS)
+    record = json.loads(RECORD.read_text())
+    got = {r.name: r.status for r in results}
+    assert not [r.name for r in results if r.status == "internal"], [
+        (r.name, r.detail) for r in results if r.status == "internal"
+    ]
+    assert not [r for r in results if r.status == "fail"], [
+        (r.name, r.detail) for r in results if r.status == "fail"
+    ]
+    changed = {n: (record.get(n), s) for n, s in got.items() if record.get(n) != s}
+    assert not changed, f"(recorded, now) per program; update {RECORD.name} if better: {changed}"
+    p4info = {r.name: r.p4info_identical for r in results if r.status == "pass"}
+    recorded_p4info = json.loads((RECORD.with_name("p4c_stf_p4info.json")).read_text())
+    worse = [n for n, same in p4info.items() if recorded_p4info.get(n) and not same]
+    assert not worse, f"P4Info no longer identical to p4c's: {worse}"
+
+
+NESTED_SLICE = PROG.replace(
+    "apply { t.apply(); }",
+    "apply { bit<8> n = 8w0xff; n[7:4][3:1][2:1] = 2w0; hdr.h.b = n; sm.egress_spec = 1; }",
+)
+
+
+def test_nested_slice_assignment_is_a_slice_of_the_base() -> None:
+    # n[7:4][3:1][2:1] is n[7:4] bits 3..2 of [3:1] = n[7:6]: 0xff -> 0x3f
+    p = Pipeline.compile(NESTED_SLICE, filename="nested.p4")
+    for fast in (False, True):
+        r = run_stf(p, "packet 0 01 00 0000\nexpect 1 01 3f 0000 $\n", fast_path=fast)
+        assert r.ok, r.errors
+
+
+def test_a_code_generator_failure_is_a_diagnostic(monkeypatch: pytest.MonkeyPatch) -> None:
+    from shadowgrad.bmv2_testbed import pipeline as pl
+
+    def broken(*_a: object, **_k: object) -> None:
+        raise SyntaxError("cannot assign to expression here")
+
+    monkeypatch.setattr(pl, "build_general", broken)
+    with pytest.raises(pl.P4CompileError) as ei:
+        Pipeline.compile(PROG, filename="gen.p4")
+    (d,) = ei.value.diagnostics
+    assert d.startswith("gen.p4:1:1: internal error: the code generator cannot compile")
+    assert "SyntaxError: cannot assign to expression here" in d
+
+
+FUNCTIONS = PROG.replace(
+    "control I(",
+    """
+bit<8> inc(inout bit<8> x) { x = x + 1; return x; }
+bit<8> early(in bit<8> v) {
+    if (v > 10) { return 1; }
+    v = v + 1;
+    return v + 2;
+}
+void setb(out bit<8> o) { o = 7; return; o = 9; }
+control I(""",
+).replace(
+    "apply { t.apply(); }",
+    """apply {
+        bit<8> a = hdr.h.a;
+        hdr.h.b = a + inc(a);  // left to right: the old a, then inc's result
+        hdr.h.c = (bit<16>)early(hdr.h.a);
+        bool z = hdr.h.a == 0 && inc(a) == 0;  // inc runs only when h.a == 0
+        hdr.h.c[15:8] = z ? 8w0xff : a;
+        bit<8> o;
+        setb(o);
+        hdr.h.a = hdr.h.a + o;
+        sm.egress_spec = 1;
+    }""",
+)
+
+
+def test_functions_copy_in_copy_out_return_and_evaluation_order() -> None:
+    p = Pipeline.compile(FUNCTIONS, filename="functions.p4")
+    stf = """
+packet 0 05 00 0000
+expect 1 0c 0b 0608 $
+packet 0 00 00 0000
+expect 1 07 01 0203 $
+packet 0 14 00 0000
+expect 1 1b 29 1501 $
+"""
+    for fast in (False, True):
+        r = run_stf(p, stf, fast_path=fast)
+        assert r.ok, r.errors
+
+
+@pytest.mark.parametrize(
+    ("decl", "call", "msg"),
+    [
+        ("bit<8> f(in bit<8> x) { return; }", "hdr.h.b = f(1);", "function f must return a value"),
+        ("void f() { }", "hdr.h.b = f();", "function f returns no value"),
+        ("bit<8> f(in bit<8> x) { return x; }", "hdr.h.b = f(1, 2);", "takes 1 argument(s)"),
+        ("bit<8> f(in bit<8> x) { return f(x); }", "hdr.h.b = f(1);", "function f calls itself"),
+    ],
+)
+def test_function_errors_are_located(decl: str, call: str, msg: str) -> None:
+    from shadowgrad.bmv2_testbed.pipeline import P4CompileError
+
+    src = PROG.replace("control I(", decl + "\ncontrol I(").replace("t.apply();", call)
+    with pytest.raises(P4CompileError) as ei:
+        Pipeline.compile(src, filename="f.p4")
+    assert any(msg in d and d.startswith("f.p4:") for d in ei.value.diagnostics), ei.value
+
+
+INOUT_ACTIONS = PROG.replace(
+    "action drop()",
+    """action bump(inout bit<8> v, out bit<16> w, bit<8> by) {
+        v = v + by;
+        w = 16w0x0102;
+        if (v == 8w0x30) { exit; }  // the arguments are still copied back
+        v = v + 1;
+    }
+    action drop()""",
+).replace(
+    "apply { t.apply(); }",
+    "apply { sm.egress_spec = 1; bump(hdr.h.b, hdr.h.c, hdr.h.a); hdr.h.a = 0; }",
+)
+
+
+def test_inout_and_out_action_parameters_copy_back_also_on_exit() -> None:
+    p = Pipeline.compile(INOUT_ACTIONS, filename="inout.p4")
+    stf = """
+packet 0 05 10 ffff
+expect 1 00 16 0102 $
+packet 0 20 10 ffff
+expect 1 20 30 0102 $
+"""
+    for fast in (False, True):
+        r = run_stf(p, stf, fast_path=fast)
+        assert r.ok, r.errors
+
+
+def test_an_inout_action_cannot_be_in_a_table() -> None:
+    from shadowgrad.bmv2_testbed.pipeline import P4CompileError
+
+    src = INOUT_ACTIONS.replace("actions = { fwd; drop; }", "actions = { fwd; drop; bump; }")
+    with pytest.raises(P4CompileError, match="has directional parameters and cannot be used"):
+        Pipeline.compile(src, filename="t.p4")
+
+
+LIST_INIT = PROG.replace(
+    "control I(",
+    "h_t mk(in bit<8> x) { return { x, x + 1, 16w7 }; }\ncontrol I(",
+).replace(
+    "apply { t.apply(); }",
+    """apply {
+        h_t tmp = { 1, 2, 3 };  // a list initializer makes the header valid
+        hdr.h = mk(hdr.h.a);
+        hdr.h.c = hdr.h.c + tmp.c + (tmp.isValid() ? 16w0x100 : 16w0);
+        sm.egress_spec = 1;
+    }""",
+)
+
+
+def test_list_initializers_of_headers() -> None:
+    p = Pipeline.compile(LIST_INIT, filename="list.p4")
+    for fast in (False, True):
+        r = run_stf(p, "packet 0 05 00 0000\nexpect 1 05 06 010a $\n", fast_path=fast)
+        assert r.ok, r.errors
+    bad = LIST_INIT.replace("{ 1, 2, 3 }", "{ 1, 2 }")
+    from shadowgrad.bmv2_testbed.pipeline import P4CompileError
+
+    with pytest.raises(P4CompileError, match="has 2 element"):
+        Pipeline.compile(bad, filename="list.p4")
+
+
+STACKS = """
+#include <core.p4>
+#include <v1model.p4>
+header h_t { bit<8> v; }
+header n_t { bit<8> n; }
+struct headers { n_t n; h_t[3] s; }
+struct meta_t { }
+parser P(packet_in pkt, out headers hdr, inout meta_t m, inout standard_metadata_t sm) {
+    state start { pkt.extract(hdr.n); transition loop; }
+    state loop {
+        pkt.extract(hdr.s.next);
+        transition select(hdr.s.last.v) { 0: accept; default: loop; }
+    }
+}
+control V(inout headers hdr, inout meta_t m) { apply { } }
+control I(inout headers hdr, inout meta_t m, inout standard_metadata_t sm) {
+    apply {
+        sm.egress_spec = 1;
+        if (sm.parser_error == error.StackOutOfBounds) { sm.egress_spec = 2; }
+        hdr.n.n = (bit<8>)hdr.s.lastIndex;
+        if (hdr.n.n == 0) {
+            hdr.s.push_front(1);
+            hdr.s[0].setValid();
+            hdr.s[0].v = 0xaa;
+        } else {
+            hdr.s.pop_front(1);
+        }
+        hdr.s[hdr.n.n].v = hdr.s[hdr.n.n].v + 1;  // run-time index; out of range: no write
+    }
+}
+control E(inout headers hdr, inout meta_t m, inout standard_metadata_t sm) { apply { } }
+control C(inout headers hdr, inout meta_t m) { apply { } }
+control D(packet_out pkt, in headers hdr) { apply { pkt.emit(hdr.n); pkt.emit(hdr.s); } }
+V1Switch(P(), V(), I(), E(), C(), D()) main;
+"""
+
+
+def test_header_stacks_next_last_push_pop_and_run_time_index() -> None:
+    p = Pipeline.compile(STACKS, filename="stacks.p4")
+    stf = """
+# one element (v = 0): lastIndex 0; push_front(1) -> [aa, 00], s[0] += 1 -> ab
+packet 0 ff 00 77
+expect 1 00 ab 00 77 $
+# two elements: lastIndex 1; pop_front(1) -> [00], s[1] invalid: no write, not emitted
+packet 0 ff 05 00 77
+expect 1 01 00 77 $
+# four non-zero elements overflow the stack of 3: StackOutOfBounds, the three kept
+packet 0 ff 01 02 03 04 00
+expect 2 02 02 03 04 00 $
+"""
+    for fast in (False, True):
+        r = run_stf(p, stf, fast_path=fast)
+        assert r.ok, r.errors
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "msg"),
+    [
+        ("hdr.s[0].v = 0xaa;", "hdr.s[3].v = 0xaa;", "index 3 is out of range"),
+        ("hdr.s.pop_front(1);", "hdr.s.pop_front(hdr.n.n);", "needs a non-negative constant"),
+        ("hdr.n.n = (bit<8>)hdr.s.lastIndex;", "hdr.n.n = hdr.s.next.v;", "only supported as"),
+    ],
+)
+def test_header_stack_errors(old: str, new: str, msg: str) -> None:
+    from shadowgrad.bmv2_testbed.pipeline import P4CompileError
+
+    assert old in STACKS
+    with pytest.raises(P4CompileError, match=msg):
+        Pipeline.compile(STACKS.replace(old, new), filename="s.p4")
