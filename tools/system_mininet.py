@@ -12,8 +12,8 @@ package into a folder of its own inside the venv and names that folder in a ``.p
 
 The ``.pth`` folder comes after site-packages on ``sys.path``, so a Mininet pip-installed into
 the venv wins over it, and pip never writes through the link (nothing pip knows about points
-there). Mininet's module is pure Python (standard library imports only); it is used only where
-its major.minor Python matches the venv's and ``mnexec`` (from the same Debian package) is on
+there). Mininet's module is pure Python (standard library imports only); it is linked only where
+its Python major version is the venv's and ``mnexec`` (from the same Debian package) is on
 PATH. Idempotent; ``--remove`` undoes it. Run by ``make install`` with the venv's interpreter.
 """
 
@@ -71,8 +71,8 @@ def link() -> str:
             "the Mininet topology and its tests are unavailable"
         )
     pkg, pyver, version = found
-    mine = "%d.%d" % sys.version_info[:2]
-    if pyver.split(".")[0] != mine.split(".")[0]:
+    mine = f"{sys.version_info[0]}.{sys.version_info[1]}"
+    if pyver.split(".", 1)[0] != mine.split(".", 1)[0]:
         remove()
         return f"system Mininet is for Python {pyver}, the venv runs {mine}: not linked"
     if shutil.which("mnexec") is None:
