@@ -174,7 +174,7 @@ class JobSwitch:
             *zip(sw.trainer_ports, spec.trainers.addresses, strict=True),
             *zip(sw.shadow_ports, spec.shadows.addresses, strict=True),
         ]
-        for port, ep in hosts:
+        for port, ep in hosts if attached is None else ():
             if interfaces is not None:
                 cmd += ["-i", f"{port}@{interfaces[port]}"]
                 continue
