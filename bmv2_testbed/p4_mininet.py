@@ -271,6 +271,8 @@ class MininetNet:
         import sys
 
         self.tag = tag
+        # Mininet's logger prints through its own handler (the CLI's output): not twice
+        logging.getLogger("mininet").propagate = False
         Mininet.inited = True  # skip fixLimits(): no machine-wide sysctl changes
         self.net: Any = Mininet(topo=None, switch=P4RuntimeSwitch, host=P4Host, controller=None)
         self.switch_name = f"sg{tag}"
