@@ -35,7 +35,9 @@ class Progress:
         self._live = False
         self._plain_at = 0.0
         self._next_tenth = 1
-        self.quiet = False  # while Mininet's CLI owns the terminal
+        # while Mininet's CLI owns the terminal: no live line, no periodic lines (events and
+        # the run's beginning and end are still printed: a few lines in all)
+        self.quiet = False
 
     def _rate(self) -> float:
         dt = time.monotonic() - self.t0
@@ -68,8 +70,6 @@ class Progress:
 
     def print(self, text: str) -> None:
         """A line of its own (above the live line on a terminal)."""
-        if self.quiet:
-            return
         self._clear()
         self._write(f"{text}\n")
         self._drawn = 0.0

@@ -634,6 +634,8 @@ class Runner:
                     )
                 if self.cli and label == "run" and cli_thread is None and obs["steps"]:
                     cli_thread = self._open_cli()
+                elif cli_thread is not None and not cli_thread.is_alive() and self.progress:
+                    self.progress.quiet = False  # the user left the CLI: the live line again
                 time.sleep(0.1)
             if self.progress is not None:
                 self.progress.end()
