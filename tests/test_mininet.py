@@ -316,3 +316,39 @@ def test_the_tutorials_compile_and_push_workflow_on_the_target(tmp_path: Path) -
     finally:
         net.close()
     assert leftovers(tag) == {"namespaces": [], "links": []}
+
+
+@pytest.mark.bmv2
+@pytest.mark.skipif(
+    shutil.which("p4c") is None or shutil.which("simple_switch_grpc") is None,
+    reason="needs the real p4c and simple_switch_grpc on PATH",
+)
+def test_the_same_switch_class_runs_real_simple_switch_grpc(tmp_path: Path) -> None:
+    """Where bmv2 is installed: the same P4RuntimeSwitch with sw_path='simple_switch_grpc' and
+    p4c's JSON of the wire program forwards h1 <-> h2 (not run on the development machine,
+    which has no bmv2)."""
+    from shadowgrad.bmv2_testbed.p4_mininet import MininetNet
+    from shadowgrad.bmv2_testbed.topology import leftovers
+
+    r = subprocess.run(
+        ["p4c", "--target", "bmv2", "--arch", "v1model", "-o", str(tmp_path), str(WIRE)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert r.returncode == 0, r.stderr
+    tag = f"{(os.getpid() + 2) % 0xFFFF:04x}"
+    net = MininetNet(
+        [(1, "10.0.0.1", 0x020000000001), (2, "10.0.0.2", 0x020000000002)],
+        {1: "h1", 2: "h2"},
+        tag=tag,
+        sw_path="simple_switch_grpc",
+        json_path=str(tmp_path / "wire.json"),
+    )
+    try:
+        out = net.hosts[1].cmd("ping -c 3 -i 0.2 -W 2 10.0.0.2")
+        assert " 0% packet loss" in out, out
+    finally:
+        net.close()
+    assert leftovers(tag) == {"namespaces": [], "links": []}
