@@ -391,7 +391,10 @@ class Runner:
         """The trainer ranks of one attempt; ``plain``: without shadowgrad (plain DDP)."""
         sc = self.sc
         master = "10.0.0.1" if self.hosted else "127.0.0.1"
-        port = 29500 + secrets.randbelow(20000) if self.hosted else _free_port()
+        # below the kernel's ephemeral range (32768-60999): a rerun's rank 0 once drew 43138,
+        # a local port the controller's connections from the same host held (EADDRINUSE, and
+        # the other ranks waited on the store); the job's own ports are 474xx-476xx
+        port = 20000 + secrets.randbelow(12000) if self.hosted else _free_port()
         out = []
         for r in range(sc.trainers):
             e = {
