@@ -17,7 +17,7 @@ DEMO_ARGS   ?=
 help:
 	@echo "make demo       install everything (idempotent), then run the emulated demo (SCENARIO=default)"
 	@echo "make test       install everything (idempotent), then lint, type-check and run the tests"
-	@echo "make install    system packages (root only) + $(VENV) with torch==2.13.0 and -e .[all,dev]"
+	@echo "make install    system packages (root only) + $(VENV) with torch==2.13.0 and -e .[all,dev] + Mininet"
 	@echo "make lint       ruff check, ruff format --check, mypy"
 	@echo "make test-fast  the tests without lint, skipping tests marked slow"
 	@echo "make bench      every benchmark with its default settings, then docs/benchmarks.md"
@@ -46,7 +46,10 @@ $(VENV)/.installed: $(VENV)/.torch pyproject.toml
 	$(PIP) install -q -e '.[all,dev]'
 	touch $@
 
+# Debian's Mininet (a system package) made importable from the venv: that one package, linked
+# into a folder of the venv's own named by a .pth (tools/system_mininet.py says why not more)
 install: deps $(VENV)/.installed
+	@$(PY) tools/system_mininet.py
 
 demo: install
 	$(VENV)/bin/shadowgrad demo $(SCENARIO) --out demo-out $(DEMO_ARGS)

@@ -8,6 +8,13 @@ format named by ``--p4runtime-files`` (comma-separated; the suffix picks the for
 ``.txtpb``/``.txt`` text, ``.json``, ``.bin``). Diagnostics go to stderr as
 ``file:line:col: message``; the exit status is 1 when the program is rejected.
 
+p4c-bm2-ss's command line as p4lang/tutorials' Makefile runs it works too::
+
+    shadowgrad-p4c --p4v 16 --p4runtime-files build/X.p4.p4info.txtpb -o build/X.json X.p4
+
+``build/X.json`` then holds the pipeline artefact (not bmv2's JSON): ``sg-switch-grpc
+build/X.json`` loads it, and it is what a controller pushes as the P4Runtime device config.
+
 ``configure(parser)``/``run(args)`` plug into ``shadowgrad.cli``; ``main(argv)`` serves a
 standalone console script.
 """
@@ -44,6 +51,11 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--arch", default="v1model", help="accepted for p4c compatibility (v1model)")
     p.add_argument("--std", default="p4-16", help="accepted for p4c compatibility (p4-16)")
     p.add_argument(
+        "--p4v",
+        default="16",
+        help="p4c-bm2-ss's language version, as the p4lang/tutorials Makefile passes it (16)",
+    )
+    p.add_argument(
         "--dump-python", type=Path, default=None, help="also write the generated Python (debugging)"
     )
 
@@ -51,7 +63,7 @@ def configure(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from .pipeline import P4CompileError, Pipeline
 
-    for opt, want in (("target", "bmv2"), ("arch", "v1model"), ("std", "p4-16")):
+    for opt, want in (("target", "bmv2"), ("arch", "v1model"), ("std", "p4-16"), ("p4v", "16")):
         if getattr(args, opt) != want:
             print(
                 f"error: --{opt} {getattr(args, opt)} is not supported (only {want})",

@@ -4,9 +4,11 @@ controller, trainers on one machine — inject the scenario's faults, and report
 ``SCENARIO`` is a TOML file or the name of one in ``scenarios/`` (default: ``default``). The
 topology is the best the machine allows unless ``--topology`` says otherwise: network
 namespaces + veths as root (``netns``), else the switch's loopback UDP ports (``loopback``, any
-user); ``userns`` runs the loopback topology inside a fresh user + network namespace
-(``unshare -Urn``), isolated from the host's network, for an ordinary user. ``--out`` is
-cleared of a previous run's artefacts first (the cache is kept); a non-empty folder that is not
+user); ``mininet`` (root) builds the netns topology's hosts as Mininet hosts behind a Mininet
+``P4RuntimeSwitch``, and ``--cli`` opens Mininet's CLI on the running job; ``userns`` runs the
+loopback topology inside a fresh user + network namespace (``unshare -Urn``), isolated from the
+host's network, for an ordinary user. ``--out`` is cleared of a previous run's artefacts first
+(the cache is kept); a non-empty folder that is not
 a demo's output is refused, and nothing is deleted. Exit status 0 when the report says ok
 (bit-exact resume, losses equal to the reference, at most one iteration lost per trainer fault
 and none per shadow fault, a report that does not contradict itself), 1 otherwise.
@@ -36,8 +38,15 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--topology",
         default="auto",
-        choices=("auto", "netns", "loopback", "userns"),
-        help="auto: netns as root, else loopback",
+        choices=("auto", "netns", "mininet", "loopback", "userns"),
+        help="auto: netns as root, else loopback; mininet: Mininet hosts behind a Mininet "
+        "P4RuntimeSwitch (root, Debian's mininet)",
+    )
+    p.add_argument(
+        "--cli",
+        action="store_true",
+        help="with --topology mininet: open Mininet's CLI once the faulted run's job is up; "
+        "the network stays until you leave it (exit or Ctrl-D), then the report",
     )
     p.add_argument(
         "--target",
@@ -60,7 +69,11 @@ def configure(p: argparse.ArgumentParser) -> None:
         "$XDG_CACHE_HOME/shadowgrad or OUT/.cache/shadowgrad)",
     )
     p.add_argument("--timeout", type=float, default=900.0, help="seconds per run")
-    p.add_argument("--no-progress", action="store_true", help="no live progress line")
+    p.add_argument(
+        "--no-progress",
+        action="store_true",
+        help="no progress on stderr (a live line on a terminal, plain lines elsewhere)",
+    )
     p.add_argument("--json", action="store_true", help="print report.json's summary as JSON")
 
 
@@ -132,7 +145,8 @@ def run(args: argparse.Namespace) -> int:
             target=args.target,
             cache_dir=args.cache,
             timeout_s=args.timeout,
-            progress=not args.no_progress and sys.stderr.isatty(),
+            progress=not args.no_progress,
+            cli=args.cli,
         )
         if runner.cleared:
             print(

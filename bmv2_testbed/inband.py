@@ -27,7 +27,7 @@ import tempfile
 import weakref
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from shadowgrad.config import JobSpec
 from shadowgrad.controller.p4runtime import P4RuntimeClient
@@ -37,7 +37,7 @@ from shadowgrad.layout import Layout
 
 from .pipeline import Pipeline
 
-__all__ = ["JobSwitch", "PRODUCT_PROGRAM", "compile_product"]
+__all__ = ["AttachedSwitch", "JobSwitch", "PRODUCT_PROGRAM", "compile_product", "switch_options"]
 
 #: the ToR program, in the source tree
 PRODUCT_PROGRAM = Path(__file__).resolve().parent.parent / "p4" / "shadowgrad.p4"
@@ -51,6 +51,53 @@ def compile_product(program: Path | None = None) -> tuple[Any, bytes]:
         pipe = Pipeline.compile(path)
         _COMPILED[path] = (pipe.p4info, pipe.to_device_config())
     return _COMPILED[path]
+
+
+class AttachedSwitch(Protocol):
+    """A running switch that :class:`JobSwitch` programs but did not start."""
+
+    grpc_addr: str
+    log_file: str
+
+    def argv(self) -> list[str]: ...
+
+    def stop_datapath(self) -> None: ...
+
+
+def switch_options(
+    spec: JobSpec,
+    *,
+    loss: Mapping[int, float] | None = None,
+    rate: Mapping[int, str] | None = None,
+    delay: Mapping[int, str] | None = None,
+    lossless: bool = True,
+    pause_timeout_s: float = 1.0,
+    queue_capacity: int = 1024,
+    headroom: int = 4096,
+    extra_args: Sequence[str] = (),
+) -> list[str]:
+    """The job's ``sg-switch-grpc`` options before ``--`` (per-port loss, rate and delay; the
+    shadow ports lossless; queue sizes), whoever starts the switch."""
+    cmd: list[str] = []
+    for port, p in (loss or {}).items():
+        cmd += ["--port-loss", f"{port}:{p}"]
+    for port, r in (rate or {}).items():
+        cmd += ["--port-rate", f"{port}:{r}"]
+    for port, d in (delay or {}).items():
+        cmd += ["--port-delay", f"{port}:{d}"]
+    if lossless:
+        for port in spec.switch.shadow_ports:
+            cmd += ["--lossless-port", str(port)]
+    return [
+        *cmd,
+        "--pause-timeout",
+        f"{pause_timeout_s}s",
+        "--queue-capacity",
+        str(queue_capacity),
+        "--lossless-headroom",
+        str(headroom),
+        *extra_args,
+    ]
 
 
 def _reap(state: dict[str, Any]) -> None:
@@ -70,7 +117,10 @@ class JobSwitch:
     port lossless (default). ``extra_args``: more switch options (before ``--``). ``tap=False``
     programs everything but the tap (the ring runs through the switch, nothing is copied).
     ``interfaces`` (switch port -> Linux interface): attach those instead of loopback ports
-    (``-i N@iface``; veths to hosts in network namespaces, root needed).
+    (``-i N@iface``; veths to hosts in network namespaces, root needed). ``attached``: a switch
+    someone else started (a Mininet :class:`~.p4_mininet.P4RuntimeSwitch`, started with
+    :func:`switch_options`): it is only programmed here, and ``close()`` stops it through
+    ``attached.stop_datapath()`` and reads its final counters from ``attached.log_file``.
     """
 
     def __init__(
@@ -91,9 +141,10 @@ class JobSwitch:
         request_log: str | Path | None = None,
         tap: bool = True,
         interfaces: Mapping[int, str] | None = None,
+        attached: AttachedSwitch | None = None,
     ) -> None:
         sw = spec.switch
-        if sw.loopback is None and interfaces is None:
+        if sw.loopback is None and interfaces is None and attached is None:
             raise ConfigError(
                 "switch.loopback",
                 None,
@@ -105,35 +156,32 @@ class JobSwitch:
         self.final_counters: dict[str, Any] = {}
         self._state: dict[str, Any] = {}
         self._finalizer = weakref.finalize(self, _reap, self._state)
+        self.attached = attached
+        opts = switch_options(
+            spec,
+            loss=loss,
+            rate=rate,
+            delay=delay,
+            lossless=lossless,
+            pause_timeout_s=pause_timeout_s,
+            queue_capacity=queue_capacity,
+            headroom=headroom,
+            extra_args=extra_args,
+        )
         cmd = list(switch_cmd or [sys.executable, "-m", "shadowgrad.bmv2_testbed._switch_cmd"])
         cmd += ["--no-p4", "--device-id", str(sw.device_id)]
         hosts = [
             *zip(sw.trainer_ports, spec.trainers.addresses, strict=True),
             *zip(sw.shadow_ports, spec.shadows.addresses, strict=True),
         ]
-        for port, ep in hosts:
+        for port, ep in hosts if attached is None else ():
             if interfaces is not None:
                 cmd += ["-i", f"{port}@{interfaces[port]}"]
                 continue
             lb = sw.loopback_endpoint(port)
             cmd += ["--loopback-port", f"{port}@{lb.host}:{lb.port}={ep.host}:{ep.port}"]
-        for port, p in (loss or {}).items():
-            cmd += ["--port-loss", f"{port}:{p}"]
-        for port, r in (rate or {}).items():
-            cmd += ["--port-rate", f"{port}:{r}"]
-        for port, d in (delay or {}).items():
-            cmd += ["--port-delay", f"{port}:{d}"]
-        if lossless:
-            for port in sw.shadow_ports:
-                cmd += ["--lossless-port", str(port)]
         cmd += [
-            "--pause-timeout",
-            f"{pause_timeout_s}s",
-            "--queue-capacity",
-            str(queue_capacity),
-            "--lossless-headroom",
-            str(headroom),
-            *extra_args,
+            *opts,
             "--",
             "--grpc-server-addr",
             "127.0.0.1:0",
@@ -141,23 +189,16 @@ class JobSwitch:
             str(sw.cpu_port),
         ]
         self.cmd = cmd
-        self.log_path = Path(tempfile.mkstemp(prefix="sg-switch-", suffix=".log")[1])
+        if attached is not None:
+            self.cmd = list(attached.argv())
+            self.log_path = Path(attached.log_file)
+        else:
+            self.log_path = Path(tempfile.mkstemp(prefix="sg-switch-", suffix=".log")[1])
         try:
-            logf = open(self.log_path, "w")  # noqa: SIM115 (closed by the finalizer)
-            self._state["log"] = logf
-            proc = subprocess.Popen(
-                cmd, stdout=subprocess.PIPE, stderr=logf, stdin=subprocess.DEVNULL, text=True
-            )
-            self._state["proc"] = proc
-            self.proc = proc
-            from .testing import wait_switch_ready
-
-            try:
-                self.grpc_addr = wait_switch_ready(proc, start_timeout_s)
-            except Exception as exc:
-                raise RuntimeError(f"{exc}:\n{self.log()[-3000:]}") from None
-            assert proc.stdout is not None
-            proc.stdout.close()
+            if attached is not None:
+                self.grpc_addr = attached.grpc_addr
+            else:
+                self._spawn(cmd, start_timeout_s)
             client = P4RuntimeClient(
                 self.grpc_addr, device_id=sw.device_id, request_log=request_log
             )
@@ -169,6 +210,23 @@ class JobSwitch:
         except BaseException:
             self.close()
             raise
+
+    def _spawn(self, cmd: list[str], start_timeout_s: float) -> None:
+        logf = open(self.log_path, "w")  # noqa: SIM115 (closed by the finalizer)
+        self._state["log"] = logf
+        proc = subprocess.Popen(
+            cmd, stdout=subprocess.PIPE, stderr=logf, stdin=subprocess.DEVNULL, text=True
+        )
+        self._state["proc"] = proc
+        self.proc = proc
+        from .testing import wait_switch_ready
+
+        try:
+            self.grpc_addr = wait_switch_ready(proc, start_timeout_s)
+        except Exception as exc:
+            raise RuntimeError(f"{exc}:\n{self.log()[-3000:]}") from None
+        assert proc.stdout is not None
+        proc.stdout.close()
 
     def log(self) -> str:
         try:
@@ -183,12 +241,15 @@ class JobSwitch:
         """Stop the switch (SIGTERM) and keep its final port/queue counters in
         :attr:`final_counters` (drops by reason, pauses; what P4Runtime cannot read)."""
         self._finalizer()
+        if self.attached is not None:
+            self.attached.stop_datapath()  # it prints its final counters as it stops
         for line in self.log().splitlines():
             if line.startswith("sg-switch-grpc counters "):
                 with contextlib.suppress(ValueError):
                     self.final_counters = json.loads(line.split(" ", 2)[2])
-        with contextlib.suppress(OSError):
-            self.log_path.unlink()
+        if self.attached is None:  # an attached switch's log is its owner's
+            with contextlib.suppress(OSError):
+                self.log_path.unlink()
 
     def __enter__(self) -> JobSwitch:
         return self

@@ -32,15 +32,20 @@ import signal
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from shadowgrad.errors import ShadowgradError
 
+from .progress import Progress
 from .report import DETECT_SLACK_S
 from .scenario import Fault, Scenario
-from .topology import MTU, Namespaces, choose
+from .topology import HOSTED, MTU, Namespaces, choose
+
+if TYPE_CHECKING:
+    from .p4_mininet import MininetNet
 
 __all__ = ["OUT_MARKER", "Runner", "choose_target", "prepare_out", "run_scenario"]
 
@@ -210,12 +215,13 @@ class Runner:
         cache_dir: Path | None = None,
         progress: bool = False,
         timeout_s: float = 900.0,
+        cli: bool = False,
     ) -> None:
         self.sc = scenario
         self.work = work
         self.topology = choose(topology)
         self.target = choose_target(target)
-        if self.sc.mode == "mirror" and self.topology == "netns":
+        if self.sc.mode == "mirror" and self.topology in HOSTED:
             # mirror mode does not use the switch: its trainers send to the shadows directly
             self.topology = "loopback"
         self.cache_dir = cache_dir or Path(
@@ -226,12 +232,18 @@ class Runner:
         )
         # a run reads only what it wrote: the previous run's logs, events and report go first
         self.cleared = prepare_out(work, self.cache_dir)
-        self.progress = progress
+        self.progress: Progress | None = Progress() if progress else None
+        if cli and self.topology != "mininet":
+            raise ShadowgradError(
+                f"--cli opens Mininet's CLI: it needs --topology mininet (this run: "
+                f"{self.topology})"
+            )
+        self.cli = cli
         self.timeout_s = timeout_s
         self._procs: list[_Proc] = []
-        self._net: Namespaces | None = None
+        self._net: Namespaces | MininetNet | None = None
         self._switch: Any = None
-        self.chunk = NETNS_CHUNK if self.topology == "netns" else None
+        self.chunk = NETNS_CHUNK if self.hosted else None
         self.run_id = secrets.token_hex(8)
         self.label = os.environ.get("SHADOWGRAD_DEMO_TOPOLOGY_LABEL", self.topology)
         work.mkdir(parents=True, exist_ok=True)
@@ -261,7 +273,7 @@ class Runner:
             "rpc": "5s",
             "connect": "20s",
         }
-        if self.topology == "netns":
+        if self.hosted:
             world, shadows = sc.trainers, sc.shadows
             doc: dict[str, Any] = {
                 "job": {"id": 5000 + secrets.randbelow(1000), "name": sc.name, "mode": "in-band"},
@@ -306,6 +318,53 @@ class Runner:
         params, buckets = from_module(build_model(self.sc.model))
         return Layout.build(params, buckets, self.sc.shadows, self.sc.replication)
 
+    @property
+    def hosted(self) -> bool:
+        """Whether every trainer and shadow is a host of its own behind the switch's
+        interfaces (``netns``, ``mininet``) rather than a loopback address."""
+        return self.topology in HOSTED
+
+    def _hosted_switch(
+        self,
+        spec: Any,
+        layout: Any,
+        d: Path,
+        *,
+        loss: dict[int, float] | None = None,
+        tap: bool = True,
+    ) -> Any:
+        """The hosts (namespaces, or Mininet hosts) and the programmed switch between them."""
+        from shadowgrad.frames import port_mac
+
+        from .inband import JobSwitch, switch_options
+
+        sw = spec.switch
+        hosts = [
+            (p, ep.host, port_mac(p))
+            for p, ep in [
+                *zip(sw.trainer_ports, spec.trainers.addresses, strict=True),
+                *zip(sw.shadow_ports, spec.shadows.addresses, strict=True),
+            ]
+        ]
+        if self.topology == "netns":
+            self._net = Namespaces(hosts, tag=self.run_id[:4])
+            return JobSwitch(spec, layout, loss=loss, interfaces=self._net.switch_if, tap=tap)
+        from .p4_mininet import MininetNet
+
+        names = {p: f"trainer{r}" for r, p in enumerate(sw.trainer_ports)}
+        names.update({p: f"shadow{k}" for k, p in enumerate(sw.shadow_ports)})
+        net = MininetNet(
+            hosts,
+            names,
+            tag=self.run_id[:4],
+            switch_args=switch_options(spec, loss=loss),
+            cpu_port=sw.cpu_port,
+            device_id=sw.device_id,
+            log_file=str(d / "switch.log"),
+        )
+        self._net = net
+        return JobSwitch(spec, layout, attached=net.switch, tap=tap)
+
     def _prefix(self, port: int | None) -> list[str]:
         if self._net is None or port is None:
             return []
@@ -331,8 +390,11 @@ class Runner:
     ) -> list[_Proc]:
         """The trainer ranks of one attempt; ``plain``: without shadowgrad (plain DDP)."""
         sc = self.sc
-        master = "10.0.0.1" if self.topology == "netns" else "127.0.0.1"
-        port = 29500 + secrets.randbelow(20000) if self.topology == "netns" else _free_port()
+        master = "10.0.0.1" if self.hosted else "127.0.0.1"
+        # below the kernel's ephemeral range (32768-60999): a rerun's rank 0 once drew 43138,
+        # a local port the controller's connections from the same host held (EADDRINUSE, and
+        # the other ranks waited on the store); the job's own ports are 474xx-476xx
+        port = 20000 + secrets.randbelow(12000) if self.hosted else _free_port()
         out = []
         for r in range(sc.trainers):
             e = {
@@ -344,7 +406,7 @@ class Runner:
                 "MASTER_PORT": str(port),
                 "OMP_NUM_THREADS": "1",
             }
-            if self.topology == "netns":
+            if self.hosted:
                 e["GLOO_SOCKET_IFNAME"] = "eth0"
             argv = [
                 sys.executable,
@@ -362,14 +424,13 @@ class Runner:
                 argv += ["--chunk-bytes", str(self.chunk)]
             if sc.sleep_s:
                 argv += ["--sleep", str(sc.sleep_s)]
-            tport = spec.switch.trainer_ports[r] if self.topology == "netns" else None
+            tport = spec.switch.trainer_ports[r] if self.hosted else None
             out.append(self._start(f"rank{r}-{attempt}", argv, tport, d, e))
         return out
 
     def execute(self, label: str, faults: tuple[Fault, ...]) -> dict[str, Any]:
         """One run of the job with ``faults``; returns what it observed (see report.py)."""
         from shadowgrad.config import parse_spec
-        from shadowgrad.frames import port_mac
         from shadowgrad.trainer_hooks._testing import spec_toml
 
         sc = self.sc
@@ -404,18 +465,8 @@ class Runner:
                     for f in faults
                     if f.kind == "loss" and f.target is not None
                 }
-                if self.topology == "netns":
-                    hosts = [
-                        (p, ep.host, port_mac(p))
-                        for p, ep in [
-                            *zip(spec.switch.trainer_ports, spec.trainers.addresses, strict=True),
-                            *zip(spec.switch.shadow_ports, spec.shadows.addresses, strict=True),
-                        ]
-                    ]
-                    self._net = Namespaces(hosts, tag=self.run_id[:4])
-                    self._switch = JobSwitch(
-                        spec, layout, loss=loss or None, interfaces=self._net.switch_if
-                    )
+                if self.hosted:
+                    self._switch = self._hosted_switch(spec, layout, d, loss=loss or None)
                 else:
                     self._switch = JobSwitch(spec, layout, loss=loss or None)
                     doc.setdefault("switch", {})["grpc_addr"] = self._switch.grpc_addr
@@ -424,7 +475,7 @@ class Runner:
             cli = str(Path(sys.executable).parent / "shadowgrad")
             shadows: dict[int, _Proc] = {}
             for k in range(sc.shadows):
-                port = spec.switch.shadow_ports[k] if self.topology == "netns" else None
+                port = spec.switch.shadow_ports[k] if self.hosted else None
                 shadows[k] = self._start(
                     f"shadow{k}", [cli, "shadow", "--spec", str(path), "--id", str(k)], port, d, env
                 )
@@ -441,7 +492,7 @@ class Runner:
                 "0.2",
             ]
             ctl_port: int | None = None
-            if self.topology == "netns":
+            if self.hosted:
                 ctl_argv.append("--no-switch")  # the switch's gRPC is in the root namespace
                 ctl_port = spec.switch.trainer_ports[0]
             elif sc.mode == "in-band":
@@ -451,6 +502,10 @@ class Runner:
             time.sleep(1.0)
             attempt = 0
             ranks = self._ranks(spec, path, d, env, attempt=attempt, final=final)
+            live = _LiveFaults(self.progress, d / "controller.log")
+            cli_thread: threading.Thread | None = None
+            if self.progress is not None:
+                self.progress.begin(label, sc.iterations, self._run_note(label, faults))
             pending = [f for f in faults if f.kind != "loss"]
             timers: list[tuple[float, Any]] = []
             read_pos = 0
@@ -487,6 +542,7 @@ class Runner:
                     last_logged = max(last_logged, it) if open_fault is None else it
                     if open_fault is not None and open_fault["t_recovered"] is None:
                         open_fault["t_recovered"] = wall
+                        live.resumed(open_fault, it)
                         open_fault = None
                         last_logged = it
                 # sample the job through the controller
@@ -527,6 +583,7 @@ class Runner:
                         "note": "",
                     }
                     obs["faults"].append(rec)
+                    live.injected(rec)
                     if f.kind == "kill_trainer":
                         assert f.target is not None
                         ranks[f.target].kill()
@@ -571,10 +628,20 @@ class Runner:
                         rec["note"] = "shadowgrad controller SIGKILLed and restarted"
                 if all(r.p.poll() is not None for r in ranks) and not timers:
                     break
-                self._progress(label, last_logged, obs)
+                live.poll(obs)
+                if self.progress is not None:
+                    self.progress.step(
+                        last_logged,
+                        obs["samples"][-1][2] if obs["samples"] else None,
+                        len(obs["faults"]),
+                    )
+                if self.cli and label == "run" and cli_thread is None and obs["steps"]:
+                    cli_thread = self._open_cli()
+                elif cli_thread is not None and not cli_thread.is_alive() and self.progress:
+                    self.progress.quiet = False  # the user left the CLI: the live line again
                 time.sleep(0.1)
-            if self.progress:
-                sys.stderr.write("\n")
+            if self.progress is not None:
+                self.progress.end()
             codes = [r.p.returncode for r in ranks]
             if codes != [0] * len(ranks):
                 tails = "\n".join(
@@ -594,14 +661,19 @@ class Runner:
                     "replicated_bytes": sum(int(b) for _, b in c.get("shadow_copies", [])),
                     "drops": {k: int(v[0]) for k, v in (c.get("drops") or {}).items()},
                 }
+            t_done = time.time()
+            if cli_thread is not None:
+                self._wait_cli(cli_thread)
+            if self._switch is not None:
                 self._switch.close()  # its final port counters: the emulated loss
                 fc = self._switch.final_counters or {}
+                assert obs["switch"] is not None
                 obs["switch"]["emulated_loss"] = sum(
                     int((q.get("drops") or {}).get("emulated_loss", 0))
                     for q in (fc.get("queues") or {}).values()
                 )
             obs["began"] = t_begin
-            obs["seconds"] = time.time() - t_begin
+            obs["seconds"] = t_done - t_begin  # the run, not the time spent in the CLI after it
             obs["final"] = str(final)
             _settle_faults(obs)
             return obs
@@ -627,7 +699,6 @@ class Runner:
         directly (the switch's UDP ports only carry shadowgrad's ring). Returns rank 0's steps
         and the run's seconds."""
         from shadowgrad.config import parse_spec
-        from shadowgrad.frames import port_mac
 
         d = self._fresh_dir(label)
         doc = self._spec_doc()
@@ -638,36 +709,26 @@ class Runner:
         obs: dict[str, Any] = {"label": label, "steps": [], "faults": [], "samples": []}
         t_begin = time.time()
         try:
-            if self.topology == "netns":
-                from .inband import JobSwitch
-
-                hosts = [
-                    (p, ep.host, port_mac(p))
-                    for p, ep in [
-                        *zip(spec.switch.trainer_ports, spec.trainers.addresses, strict=True),
-                        *zip(spec.switch.shadow_ports, spec.shadows.addresses, strict=True),
-                    ]
-                ]
-                self._net = Namespaces(hosts, tag=self.run_id[:4])
-                self._switch = JobSwitch(
-                    spec, self._layout(), interfaces=self._net.switch_if, tap=False
-                )
+            if self.hosted:
+                self._switch = self._hosted_switch(spec, self._layout(), d, tap=False)
             ranks = self._ranks(spec, d / "job.toml", d, env, attempt=0, final=None, plain=True)
             deadline = time.monotonic() + self.timeout_s
             last = -1
+            if self.progress is not None:
+                self.progress.begin(label, self.sc.iterations, "(the same job without shadowgrad)")
             while any(r.p.poll() is None for r in ranks):
                 if time.monotonic() > deadline:
                     raise ShadowgradError(
                         f"{label}: the run did not finish in {self.timeout_s:.0f}s (logs in {d})"
                     )
-                if self.progress:
+                if self.progress is not None:
                     text = ranks[0].log.read_text(errors="replace")
                     found = [int(m[1]) for m in _STEP.finditer(text)]
                     last = found[-1] if found else last
-                    self._progress(label, last, obs)
+                    self.progress.step(last)
                 time.sleep(0.2)
-            if self.progress:
-                sys.stderr.write("\n")
+            if self.progress is not None:
+                self.progress.end()
             codes = [r.p.returncode for r in ranks]
             if codes != [0] * len(ranks):
                 tails = "\n".join(
@@ -687,7 +748,7 @@ class Runner:
     def _final_status(self, path: Path, spec: Any, env: dict[str, str]) -> dict[str, Any]:
         """``shadowgrad status --json`` from a trainer's host (it reaches every shadow)."""
         cli = str(Path(sys.executable).parent / "shadowgrad")
-        port = spec.switch.trainer_ports[0] if self.topology == "netns" else None
+        port = spec.switch.trainer_ports[0] if self.hosted else None
         try:
             out = subprocess.run(
                 [*self._prefix(port), cli, "status", "--spec", str(path), "--json"],
@@ -701,18 +762,50 @@ class Runner:
         except (ValueError, IndexError, subprocess.TimeoutExpired) as e:
             return {"error": str(e)}
 
-    def _progress(self, label: str, it: int, obs: dict[str, Any]) -> None:
-        if not self.progress:
-            return
-        n = self.sc.iterations
-        istar = obs["samples"][-1][2] if obs["samples"] else None
-        bar = int(30 * max(0, it + 1) / n)
-        sys.stderr.write(
-            f"\r{label:>9} [{'#' * bar}{'.' * (30 - bar)}] {it + 1}/{n}  "
-            f"I* {istar if istar is not None else '-'}  faults "
-            f"{len(obs['faults'])}  "
-        )
-        sys.stderr.flush()
+    def _run_note(self, label: str, faults: tuple[Fault, ...]) -> str:
+        if label == "reference":
+            return "(the reference: with shadowgrad, no faults)"
+        kinds = [f.kind for f in faults]
+        return f"(the faulted run: {', '.join(kinds) if kinds else 'no faults'})"
+
+    def _open_cli(self) -> threading.Thread:
+        """Mininet's CLI on the running job's network, on a thread of its own (the runner goes
+        on injecting faults and sampling); the live progress line keeps quiet meanwhile."""
+        net = self._net
+        assert net is not None and hasattr(net, "cli")
+        if self.progress is not None:
+            self.progress.print(
+                "mininet: the job is up; Mininet's CLI is open (pingall, trainer0 ip -s link, "
+                "shadow0 tcpdump -c 5 -ni eth0 ...). The network stays up until you leave it "
+                "(exit or Ctrl-D)."
+            )
+            self.progress.quiet = True
+        else:
+            print("mininet: the job is up; Mininet's CLI is open", file=sys.stderr, flush=True)
+
+        def run() -> None:
+            try:
+                net.cli()
+            except Exception as e:  # the network was torn down under it (Ctrl-C)
+                log.debug("mininet CLI ended: %s", e)
+
+        t = threading.Thread(target=run, name="mininet-cli", daemon=True)
+        t.start()
+        return t
+
+    def _wait_cli(self, cli: threading.Thread) -> None:
+        """Keep the network (the switch still running) until the user leaves the CLI."""
+        if cli.is_alive():
+            print(
+                "mininet: the job has finished; the network stays up until you leave the CLI "
+                "(exit or Ctrl-D)",
+                file=sys.stderr,
+                flush=True,
+            )
+        while cli.is_alive():
+            cli.join(0.5)
+        if self.progress is not None:
+            self.progress.quiet = False
 
     def _teardown(self) -> None:
         """Stop everything this run started. A Ctrl-C or SIGTERM cannot interrupt it; one that
@@ -765,6 +858,8 @@ class Runner:
         meta = cdir / "reference.json"
         if meta.exists() and (cdir / "final.pt").exists():
             ref: dict[str, Any] = json.loads(meta.read_text())
+            if self.progress is not None:
+                self.progress.print(f"reference: cached ({cdir})")
             ref["cached"] = True
             ref["final"] = str(cdir / "final.pt")
             return ref
@@ -791,6 +886,8 @@ class Runner:
             with contextlib.suppress(ValueError, OSError):
                 cached: dict[str, Any] = json.loads(meta.read_text())
                 if isinstance(cached, dict) and cached.get("mean_step_s") is not None:
+                    if self.progress is not None:
+                        self.progress.print(f"plain: cached ({cdir})")
                     cached["cached"] = True
                     return cached
         obs = self.execute_plain("plain")
@@ -986,6 +1083,109 @@ def _outage_end(f: dict[str, Any], obs: dict[str, Any], fd: float) -> float:
     if f["kind"] == "pause_shadow" and f.get("t_back") is not None:
         ends.append(float(f["t_back"]) + fd + DETECT_SLACK_S)
     return min(ends, default=math.inf)
+
+
+class _LiveFaults:
+    """Says on the progress output when a fault is injected, when the controller detected it
+    (its events, read from its log as they come) and when it recovered. Only for the user's
+    eyes: the report's figures come from :func:`_settle_faults` after the run."""
+
+    def __init__(self, progress: Progress | None, controller_log: Path) -> None:
+        self.progress = progress
+        self.log = controller_log
+        self.pos = 0
+        self.said: set[tuple[int, str]] = set()
+        self.faults: list[dict[str, Any]] = []
+
+    def _say(self, rec: dict[str, Any], what: str, text: str) -> None:
+        key = (id(rec), what)
+        if self.progress is None or key in self.said:
+            return
+        self.said.add(key)
+        self.progress.event(text)
+
+    @staticmethod
+    def _name(rec: dict[str, Any]) -> str:
+        if rec["kind"] == "kill_trainer":
+            return f"kill_trainer (rank {rec['target']})"
+        if rec["kind"] in ("kill_shadow", "pause_shadow"):
+            return f"{rec['kind']} (shadow {rec['target']})"
+        return str(rec["kind"])
+
+    def injected(self, rec: dict[str, Any]) -> None:
+        self.faults.append(rec)
+        self._say(
+            rec,
+            "inject",
+            f"fault {self._name(rec)} injected at iteration "
+            f"{rec['last_logged']}: {rec.get('note') or ''}".rstrip(": "),
+        )
+
+    def resumed(self, rec: dict[str, Any], it: int) -> None:
+        dt = time.time() - rec["t_inject"]
+        self._say(
+            rec,
+            "recover",
+            f"fault {self._name(rec)} recovered: the job resumed at "
+            f"iteration {it}, {dt:.1f} s after the kill",
+        )
+
+    def poll(self, obs: dict[str, Any]) -> None:
+        if self.progress is None or not self.faults:
+            return
+        new: list[dict[str, Any]] = []
+        with contextlib.suppress(OSError):
+            with self.log.open("rb") as f:
+                f.seek(self.pos)
+                chunk = f.read()
+            cut = chunk.rfind(b"\n") + 1
+            self.pos += cut
+            for line in chunk[:cut].decode(errors="replace").splitlines():
+                if line.startswith("{"):
+                    with contextlib.suppress(ValueError):
+                        doc = json.loads(line)
+                        if isinstance(doc, dict) and "event" in doc:
+                            new.append(doc)
+        for doc in new:
+            t = float(doc.get("ts") or time.time())
+            for rec in self.faults:
+                if t < rec["t_inject"]:
+                    continue
+                ev = doc["event"]
+                hit = (ev == "controller.trainer_failed" and rec["kind"] == "kill_trainer") or (
+                    ev == "controller.shadow_failed"
+                    and rec["kind"] in ("kill_shadow", "pause_shadow")
+                    and doc.get("shadow") == rec["target"]
+                )
+                if hit:
+                    self._say(
+                        rec,
+                        "detect",
+                        f"fault {self._name(rec)} detected by the "
+                        f"controller after {t - rec['t_inject']:.1f} s ({ev})",
+                    )
+                if ev == "controller.started" and rec["kind"] == "restart_controller":
+                    self._say(
+                        rec,
+                        "recover",
+                        f"fault {self._name(rec)} recovered: the "
+                        f"controller is back after {t - rec['t_inject']:.1f} s",
+                    )
+        for rec in self.faults:
+            if rec["kind"] not in ("kill_shadow", "pause_shadow") or rec.get("t_back") is None:
+                continue
+            k = rec["target"]
+            for wall, it, _istar, applied in obs["samples"][-5:]:
+                a = applied[k] if k < len(applied) else None
+                if wall >= rec["t_back"] and it is not None and a is not None and a >= it - 2:
+                    self._say(
+                        rec,
+                        "recover",
+                        f"fault {self._name(rec)} recovered: shadow {k} "
+                        f"caught up (iteration {a}), {wall - rec['t_inject']:.1f} s "
+                        "after the fault",
+                    )
+                    break
 
 
 def run_scenario(scenario: Scenario, work: Path, **kw: Any) -> dict[str, Any]:

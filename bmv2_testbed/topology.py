@@ -5,6 +5,8 @@
   namespace with its IPv4 address, its port's MAC, MTU 9000, static neighbours for every other
   host, offloads and IPv6 off. ``close()`` removes everything it made; :func:`leftovers` lists
   anything with a tag that is still there (tests use it after a SIGKILL of the runner).
+* :class:`~.p4_mininet.MininetNet` (root, Mininet): the same hosts as Mininet hosts behind a
+  Mininet :class:`~.p4_mininet.P4RuntimeSwitch` (``sg<tag>-ethN``).
 * loopback (any user): every host is a loopback address and the switch's ports are UDP
   sockets (``switch.loopback``); nothing to build.
 
@@ -21,6 +23,7 @@ import subprocess
 from pathlib import Path
 
 __all__ = [
+    "HOSTED",
     "MTU",
     "OFFLOADS_OFF",
     "Namespaces",
@@ -29,11 +32,14 @@ __all__ = [
     "disable_ipv6",
     "leftovers",
     "can_namespaces",
+    "can_mininet",
     "ns_sh",
 ]
 
 MTU = 9000
 PREFIX = "sg"
+#: the topologies whose hosts sit behind the switch's interfaces (one network namespace each)
+HOSTED = ("netns", "mininet")
 
 
 def _sh(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -71,8 +77,25 @@ def can_namespaces() -> bool:
     return os.geteuid() == 0 and shutil.which("ip") is not None
 
 
+def can_mininet() -> str | None:
+    """None where the Mininet topology can run here, else why not."""
+    if not can_namespaces():
+        return "needs root and iproute2 (ip)"
+    import importlib.util
+
+    if importlib.util.find_spec("mininet") is None:
+        return (
+            "Mininet is not importable (Debian's 'mininet' package, then 'make install' "
+            "links it into the venv)"
+        )
+    if shutil.which("mnexec") is None:
+        return "mnexec (Debian's 'mininet' package) is not on PATH"
+    return None
+
+
 def choose(requested: str = "auto") -> str:
-    """``auto`` -> ``netns`` as root with iproute2, else ``loopback``."""
+    """``auto`` -> ``netns`` as root with iproute2, else ``loopback``; ``mininet`` only where
+    :func:`can_mininet`."""
     if requested == "auto":
         return "netns" if can_namespaces() else "loopback"
     if requested == "netns" and not can_namespaces():
@@ -80,6 +103,12 @@ def choose(requested: str = "auto") -> str:
             "--topology netns needs root and iproute2 (ip); "
             "use --topology loopback (any user) or userns"
         )
+    if requested == "mininet":
+        why = can_mininet()
+        if why is not None:
+            raise PermissionError(
+                f"--topology mininet {why}; use --topology netns (root) or loopback"
+            )
     return requested
 
 
