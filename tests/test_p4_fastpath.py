@@ -54,6 +54,7 @@ COVERED = {
     "qdepth.p4",
     "shadowgrad.p4",
     "tor_like.p4",
+    "wire.p4",
 }
 #: the programs whose traffic is the shadowgrad wire protocol
 SG_TRAFFIC = {"shadowgrad.p4", "tor_like.p4"}
