@@ -647,8 +647,9 @@ class Shadowgrad:
 
     def _restore(self, istar: int, source: list[int], held: list[int]) -> Start:
         """Fetch I* (held on ``source`` by the controller, or by rank 0's survey: ``held``,
-        released here once every rank fetched) and load it. Raises :class:`_FetchFailedError` on
-        every rank when some rank could not fetch (the caller decides again)."""
+        released by the caller once the shadows are loaded, here when the fetch failed) and
+        load it. Raises :class:`_FetchFailedError` on every rank when some rank could not fetch
+        (the caller decides again)."""
         g = self.group
         layout = self.layout
         # every rank fetches every shard itself, all at once: each shard in pieces of about
