@@ -84,6 +84,8 @@ class _Member:
     stopped: bool = False
     failed: bool = False
     rejoining: bool = False
+    #: the process identity it last answered with (ShadowStatus.incarnation; None: not known)
+    incarnation: str | None = None
 
     def state(self) -> str:
         """``ok``, ``starting``, ``unreachable`` (not answering, not failed yet), ``failed``,
@@ -331,12 +333,34 @@ class Controller:
             st = self.statuses.get(k)
             if st is not None:
                 m.last_ok, m.seen, m.stopped = now, True, False
-                if m.started and not st.loaded and not m.failed and self.state != "finished":
-                    # it had state and answers without: it restarted (a process that answers
-                    # while still starting can be back within failure_detect) and lost it
-                    self._shadow_failed(k, m, "answers without its state (restarted)")
+                restarted = (
+                    st.incarnation is not None
+                    and m.incarnation is not None
+                    and st.incarnation != m.incarnation
+                )
+                if st.incarnation is not None:
+                    m.incarnation = st.incarnation
+                if (
+                    m.started
+                    and (restarted or not st.loaded)
+                    and not m.failed
+                    and self.state != "finished"
+                ):
+                    # it had state and is another process now, or answers without its state: it
+                    # restarted and lost what it held. A process that answers while still
+                    # starting can be back within failure_detect, and one re-seeded (or cloned
+                    # from its replica) at once can answer loaded again before the next poll:
+                    # its new incarnation tells either apart from a shadow that never went away
+                    why = "a new process" if restarted else "answers without its state"
+                    self._shadow_failed(k, m, f"{why} (restarted)")
                     m.rejoining = True
-                    event(log, "controller.shadow_back", shadow=k, loaded=False, last_applied=None)
+                    event(
+                        log,
+                        "controller.shadow_back",
+                        shadow=k,
+                        loaded=st.loaded,
+                        last_applied=st.last_applied,
+                    )
                 m.started = m.started or st.loaded
                 if not m.reachable:
                     m.reachable, m.since = True, now

@@ -108,7 +108,13 @@ def run(args: argparse.Namespace) -> int:
         early.close()
         raise
     try:
-        node = ShadowNode(spec, args.shadow_id, layout=layout, control_socket=(ctx, sock))
+        node = ShadowNode(
+            spec,
+            args.shadow_id,
+            layout=layout,
+            control_socket=(ctx, sock),
+            incarnation=early.incarnation,
+        )
     except BaseException:
         sock.close(linger=0)
         ctx.term()

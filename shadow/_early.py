@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import logging
+import secrets
 import threading
 import time
 from collections import Counter
@@ -34,9 +35,15 @@ from shadowgrad._log import event
 from shadowgrad.config import JobSpec
 from shadowgrad.errors import ShadowgradError
 
-__all__ = ["EarlyControl", "starting_status"]
+__all__ = ["EarlyControl", "new_incarnation", "starting_status"]
 
 log = logging.getLogger(__name__)
+
+
+def new_incarnation() -> str:
+    """A shadow process's identity (ShadowStatus.incarnation): random, drawn once per start."""
+    return secrets.token_hex(8)
+
 
 #: ops whose answer from an unloaded node is a fixed refusal: answered while starting
 _NOT_LOADED_OPS = frozenset({"config", "hold", "fetch"})
@@ -45,7 +52,9 @@ _NOT_LOADED_OPS = frozenset({"config", "hold", "fetch"})
 Request = list[zmq.Frame]
 
 
-def starting_status(shadow_id: int, silent_s: float, events: dict[str, int]) -> dict[str, Any]:
+def starting_status(
+    shadow_id: int, silent_s: float, events: dict[str, int], incarnation: str | None = None
+) -> dict[str, Any]:
     """The ``status`` reply of shadow ``shadow_id`` while its process starts: what an unloaded
     node answers (``ShadowNode.status``, same keys), plus ``"starting": true``."""
     return {
@@ -77,6 +86,7 @@ def starting_status(shadow_id: int, silent_s: float, events: dict[str, int]) -> 
         "last_snapshot": None,
         "finished": None,
         "starting": True,
+        "incarnation": incarnation,
     }
 
 
@@ -102,6 +112,8 @@ class EarlyControl:
         self._token = token if token is not None else spec.token()
         self._tick_ms = max(1, int(tick_s * 1000))
         self.started_at = time.monotonic()
+        #: this process's identity in every status (the node keeps it: ``ShadowNode(incarnation=)``)
+        self.incarnation = new_incarnation()
         self._ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
         self._rep = self._ctx.socket(zmq.ROUTER)
         self._rep.setsockopt(zmq.LINGER, 0)
@@ -207,7 +219,9 @@ class EarlyControl:
         op = req.get("op")
         if op == "status":
             self.ev["control_status"] += 1
-            return starting_status(self.id, time.monotonic() - self.started_at, dict(self.ev))
+            return starting_status(
+                self.id, time.monotonic() - self.started_at, dict(self.ev), self.incarnation
+            )
         if self._backlog or op not in _NOT_LOADED_OPS:
             return None  # in order, after what is already kept
         self.ev[f"control_{op}"] += 1

@@ -45,6 +45,7 @@ from shadowgrad.errors import LayoutError, ShadowgradError, WireError
 from shadowgrad.frames import decode_frame
 from shadowgrad.layout import Layout
 from shadowgrad.optspec import OptimizerSpec
+from shadowgrad.shadow._early import new_incarnation
 from shadowgrad.shadow.assembly import IntervalSet, IterBuffer, ShardGeometry
 from shadowgrad.shadow.control import (
     ControlError,
@@ -195,12 +196,16 @@ class ShadowNode:
         control_socket: tuple[zmq.Context[zmq.Socket[bytes]], zmq.Socket[bytes]] | None = None,
         peer_controls: Mapping[int, str] | None = None,
         options: NodeOptions | None = None,
+        incarnation: str | None = None,
     ) -> None:
         if not 0 <= shadow_id < spec.shadows.count:
             raise ShadowgradError(f"shadow id {shadow_id} not in 0..{spec.shadows.count - 1}")
         self.spec = spec
         self.id = shadow_id
         self.opts = options or NodeOptions()
+        #: this process's (or in-process node's) identity in every status: a restart shows as a
+        #: new value (``shadowgrad shadow`` passes the one its EarlyControl answered with)
+        self.incarnation = incarnation if incarnation is not None else new_incarnation()
         self._token = token if token is not None else spec.token()
         self._job = spec.job.id
         self._layout_hint = layout
@@ -1260,6 +1265,7 @@ class ShadowNode:
                 "shadow": self.id,
                 # the process is up (EarlyControl answers true while it imports torch)
                 "starting": False,
+                "incarnation": self.incarnation,
                 "loaded": ld is not None,
                 "shard": None if ld is None else ld.shard,
                 "replica": None if ld is None else ld.replica,

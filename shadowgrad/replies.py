@@ -234,6 +234,10 @@ class ShadowStatus(_Reply):
     #: trained, "generation": ..., "requester": ...}``; None while the generation it serves has
     #: not finished (optional: a shadow without the op has no such key)
     finished: Mapping[str, Any] | None = None
+    #: the shadow process's identity, drawn once when it starts (``EarlyControl`` hands it to
+    #: the node): another value from the same shadow id means the process restarted, whatever
+    #: it holds now (optional: an older shadow has no such key)
+    incarnation: str | None = None
     raw: Mapping[str, Any] = _raw()
 
 

@@ -161,6 +161,49 @@ def test_a_dead_shadow_is_reported_failed_and_rejoins_when_it_answers_again() ->
             assert not ctl.members[1].failed and ctl.ev["shadow_failures"] == 0
 
 
+def test_a_shadow_restarted_and_reloaded_between_two_polls_is_still_a_failure(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Seen in CI: a SIGKILLed shadow restarted (it answers while still starting) and was
+    cloned from its replica before the controller's next poll, so every poll found it loaded
+    and the controller never reported the restart. The process's incarnation tells: a shadow
+    that answers as another process restarted and lost its state, however fast it came back
+    (failed, back, rejoined), while one that merely answers again is nothing."""
+    import logging
+
+    caplog.set_level(logging.INFO, logger="shadowgrad.controller.service")
+    case = Case("ctl-incarnation", "mlp", "adamw", iterations=4)
+    trainer = RefTrainer(case, seed=11)
+    layout = trainer.layout(num_shadows=2)
+    with cluster(layout) as c:
+        c.load(trainer.named, trainer.optimizer_spec())
+        restarted: dict[int, str] = {}
+
+        def statuses() -> dict[int, dict[str, Any] | None]:
+            out: dict[int, dict[str, Any] | None] = {}
+            for n in c.nodes:
+                st = dict(n.status(timeline=0))
+                if n.id in restarted:  # the same state, as a new process would serve it
+                    st["incarnation"] = restarted[n.id]
+                out[n.id] = st
+            return out
+
+        with _controller(c, statuses=statuses) as ctl:
+            _run(c, trainer, range(2))
+            assert _wait(lambda: all(m.started for m in ctl.members.values()), 4.0)
+            time.sleep(0.3)  # polls of the same processes: nothing
+            assert ctl.ev["shadow_failures"] == 0
+            restarted[1] = "0123456789abcdef"
+            assert _wait(lambda: ctl.ev["shadow_failures"] == 1, 4.0), ctl.status()
+            (ev,) = _shadow_events(caplog, "shadow_failed")
+            assert ev["shadow"] == 1 and "a new process" in ev["evidence"], ev
+            _run(c, trainer, range(2, 4))
+            assert _wait(lambda: not ctl.members[1].failed, 4.0), ctl.status()
+            assert _shadow_events(caplog, "shadow_rejoined")[-1]["shadow"] == 1
+            time.sleep(0.3)  # the new incarnation polled again: no second failure
+            assert ctl.ev["shadow_failures"] == 1 and not ctl.members[0].failed
+
+
 def _shadow_events(caplog: pytest.LogCaptureFixture, name: str) -> list[dict[str, Any]]:
     return [
         getattr(r, "fields", {})
