@@ -361,6 +361,8 @@ class Controller:
                         loaded=st.loaded,
                         last_applied=st.last_applied,
                     )
+                    if not m.reachable:  # away for less than failure_detect: back said above
+                        m.reachable, m.since = True, now
                 m.started = m.started or st.loaded
                 if not m.reachable:
                     m.reachable, m.since = True, now

@@ -178,10 +178,14 @@ def test_a_shadow_restarted_and_reloaded_between_two_polls_is_still_a_failure(
     with cluster(layout) as c:
         c.load(trainer.named, trainer.optimizer_spec())
         restarted: dict[int, str] = {}
+        down: set[int] = set()
 
         def statuses() -> dict[int, dict[str, Any] | None]:
             out: dict[int, dict[str, Any] | None] = {}
             for n in c.nodes:
+                if n.id in down:
+                    out[n.id] = None
+                    continue
                 st = dict(n.status(timeline=0))
                 if n.id in restarted:  # the same state, as a new process would serve it
                     st["incarnation"] = restarted[n.id]
@@ -202,6 +206,14 @@ def test_a_shadow_restarted_and_reloaded_between_two_polls_is_still_a_failure(
             assert _shadow_events(caplog, "shadow_rejoined")[-1]["shadow"] == 1
             time.sleep(0.3)  # the new incarnation polled again: no second failure
             assert ctl.ev["shadow_failures"] == 1 and not ctl.members[0].failed
+            # away for less than failure_detect, then back as a new process: one failure, one
+            # shadow_back (seen twice at once in a demo's event log)
+            down.add(0)
+            assert _wait(lambda: not ctl.members[0].reachable, 4.0)
+            restarted[0] = "fedcba9876543210"
+            down.clear()
+            assert _wait(lambda: ctl.ev["shadow_failures"] == 2, 4.0), ctl.status()
+            assert [e["shadow"] for e in _shadow_events(caplog, "shadow_back")] == [1, 0]
 
 
 def _shadow_events(caplog: pytest.LogCaptureFixture, name: str) -> list[dict[str, Any]]:
