@@ -353,16 +353,7 @@ class Controller:
                     # its new incarnation tells either apart from a shadow that never went away
                     why = "a new process" if restarted else "answers without its state"
                     self._shadow_failed(k, m, f"{why} (restarted)")
-                    m.rejoining = True
-                    event(
-                        log,
-                        "controller.shadow_back",
-                        shadow=k,
-                        loaded=st.loaded,
-                        last_applied=st.last_applied,
-                    )
-                    if not m.reachable:  # away for less than failure_detect: back said above
-                        m.reachable, m.since = True, now
+                    m.reachable = False  # it went away, however briefly: back just below
                 m.started = m.started or st.loaded
                 if not m.reachable:
                     m.reachable, m.since = True, now

@@ -194,25 +194,25 @@ def test_a_shadow_restarted_and_reloaded_between_two_polls_is_still_a_failure(
 
         with _controller(c, statuses=statuses) as ctl:
             _run(c, trainer, range(2))
-            assert _wait(lambda: all(m.started for m in ctl.members.values()), 4.0)
+            assert _wait(lambda: all(m.started for m in ctl.members.values()), 10.0)
             time.sleep(0.3)  # polls of the same processes: nothing
             assert ctl.ev["shadow_failures"] == 0
             restarted[1] = "0123456789abcdef"
-            assert _wait(lambda: ctl.ev["shadow_failures"] == 1, 4.0), ctl.status()
+            assert _wait(lambda: ctl.ev["shadow_failures"] == 1, 10.0), ctl.status()
             (ev,) = _shadow_events(caplog, "shadow_failed")
             assert ev["shadow"] == 1 and "a new process" in ev["evidence"], ev
             _run(c, trainer, range(2, 4))
-            assert _wait(lambda: not ctl.members[1].failed, 4.0), ctl.status()
+            assert _wait(lambda: not ctl.members[1].failed, 10.0), ctl.status()
             assert _shadow_events(caplog, "shadow_rejoined")[-1]["shadow"] == 1
             time.sleep(0.3)  # the new incarnation polled again: no second failure
             assert ctl.ev["shadow_failures"] == 1 and not ctl.members[0].failed
             # away for less than failure_detect, then back as a new process: one failure, one
             # shadow_back (seen twice at once in a demo's event log)
             down.add(0)
-            assert _wait(lambda: not ctl.members[0].reachable, 4.0)
+            assert _wait(lambda: not ctl.members[0].reachable, 10.0)
             restarted[0] = "fedcba9876543210"
             down.clear()
-            assert _wait(lambda: ctl.ev["shadow_failures"] == 2, 4.0), ctl.status()
+            assert _wait(lambda: ctl.ev["shadow_failures"] == 2, 10.0), ctl.status()
             assert [e["shadow"] for e in _shadow_events(caplog, "shadow_back")] == [1, 0]
 
 
