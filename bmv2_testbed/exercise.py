@@ -395,7 +395,7 @@ def _table_update(ix: _P4InfoIndex, i: int, e: Any, where0: str) -> tuple[str, A
         elif not pair:
             shape = {mt.LPM: "[value, prefix length]", mt.TERNARY: "[value, mask]"}
             raise ExerciseError(
-                f"{w}: a {mt.MatchType.Name(kind).lower()} match is a pair "
+                f"{w}: {mt.MatchType.Name(kind).lower()} match: a pair "
                 f"{shape.get(kind, '[low, high]')}, got {v!r}"
             )
         elif kind == mt.LPM:
