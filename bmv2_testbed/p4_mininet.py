@@ -42,7 +42,14 @@ from mininet.node import Host, Switch
 
 from .topology import MTU, OFFLOADS_OFF
 
-__all__ = ["MininetNet", "P4Host", "P4RuntimeSwitch", "SWITCH_START_TIMEOUT"]
+__all__ = [
+    "MininetNet",
+    "P4Host",
+    "P4RuntimeSwitch",
+    "SWITCH_START_TIMEOUT",
+    "new_mininet",
+    "stop_mininet",
+]
 
 log = logging.getLogger(__name__)
 
@@ -243,6 +250,34 @@ class P4RuntimeSwitch(Switch):  # type: ignore[misc]
         return f"{self.name} -> gRPC port: {self.grpc_port}"
 
 
+def new_mininet() -> Any:
+    """An empty ``Mininet`` for P4 nodes (:class:`P4RuntimeSwitch`, :class:`P4Host`, no
+    controller). Mininet's logger keeps its own handler (the CLI's output is printed once, not
+    twice through the root logger), and Mininet's ``fixLimits`` (machine-wide sysctl raises)
+    is not run: the emulation changes nothing outside its own nodes."""
+    logging.getLogger("mininet").propagate = False
+    Mininet.inited = True  # skip fixLimits()
+    return Mininet(topo=None, switch=P4RuntimeSwitch, host=P4Host, controller=None)
+
+
+def stop_mininet(net: Any) -> None:
+    """Stop every P4 switch process of ``net``, then its nodes and links; a half-built network
+    is stopped node by node. Never raises."""
+    for sw in net.switches:
+        if isinstance(sw, P4RuntimeSwitch):
+            with contextlib.suppress(Exception):
+                sw.stop_datapath()
+    try:
+        net.stop()
+    except Exception as e:  # a half-built net: stop what there is
+        log.warning("mininet stop: %s", e)
+        for node in [*net.hosts, *net.switches]:
+            with contextlib.suppress(Exception):
+                node.stop(deleteIntfs=True)
+            with contextlib.suppress(Exception):
+                node.terminate()
+
+
 class MininetNet:
     """The demo's Mininet topology: one :class:`P4Host` per host (``names[port]``, e.g.
         ``trainer0``) behind one :class:`P4RuntimeSwitch` named ``sg<tag>`` (its interfaces
@@ -271,10 +306,7 @@ class MininetNet:
         import sys
 
         self.tag = tag
-        # Mininet's logger prints through its own handler (the CLI's output): not twice
-        logging.getLogger("mininet").propagate = False
-        Mininet.inited = True  # skip fixLimits(): no machine-wide sysctl changes
-        self.net: Any = Mininet(topo=None, switch=P4RuntimeSwitch, host=P4Host, controller=None)
+        self.net: Any = new_mininet()
         self.switch_name = f"sg{tag}"
         try:
             sw = self.net.addSwitch(
@@ -333,20 +365,8 @@ class MininetNet:
     def close(self) -> None:
         """Stop the switch process, then every node and link (idempotent)."""
         net, self.net = getattr(self, "net", None), None
-        if net is None:
-            return
-        for sw in net.switches:
-            with contextlib.suppress(Exception):
-                sw.stop_datapath()
-        try:
-            net.stop()
-        except Exception as e:  # a half-built net: stop what there is
-            log.warning("mininet stop: %s", e)
-            for node in [*net.hosts, *net.switches]:
-                with contextlib.suppress(Exception):
-                    node.stop(deleteIntfs=True)
-                with contextlib.suppress(Exception):
-                    node.terminate()
+        if net is not None:
+            stop_mininet(net)
 
     def __enter__(self) -> MininetNet:
         return self

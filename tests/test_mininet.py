@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -352,3 +354,278 @@ def test_the_same_switch_class_runs_real_simple_switch_grpc(tmp_path: Path) -> N
     finally:
         net.close()
     assert leftovers(tag) == {"namespaces": [], "links": []}
+
+
+# ------------------------------------------------------------------ the tutorials' run_exercise
+BASIC = ROOT / "tests" / "p4progs" / "basic.p4"
+VENV_BIN = Path(sys.executable).parent
+
+
+def _exercise_folder(where: Path, sw: str) -> Path:
+    """A p4lang/tutorials exercise folder of our own (the layout of exercises/basic): the IPv4
+    LPM program, topology.json with h1 and h2 behind switch ``sw`` (hosts configured by their
+    ``commands`` as the tutorials' are: a default route and a static ARP entry for the
+    gateway), and ``<sw>-runtime.json`` with a default action and one /32 route per host."""
+    where.mkdir(parents=True, exist_ok=True)
+    shutil.copy(BASIC, where / "basic.p4")
+    hosts = {
+        f"h{n}": {
+            "ip": f"10.0.{n}.{n}/24",
+            "mac": f"08:00:00:00:0{n}:{n}{n}",
+            "commands": [
+                f"route add default gw 10.0.{n}.{n}0 dev eth0",
+                f"arp -i eth0 -s 10.0.{n}.{n}0 08:00:00:00:0{n}:00",
+            ],
+        }
+        for n in (1, 2)
+    }
+    topo = {
+        "hosts": hosts,
+        "switches": {sw: {"runtime_json": f"{sw}-runtime.json"}},
+        "links": [["h1", f"{sw}-p1"], ["h2", f"{sw}-p2", "0ms"]],
+    }
+    (where / "topology.json").write_text(json.dumps(topo, indent=2))
+    entries: list[dict[str, Any]] = [
+        {
+            "table": "MyIngress.ipv4_lpm",
+            "default_action": True,
+            "action_name": "MyIngress.drop",
+            "action_params": {},
+        }
+    ]
+    for n in (1, 2):
+        entries.append(
+            {
+                "table": "MyIngress.ipv4_lpm",
+                "match": {"hdr.ipv4.dstAddr": [f"10.0.{n}.{n}", 32]},
+                "action_name": "MyIngress.ipv4_forward",
+                "action_params": {"dstAddr": f"08:00:00:00:0{n}:{n}{n}", "port": n},
+            }
+        )
+    runtime = {
+        "target": "bmv2",
+        "p4info": "build/basic.p4.p4info.txtpb",
+        "bmv2_json": "build/basic.json",
+        "table_entries": entries,
+    }
+    (where / f"{sw}-runtime.json").write_text(json.dumps(runtime, indent=2))
+    return where
+
+
+def _exercise_env() -> dict[str, str]:
+    # what `sudo PATH=$(PATH)` in the tutorials' Makefile gives, with the venv activated
+    return {**os.environ, "PATH": f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
+
+
+def _compile_basic(folder: Path) -> None:
+    """The tutorials' Makefile's compile command line, with P4C=shadowgrad-p4c."""
+    (folder / "build").mkdir(exist_ok=True)
+    r = subprocess.run(
+        [
+            *("shadowgrad-p4c", "--p4v", "16"),
+            *("--p4runtime-files", "build/basic.p4.p4info.txtpb"),
+            *("-o", "build/basic.json", "basic.p4"),
+        ],
+        cwd=folder,
+        env=_exercise_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert r.returncode == 0, r.stderr
+
+
+def _processes_naming(text: str) -> list[int]:
+    found = []
+    for p in Path("/proc").iterdir():
+        if not p.name.isdigit() or int(p.name) == os.getpid():
+            continue
+        try:
+            if text.encode() in (p / "cmdline").read_bytes():
+                found.append(int(p.name))
+        except OSError:
+            continue
+    return found
+
+
+def _exercise_left(tag: str, shells: Sequence[int]) -> dict[str, Any]:
+    """What is left of an exercise run whose switch is ``sg<tag>``: its switch process, its
+    interfaces, the Mininet shells of the switch and of the hosts (by their PIDs)."""
+    from shadowgrad.bmv2_testbed.topology import leftovers
+
+    time.sleep(0.5)
+    return {
+        "processes": _processes_naming(f"sg{tag}-eth"),
+        **leftovers(tag),
+        "shells": _mininet_shells(tag) + [p for p in shells if Path(f"/proc/{p}").exists()],
+    }
+
+
+_NOTHING_OF_EXERCISE = {"processes": [], "namespaces": [], "links": [], "shells": []}
+_CLI_INPUT = "h1 ping -c 3 h2\nh1 echo shell=$$\nh2 echo shell=$$\nexit\n"
+
+
+def _check_exercise_run(folder: Path, tag: str, rc: int, out: str) -> None:
+    assert rc == 0, out[-4000:]
+    assert " 0% packet loss" in out and "3 received" in out, out[-4000:]
+    assert f"sg{tag} -> gRPC port: " in out
+    assert "h1: eth0 10.0.1.1 08:00:00:00:01:11" in out
+    # the switch was programmed from its runtime file, its requests and log are where the
+    # tutorials put them, and the switch wrote pcaps per interface into -p
+    assert "Inserting 3 table entries" in out
+    requests = (folder / "logs" / f"sg{tag}-p4runtime-requests.txt").read_text()
+    assert "SetForwardingPipelineConfigRequest" in requests and "WriteRequest" in requests
+    assert "pipeline committed" in (folder / "logs" / f"sg{tag}.log").read_text()
+    assert (folder / "pcaps" / f"sg{tag}-eth1_in.pcap").stat().st_size > 24
+    shells = [int(p) for p in re.findall(r"shell=(\d+)", out)]
+    assert len(shells) == 2, out[-4000:]
+    assert _exercise_left(tag, shells) == _NOTHING_OF_EXERCISE
+
+
+@pytest.mark.timeout(300)
+def test_a_tutorials_exercise_runs_with_run_exercises_command_line(tmp_path: Path) -> None:
+    """Issue 24's acceptance: in an exercise folder of p4lang/tutorials' layout, the
+    Makefile's compile command line and run_exercise.py's command line (``-t topology.json
+    -j build/basic.json -b sg-switch-grpc -l logs -p pcaps``) bring the network up on the
+    project's switch, programmed from sN-runtime.json; ``h1 ping h2`` in the CLI succeeds, and
+    leaving the CLI leaves nothing behind."""
+    tag = f"{(os.getpid() + 3) % 0xFFFF:04x}"
+    folder = _exercise_folder(tmp_path / "basic", f"sg{tag}")
+    _compile_basic(folder)
+    r = subprocess.run(
+        [
+            *("shadowgrad-run-exercise", "-t", "topology.json", "-j", "build/basic.json"),
+            *("-b", "sg-switch-grpc", "-l", "logs", "-p", "pcaps"),
+        ],
+        cwd=folder,
+        env=_exercise_env(),
+        input=_CLI_INPUT,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
+    _check_exercise_run(folder, tag, r.returncode, r.stdout + r.stderr)
+
+
+# The tutorials' utils/Makefile recipe (build: dirs and `$(P4C) --p4v 16 --p4runtime-files ...
+# -o build/X.json X.p4`; run: `python3 $(RUN_SCRIPT) -t $(TOPO) -j build/X.json -b
+# $(BMV2_SWITCH_EXE)`), written here without its sudo (the test runs as root).
+_MAKEFILE = """\
+P4C = p4c-bm2-ss
+RUN_SCRIPT = ../../utils/run_exercise.py
+TOPO = topology.json
+P4C_ARGS += --p4runtime-files build/$(basename $@).p4.p4info.txtpb
+source = $(wildcard *.p4)
+compiled_json := $(source:.p4=.json)
+run_args += -j build/$(source:.p4=.json)
+ifdef BMV2_SWITCH_EXE
+run_args += -b $(BMV2_SWITCH_EXE)
+endif
+
+run: build
+\tPATH=$(PATH) python3 $(RUN_SCRIPT) -t $(TOPO) $(run_args)
+
+build: dirs $(compiled_json)
+
+%.json: %.p4
+\t$(P4C) --p4v 16 $(P4C_ARGS) -o build/$@ $<
+
+dirs:
+\tmkdir -p build pcaps logs
+"""
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.skipif(shutil.which("make") is None, reason="needs make")
+def test_make_run_in_an_exercise_folder(tmp_path: Path) -> None:
+    """``make run P4C=shadowgrad-p4c BMV2_SWITCH_EXE=sg-switch-grpc RUN_SCRIPT='-m
+    shadowgrad.bmv2_testbed.exercise'`` with a Makefile of the tutorials' recipe: builds,
+    runs, h1 pings h2, nothing left."""
+    tag = f"{(os.getpid() + 4) % 0xFFFF:04x}"
+    folder = _exercise_folder(tmp_path / "basic", f"sg{tag}")
+    (folder / "Makefile").write_text(_MAKEFILE)
+    r = subprocess.run(
+        [
+            *("make", "run", "P4C=shadowgrad-p4c", "BMV2_SWITCH_EXE=sg-switch-grpc"),
+            "RUN_SCRIPT=-m shadowgrad.bmv2_testbed.exercise",
+        ],
+        cwd=folder,
+        env=_exercise_env(),
+        input=_CLI_INPUT,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
+    _check_exercise_run(folder, tag, r.returncode, r.stdout + r.stderr)
+
+
+@pytest.mark.timeout(300)
+def test_run_exercise_tears_down_on_sigterm_at_the_cli(tmp_path: Path) -> None:
+    tag = f"{(os.getpid() + 5) % 0xFFFF:04x}"
+    folder = _exercise_folder(tmp_path / "basic", f"sg{tag}")
+    _compile_basic(folder)
+    proc = subprocess.Popen(
+        ["shadowgrad-run-exercise", "-t", "topology.json", "-j", "build/basic.json", "-q"],
+        cwd=folder,
+        env=_exercise_env(),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+    assert proc.stdin is not None and proc.stdout is not None
+    try:
+        proc.stdin.write(b"h1 echo shell=$$\n")
+        proc.stdin.flush()
+        seen = b""
+        deadline = time.monotonic() + 120
+        while b"shell=" not in seen and time.monotonic() < deadline:
+            chunk = proc.stdout.read1(4096)  # type: ignore[attr-defined]
+            if not chunk:
+                break
+            seen += chunk
+        assert b"shell=" in seen, seen.decode(errors="replace")[-3000:]
+        assert _processes_naming(f"sg{tag}-eth"), "no switch was running"
+        proc.send_signal(signal.SIGTERM)
+        rest, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+    out = (seen + rest).decode(errors="replace")
+    assert proc.returncode == 128 + signal.SIGTERM, out[-3000:]
+    assert "signal 15; the network is torn down" in out
+    shells = [int(p) for p in re.findall(r"shell=(\d+)", out)]
+    assert _exercise_left(tag, shells) == _NOTHING_OF_EXERCISE
+
+
+def test_run_exercise_reports_a_bad_runtime_file_in_one_line(tmp_path: Path) -> None:
+    """A runtime file naming a table the program does not have: one error line that names the
+    file, the entry and the tables there are; exit status 1; nothing was started."""
+    tag = f"{(os.getpid() + 6) % 0xFFFF:04x}"
+    folder = _exercise_folder(tmp_path / "basic", f"sg{tag}")
+    _compile_basic(folder)
+    rt = folder / f"sg{tag}-runtime.json"
+    doc = json.loads(rt.read_text())
+    doc["table_entries"][2]["table"] = "MyIngress.ipv4_exact"
+    rt.write_text(json.dumps(doc))
+    r = subprocess.run(
+        ["shadowgrad-run-exercise", "-t", "topology.json", "-j", "build/basic.json"],
+        cwd=folder,
+        env=_exercise_env(),
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "Traceback" not in r.stderr
+    assert (
+        f"shadowgrad-run-exercise: error: sg{tag}-runtime.json: table_entries[2]: no table "
+        f"'MyIngress.ipv4_exact' in " in r.stderr
+    ), r.stderr
+    assert "(it has: MyIngress.ipv4_lpm)" in r.stderr
+    assert _exercise_left(tag, []) == _NOTHING_OF_EXERCISE
