@@ -105,7 +105,7 @@ BAD: dict[str, tuple[str, str]] = {
     ),
     "header_stack": (
         swap("struct hs { h_t h; }", "struct hs { h_t h; bit<8>[4] st; }"),
-        "bad.p4:4:20: a stack holds headers, not bit<8>",
+        "bad.p4:4:20: a stack holds headers or header unions, not bit<8>",
     ),
     "varbit": (swap("bit<16> b;", "varbit<16> b;"), "bad.p4:3:24: varbit is not supported"),
     "meter": (

@@ -364,3 +364,85 @@ def test_header_stack_errors(old: str, new: str, msg: str) -> None:
     assert old in STACKS
     with pytest.raises(P4CompileError, match=msg):
         Pipeline.compile(STACKS.replace(old, new), filename="s.p4")
+
+
+UNIONS = """
+#include <core.p4>
+#include <v1model.p4>
+header t_t { bit<8> t; }
+header a_t { bit<8> a; }
+header b_t { bit<16> b; }
+header_union u_t { a_t a; b_t b; }
+struct headers { t_t t; u_t u; u_t[2] s; a_t x; }
+struct meta_t { }
+parser P(packet_in pkt, out headers hdr, inout meta_t m, inout standard_metadata_t sm) {
+    state start {
+        pkt.extract(hdr.t);
+        transition select(hdr.t.t) { 1: one; 2: two; 3: stk; default: accept; }
+    }
+    state one { pkt.extract(hdr.u.a); transition accept; }
+    state two { pkt.extract(hdr.u.b); transition accept; }
+    state stk { pkt.extract(hdr.s.next.b); pkt.extract(hdr.s.next.a); transition accept; }
+}
+control V(inout headers hdr, inout meta_t m) { apply { } }
+control I(inout headers hdr, inout meta_t m, inout standard_metadata_t sm) {
+    apply {
+        sm.egress_spec = hdr.u.isValid() ? 9w1 : 9w2;
+        if (hdr.u.a.isValid()) {
+            hdr.u.b.setValid();  // invalidates u.a
+            hdr.u.b.b = 0xbbbb;
+        } else if (hdr.u.b.isValid()) {
+            hdr.x.setValid();
+            hdr.x.a = 0xcc;
+            hdr.u.a = hdr.x;  // a valid header assigned: u.b becomes invalid
+        } else if (hdr.s[0].isValid()) {
+            hdr.s.push_front(1);  // s[0] (both members) invalid, s[1] = old s[0]
+            hdr.s[0].a.setValid();
+            hdr.s[0].a.a = 0xdd;
+        }
+    }
+}
+control E(inout headers hdr, inout meta_t m, inout standard_metadata_t sm) { apply { } }
+control C(inout headers hdr, inout meta_t m) { apply { } }
+control D(packet_out pkt, in headers hdr) {
+    apply { pkt.emit(hdr.t); pkt.emit(hdr.u); pkt.emit(hdr.s); }
+}
+V1Switch(P(), V(), I(), E(), C(), D()) main;
+"""
+
+
+def test_header_unions_one_member_valid() -> None:
+    p = Pipeline.compile(UNIONS, filename="unions.p4")
+    stf = """
+# u.a extracted; setValid of u.b invalidates u.a
+packet 0 01 11 77
+expect 1 01 bb bb 77 $
+# u.b extracted; u.a = x (valid) invalidates u.b
+packet 0 02 11 22 77
+expect 1 02 cc 77 $
+# no member: the union is invalid
+packet 0 00 77
+expect 2 00 77 $
+# a stack of unions: s[0].b, s[1].a; push_front(1) drops s[1], invalidates s[0]
+packet 0 03 11 22 33 77
+expect 2 03 dd 11 22 77 $
+"""
+    r = run_stf(p, stf)
+    assert r.ok, r.errors
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "msg"),
+    [
+        ("hdr.u.b.setValid();", "hdr.u.setValid();", "setValid\\(\\) needs a header"),
+        ("pkt.extract(hdr.u.a);", "pkt.extract(hdr.u);", "extract needs a header"),
+        ("pkt.extract(hdr.s.next.a);", "pkt.extract(hdr.s.next);", "needs a member of next"),
+        ("header_union u_t { a_t a;", "header_union u_t { bit<8> a;", "not a header"),
+    ],
+)
+def test_header_union_errors(old: str, new: str, msg: str) -> None:
+    from shadowgrad.bmv2_testbed.pipeline import P4CompileError
+
+    assert old in UNIONS
+    with pytest.raises(P4CompileError, match=msg):
+        Pipeline.compile(UNIONS.replace(old, new), filename="u.p4")

@@ -240,6 +240,7 @@ class Decl:
 class HeaderDecl(Decl):
     fields: list[Field]
     is_header: bool  # False: struct
+    is_union: bool = False  # header_union (is_header False)
 
 
 @dataclass

@@ -52,6 +52,7 @@ from .types import (
     StrT,
     StructT,
     Ty,
+    UnionT,
     VoidT,
     bit_width,
 )
@@ -99,15 +100,35 @@ class V:
     lvalue: bool = False
     readonly_why: str = ""
     stmt: IRStmt | None = None  # a call that is a statement (the value is void)
+    after: tuple[IRStmt, ...] = ()  # statements that follow ``stmt`` (a union's invalidation)
 
     @property
     def ty(self) -> Ty:
         return self.ir.ty
 
 
-def do(stmt: ir.Stmt) -> V:
-    """A call that is a statement."""
-    return V(ir.Entity(VOID), stmt=stmt)
+def do(stmt: ir.Stmt, after: tuple[ir.Stmt, ...] = ()) -> V:
+    """A call that is a statement (``after``: statements that follow it)."""
+    return V(ir.Entity(VOID), stmt=stmt, after=after)
+
+
+def union_others(h: ir.Expr) -> tuple[ir.Stmt, ...]:
+    """When header ``h`` is a member of a header union: the other members made invalid (bmv2
+    invalidates them whenever one member becomes valid); else nothing."""
+    if not isinstance(h, ir.Field):
+        return ()
+    u, ut = h.base, h.base.ty
+    if not isinstance(ut, UnionT):
+        return ()
+    return tuple(ir.SetValid(ir.Field(ft, u, n), False) for n, ft in ut.fields if n != h.name)
+
+
+def invalidate(e: ir.Expr) -> list[ir.Stmt]:
+    """Header or header union ``e`` made invalid (a union: each of its members)."""
+    t = e.ty
+    if isinstance(t, UnionT):
+        return [ir.SetValid(ir.Field(ft, e, n), False) for n, ft in t.fields]
+    return [ir.SetValid(e, False)]
 
 
 def konst(ty: Ty, value: Any) -> V:
@@ -358,11 +379,11 @@ class Checker:
             self.err(d.loc, f"unsupported declaration {type(d).__name__}")
 
     def declare_struct(self, d: A.HeaderDecl) -> None:
-        t = StructT(
+        t = (UnionT if d.is_union else StructT)(
             d.name,
             d.is_header,
             annotations=d.annotations,
-            pyname=("H_" if d.is_header else "S_") + d.name,
+            pyname=("H_" if d.is_header else "U_" if d.is_union else "S_") + d.name,
         )
         seen: set[str] = set()
         for f in d.fields:
@@ -381,6 +402,10 @@ class Checker:
                         f"header field {f.name} has type {ft}; only bit<W>, int<W> "
                         "and serializable enums are supported in headers",
                     )
+                    continue
+            elif d.is_union:
+                if not (isinstance(ft, StructT) and ft.is_header and not isinstance(ft, StackT)):
+                    self.err(f.loc, f"header_union member {f.name} has type {ft}, not a header")
                     continue
             elif isinstance(ft, (ExternT, IntLitT, StrT, VoidT)):
                 self.err(f.loc, f"struct field {f.name} cannot have type {ft}")
@@ -497,8 +522,8 @@ class Checker:
         """``H[n]``: a struct of n headers and the stack's nextIndex (see StackT)."""
         assert t.stack is not None
         elem = self.resolve_type(A.TypeRef(t.loc, t.kind, t.width, t.name, t.args), scope)
-        if not (isinstance(elem, StructT) and elem.is_header):
-            raise Diagnostic(t.loc, f"a stack holds headers, not {elem}")
+        if not (isinstance(elem, StructT) and (elem.is_header or isinstance(elem, UnionT))):
+            raise Diagnostic(t.loc, f"a stack holds headers or header unions, not {elem}")
         n = self.expr(t.stack, scope)
         if not isinstance(n.const, int) or isinstance(n.const, bool) or not 0 < n.const <= 256:
             raise Diagnostic(t.stack.loc, "a header stack's size must be a constant 1..256")
@@ -582,14 +607,16 @@ class Checker:
         if m == "push_front":
             for i in reversed(range(k, n)):
                 out.append(ir.Assign(el[i], el[i - k]))
-            out.extend(ir.SetValid(el[i], False) for i in range(min(k, n)))
+            for i in range(min(k, n)):
+                out.extend(invalidate(el[i]))
             up = ir.Arith(u32, "+", nidx, ir.Const(u32, k))
             full = ir.Cmp(BOOL, ">=", nidx, ir.Const(u32, max(n - k, 0)))
             out.append(ir.Assign(nidx, ir.Cond(u32, full, ir.Const(u32, n), up)))
         else:
             for i in range(n - k):
                 out.append(ir.Assign(el[i], el[i + k]))
-            out.extend(ir.SetValid(el[i], False) for i in range(max(n - k, 0), n))
+            for i in range(max(n - k, 0), n):
+                out.extend(invalidate(el[i]))
             down = ir.Arith(u32, "-", nidx, ir.Const(u32, k))
             low = ir.Cmp(BOOL, "<", nidx, ir.Const(u32, k))
             out.append(ir.Assign(nidx, ir.Cond(u32, low, ir.Const(u32, 0), down)))
@@ -1007,6 +1034,17 @@ class Checker:
             # header validity
             if m in ("isValid", "setValid", "setInvalid"):
                 base = self.expr(f.expr, scope)
+                if isinstance(base.ty, UnionT) and m == "isValid":
+                    # a union is valid when one of its members is
+                    if e.args:
+                        raise Diagnostic(e.loc, f"{m}() takes no arguments")
+                    members = [
+                        ir.IsValid(BOOL, ir.Field(ft, base.ir, n)) for n, ft in base.ty.fields
+                    ]
+                    any_valid: ir.Expr = ir.Const(BOOL, False)
+                    for i, mv in enumerate(members):
+                        any_valid = mv if i == 0 else ir.Logic(BOOL, "||", any_valid, mv)
+                    return V(any_valid)
                 if not (isinstance(base.ty, StructT) and base.ty.is_header):
                     raise Diagnostic(f.loc, f"{m}() needs a header, not {base.ty}")
                 if e.args:
@@ -1015,7 +1053,9 @@ class Checker:
                     return V(ir.IsValid(BOOL, base.ir))
                 if not base.lvalue:
                     raise Diagnostic(e.loc, f"cannot call {m}() on a read-only header")
-                return do(ir.SetValid(base.ir, m == "setValid"))
+                if m == "setValid":
+                    return do(ir.SetValid(base.ir, True), union_others(base.ir))
+                return do(ir.SetValid(base.ir, False))
             bs = self.expr(f.expr, scope)
             if isinstance(bs.ty, StackT) and m in ("push_front", "pop_front"):
                 return self.stack_shift(bs, m, e, scope)
@@ -1173,7 +1213,11 @@ class Checker:
             return [ir.AssignSlice(base.ir, hi, lo, r.ir)]
         lv = self.lvalue(lhs_e, scope)
         r = self.coerce(rhs, lv.ty, loc, "right-hand side")
-        return self.assigns(lv.ir, r.ir)
+        out = self.assigns(lv.ir, r.ir)
+        others = union_others(lv.ir)
+        if others:  # a union member assigned a valid header: the others become invalid
+            out.append(ir.If(ir.IsValid(BOOL, lv.ir), others, None))
+        return out
 
     def packet_call(self, s: Sym, m: str, e: A.Call, scope: Scope) -> V:
         kind = s.data
@@ -1186,11 +1230,21 @@ class Checker:
                 if isinstance(a0, A.Member) and a0.name == "next":
                     st = self.lvalue(a0.expr, scope)
                     if isinstance(st.ty, StackT):
-                        return self.extract_next(st)
+                        return self.extract_next(st, None, a0.loc)
+                if (
+                    isinstance(a0, A.Member)
+                    and isinstance(a0.expr, A.Member)
+                    and a0.expr.name == "next"
+                ):
+                    # stack_of_unions.next.member
+                    st = self.lvalue(a0.expr.expr, scope)
+                    if isinstance(st.ty, StackT):
+                        return self.extract_next(st, a0.name, a0.name_loc or a0.loc)
                 h = self.lvalue(e.args[0], scope)
                 if not (isinstance(h.ty, StructT) and h.ty.is_header):
                     raise Diagnostic(e.args[0].loc, f"extract needs a header, not {h.ty}")
-                return do(ir.Extract(h.ir, self.errors["PacketTooShort"]))
+                ext = ir.Extract(h.ir, self.errors["PacketTooShort"])
+                return do(ext, union_others(h.ir))
             if m == "lookahead":
                 if len(e.type_args) != 1 or e.args:
                     raise Diagnostic(e.loc, "lookahead needs one type argument and no arguments")
@@ -1214,18 +1268,30 @@ class Checker:
         self.check_emit(v.ty)
         return do(ir.Emit(v.ir))
 
-    def extract_next(self, st: V) -> V:
+    def extract_next(self, st: V, member: str | None, loc: Loc) -> V:
         """``pkt.extract(stack.next)``: a full stack is parser error StackOutOfBounds, else
-        the element at nextIndex is extracted and nextIndex moves on."""
+        the element at nextIndex is extracted and nextIndex moves on. ``member``: a stack of
+        header unions, ``stack.next.member`` (the element's other members made invalid)."""
         t = st.ty
-        assert isinstance(t, StackT) and self.prelude is not None
+        assert isinstance(t, StackT) and self.prelude is not None and t.elem is not None
+        if isinstance(t.elem, UnionT) != (member is not None):
+            what = "a member of next" if member is None else "next"
+            raise Diagnostic(loc, f"extract of a stack of {t.elem} needs {what}")
+        mt: Ty | None = None
+        if member is not None:
+            mt = t.elem.field(member)
+            if mt is None:
+                raise Diagnostic(loc, f"{t.elem} has no member {member}")
         u32 = BitT(32)
         nidx = ir.Field(u32, st.ir, "nidx")
         room = ir.Cmp(BOOL, "<", nidx, ir.Const(u32, t.size))
         self.prelude.append(ir.Verify(room, ir.Const(ERROR, self.errors["StackOutOfBounds"])))
         self.prelude.append(ir.Assign(nidx, ir.Arith(u32, "+", nidx, ir.Const(u32, 1))))
-        h = self.stack_elem(st, nidx, last=True)
-        return do(ir.Extract(h.ir, self.errors["PacketTooShort"]))
+        h = self.stack_elem(st, nidx, last=True).ir
+        if member is not None:
+            assert mt is not None
+            h = ir.Field(mt, h, member)
+        return do(ir.Extract(h, self.errors["PacketTooShort"]), union_others(h))
 
     def check_emit(self, t: StructT) -> None:
         """A struct to emit holds only headers and structs of them."""
@@ -1649,7 +1715,7 @@ class Checker:
             v = self.call(s.call, scope, stmt=True) if isinstance(s.call, A.Call) else None
             if v is None:
                 raise Diagnostic(s.loc, "not a call")
-            return [v.stmt if v.stmt is not None else ir.Eval(v.ir)]
+            return [v.stmt if v.stmt is not None else ir.Eval(v.ir), *v.after]
         if isinstance(s, A.If):
             if self.ctl_role == "parser":
                 raise Diagnostic(s.loc, "'if' is not allowed in parser states; use select")
@@ -2494,7 +2560,15 @@ def is_ctx(e: ir.Expr, name: str) -> bool:
 
 
 def expr_text(e: A.Expr) -> str:
-    """Source-like text of a key expression (P4Info match-field names)."""
+    """Source-like text of a key expression (P4Info match-field names; ``h.isValid()`` is
+    ``h.$valid$`` as p4c names it)."""
+    if (
+        isinstance(e, A.Call)
+        and isinstance(e.func, A.Member)
+        and e.func.name == "isValid"
+        and not e.args
+    ):
+        return f"{expr_text(e.func.expr)}.$valid$"
     if isinstance(e, A.Name):
         return ("." if e.top else "") + e.name
     if isinstance(e, A.Member):

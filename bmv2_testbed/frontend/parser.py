@@ -133,7 +133,7 @@ class Parser:
         t = self.tok
         loc = t.loc
         kw = t.text if t.kind == "id" else ""
-        if kw in ("header", "struct"):
+        if kw in ("header", "struct", "header_union"):
             self.i += 1
             name = self.ident("a type name").text
             self.types.add(name)
@@ -145,9 +145,7 @@ class Parser:
                 fname = self.ident("a field name")
                 self.expect(";")
                 fields.append(A.Field(fname.loc, ft, fname.text, fanns))
-            return A.HeaderDecl(loc, name, anns, fields, kw == "header")
-        if kw == "header_union":
-            raise Diagnostic(loc, "header unions are not supported")
+            return A.HeaderDecl(loc, name, anns, fields, kw == "header", kw == "header_union")
         if kw in {"typedef", "type"}:
             self.i += 1
             ty = self.type_ref()

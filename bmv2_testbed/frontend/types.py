@@ -103,6 +103,15 @@ class StackT(StructT):
 
 
 @dataclass(eq=False)
+class UnionT(StructT):
+    """A ``header_union``: held as a struct of its member headers, at most one of them valid
+    (making one valid invalidates the others, as bmv2 does)."""
+
+    def __str__(self) -> str:
+        return f"header_union {self.name}"
+
+
+@dataclass(eq=False)
 class ExternT(Ty):
     name: str
     args: list[Ty] = field(default_factory=list)
