@@ -446,3 +446,93 @@ def test_header_union_errors(old: str, new: str, msg: str) -> None:
     assert old in UNIONS
     with pytest.raises(P4CompileError, match=msg):
         Pipeline.compile(UNIONS.replace(old, new), filename="u.p4")
+
+
+VARBIT = """
+#include <core.p4>
+#include <v1model.p4>
+header l_t { bit<8> n; bit<8> e; }
+header v_t { bit<4> a; bit<4> b; varbit<32> opt; bit<8> tail; }
+struct headers { l_t l; v_t v; v_t w; }
+struct meta_t { varbit<32> keep; }
+parser P(packet_in pkt, out headers hdr, inout meta_t m, inout standard_metadata_t sm) {
+    state start {
+        pkt.extract(hdr.l);
+        pkt.extract(hdr.v, (bit<32>)hdr.l.n);
+        transition select(hdr.v.tail) { 0xee: two; default: accept; }
+    }
+    state two { pkt.extract(hdr.w, (bit<32>)hdr.l.n); transition accept; }
+}
+control V(inout headers hdr, inout meta_t m) { apply { } }
+control I(inout headers hdr, inout meta_t m, inout standard_metadata_t sm) {
+    apply {
+        sm.egress_spec = 1;
+        if (sm.parser_error == error.PacketTooShort) { hdr.l.e = 1; }
+        if (sm.parser_error == error.HeaderTooShort) { hdr.l.e = 4; }
+        if (sm.parser_error == error.ParserInvalidArgument) { hdr.l.e = 6; }
+        if (hdr.w.isValid()) {
+            if (hdr.v.opt == hdr.w.opt) { sm.egress_spec = 2; }
+            m.keep = hdr.v.opt;  // swap the two varbit values
+            hdr.v.opt = hdr.w.opt;
+            hdr.w.opt = m.keep;
+        }
+    }
+}
+control E(inout headers hdr, inout meta_t m, inout standard_metadata_t sm) { apply { } }
+control C(inout headers hdr, inout meta_t m) {
+    apply {
+        update_checksum(hdr.v.isValid(), { hdr.v.a, hdr.v.opt }, hdr.v.tail, HashAlgorithm.xor16);
+    }
+}
+control D(packet_out pkt, in headers hdr) {
+    apply { pkt.emit(hdr.l); pkt.emit(hdr.v); pkt.emit(hdr.w); }
+}
+V1Switch(P(), V(), I(), E(), C(), D()) main;
+"""
+
+
+def test_varbit_extract_emit_compare_and_checksum() -> None:
+    p = Pipeline.compile(VARBIT, filename="varbit.p4")
+    stf = """
+# 16 bits of options: a=1 b=2 opt=abcd tail; xor16 over (a, opt) = 0x1abc ^ 0xd000 -> 0xcabc
+packet 0 10 00 12 abcd 55 77
+expect 1 10 00 12 abcd bc 77 $
+# no options: the header is 2 bytes; xor16 over 4 bits 0x1 padded -> 0x1000 -> tail 00
+packet 0 00 00 12 55 77
+expect 1 00 00 12 00 77 $
+# 4 bits of options: not whole bytes, ParserInvalidArgument (6); v not extracted
+packet 0 04 00 12 a5 55 77
+expect 1 04 06 12 a5 55 77 $
+# 40 bits: over varbit<32>, HeaderTooShort (4)
+packet 0 28 00 12 0102030405 55
+expect 1 28 04 12 0102030405 55 $
+# 16 bits but only 2 bytes left: PacketTooShort (1)
+packet 0 10 00 12 ab
+expect 1 10 01 12 ab $
+# two headers (tail ee), equal options: port 2; swapped (still equal)
+packet 0 08 00 12 ab ee 34 ab 00 77
+expect 2 08 00 12 ab ** 34 ab ** 77 $
+# different options: swapped
+packet 0 08 00 12 ab ee 34 cd 00 77
+expect 1 08 00 12 cd ** 34 ab ** 77 $
+"""
+    r = run_stf(p, stf)
+    assert r.ok, r.errors
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "msg"),
+    [
+        ("pkt.extract(hdr.v, (bit<32>)hdr.l.n);", "pkt.extract(hdr.v);", "needs a length"),
+        ("pkt.extract(hdr.l);", "pkt.extract(hdr.l, 8);", "has no varbit field"),
+        ("varbit<32> opt;", "varbit<32> opt; varbit<8> o2;", "more than one varbit"),
+        ("if (hdr.v.opt == hdr.w.opt)", "if (hdr.v.opt < hdr.w.opt)", "needs numeric"),
+        ("sm.egress_spec = 2;", "sm.egress_spec = (bit<9>)hdr.v.opt;", "cannot cast"),
+    ],
+)
+def test_varbit_errors(old: str, new: str, msg: str) -> None:
+    from shadowgrad.bmv2_testbed.pipeline import P4CompileError
+
+    assert old in VARBIT
+    with pytest.raises(P4CompileError, match=msg):
+        Pipeline.compile(VARBIT.replace(old, new), filename="v.p4")

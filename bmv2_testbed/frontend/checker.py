@@ -51,8 +51,10 @@ from .types import (
     StackT,
     StrT,
     StructT,
+    TupleT,
     Ty,
     UnionT,
+    VarbitT,
     VoidT,
     bit_width,
 )
@@ -64,7 +66,7 @@ VOID = VoidT()
 STR = StrT()
 
 _AFTER_INGRESS = ("egress", "compute")  # the controls that run on a replica
-_DECLARABLE = (StructT, BoolT, BitT, ErrorT, EnumT)  # types a variable starts from
+_DECLARABLE = (StructT, BoolT, BitT, ErrorT, EnumT, VarbitT)  # types a variable starts from
 
 
 # extern functions whose semantics the target implements
@@ -396,7 +398,12 @@ class Checker:
                 self.diags.append(e)
                 continue
             if d.is_header:
-                if not (isinstance(ft, BitT) or (isinstance(ft, EnumT) and ft.underlying)):
+                if isinstance(ft, VarbitT) and t.varbit is not None:
+                    self.err(f.loc, f"{t} has more than one varbit field")
+                    continue
+                if not (
+                    isinstance(ft, (BitT, VarbitT)) or (isinstance(ft, EnumT) and ft.underlying)
+                ):
                     self.err(
                         f.loc,
                         f"header field {f.name} has type {ft}; only bit<W>, int<W> "
@@ -407,7 +414,7 @@ class Checker:
                 if not (isinstance(ft, StructT) and ft.is_header and not isinstance(ft, StackT)):
                     self.err(f.loc, f"header_union member {f.name} has type {ft}, not a header")
                     continue
-            elif isinstance(ft, (ExternT, IntLitT, StrT, VoidT)):
+            elif isinstance(ft, (ExternT, IntLitT, StrT, VoidT, TupleT)):
                 self.err(f.loc, f"struct field {f.name} cannot have type {ft}")
                 continue
             t.fields.append((f.name, ft))
@@ -497,7 +504,12 @@ class Checker:
                 raise Diagnostic(t.width.loc, "width too large (max 2048)")
             return BitT(int(w.const), t.kind == "int")
         if t.kind == "varbit":
-            raise Diagnostic(t.loc, "varbit is not supported")
+            vw = self.expr(t.width, scope).const if t.width is not None else None
+            if not isinstance(vw, int) or isinstance(vw, bool) or vw <= 0:
+                raise Diagnostic(t.loc, "the width of a varbit must be a positive constant")
+            if vw > 2048:
+                raise Diagnostic(t.loc, "width too large (max 2048)")
+            return VarbitT(vw)
         if t.kind == "bool":
             return BOOL
         if t.kind == "error":
@@ -507,7 +519,9 @@ class Checker:
         if t.kind == "string":
             return STR
         if t.kind == "tuple":
-            raise Diagnostic(t.loc, "tuple types are not supported")
+            # a tuple type can be named (typedef); a variable, field or parameter of it is
+            # rejected where it is declared
+            return TupleT([self.resolve_type(a, scope) for a in t.args])
         s = scope.lookup(t.name)
         if s is None or s.kind != "type" or s.ty is None:
             raise Diagnostic(t.loc, f"unknown type {t.name}")
@@ -1225,6 +1239,8 @@ class Checker:
             if self.ctl_role != "parser":
                 raise Diagnostic(e.loc, "packet_in methods are only allowed in the parser")
             if m == "extract":
+                if len(e.args) == 2:
+                    return self.extract_varbit(e, scope)
                 self.args_n(e, 1, "extract")
                 a0 = e.args[0]
                 if isinstance(a0, A.Member) and a0.name == "next":
@@ -1243,13 +1259,19 @@ class Checker:
                 h = self.lvalue(e.args[0], scope)
                 if not (isinstance(h.ty, StructT) and h.ty.is_header):
                     raise Diagnostic(e.args[0].loc, f"extract needs a header, not {h.ty}")
+                if h.ty.varbit is not None:
+                    raise Diagnostic(
+                        e.loc, f"extract of {h.ty} (with a varbit field) needs a length in bits"
+                    )
                 ext = ir.Extract(h.ir, self.errors["PacketTooShort"])
                 return do(ext, union_others(h.ir))
             if m == "lookahead":
                 if len(e.type_args) != 1 or e.args:
                     raise Diagnostic(e.loc, "lookahead needs one type argument and no arguments")
                 t = self.resolve_type(e.type_args[0], scope)
-                if isinstance(t, BitT) or (isinstance(t, StructT) and t.is_header):
+                if isinstance(t, BitT) or (
+                    isinstance(t, StructT) and t.is_header and t.varbit is None
+                ):
                     return V(ir.Lookahead(t))
                 raise Diagnostic(e.loc, f"lookahead<{t}> is not supported")
             if m == "advance":
@@ -1267,6 +1289,23 @@ class Checker:
             raise Diagnostic(e.args[0].loc, f"emit needs a header or struct, not {v.ty}")
         self.check_emit(v.ty)
         return do(ir.Emit(v.ir))
+
+    def extract_varbit(self, e: A.Call, scope: Scope) -> V:
+        """``pkt.extract(h, nbits)``: header ``h`` with ``nbits`` bits in its varbit field."""
+        h = self.lvalue(e.args[0], scope)
+        if not (isinstance(h.ty, StructT) and h.ty.is_header):
+            raise Diagnostic(e.args[0].loc, f"extract needs a header, not {h.ty}")
+        if h.ty.varbit is None:
+            raise Diagnostic(e.loc, f"{h.ty} has no varbit field; extract takes one argument")
+        n = self.coerce(self.expr(e.args[1], scope), BitT(32), e.args[1].loc, "the length")
+        ext = ir.Extract(
+            h.ir,
+            self.errors["PacketTooShort"],
+            n.ir,
+            self.errors["ParserInvalidArgument"],
+            self.errors["HeaderTooShort"],
+        )
+        return do(ext, union_others(h.ir))
 
     def extract_next(self, st: V, member: str | None, loc: Loc) -> V:
         """``pkt.extract(stack.next)``: a full stack is parser error StackOutOfBounds, else
@@ -1291,6 +1330,8 @@ class Checker:
         if member is not None:
             assert mt is not None
             h = ir.Field(mt, h, member)
+        if isinstance(h.ty, StructT) and h.ty.varbit is not None:
+            raise Diagnostic(loc, f"extract of a stack of {h.ty} (with a varbit field)")
         return do(ir.Extract(h, self.errors["PacketTooShort"]), union_others(h))
 
     def check_emit(self, t: StructT) -> None:
@@ -1359,6 +1400,8 @@ class Checker:
         out: list[ir.DataItem] = []
         for (v, loc), h in zip(vals, headers, strict=True):
             w = bit_width(v.ty)
+            if isinstance(v.ty, VarbitT) and what != "digest data":
+                w = v.ty.max_width  # the value's own length counts (its nbits, at run time)
             if w is None:
                 raise Diagnostic(loc, f"{what}: element of type {v.ty} has no fixed width")
             out.append(ir.DataItem(v.ir, w, h))
@@ -1759,7 +1802,7 @@ class Checker:
     def local_var(self, s: A.VarDecl, scope: Scope, frame: bool) -> list[ir.Stmt]:
         """Declare the variable; returns the statements that initialise it."""
         ty = self.resolve_type(s.type, scope)
-        if isinstance(ty, (ExternT, IntLitT, VoidT, StrT)):
+        if isinstance(ty, (ExternT, IntLitT, VoidT, StrT, TupleT)):
             raise Diagnostic(s.type.loc, f"cannot declare a variable of type {ty}")
         if scope.syms.get(s.name) is not None:
             raise Diagnostic(s.loc, f"{s.name} is already declared in this scope")

@@ -22,6 +22,17 @@ class BitT(Ty):
 
 
 @dataclass(frozen=True)
+class VarbitT(Ty):
+    """``varbit<max_width>``: a value is ``(value, nbits)`` at run time (``nbits`` <=
+    ``max_width``, set by ``extract(h, nbits)``); two are equal when both parts are."""
+
+    max_width: int
+
+    def __str__(self) -> str:
+        return f"varbit<{self.max_width}>"
+
+
+@dataclass(frozen=True)
 class IntLitT(Ty):
     def __str__(self) -> str:
         return "int"
@@ -63,7 +74,8 @@ class EnumT(Ty):
 
 @dataclass(eq=False)
 class StructT(Ty):
-    """A header (``is_header``) or a struct."""
+    """A header (``is_header``) or a struct. A header's ``width`` leaves out its varbit field
+    (the header's minimum size)."""
 
     name: str
     is_header: bool
@@ -79,6 +91,14 @@ class StructT(Ty):
         for n, t in self.fields:
             if n == name:
                 return t
+        return None
+
+    @property
+    def varbit(self) -> tuple[str, VarbitT] | None:
+        """A header's varbit field (its name and type), if it has one."""
+        for n, t in self.fields:
+            if isinstance(t, VarbitT):
+                return n, t
         return None
 
     @property
@@ -126,6 +146,16 @@ class ListT(Ty):
 
     def __str__(self) -> str:
         return "{" + ", ".join(map(str, self.items)) + "}"
+
+
+@dataclass(eq=False)
+class TupleT(Ty):
+    """``tuple<T1, ...>``: may be named (a typedef) but not held in a variable or field."""
+
+    items: list[Ty]
+
+    def __str__(self) -> str:
+        return "tuple<" + ", ".join(map(str, self.items)) + ">"
 
 
 @dataclass(eq=False)
