@@ -536,3 +536,46 @@ def test_varbit_errors(old: str, new: str, msg: str) -> None:
     assert old in VARBIT
     with pytest.raises(P4CompileError, match=msg):
         Pipeline.compile(VARBIT.replace(old, new), filename="v.p4")
+
+
+OPASSIGN = """
+#include <core.p4>
+#include <v1model.p4>
+header h_t { bit<8> a; bit<8> b; bit<8> c; bit<8> d; bit<8> i; }
+header e_t { bit<8> x; }
+struct headers { h_t h; e_t[2] s; }
+struct meta_t { }
+bit<8> bump(inout bit<8> x) { bit<8> r = x; x += 1; return r; }
+parser P(packet_in pkt, out headers hdr, inout meta_t m, inout standard_metadata_t sm) {
+    state start { pkt.extract(hdr.h); pkt.extract(hdr.s.next); pkt.extract(hdr.s.next);
+                  transition accept; }
+}
+control V(inout headers hdr, inout meta_t m) { apply { } }
+control I(inout headers hdr, inout meta_t m, inout standard_metadata_t sm) {
+    apply {
+        sm.egress_spec = 1;
+        hdr.h.a += 0x10;
+        hdr.h.b >>= 2;
+        hdr.h.c |+|= 0xf0;
+        hdr.h.d[3:0] <<= 1;
+        hdr.s[bump(hdr.h.i) & 1].x ^= 0xff;  // index evaluated once: i read, then bumped
+        hdr.h.a = hdr.h.a >> 1;
+    }
+}
+control E(inout headers hdr, inout meta_t m, inout standard_metadata_t sm) { apply { } }
+control C(inout headers hdr, inout meta_t m) { apply { } }
+control D(packet_out pkt, in headers hdr) { apply { pkt.emit(hdr.h); pkt.emit(hdr.s); } }
+V1Switch(P(), V(), I(), E(), C(), D()) main;
+"""
+
+
+def test_compound_assignments() -> None:
+    p = Pipeline.compile(OPASSIGN, filename="opassign.p4")
+    stf = """
+packet 0 02 84 20 ff 01 11 22
+expect 1 09 21 ff fe 02 11 dd $
+packet 0 02 84 20 ff 00 11 22
+expect 1 09 21 ff fe 01 ee 22 $
+"""
+    r = run_stf(p, stf)
+    assert r.ok, r.errors

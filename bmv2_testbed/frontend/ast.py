@@ -147,6 +147,7 @@ class Stmt:
 class Assign(Stmt):
     lhs: Expr
     rhs: Expr
+    op: str = ""  # a compound assignment's operator (``+`` for ``+=``), else ""
 
 
 @dataclass

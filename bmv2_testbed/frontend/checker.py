@@ -1752,6 +1752,8 @@ class Checker:
             if self.ctl_role == "deparser":
                 raise Diagnostic(s.loc, "assignments are not allowed in the deparser")
             rt = self.runtime_index_now(s.lhs, scope, s.loc)  # the left side first
+            if s.op:
+                return self.compound_assign(s, scope, rt)
             rhs = self.expr(s.rhs, scope)
             return self.assign(s.lhs, rhs, scope, s.rhs.loc, rt)
         if isinstance(s, A.CallStmt):
@@ -1798,6 +1800,25 @@ class Checker:
         if isinstance(s, A.Instantiation):
             raise Diagnostic(s.loc, "instantiations are only allowed at control level")
         raise Diagnostic(s.loc, f"unsupported statement {type(s).__name__}")  # pragma: no cover
+
+    def compound_assign(
+        self, s: A.Assign, scope: Scope, rt: tuple[A.Index, V, int] | None
+    ) -> list[ir.Stmt]:
+        """``a op= b``: ``a = a op b`` with ``a`` evaluated once (a run-time stack index in it
+        is the value already computed, ``rt``)."""
+        lhs = s.lhs
+        sc = scope
+        if rt is not None:
+            # the left side reads the element at the index computed once
+            node, idx, _size = rt
+            sc = Scope(scope)
+            name = self.fresh("$idx")
+            sc.add(name, Sym("var", idx.ty, ir=idx.ir, readonly="a computed index"))
+            lhs = _replace_index(lhs, node, A.Index(node.loc, node.expr, A.Name(node.loc, name)))
+        else:
+            self.lvalue(lhs, sc, read=True)  # assignable (a clear message if not)
+        rhs = self.expr(A.Binary(s.loc, s.op, lhs, s.rhs), sc)
+        return self.assign(s.lhs, rhs, scope, s.rhs.loc, rt)
 
     def local_var(self, s: A.VarDecl, scope: Scope, frame: bool) -> list[ir.Stmt]:
         """Declare the variable; returns the statements that initialise it."""

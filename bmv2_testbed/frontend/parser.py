@@ -36,6 +36,8 @@ _BINOPS: dict[str, int] = {
     "/": 11,
     "%": 11,
 }
+# operators with a compound assignment form (``a op= b``)
+_COMPOUND = {"+", "-", "*", "/", "%", "<<", "&", "^", "|", "|+|", "|-|"}  # and >>= ('>' '>=')
 
 
 class Parser:
@@ -688,6 +690,18 @@ class Parser:
             rhs = self.expression()
             self.expect(";")
             return A.Assign(loc, lhs, rhs)
+        if self._shr_assign_at():
+            self.i += 2
+            rhs = self.expression()
+            self.expect(";")
+            return A.Assign(loc, lhs, rhs, ">>")
+        if self.tok.kind == "op":
+            op = self.tok.text
+            if self._compound_at(op):
+                self.i += 2
+                rhs = self.expression()
+                self.expect(";")
+                return A.Assign(loc, lhs, rhs, op)
         if not isinstance(lhs, A.Call):
             raise Diagnostic(
                 self.tok.loc,
@@ -759,6 +773,8 @@ class Parser:
         t = self.tok
         if t.kind != "op":
             return None
+        if self._shr_assign_at():
+            return None
         if (
             t.text == ">"
             and self.peek().text == ">"
@@ -766,8 +782,38 @@ class Parser:
             and self.peek().loc.line == t.loc.line
             and self.peek().loc.col == t.loc.col + 1
         ):
-            return ">>"
-        return t.text if t.text in _BINOPS else None
+            op = ">>"
+        else:
+            op = t.text
+        if op not in _BINOPS or self._compound_at(op):
+            return None
+        return op
+
+    def _shr_assign_at(self) -> bool:
+        """``>>=`` at the current token (lexed as '>' '>=')."""
+        t, n = self.tok, self.peek()
+        return (
+            t.text == ">"
+            and n.text == ">="
+            and n.loc.line == t.loc.line
+            and n.loc.col == t.loc.col + 1
+        )
+
+    def _compound_at(self, op: str) -> bool:
+        """The operator ``op`` at the current token is followed right away by '=': a compound
+        assignment (``+=``, ``>>=``, ``|+|=`` ...), not a binary operator."""
+        if op not in _COMPOUND:
+            return False
+        j = self.i + 1
+        if j >= len(self.toks):
+            return False
+        last, nxt = self.toks[j - 1], self.toks[j]
+        return (
+            nxt.text == "="
+            and nxt.kind == "op"
+            and nxt.loc.line == last.loc.line
+            and nxt.loc.col == last.loc.col + len(last.text)
+        )
 
     def binary(self, minprec: int) -> A.Expr:
         left = self.unary()
