@@ -579,3 +579,62 @@ expect 1 09 21 ff fe 01 ee 22 $
 """
     r = run_stf(p, stf)
     assert r.ok, r.errors
+
+
+BOUND = """
+#include <core.p4>
+#include <v1model.p4>
+header h_t { bit<8> k; bit<8> a; bit<8> b; bit<8> c; }
+struct headers { h_t h; }
+struct meta_t { }
+parser P(packet_in pkt, out headers hdr, inout meta_t m, inout standard_metadata_t sm) {
+    state start { pkt.extract(hdr.h); transition accept; }
+}
+control V(inout headers hdr, inout meta_t m) { apply { } }
+control I(inout headers hdr, inout meta_t m, inout standard_metadata_t sm) {
+    action setbyte(out bit<8> reg, bit<8> val) { reg = val; }
+    action bump(inout bit<8> x, in bit<8> by) {
+        if (x == 0) { return; }
+        x = x + by;
+    }
+    table ta {
+        key = { hdr.h.k : exact; }
+        actions = { setbyte(hdr.h.a); NoAction; }
+        default_action = setbyte(hdr.h.a, 0xee);
+    }
+    table tb {
+        key = { hdr.h.k : exact; }
+        actions = { setbyte(hdr.h.b); bump(hdr.h.c, hdr.h.k); }
+        default_action = bump(hdr.h.c, hdr.h.k);
+    }
+    apply { sm.egress_spec = 1; ta.apply(); tb.apply(); }
+}
+control E(inout headers hdr, inout meta_t m, inout standard_metadata_t sm) { apply { } }
+control C(inout headers hdr, inout meta_t m) { apply { } }
+control D(packet_out pkt, in headers hdr) { apply { pkt.emit(hdr.h); } }
+V1Switch(P(), V(), I(), E(), C(), D()) main;
+"""
+
+
+def test_action_arguments_bound_in_the_actions_list() -> None:
+    p = Pipeline.compile(BOUND, filename="bound.p4")
+    # the P4Info lists each action once, with its directionless parameters only
+    acts = {a.preamble.name: [x.name for x in a.params] for a in p.p4info.actions}
+    assert acts["I.setbyte"] == ["val"] and acts["I.bump"] == []
+    stf = """
+add I.ta h.k:0x01 I.setbyte(val:0x11)
+add I.tb h.k:0x01 I.setbyte(val:0x22)
+# k=1: ta writes a, tb writes b (the same action bound to another field)
+packet 0 01 00 00 05
+expect 1 01 11 22 05 $
+# k=2: the defaults: a = ee; c += k (c != 0)
+packet 0 02 00 00 05
+expect 1 02 ee 00 07 $
+# c = 0: bump returns early
+packet 0 03 00 00 00
+expect 1 03 ee 00 00 $
+"""
+    assert p.fast_unsupported is None
+    for fast in (False, True):
+        r = run_stf(p, stf, fast_path=fast)
+        assert r.ok, r.errors

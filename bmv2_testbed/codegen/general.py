@@ -975,7 +975,8 @@ def module_code(prog: ir.Program, action_ids: dict[str, int]) -> str:
     lines = o.lines + runtime_code(prog.headers, prog.meta, prog.std, egress, prog.field_lists)
     for t in prog.tables:
         lines.append(f"T_{t.uid} = R.tables_by_name[{t.name!r}]")
-        items = ", ".join(f"{action_ids[n]}: {prog.actions[n]}" for n in t.actions)
+        uids = t.action_uids or tuple(prog.actions[n] for n in t.actions)
+        items = ", ".join(f"{action_ids[n]}: {u}" for n, u in zip(t.actions, uids, strict=True))
         lines.append(f"ACT_{t.uid} = {{{items}}}")
     for dg in prog.digests:
         lines.append(f"DIG_{dg.name} = {dg.id}")

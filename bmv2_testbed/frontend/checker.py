@@ -300,7 +300,7 @@ class Checker:
             frames={fn: dict(vs) for fn, vs in self.frames.items()},
             pack_formats=dict(self.pack_formats),
             action_maps={
-                tc.uid: {aid[n]: self.actions_by_name[n].uid for n in tc.info.action_names}
+                tc.uid: {aid[n]: tc.action_syms[n].uid for n in tc.info.action_names}
                 for tc in self.tables
             },
         )
@@ -2255,15 +2255,15 @@ class Checker:
         acts: dict[str, ActionCtx] = {}
         local_names: dict[str, str] = {}
         scopes: dict[str, str] = {}
+        bound: dict[str, int] = {}  # actions with arguments bound in the list: how many
         for ar in props["actions"].actions or []:
             s = (self.g if ar.name.startswith(".") else scope).lookup(ar.name.lstrip("."))
             if s is None or s.kind != "action":
                 raise Diagnostic(ar.loc, f"{ar.name} is not an action")
-            if ar.args:
-                raise Diagnostic(
-                    ar.loc, "action arguments bound in the actions list are not supported"
-                )
             ac = self.action_ctx(s)
+            if ar.args:
+                ac = self.bound_action(ac, ar, scope)
+                bound[ac.name] = len(ar.args)
             if any(dd for _n, _t, dd in ac.params):
                 raise Diagnostic(
                     ar.loc,
@@ -2298,7 +2298,9 @@ class Checker:
                 )
             if scopes.get(dac.name) == "TABLE_ONLY":
                 raise Diagnostic(de.loc, f"action {dcall.func.name} is @tableonly")
-            dargs = self.const_args(dac, dcall.args, de.loc, scope)
+            dac = acts[dac.name]
+            # the bound arguments are written again; only the others are the default's data
+            dargs = self.const_args(dac, dcall.args[bound.get(dac.name, 0) :], de.loc, scope)
         else:
             nas = self.g.lookup("NoAction")
             if nas is None:
@@ -2361,6 +2363,44 @@ class Checker:
         self.note_std_read("packet_length")  # bytes counted by a direct counter
         self.defs.append(ir.TableDef(uid, tuple(key_ir)))
         return tc
+
+    def bound_action(self, ac: ActionCtx, ar: A.ActionRef, scope: Scope) -> ActionCtx:
+        """``a(x, y)`` in a table's actions list: the action's directional parameters bound to
+        ``x, y`` (evaluated when the action runs) and its directionless ones left to the
+        control plane; for this table, a function of the directionless parameters that calls
+        ``a`` (inlined when it has out/inout parameters, copy-in/copy-out as a direct call)."""
+        k = len(ar.args)
+        dirs = [d for _n, _t, d in ac.params]
+        if k > len(dirs) or "" in dirs[:k] or any(dirs[k:]):
+            n = sum(1 for d in dirs if d)
+            raise Diagnostic(
+                ar.loc,
+                f"the actions list must bind exactly the directional parameters of action "
+                f"{ac.name} ({n}), not {k}",
+            )
+        inner = Scope(scope)
+        pys: list[str] = []
+        names: list[A.Expr] = []
+        for pn, t, _d in ac.params[k:]:
+            if not isinstance(t, (BitT, BoolT)) and not (isinstance(t, EnumT) and t.underlying):
+                raise Diagnostic(ar.loc, f"action parameter {pn} has unsupported type {t}")
+            py = self.fresh(f"p_{pn}_")
+            pys.append(py)
+            arg = self.fresh("$arg")  # not a P4 name
+            ro = "action parameters are read-only"
+            inner.add(arg, Sym("var", t, ir=ir.Ref(t, "param", py), readonly=ro))
+            names.append(A.Name(ar.loc, arg))
+        call = A.Call(ar.loc, A.Name(ar.loc, ac.decl.name), [], [*ar.args, *names])
+        outer = self.prelude
+        self.prelude = []
+        try:
+            v = self.direct_action_call(Sym("action", data=ac), call, inner)
+            body = [*self.prelude, v.stmt if v.stmt is not None else ir.Nop(), *v.after]
+        finally:
+            self.prelude = outer
+        uid = self.fresh("a_")
+        self.defs.append(ir.ActionDef(uid, tuple(pys), tuple(body)))
+        return ActionCtx(uid, ac.name, ac.decl, list(ac.params[k:]))
 
     def const_args(
         self, ac: ActionCtx, args: list[A.Expr], loc: Loc, scope: Scope
@@ -2581,8 +2621,12 @@ class Checker:
     def finish_model(self) -> None:
         if self.diags:
             return
-        for name in [*dict.fromkeys(n for tc in self.tables for n in tc.info.action_names)]:
-            ac = self.actions_by_name[name]
+        table_acts: dict[str, ActionCtx] = {}
+        for tc in self.tables:
+            for n in tc.info.action_names:
+                table_acts.setdefault(n, tc.action_syms[n])
+        for name, ac in table_acts.items():
+            # (an action bound in an actions list: its directionless parameters)
             ps = [ParamInfo(i + 1, n, bit_width(t) or 0) for i, (n, t, _d) in enumerate(ac.params)]
             anns: list[str] = []
             ac.info = ActionInfo(name, ps, anns, fixed_id=self.fixed_id(ac.decl.annotations))
@@ -2608,7 +2652,13 @@ class Checker:
             defs=list(self.defs),
             actions={n: ac.uid for n, ac in self.actions_by_name.items()},
             tables=[
-                ir.TableRef(tc.uid, tc.info.name, tuple(tc.info.action_names)) for tc in self.tables
+                ir.TableRef(
+                    tc.uid,
+                    tc.info.name,
+                    tuple(tc.info.action_names),
+                    tuple(tc.action_syms[n].uid for n in tc.info.action_names),
+                )
+                for tc in self.tables
             ],
             externs=list(self.ext_binds),
             digests=list(self.model.digests),

@@ -661,6 +661,8 @@ class TableRef:
     uid: str
     name: str
     actions: tuple[str, ...]
+    action_uids: tuple[str, ...] = ()  # the function run for each action (per table: an
+    # action with arguments bound in the actions list has one per table)
 
 
 @dataclass(eq=False, slots=True)
