@@ -174,9 +174,13 @@ BAD: dict[str, tuple[str, str]] = {
         ing("        mark_to_drop();"),
         "bad.p4:15:9: mark_to_drop takes 1 argument, 0 given",
     ),
-    "function_macro": (
-        "#define F(x) x\n" + ing(""),
-        "bad.p4:1:1: function-like macros are not supported",
+    "macro_stringify": (
+        "#define F(x) #x\n" + ing(""),
+        "bad.p4:1:1: '#' and '##' in macro bodies are not supported",
+    ),
+    "macro_arity": (
+        "#define F(x, y) x\n" + ing("        sm.egress_spec = F(1);"),
+        "bad.p4:16:26: macro F takes 2 argument(s), 1 given",
     ),
     "mixed_operands": (
         ing("        hdr.h.b = hdr.h.b + hdr.h.a;"),
@@ -219,6 +223,25 @@ def test_preprocessor_defines_and_conditionals() -> None:
         "defined(PORT) && !defined(NOPE)\n#define OK 1\n#endif",
     )
     Pipeline.compile(src, filename="ok.p4")
+
+
+def test_function_like_macros() -> None:
+    """Arguments expanded before substitution, the result scanned again, a call whose
+    arguments go on over lines, #undef and redefinition."""
+    from shadowgrad.bmv2_testbed.dataplane import Dataplane
+
+    src = ing(
+        "        sm.egress_spec = PICK(9w1,\n            TWICE(\n  ONE));\n"
+        "        hdr.h.a = ADD(hdr.h.a, (8w3));\n#undef ADD\n#define ADD(a, b) a\n"
+        "        hdr.h.a = ADD(hdr.h.a, 8w100);"
+    ).replace(
+        "#include <core.p4>",
+        "#include <core.p4>\n#define ONE 9w1\n#define TWICE(x) ((x) + (x))\n"
+        "#define PICK(a, b) (b)\n#define ADD(a, b) ((a) + (b))",
+    )
+    dp = Dataplane(Pipeline.compile(src, filename="fm.p4"))
+    out = dp.process(0, bytes([5, 0, 0]))
+    assert out == [(2, bytes([8, 0, 0]))], out
 
 
 SUB = (
