@@ -158,8 +158,13 @@ BAD: dict[str, tuple[str, str]] = {
         "sub-parsers on this target)",
     ),
     "sub_control_twice": (
-        ing("        e.apply(hdr, meta, sm);\n        e.apply(hdr, meta, sm);", "    E() e;"),
-        "bad.p4:16:9: control instance I.e is applied more than once",
+        ing("        e.apply(hdr);\n        e.apply(hdr);", "    T() e;").replace(
+            "control I(",
+            "control T(inout hs hdr) {\n    table tt { actions = { NoAction; } }\n"
+            "    apply { tt.apply(); }\n}\ncontrol I(",
+            1,
+        ),
+        "bad.p4:20:9: control instance I.e (with tables) is applied more than once",
     ),
     "sub_control_arg_type": (
         ing("        e.apply(hdr, meta, meta);", "    E() e;"),
@@ -223,6 +228,23 @@ def test_preprocessor_defines_and_conditionals() -> None:
         "defined(PORT) && !defined(NOPE)\n#define OK 1\n#endif",
     )
     Pipeline.compile(src, filename="ok.p4")
+
+
+def test_a_sub_control_without_tables_can_be_applied_twice() -> None:
+    from shadowgrad.bmv2_testbed.dataplane import Dataplane
+
+    src = ing(
+        "        e.apply(hdr);\n        e.apply(hdr);\n        sm.egress_spec = 1;", "    T() e;"
+    )
+    src = src.replace(
+        "control I(",
+        "control T(inout hs hdr) {\n    bit<8> n = 1;\n"
+        "    apply { hdr.h.a = hdr.h.a + n; n = 5; }\n}\ncontrol I(",
+        1,
+    )
+    dp = Dataplane(Pipeline.compile(src, filename="twice.p4"))
+    # each apply starts from the control's own initial locals (n = 1 both times)
+    assert dp.process(0, bytes([5, 0, 0])) == [(1, bytes([7, 0, 0]))]
 
 
 def test_function_like_macros() -> None:

@@ -182,6 +182,7 @@ class SubCtx:
     name: str
     params: list[tuple[str, Ty, str]]
     applied: bool = False
+    has_tables: bool = False  # (or a sub-control that has): one apply only, as on bmv2
 
 
 @dataclass
@@ -2052,6 +2053,7 @@ class Checker:
             raise Diagnostic(inst.loc, f"{inst.name} is already declared")
         name = self.fq_name(inst.name, inst.annotations)
         uid = self.fresh("sub_")
+        n_tables = len(self.tables)
         saved = (self.ctl_name, self.frame_vars, self.in_sub_apply)
         self.ctl_name, self.frame_vars, self.in_sub_apply = name, [], False
         try:
@@ -2093,11 +2095,15 @@ class Checker:
             )
         finally:
             self.ctl_name, self.frame_vars, self.in_sub_apply = saved
-        scope.add(inst.name, Sym("subctl", data=SubCtx(uid, name, params)))
+        sub = SubCtx(uid, name, params, has_tables=len(self.tables) > n_tables)
+        scope.add(inst.name, Sym("subctl", data=sub))
 
     def subctl_apply(self, sub: SubCtx, e: A.Call, scope: Scope) -> V:
-        if sub.applied:
-            raise Diagnostic(e.loc, f"control instance {sub.name} is applied more than once")
+        if sub.applied and sub.has_tables:
+            # its tables would be applied twice, which bmv2 does not allow
+            raise Diagnostic(
+                e.loc, f"control instance {sub.name} (with tables) is applied more than once"
+            )
         sub.applied = True
         if len(e.args) != len(sub.params):
             raise Diagnostic(
