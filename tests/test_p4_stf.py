@@ -638,3 +638,19 @@ expect 1 03 ee 00 00 $
     for fast in (False, True):
         r = run_stf(p, stf, fast_path=fast)
         assert r.ok, r.errors
+
+
+def test_bool_fields_in_headers() -> None:
+    src = PROG.replace(
+        "header h_t { bit<8> a; bit<8> b; bit<16> c; }",
+        "header h_t { bit<7> a; bool f; bit<8> b; bit<16> c; }",
+    ).replace(
+        "apply { t.apply(); }",
+        "apply { sm.egress_spec = hdr.h.f ? 9w2 : 9w1; hdr.h.f = !hdr.h.f; }",
+    )
+    p = Pipeline.compile(src, filename="hbool.p4")
+    # a = 1 and f (the last bit of the first byte) true: port 2, f cleared; then f false
+    stf = "packet 0 03 00 0000\nexpect 2 02 00 0000 $\npacket 0 02 00 0000\nexpect 1 03 00 0000 $\n"
+    for fast in (False, True):
+        r = run_stf(p, stf, fast_path=fast)
+        assert r.ok, r.errors

@@ -128,10 +128,19 @@ def header_codec(t: StructT) -> HeaderCodec:
         if isinstance(ft, BitT) and ft.signed:
             h = 1 << (w - 1)
             ex = f"(({ex}) ^ {h}) - {h}"
+        elif isinstance(ft, BoolT):
+            ex = f"bool({ex})"
         unpack.append(f"{{H}}.{attr(n)} = {ex}")
     unpack.append("{H}._v_ = True")
-    plan = struct_plan(
-        [(attr(n), bit_width(ft) or 0, isinstance(ft, BitT) and ft.signed) for n, ft in t.fields]
+    plan = (
+        None  # a bool field is a Python bool: not in a struct format
+        if any(isinstance(ft, BoolT) for _, ft in t.fields)
+        else struct_plan(
+            [
+                (attr(n), bit_width(ft) or 0, isinstance(ft, BitT) and ft.signed)
+                for n, ft in t.fields
+            ]
+        )
     )
     return HeaderCodec(total // 8, unpack, plan)
 
@@ -203,6 +212,8 @@ def _codec_code(o: Emitter, t: StructT, codec: HeaderCodec, too_short: int) -> N
             src = f"h.{attr(n)}"
             if isinstance(ft, BitT) and ft.signed:
                 src = f"({src} & {(1 << w) - 1})"
+            elif isinstance(ft, BoolT):
+                src = f"(1 if {src} else 0)"
             parts.append(f"({src} << {shift})" if shift else src)
         o(f"return ({' | '.join(parts) or '0'}).to_bytes({nb}, 'big')")
 
@@ -240,6 +251,8 @@ def varbit_unpack(t: StructT) -> list[str]:
         if isinstance(ft, BitT) and ft.signed:
             h = 1 << (w - 1)
             ex = f"(({ex}) ^ {h}) - {h}"
+        elif isinstance(ft, BoolT):
+            ex = f"bool({ex})"
         lines.append(f"{{H}}.{attr(n)} = {ex}")
     lines.append("{H}._v_ = True")
     return lines
@@ -260,6 +273,8 @@ def _varbit_pack(o: Emitter, t: StructT) -> None:
             w = bit_width(ft) or 0
             if isinstance(ft, BitT) and ft.signed:
                 src = f"({src} & {(1 << w) - 1})"
+            elif isinstance(ft, BoolT):
+                src = f"(1 if {src} else 0)"
             parts.append(f"({src} << ({sh}))")
         o(f"return ({' | '.join(parts)}).to_bytes(({t.width} + _L) // 8, 'big')")
 

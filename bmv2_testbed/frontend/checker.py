@@ -403,12 +403,13 @@ class Checker:
                     self.err(f.loc, f"{t} has more than one varbit field")
                     continue
                 if not (
-                    isinstance(ft, (BitT, VarbitT)) or (isinstance(ft, EnumT) and ft.underlying)
+                    isinstance(ft, (BitT, VarbitT, BoolT))
+                    or (isinstance(ft, EnumT) and ft.underlying)
                 ):
                     self.err(
                         f.loc,
-                        f"header field {f.name} has type {ft}; only bit<W>, int<W> "
-                        "and serializable enums are supported in headers",
+                        f"header field {f.name} has type {ft}; only bit<W>, int<W>, bool, "
+                        "varbit<W> and serializable enums are supported in headers",
                     )
                     continue
             elif d.is_union:

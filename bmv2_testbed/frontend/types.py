@@ -103,10 +103,14 @@ class StructT(Ty):
 
     @property
     def width(self) -> int:
-        return sum(t.width for _, t in self.fields if isinstance(t, BitT)) + sum(
-            t.underlying.width
-            for _, t in self.fields
-            if isinstance(t, EnumT) and t.underlying is not None
+        return (
+            sum(t.width for _, t in self.fields if isinstance(t, BitT))
+            + sum(
+                t.underlying.width
+                for _, t in self.fields
+                if isinstance(t, EnumT) and t.underlying is not None
+            )
+            + sum(1 for _, t in self.fields if isinstance(t, BoolT))
         )
 
 
