@@ -654,3 +654,97 @@ def test_bool_fields_in_headers() -> None:
     for fast in (False, True):
         r = run_stf(p, stf, fast_path=fast)
         assert r.ok, r.errors
+
+
+EQUALITY = """
+#include <core.p4>
+#include <v1model.p4>
+header h_t { bit<8> a; bit<8> b; }
+header r_t { bit<8> r; }
+struct pair_t { h_t x; bit<8> y; }
+struct headers { r_t r; h_t p; h_t q; h_t[2] s; }
+struct meta_t { }
+parser P(packet_in pkt, out headers hdr, inout meta_t m, inout standard_metadata_t sm) {
+    state start {
+        pkt.extract(hdr.r);
+        pkt.extract(hdr.p);
+        transition select(hdr.r.r) { 0: accept; default: more; }
+    }
+    state more { pkt.extract(hdr.q); pkt.extract(hdr.s.next); transition accept; }
+}
+control V(inout headers hdr, inout meta_t m) { apply { } }
+control I(inout headers hdr, inout meta_t m, inout standard_metadata_t sm) {
+    apply {
+        sm.egress_spec = 1;
+        bit<8> r = 0;
+        if (hdr.p == hdr.q) { r = r | 1; }      // both valid and equal, or both invalid
+        h_t[2] t;                               // a local stack: both elements invalid
+        t[0] = hdr.p;
+        if (t == hdr.s) { r = r | 2; }          // element by element
+        pair_t u = { hdr.p, 7 };
+        pair_t v = { hdr.q, 7 };
+        if (u != v) { r = r | 4; }
+        hdr.r.r = r;
+    }
+}
+control E(inout headers hdr, inout meta_t m, inout standard_metadata_t sm) { apply { } }
+control C(inout headers hdr, inout meta_t m) { apply { } }
+control D(packet_out pkt, in headers hdr) { apply { pkt.emit(hdr); } }
+V1Switch(P(), V(), I(), E(), C(), D()) main;
+"""
+
+
+def test_header_stack_and_struct_equality() -> None:
+    p = Pipeline.compile(EQUALITY, filename="eq.p4")
+    stf = """
+# p = q = s[0]: all equal
+packet 0 01 0102 0102 0102
+expect 1 03 0102 0102 0102 $
+# q differs: p != q, t (= [p, invalid]) == s (= [s0, invalid]) since s0 = p
+packet 0 01 0102 0103 0102
+expect 1 06 0102 0103 0102 $
+# only p valid: p != q (q invalid), t != s (s[0] invalid)
+packet 0 00 0102 ffff
+expect 1 04 0102 ffff $
+"""
+    for fast in (False, True):
+        r = run_stf(p, stf, fast_path=fast)
+        assert r.ok, r.errors
+
+
+def test_stack_of_varbit_headers_and_next_index_after_a_failed_extract() -> None:
+    src = VARBIT.replace(
+        "struct headers { l_t l; v_t v; v_t w; }", "struct headers { l_t l; v_t[2] s; }"
+    ).replace(
+        """        pkt.extract(hdr.v, (bit<32>)hdr.l.n);
+        transition select(hdr.v.tail) { 0xee: two; default: accept; }
+    }
+    state two { pkt.extract(hdr.w, (bit<32>)hdr.l.n); transition accept; }""",
+        """        pkt.extract(hdr.s.next, (bit<32>)hdr.l.n);
+        pkt.extract(hdr.s.next, (bit<32>)hdr.l.n + 8);
+        transition accept;
+    }""",
+    )
+    src = src.replace(
+        """        if (hdr.w.isValid()) {
+            if (hdr.v.opt == hdr.w.opt) { sm.egress_spec = 2; }
+            m.keep = hdr.v.opt;  // swap the two varbit values
+            hdr.v.opt = hdr.w.opt;
+            hdr.w.opt = m.keep;
+        }""",
+        "        hdr.l.n = (bit<8>)hdr.s.lastIndex;",
+    ).replace("{ hdr.v.a, hdr.v.opt }, hdr.v.tail", "{ hdr.s[0].a }, hdr.s[0].tail")
+    src = src.replace("hdr.v.isValid()", "false").replace(
+        "pkt.emit(hdr.v); pkt.emit(hdr.w);", "pkt.emit(hdr.s);"
+    )
+    p = Pipeline.compile(src, filename="vstack.p4")
+    stf = """
+# 8 then 16 bits of options: both extracted, lastIndex 1
+packet 0 08 00 12 ab 55 34 cdef 66 77
+expect 1 01 00 12 ab 55 34 cdef 66 77 $
+# 32 then 40 bits: the second is HeaderTooShort, not pushed: lastIndex 0
+packet 0 20 00 12 01020304 55 34 0102030405 66
+expect 1 00 04 12 01020304 55 34 0102030405 66 $
+"""
+    r = run_stf(p, stf)
+    assert r.ok, r.errors

@@ -125,6 +125,30 @@ def union_others(h: ir.Expr) -> tuple[ir.Stmt, ...]:
     return tuple(ir.SetValid(ir.Field(ft, u, n), False) for n, ft in ut.fields if n != h.name)
 
 
+def struct_eq(a: ir.Expr, b: ir.Expr, t: StructT) -> ir.Expr:
+    """``a == b`` for headers (both invalid, or both valid with equal fields), header unions,
+    stacks (element by element, not nextIndex) and structs (field by field), as P4 defines
+    them."""
+    parts: list[ir.Expr] = []
+    for n, ft in t.fields:
+        if isinstance(t, StackT) and n == "nidx":
+            continue
+        fa, fb = ir.Field(ft, a, n), ir.Field(ft, b, n)
+        if isinstance(ft, StructT):
+            parts.append(struct_eq(fa, fb, ft))
+        else:
+            parts.append(ir.Cmp(BOOL, "==", fa, fb))
+    eq: ir.Expr = ir.Const(BOOL, True)
+    for i, p in enumerate(parts):
+        eq = p if i == 0 else ir.Logic(BOOL, "&&", eq, p)
+    if t.is_header:
+        va, vb = ir.IsValid(BOOL, a), ir.IsValid(BOOL, b)
+        both_invalid = ir.Logic(BOOL, "&&", ir.Unary(BOOL, "!", va), ir.Unary(BOOL, "!", vb))
+        both_valid = ir.Logic(BOOL, "&&", ir.Logic(BOOL, "&&", va, vb), eq)
+        eq = ir.Logic(BOOL, "||", both_invalid, both_valid)
+    return eq
+
+
 def invalidate(e: ir.Expr) -> list[ir.Stmt]:
     """Header or header union ``e`` made invalid (a union: each of its members)."""
     t = e.ty
@@ -1010,6 +1034,9 @@ class Checker:
             a, b = self.unify(a, b, e.loc, op)
             if op in ("<", ">", "<=", ">=") and not isinstance(a.ty, (BitT, IntLitT)):
                 raise Diagnostic(e.loc, f"operator '{op}' needs numeric operands, not {a.ty}")
+            if isinstance(a.ty, StructT) and op in ("==", "!="):
+                eq = struct_eq(a.ir, b.ir, a.ty)
+                return V(eq if op == "==" else ir.Unary(BOOL, "!", eq))
             if isinstance(a.ty, (StructT, ListT, OtherT)):
                 raise Diagnostic(e.loc, f"cannot compare values of type {a.ty}")
             if a.const is not None and b.const is not None:
@@ -1294,6 +1321,12 @@ class Checker:
 
     def extract_varbit(self, e: A.Call, scope: Scope) -> V:
         """``pkt.extract(h, nbits)``: header ``h`` with ``nbits`` bits in its varbit field."""
+        a0 = e.args[0]
+        if isinstance(a0, A.Member) and a0.name == "next":
+            st = self.lvalue(a0.expr, scope)
+            if isinstance(st.ty, StackT):
+                n = self.coerce(self.expr(e.args[1], scope), BitT(32), e.args[1].loc, "the length")
+                return self.extract_next(st, None, a0.loc, n.ir)
         h = self.lvalue(e.args[0], scope)
         if not (isinstance(h.ty, StructT) and h.ty.is_header):
             raise Diagnostic(e.args[0].loc, f"extract needs a header, not {h.ty}")
@@ -1309,10 +1342,12 @@ class Checker:
         )
         return do(ext, union_others(h.ir))
 
-    def extract_next(self, st: V, member: str | None, loc: Loc) -> V:
+    def extract_next(self, st: V, member: str | None, loc: Loc, length: ir.Expr | None = None) -> V:
         """``pkt.extract(stack.next)``: a full stack is parser error StackOutOfBounds, else
-        the element at nextIndex is extracted and nextIndex moves on. ``member``: a stack of
-        header unions, ``stack.next.member`` (the element's other members made invalid)."""
+        the element at nextIndex is extracted and then nextIndex moves on (not when the
+        extract fails, as bmv2 pushes the element only after it is extracted). ``member``: a
+        stack of header unions, ``stack.next.member`` (the element's other members made
+        invalid); ``length``: the varbit length of ``extract(stack.next, length)``."""
         t = st.ty
         assert isinstance(t, StackT) and self.prelude is not None and t.elem is not None
         if isinstance(t.elem, UnionT) != (member is not None):
@@ -1327,14 +1362,24 @@ class Checker:
         nidx = ir.Field(u32, st.ir, "nidx")
         room = ir.Cmp(BOOL, "<", nidx, ir.Const(u32, t.size))
         self.prelude.append(ir.Verify(room, ir.Const(ERROR, self.errors["StackOutOfBounds"])))
-        self.prelude.append(ir.Assign(nidx, ir.Arith(u32, "+", nidx, ir.Const(u32, 1))))
-        h = self.stack_elem(st, nidx, last=True).ir
+        h = self.stack_elem(st, nidx).ir
         if member is not None:
             assert mt is not None
             h = ir.Field(mt, h, member)
-        if isinstance(h.ty, StructT) and h.ty.varbit is not None:
-            raise Diagnostic(loc, f"extract of a stack of {h.ty} (with a varbit field)")
-        return do(ir.Extract(h, self.errors["PacketTooShort"]), union_others(h))
+        assert isinstance(h.ty, StructT)
+        if (h.ty.varbit is not None) != (length is not None):
+            if length is None:
+                raise Diagnostic(loc, f"extract of {h.ty} (with a varbit field) needs a length")
+            raise Diagnostic(loc, f"{h.ty} has no varbit field; extract takes one argument")
+        bump = ir.Assign(nidx, ir.Arith(u32, "+", nidx, ir.Const(u32, 1)))
+        ext = ir.Extract(
+            h,
+            self.errors["PacketTooShort"],
+            length,
+            self.errors["ParserInvalidArgument"] if length is not None else 0,
+            self.errors["HeaderTooShort"] if length is not None else 0,
+        )
+        return do(ext, (*union_others(h), bump))
 
     def check_emit(self, t: StructT) -> None:
         """A struct to emit holds only headers and structs of them."""

@@ -666,6 +666,7 @@ class Parser:
                     and t.text in BUILTIN_TYPES | self.types
                     and self._looks_like_decl()
                 )
+                or (self.peek().text == "[" and t.text in self.types)  # a stack: H[2] s;
             ):
                 s = self.decl_after_type(anns)
                 self.expect(";")
