@@ -148,7 +148,8 @@ def build_p4info(m: ProgramModel) -> Any:
         for prm, v in zip(da.params, t.default_action[1], strict=True):
             arg = tm.initial_default_action.arguments.add()
             arg.param_id = prm.id
-            arg.value = _canon(v)
+            # p4c writes the default action's arguments at the parameter's full width
+            arg.value = v.to_bytes(max(1, (prm.bitwidth + 7) // 8), "big")
         if t.direct_counter_id is not None:
             tm.direct_resource_ids.append(t.direct_counter_id)
         tm.size = t.size
@@ -197,11 +198,6 @@ def build_p4info(m: ProgramModel) -> Any:
             mm.name = mname
             mm.type_spec.bitstring.bit.bitwidth = bw
     return p
-
-
-def _canon(v: int) -> bytes:
-    """P4Runtime canonical byte string (shortest big-endian, at least one byte)."""
-    return v.to_bytes(max(1, (v.bit_length() + 7) // 8), "big")
 
 
 def write_p4info(p4info: Any, path: str | Path) -> None:

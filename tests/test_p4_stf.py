@@ -748,3 +748,33 @@ expect 1 00 04 12 01020304 55 34 0102030405 66 $
 """
     r = run_stf(p, stf)
     assert r.ok, r.errors
+
+
+def test_entry_priority_annotations_and_default_parameter_values() -> None:
+    src = (
+        PROG.replace(
+            "action fwd(bit<9> port, bit<8> v) {",
+            "action fwd(bit<9> port, bit<8> v = 0x77) {",
+        )
+        .replace(
+            "        default_action = drop();",
+            "        default_action = drop();\n"
+            "        const entries = {\n"
+            "            (0x01 &&& 0x0f, 0x0000 &&& 0x0000) : fwd(1) @priority(3);\n"
+            "            (0x11, 0x0000 &&& 0x0000) : fwd(2, 0x22);\n"
+            "            (0x11 &&& 0xff, 0x0000 &&& 0x0000) : fwd(3, 0x33) @priority(1);\n"
+            "        }",
+        )
+        .replace("hdr.h.c: lpm", "hdr.h.c: ternary")
+    )
+    p = Pipeline.compile(src, filename="prio.p4")
+    stf = """
+# all three match 0x11: @priority(1) wins (bmv2: the smallest), then entry 2 (priority 2)
+packet 0 11 00 0000
+expect 3 11 33 0000 $
+# only the first matches; its v is the default 0x77
+packet 0 21 00 0000
+expect 1 21 77 0000 $
+"""
+    r = run_stf(p, stf)
+    assert r.ok, r.errors

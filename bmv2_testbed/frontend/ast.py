@@ -220,6 +220,7 @@ class Param:
     type: TypeRef
     name: str
     annotations: list[Annotation] = field(default_factory=list)
+    default: Expr | None = None  # ``bit<8> x = 0``: the value of an omitted argument
 
 
 @dataclass

@@ -1672,6 +1672,7 @@ class Checker:
                     p.type.loc, f"function parameter {p.name} has unsupported type {t}"
                 )
             params.append((p.name, t, p.direction))
+        e = A.Call(e.loc, e.func, e.type_args, self.with_defaults(pr.params, e.args))
         return self.inline_call(
             f"function {pr.name}", pr.name, params, d.body.stmts, self.g, e, scope, ret_t, stmt
         )
@@ -1740,6 +1741,7 @@ class Checker:
 
     def direct_action_call(self, s: Sym, e: A.Call, scope: Scope) -> V:
         ac = self.action_ctx(s)
+        e = A.Call(e.loc, e.func, e.type_args, self.with_defaults(ac.decl.params, e.args))
         if ac.inline_scope is not None:
             return self.inline_call(
                 f"action {ac.name}",
@@ -2390,10 +2392,8 @@ class Checker:
             if not p.const:
                 raise Diagnostic(p.loc, "only 'const entries' are supported")
             ents = p.entries or []
-            for idx, ent in enumerate(ents):
-                entries.append(
-                    self.const_entry(ent, keys, acts, local_names, scope, len(ents) - idx)
-                )
+            for ent, prio in zip(ents, self.entry_priorities(ents), strict=True):
+                entries.append(self.const_entry(ent, keys, acts, local_names, scope, prio))
         uid = self.fresh("t_")
         info = TableInfo(
             fq,
@@ -2415,6 +2415,28 @@ class Checker:
         self.note_std_read("packet_length")  # bytes counted by a direct counter
         self.defs.append(ir.TableDef(uid, tuple(key_ir)))
         return tc
+
+    def entry_priorities(self, ents: list[A.TableEntryDecl]) -> list[int]:
+        """The priority of each const entry as the target orders them (the highest wins):
+        earlier entries first; with p4c's ``@priority(n)`` annotation, as bmv2 orders them,
+        the smallest n first, an entry without one counting as its position (1, 2, ...)."""
+        bmv2: list[int] = []
+        annotated = False
+        for i, ent in enumerate(ents):
+            a = A.ann_get(ent.annotations, "priority")
+            if a is None:
+                bmv2.append(i + 1)
+                continue
+            if len(a.args) != 1 or not isinstance(a.args[0], int) or a.args[0] < 0:
+                raise Diagnostic(a.loc, "@priority needs one non-negative integer")
+            if ent.priority is not None:
+                raise Diagnostic(a.loc, "an entry has both 'priority =' and @priority")
+            bmv2.append(a.args[0])
+            annotated = True
+        if not annotated:
+            return [len(ents) - i for i in range(len(ents))]
+        top = max(bmv2) + 1
+        return [top - b for b in bmv2]
 
     def bound_action(self, ac: ActionCtx, ar: A.ActionRef, scope: Scope) -> ActionCtx:
         """``a(x, y)`` in a table's actions list: the action's directional parameters bound to
@@ -2454,9 +2476,21 @@ class Checker:
         self.defs.append(ir.ActionDef(uid, tuple(pys), tuple(body)))
         return ActionCtx(uid, ac.name, ac.decl, list(ac.params[k:]))
 
+    @staticmethod
+    def with_defaults(params: list[A.Param], args: list[A.Expr]) -> list[A.Expr]:
+        """``args`` for ``params`` with the trailing omitted ones given their default values
+        (``bit<8> x = 0``), as far as the parameters have them."""
+        out = list(args)
+        for p in params[len(args) :]:
+            if p.default is None:
+                break
+            out.append(p.default)
+        return out
+
     def const_args(
         self, ac: ActionCtx, args: list[A.Expr], loc: Loc, scope: Scope
     ) -> tuple[int, ...]:
+        args = self.with_defaults(ac.decl.params[len(ac.decl.params) - len(ac.params) :], args)
         if len(args) != len(ac.params):
             raise Diagnostic(
                 loc, f"action {ac.name} takes {len(ac.params)} argument(s), {len(args)} given"

@@ -254,9 +254,8 @@ class Parser:
                 self.i += 1
             ty = self.type_ref()
             name = self.ident("a parameter name")
-            if self.accept("="):
-                raise Diagnostic(self.tok.loc, "default parameter values are not supported")
-            ps.append(A.Param(loc, d, ty, name.text, anns))
+            default = self.expression() if self.accept("=") else None
+            ps.append(A.Param(loc, d, ty, name.text, anns, default))
             if not self.accept(","):
                 break
         self.expect(")")
@@ -538,6 +537,7 @@ class Parser:
                     aloc = self.tok.loc
                     an = self.dotted_name()
                     args = self.arguments() if self.at("(") else []
+                    eanns += self.annotations()  # p4c's @priority(n) goes here
                     self.expect(";")
                     ents.append(
                         A.TableEntryDecl(eloc, keys_l, A.ActionRef(aloc, an, args, []), eanns, prio)
