@@ -778,3 +778,38 @@ expect 1 21 77 0000 $
 """
     r = run_stf(p, stf)
     assert r.ok, r.errors
+
+
+def test_switch_on_a_value() -> None:
+    src = PROG.replace(
+        "struct headers { h_t h; }",
+        "enum bit<8> K { A = 1, B = 2 }\nconst bit<8> FIVE = 5;\nstruct headers { h_t h; }",
+    ).replace(
+        "apply { t.apply(); }",
+        """apply {
+        sm.egress_spec = 1;
+        switch (hdr.h.a + 1) {
+            2: { hdr.h.b = 0x10; }
+            3:
+            FIVE: { hdr.h.b = 0x20; }
+            default: { hdr.h.b = 0xff; }
+        }
+        switch ((K)hdr.h.a) {
+            K.B: { sm.egress_spec = 2; }
+        }
+    }""",
+    )
+    p = Pipeline.compile(src, filename="sw.p4")
+    stf = """
+packet 0 01 00 0000
+expect 1 01 10 0000 $
+packet 0 02 00 0000
+expect 2 02 20 0000 $
+packet 0 04 00 0000
+expect 1 04 20 0000 $
+packet 0 07 00 0000
+expect 1 07 ff 0000 $
+"""
+    for fast in (False, True):
+        r = run_stf(p, stf, fast_path=fast)
+        assert r.ok, r.errors

@@ -172,6 +172,7 @@ class SwitchCase:
     loc: Loc
     label: str | None  # None = default
     body: Block | None  # None = fall through
+    value: Expr | None = None  # a label that is not a (dotted) name: its expression
 
 
 @dataclass

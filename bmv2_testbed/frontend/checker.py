@@ -1818,7 +1818,7 @@ class Checker:
             other = None if s.other is None else tuple(self.stmt(s.other, Scope(scope)))
             return [ir.If(c.ir, then, other)]
         if isinstance(s, A.Switch):
-            return [self.switch_stmt(s, scope)]
+            return self.switch_stmt(s, scope)
         if isinstance(s, A.Exit):
             if self.ctl_role in ("parser", "deparser"):
                 raise Diagnostic(s.loc, f"'exit' is not allowed in the {self.ctl_role}")
@@ -1903,10 +1903,58 @@ class Checker:
             return self.init_assigns(ref, init.ir)
         return [] if frame else [ir.Init(ref)]
 
-    def switch_stmt(self, s: A.Switch, scope: Scope) -> ir.Switch:
+    def value_switch(self, s: A.Switch, v: V, scope: Scope) -> list[ir.Stmt]:
+        """``switch (e) { 1: {...} 2: 3: {...} default: {...} }`` on a bit<W>, int<W>, enum or
+        error value: ``e`` evaluated once, then an if/else chain over the labels (constants;
+        labels without a body fall through to the next body)."""
+        if not isinstance(v.ty, (BitT, EnumT, ErrorT)):
+            raise Diagnostic(s.expr.loc, f"cannot switch on a value of type {v.ty}")
+        key = v if v.const is not None else self.temp(v, "sw")
+        groups: list[tuple[list[ir.Expr], list[ir.Stmt]]] = []
+        pending: list[ir.Expr] = []
+        seen: set[Any] = set()
+        default: list[ir.Stmt] | None = None
+        for c in s.cases:
+            if default is not None:
+                raise Diagnostic(c.loc, "default must be the last switch label")
+            if c.label is None:
+                if pending:
+                    raise Diagnostic(c.loc, "fall-through into default is not supported")
+                if c.body is None:
+                    raise Diagnostic(c.loc, "default label needs a body")
+                default = self.stmt(c.body, Scope(scope))
+                continue
+            le: A.Expr | None = c.value
+            if le is None:
+                parts = (c.label or "").lstrip(".").split(".")
+                le = A.Name(c.loc, parts[0], top=(c.label or "").startswith("."))
+                for p in parts[1:]:
+                    le = A.Member(c.loc, le, p, c.loc)
+            lv = self.coerce(self.expr(le, scope), v.ty, c.loc, "switch label")
+            if lv.const is None:
+                raise Diagnostic(c.loc, "a switch label must be a compile-time constant")
+            if lv.const in seen:
+                raise Diagnostic(c.loc, "duplicate switch label")
+            seen.add(lv.const)
+            pending.append(ir.Cmp(BOOL, "==", key.ir, lv.ir))
+            if c.body is None:
+                continue
+            groups.append((pending, self.stmt(c.body, Scope(scope))))
+            pending = []
+        out: tuple[ir.Stmt, ...] | None = tuple(default) if default is not None else None
+        for conds, body in reversed(groups):
+            cond = conds[0]
+            for x in conds[1:]:
+                cond = ir.Logic(BOOL, "||", cond, x)
+            out = (ir.If(cond, tuple(body) or (ir.Nop(),), out),)
+        return list(out or (ir.Nop(),))
+
+    def switch_stmt(self, s: A.Switch, scope: Scope) -> list[ir.Stmt]:
+        if self.ctl_role == "parser":
+            raise Diagnostic(s.loc, "'switch' is not allowed in parser states; use select")
         v = self.expr(s.expr, scope)
         if not (isinstance(v.ty, OtherT) and v.ty.what == "action_run"):
-            raise Diagnostic(s.expr.loc, "switch is only supported on t.apply().action_run")
+            return self.value_switch(s, v, scope)
         tc: TableCtx = v.const
         var = self.fresh("sw")
         arms: list[ir.SwitchArm] = []
@@ -1924,6 +1972,8 @@ class Checker:
                 continue
             if has_default:
                 raise Diagnostic(c.loc, "default must be the last switch label")
+            if c.label is None or c.value is not None:
+                raise Diagnostic(c.loc, "a switch on action_run takes action names as labels")
             fq = tc.local_names.get(c.label)
             if fq is None:
                 raise Diagnostic(c.loc, f"{c.label} is not an action of table {tc.info.name}")
@@ -1937,7 +1987,7 @@ class Checker:
             pending = []
         if pending:
             arms.append(ir.SwitchArm(tuple(pending), (ir.Nop(),)))
-        return ir.Switch(var, v.ir, tuple(arms))
+        return [ir.Switch(var, v.ir, tuple(arms))]
 
     # ------------------------------------------------------------------ controls
     def action_ctx(self, s: Sym) -> ActionCtx:

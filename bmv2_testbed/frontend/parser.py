@@ -740,10 +740,17 @@ class Parser:
         cases: list[A.SwitchCase] = []
         while not self.accept("}"):
             cloc = self.tok.loc
-            label = None if self.accept("default") else self.dotted_name()
+            value: A.Expr | None = None
+            if self.accept("default"):
+                label = None
+            elif self.tok.kind == "id" or self.at("."):
+                label = self.dotted_name()
+            else:  # a constant expression (switch on a value)
+                value = self.expression()
+                label = ""
             self.expect(":")
             body = self.block() if self.at("{") else None
-            cases.append(A.SwitchCase(cloc, label, body))
+            cases.append(A.SwitchCase(cloc, label, body, value))
         return A.Switch(loc, e, cases)
 
     # ---------------------------------------------------------------- expressions
