@@ -813,3 +813,42 @@ expect 1 07 ff 0000 $
     for fast in (False, True):
         r = run_stf(p, stf, fast_path=fast)
         assert r.ok, r.errors
+
+
+def test_dont_care_arguments_and_lookahead_of_a_struct() -> None:
+    from shadowgrad.bmv2_testbed.pipeline import P4CompileError
+
+    src = (
+        PROG.replace(
+            "struct headers { h_t h; }",
+            "struct two_t { bit<4> hi; int<4> lo; bool f; bit<7> rest; }\n"
+            "struct headers { h_t h; }\n"
+            "void put(out bit<8> x, in bit<8> v) { x = v; }",
+        )
+        .replace(
+            "state start { pkt.extract(hdr.h); transition accept; }",
+            "state start {\n"
+            "        two_t la = pkt.lookahead<two_t>();\n"
+            "        pkt.extract<h_t>(_);\n"
+            "        pkt.extract(hdr.h);\n"
+            "        transition select(la.f, la.lo) { (true, -1): accept; default: reject_it; }\n"
+            "    }\n"
+            "    state reject_it { verify(false, error.NoMatch); transition accept; }",
+        )
+        .replace(
+            "apply { t.apply(); }",
+            "apply { put(_, 1); sm.egress_spec = sm.parser_error == error.NoError ? 9w1 : 9w2; }",
+        )
+    )
+    p = Pipeline.compile(src, filename="dc.p4")
+    stf = """
+# lookahead: hi 0, lo -1 (f), f true: the first 4 bytes skipped, the next 4 extracted
+packet 0 0f 80 0000 01 02 0304 99
+expect 1 01 02 0304 99 $
+packet 0 0f 00 0000 01 02 0304 99
+expect 2 01 02 0304 99 $
+"""
+    r = run_stf(p, stf)
+    assert r.ok, r.errors
+    with pytest.raises(P4CompileError, match="'_' is only allowed"):
+        Pipeline.compile(src.replace("put(_, 1);", "put(hdr.h.a, _);"), filename="dc.p4")

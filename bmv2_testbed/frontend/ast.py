@@ -57,6 +57,11 @@ class StrLit(Expr):
 
 
 @dataclass
+class DontCare(Expr):
+    """``_`` as an argument: a fresh value nobody reads."""
+
+
+@dataclass
 class Name(Expr):
     name: str
     top: bool = False  # written as .name

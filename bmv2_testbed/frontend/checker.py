@@ -731,6 +731,8 @@ class Checker:
             return self.slice_expr(e, scope)
         if isinstance(e, A.Index):
             return self.index_expr(e, scope)
+        if isinstance(e, A.DontCare):
+            raise Diagnostic(e.loc, "'_' is only allowed as an out argument or in extract")
         if isinstance(e, A.Unary):
             return self.unary_expr(e, scope)
         if isinstance(e, A.Binary):
@@ -1272,6 +1274,17 @@ class Checker:
                     return self.extract_varbit(e, scope)
                 self.args_n(e, 1, "extract")
                 a0 = e.args[0]
+                if isinstance(a0, A.DontCare):
+                    # extract<H>(_): the bytes are read into a header nobody reads
+                    if len(e.type_args) != 1:
+                        raise Diagnostic(a0.loc, "extract(_) needs the header type: extract<H>(_)")
+                    ht = self.resolve_type(e.type_args[0], scope)
+                    if not (isinstance(ht, StructT) and ht.is_header) or ht.varbit is not None:
+                        raise Diagnostic(a0.loc, f"extract needs a fixed-size header, not {ht}")
+                    assert self.prelude is not None
+                    ref = ir.Ref(ht, "local", self.fresh("l_dc_"))
+                    self.prelude.append(ir.Init(ref))
+                    return do(ir.Extract(ref, self.errors["PacketTooShort"]))
                 if isinstance(a0, A.Member) and a0.name == "next":
                     st = self.lvalue(a0.expr, scope)
                     if isinstance(st.ty, StackT):
@@ -1302,6 +1315,13 @@ class Checker:
                     isinstance(t, StructT) and t.is_header and t.varbit is None
                 ):
                     return V(ir.Lookahead(t))
+                if (
+                    isinstance(t, StructT)
+                    and not isinstance(t, (StackT, UnionT))
+                    and t.fields
+                    and all(isinstance(ft, (BitT, BoolT)) for _n, ft in t.fields)
+                ):
+                    return self.lookahead_struct(t)
                 raise Diagnostic(e.loc, f"lookahead<{t}> is not supported")
             if m == "advance":
                 self.args_n(e, 1, "advance")
@@ -1318,6 +1338,26 @@ class Checker:
             raise Diagnostic(e.args[0].loc, f"emit needs a header or struct, not {v.ty}")
         self.check_emit(v.ty)
         return do(ir.Emit(v.ir))
+
+    def lookahead_struct(self, t: StructT) -> V:
+        """``lookahead<S>()`` of a struct of bit<W>/int<W>/bool fields: its bits looked at as
+        one bit<W>, then each field from its slice (MSB first, as a header would be)."""
+        assert self.prelude is not None
+        total = sum(bit_width(ft) or 0 for _n, ft in t.fields)
+        bits = self.temp(V(ir.Lookahead(BitT(total))), "la")
+        ref = ir.Ref(t, "local", self.fresh("l_la_"))
+        self.prelude.append(ir.Init(ref))
+        hi = total - 1
+        for n, ft in t.fields:
+            w = bit_width(ft) or 0
+            sl: ir.Expr = ir.Slice(BitT(w), bits.ir, hi, hi - w + 1)
+            if isinstance(ft, BoolT):
+                sl = ir.Cmp(BOOL, "==", sl, ir.Const(BitT(1), 1))
+            elif isinstance(ft, BitT) and ft.signed:
+                sl = ir.Cast(ft, sl)
+            self.prelude.append(ir.Assign(ir.Field(ft, ref, n), sl))
+            hi -= w
+        return V(ref)
 
     def extract_varbit(self, e: A.Call, scope: Scope) -> V:
         """``pkt.extract(h, nbits)``: header ``h`` with ``nbits`` bits in its varbit field."""
@@ -1709,7 +1749,9 @@ class Checker:
         outs: list[tuple[A.Expr, ir.Ref]] = []
         for (pn, t, direction), x in zip(params, e.args, strict=True):
             ref = ir.Ref(t, "local", self.fresh(f"l_{pn}_"))
-            if direction in ("out", "inout"):
+            if isinstance(x, A.DontCare) and direction in ("out", "inout"):
+                self.prelude.append(ir.Init(ref))  # `_`: a value nobody reads back
+            elif direction in ("out", "inout"):
                 lv = self.lvalue(x, scope, read=direction == "inout")
                 if direction == "inout":
                     v = self.coerce(lv, t, x.loc, f"argument {pn}")

@@ -758,9 +758,11 @@ class Parser:
         self.expect("(")
         args: list[A.Expr] = []
         while not self.at(")"):
-            if self.at("_"):
-                raise Diagnostic(self.tok.loc, "don't-care arguments are not supported")
-            args.append(self.expression())
+            if self.at("_") and self.peek().text in (",", ")"):
+                args.append(A.DontCare(self.tok.loc))
+                self.i += 1
+            else:
+                args.append(self.expression())
             if not self.accept(","):
                 break
         self.expect(")")
