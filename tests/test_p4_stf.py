@@ -852,3 +852,18 @@ expect 2 01 02 0304 99 $
     assert r.ok, r.errors
     with pytest.raises(P4CompileError, match="'_' is only allowed"):
         Pipeline.compile(src.replace("put(_, 1);", "put(hdr.h.a, _);"), filename="dc.p4")
+
+
+def test_actions_with_header_parameters_are_inlined() -> None:
+    from shadowgrad.bmv2_testbed.pipeline import P4CompileError
+
+    src = PROG.replace(
+        "action drop() { mark_to_drop(sm); }",
+        "action drop() { mark_to_drop(sm); }\n"
+        "    action cp(in h_t v, h_t w) { hdr.h.a = v.b; hdr.h.b = w.a; }",
+    ).replace("apply { t.apply(); }", "apply { cp(hdr.h, {7, 8, 9}); sm.egress_spec = 1; }")
+    p = Pipeline.compile(src, filename="hp.p4")
+    r = run_stf(p, "packet 0 01 02 0304\nexpect 1 02 07 0304 $\n")
+    assert r.ok, r.errors
+    with pytest.raises(P4CompileError, match="cannot be used in a table"):
+        Pipeline.compile(src.replace("actions = { fwd; drop; }", "actions = { fwd; drop; cp; }"))

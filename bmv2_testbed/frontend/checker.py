@@ -2053,8 +2053,18 @@ class Checker:
         params: list[tuple[str, Ty, str]] = []
         inner = Scope(scope)
         pys: list[str] = []
-        if any(p.direction in ("out", "inout") for p in d.params):
-            # only a direct call can pass out/inout arguments: inlined at each call
+
+        def plane(p: A.Param) -> bool:
+            """A parameter the control plane could give (a bit<W>, bool or serializable enum)."""
+            try:
+                t = self.resolve_type(p.type, scope)
+            except Diagnostic:
+                return True  # reported below
+            return isinstance(t, (BitT, BoolT)) or (isinstance(t, EnumT) and bool(t.underlying))
+
+        if any(p.direction in ("out", "inout") or not plane(p) for p in d.params):
+            # only a direct call can pass out/inout arguments or headers and structs: inlined
+            # at each call
             for p in d.params:
                 t = self.resolve_type(p.type, scope)
                 if not isinstance(t, _DECLARABLE):
@@ -2414,6 +2424,12 @@ class Checker:
                 raise Diagnostic(
                     ar.loc,
                     f"action {ac.name} has directional parameters and cannot be used in a table",
+                )
+            if ac.inline_scope is not None:
+                raise Diagnostic(
+                    ar.loc,
+                    f"action {ac.name} has parameters the control plane cannot give "
+                    "(headers or structs) and cannot be used in a table",
                 )
             if ac.name in acts:
                 raise Diagnostic(ar.loc, f"action {ar.name} listed twice")
