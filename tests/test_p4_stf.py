@@ -867,3 +867,22 @@ def test_actions_with_header_parameters_are_inlined() -> None:
     assert r.ok, r.errors
     with pytest.raises(P4CompileError, match="cannot be used in a table"):
         Pipeline.compile(src.replace("actions = { fwd; drop; }", "actions = { fwd; drop; cp; }"))
+
+
+def test_inout_argument_at_a_run_time_stack_index() -> None:
+    src = OPASSIGN.replace(
+        "        hdr.s[bump(hdr.h.i) & 1].x ^= 0xff;  // index evaluated once: i read, then bumped",
+        "        inc(hdr.s[bump(hdr.h.i) & 1].x);  // the index computed once (i bumped once)",
+    ).replace(
+        "bit<8> bump(",
+        "void inc(inout bit<8> v) { v = v + 1; }\nbit<8> bump(",
+    )
+    p = Pipeline.compile(src, filename="rtinout.p4")
+    stf = """
+packet 0 02 84 20 ff 01 11 22
+expect 1 09 21 ff fe 02 11 23 $
+packet 0 02 84 20 ff 00 11 22
+expect 1 09 21 ff fe 01 12 22 $
+"""
+    r = run_stf(p, stf)
+    assert r.ok, r.errors

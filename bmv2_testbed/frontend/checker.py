@@ -1746,19 +1746,25 @@ class Checker:
         if not stmt and isinstance(ret_t, VoidT):
             raise Diagnostic(e.loc, f"{what} returns no value")
         inner = Scope(body_scope)
-        outs: list[tuple[A.Expr, ir.Ref]] = []
+        outs: list[tuple[A.Expr, ir.Ref, tuple[A.Index, V, int] | None]] = []
         for (pn, t, direction), x in zip(params, e.args, strict=True):
             ref = ir.Ref(t, "local", self.fresh(f"l_{pn}_"))
             if isinstance(x, A.DontCare) and direction in ("out", "inout"):
                 self.prelude.append(ir.Init(ref))  # `_`: a value nobody reads back
             elif direction in ("out", "inout"):
-                lv = self.lvalue(x, scope, read=direction == "inout")
+                # a run-time stack index in the argument is computed once, here
+                rt = self.runtime_index_now(x, scope, x.loc)
+                px, psc = self.pinned(x, scope, rt)
+                if rt is None:
+                    lv = self.lvalue(x, scope, read=direction == "inout")
+                else:
+                    lv = self.expr(px, psc)
                 if direction == "inout":
                     v = self.coerce(lv, t, x.loc, f"argument {pn}")
                     self.prelude.extend(self.init_assigns(ref, v.ir))
                 else:
                     self.prelude.append(ir.Init(ref))
-                outs.append((x, ref))
+                outs.append((x, ref, rt))
             else:
                 v = self.coerce(self.expr(x, scope), t, x.loc, f"argument {pn}")
                 self.prelude.extend(self.init_assigns(ref, v.ir))
@@ -1769,7 +1775,7 @@ class Checker:
             self.prelude.append(ir.Init(ret))
         flag = ir.Ref(BOOL, "local", self.fresh(f"l_{name}_done_"))
         self.prelude.append(ir.Assign(flag, ir.Const(BOOL, False)))
-        copy_out = tuple(c for x, ref in outs for c in self.assign(x, V(ref), scope, x.loc))
+        copy_out = tuple(c for x, ref, rt in outs for c in self.assign(x, V(ref), scope, x.loc, rt))
         self.fn_stack.append(FnCtx(what, ret, flag, copy_out=copy_out))
         try:
             body = self.stmts(body_stmts, inner)
@@ -1892,21 +1898,26 @@ class Checker:
             raise Diagnostic(s.loc, "instantiations are only allowed at control level")
         raise Diagnostic(s.loc, f"unsupported statement {type(s).__name__}")  # pragma: no cover
 
+    def pinned(
+        self, e: A.Expr, scope: Scope, rt: tuple[A.Index, V, int] | None
+    ) -> tuple[A.Expr, Scope]:
+        """L-value ``e`` as read with its run-time stack index ``rt`` already computed (the
+        index replaced by a name for that value, in a scope of its own)."""
+        if rt is None:
+            return e, scope
+        node, idx, _size = rt
+        sc = Scope(scope)
+        name = self.fresh("$idx")  # not a P4 name
+        sc.add(name, Sym("var", idx.ty, ir=idx.ir, readonly="a computed index"))
+        return _replace_index(e, node, A.Index(node.loc, node.expr, A.Name(node.loc, name))), sc
+
     def compound_assign(
         self, s: A.Assign, scope: Scope, rt: tuple[A.Index, V, int] | None
     ) -> list[ir.Stmt]:
         """``a op= b``: ``a = a op b`` with ``a`` evaluated once (a run-time stack index in it
         is the value already computed, ``rt``)."""
-        lhs = s.lhs
-        sc = scope
-        if rt is not None:
-            # the left side reads the element at the index computed once
-            node, idx, _size = rt
-            sc = Scope(scope)
-            name = self.fresh("$idx")
-            sc.add(name, Sym("var", idx.ty, ir=idx.ir, readonly="a computed index"))
-            lhs = _replace_index(lhs, node, A.Index(node.loc, node.expr, A.Name(node.loc, name)))
-        else:
+        lhs, sc = self.pinned(s.lhs, scope, rt)
+        if rt is None:
             self.lvalue(lhs, sc, read=True)  # assignable (a clear message if not)
         rhs = self.expr(A.Binary(s.loc, s.op, lhs, s.rhs), sc)
         return self.assign(s.lhs, rhs, scope, s.rhs.loc, rt)
