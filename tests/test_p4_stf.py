@@ -886,3 +886,16 @@ expect 1 09 21 ff fe 01 12 22 $
 """
     r = run_stf(p, stf)
     assert r.ok, r.errors
+
+
+def test_table_key_of_type_error() -> None:
+    src = PROG.replace(
+        'key = { hdr.h.a: ternary; hdr.h.c: lpm @name("cc"); }',
+        "key = { sm.parser_error: exact; }\n"
+        "        const entries = {\n"
+        "            error.PacketTooShort : fwd(2, 0xee); error.NoError : fwd(1, 0x11); }",
+    )
+    p = Pipeline.compile(src, filename="errkey.p4")
+    stf = "packet 0 01 02 0304\nexpect 1 01 11 0304 $\npacket 0 01\nexpect 2 01 $\n"
+    r = run_stf(p, stf)
+    assert r.ok, r.errors

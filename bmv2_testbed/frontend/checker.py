@@ -2401,6 +2401,7 @@ class Checker:
         kinds_ok = {"exact", "lpm", "ternary", "range", "optional"}
         keys: list[KeyInfo] = []
         key_ir: list[ir.DataItem] = []
+        key_tys: list[Ty] = []
         if "key" in props:
             for i, k in enumerate(props["key"].keys or []):
                 if mk is None or k.match_kind not in mk.data:
@@ -2409,12 +2410,15 @@ class Checker:
                     raise Diagnostic(k.loc, f"match kind {k.match_kind} is not supported")
                 v = self.expr(k.expr, scope)
                 w = bit_width(v.ty)
+                if isinstance(v.ty, ErrorT) and k.match_kind == "exact":
+                    w = 32  # an error matched by its code (bmv2 keeps it in 32 bits)
                 if w is None:
                     raise Diagnostic(k.expr.loc, f"key of type {v.ty} cannot be matched")
                 kn = A.ann_get(k.annotations, "name")
                 name = str(kn.args[0]) if kn and kn.args else expr_text(k.expr)
                 keys.append(KeyInfo(i + 1, name, w, k.match_kind))
                 key_ir.append(ir.DataItem(v.ir, w, None))
+                key_tys.append(v.ty)
         if sum(1 for k in keys if k.match_kind == "lpm") > 1:
             raise Diagnostic(d.loc, f"table {d.name} has more than one lpm key (bmv2 allows one)")
         if "actions" not in props:
@@ -2512,7 +2516,7 @@ class Checker:
                 raise Diagnostic(p.loc, "only 'const entries' are supported")
             ents = p.entries or []
             for ent, prio in zip(ents, self.entry_priorities(ents), strict=True):
-                entries.append(self.const_entry(ent, keys, acts, local_names, scope, prio))
+                entries.append(self.const_entry(ent, keys, acts, local_names, scope, prio, key_tys))
         uid = self.fresh("t_")
         info = TableInfo(
             fq,
@@ -2633,19 +2637,22 @@ class Checker:
         local_names: dict[str, str],
         scope: Scope,
         prio: int,
+        key_tys: list[Ty],
     ) -> ConstEntry:
         if len(ent.keys) != len(keys):
             raise Diagnostic(
                 ent.loc, f"entry has {len(ent.keys)} key values, table has {len(keys)} keys"
             )
         matches: dict[int, tuple[str, int, int]] = {}
-        for k, ks in zip(keys, ent.keys, strict=True):
+        for k, ks, kt in zip(keys, ent.keys, key_tys, strict=True):
             full = (1 << k.bitwidth) - 1
             t = BitT(k.bitwidth)
 
-            def cv(x: A.Expr, t: BitT = t) -> int:
+            def cv(x: A.Expr, t: BitT = t, kt: Ty = kt) -> int:
                 v = self.expr(x, scope)
-                if isinstance(v.ty, BoolT) and t.width == 1:
+                if isinstance(kt, ErrorT) and isinstance(v.ty, ErrorT):
+                    v = konst(t, v.const)  # an error key: the error's code
+                elif isinstance(v.ty, BoolT) and t.width == 1:
                     v = konst(t, None if v.const is None else int(v.const))
                 elif isinstance(v.ty, EnumT) and v.ty.underlying:
                     v = V(ir.Cast(v.ty.underlying, v.ir), v.const)
