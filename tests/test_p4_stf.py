@@ -899,3 +899,25 @@ def test_table_key_of_type_error() -> None:
     stf = "packet 0 01 02 0304\nexpect 1 01 11 0304 $\npacket 0 01\nexpect 2 01 $\n"
     r = run_stf(p, stf)
     assert r.ok, r.errors
+
+
+def test_top_level_register_shared_by_ingress_and_egress() -> None:
+    src = (
+        PROG.replace(
+            "control V(",
+            "register<bit<8>>(4) r;\ncontrol V(",
+        )
+        .replace(
+            "apply { t.apply(); }",
+            "apply { sm.egress_spec = 1; r.write(0, hdr.h.a); }",
+        )
+        .replace(
+            "inout standard_metadata_t sm) { apply { } }",
+            "inout standard_metadata_t sm) {\n"
+            "    apply { bit<8> v; r.read(v, 0); hdr.h.b = v + 1; }\n}",
+        )
+    )
+    p = Pipeline.compile(src, filename="treg.p4")
+    assert [r.preamble.name for r in p.p4info.registers] == ["r"]
+    r = run_stf(p, "packet 0 05 00 0000\nexpect 1 05 06 0000 $\n")
+    assert r.ok, r.errors

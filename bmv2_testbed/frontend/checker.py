@@ -479,7 +479,15 @@ class Checker:
         tn = inst.type.name
         sym = self.g.lookup(tn)
         if sym is None or sym.kind != "package":
-            if sym is not None and sym.kind == "type" and isinstance(sym.ty, ExternT):
+            if (
+                sym is not None
+                and sym.kind == "type"
+                and isinstance(sym.ty, ExternT)
+                and tn in ("counter", "register")
+            ):
+                # shared by every control (ingress and egress), named without a control
+                self.instantiate(inst, self.g)
+            elif sym is not None and sym.kind == "type" and isinstance(sym.ty, ExternT):
                 self.err(d.loc, f"extern {tn} cannot be instantiated at top level on this target")
             else:
                 self.err(inst.type.loc, f"unknown package type {tn}")
