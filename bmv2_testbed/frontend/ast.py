@@ -12,6 +12,7 @@ class Annotation:
     name: str
     args: list[str | int]
     loc: Loc
+    body: str | None = None  # the tokens between the parentheses as written (None: none)
 
 
 def ann_get(anns: list[Annotation], name: str) -> Annotation | None:

@@ -274,6 +274,10 @@ class Checker:
         self.meta_t: StructT | None = None
         self.std_t: StructT | None = None
         self.used_action_uids: set[str] = set()
+        # actions called directly from control code (not from another action's body): p4c
+        # lists them in the P4Info (its front end gives each call a hidden table)
+        self.direct_actions: dict[str, ActionCtx] = {}
+        self.action_depth = 0  # > 0 while an action's body is checked
         self.in_sub_apply = False
         # block role -> standard_metadata fields its code may read (ProgramFacts.std_reads)
         self.std_reads: dict[str, set[str]] = {}
@@ -1798,18 +1802,24 @@ class Checker:
     def direct_action_call(self, s: Sym, e: A.Call, scope: Scope) -> V:
         ac = self.action_ctx(s)
         e = A.Call(e.loc, e.func, e.type_args, self.with_defaults(ac.decl.params, e.args))
+        if not self.action_depth:
+            self.direct_actions.setdefault(ac.name, ac)
         if ac.inline_scope is not None:
-            return self.inline_call(
-                f"action {ac.name}",
-                ac.uid,
-                ac.params,
-                ac.decl.body.stmts,
-                ac.inline_scope,
-                e,
-                scope,
-                VOID,
-                True,
-            )
+            self.action_depth += 1
+            try:
+                return self.inline_call(
+                    f"action {ac.name}",
+                    ac.uid,
+                    ac.params,
+                    ac.decl.body.stmts,
+                    ac.inline_scope,
+                    e,
+                    scope,
+                    VOID,
+                    True,
+                )
+            finally:
+                self.action_depth -= 1
         if len(e.args) != len(ac.params):
             raise Diagnostic(
                 e.loc, f"action {ac.name} takes {len(ac.params)} argument(s), {len(e.args)} given"
@@ -2106,7 +2116,12 @@ class Checker:
         uid = self.fresh("a_")
         ac = ActionCtx(uid, fq, d, params)
         self.actions_by_name.setdefault(fq, ac)
-        self.defs.append(ir.ActionDef(uid, tuple(pys), tuple(self.stmts(d.body.stmts, inner))))
+        self.action_depth += 1
+        try:
+            body = tuple(self.stmts(d.body.stmts, inner))
+        finally:
+            self.action_depth -= 1
+        self.defs.append(ir.ActionDef(uid, tuple(pys), body))
         return ac
 
     def compile_pipeline(self, blocks: dict[str, Any]) -> None:
@@ -2427,6 +2442,12 @@ class Checker:
                 keys.append(KeyInfo(i + 1, name, w, k.match_kind))
                 key_ir.append(ir.DataItem(v.ir, w, None))
                 key_tys.append(v.ty)
+                if isinstance(v.ty, EnumT) and v.ty.underlying is not None:
+                    # p4c describes a serializable enum key's type in the P4Info's type_info
+                    self.model.ser_enums[v.ty.name] = (
+                        v.ty.underlying.width,
+                        list(v.ty.members.items()),
+                    )
         if sum(1 for k in keys if k.match_kind == "lpm") > 1:
             raise Diagnostic(d.loc, f"table {d.name} has more than one lpm key (bmv2 allows one)")
         if "actions" not in props:
@@ -2435,6 +2456,7 @@ class Checker:
         local_names: dict[str, str] = {}
         scopes: dict[str, str] = {}
         bound: dict[str, int] = {}  # actions with arguments bound in the list: how many
+        ref_anns: dict[str, list[str]] = {}
         for ar in props["actions"].actions or []:
             s = (self.g if ar.name.startswith(".") else scope).lookup(ar.name.lstrip("."))
             if s is None or s.kind != "action":
@@ -2463,6 +2485,13 @@ class Checker:
                 scopes[ac.name] = "DEFAULT_ONLY"
             elif A.ann_get(ar.annotations, "tableonly"):
                 scopes[ac.name] = "TABLE_ONLY"
+            other = [
+                ann_text(a)
+                for a in ar.annotations
+                if a.name not in ("defaultonly", "tableonly", *_P4INFO_OWN_ANNS)
+            ]
+            if other:
+                ref_anns[ac.name] = other
         const_default = False
         if "default_action" in props:
             p = props["default_action"]
@@ -2540,6 +2569,7 @@ class Checker:
             dc_name,
             fixed_id=self.fixed_id(d.annotations),
         )
+        info.ref_annotations = ref_anns
         tc = TableCtx(uid, info, acts, local_names=local_names)
         self.tables.append(tc)
         self.model.tables.append(info)
@@ -2598,11 +2628,13 @@ class Checker:
         call = A.Call(ar.loc, A.Name(ar.loc, ac.decl.name), [], [*ar.args, *names])
         outer = self.prelude
         self.prelude = []
+        self.action_depth += 1  # a table's action, not a direct call
         try:
             v = self.direct_action_call(Sym("action", data=ac), call, inner)
             body = [*self.prelude, v.stmt if v.stmt is not None else ir.Nop(), *v.after]
         finally:
             self.prelude = outer
+            self.action_depth -= 1
         uid = self.fresh("a_")
         self.defs.append(ir.ActionDef(uid, tuple(pys), tuple(body)))
         return ActionCtx(uid, ac.name, ac.decl, list(ac.params[k:]))
@@ -2845,10 +2877,16 @@ class Checker:
         for tc in self.tables:
             for n in tc.info.action_names:
                 table_acts.setdefault(n, tc.action_syms[n])
+        for name, ac in self.direct_actions.items():
+            if name not in table_acts:
+                # p4c's hidden table for the call: every argument is given at the call, the
+                # parameters become locals, the action has none
+                table_acts[name] = ActionCtx(ac.uid, ac.name, ac.decl, [])
         for name, ac in table_acts.items():
             # (an action bound in an actions list: its directionless parameters)
             ps = [ParamInfo(i + 1, n, bit_width(t) or 0) for i, (n, t, _d) in enumerate(ac.params)]
-            anns: list[str] = []
+            # p4c lists an action's annotations but those the P4Info says otherwise
+            anns = [ann_text(a) for a in ac.decl.annotations if a.name not in _P4INFO_OWN_ANNS]
             ac.info = ActionInfo(name, ps, anns, fixed_id=self.fixed_id(ac.decl.annotations))
             self.model.actions.append(ac.info)
         for dc in self.direct_counters.values():
@@ -2891,6 +2929,14 @@ class Checker:
 def is_ctx(e: ir.Expr, name: str) -> bool:
     """Whether ``e`` is the packet context's ``hdr``, ``meta`` or ``std``."""
     return isinstance(e, ir.Ref) and e.kind == "ctx" and e.name == name
+
+
+_P4INFO_OWN_ANNS = {"name", "id", "brief", "description"}  # in the P4Info's own fields
+
+
+def ann_text(a: A.Annotation) -> str:
+    """An annotation as p4c writes it in the P4Info (``@noWarn("unused")``)."""
+    return f"@{a.name}" if a.body is None else f"@{a.name}({a.body})"
 
 
 def expr_text(e: A.Expr) -> str:

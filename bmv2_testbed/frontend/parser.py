@@ -105,7 +105,9 @@ class Parser:
                 raise Diagnostic(name.loc, "expected an annotation name after '@'")
             self.i += 1
             args: list[str | int] = []
+            body: list[str] | None = None
             if self.at("(") or self.at("["):
+                body = []
                 close = ")" if self.at("(") else "]"
                 self.i += 1
                 depth = 0
@@ -126,8 +128,9 @@ class Parser:
                         args.append(t.value)
                     elif t.kind == "id":
                         args.append(t.text)
+                    body.append(t.text + (" " if t.text == "," else ""))
                     self.i += 1
-            anns.append(A.Annotation(name.text, args, loc))
+            anns.append(A.Annotation(name.text, args, loc, None if body is None else "".join(body)))
         return anns
 
     def declaration(self) -> A.Decl:
