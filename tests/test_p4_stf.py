@@ -921,3 +921,16 @@ def test_top_level_register_shared_by_ingress_and_egress() -> None:
     assert [r.preamble.name for r in p.p4info.registers] == ["r"]
     r = run_stf(p, "packet 0 05 00 0000\nexpect 1 05 06 0000 $\n")
     assert r.ok, r.errors
+
+
+def test_const_int_locals() -> None:
+    src = PROG.replace(
+        "    action drop() {",
+        "    const int BASE = 0x40;\n    action drop() {",
+    ).replace(
+        "apply { t.apply(); }",
+        "apply { const int K = 2; sm.egress_spec = 1; hdr.h.b = (bit<8>)(BASE + K); }",
+    )
+    p = Pipeline.compile(src, filename="cint.p4")
+    r = run_stf(p, "packet 0 01 00 0000\nexpect 1 01 42 0000 $\n")
+    assert r.ok, r.errors

@@ -1943,7 +1943,9 @@ class Checker:
     def local_var(self, s: A.VarDecl, scope: Scope, frame: bool) -> list[ir.Stmt]:
         """Declare the variable; returns the statements that initialise it."""
         ty = self.resolve_type(s.type, scope)
-        if isinstance(ty, (ExternT, IntLitT, VoidT, StrT, TupleT)):
+        if isinstance(ty, (ExternT, IntLitT, VoidT, StrT, TupleT)) and not (
+            s.const and isinstance(ty, IntLitT)  # `const int x = 5;` names a constant
+        ):
             raise Diagnostic(s.type.loc, f"cannot declare a variable of type {ty}")
         if scope.syms.get(s.name) is not None:
             raise Diagnostic(s.loc, f"{s.name} is already declared in this scope")
