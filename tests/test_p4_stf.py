@@ -934,3 +934,28 @@ def test_const_int_locals() -> None:
     p = Pipeline.compile(src, filename="cint.p4")
     r = run_stf(p, "packet 0 01 00 0000\nexpect 1 01 42 0000 $\n")
     assert r.ok, r.errors
+
+
+def test_struct_fields_in_headers() -> None:
+    src = (
+        PROG.replace(
+            "header h_t { bit<8> a; bit<8> b; bit<16> c; }",
+            "struct in_t { bit<4> x; bool f; bit<3> y; }\n"
+            "struct row_t { bit<8> a; in_t i; }\n"
+            "header h_t { row_t r; bit<16> c; }",
+        )
+        .replace(
+            'key = { hdr.h.a: ternary; hdr.h.c: lpm @name("cc"); }',
+            "key = { hdr.h.r.a: exact; }",
+        )
+        .replace("hdr.h.b = v;", "hdr.h.r.i.y = (bit<3>)v; hdr.h.r.i.f = !hdr.h.r.i.f;")
+    )
+    p = Pipeline.compile(src, filename="hstruct.p4")
+    stf = """
+add I.t h.r.a:0x01 I.fwd(port:3, v:5)
+# r.a 01, i = x 0xa, f 1, y 0 -> y 5, f 0
+packet 0 01 a8 0304
+expect 3 01 a5 0304 $
+"""
+    r = run_stf(p, stf)
+    assert r.ok, r.errors

@@ -120,7 +120,8 @@ def header_codec(t: StructT) -> HeaderCodec:
         return HeaderCodec(total // 8, [], None)
     unpack: list[str] = []
     shift = total
-    for n, ft in t.fields:
+    leaves = [(_path(p), ft) for p, ft in t.leaves()]  # a struct field: its fields, nested
+    for n, ft in leaves:
         w = bit_width(ft) or 0
         shift -= w
         m = (1 << w) - 1
@@ -130,19 +131,21 @@ def header_codec(t: StructT) -> HeaderCodec:
             ex = f"(({ex}) ^ {h}) - {h}"
         elif isinstance(ft, BoolT):
             ex = f"bool({ex})"
-        unpack.append(f"{{H}}.{attr(n)} = {ex}")
+        unpack.append(f"{{H}}.{n} = {ex}")
     unpack.append("{H}._v_ = True")
     plan = (
         None  # a bool field is a Python bool: not in a struct format
-        if any(isinstance(ft, BoolT) for _, ft in t.fields)
+        if any(isinstance(ft, BoolT) for _, ft in leaves)
         else struct_plan(
-            [
-                (attr(n), bit_width(ft) or 0, isinstance(ft, BitT) and ft.signed)
-                for n, ft in t.fields
-            ]
+            [(n, bit_width(ft) or 0, isinstance(ft, BitT) and ft.signed) for n, ft in leaves]
         )
     )
     return HeaderCodec(total // 8, unpack, plan)
+
+
+def _path(p: tuple[str, ...]) -> str:
+    """Python for a field path (``row.e``) below a header."""
+    return ".".join(attr(n) for n in p)
 
 
 def types_code(structs: list[StructT], codecs: dict[str, HeaderCodec], too_short: int) -> list[str]:
@@ -156,8 +159,14 @@ def types_code(structs: list[StructT], codecs: dict[str, HeaderCodec], too_short
         with o.block(f"class {t.pyname}:"):
             if t.is_header:
                 o("_v_ = False")
+                nested = [(n, ft) for n, ft in t.fields if isinstance(ft, StructT)]
                 for n, ft in t.fields:
-                    o(f"{attr(n)} = {default_value(ft)}")
+                    if not isinstance(ft, StructT):
+                        o(f"{attr(n)} = {default_value(ft)}")
+                if nested:  # a struct field is each header's own
+                    with o.block("def __init__(self):"):
+                        for n, ft in nested:
+                            o(f"self.{attr(n)} = {default_value(ft)}")
             else:
                 o(f"__slots__ = {tuple(attr(n) for n, _ in t.fields)!r}")
                 with o.block("def __init__(self):"):
@@ -206,10 +215,10 @@ def _codec_code(o: Emitter, t: StructT, codec: HeaderCodec, too_short: int) -> N
     with o.block(f"def _pk_{t.name}(h):"):
         parts = []
         shift = total
-        for n, ft in t.fields:
+        for p, ft in t.leaves():
             w = bit_width(ft) or 0
             shift -= w
-            src = f"h.{attr(n)}"
+            src = f"h.{_path(p)}"
             if isinstance(ft, BitT) and ft.signed:
                 src = f"({src} & {(1 << w) - 1})"
             elif isinstance(ft, BoolT):

@@ -125,6 +125,17 @@ def union_others(h: ir.Expr) -> tuple[ir.Stmt, ...]:
     return tuple(ir.SetValid(ir.Field(ft, u, n), False) for n, ft in ut.fields if n != h.name)
 
 
+def _bits_struct(t: Ty) -> bool:
+    """A struct (not a header, stack or union) of bit<W>/int<W>/bool/serializable enum
+    fields, nested structs of them allowed: it may be a header's field."""
+    if not isinstance(t, StructT) or t.is_header or isinstance(t, (StackT, UnionT)):
+        return False
+    return bool(t.fields) and all(
+        isinstance(lt, (BitT, BoolT)) or (isinstance(lt, EnumT) and lt.underlying is not None)
+        for _p, lt in t.leaves()
+    )
+
+
 def struct_eq(a: ir.Expr, b: ir.Expr, t: StructT) -> ir.Expr:
     """``a == b`` for headers (both invalid, or both valid with equal fields), header unions,
     stacks (element by element, not nextIndex) and structs (field by field), as P4 defines
@@ -433,6 +444,7 @@ class Checker:
                 if not (
                     isinstance(ft, (BitT, VarbitT, BoolT))
                     or (isinstance(ft, EnumT) and ft.underlying)
+                    or _bits_struct(ft)
                 ):
                     self.err(
                         f.loc,
@@ -449,6 +461,8 @@ class Checker:
                 continue
             t.fields.append((f.name, ft))
             t.field_anns[f.name] = f.annotations
+        if d.is_header and t.varbit is not None and any(_bits_struct(ft) for _n, ft in t.fields):
+            self.err(d.loc, f"header {d.name} has both a varbit and a struct field")
         if d.is_header and t.width % 8:
             self.err(d.loc, f"header {d.name} is {t.width} bits long, not a multiple of 8")
         self.structs.append(t)

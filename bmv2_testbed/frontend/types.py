@@ -101,16 +101,24 @@ class StructT(Ty):
                 return n, t
         return None
 
+    def leaves(self) -> list[tuple[tuple[str, ...], Ty]]:
+        """The fields with those of nested structs (not headers) spelled out, as (path, type)
+        in order: a header's bits on the wire."""
+        out: list[tuple[tuple[str, ...], Ty]] = []
+        for n, t in self.fields:
+            if isinstance(t, StructT) and not t.is_header:
+                out.extend(((n, *p), lt) for p, lt in t.leaves())
+            else:
+                out.append(((n,), t))
+        return out
+
     @property
     def width(self) -> int:
+        leaves = [t for _, t in self.leaves()]
         return (
-            sum(t.width for _, t in self.fields if isinstance(t, BitT))
-            + sum(
-                t.underlying.width
-                for _, t in self.fields
-                if isinstance(t, EnumT) and t.underlying is not None
-            )
-            + sum(1 for _, t in self.fields if isinstance(t, BoolT))
+            sum(t.width for t in leaves if isinstance(t, BitT))
+            + sum(t.underlying.width for t in leaves if isinstance(t, EnumT) and t.underlying)
+            + sum(1 for t in leaves if isinstance(t, BoolT))
         )
 
 
