@@ -959,3 +959,28 @@ expect 3 01 a5 0304 $
 """
     r = run_stf(p, stf)
     assert r.ok, r.errors
+
+
+def test_tuples_and_control_initialisers_with_calls() -> None:
+    src = (
+        PROG.replace(
+            "struct headers { h_t h; }",
+            "struct headers { h_t h; }\n"
+            "typedef tuple<bit<8>, bool> pair_t;\n"
+            "bit<8> bump(inout bit<8> x) { x = x + 1; return x; }",
+        )
+        .replace(
+            "    action drop() {",
+            "    pair_t p = { hdr.h.a, true };\n"
+            "    tuple<bit<8>, bit<8>> q = { hdr.h.b, bump(hdr.h.b) };  // b read, then bumped\n"
+            "    action drop() {",
+        )
+        .replace(
+            "apply { t.apply(); }",
+            "apply { sm.egress_spec = p[1] ? 9w1 : 9w2; hdr.h.a = q[0] + p[0];"
+            " hdr.h.c[7:0] = q[1]; }",
+        )
+    )
+    p = Pipeline.compile(src, filename="tup.p4")
+    r = run_stf(p, "packet 0 01 10 0000\nexpect 1 11 11 0011 $\n")
+    assert r.ok, r.errors

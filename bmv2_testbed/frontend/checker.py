@@ -128,7 +128,7 @@ def union_others(h: ir.Expr) -> tuple[ir.Stmt, ...]:
 def _bits_struct(t: Ty) -> bool:
     """A struct (not a header, stack or union) of bit<W>/int<W>/bool/serializable enum
     fields, nested structs of them allowed: it may be a header's field."""
-    if not isinstance(t, StructT) or t.is_header or isinstance(t, (StackT, UnionT)):
+    if not isinstance(t, StructT) or t.is_header or isinstance(t, (StackT, UnionT, TupleT)):
         return False
     return bool(t.fields) and all(
         isinstance(lt, (BitT, BoolT)) or (isinstance(lt, EnumT) and lt.underlying is not None)
@@ -299,6 +299,7 @@ class Checker:
         # the user functions being inlined, innermost last
         self.fn_stack: list[FnCtx] = []
         self.stack_types: dict[tuple[str, int], StackT] = {}
+        self.tuple_types: dict[str, TupleT] = {}
 
     # ------------------------------------------------------------------ diagnostics
     def err(self, loc: Loc, msg: str) -> None:
@@ -456,7 +457,7 @@ class Checker:
                 if not (isinstance(ft, StructT) and ft.is_header and not isinstance(ft, StackT)):
                     self.err(f.loc, f"header_union member {f.name} has type {ft}, not a header")
                     continue
-            elif isinstance(ft, (ExternT, IntLitT, StrT, VoidT, TupleT)):
+            elif isinstance(ft, (ExternT, IntLitT, StrT, VoidT)):
                 self.err(f.loc, f"struct field {f.name} cannot have type {ft}")
                 continue
             t.fields.append((f.name, ft))
@@ -571,9 +572,7 @@ class Checker:
         if t.kind == "string":
             return STR
         if t.kind == "tuple":
-            # a tuple type can be named (typedef); a variable, field or parameter of it is
-            # rejected where it is declared
-            return TupleT([self.resolve_type(a, scope) for a in t.args])
+            return self.tuple_type(t, scope)
         s = scope.lookup(t.name)
         if s is None or s.kind != "type" or s.ty is None:
             raise Diagnostic(t.loc, f"unknown type {t.name}")
@@ -584,6 +583,24 @@ class Checker:
         return s.ty
 
     # ------------------------------------------------------------------ expressions
+    def tuple_type(self, t: A.TypeRef, scope: Scope) -> TupleT:
+        """``tuple<T1, ...>``: a struct of its elements (fields ``f0`` ..), one per spelling."""
+        items = [self.resolve_type(a, scope) for a in t.args]
+        for a, it in zip(t.args, items, strict=True):
+            if not isinstance(it, _DECLARABLE):
+                raise Diagnostic(a.loc, f"a tuple element cannot have type {it}")
+        key = "tuple<" + ", ".join(map(str, items)) + ">"
+        if key not in self.tuple_types:
+            tt = TupleT(
+                key,
+                False,
+                [(f"f{i}", it) for i, it in enumerate(items)],
+                pyname=f"T_tuple_{len(self.tuple_types)}",
+            )
+            self.tuple_types[key] = tt
+            self.structs.append(tt)
+        return self.tuple_types[key]
+
     def stack_type(self, t: A.TypeRef, scope: Scope) -> StackT:
         """``H[n]``: a struct of n headers and the stack's nextIndex (see StackT)."""
         assert t.stack is not None
@@ -622,6 +639,14 @@ class Checker:
 
     def index_expr(self, e: A.Index, scope: Scope) -> V:
         base = self.expr(e.expr, scope)
+        if isinstance(base.ty, TupleT):
+            k = self.expr(e.index, scope).const
+            if not isinstance(k, int) or isinstance(k, bool) or not 0 <= k < len(base.ty.fields):
+                raise Diagnostic(e.index.loc, f"a {base.ty} is indexed by a constant in range")
+            ft = base.ty.fields[k][1]
+            return V(
+                ir.Field(ft, base.ir, f"f{k}"), lvalue=base.lvalue, readonly_why=base.readonly_why
+            )
         if not isinstance(base.ty, StackT):
             raise Diagnostic(e.loc, f"cannot index a value of type {base.ty}")
         i = self.expr(e.index, scope)
@@ -785,7 +810,15 @@ class Checker:
         if isinstance(e, A.Cast):
             return self.cast_expr(e, scope)
         if isinstance(e, A.ListExpr):
-            items = [self.expr(i, scope) for i in e.items]
+            items: list[V] = []
+            ends: list[int] = []
+            for i in e.items:
+                items.append(self.expr(i, scope))
+                ends.append(len(self.prelude) if self.prelude is not None else 0)
+            # an element keeps its value from before a later element's calls (left to right)
+            for k in reversed(range(len(items))):
+                if not isinstance(items[k].ty, ListT):  # (a nested list stays a list)
+                    items[k] = self.spill_before(items[k], ends[k])
             return V(ir.Tuple(ListT([i.ty for i in items]), tuple(i.ir for i in items)))
         if isinstance(e, (A.Mask, A.RangeKS, A.Default)):
             raise Diagnostic(e.loc, "keyset expression outside select/entries")
@@ -1957,7 +1990,7 @@ class Checker:
     def local_var(self, s: A.VarDecl, scope: Scope, frame: bool) -> list[ir.Stmt]:
         """Declare the variable; returns the statements that initialise it."""
         ty = self.resolve_type(s.type, scope)
-        if isinstance(ty, (ExternT, IntLitT, VoidT, StrT, TupleT)) and not (
+        if isinstance(ty, (ExternT, IntLitT, VoidT, StrT)) and not (
             s.const and isinstance(ty, IntLitT)  # `const int x = 5;` names a constant
         ):
             raise Diagnostic(s.type.loc, f"cannot declare a variable of type {ty}")
@@ -2344,7 +2377,14 @@ class Checker:
         elif isinstance(d, A.Instantiation):
             self.instantiate(d, scope)
         elif isinstance(d, A.VarDecl):
-            return self.local_var(d, scope, frame=True)
+            # its initialiser runs at each apply, calls first (as in a statement)
+            outer = self.prelude
+            self.prelude = []
+            try:
+                out = self.local_var(d, scope, frame=True)
+                return [*self.prelude, *out]
+            finally:
+                self.prelude = outer
         else:
             raise Diagnostic(d.loc, f"unsupported declaration in {self.ctl_name}")
         return []

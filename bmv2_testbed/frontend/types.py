@@ -135,6 +135,15 @@ class StackT(StructT):
 
 
 @dataclass(eq=False)
+class TupleT(StructT):
+    """``tuple<T1, ...>``: held as a struct of its elements (fields ``f0`` ..), read by a
+    constant index."""
+
+    def __str__(self) -> str:
+        return "tuple<" + ", ".join(str(t) for _, t in self.fields) + ">"
+
+
+@dataclass(eq=False)
 class UnionT(StructT):
     """A ``header_union``: held as a struct of its member headers, at most one of them valid
     (making one valid invalidates the others, as bmv2 does)."""
@@ -158,16 +167,6 @@ class ListT(Ty):
 
     def __str__(self) -> str:
         return "{" + ", ".join(map(str, self.items)) + "}"
-
-
-@dataclass(eq=False)
-class TupleT(Ty):
-    """``tuple<T1, ...>``: may be named (a typedef) but not held in a variable or field."""
-
-    items: list[Ty]
-
-    def __str__(self) -> str:
-        return "tuple<" + ", ".join(map(str, self.items)) + ">"
 
 
 @dataclass(eq=False)
