@@ -984,3 +984,67 @@ def test_tuples_and_control_initialisers_with_calls() -> None:
     p = Pipeline.compile(src, filename="tup.p4")
     r = run_stf(p, "packet 0 01 10 0000\nexpect 1 11 11 0011 $\n")
     assert r.ok, r.errors
+
+
+SUBPARSER = """
+#include <core.p4>
+#include <v1model.p4>
+header a_t { bit<8> kind; }
+header b_t { bit<8> v; bit<8> w; }
+struct headers { a_t a; b_t b; }
+struct meta_t { bit<8> got; }
+parser Sub(packet_in pkt, out b_t b, inout meta_t m, in bit<8> add, out bit<8> r) {
+    state start {
+        pkt.extract(b);
+        bit<8> t = b.v + add;
+        m.got = t;
+        r = b.w;
+        verify(b.w != 0xff, error.NoMatch);
+        transition accept;
+    }
+}
+parser P(packet_in pkt, out headers hdr, inout meta_t m, inout standard_metadata_t sm) {
+    Sub() sub;
+    bit<8> r = 7;
+    state start {
+        pkt.extract(hdr.a);
+        sub.apply(pkt, hdr.b, m, hdr.a.kind, r);
+        hdr.a.kind = r;
+        transition accept;
+    }
+}
+control V(inout headers hdr, inout meta_t m) { apply { } }
+control I(inout headers hdr, inout meta_t m, inout standard_metadata_t sm) {
+    apply {
+        sm.egress_spec = sm.parser_error == error.NoError ? 9w1 : 9w2;
+        hdr.b.v = m.got;
+    }
+}
+control E(inout headers hdr, inout meta_t m, inout standard_metadata_t sm) { apply { } }
+control C(inout headers hdr, inout meta_t m) { apply { } }
+control D(packet_out pkt, in headers hdr) { apply { pkt.emit(hdr); } }
+V1Switch(P(), V(), I(), E(), C(), D()) main;
+"""
+
+
+def test_sub_parser_of_one_state_is_inlined() -> None:
+    from shadowgrad.bmv2_testbed.pipeline import P4CompileError
+
+    p = Pipeline.compile(SUBPARSER, filename="subp.p4")
+    stf = """
+# b extracted by the sub-parser, got = v + kind, r (out) copied back into a.kind
+packet 0 03 10 22 99
+expect 1 22 13 22 99 $
+# the sub-parser's verify fails: NoMatch, nothing copied back (b stays invalid, m.got 0,
+# a.kind 05); b's bytes were consumed by the sub-parser's copy
+packet 0 05 10 ff 99
+expect 2 05 99 $
+"""
+    r = run_stf(p, stf)
+    assert r.ok, r.errors
+    two = SUBPARSER.replace(
+        "        transition accept;\n    }\n}\nparser P(",
+        "        transition more;\n    }\n    state more { transition accept; }\n}\nparser P(",
+    )
+    with pytest.raises(P4CompileError, match="only a sub-parser of one state"):
+        Pipeline.compile(two, filename="subp2.p4")

@@ -839,7 +839,7 @@ class Checker:
         if s.kind == "type":
             assert s.ty is not None
             return V(ir.Entity(OtherT("type")), s.ty)
-        if s.kind in ("table", "extern_inst", "packet", "action", "func", "subctl"):
+        if s.kind in ("table", "extern_inst", "packet", "action", "func", "subctl", "subparser"):
             return V(ir.Entity(OtherT(s.kind)), s)
         raise Diagnostic(e.loc, f"{e.name} cannot be used in an expression")
 
@@ -1181,6 +1181,10 @@ class Checker:
                     return V(ir.TableApply(ApplyT(tc), tc.uid))
                 if s.kind == "packet":
                     return self.packet_call(s, m, e, scope)
+                if s.kind == "subparser":
+                    if m != "apply":
+                        raise Diagnostic(f.loc, f"a parser instance has no method {m}")
+                    return self.subparser_apply(s.data, e, scope)
                 if s.kind == "subctl":
                     if m != "apply":
                         raise Diagnostic(f.loc, f"a control instance has no method {m}")
@@ -2331,6 +2335,63 @@ class Checker:
         sub = SubCtx(uid, name, params, has_tables=len(self.tables) > n_tables)
         scope.add(inst.name, Sym("subctl", data=sub))
 
+    def subparser_apply(self, d: A.ParserDecl, e: A.Call, scope: Scope) -> V:
+        """``p.apply(pkt, args)`` of a parser instance inside the parser: a sub-parser of one
+        state (``start``, ending in ``transition accept``) is inlined where it is applied, as
+        p4c inlines it: arguments copied in (``out`` ones start at their type's default, a
+        header invalid), ``out``/``inout`` ones copied back when it accepts, not when it
+        stops with a parser error."""
+        if d.proto or len(d.states) != 1 or d.states[0].name != "start":
+            raise Diagnostic(
+                e.loc, f"parser {d.name}: only a sub-parser of one state (start) is supported"
+            )
+        st = d.states[0]
+        tr = st.transition
+        if tr is None or tr.select is not None or tr.state != "accept" or d.locals:
+            raise Diagnostic(
+                e.loc,
+                f"parser {d.name}: a sub-parser must go from start to accept, without locals",
+            )
+        if d.type_params:
+            raise Diagnostic(e.loc, f"generic parser {d.name} is not supported")
+        e = A.Call(e.loc, e.func, e.type_args, self.with_defaults(d.params, e.args))
+        if len(e.args) != len(d.params):
+            raise Diagnostic(
+                e.loc, f"{d.name}.apply takes {len(d.params)} argument(s), {len(e.args)} given"
+            )
+        assert self.prelude is not None
+        inner = Scope(self.g)
+        copy_back: list[tuple[A.Expr, ir.Ref]] = []
+        for p, x in zip(d.params, e.args, strict=True):
+            t = self.resolve_type(p.type, self.g)
+            if isinstance(t, ExternT) and t.name == "packet_in":
+                xs = scope.lookup(x.name) if isinstance(x, A.Name) else None
+                if xs is None or xs.kind != "packet" or xs.data != "in":
+                    raise Diagnostic(x.loc, f"argument {p.name} must be the parser's packet_in")
+                inner.add(p.name, xs)
+                continue
+            if not isinstance(t, _DECLARABLE):
+                raise Diagnostic(p.loc, f"sub-parser parameter {p.name} of type {t}")
+            ref = ir.Ref(t, "local", self.fresh(f"l_{p.name}_"))
+            if p.direction == "out":
+                self.lvalue(x, scope)
+                self.prelude.append(ir.Init(ref))
+            else:
+                v = (
+                    self.lvalue(x, scope, read=True)
+                    if p.direction == "inout"
+                    else self.expr(x, scope)
+                )
+                v = self.coerce(v, t, x.loc, f"argument {p.name}")
+                self.prelude.extend(self.init_assigns(ref, v.ir))
+            if p.direction in ("out", "inout"):
+                copy_back.append((x, ref))
+            inner.add(p.name, Sym("var", t, ir=ref))
+        self.prelude.extend(self.stmts(st.stmts, inner))
+        for x, ref in copy_back:
+            self.prelude.extend(self.assign(x, V(ref), scope, x.loc))
+        return do(ir.Nop())
+
     def subctl_apply(self, sub: SubCtx, e: A.Call, scope: Scope) -> V:
         if sub.applied and sub.has_tables:
             # its tables would be applied twice, which bmv2 does not allow
@@ -2397,6 +2458,13 @@ class Checker:
             and self.ctl_role in ("ingress", "egress", "verify", "compute")
         ):
             self.define_subcontrol(ts.data, d, scope)
+            return
+        if ts is not None and ts.kind == "parser" and self.ctl_role == "parser":
+            if scope.syms.get(d.name):
+                raise Diagnostic(d.loc, f"{d.name} is already declared")
+            if d.args or ts.data.ctor_params:
+                raise Diagnostic(d.loc, "parser constructor parameters are not supported")
+            scope.add(d.name, Sym("subparser", data=ts.data))
             return
         if ts is not None and ts.kind in ("control", "parser"):
             raise Diagnostic(
