@@ -179,6 +179,14 @@ BAD: dict[str, tuple[str, str]] = {
         ing("        mark_to_drop();"),
         "bad.p4:15:9: mark_to_drop takes 1 argument, 0 given",
     ),
+    "for_loop": (
+        ing("        for (bit<8> i = 0; i < 2; i = i + 1) { }"),
+        "bad.p4:15:9: 'for' loops are not supported by this target",
+    ),
+    "direct_control_apply": (
+        ing("        E.apply(hdr, meta, sm);"),
+        "bad.p4:15:9: applying control type E directly is not supported; instantiate it",
+    ),
     "macro_stringify": (
         "#define F(x) #x\n" + ing(""),
         "bad.p4:1:1: '#' and '##' in macro bodies are not supported",

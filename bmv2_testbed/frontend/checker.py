@@ -1160,6 +1160,14 @@ class Checker:
                 if m == "setValid":
                     return do(ir.SetValid(base.ir, True), union_others(base.ir))
                 return do(ir.SetValid(base.ir, False))
+            if isinstance(f.expr, A.Name) and m == "apply":
+                ds = scope.lookup(f.expr.name)
+                if ds is not None and ds.kind in ("control", "parser"):
+                    raise Diagnostic(
+                        f.loc,
+                        f"applying {ds.kind} type {f.expr.name} directly is not supported; "
+                        "instantiate it",
+                    )
             bs = self.expr(f.expr, scope)
             if isinstance(bs.ty, StackT) and m in ("push_front", "pop_front"):
                 return self.stack_shift(bs, m, e, scope)

@@ -643,6 +643,8 @@ class Parser:
                 return A.If(loc, c, th, el)
             if kw == "switch":
                 return self.switch_stmt()
+            if kw == "for" and self.peek().text == "(":
+                raise Diagnostic(loc, "'for' loops are not supported by this target")
             if kw == "exit":
                 self.i += 1
                 self.expect(";")
