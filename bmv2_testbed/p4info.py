@@ -103,6 +103,7 @@ def assign_ids(m: ProgramModel) -> None:
     for t in m.tables:
         t.action_ids = [aid[a] for a in t.action_names]
         t.scope_ids = {aid[a]: s for a, s in t.scopes.items()}
+        t.ref_annotation_ids = {aid[a]: anns for a, anns in t.ref_annotations.items()}
         t.default_action = (aid[t.default_action_name], t.default_args)
         t.direct_counter_id = dcid[t.direct_counter_name] if t.direct_counter_name else None
         t.const_entries = t.const_entries_src
@@ -141,6 +142,7 @@ def build_p4info(m: ProgramModel) -> Any:
                 ar.annotations.append("@defaultonly")
             elif sc == "TABLE_ONLY":
                 ar.annotations.append("@tableonly")
+            ar.annotations.extend(t.ref_annotation_ids.get(a, []))
         if t.const_default:
             tm.const_default_action_id = t.default_action[0]
         tm.initial_default_action.action_id = t.default_action[0]
@@ -148,7 +150,8 @@ def build_p4info(m: ProgramModel) -> Any:
         for prm, v in zip(da.params, t.default_action[1], strict=True):
             arg = tm.initial_default_action.arguments.add()
             arg.param_id = prm.id
-            arg.value = _canon(v)
+            # p4c writes the default action's arguments at the parameter's full width
+            arg.value = v.to_bytes(max(1, (prm.bitwidth + 7) // 8), "big")
         if t.direct_counter_id is not None:
             tm.direct_resource_ids.append(t.direct_counter_id)
         tm.size = t.size
@@ -196,12 +199,14 @@ def build_p4info(m: ProgramModel) -> Any:
             mm = st.members.add()
             mm.name = mname
             mm.type_spec.bitstring.bit.bitwidth = bw
+    for ename, (width, members) in sorted(m.ser_enums.items()):
+        se = p.type_info.serializable_enums[ename]
+        se.underlying_type.bitwidth = width
+        for mname, v in members:
+            sm = se.members.add()
+            sm.name = mname
+            sm.value = (v & ((1 << width) - 1)).to_bytes((width + 7) // 8, "big")
     return p
-
-
-def _canon(v: int) -> bytes:
-    """P4Runtime canonical byte string (shortest big-endian, at least one byte)."""
-    return v.to_bytes(max(1, (v.bit_length() + 7) // 8), "big")
 
 
 def write_p4info(p4info: Any, path: str | Path) -> None:

@@ -26,7 +26,11 @@ tables {
   initial_default_action { action_id: 25652968 }
   size: 1024
 }
-actions { preamble { id: 21257015 name: "NoAction" alias: "NoAction" } }
+actions {
+  preamble {
+    id: 21257015 name: "NoAction" alias: "NoAction" annotations: "@noWarn(\\"unused\\")"
+  }
+}
 actions { preamble { id: 25652968 name: "MyIngress.drop" alias: "drop" } }
 actions {
   preamble { id: 28792405 name: "MyIngress.ipv4_forward" alias: "ipv4_forward" }
@@ -160,3 +164,42 @@ def test_compile_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
     bad.write_text("#include <core.p4>\nheader h { bit<8> a }\n")
     assert main([str(bad), "-o", str(out)]) == 1
     assert capsys.readouterr().err.strip() == f"{bad}:2:21: expected ';', found '}}'"
+
+
+def test_p4info_lists_direct_calls_annotations_and_key_enums() -> None:
+    """As p4c writes them: an action's annotations (not @name/@id); an action called only
+    directly from a control, without parameters; an action list entry's other annotations;
+    a serializable enum that types a key, in type_info."""
+    src = """
+#include <core.p4>
+#include <v1model.p4>
+enum bit<8> K { A = 1, B = 0xff }
+header h_t { K k; bit<8> b; }
+struct headers { h_t h; }
+struct meta_t { }
+parser P(packet_in pkt, out headers hdr, inout meta_t m, inout standard_metadata_t sm) {
+    state start { pkt.extract(hdr.h); transition accept; }
+}
+control V(inout headers hdr, inout meta_t m) { apply { } }
+control I(inout headers hdr, inout meta_t m, inout standard_metadata_t sm) {
+    @my_note("x y") @name("setb") action set_b(bit<8> v) { hdr.h.b = v; }
+    action direct(bit<8> v) { hdr.h.b = v; }
+    table t { key = { hdr.h.k: exact; } actions = { set_b; @whatever NoAction; } }
+    apply { t.apply(); direct(3); }
+}
+control E(inout headers hdr, inout meta_t m, inout standard_metadata_t sm) { apply { } }
+control C(inout headers hdr, inout meta_t m) { apply { } }
+control D(packet_out pkt, in headers hdr) { apply { pkt.emit(hdr.h); } }
+V1Switch(P(), V(), I(), E(), C(), D()) main;
+"""
+    p = Pipeline.compile(src, filename="anns.p4")
+    acts = {a.preamble.name: a for a in p.p4info.actions}
+    assert list(acts["I.setb"].preamble.annotations) == ['@my_note("x y")']
+    assert list(acts["NoAction"].preamble.annotations) == ['@noWarn("unused")']
+    assert not acts["I.direct"].params  # its argument is given at the call
+    (t,) = p.p4info.tables
+    refs = {r.id: list(r.annotations) for r in t.action_refs}
+    assert refs[acts["NoAction"].preamble.id] == ["@whatever"]
+    se = p.p4info.type_info.serializable_enums["K"]
+    assert se.underlying_type.bitwidth == 8
+    assert [(m.name, m.value) for m in se.members] == [("A", b"\x01"), ("B", b"\xff")]

@@ -364,3 +364,687 @@ def test_header_stack_errors(old: str, new: str, msg: str) -> None:
     assert old in STACKS
     with pytest.raises(P4CompileError, match=msg):
         Pipeline.compile(STACKS.replace(old, new), filename="s.p4")
+
+
+UNIONS = """
+#include <core.p4>
+#include <v1model.p4>
+header t_t { bit<8> t; }
+header a_t { bit<8> a; }
+header b_t { bit<16> b; }
+header_union u_t { a_t a; b_t b; }
+struct headers { t_t t; u_t u; u_t[2] s; a_t x; }
+struct meta_t { }
+parser P(packet_in pkt, out headers hdr, inout meta_t m, inout standard_metadata_t sm) {
+    state start {
+        pkt.extract(hdr.t);
+        transition select(hdr.t.t) { 1: one; 2: two; 3: stk; default: accept; }
+    }
+    state one { pkt.extract(hdr.u.a); transition accept; }
+    state two { pkt.extract(hdr.u.b); transition accept; }
+    state stk { pkt.extract(hdr.s.next.b); pkt.extract(hdr.s.next.a); transition accept; }
+}
+control V(inout headers hdr, inout meta_t m) { apply { } }
+control I(inout headers hdr, inout meta_t m, inout standard_metadata_t sm) {
+    apply {
+        sm.egress_spec = hdr.u.isValid() ? 9w1 : 9w2;
+        if (hdr.u.a.isValid()) {
+            hdr.u.b.setValid();  // invalidates u.a
+            hdr.u.b.b = 0xbbbb;
+        } else if (hdr.u.b.isValid()) {
+            hdr.x.setValid();
+            hdr.x.a = 0xcc;
+            hdr.u.a = hdr.x;  // a valid header assigned: u.b becomes invalid
+        } else if (hdr.s[0].isValid()) {
+            hdr.s.push_front(1);  // s[0] (both members) invalid, s[1] = old s[0]
+            hdr.s[0].a.setValid();
+            hdr.s[0].a.a = 0xdd;
+        }
+    }
+}
+control E(inout headers hdr, inout meta_t m, inout standard_metadata_t sm) { apply { } }
+control C(inout headers hdr, inout meta_t m) { apply { } }
+control D(packet_out pkt, in headers hdr) {
+    apply { pkt.emit(hdr.t); pkt.emit(hdr.u); pkt.emit(hdr.s); }
+}
+V1Switch(P(), V(), I(), E(), C(), D()) main;
+"""
+
+
+def test_header_unions_one_member_valid() -> None:
+    p = Pipeline.compile(UNIONS, filename="unions.p4")
+    stf = """
+# u.a extracted; setValid of u.b invalidates u.a
+packet 0 01 11 77
+expect 1 01 bb bb 77 $
+# u.b extracted; u.a = x (valid) invalidates u.b
+packet 0 02 11 22 77
+expect 1 02 cc 77 $
+# no member: the union is invalid
+packet 0 00 77
+expect 2 00 77 $
+# a stack of unions: s[0].b, s[1].a; push_front(1) drops s[1], invalidates s[0]
+packet 0 03 11 22 33 77
+expect 2 03 dd 11 22 77 $
+"""
+    r = run_stf(p, stf)
+    assert r.ok, r.errors
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "msg"),
+    [
+        ("hdr.u.b.setValid();", "hdr.u.setValid();", "setValid\\(\\) needs a header"),
+        ("pkt.extract(hdr.u.a);", "pkt.extract(hdr.u);", "extract needs a header"),
+        ("pkt.extract(hdr.s.next.a);", "pkt.extract(hdr.s.next);", "needs a member of next"),
+        ("header_union u_t { a_t a;", "header_union u_t { bit<8> a;", "not a header"),
+    ],
+)
+def test_header_union_errors(old: str, new: str, msg: str) -> None:
+    from shadowgrad.bmv2_testbed.pipeline import P4CompileError
+
+    assert old in UNIONS
+    with pytest.raises(P4CompileError, match=msg):
+        Pipeline.compile(UNIONS.replace(old, new), filename="u.p4")
+
+
+VARBIT = """
+#include <core.p4>
+#include <v1model.p4>
+header l_t { bit<8> n; bit<8> e; }
+header v_t { bit<4> a; bit<4> b; varbit<32> opt; bit<8> tail; }
+struct headers { l_t l; v_t v; v_t w; }
+struct meta_t { varbit<32> keep; }
+parser P(packet_in pkt, out headers hdr, inout meta_t m, inout standard_metadata_t sm) {
+    state start {
+        pkt.extract(hdr.l);
+        pkt.extract(hdr.v, (bit<32>)hdr.l.n);
+        transition select(hdr.v.tail) { 0xee: two; default: accept; }
+    }
+    state two { pkt.extract(hdr.w, (bit<32>)hdr.l.n); transition accept; }
+}
+control V(inout headers hdr, inout meta_t m) { apply { } }
+control I(inout headers hdr, inout meta_t m, inout standard_metadata_t sm) {
+    apply {
+        sm.egress_spec = 1;
+        if (sm.parser_error == error.PacketTooShort) { hdr.l.e = 1; }
+        if (sm.parser_error == error.HeaderTooShort) { hdr.l.e = 4; }
+        if (sm.parser_error == error.ParserInvalidArgument) { hdr.l.e = 6; }
+        if (hdr.w.isValid()) {
+            if (hdr.v.opt == hdr.w.opt) { sm.egress_spec = 2; }
+            m.keep = hdr.v.opt;  // swap the two varbit values
+            hdr.v.opt = hdr.w.opt;
+            hdr.w.opt = m.keep;
+        }
+    }
+}
+control E(inout headers hdr, inout meta_t m, inout standard_metadata_t sm) { apply { } }
+control C(inout headers hdr, inout meta_t m) {
+    apply {
+        update_checksum(hdr.v.isValid(), { hdr.v.a, hdr.v.opt }, hdr.v.tail, HashAlgorithm.xor16);
+    }
+}
+control D(packet_out pkt, in headers hdr) {
+    apply { pkt.emit(hdr.l); pkt.emit(hdr.v); pkt.emit(hdr.w); }
+}
+V1Switch(P(), V(), I(), E(), C(), D()) main;
+"""
+
+
+def test_varbit_extract_emit_compare_and_checksum() -> None:
+    p = Pipeline.compile(VARBIT, filename="varbit.p4")
+    stf = """
+# 16 bits of options: a=1 b=2 opt=abcd tail; xor16 over (a, opt) = 0x1abc ^ 0xd000 -> 0xcabc
+packet 0 10 00 12 abcd 55 77
+expect 1 10 00 12 abcd bc 77 $
+# no options: the header is 2 bytes; xor16 over 4 bits 0x1 padded -> 0x1000 -> tail 00
+packet 0 00 00 12 55 77
+expect 1 00 00 12 00 77 $
+# 4 bits of options: not whole bytes, ParserInvalidArgument (6); v not extracted
+packet 0 04 00 12 a5 55 77
+expect 1 04 06 12 a5 55 77 $
+# 40 bits: over varbit<32>, HeaderTooShort (4)
+packet 0 28 00 12 0102030405 55
+expect 1 28 04 12 0102030405 55 $
+# 16 bits but only 2 bytes left: PacketTooShort (1)
+packet 0 10 00 12 ab
+expect 1 10 01 12 ab $
+# two headers (tail ee), equal options: port 2; swapped (still equal)
+packet 0 08 00 12 ab ee 34 ab 00 77
+expect 2 08 00 12 ab ** 34 ab ** 77 $
+# different options: swapped
+packet 0 08 00 12 ab ee 34 cd 00 77
+expect 1 08 00 12 cd ** 34 ab ** 77 $
+"""
+    r = run_stf(p, stf)
+    assert r.ok, r.errors
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "msg"),
+    [
+        ("pkt.extract(hdr.v, (bit<32>)hdr.l.n);", "pkt.extract(hdr.v);", "needs a length"),
+        ("pkt.extract(hdr.l);", "pkt.extract(hdr.l, 8);", "has no varbit field"),
+        ("varbit<32> opt;", "varbit<32> opt; varbit<8> o2;", "more than one varbit"),
+        ("if (hdr.v.opt == hdr.w.opt)", "if (hdr.v.opt < hdr.w.opt)", "needs numeric"),
+        ("sm.egress_spec = 2;", "sm.egress_spec = (bit<9>)hdr.v.opt;", "cannot cast"),
+    ],
+)
+def test_varbit_errors(old: str, new: str, msg: str) -> None:
+    from shadowgrad.bmv2_testbed.pipeline import P4CompileError
+
+    assert old in VARBIT
+    with pytest.raises(P4CompileError, match=msg):
+        Pipeline.compile(VARBIT.replace(old, new), filename="v.p4")
+
+
+OPASSIGN = """
+#include <core.p4>
+#include <v1model.p4>
+header h_t { bit<8> a; bit<8> b; bit<8> c; bit<8> d; bit<8> i; }
+header e_t { bit<8> x; }
+struct headers { h_t h; e_t[2] s; }
+struct meta_t { }
+bit<8> bump(inout bit<8> x) { bit<8> r = x; x += 1; return r; }
+parser P(packet_in pkt, out headers hdr, inout meta_t m, inout standard_metadata_t sm) {
+    state start { pkt.extract(hdr.h); pkt.extract(hdr.s.next); pkt.extract(hdr.s.next);
+                  transition accept; }
+}
+control V(inout headers hdr, inout meta_t m) { apply { } }
+control I(inout headers hdr, inout meta_t m, inout standard_metadata_t sm) {
+    apply {
+        sm.egress_spec = 1;
+        hdr.h.a += 0x10;
+        hdr.h.b >>= 2;
+        hdr.h.c |+|= 0xf0;
+        hdr.h.d[3:0] <<= 1;
+        hdr.s[bump(hdr.h.i) & 1].x ^= 0xff;  // index evaluated once: i read, then bumped
+        hdr.h.a = hdr.h.a >> 1;
+    }
+}
+control E(inout headers hdr, inout meta_t m, inout standard_metadata_t sm) { apply { } }
+control C(inout headers hdr, inout meta_t m) { apply { } }
+control D(packet_out pkt, in headers hdr) { apply { pkt.emit(hdr.h); pkt.emit(hdr.s); } }
+V1Switch(P(), V(), I(), E(), C(), D()) main;
+"""
+
+
+def test_compound_assignments() -> None:
+    p = Pipeline.compile(OPASSIGN, filename="opassign.p4")
+    stf = """
+packet 0 02 84 20 ff 01 11 22
+expect 1 09 21 ff fe 02 11 dd $
+packet 0 02 84 20 ff 00 11 22
+expect 1 09 21 ff fe 01 ee 22 $
+"""
+    r = run_stf(p, stf)
+    assert r.ok, r.errors
+
+
+BOUND = """
+#include <core.p4>
+#include <v1model.p4>
+header h_t { bit<8> k; bit<8> a; bit<8> b; bit<8> c; }
+struct headers { h_t h; }
+struct meta_t { }
+parser P(packet_in pkt, out headers hdr, inout meta_t m, inout standard_metadata_t sm) {
+    state start { pkt.extract(hdr.h); transition accept; }
+}
+control V(inout headers hdr, inout meta_t m) { apply { } }
+control I(inout headers hdr, inout meta_t m, inout standard_metadata_t sm) {
+    action setbyte(out bit<8> reg, bit<8> val) { reg = val; }
+    action bump(inout bit<8> x, in bit<8> by) {
+        if (x == 0) { return; }
+        x = x + by;
+    }
+    table ta {
+        key = { hdr.h.k : exact; }
+        actions = { setbyte(hdr.h.a); NoAction; }
+        default_action = setbyte(hdr.h.a, 0xee);
+    }
+    table tb {
+        key = { hdr.h.k : exact; }
+        actions = { setbyte(hdr.h.b); bump(hdr.h.c, hdr.h.k); }
+        default_action = bump(hdr.h.c, hdr.h.k);
+    }
+    apply { sm.egress_spec = 1; ta.apply(); tb.apply(); }
+}
+control E(inout headers hdr, inout meta_t m, inout standard_metadata_t sm) { apply { } }
+control C(inout headers hdr, inout meta_t m) { apply { } }
+control D(packet_out pkt, in headers hdr) { apply { pkt.emit(hdr.h); } }
+V1Switch(P(), V(), I(), E(), C(), D()) main;
+"""
+
+
+def test_action_arguments_bound_in_the_actions_list() -> None:
+    p = Pipeline.compile(BOUND, filename="bound.p4")
+    # the P4Info lists each action once, with its directionless parameters only
+    acts = {a.preamble.name: [x.name for x in a.params] for a in p.p4info.actions}
+    assert acts["I.setbyte"] == ["val"] and acts["I.bump"] == []
+    stf = """
+add I.ta h.k:0x01 I.setbyte(val:0x11)
+add I.tb h.k:0x01 I.setbyte(val:0x22)
+# k=1: ta writes a, tb writes b (the same action bound to another field)
+packet 0 01 00 00 05
+expect 1 01 11 22 05 $
+# k=2: the defaults: a = ee; c += k (c != 0)
+packet 0 02 00 00 05
+expect 1 02 ee 00 07 $
+# c = 0: bump returns early
+packet 0 03 00 00 00
+expect 1 03 ee 00 00 $
+"""
+    assert p.fast_unsupported is None
+    for fast in (False, True):
+        r = run_stf(p, stf, fast_path=fast)
+        assert r.ok, r.errors
+
+
+def test_bool_fields_in_headers() -> None:
+    src = PROG.replace(
+        "header h_t { bit<8> a; bit<8> b; bit<16> c; }",
+        "header h_t { bit<7> a; bool f; bit<8> b; bit<16> c; }",
+    ).replace(
+        "apply { t.apply(); }",
+        "apply { sm.egress_spec = hdr.h.f ? 9w2 : 9w1; hdr.h.f = !hdr.h.f; }",
+    )
+    p = Pipeline.compile(src, filename="hbool.p4")
+    # a = 1 and f (the last bit of the first byte) true: port 2, f cleared; then f false
+    stf = "packet 0 03 00 0000\nexpect 2 02 00 0000 $\npacket 0 02 00 0000\nexpect 1 03 00 0000 $\n"
+    for fast in (False, True):
+        r = run_stf(p, stf, fast_path=fast)
+        assert r.ok, r.errors
+
+
+EQUALITY = """
+#include <core.p4>
+#include <v1model.p4>
+header h_t { bit<8> a; bit<8> b; }
+header r_t { bit<8> r; }
+struct pair_t { h_t x; bit<8> y; }
+struct headers { r_t r; h_t p; h_t q; h_t[2] s; }
+struct meta_t { }
+parser P(packet_in pkt, out headers hdr, inout meta_t m, inout standard_metadata_t sm) {
+    state start {
+        pkt.extract(hdr.r);
+        pkt.extract(hdr.p);
+        transition select(hdr.r.r) { 0: accept; default: more; }
+    }
+    state more { pkt.extract(hdr.q); pkt.extract(hdr.s.next); transition accept; }
+}
+control V(inout headers hdr, inout meta_t m) { apply { } }
+control I(inout headers hdr, inout meta_t m, inout standard_metadata_t sm) {
+    apply {
+        sm.egress_spec = 1;
+        bit<8> r = 0;
+        if (hdr.p == hdr.q) { r = r | 1; }      // both valid and equal, or both invalid
+        h_t[2] t;                               // a local stack: both elements invalid
+        t[0] = hdr.p;
+        if (t == hdr.s) { r = r | 2; }          // element by element
+        pair_t u = { hdr.p, 7 };
+        pair_t v = { hdr.q, 7 };
+        if (u != v) { r = r | 4; }
+        hdr.r.r = r;
+    }
+}
+control E(inout headers hdr, inout meta_t m, inout standard_metadata_t sm) { apply { } }
+control C(inout headers hdr, inout meta_t m) { apply { } }
+control D(packet_out pkt, in headers hdr) { apply { pkt.emit(hdr); } }
+V1Switch(P(), V(), I(), E(), C(), D()) main;
+"""
+
+
+def test_header_stack_and_struct_equality() -> None:
+    p = Pipeline.compile(EQUALITY, filename="eq.p4")
+    stf = """
+# p = q = s[0]: all equal
+packet 0 01 0102 0102 0102
+expect 1 03 0102 0102 0102 $
+# q differs: p != q, t (= [p, invalid]) == s (= [s0, invalid]) since s0 = p
+packet 0 01 0102 0103 0102
+expect 1 06 0102 0103 0102 $
+# only p valid: p != q (q invalid), t != s (s[0] invalid)
+packet 0 00 0102 ffff
+expect 1 04 0102 ffff $
+"""
+    for fast in (False, True):
+        r = run_stf(p, stf, fast_path=fast)
+        assert r.ok, r.errors
+
+
+def test_stack_of_varbit_headers_and_next_index_after_a_failed_extract() -> None:
+    src = VARBIT.replace(
+        "struct headers { l_t l; v_t v; v_t w; }", "struct headers { l_t l; v_t[2] s; }"
+    ).replace(
+        """        pkt.extract(hdr.v, (bit<32>)hdr.l.n);
+        transition select(hdr.v.tail) { 0xee: two; default: accept; }
+    }
+    state two { pkt.extract(hdr.w, (bit<32>)hdr.l.n); transition accept; }""",
+        """        pkt.extract(hdr.s.next, (bit<32>)hdr.l.n);
+        pkt.extract(hdr.s.next, (bit<32>)hdr.l.n + 8);
+        transition accept;
+    }""",
+    )
+    src = src.replace(
+        """        if (hdr.w.isValid()) {
+            if (hdr.v.opt == hdr.w.opt) { sm.egress_spec = 2; }
+            m.keep = hdr.v.opt;  // swap the two varbit values
+            hdr.v.opt = hdr.w.opt;
+            hdr.w.opt = m.keep;
+        }""",
+        "        hdr.l.n = (bit<8>)hdr.s.lastIndex;",
+    ).replace("{ hdr.v.a, hdr.v.opt }, hdr.v.tail", "{ hdr.s[0].a }, hdr.s[0].tail")
+    src = src.replace("hdr.v.isValid()", "false").replace(
+        "pkt.emit(hdr.v); pkt.emit(hdr.w);", "pkt.emit(hdr.s);"
+    )
+    p = Pipeline.compile(src, filename="vstack.p4")
+    stf = """
+# 8 then 16 bits of options: both extracted, lastIndex 1
+packet 0 08 00 12 ab 55 34 cdef 66 77
+expect 1 01 00 12 ab 55 34 cdef 66 77 $
+# 32 then 40 bits: the second is HeaderTooShort, not pushed: lastIndex 0
+packet 0 20 00 12 01020304 55 34 0102030405 66
+expect 1 00 04 12 01020304 55 34 0102030405 66 $
+"""
+    r = run_stf(p, stf)
+    assert r.ok, r.errors
+
+
+def test_entry_priority_annotations_and_default_parameter_values() -> None:
+    src = (
+        PROG.replace(
+            "action fwd(bit<9> port, bit<8> v) {",
+            "action fwd(bit<9> port, bit<8> v = 0x77) {",
+        )
+        .replace(
+            "        default_action = drop();",
+            "        default_action = drop();\n"
+            "        const entries = {\n"
+            "            (0x01 &&& 0x0f, 0x0000 &&& 0x0000) : fwd(1) @priority(3);\n"
+            "            (0x11, 0x0000 &&& 0x0000) : fwd(2, 0x22);\n"
+            "            (0x11 &&& 0xff, 0x0000 &&& 0x0000) : fwd(3, 0x33) @priority(1);\n"
+            "        }",
+        )
+        .replace("hdr.h.c: lpm", "hdr.h.c: ternary")
+    )
+    p = Pipeline.compile(src, filename="prio.p4")
+    stf = """
+# all three match 0x11: @priority(1) wins (bmv2: the smallest), then entry 2 (priority 2)
+packet 0 11 00 0000
+expect 3 11 33 0000 $
+# only the first matches; its v is the default 0x77
+packet 0 21 00 0000
+expect 1 21 77 0000 $
+"""
+    r = run_stf(p, stf)
+    assert r.ok, r.errors
+
+
+def test_switch_on_a_value() -> None:
+    src = PROG.replace(
+        "struct headers { h_t h; }",
+        "enum bit<8> K { A = 1, B = 2 }\nconst bit<8> FIVE = 5;\nstruct headers { h_t h; }",
+    ).replace(
+        "apply { t.apply(); }",
+        """apply {
+        sm.egress_spec = 1;
+        switch (hdr.h.a + 1) {
+            2: { hdr.h.b = 0x10; }
+            3:
+            FIVE: { hdr.h.b = 0x20; }
+            default: { hdr.h.b = 0xff; }
+        }
+        switch ((K)hdr.h.a) {
+            K.B: { sm.egress_spec = 2; }
+        }
+    }""",
+    )
+    p = Pipeline.compile(src, filename="sw.p4")
+    stf = """
+packet 0 01 00 0000
+expect 1 01 10 0000 $
+packet 0 02 00 0000
+expect 2 02 20 0000 $
+packet 0 04 00 0000
+expect 1 04 20 0000 $
+packet 0 07 00 0000
+expect 1 07 ff 0000 $
+"""
+    for fast in (False, True):
+        r = run_stf(p, stf, fast_path=fast)
+        assert r.ok, r.errors
+
+
+def test_dont_care_arguments_and_lookahead_of_a_struct() -> None:
+    from shadowgrad.bmv2_testbed.pipeline import P4CompileError
+
+    src = (
+        PROG.replace(
+            "struct headers { h_t h; }",
+            "struct two_t { bit<4> hi; int<4> lo; bool f; bit<7> rest; }\n"
+            "struct headers { h_t h; }\n"
+            "void put(out bit<8> x, in bit<8> v) { x = v; }",
+        )
+        .replace(
+            "state start { pkt.extract(hdr.h); transition accept; }",
+            "state start {\n"
+            "        two_t la = pkt.lookahead<two_t>();\n"
+            "        pkt.extract<h_t>(_);\n"
+            "        pkt.extract(hdr.h);\n"
+            "        transition select(la.f, la.lo) { (true, -1): accept; default: reject_it; }\n"
+            "    }\n"
+            "    state reject_it { verify(false, error.NoMatch); transition accept; }",
+        )
+        .replace(
+            "apply { t.apply(); }",
+            "apply { put(_, 1); sm.egress_spec = sm.parser_error == error.NoError ? 9w1 : 9w2; }",
+        )
+    )
+    p = Pipeline.compile(src, filename="dc.p4")
+    stf = """
+# lookahead: hi 0, lo -1 (f), f true: the first 4 bytes skipped, the next 4 extracted
+packet 0 0f 80 0000 01 02 0304 99
+expect 1 01 02 0304 99 $
+packet 0 0f 00 0000 01 02 0304 99
+expect 2 01 02 0304 99 $
+"""
+    r = run_stf(p, stf)
+    assert r.ok, r.errors
+    with pytest.raises(P4CompileError, match="'_' is only allowed"):
+        Pipeline.compile(src.replace("put(_, 1);", "put(hdr.h.a, _);"), filename="dc.p4")
+
+
+def test_actions_with_header_parameters_are_inlined() -> None:
+    from shadowgrad.bmv2_testbed.pipeline import P4CompileError
+
+    src = PROG.replace(
+        "action drop() { mark_to_drop(sm); }",
+        "action drop() { mark_to_drop(sm); }\n"
+        "    action cp(in h_t v, h_t w) { hdr.h.a = v.b; hdr.h.b = w.a; }",
+    ).replace("apply { t.apply(); }", "apply { cp(hdr.h, {7, 8, 9}); sm.egress_spec = 1; }")
+    p = Pipeline.compile(src, filename="hp.p4")
+    r = run_stf(p, "packet 0 01 02 0304\nexpect 1 02 07 0304 $\n")
+    assert r.ok, r.errors
+    with pytest.raises(P4CompileError, match="cannot be used in a table"):
+        Pipeline.compile(src.replace("actions = { fwd; drop; }", "actions = { fwd; drop; cp; }"))
+
+
+def test_inout_argument_at_a_run_time_stack_index() -> None:
+    src = OPASSIGN.replace(
+        "        hdr.s[bump(hdr.h.i) & 1].x ^= 0xff;  // index evaluated once: i read, then bumped",
+        "        inc(hdr.s[bump(hdr.h.i) & 1].x);  // the index computed once (i bumped once)",
+    ).replace(
+        "bit<8> bump(",
+        "void inc(inout bit<8> v) { v = v + 1; }\nbit<8> bump(",
+    )
+    p = Pipeline.compile(src, filename="rtinout.p4")
+    stf = """
+packet 0 02 84 20 ff 01 11 22
+expect 1 09 21 ff fe 02 11 23 $
+packet 0 02 84 20 ff 00 11 22
+expect 1 09 21 ff fe 01 12 22 $
+"""
+    r = run_stf(p, stf)
+    assert r.ok, r.errors
+
+
+def test_table_key_of_type_error() -> None:
+    src = PROG.replace(
+        'key = { hdr.h.a: ternary; hdr.h.c: lpm @name("cc"); }',
+        "key = { sm.parser_error: exact; }\n"
+        "        const entries = {\n"
+        "            error.PacketTooShort : fwd(2, 0xee); error.NoError : fwd(1, 0x11); }",
+    )
+    p = Pipeline.compile(src, filename="errkey.p4")
+    stf = "packet 0 01 02 0304\nexpect 1 01 11 0304 $\npacket 0 01\nexpect 2 01 $\n"
+    r = run_stf(p, stf)
+    assert r.ok, r.errors
+
+
+def test_top_level_register_shared_by_ingress_and_egress() -> None:
+    src = (
+        PROG.replace(
+            "control V(",
+            "register<bit<8>>(4) r;\ncontrol V(",
+        )
+        .replace(
+            "apply { t.apply(); }",
+            "apply { sm.egress_spec = 1; r.write(0, hdr.h.a); }",
+        )
+        .replace(
+            "inout standard_metadata_t sm) { apply { } }",
+            "inout standard_metadata_t sm) {\n"
+            "    apply { bit<8> v; r.read(v, 0); hdr.h.b = v + 1; }\n}",
+        )
+    )
+    p = Pipeline.compile(src, filename="treg.p4")
+    assert [r.preamble.name for r in p.p4info.registers] == ["r"]
+    r = run_stf(p, "packet 0 05 00 0000\nexpect 1 05 06 0000 $\n")
+    assert r.ok, r.errors
+
+
+def test_const_int_locals() -> None:
+    src = PROG.replace(
+        "    action drop() {",
+        "    const int BASE = 0x40;\n    action drop() {",
+    ).replace(
+        "apply { t.apply(); }",
+        "apply { const int K = 2; sm.egress_spec = 1; hdr.h.b = (bit<8>)(BASE + K); }",
+    )
+    p = Pipeline.compile(src, filename="cint.p4")
+    r = run_stf(p, "packet 0 01 00 0000\nexpect 1 01 42 0000 $\n")
+    assert r.ok, r.errors
+
+
+def test_struct_fields_in_headers() -> None:
+    src = (
+        PROG.replace(
+            "header h_t { bit<8> a; bit<8> b; bit<16> c; }",
+            "struct in_t { bit<4> x; bool f; bit<3> y; }\n"
+            "struct row_t { bit<8> a; in_t i; }\n"
+            "header h_t { row_t r; bit<16> c; }",
+        )
+        .replace(
+            'key = { hdr.h.a: ternary; hdr.h.c: lpm @name("cc"); }',
+            "key = { hdr.h.r.a: exact; }",
+        )
+        .replace("hdr.h.b = v;", "hdr.h.r.i.y = (bit<3>)v; hdr.h.r.i.f = !hdr.h.r.i.f;")
+    )
+    p = Pipeline.compile(src, filename="hstruct.p4")
+    stf = """
+add I.t h.r.a:0x01 I.fwd(port:3, v:5)
+# r.a 01, i = x 0xa, f 1, y 0 -> y 5, f 0
+packet 0 01 a8 0304
+expect 3 01 a5 0304 $
+"""
+    r = run_stf(p, stf)
+    assert r.ok, r.errors
+
+
+def test_tuples_and_control_initialisers_with_calls() -> None:
+    src = (
+        PROG.replace(
+            "struct headers { h_t h; }",
+            "struct headers { h_t h; }\n"
+            "typedef tuple<bit<8>, bool> pair_t;\n"
+            "bit<8> bump(inout bit<8> x) { x = x + 1; return x; }",
+        )
+        .replace(
+            "    action drop() {",
+            "    pair_t p = { hdr.h.a, true };\n"
+            "    tuple<bit<8>, bit<8>> q = { hdr.h.b, bump(hdr.h.b) };  // b read, then bumped\n"
+            "    action drop() {",
+        )
+        .replace(
+            "apply { t.apply(); }",
+            "apply { sm.egress_spec = p[1] ? 9w1 : 9w2; hdr.h.a = q[0] + p[0];"
+            " hdr.h.c[7:0] = q[1]; }",
+        )
+    )
+    p = Pipeline.compile(src, filename="tup.p4")
+    r = run_stf(p, "packet 0 01 10 0000\nexpect 1 11 11 0011 $\n")
+    assert r.ok, r.errors
+
+
+SUBPARSER = """
+#include <core.p4>
+#include <v1model.p4>
+header a_t { bit<8> kind; }
+header b_t { bit<8> v; bit<8> w; }
+struct headers { a_t a; b_t b; }
+struct meta_t { bit<8> got; }
+parser Sub(packet_in pkt, out b_t b, inout meta_t m, in bit<8> add, out bit<8> r) {
+    state start {
+        pkt.extract(b);
+        bit<8> t = b.v + add;
+        m.got = t;
+        r = b.w;
+        verify(b.w != 0xff, error.NoMatch);
+        transition accept;
+    }
+}
+parser P(packet_in pkt, out headers hdr, inout meta_t m, inout standard_metadata_t sm) {
+    Sub() sub;
+    bit<8> r = 7;
+    state start {
+        pkt.extract(hdr.a);
+        sub.apply(pkt, hdr.b, m, hdr.a.kind, r);
+        hdr.a.kind = r;
+        transition accept;
+    }
+}
+control V(inout headers hdr, inout meta_t m) { apply { } }
+control I(inout headers hdr, inout meta_t m, inout standard_metadata_t sm) {
+    apply {
+        sm.egress_spec = sm.parser_error == error.NoError ? 9w1 : 9w2;
+        hdr.b.v = m.got;
+    }
+}
+control E(inout headers hdr, inout meta_t m, inout standard_metadata_t sm) { apply { } }
+control C(inout headers hdr, inout meta_t m) { apply { } }
+control D(packet_out pkt, in headers hdr) { apply { pkt.emit(hdr); } }
+V1Switch(P(), V(), I(), E(), C(), D()) main;
+"""
+
+
+def test_sub_parser_of_one_state_is_inlined() -> None:
+    from shadowgrad.bmv2_testbed.pipeline import P4CompileError
+
+    p = Pipeline.compile(SUBPARSER, filename="subp.p4")
+    stf = """
+# b extracted by the sub-parser, got = v + kind, r (out) copied back into a.kind
+packet 0 03 10 22 99
+expect 1 22 13 22 99 $
+# the sub-parser's verify fails: NoMatch, nothing copied back (b stays invalid, m.got 0,
+# a.kind 05); b's bytes were consumed by the sub-parser's copy
+packet 0 05 10 ff 99
+expect 2 05 99 $
+"""
+    r = run_stf(p, stf)
+    assert r.ok, r.errors
+    two = SUBPARSER.replace(
+        "        transition accept;\n    }\n}\nparser P(",
+        "        transition more;\n    }\n    state more { transition accept; }\n}\nparser P(",
+    )
+    with pytest.raises(P4CompileError, match="only a sub-parser of one state"):
+        Pipeline.compile(two, filename="subp2.p4")

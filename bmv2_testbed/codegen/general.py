@@ -24,7 +24,7 @@ from typing import Any
 from ..frontend import ir
 from ..frontend.diagnostics import Diagnostic, Loc
 from ..frontend.model import Scalar
-from ..frontend.types import BitT, BoolT, EnumT, ErrorT, StructT, Ty, bit_width
+from ..frontend.types import BitT, BoolT, EnumT, ErrorT, StructT, Ty, VarbitT, bit_width
 
 __all__ = [
     "Emitter",
@@ -84,6 +84,8 @@ def default_value(t: Ty) -> str:
         return "False"
     if isinstance(t, (BitT, ErrorT, EnumT)):
         return "0"
+    if isinstance(t, VarbitT):
+        return "(0, 0)"  # (value, nbits)
     raise Diagnostic(Loc("<type>", 0, 0), f"cannot declare a variable of type {t}")
 
 
@@ -111,11 +113,15 @@ class HeaderCodec:
 
 
 def header_codec(t: StructT) -> HeaderCodec:
-    """The codec of header type ``t``."""
+    """The codec of header type ``t`` (of a header with a varbit field: its size without the
+    varbit and no lines; :func:`varbit_unpack` and ``_pk_<T>`` read and write it)."""
     total = t.width
+    if t.varbit is not None:
+        return HeaderCodec(total // 8, [], None)
     unpack: list[str] = []
     shift = total
-    for n, ft in t.fields:
+    leaves = [(_path(p), ft) for p, ft in t.leaves()]  # a struct field: its fields, nested
+    for n, ft in leaves:
         w = bit_width(ft) or 0
         shift -= w
         m = (1 << w) - 1
@@ -123,12 +129,23 @@ def header_codec(t: StructT) -> HeaderCodec:
         if isinstance(ft, BitT) and ft.signed:
             h = 1 << (w - 1)
             ex = f"(({ex}) ^ {h}) - {h}"
-        unpack.append(f"{{H}}.{attr(n)} = {ex}")
+        elif isinstance(ft, BoolT):
+            ex = f"bool({ex})"
+        unpack.append(f"{{H}}.{n} = {ex}")
     unpack.append("{H}._v_ = True")
-    plan = struct_plan(
-        [(attr(n), bit_width(ft) or 0, isinstance(ft, BitT) and ft.signed) for n, ft in t.fields]
+    plan = (
+        None  # a bool field is a Python bool: not in a struct format
+        if any(isinstance(ft, BoolT) for _, ft in leaves)
+        else struct_plan(
+            [(n, bit_width(ft) or 0, isinstance(ft, BitT) and ft.signed) for n, ft in leaves]
+        )
     )
     return HeaderCodec(total // 8, unpack, plan)
+
+
+def _path(p: tuple[str, ...]) -> str:
+    """Python for a field path (``row.e``) below a header."""
+    return ".".join(attr(n) for n in p)
 
 
 def types_code(structs: list[StructT], codecs: dict[str, HeaderCodec], too_short: int) -> list[str]:
@@ -142,8 +159,14 @@ def types_code(structs: list[StructT], codecs: dict[str, HeaderCodec], too_short
         with o.block(f"class {t.pyname}:"):
             if t.is_header:
                 o("_v_ = False")
+                nested = [(n, ft) for n, ft in t.fields if isinstance(ft, StructT)]
                 for n, ft in t.fields:
-                    o(f"{attr(n)} = {default_value(ft)}")
+                    if not isinstance(ft, StructT):
+                        o(f"{attr(n)} = {default_value(ft)}")
+                if nested:  # a struct field is each header's own
+                    with o.block("def __init__(self):"):
+                        for n, ft in nested:
+                            o(f"self.{attr(n)} = {default_value(ft)}")
             else:
                 o(f"__slots__ = {tuple(attr(n) for n, _ in t.fields)!r}")
                 with o.block("def __init__(self):"):
@@ -157,7 +180,9 @@ def types_code(structs: list[StructT], codecs: dict[str, HeaderCodec], too_short
                     a = attr(n)
                     o(f"n.{a} = self.{a}{'.copy()' if isinstance(ft, StructT) else ''}")
                 o("return n")
-        if t.is_header:
+        if t.is_header and t.varbit is not None:
+            _varbit_pack(o, t)
+        elif t.is_header:
             _codec_code(o, t, codecs[t.name], too_short)
     return o.lines
 
@@ -190,14 +215,77 @@ def _codec_code(o: Emitter, t: StructT, codec: HeaderCodec, too_short: int) -> N
     with o.block(f"def _pk_{t.name}(h):"):
         parts = []
         shift = total
-        for n, ft in t.fields:
+        for p, ft in t.leaves():
             w = bit_width(ft) or 0
             shift -= w
-            src = f"h.{attr(n)}"
+            src = f"h.{_path(p)}"
             if isinstance(ft, BitT) and ft.signed:
                 src = f"({src} & {(1 << w) - 1})"
+            elif isinstance(ft, BoolT):
+                src = f"(1 if {src} else 0)"
             parts.append(f"({src} << {shift})" if shift else src)
         o(f"return ({' | '.join(parts) or '0'}).to_bytes({nb}, 'big')")
+
+
+def _varbit_layout(t: StructT) -> list[tuple[str, Ty, str]]:
+    """Header ``t`` (with a varbit field) as (field, type, Python for its shift from the end of
+    the header's bits); the varbit's length at run time is ``_L``."""
+    vb = t.varbit
+    assert vb is not None
+    out: list[tuple[str, Ty, str]] = []
+    shift = 0
+    after = True
+    for n, ft in reversed(t.fields):
+        if isinstance(ft, VarbitT):
+            out.append((n, ft, str(shift)))
+            after = False
+            continue
+        w = bit_width(ft) or 0
+        out.append((n, ft, str(shift) if after else f"{shift} + _L"))
+        shift += w
+    return out[::-1]
+
+
+def varbit_unpack(t: StructT) -> list[str]:
+    """Lines that set the fields of header ``{H}`` (with a varbit field of ``_L`` bits) from
+    its bits as one int ``{V}`` (validity last)."""
+    lines = []
+    for n, ft, sh in _varbit_layout(t):
+        src = f"({{V}} >> ({sh}))"
+        if isinstance(ft, VarbitT):
+            lines.append(f"{{H}}.{attr(n)} = ({src} & ((1 << _L) - 1), _L)")
+            continue
+        w = bit_width(ft) or 0
+        ex = f"{src} & {(1 << w) - 1}"
+        if isinstance(ft, BitT) and ft.signed:
+            h = 1 << (w - 1)
+            ex = f"(({ex}) ^ {h}) - {h}"
+        elif isinstance(ft, BoolT):
+            ex = f"bool({ex})"
+        lines.append(f"{{H}}.{attr(n)} = {ex}")
+    lines.append("{H}._v_ = True")
+    return lines
+
+
+def _varbit_pack(o: Emitter, t: StructT) -> None:
+    """``_pk_<T>(h)`` of a header with a varbit field: its bits, as many bytes as it has."""
+    vb = t.varbit
+    assert vb is not None
+    with o.block(f"def _pk_{t.name}(h):"):
+        o(f"V, _L = h.{attr(vb[0])}")
+        parts = []
+        for n, ft, sh in _varbit_layout(t):
+            if isinstance(ft, VarbitT):
+                parts.append(f"(V << ({sh}))")
+                continue
+            src = f"h.{attr(n)}"
+            w = bit_width(ft) or 0
+            if isinstance(ft, BitT) and ft.signed:
+                src = f"({src} & {(1 << w) - 1})"
+            elif isinstance(ft, BoolT):
+                src = f"(1 if {src} else 0)"
+            parts.append(f"({src} << ({sh}))")
+        o(f"return ({' | '.join(parts)}).to_bytes(({t.width} + _L) // 8, 'big')")
 
 
 def _keyset_cond(m: ir.KeysetMatch, kvar: str, key: ir.Expr) -> str:
@@ -669,6 +757,9 @@ class PyWriter:
         t = s.header.ty
         assert isinstance(t, StructT)
         c = self.codecs[t.name]
+        if s.length is not None:
+            self.extract_varbit(o, s, t)
+            return
         o(f"_h = {py_expr(s.header)}")
         o("_o = C.off")
         o(f"_e = _o + {c.nbytes}")
@@ -683,8 +774,30 @@ class PyWriter:
             for ln in c.unpack:
                 o(ln.replace("{H}", "_h").replace("{V}", "_x"))
 
+    @staticmethod
+    def extract_varbit(o: Emitter, s: ir.Extract, t: StructT) -> None:
+        """``extract(h, L)``: bmv2's checks (a header of whole bytes, ParserInvalidArgument;
+        L within the varbit's maximum, HeaderTooShort; the bytes there, PacketTooShort),
+        then the fields from the header's bits."""
+        vb = t.varbit
+        assert vb is not None and s.length is not None
+        o(f"_L = {py_expr(s.length)}")
+        o(f"if ({t.width} + _L) % 8: raise _ParserError({s.bad_length})")
+        o(f"if _L > {vb[1].max_width}: raise _ParserError({s.too_long})")
+        o(f"_h = {py_expr(s.header)}")
+        o("_o = C.off")
+        o(f"_e = _o + ({t.width} + _L) // 8")
+        o(f"if _e > _n: raise _ParserError({s.short})")
+        o("C.off = _e")
+        o("_x = int.from_bytes(_b[_o:_e], 'big')")
+        for ln in varbit_unpack(t):
+            o(ln.replace("{H}", "_h").replace("{V}", "_x"))
+
     def emit(self, o: Emitter, py: str, t: Ty) -> None:
         assert isinstance(t, StructT)
+        if t.is_header and t.varbit is not None:
+            o(f"if {py}._v_: P.append(_pk_{t.name}({py}))")
+            return
         if t.is_header:
             c = self.codecs[t.name]
             if c.struct is not None:
@@ -715,12 +828,29 @@ def _assign_slice(s: ir.AssignSlice) -> str:
     return f"{b} = ({b} & {keep}) | ({r} << {s.lo})"
 
 
+def _dynamic_data(data: tuple[ir.DataItem, ...]) -> str | None:
+    """Python for the bytes of a field list with a varbit (its width known at run time), as
+    bmv2 serialises it (the fields of invalid headers left out); None without a varbit."""
+    if not any(isinstance(d.value.ty, VarbitT) for d in data):
+        return None
+    items = []
+    for d in data:
+        ok = "True" if d.header is None else f"{py_expr(d.header)}._v_"
+        if isinstance(d.value.ty, VarbitT):
+            items.append(f"(*{py_expr(d.value)}, {ok})")
+        else:
+            p, w = _item(d)
+            items.append(f"({p}, {w}, {ok})")
+    return f"_bits_valid(({''.join(i + ', ' for i in items)}))"
+
+
 def _hash(s: ir.Hash) -> str:
     fl = [_item(d) for d in s.data]
     data = packed_bytes(fl)
     guard = _guard(s.data, fl, ())
     if guard is not None:
         data = f"({data} if {guard[0]} else {guard[1]})"
+    data = _dynamic_data(s.data) or data
     assert isinstance(s.dst.ty, BitT)
     m = (1 << s.dst.ty.width) - 1
     return (
@@ -742,6 +872,9 @@ def _checksum(s: ir.Checksum) -> str:
     if guard is not None:
         # a field of an invalid header is left out of the data (bmv2's BufBuilder)
         calc = f"({calc} if {guard[0]} else _hash_{s.algo}({guard[1]}{pay}, {w}))"
+    dyn = _dynamic_data(s.data)
+    if dyn is not None:
+        calc = f"_hash_{s.algo}({dyn}{pay}, {w})"
     c, f = py_expr(s.cond), py_expr(s.field)
     if s.verify:
         return f"if {c} and {calc} != {f}: C.std.checksum_error = 1"
@@ -866,7 +999,8 @@ def module_code(prog: ir.Program, action_ids: dict[str, int]) -> str:
     lines = o.lines + runtime_code(prog.headers, prog.meta, prog.std, egress, prog.field_lists)
     for t in prog.tables:
         lines.append(f"T_{t.uid} = R.tables_by_name[{t.name!r}]")
-        items = ", ".join(f"{action_ids[n]}: {prog.actions[n]}" for n in t.actions)
+        uids = t.action_uids or tuple(prog.actions[n] for n in t.actions)
+        items = ", ".join(f"{action_ids[n]}: {u}" for n, u in zip(t.actions, uids, strict=True))
         lines.append(f"ACT_{t.uid} = {{{items}}}")
     for dg in prog.digests:
         lines.append(f"DIG_{dg.name} = {dg.id}")

@@ -12,6 +12,7 @@ class Annotation:
     name: str
     args: list[str | int]
     loc: Loc
+    body: str | None = None  # the tokens between the parentheses as written (None: none)
 
 
 def ann_get(anns: list[Annotation], name: str) -> Annotation | None:
@@ -54,6 +55,11 @@ class BoolLit(Expr):
 @dataclass
 class StrLit(Expr):
     value: str
+
+
+@dataclass
+class DontCare(Expr):
+    """``_`` as an argument: a fresh value nobody reads."""
 
 
 @dataclass
@@ -147,6 +153,7 @@ class Stmt:
 class Assign(Stmt):
     lhs: Expr
     rhs: Expr
+    op: str = ""  # a compound assignment's operator (``+`` for ``+=``), else ""
 
 
 @dataclass
@@ -171,6 +178,7 @@ class SwitchCase:
     loc: Loc
     label: str | None  # None = default
     body: Block | None  # None = fall through
+    value: Expr | None = None  # a label that is not a (dotted) name: its expression
 
 
 @dataclass
@@ -219,6 +227,7 @@ class Param:
     type: TypeRef
     name: str
     annotations: list[Annotation] = field(default_factory=list)
+    default: Expr | None = None  # ``bit<8> x = 0``: the value of an omitted argument
 
 
 @dataclass
@@ -240,6 +249,7 @@ class Decl:
 class HeaderDecl(Decl):
     fields: list[Field]
     is_header: bool  # False: struct
+    is_union: bool = False  # header_union (is_header False)
 
 
 @dataclass

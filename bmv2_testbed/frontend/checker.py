@@ -51,7 +51,10 @@ from .types import (
     StackT,
     StrT,
     StructT,
+    TupleT,
     Ty,
+    UnionT,
+    VarbitT,
     VoidT,
     bit_width,
 )
@@ -63,7 +66,7 @@ VOID = VoidT()
 STR = StrT()
 
 _AFTER_INGRESS = ("egress", "compute")  # the controls that run on a replica
-_DECLARABLE = (StructT, BoolT, BitT, ErrorT, EnumT)  # types a variable starts from
+_DECLARABLE = (StructT, BoolT, BitT, ErrorT, EnumT, VarbitT)  # types a variable starts from
 
 
 # extern functions whose semantics the target implements
@@ -99,15 +102,70 @@ class V:
     lvalue: bool = False
     readonly_why: str = ""
     stmt: IRStmt | None = None  # a call that is a statement (the value is void)
+    after: tuple[IRStmt, ...] = ()  # statements that follow ``stmt`` (a union's invalidation)
 
     @property
     def ty(self) -> Ty:
         return self.ir.ty
 
 
-def do(stmt: ir.Stmt) -> V:
-    """A call that is a statement."""
-    return V(ir.Entity(VOID), stmt=stmt)
+def do(stmt: ir.Stmt, after: tuple[ir.Stmt, ...] = ()) -> V:
+    """A call that is a statement (``after``: statements that follow it)."""
+    return V(ir.Entity(VOID), stmt=stmt, after=after)
+
+
+def union_others(h: ir.Expr) -> tuple[ir.Stmt, ...]:
+    """When header ``h`` is a member of a header union: the other members made invalid (bmv2
+    invalidates them whenever one member becomes valid); else nothing."""
+    if not isinstance(h, ir.Field):
+        return ()
+    u, ut = h.base, h.base.ty
+    if not isinstance(ut, UnionT):
+        return ()
+    return tuple(ir.SetValid(ir.Field(ft, u, n), False) for n, ft in ut.fields if n != h.name)
+
+
+def _bits_struct(t: Ty) -> bool:
+    """A struct (not a header, stack or union) of bit<W>/int<W>/bool/serializable enum
+    fields, nested structs of them allowed: it may be a header's field."""
+    if not isinstance(t, StructT) or t.is_header or isinstance(t, (StackT, UnionT, TupleT)):
+        return False
+    return bool(t.fields) and all(
+        isinstance(lt, (BitT, BoolT)) or (isinstance(lt, EnumT) and lt.underlying is not None)
+        for _p, lt in t.leaves()
+    )
+
+
+def struct_eq(a: ir.Expr, b: ir.Expr, t: StructT) -> ir.Expr:
+    """``a == b`` for headers (both invalid, or both valid with equal fields), header unions,
+    stacks (element by element, not nextIndex) and structs (field by field), as P4 defines
+    them."""
+    parts: list[ir.Expr] = []
+    for n, ft in t.fields:
+        if isinstance(t, StackT) and n == "nidx":
+            continue
+        fa, fb = ir.Field(ft, a, n), ir.Field(ft, b, n)
+        if isinstance(ft, StructT):
+            parts.append(struct_eq(fa, fb, ft))
+        else:
+            parts.append(ir.Cmp(BOOL, "==", fa, fb))
+    eq: ir.Expr = ir.Const(BOOL, True)
+    for i, p in enumerate(parts):
+        eq = p if i == 0 else ir.Logic(BOOL, "&&", eq, p)
+    if t.is_header:
+        va, vb = ir.IsValid(BOOL, a), ir.IsValid(BOOL, b)
+        both_invalid = ir.Logic(BOOL, "&&", ir.Unary(BOOL, "!", va), ir.Unary(BOOL, "!", vb))
+        both_valid = ir.Logic(BOOL, "&&", ir.Logic(BOOL, "&&", va, vb), eq)
+        eq = ir.Logic(BOOL, "||", both_invalid, both_valid)
+    return eq
+
+
+def invalidate(e: ir.Expr) -> list[ir.Stmt]:
+    """Header or header union ``e`` made invalid (a union: each of its members)."""
+    t = e.ty
+    if isinstance(t, UnionT):
+        return [ir.SetValid(ir.Field(ft, e, n), False) for n, ft in t.fields]
+    return [ir.SetValid(e, False)]
 
 
 def konst(ty: Ty, value: Any) -> V:
@@ -159,6 +217,7 @@ class SubCtx:
     name: str
     params: list[tuple[str, Ty, str]]
     applied: bool = False
+    has_tables: bool = False  # (or a sub-control that has): one apply only, as on bmv2
 
 
 @dataclass
@@ -226,6 +285,10 @@ class Checker:
         self.meta_t: StructT | None = None
         self.std_t: StructT | None = None
         self.used_action_uids: set[str] = set()
+        # actions called directly from control code (not from another action's body): p4c
+        # lists them in the P4Info (its front end gives each call a hidden table)
+        self.direct_actions: dict[str, ActionCtx] = {}
+        self.action_depth = 0  # > 0 while an action's body is checked
         self.in_sub_apply = False
         # block role -> standard_metadata fields its code may read (ProgramFacts.std_reads)
         self.std_reads: dict[str, set[str]] = {}
@@ -236,6 +299,7 @@ class Checker:
         # the user functions being inlined, innermost last
         self.fn_stack: list[FnCtx] = []
         self.stack_types: dict[tuple[str, int], StackT] = {}
+        self.tuple_types: dict[str, TupleT] = {}
 
     # ------------------------------------------------------------------ diagnostics
     def err(self, loc: Loc, msg: str) -> None:
@@ -277,7 +341,7 @@ class Checker:
             frames={fn: dict(vs) for fn, vs in self.frames.items()},
             pack_formats=dict(self.pack_formats),
             action_maps={
-                tc.uid: {aid[n]: self.actions_by_name[n].uid for n in tc.info.action_names}
+                tc.uid: {aid[n]: tc.action_syms[n].uid for n in tc.info.action_names}
                 for tc in self.tables
             },
         )
@@ -358,11 +422,11 @@ class Checker:
             self.err(d.loc, f"unsupported declaration {type(d).__name__}")
 
     def declare_struct(self, d: A.HeaderDecl) -> None:
-        t = StructT(
+        t = (UnionT if d.is_union else StructT)(
             d.name,
             d.is_header,
             annotations=d.annotations,
-            pyname=("H_" if d.is_header else "S_") + d.name,
+            pyname=("H_" if d.is_header else "U_" if d.is_union else "S_") + d.name,
         )
         seen: set[str] = set()
         for f in d.fields:
@@ -375,18 +439,31 @@ class Checker:
                 self.diags.append(e)
                 continue
             if d.is_header:
-                if not (isinstance(ft, BitT) or (isinstance(ft, EnumT) and ft.underlying)):
+                if isinstance(ft, VarbitT) and t.varbit is not None:
+                    self.err(f.loc, f"{t} has more than one varbit field")
+                    continue
+                if not (
+                    isinstance(ft, (BitT, VarbitT, BoolT))
+                    or (isinstance(ft, EnumT) and ft.underlying)
+                    or _bits_struct(ft)
+                ):
                     self.err(
                         f.loc,
-                        f"header field {f.name} has type {ft}; only bit<W>, int<W> "
-                        "and serializable enums are supported in headers",
+                        f"header field {f.name} has type {ft}; only bit<W>, int<W>, bool, "
+                        "varbit<W> and serializable enums are supported in headers",
                     )
+                    continue
+            elif d.is_union:
+                if not (isinstance(ft, StructT) and ft.is_header and not isinstance(ft, StackT)):
+                    self.err(f.loc, f"header_union member {f.name} has type {ft}, not a header")
                     continue
             elif isinstance(ft, (ExternT, IntLitT, StrT, VoidT)):
                 self.err(f.loc, f"struct field {f.name} cannot have type {ft}")
                 continue
             t.fields.append((f.name, ft))
             t.field_anns[f.name] = f.annotations
+        if d.is_header and t.varbit is not None and any(_bits_struct(ft) for _n, ft in t.fields):
+            self.err(d.loc, f"header {d.name} has both a varbit and a struct field")
         if d.is_header and t.width % 8:
             self.err(d.loc, f"header {d.name} is {t.width} bits long, not a multiple of 8")
         self.structs.append(t)
@@ -421,7 +498,15 @@ class Checker:
         tn = inst.type.name
         sym = self.g.lookup(tn)
         if sym is None or sym.kind != "package":
-            if sym is not None and sym.kind == "type" and isinstance(sym.ty, ExternT):
+            if (
+                sym is not None
+                and sym.kind == "type"
+                and isinstance(sym.ty, ExternT)
+                and tn in ("counter", "register")
+            ):
+                # shared by every control (ingress and egress), named without a control
+                self.instantiate(inst, self.g)
+            elif sym is not None and sym.kind == "type" and isinstance(sym.ty, ExternT):
                 self.err(d.loc, f"extern {tn} cannot be instantiated at top level on this target")
             else:
                 self.err(inst.type.loc, f"unknown package type {tn}")
@@ -472,7 +557,12 @@ class Checker:
                 raise Diagnostic(t.width.loc, "width too large (max 2048)")
             return BitT(int(w.const), t.kind == "int")
         if t.kind == "varbit":
-            raise Diagnostic(t.loc, "varbit is not supported")
+            vw = self.expr(t.width, scope).const if t.width is not None else None
+            if not isinstance(vw, int) or isinstance(vw, bool) or vw <= 0:
+                raise Diagnostic(t.loc, "the width of a varbit must be a positive constant")
+            if vw > 2048:
+                raise Diagnostic(t.loc, "width too large (max 2048)")
+            return VarbitT(vw)
         if t.kind == "bool":
             return BOOL
         if t.kind == "error":
@@ -482,7 +572,7 @@ class Checker:
         if t.kind == "string":
             return STR
         if t.kind == "tuple":
-            raise Diagnostic(t.loc, "tuple types are not supported")
+            return self.tuple_type(t, scope)
         s = scope.lookup(t.name)
         if s is None or s.kind != "type" or s.ty is None:
             raise Diagnostic(t.loc, f"unknown type {t.name}")
@@ -493,12 +583,30 @@ class Checker:
         return s.ty
 
     # ------------------------------------------------------------------ expressions
+    def tuple_type(self, t: A.TypeRef, scope: Scope) -> TupleT:
+        """``tuple<T1, ...>``: a struct of its elements (fields ``f0`` ..), one per spelling."""
+        items = [self.resolve_type(a, scope) for a in t.args]
+        for a, it in zip(t.args, items, strict=True):
+            if not isinstance(it, _DECLARABLE):
+                raise Diagnostic(a.loc, f"a tuple element cannot have type {it}")
+        key = "tuple<" + ", ".join(map(str, items)) + ">"
+        if key not in self.tuple_types:
+            tt = TupleT(
+                key,
+                False,
+                [(f"f{i}", it) for i, it in enumerate(items)],
+                pyname=f"T_tuple_{len(self.tuple_types)}",
+            )
+            self.tuple_types[key] = tt
+            self.structs.append(tt)
+        return self.tuple_types[key]
+
     def stack_type(self, t: A.TypeRef, scope: Scope) -> StackT:
         """``H[n]``: a struct of n headers and the stack's nextIndex (see StackT)."""
         assert t.stack is not None
         elem = self.resolve_type(A.TypeRef(t.loc, t.kind, t.width, t.name, t.args), scope)
-        if not (isinstance(elem, StructT) and elem.is_header):
-            raise Diagnostic(t.loc, f"a stack holds headers, not {elem}")
+        if not (isinstance(elem, StructT) and (elem.is_header or isinstance(elem, UnionT))):
+            raise Diagnostic(t.loc, f"a stack holds headers or header unions, not {elem}")
         n = self.expr(t.stack, scope)
         if not isinstance(n.const, int) or isinstance(n.const, bool) or not 0 < n.const <= 256:
             raise Diagnostic(t.stack.loc, "a header stack's size must be a constant 1..256")
@@ -531,6 +639,14 @@ class Checker:
 
     def index_expr(self, e: A.Index, scope: Scope) -> V:
         base = self.expr(e.expr, scope)
+        if isinstance(base.ty, TupleT):
+            k = self.expr(e.index, scope).const
+            if not isinstance(k, int) or isinstance(k, bool) or not 0 <= k < len(base.ty.fields):
+                raise Diagnostic(e.index.loc, f"a {base.ty} is indexed by a constant in range")
+            ft = base.ty.fields[k][1]
+            return V(
+                ir.Field(ft, base.ir, f"f{k}"), lvalue=base.lvalue, readonly_why=base.readonly_why
+            )
         if not isinstance(base.ty, StackT):
             raise Diagnostic(e.loc, f"cannot index a value of type {base.ty}")
         i = self.expr(e.index, scope)
@@ -582,14 +698,16 @@ class Checker:
         if m == "push_front":
             for i in reversed(range(k, n)):
                 out.append(ir.Assign(el[i], el[i - k]))
-            out.extend(ir.SetValid(el[i], False) for i in range(min(k, n)))
+            for i in range(min(k, n)):
+                out.extend(invalidate(el[i]))
             up = ir.Arith(u32, "+", nidx, ir.Const(u32, k))
             full = ir.Cmp(BOOL, ">=", nidx, ir.Const(u32, max(n - k, 0)))
             out.append(ir.Assign(nidx, ir.Cond(u32, full, ir.Const(u32, n), up)))
         else:
             for i in range(n - k):
                 out.append(ir.Assign(el[i], el[i + k]))
-            out.extend(ir.SetValid(el[i], False) for i in range(max(n - k, 0), n))
+            for i in range(max(n - k, 0), n):
+                out.extend(invalidate(el[i]))
             down = ir.Arith(u32, "-", nidx, ir.Const(u32, k))
             low = ir.Cmp(BOOL, "<", nidx, ir.Const(u32, k))
             out.append(ir.Assign(nidx, ir.Cond(u32, low, ir.Const(u32, 0), down)))
@@ -664,6 +782,8 @@ class Checker:
             return self.slice_expr(e, scope)
         if isinstance(e, A.Index):
             return self.index_expr(e, scope)
+        if isinstance(e, A.DontCare):
+            raise Diagnostic(e.loc, "'_' is only allowed as an out argument or in extract")
         if isinstance(e, A.Unary):
             return self.unary_expr(e, scope)
         if isinstance(e, A.Binary):
@@ -690,7 +810,15 @@ class Checker:
         if isinstance(e, A.Cast):
             return self.cast_expr(e, scope)
         if isinstance(e, A.ListExpr):
-            items = [self.expr(i, scope) for i in e.items]
+            items: list[V] = []
+            ends: list[int] = []
+            for i in e.items:
+                items.append(self.expr(i, scope))
+                ends.append(len(self.prelude) if self.prelude is not None else 0)
+            # an element keeps its value from before a later element's calls (left to right)
+            for k in reversed(range(len(items))):
+                if not isinstance(items[k].ty, ListT):  # (a nested list stays a list)
+                    items[k] = self.spill_before(items[k], ends[k])
             return V(ir.Tuple(ListT([i.ty for i in items]), tuple(i.ir for i in items)))
         if isinstance(e, (A.Mask, A.RangeKS, A.Default)):
             raise Diagnostic(e.loc, "keyset expression outside select/entries")
@@ -711,7 +839,7 @@ class Checker:
         if s.kind == "type":
             assert s.ty is not None
             return V(ir.Entity(OtherT("type")), s.ty)
-        if s.kind in ("table", "extern_inst", "packet", "action", "func", "subctl"):
+        if s.kind in ("table", "extern_inst", "packet", "action", "func", "subctl", "subparser"):
             return V(ir.Entity(OtherT(s.kind)), s)
         raise Diagnostic(e.loc, f"{e.name} cannot be used in an expression")
 
@@ -967,6 +1095,9 @@ class Checker:
             a, b = self.unify(a, b, e.loc, op)
             if op in ("<", ">", "<=", ">=") and not isinstance(a.ty, (BitT, IntLitT)):
                 raise Diagnostic(e.loc, f"operator '{op}' needs numeric operands, not {a.ty}")
+            if isinstance(a.ty, StructT) and op in ("==", "!="):
+                eq = struct_eq(a.ir, b.ir, a.ty)
+                return V(eq if op == "==" else ir.Unary(BOOL, "!", eq))
             if isinstance(a.ty, (StructT, ListT, OtherT)):
                 raise Diagnostic(e.loc, f"cannot compare values of type {a.ty}")
             if a.const is not None and b.const is not None:
@@ -1007,6 +1138,17 @@ class Checker:
             # header validity
             if m in ("isValid", "setValid", "setInvalid"):
                 base = self.expr(f.expr, scope)
+                if isinstance(base.ty, UnionT) and m == "isValid":
+                    # a union is valid when one of its members is
+                    if e.args:
+                        raise Diagnostic(e.loc, f"{m}() takes no arguments")
+                    members = [
+                        ir.IsValid(BOOL, ir.Field(ft, base.ir, n)) for n, ft in base.ty.fields
+                    ]
+                    any_valid: ir.Expr = ir.Const(BOOL, False)
+                    for i, mv in enumerate(members):
+                        any_valid = mv if i == 0 else ir.Logic(BOOL, "||", any_valid, mv)
+                    return V(any_valid)
                 if not (isinstance(base.ty, StructT) and base.ty.is_header):
                     raise Diagnostic(f.loc, f"{m}() needs a header, not {base.ty}")
                 if e.args:
@@ -1015,7 +1157,17 @@ class Checker:
                     return V(ir.IsValid(BOOL, base.ir))
                 if not base.lvalue:
                     raise Diagnostic(e.loc, f"cannot call {m}() on a read-only header")
-                return do(ir.SetValid(base.ir, m == "setValid"))
+                if m == "setValid":
+                    return do(ir.SetValid(base.ir, True), union_others(base.ir))
+                return do(ir.SetValid(base.ir, False))
+            if isinstance(f.expr, A.Name) and m == "apply":
+                ds = scope.lookup(f.expr.name)
+                if ds is not None and ds.kind in ("control", "parser"):
+                    raise Diagnostic(
+                        f.loc,
+                        f"applying {ds.kind} type {f.expr.name} directly is not supported; "
+                        "instantiate it",
+                    )
             bs = self.expr(f.expr, scope)
             if isinstance(bs.ty, StackT) and m in ("push_front", "pop_front"):
                 return self.stack_shift(bs, m, e, scope)
@@ -1037,6 +1189,10 @@ class Checker:
                     return V(ir.TableApply(ApplyT(tc), tc.uid))
                 if s.kind == "packet":
                     return self.packet_call(s, m, e, scope)
+                if s.kind == "subparser":
+                    if m != "apply":
+                        raise Diagnostic(f.loc, f"a parser instance has no method {m}")
+                    return self.subparser_apply(s.data, e, scope)
                 if s.kind == "subctl":
                     if m != "apply":
                         raise Diagnostic(f.loc, f"a control instance has no method {m}")
@@ -1173,7 +1329,11 @@ class Checker:
             return [ir.AssignSlice(base.ir, hi, lo, r.ir)]
         lv = self.lvalue(lhs_e, scope)
         r = self.coerce(rhs, lv.ty, loc, "right-hand side")
-        return self.assigns(lv.ir, r.ir)
+        out = self.assigns(lv.ir, r.ir)
+        others = union_others(lv.ir)
+        if others:  # a union member assigned a valid header: the others become invalid
+            out.append(ir.If(ir.IsValid(BOOL, lv.ir), others, None))
+        return out
 
     def packet_call(self, s: Sym, m: str, e: A.Call, scope: Scope) -> V:
         kind = s.data
@@ -1181,22 +1341,58 @@ class Checker:
             if self.ctl_role != "parser":
                 raise Diagnostic(e.loc, "packet_in methods are only allowed in the parser")
             if m == "extract":
+                if len(e.args) == 2:
+                    return self.extract_varbit(e, scope)
                 self.args_n(e, 1, "extract")
                 a0 = e.args[0]
+                if isinstance(a0, A.DontCare):
+                    # extract<H>(_): the bytes are read into a header nobody reads
+                    if len(e.type_args) != 1:
+                        raise Diagnostic(a0.loc, "extract(_) needs the header type: extract<H>(_)")
+                    ht = self.resolve_type(e.type_args[0], scope)
+                    if not (isinstance(ht, StructT) and ht.is_header) or ht.varbit is not None:
+                        raise Diagnostic(a0.loc, f"extract needs a fixed-size header, not {ht}")
+                    assert self.prelude is not None
+                    ref = ir.Ref(ht, "local", self.fresh("l_dc_"))
+                    self.prelude.append(ir.Init(ref))
+                    return do(ir.Extract(ref, self.errors["PacketTooShort"]))
                 if isinstance(a0, A.Member) and a0.name == "next":
                     st = self.lvalue(a0.expr, scope)
                     if isinstance(st.ty, StackT):
-                        return self.extract_next(st)
+                        return self.extract_next(st, None, a0.loc)
+                if (
+                    isinstance(a0, A.Member)
+                    and isinstance(a0.expr, A.Member)
+                    and a0.expr.name == "next"
+                ):
+                    # stack_of_unions.next.member
+                    st = self.lvalue(a0.expr.expr, scope)
+                    if isinstance(st.ty, StackT):
+                        return self.extract_next(st, a0.name, a0.name_loc or a0.loc)
                 h = self.lvalue(e.args[0], scope)
                 if not (isinstance(h.ty, StructT) and h.ty.is_header):
                     raise Diagnostic(e.args[0].loc, f"extract needs a header, not {h.ty}")
-                return do(ir.Extract(h.ir, self.errors["PacketTooShort"]))
+                if h.ty.varbit is not None:
+                    raise Diagnostic(
+                        e.loc, f"extract of {h.ty} (with a varbit field) needs a length in bits"
+                    )
+                ext = ir.Extract(h.ir, self.errors["PacketTooShort"])
+                return do(ext, union_others(h.ir))
             if m == "lookahead":
                 if len(e.type_args) != 1 or e.args:
                     raise Diagnostic(e.loc, "lookahead needs one type argument and no arguments")
                 t = self.resolve_type(e.type_args[0], scope)
-                if isinstance(t, BitT) or (isinstance(t, StructT) and t.is_header):
+                if isinstance(t, BitT) or (
+                    isinstance(t, StructT) and t.is_header and t.varbit is None
+                ):
                     return V(ir.Lookahead(t))
+                if (
+                    isinstance(t, StructT)
+                    and not isinstance(t, (StackT, UnionT))
+                    and t.fields
+                    and all(isinstance(ft, (BitT, BoolT)) for _n, ft in t.fields)
+                ):
+                    return self.lookahead_struct(t)
                 raise Diagnostic(e.loc, f"lookahead<{t}> is not supported")
             if m == "advance":
                 self.args_n(e, 1, "advance")
@@ -1214,18 +1410,87 @@ class Checker:
         self.check_emit(v.ty)
         return do(ir.Emit(v.ir))
 
-    def extract_next(self, st: V) -> V:
+    def lookahead_struct(self, t: StructT) -> V:
+        """``lookahead<S>()`` of a struct of bit<W>/int<W>/bool fields: its bits looked at as
+        one bit<W>, then each field from its slice (MSB first, as a header would be)."""
+        assert self.prelude is not None
+        total = sum(bit_width(ft) or 0 for _n, ft in t.fields)
+        bits = self.temp(V(ir.Lookahead(BitT(total))), "la")
+        ref = ir.Ref(t, "local", self.fresh("l_la_"))
+        self.prelude.append(ir.Init(ref))
+        hi = total - 1
+        for n, ft in t.fields:
+            w = bit_width(ft) or 0
+            sl: ir.Expr = ir.Slice(BitT(w), bits.ir, hi, hi - w + 1)
+            if isinstance(ft, BoolT):
+                sl = ir.Cmp(BOOL, "==", sl, ir.Const(BitT(1), 1))
+            elif isinstance(ft, BitT) and ft.signed:
+                sl = ir.Cast(ft, sl)
+            self.prelude.append(ir.Assign(ir.Field(ft, ref, n), sl))
+            hi -= w
+        return V(ref)
+
+    def extract_varbit(self, e: A.Call, scope: Scope) -> V:
+        """``pkt.extract(h, nbits)``: header ``h`` with ``nbits`` bits in its varbit field."""
+        a0 = e.args[0]
+        if isinstance(a0, A.Member) and a0.name == "next":
+            st = self.lvalue(a0.expr, scope)
+            if isinstance(st.ty, StackT):
+                n = self.coerce(self.expr(e.args[1], scope), BitT(32), e.args[1].loc, "the length")
+                return self.extract_next(st, None, a0.loc, n.ir)
+        h = self.lvalue(e.args[0], scope)
+        if not (isinstance(h.ty, StructT) and h.ty.is_header):
+            raise Diagnostic(e.args[0].loc, f"extract needs a header, not {h.ty}")
+        if h.ty.varbit is None:
+            raise Diagnostic(e.loc, f"{h.ty} has no varbit field; extract takes one argument")
+        n = self.coerce(self.expr(e.args[1], scope), BitT(32), e.args[1].loc, "the length")
+        ext = ir.Extract(
+            h.ir,
+            self.errors["PacketTooShort"],
+            n.ir,
+            self.errors["ParserInvalidArgument"],
+            self.errors["HeaderTooShort"],
+        )
+        return do(ext, union_others(h.ir))
+
+    def extract_next(self, st: V, member: str | None, loc: Loc, length: ir.Expr | None = None) -> V:
         """``pkt.extract(stack.next)``: a full stack is parser error StackOutOfBounds, else
-        the element at nextIndex is extracted and nextIndex moves on."""
+        the element at nextIndex is extracted and then nextIndex moves on (not when the
+        extract fails, as bmv2 pushes the element only after it is extracted). ``member``: a
+        stack of header unions, ``stack.next.member`` (the element's other members made
+        invalid); ``length``: the varbit length of ``extract(stack.next, length)``."""
         t = st.ty
-        assert isinstance(t, StackT) and self.prelude is not None
+        assert isinstance(t, StackT) and self.prelude is not None and t.elem is not None
+        if isinstance(t.elem, UnionT) != (member is not None):
+            what = "a member of next" if member is None else "next"
+            raise Diagnostic(loc, f"extract of a stack of {t.elem} needs {what}")
+        mt: Ty | None = None
+        if member is not None:
+            mt = t.elem.field(member)
+            if mt is None:
+                raise Diagnostic(loc, f"{t.elem} has no member {member}")
         u32 = BitT(32)
         nidx = ir.Field(u32, st.ir, "nidx")
         room = ir.Cmp(BOOL, "<", nidx, ir.Const(u32, t.size))
         self.prelude.append(ir.Verify(room, ir.Const(ERROR, self.errors["StackOutOfBounds"])))
-        self.prelude.append(ir.Assign(nidx, ir.Arith(u32, "+", nidx, ir.Const(u32, 1))))
-        h = self.stack_elem(st, nidx, last=True)
-        return do(ir.Extract(h.ir, self.errors["PacketTooShort"]))
+        h = self.stack_elem(st, nidx).ir
+        if member is not None:
+            assert mt is not None
+            h = ir.Field(mt, h, member)
+        assert isinstance(h.ty, StructT)
+        if (h.ty.varbit is not None) != (length is not None):
+            if length is None:
+                raise Diagnostic(loc, f"extract of {h.ty} (with a varbit field) needs a length")
+            raise Diagnostic(loc, f"{h.ty} has no varbit field; extract takes one argument")
+        bump = ir.Assign(nidx, ir.Arith(u32, "+", nidx, ir.Const(u32, 1)))
+        ext = ir.Extract(
+            h,
+            self.errors["PacketTooShort"],
+            length,
+            self.errors["ParserInvalidArgument"] if length is not None else 0,
+            self.errors["HeaderTooShort"] if length is not None else 0,
+        )
+        return do(ext, (*union_others(h), bump))
 
     def check_emit(self, t: StructT) -> None:
         """A struct to emit holds only headers and structs of them."""
@@ -1293,6 +1558,8 @@ class Checker:
         out: list[ir.DataItem] = []
         for (v, loc), h in zip(vals, headers, strict=True):
             w = bit_width(v.ty)
+            if isinstance(v.ty, VarbitT) and what != "digest data":
+                w = v.ty.max_width  # the value's own length counts (its nbits, at run time)
             if w is None:
                 raise Diagnostic(loc, f"{what}: element of type {v.ty} has no fixed width")
             out.append(ir.DataItem(v.ir, w, h))
@@ -1516,6 +1783,7 @@ class Checker:
                     p.type.loc, f"function parameter {p.name} has unsupported type {t}"
                 )
             params.append((p.name, t, p.direction))
+        e = A.Call(e.loc, e.func, e.type_args, self.with_defaults(pr.params, e.args))
         return self.inline_call(
             f"function {pr.name}", pr.name, params, d.body.stmts, self.g, e, scope, ret_t, stmt
         )
@@ -1549,17 +1817,25 @@ class Checker:
         if not stmt and isinstance(ret_t, VoidT):
             raise Diagnostic(e.loc, f"{what} returns no value")
         inner = Scope(body_scope)
-        outs: list[tuple[A.Expr, ir.Ref]] = []
+        outs: list[tuple[A.Expr, ir.Ref, tuple[A.Index, V, int] | None]] = []
         for (pn, t, direction), x in zip(params, e.args, strict=True):
             ref = ir.Ref(t, "local", self.fresh(f"l_{pn}_"))
-            if direction in ("out", "inout"):
-                lv = self.lvalue(x, scope, read=direction == "inout")
+            if isinstance(x, A.DontCare) and direction in ("out", "inout"):
+                self.prelude.append(ir.Init(ref))  # `_`: a value nobody reads back
+            elif direction in ("out", "inout"):
+                # a run-time stack index in the argument is computed once, here
+                rt = self.runtime_index_now(x, scope, x.loc)
+                px, psc = self.pinned(x, scope, rt)
+                if rt is None:
+                    lv = self.lvalue(x, scope, read=direction == "inout")
+                else:
+                    lv = self.expr(px, psc)
                 if direction == "inout":
                     v = self.coerce(lv, t, x.loc, f"argument {pn}")
                     self.prelude.extend(self.init_assigns(ref, v.ir))
                 else:
                     self.prelude.append(ir.Init(ref))
-                outs.append((x, ref))
+                outs.append((x, ref, rt))
             else:
                 v = self.coerce(self.expr(x, scope), t, x.loc, f"argument {pn}")
                 self.prelude.extend(self.init_assigns(ref, v.ir))
@@ -1570,7 +1846,7 @@ class Checker:
             self.prelude.append(ir.Init(ret))
         flag = ir.Ref(BOOL, "local", self.fresh(f"l_{name}_done_"))
         self.prelude.append(ir.Assign(flag, ir.Const(BOOL, False)))
-        copy_out = tuple(c for x, ref in outs for c in self.assign(x, V(ref), scope, x.loc))
+        copy_out = tuple(c for x, ref, rt in outs for c in self.assign(x, V(ref), scope, x.loc, rt))
         self.fn_stack.append(FnCtx(what, ret, flag, copy_out=copy_out))
         try:
             body = self.stmts(body_stmts, inner)
@@ -1584,18 +1860,25 @@ class Checker:
 
     def direct_action_call(self, s: Sym, e: A.Call, scope: Scope) -> V:
         ac = self.action_ctx(s)
+        e = A.Call(e.loc, e.func, e.type_args, self.with_defaults(ac.decl.params, e.args))
+        if not self.action_depth:
+            self.direct_actions.setdefault(ac.name, ac)
         if ac.inline_scope is not None:
-            return self.inline_call(
-                f"action {ac.name}",
-                ac.uid,
-                ac.params,
-                ac.decl.body.stmts,
-                ac.inline_scope,
-                e,
-                scope,
-                VOID,
-                True,
-            )
+            self.action_depth += 1
+            try:
+                return self.inline_call(
+                    f"action {ac.name}",
+                    ac.uid,
+                    ac.params,
+                    ac.decl.body.stmts,
+                    ac.inline_scope,
+                    e,
+                    scope,
+                    VOID,
+                    True,
+                )
+            finally:
+                self.action_depth -= 1
         if len(e.args) != len(ac.params):
             raise Diagnostic(
                 e.loc, f"action {ac.name} takes {len(ac.params)} argument(s), {len(e.args)} given"
@@ -1643,13 +1926,15 @@ class Checker:
             if self.ctl_role == "deparser":
                 raise Diagnostic(s.loc, "assignments are not allowed in the deparser")
             rt = self.runtime_index_now(s.lhs, scope, s.loc)  # the left side first
+            if s.op:
+                return self.compound_assign(s, scope, rt)
             rhs = self.expr(s.rhs, scope)
             return self.assign(s.lhs, rhs, scope, s.rhs.loc, rt)
         if isinstance(s, A.CallStmt):
             v = self.call(s.call, scope, stmt=True) if isinstance(s.call, A.Call) else None
             if v is None:
                 raise Diagnostic(s.loc, "not a call")
-            return [v.stmt if v.stmt is not None else ir.Eval(v.ir)]
+            return [v.stmt if v.stmt is not None else ir.Eval(v.ir), *v.after]
         if isinstance(s, A.If):
             if self.ctl_role == "parser":
                 raise Diagnostic(s.loc, "'if' is not allowed in parser states; use select")
@@ -1658,7 +1943,7 @@ class Checker:
             other = None if s.other is None else tuple(self.stmt(s.other, Scope(scope)))
             return [ir.If(c.ir, then, other)]
         if isinstance(s, A.Switch):
-            return [self.switch_stmt(s, scope)]
+            return self.switch_stmt(s, scope)
         if isinstance(s, A.Exit):
             if self.ctl_role in ("parser", "deparser"):
                 raise Diagnostic(s.loc, f"'exit' is not allowed in the {self.ctl_role}")
@@ -1690,10 +1975,36 @@ class Checker:
             raise Diagnostic(s.loc, "instantiations are only allowed at control level")
         raise Diagnostic(s.loc, f"unsupported statement {type(s).__name__}")  # pragma: no cover
 
+    def pinned(
+        self, e: A.Expr, scope: Scope, rt: tuple[A.Index, V, int] | None
+    ) -> tuple[A.Expr, Scope]:
+        """L-value ``e`` as read with its run-time stack index ``rt`` already computed (the
+        index replaced by a name for that value, in a scope of its own)."""
+        if rt is None:
+            return e, scope
+        node, idx, _size = rt
+        sc = Scope(scope)
+        name = self.fresh("$idx")  # not a P4 name
+        sc.add(name, Sym("var", idx.ty, ir=idx.ir, readonly="a computed index"))
+        return _replace_index(e, node, A.Index(node.loc, node.expr, A.Name(node.loc, name))), sc
+
+    def compound_assign(
+        self, s: A.Assign, scope: Scope, rt: tuple[A.Index, V, int] | None
+    ) -> list[ir.Stmt]:
+        """``a op= b``: ``a = a op b`` with ``a`` evaluated once (a run-time stack index in it
+        is the value already computed, ``rt``)."""
+        lhs, sc = self.pinned(s.lhs, scope, rt)
+        if rt is None:
+            self.lvalue(lhs, sc, read=True)  # assignable (a clear message if not)
+        rhs = self.expr(A.Binary(s.loc, s.op, lhs, s.rhs), sc)
+        return self.assign(s.lhs, rhs, scope, s.rhs.loc, rt)
+
     def local_var(self, s: A.VarDecl, scope: Scope, frame: bool) -> list[ir.Stmt]:
         """Declare the variable; returns the statements that initialise it."""
         ty = self.resolve_type(s.type, scope)
-        if isinstance(ty, (ExternT, IntLitT, VoidT, StrT)):
+        if isinstance(ty, (ExternT, IntLitT, VoidT, StrT)) and not (
+            s.const and isinstance(ty, IntLitT)  # `const int x = 5;` names a constant
+        ):
             raise Diagnostic(s.type.loc, f"cannot declare a variable of type {ty}")
         if scope.syms.get(s.name) is not None:
             raise Diagnostic(s.loc, f"{s.name} is already declared in this scope")
@@ -1724,10 +2035,58 @@ class Checker:
             return self.init_assigns(ref, init.ir)
         return [] if frame else [ir.Init(ref)]
 
-    def switch_stmt(self, s: A.Switch, scope: Scope) -> ir.Switch:
+    def value_switch(self, s: A.Switch, v: V, scope: Scope) -> list[ir.Stmt]:
+        """``switch (e) { 1: {...} 2: 3: {...} default: {...} }`` on a bit<W>, int<W>, enum or
+        error value: ``e`` evaluated once, then an if/else chain over the labels (constants;
+        labels without a body fall through to the next body)."""
+        if not isinstance(v.ty, (BitT, EnumT, ErrorT)):
+            raise Diagnostic(s.expr.loc, f"cannot switch on a value of type {v.ty}")
+        key = v if v.const is not None else self.temp(v, "sw")
+        groups: list[tuple[list[ir.Expr], list[ir.Stmt]]] = []
+        pending: list[ir.Expr] = []
+        seen: set[Any] = set()
+        default: list[ir.Stmt] | None = None
+        for c in s.cases:
+            if default is not None:
+                raise Diagnostic(c.loc, "default must be the last switch label")
+            if c.label is None:
+                if pending:
+                    raise Diagnostic(c.loc, "fall-through into default is not supported")
+                if c.body is None:
+                    raise Diagnostic(c.loc, "default label needs a body")
+                default = self.stmt(c.body, Scope(scope))
+                continue
+            le: A.Expr | None = c.value
+            if le is None:
+                parts = (c.label or "").lstrip(".").split(".")
+                le = A.Name(c.loc, parts[0], top=(c.label or "").startswith("."))
+                for p in parts[1:]:
+                    le = A.Member(c.loc, le, p, c.loc)
+            lv = self.coerce(self.expr(le, scope), v.ty, c.loc, "switch label")
+            if lv.const is None:
+                raise Diagnostic(c.loc, "a switch label must be a compile-time constant")
+            if lv.const in seen:
+                raise Diagnostic(c.loc, "duplicate switch label")
+            seen.add(lv.const)
+            pending.append(ir.Cmp(BOOL, "==", key.ir, lv.ir))
+            if c.body is None:
+                continue
+            groups.append((pending, self.stmt(c.body, Scope(scope))))
+            pending = []
+        out: tuple[ir.Stmt, ...] | None = tuple(default) if default is not None else None
+        for conds, body in reversed(groups):
+            cond = conds[0]
+            for x in conds[1:]:
+                cond = ir.Logic(BOOL, "||", cond, x)
+            out = (ir.If(cond, tuple(body) or (ir.Nop(),), out),)
+        return list(out or (ir.Nop(),))
+
+    def switch_stmt(self, s: A.Switch, scope: Scope) -> list[ir.Stmt]:
+        if self.ctl_role == "parser":
+            raise Diagnostic(s.loc, "'switch' is not allowed in parser states; use select")
         v = self.expr(s.expr, scope)
         if not (isinstance(v.ty, OtherT) and v.ty.what == "action_run"):
-            raise Diagnostic(s.expr.loc, "switch is only supported on t.apply().action_run")
+            return self.value_switch(s, v, scope)
         tc: TableCtx = v.const
         var = self.fresh("sw")
         arms: list[ir.SwitchArm] = []
@@ -1745,6 +2104,8 @@ class Checker:
                 continue
             if has_default:
                 raise Diagnostic(c.loc, "default must be the last switch label")
+            if c.label is None or c.value is not None:
+                raise Diagnostic(c.loc, "a switch on action_run takes action names as labels")
             fq = tc.local_names.get(c.label)
             if fq is None:
                 raise Diagnostic(c.loc, f"{c.label} is not an action of table {tc.info.name}")
@@ -1758,7 +2119,7 @@ class Checker:
             pending = []
         if pending:
             arms.append(ir.SwitchArm(tuple(pending), (ir.Nop(),)))
-        return ir.Switch(var, v.ir, tuple(arms))
+        return [ir.Switch(var, v.ir, tuple(arms))]
 
     # ------------------------------------------------------------------ controls
     def action_ctx(self, s: Sym) -> ActionCtx:
@@ -1782,8 +2143,18 @@ class Checker:
         params: list[tuple[str, Ty, str]] = []
         inner = Scope(scope)
         pys: list[str] = []
-        if any(p.direction in ("out", "inout") for p in d.params):
-            # only a direct call can pass out/inout arguments: inlined at each call
+
+        def plane(p: A.Param) -> bool:
+            """A parameter the control plane could give (a bit<W>, bool or serializable enum)."""
+            try:
+                t = self.resolve_type(p.type, scope)
+            except Diagnostic:
+                return True  # reported below
+            return isinstance(t, (BitT, BoolT)) or (isinstance(t, EnumT) and bool(t.underlying))
+
+        if any(p.direction in ("out", "inout") or not plane(p) for p in d.params):
+            # only a direct call can pass out/inout arguments or headers and structs: inlined
+            # at each call
             for p in d.params:
                 t = self.resolve_type(p.type, scope)
                 if not isinstance(t, _DECLARABLE):
@@ -1806,7 +2177,12 @@ class Checker:
         uid = self.fresh("a_")
         ac = ActionCtx(uid, fq, d, params)
         self.actions_by_name.setdefault(fq, ac)
-        self.defs.append(ir.ActionDef(uid, tuple(pys), tuple(self.stmts(d.body.stmts, inner))))
+        self.action_depth += 1
+        try:
+            body = tuple(self.stmts(d.body.stmts, inner))
+        finally:
+            self.action_depth -= 1
+        self.defs.append(ir.ActionDef(uid, tuple(pys), body))
         return ac
 
     def compile_pipeline(self, blocks: dict[str, Any]) -> None:
@@ -1922,6 +2298,7 @@ class Checker:
             raise Diagnostic(inst.loc, f"{inst.name} is already declared")
         name = self.fq_name(inst.name, inst.annotations)
         uid = self.fresh("sub_")
+        n_tables = len(self.tables)
         saved = (self.ctl_name, self.frame_vars, self.in_sub_apply)
         self.ctl_name, self.frame_vars, self.in_sub_apply = name, [], False
         try:
@@ -1963,11 +2340,72 @@ class Checker:
             )
         finally:
             self.ctl_name, self.frame_vars, self.in_sub_apply = saved
-        scope.add(inst.name, Sym("subctl", data=SubCtx(uid, name, params)))
+        sub = SubCtx(uid, name, params, has_tables=len(self.tables) > n_tables)
+        scope.add(inst.name, Sym("subctl", data=sub))
+
+    def subparser_apply(self, d: A.ParserDecl, e: A.Call, scope: Scope) -> V:
+        """``p.apply(pkt, args)`` of a parser instance inside the parser: a sub-parser of one
+        state (``start``, ending in ``transition accept``) is inlined where it is applied, as
+        p4c inlines it: arguments copied in (``out`` ones start at their type's default, a
+        header invalid), ``out``/``inout`` ones copied back when it accepts, not when it
+        stops with a parser error."""
+        if d.proto or len(d.states) != 1 or d.states[0].name != "start":
+            raise Diagnostic(
+                e.loc, f"parser {d.name}: only a sub-parser of one state (start) is supported"
+            )
+        st = d.states[0]
+        tr = st.transition
+        if tr is None or tr.select is not None or tr.state != "accept" or d.locals:
+            raise Diagnostic(
+                e.loc,
+                f"parser {d.name}: a sub-parser must go from start to accept, without locals",
+            )
+        if d.type_params:
+            raise Diagnostic(e.loc, f"generic parser {d.name} is not supported")
+        e = A.Call(e.loc, e.func, e.type_args, self.with_defaults(d.params, e.args))
+        if len(e.args) != len(d.params):
+            raise Diagnostic(
+                e.loc, f"{d.name}.apply takes {len(d.params)} argument(s), {len(e.args)} given"
+            )
+        assert self.prelude is not None
+        inner = Scope(self.g)
+        copy_back: list[tuple[A.Expr, ir.Ref]] = []
+        for p, x in zip(d.params, e.args, strict=True):
+            t = self.resolve_type(p.type, self.g)
+            if isinstance(t, ExternT) and t.name == "packet_in":
+                xs = scope.lookup(x.name) if isinstance(x, A.Name) else None
+                if xs is None or xs.kind != "packet" or xs.data != "in":
+                    raise Diagnostic(x.loc, f"argument {p.name} must be the parser's packet_in")
+                inner.add(p.name, xs)
+                continue
+            if not isinstance(t, _DECLARABLE):
+                raise Diagnostic(p.loc, f"sub-parser parameter {p.name} of type {t}")
+            ref = ir.Ref(t, "local", self.fresh(f"l_{p.name}_"))
+            if p.direction == "out":
+                self.lvalue(x, scope)
+                self.prelude.append(ir.Init(ref))
+            else:
+                v = (
+                    self.lvalue(x, scope, read=True)
+                    if p.direction == "inout"
+                    else self.expr(x, scope)
+                )
+                v = self.coerce(v, t, x.loc, f"argument {p.name}")
+                self.prelude.extend(self.init_assigns(ref, v.ir))
+            if p.direction in ("out", "inout"):
+                copy_back.append((x, ref))
+            inner.add(p.name, Sym("var", t, ir=ref))
+        self.prelude.extend(self.stmts(st.stmts, inner))
+        for x, ref in copy_back:
+            self.prelude.extend(self.assign(x, V(ref), scope, x.loc))
+        return do(ir.Nop())
 
     def subctl_apply(self, sub: SubCtx, e: A.Call, scope: Scope) -> V:
-        if sub.applied:
-            raise Diagnostic(e.loc, f"control instance {sub.name} is applied more than once")
+        if sub.applied and sub.has_tables:
+            # its tables would be applied twice, which bmv2 does not allow
+            raise Diagnostic(
+                e.loc, f"control instance {sub.name} (with tables) is applied more than once"
+            )
         sub.applied = True
         if len(e.args) != len(sub.params):
             raise Diagnostic(
@@ -2008,7 +2446,14 @@ class Checker:
         elif isinstance(d, A.Instantiation):
             self.instantiate(d, scope)
         elif isinstance(d, A.VarDecl):
-            return self.local_var(d, scope, frame=True)
+            # its initialiser runs at each apply, calls first (as in a statement)
+            outer = self.prelude
+            self.prelude = []
+            try:
+                out = self.local_var(d, scope, frame=True)
+                return [*self.prelude, *out]
+            finally:
+                self.prelude = outer
         else:
             raise Diagnostic(d.loc, f"unsupported declaration in {self.ctl_name}")
         return []
@@ -2021,6 +2466,13 @@ class Checker:
             and self.ctl_role in ("ingress", "egress", "verify", "compute")
         ):
             self.define_subcontrol(ts.data, d, scope)
+            return
+        if ts is not None and ts.kind == "parser" and self.ctl_role == "parser":
+            if scope.syms.get(d.name):
+                raise Diagnostic(d.loc, f"{d.name} is already declared")
+            if d.args or ts.data.ctor_params:
+                raise Diagnostic(d.loc, "parser constructor parameters are not supported")
+            scope.add(d.name, Sym("subparser", data=ts.data))
             return
         if ts is not None and ts.kind in ("control", "parser"):
             raise Diagnostic(
@@ -2104,6 +2556,7 @@ class Checker:
         kinds_ok = {"exact", "lpm", "ternary", "range", "optional"}
         keys: list[KeyInfo] = []
         key_ir: list[ir.DataItem] = []
+        key_tys: list[Ty] = []
         if "key" in props:
             for i, k in enumerate(props["key"].keys or []):
                 if mk is None or k.match_kind not in mk.data:
@@ -2112,12 +2565,21 @@ class Checker:
                     raise Diagnostic(k.loc, f"match kind {k.match_kind} is not supported")
                 v = self.expr(k.expr, scope)
                 w = bit_width(v.ty)
+                if isinstance(v.ty, ErrorT) and k.match_kind == "exact":
+                    w = 32  # an error matched by its code (bmv2 keeps it in 32 bits)
                 if w is None:
                     raise Diagnostic(k.expr.loc, f"key of type {v.ty} cannot be matched")
                 kn = A.ann_get(k.annotations, "name")
                 name = str(kn.args[0]) if kn and kn.args else expr_text(k.expr)
                 keys.append(KeyInfo(i + 1, name, w, k.match_kind))
                 key_ir.append(ir.DataItem(v.ir, w, None))
+                key_tys.append(v.ty)
+                if isinstance(v.ty, EnumT) and v.ty.underlying is not None:
+                    # p4c describes a serializable enum key's type in the P4Info's type_info
+                    self.model.ser_enums[v.ty.name] = (
+                        v.ty.underlying.width,
+                        list(v.ty.members.items()),
+                    )
         if sum(1 for k in keys if k.match_kind == "lpm") > 1:
             raise Diagnostic(d.loc, f"table {d.name} has more than one lpm key (bmv2 allows one)")
         if "actions" not in props:
@@ -2125,19 +2587,26 @@ class Checker:
         acts: dict[str, ActionCtx] = {}
         local_names: dict[str, str] = {}
         scopes: dict[str, str] = {}
+        bound: dict[str, int] = {}  # actions with arguments bound in the list: how many
+        ref_anns: dict[str, list[str]] = {}
         for ar in props["actions"].actions or []:
             s = (self.g if ar.name.startswith(".") else scope).lookup(ar.name.lstrip("."))
             if s is None or s.kind != "action":
                 raise Diagnostic(ar.loc, f"{ar.name} is not an action")
-            if ar.args:
-                raise Diagnostic(
-                    ar.loc, "action arguments bound in the actions list are not supported"
-                )
             ac = self.action_ctx(s)
+            if ar.args:
+                ac = self.bound_action(ac, ar, scope)
+                bound[ac.name] = len(ar.args)
             if any(dd for _n, _t, dd in ac.params):
                 raise Diagnostic(
                     ar.loc,
                     f"action {ac.name} has directional parameters and cannot be used in a table",
+                )
+            if ac.inline_scope is not None:
+                raise Diagnostic(
+                    ar.loc,
+                    f"action {ac.name} has parameters the control plane cannot give "
+                    "(headers or structs) and cannot be used in a table",
                 )
             if ac.name in acts:
                 raise Diagnostic(ar.loc, f"action {ar.name} listed twice")
@@ -2148,6 +2617,13 @@ class Checker:
                 scopes[ac.name] = "DEFAULT_ONLY"
             elif A.ann_get(ar.annotations, "tableonly"):
                 scopes[ac.name] = "TABLE_ONLY"
+            other = [
+                ann_text(a)
+                for a in ar.annotations
+                if a.name not in ("defaultonly", "tableonly", *_P4INFO_OWN_ANNS)
+            ]
+            if other:
+                ref_anns[ac.name] = other
         const_default = False
         if "default_action" in props:
             p = props["default_action"]
@@ -2168,7 +2644,9 @@ class Checker:
                 )
             if scopes.get(dac.name) == "TABLE_ONLY":
                 raise Diagnostic(de.loc, f"action {dcall.func.name} is @tableonly")
-            dargs = self.const_args(dac, dcall.args, de.loc, scope)
+            dac = acts[dac.name]
+            # the bound arguments are written again; only the others are the default's data
+            dargs = self.const_args(dac, dcall.args[bound.get(dac.name, 0) :], de.loc, scope)
         else:
             nas = self.g.lookup("NoAction")
             if nas is None:
@@ -2206,10 +2684,8 @@ class Checker:
             if not p.const:
                 raise Diagnostic(p.loc, "only 'const entries' are supported")
             ents = p.entries or []
-            for idx, ent in enumerate(ents):
-                entries.append(
-                    self.const_entry(ent, keys, acts, local_names, scope, len(ents) - idx)
-                )
+            for ent, prio in zip(ents, self.entry_priorities(ents), strict=True):
+                entries.append(self.const_entry(ent, keys, acts, local_names, scope, prio, key_tys))
         uid = self.fresh("t_")
         info = TableInfo(
             fq,
@@ -2225,6 +2701,7 @@ class Checker:
             dc_name,
             fixed_id=self.fixed_id(d.annotations),
         )
+        info.ref_annotations = ref_anns
         tc = TableCtx(uid, info, acts, local_names=local_names)
         self.tables.append(tc)
         self.model.tables.append(info)
@@ -2232,9 +2709,83 @@ class Checker:
         self.defs.append(ir.TableDef(uid, tuple(key_ir)))
         return tc
 
+    def entry_priorities(self, ents: list[A.TableEntryDecl]) -> list[int]:
+        """The priority of each const entry as the target orders them (the highest wins):
+        earlier entries first; with p4c's ``@priority(n)`` annotation, as bmv2 orders them,
+        the smallest n first, an entry without one counting as its position (1, 2, ...)."""
+        bmv2: list[int] = []
+        annotated = False
+        for i, ent in enumerate(ents):
+            a = A.ann_get(ent.annotations, "priority")
+            if a is None:
+                bmv2.append(i + 1)
+                continue
+            if len(a.args) != 1 or not isinstance(a.args[0], int) or a.args[0] < 0:
+                raise Diagnostic(a.loc, "@priority needs one non-negative integer")
+            if ent.priority is not None:
+                raise Diagnostic(a.loc, "an entry has both 'priority =' and @priority")
+            bmv2.append(a.args[0])
+            annotated = True
+        if not annotated:
+            return [len(ents) - i for i in range(len(ents))]
+        top = max(bmv2) + 1
+        return [top - b for b in bmv2]
+
+    def bound_action(self, ac: ActionCtx, ar: A.ActionRef, scope: Scope) -> ActionCtx:
+        """``a(x, y)`` in a table's actions list: the action's directional parameters bound to
+        ``x, y`` (evaluated when the action runs) and its directionless ones left to the
+        control plane; for this table, a function of the directionless parameters that calls
+        ``a`` (inlined when it has out/inout parameters, copy-in/copy-out as a direct call)."""
+        k = len(ar.args)
+        dirs = [d for _n, _t, d in ac.params]
+        if k > len(dirs) or "" in dirs[:k] or any(dirs[k:]):
+            n = sum(1 for d in dirs if d)
+            raise Diagnostic(
+                ar.loc,
+                f"the actions list must bind exactly the directional parameters of action "
+                f"{ac.name} ({n}), not {k}",
+            )
+        inner = Scope(scope)
+        pys: list[str] = []
+        names: list[A.Expr] = []
+        for pn, t, _d in ac.params[k:]:
+            if not isinstance(t, (BitT, BoolT)) and not (isinstance(t, EnumT) and t.underlying):
+                raise Diagnostic(ar.loc, f"action parameter {pn} has unsupported type {t}")
+            py = self.fresh(f"p_{pn}_")
+            pys.append(py)
+            arg = self.fresh("$arg")  # not a P4 name
+            ro = "action parameters are read-only"
+            inner.add(arg, Sym("var", t, ir=ir.Ref(t, "param", py), readonly=ro))
+            names.append(A.Name(ar.loc, arg))
+        call = A.Call(ar.loc, A.Name(ar.loc, ac.decl.name), [], [*ar.args, *names])
+        outer = self.prelude
+        self.prelude = []
+        self.action_depth += 1  # a table's action, not a direct call
+        try:
+            v = self.direct_action_call(Sym("action", data=ac), call, inner)
+            body = [*self.prelude, v.stmt if v.stmt is not None else ir.Nop(), *v.after]
+        finally:
+            self.prelude = outer
+            self.action_depth -= 1
+        uid = self.fresh("a_")
+        self.defs.append(ir.ActionDef(uid, tuple(pys), tuple(body)))
+        return ActionCtx(uid, ac.name, ac.decl, list(ac.params[k:]))
+
+    @staticmethod
+    def with_defaults(params: list[A.Param], args: list[A.Expr]) -> list[A.Expr]:
+        """``args`` for ``params`` with the trailing omitted ones given their default values
+        (``bit<8> x = 0``), as far as the parameters have them."""
+        out = list(args)
+        for p in params[len(args) :]:
+            if p.default is None:
+                break
+            out.append(p.default)
+        return out
+
     def const_args(
         self, ac: ActionCtx, args: list[A.Expr], loc: Loc, scope: Scope
     ) -> tuple[int, ...]:
+        args = self.with_defaults(ac.decl.params[len(ac.decl.params) - len(ac.params) :], args)
         if len(args) != len(ac.params):
             raise Diagnostic(
                 loc, f"action {ac.name} takes {len(ac.params)} argument(s), {len(args)} given"
@@ -2258,19 +2809,22 @@ class Checker:
         local_names: dict[str, str],
         scope: Scope,
         prio: int,
+        key_tys: list[Ty],
     ) -> ConstEntry:
         if len(ent.keys) != len(keys):
             raise Diagnostic(
                 ent.loc, f"entry has {len(ent.keys)} key values, table has {len(keys)} keys"
             )
         matches: dict[int, tuple[str, int, int]] = {}
-        for k, ks in zip(keys, ent.keys, strict=True):
+        for k, ks, kt in zip(keys, ent.keys, key_tys, strict=True):
             full = (1 << k.bitwidth) - 1
             t = BitT(k.bitwidth)
 
-            def cv(x: A.Expr, t: BitT = t) -> int:
+            def cv(x: A.Expr, t: BitT = t, kt: Ty = kt) -> int:
                 v = self.expr(x, scope)
-                if isinstance(v.ty, BoolT) and t.width == 1:
+                if isinstance(kt, ErrorT) and isinstance(v.ty, ErrorT):
+                    v = konst(t, v.const)  # an error key: the error's code
+                elif isinstance(v.ty, BoolT) and t.width == 1:
                     v = konst(t, None if v.const is None else int(v.const))
                 elif isinstance(v.ty, EnumT) and v.ty.underlying:
                     v = V(ir.Cast(v.ty.underlying, v.ir), v.const)
@@ -2451,10 +3005,20 @@ class Checker:
     def finish_model(self) -> None:
         if self.diags:
             return
-        for name in [*dict.fromkeys(n for tc in self.tables for n in tc.info.action_names)]:
-            ac = self.actions_by_name[name]
+        table_acts: dict[str, ActionCtx] = {}
+        for tc in self.tables:
+            for n in tc.info.action_names:
+                table_acts.setdefault(n, tc.action_syms[n])
+        for name, ac in self.direct_actions.items():
+            if name not in table_acts:
+                # p4c's hidden table for the call: every argument is given at the call, the
+                # parameters become locals, the action has none
+                table_acts[name] = ActionCtx(ac.uid, ac.name, ac.decl, [])
+        for name, ac in table_acts.items():
+            # (an action bound in an actions list: its directionless parameters)
             ps = [ParamInfo(i + 1, n, bit_width(t) or 0) for i, (n, t, _d) in enumerate(ac.params)]
-            anns: list[str] = []
+            # p4c lists an action's annotations but those the P4Info says otherwise
+            anns = [ann_text(a) for a in ac.decl.annotations if a.name not in _P4INFO_OWN_ANNS]
             ac.info = ActionInfo(name, ps, anns, fixed_id=self.fixed_id(ac.decl.annotations))
             self.model.actions.append(ac.info)
         for dc in self.direct_counters.values():
@@ -2478,7 +3042,13 @@ class Checker:
             defs=list(self.defs),
             actions={n: ac.uid for n, ac in self.actions_by_name.items()},
             tables=[
-                ir.TableRef(tc.uid, tc.info.name, tuple(tc.info.action_names)) for tc in self.tables
+                ir.TableRef(
+                    tc.uid,
+                    tc.info.name,
+                    tuple(tc.info.action_names),
+                    tuple(tc.action_syms[n].uid for n in tc.info.action_names),
+                )
+                for tc in self.tables
             ],
             externs=list(self.ext_binds),
             digests=list(self.model.digests),
@@ -2493,8 +3063,24 @@ def is_ctx(e: ir.Expr, name: str) -> bool:
     return isinstance(e, ir.Ref) and e.kind == "ctx" and e.name == name
 
 
+_P4INFO_OWN_ANNS = {"name", "id", "brief", "description"}  # in the P4Info's own fields
+
+
+def ann_text(a: A.Annotation) -> str:
+    """An annotation as p4c writes it in the P4Info (``@noWarn("unused")``)."""
+    return f"@{a.name}" if a.body is None else f"@{a.name}({a.body})"
+
+
 def expr_text(e: A.Expr) -> str:
-    """Source-like text of a key expression (P4Info match-field names)."""
+    """Source-like text of a key expression (P4Info match-field names; ``h.isValid()`` is
+    ``h.$valid$`` as p4c names it)."""
+    if (
+        isinstance(e, A.Call)
+        and isinstance(e.func, A.Member)
+        and e.func.name == "isValid"
+        and not e.args
+    ):
+        return f"{expr_text(e.func.expr)}.$valid$"
     if isinstance(e, A.Name):
         return ("." if e.top else "") + e.name
     if isinstance(e, A.Member):

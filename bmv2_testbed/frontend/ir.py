@@ -371,10 +371,17 @@ class SetValid:
 
 @dataclass(frozen=True, eq=False, slots=True)
 class Extract:
-    """``pkt.extract(h)``; too few bytes left: parser error ``short``."""
+    """``pkt.extract(h)``; too few bytes left: parser error ``short``. ``pkt.extract(h,
+    length)`` of a header with a varbit field: ``length`` bits (bit<32>) for that field; a
+    header whose total is not whole bytes is parser error ``bad_length``
+    (ParserInvalidArgument), a length over the field's maximum ``too_long``
+    (HeaderTooShort), as bmv2 checks them."""
 
     header: Expr
     short: int
+    length: Expr | None = None
+    bad_length: int = 0
+    too_long: int = 0
 
 
 @dataclass(frozen=True, eq=False, slots=True)
@@ -654,6 +661,8 @@ class TableRef:
     uid: str
     name: str
     actions: tuple[str, ...]
+    action_uids: tuple[str, ...] = ()  # the function run for each action (per table: an
+    # action with arguments bound in the actions list has one per table)
 
 
 @dataclass(eq=False, slots=True)

@@ -190,12 +190,15 @@ def _strip_comments(text: str, file: str) -> str:
 
 
 class Preprocessor:
-    """A small C preprocessor: enough for P4 programs (includes, guards, object-like macros)."""
+    """A small C preprocessor: enough for P4 programs (includes, guards, object-like and
+    function-like macros; no ``#``/``##`` in macro bodies)."""
 
     def __init__(self, include_dirs: list[Path], virtual: dict[str, str] | None = None) -> None:
         self.include_dirs = [*include_dirs, BUILTIN_INCLUDE]
         self.virtual = virtual or {}
         self.macros: dict[str, list[Token]] = {}
+        # function-like macros: name -> (parameters, body)
+        self.fmacros: dict[str, tuple[list[str], list[Token]]] = {}
         self.tokens: list[Token] = []
         self.files: dict[str, str] = {}
         self.depth = 0
@@ -232,8 +235,15 @@ class Preprocessor:
             i += 1
             st = s.lstrip()
             if not st.startswith("#"):
+                if active and self.fmacros and _open_call(s, self.fmacros):
+                    # a function-like macro's arguments go on over the next lines
+                    while i < len(raw) and s.count("(") > s.count(")"):
+                        if raw[i].lstrip().startswith("#"):
+                            break
+                        s = s + " " + raw[i]
+                        i += 1
                 if active and st:
-                    tokenize_line(s, Loc(file, lineno, 1), self.macros, self.tokens)
+                    tokenize_line(s, Loc(file, lineno, 1), self.macros, self.tokens, self.fmacros)
                 continue
             col = len(s) - len(st) + 1
             loc = Loc(file, lineno, col)
@@ -245,7 +255,7 @@ class Preprocessor:
             d, rest = m.group(1), m.group(2).strip()
             if d in ("ifdef", "ifndef"):
                 name = rest.split()[0] if rest else ""
-                val = (name in self.macros) == (d == "ifdef")
+                val = (name in self.macros or name in self.fmacros) == (d == "ifdef")
                 cond.append([active and val, val, active])
                 active = active and val
             elif d == "if":
@@ -278,13 +288,31 @@ class Preprocessor:
                 mm = re.match(r"([A-Za-z_][A-Za-z0-9_]*)(\(?)(.*)$", rest)
                 if not mm:
                     raise Diagnostic(loc, "malformed #define")
+                name, body = mm.group(1), mm.group(3)
+                params: list[str] | None = None
                 if mm.group(2):
-                    raise Diagnostic(loc, "function-like macros are not supported")
-                body = mm.group(3)
+                    pm = re.match(
+                        r"\s*([A-Za-z_][A-Za-z0-9_]*(?:\s*,\s*[A-Za-z_][A-Za-z0-9_]*)*)?\s*\)", body
+                    )
+                    if not pm:
+                        raise Diagnostic(loc, f"malformed parameter list of macro {name}")
+                    params = [x.strip() for x in (pm.group(1) or "").split(",") if x.strip()]
+                    if len(set(params)) != len(params):
+                        raise Diagnostic(loc, f"duplicate parameter in macro {name}")
+                    body = body[pm.end() :]
                 bcol = col + len(st) - len(body)
-                self.macros[mm.group(1)] = tokenize_line(body, Loc(file, lineno, bcol), {})
+                toks = tokenize_line(body, Loc(file, lineno, bcol), {})
+                if any(t.text == "#" for t in toks):
+                    raise Diagnostic(loc, "'#' and '##' in macro bodies are not supported")
+                self.macros.pop(name, None)
+                self.fmacros.pop(name, None)
+                if params is None:
+                    self.macros[name] = toks
+                else:
+                    self.fmacros[name] = (params, toks)
             elif d == "undef":
                 self.macros.pop(rest.split()[0] if rest else "", None)
+                self.fmacros.pop(rest.split()[0] if rest else "", None)
             elif d == "include":
                 self._include(rest, loc, base)
             elif d == "error":
@@ -317,7 +345,9 @@ class Preprocessor:
     def _eval(self, expr: str, loc: Loc) -> bool:
         e = re.sub(
             r"defined\s*\(\s*([A-Za-z_]\w*)\s*\)|defined\s+([A-Za-z_]\w*)",
-            lambda m: "1" if (m.group(1) or m.group(2)) in self.macros else "0",
+            lambda m: (
+                "1" if (m.group(1) or m.group(2)) in (self.macros.keys() | self.fmacros) else "0"
+            ),
             expr,
         )
 
@@ -338,10 +368,27 @@ class Preprocessor:
             raise Diagnostic(loc, f"cannot evaluate #if expression '{expr}'") from None
 
 
+FMacros = dict[str, tuple[list[str], list[Token]]]
+
+
+def _open_call(line: str, fmacros: FMacros) -> bool:
+    """``line`` calls a function-like macro and leaves a parenthesis open."""
+    if line.count("(") <= line.count(")"):
+        return False
+    return any(m.group(1) in fmacros for m in re.finditer(r"\b([A-Za-z_][A-Za-z0-9_]*)\s*\(", line))
+
+
 def tokenize_line(
-    text: str, loc: Loc, macros: dict[str, list[Token]], out: list[Token] | None = None
+    text: str,
+    loc: Loc,
+    macros: dict[str, list[Token]],
+    out: list[Token] | None = None,
+    fmacros: FMacros | None = None,
 ) -> list[Token]:
     res: list[Token] = [] if out is None else out
+    if fmacros:
+        res.extend(expand_tokens(tokenize_line(text, loc, {}), macros, fmacros, set()))
+        return res
     pos = 0
     n = len(text)
     while pos < n:
@@ -377,6 +424,64 @@ def _expand(
             _expand(t.text, loc, macros, res, active | {name})
         else:
             res.append(Token(t.kind, t.text, loc, t.value, t.width, t.signed))
+
+
+def expand_tokens(
+    toks: list[Token], macros: dict[str, list[Token]], fmacros: FMacros, active: set[str]
+) -> list[Token]:
+    """``toks`` with object-like and function-like macros expanded (the arguments of a call
+    expanded first, the result scanned again; a macro is not expanded inside itself). Tokens
+    from a macro body take the location of the use."""
+    out: list[Token] = []
+    i = 0
+    while i < len(toks):
+        t = toks[i]
+        name = t.text
+        if t.kind != "id" or name in active:
+            out.append(t)
+            i += 1
+            continue
+        if name in macros:
+            body = [Token(b.kind, b.text, t.loc, b.value, b.width, b.signed) for b in macros[name]]
+            out.extend(expand_tokens(body, macros, fmacros, active | {name}))
+            i += 1
+            continue
+        if name not in fmacros or i + 1 >= len(toks) or toks[i + 1].text != "(":
+            out.append(t)
+            i += 1
+            continue
+        args: list[list[Token]] = [[]]
+        depth = 0
+        j = i + 1
+        while True:
+            j += 1
+            if j >= len(toks):
+                raise Diagnostic(t.loc, f"unterminated call of macro {name}")
+            a = toks[j]
+            if a.text == ")" and depth == 0:
+                break
+            if a.text == "," and depth == 0:
+                args.append([])
+                continue
+            depth += {"(": 1, ")": -1}.get(a.text, 0)
+            args[-1].append(a)
+        params, fbody = fmacros[name]
+        if not params and args == [[]]:
+            args = []
+        if len(args) != len(params):
+            raise Diagnostic(
+                t.loc, f"macro {name} takes {len(params)} argument(s), {len(args)} given"
+            )
+        expanded = [expand_tokens(a, macros, fmacros, active) for a in args]
+        sub: list[Token] = []
+        for b in fbody:
+            if b.kind == "id" and b.text in params:
+                sub.extend(expanded[params.index(b.text)])
+            else:
+                sub.append(Token(b.kind, b.text, t.loc, b.value, b.width, b.signed))
+        out.extend(expand_tokens(sub, macros, fmacros, active | {name}))
+        i = j + 1
+    return out
 
 
 def lex(pp: Preprocessor) -> list[Token]:

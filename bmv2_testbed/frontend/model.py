@@ -69,6 +69,9 @@ class TableInfo:
     direct_counter_id: int | None = None
     const_entries: list[ConstEntry] = field(default_factory=list)
     annotations: list[str] = field(default_factory=list)
+    # per action name: the annotations of its entry in the actions list (as p4c writes them)
+    ref_annotations: dict[str, list[str]] = field(default_factory=dict)
+    ref_annotation_ids: dict[int, list[str]] = field(default_factory=dict)
 
 
 @dataclass
@@ -121,6 +124,8 @@ class ProgramModel:
     digests: list[DigestInfo] = field(default_factory=list)
     controller_headers: list[ControllerHeaderInfo] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
+    # serializable enums that are the type of a table key: name -> (width, members)
+    ser_enums: dict[str, tuple[int, list[tuple[str, int]]]] = field(default_factory=dict)
 
 
 #: The control blocks of a v1model pipeline, by role, in the order a packet runs them.

@@ -36,6 +36,8 @@ _BINOPS: dict[str, int] = {
     "/": 11,
     "%": 11,
 }
+# operators with a compound assignment form (``a op= b``)
+_COMPOUND = {"+", "-", "*", "/", "%", "<<", "&", "^", "|", "|+|", "|-|"}  # and >>= ('>' '>=')
 
 
 class Parser:
@@ -103,7 +105,9 @@ class Parser:
                 raise Diagnostic(name.loc, "expected an annotation name after '@'")
             self.i += 1
             args: list[str | int] = []
+            body: list[str] | None = None
             if self.at("(") or self.at("["):
+                body = []
                 close = ")" if self.at("(") else "]"
                 self.i += 1
                 depth = 0
@@ -124,8 +128,9 @@ class Parser:
                         args.append(t.value)
                     elif t.kind == "id":
                         args.append(t.text)
+                    body.append(t.text + (" " if t.text == "," else ""))
                     self.i += 1
-            anns.append(A.Annotation(name.text, args, loc))
+            anns.append(A.Annotation(name.text, args, loc, None if body is None else "".join(body)))
         return anns
 
     def declaration(self) -> A.Decl:
@@ -133,7 +138,7 @@ class Parser:
         t = self.tok
         loc = t.loc
         kw = t.text if t.kind == "id" else ""
-        if kw in ("header", "struct"):
+        if kw in ("header", "struct", "header_union"):
             self.i += 1
             name = self.ident("a type name").text
             self.types.add(name)
@@ -145,9 +150,7 @@ class Parser:
                 fname = self.ident("a field name")
                 self.expect(";")
                 fields.append(A.Field(fname.loc, ft, fname.text, fanns))
-            return A.HeaderDecl(loc, name, anns, fields, kw == "header")
-        if kw == "header_union":
-            raise Diagnostic(loc, "header unions are not supported")
+            return A.HeaderDecl(loc, name, anns, fields, kw == "header", kw == "header_union")
         if kw in {"typedef", "type"}:
             self.i += 1
             ty = self.type_ref()
@@ -254,9 +257,8 @@ class Parser:
                 self.i += 1
             ty = self.type_ref()
             name = self.ident("a parameter name")
-            if self.accept("="):
-                raise Diagnostic(self.tok.loc, "default parameter values are not supported")
-            ps.append(A.Param(loc, d, ty, name.text, anns))
+            default = self.expression() if self.accept("=") else None
+            ps.append(A.Param(loc, d, ty, name.text, anns, default))
             if not self.accept(","):
                 break
         self.expect(")")
@@ -538,6 +540,7 @@ class Parser:
                     aloc = self.tok.loc
                     an = self.dotted_name()
                     args = self.arguments() if self.at("(") else []
+                    eanns += self.annotations()  # p4c's @priority(n) goes here
                     self.expect(";")
                     ents.append(
                         A.TableEntryDecl(eloc, keys_l, A.ActionRef(aloc, an, args, []), eanns, prio)
@@ -640,6 +643,8 @@ class Parser:
                 return A.If(loc, c, th, el)
             if kw == "switch":
                 return self.switch_stmt()
+            if kw == "for" and self.peek().text == "(":
+                raise Diagnostic(loc, "'for' loops are not supported by this target")
             if kw == "exit":
                 self.i += 1
                 self.expect(";")
@@ -666,6 +671,7 @@ class Parser:
                     and t.text in BUILTIN_TYPES | self.types
                     and self._looks_like_decl()
                 )
+                or (self.peek().text == "[" and t.text in self.types)  # a stack: H[2] s;
             ):
                 s = self.decl_after_type(anns)
                 self.expect(";")
@@ -690,6 +696,18 @@ class Parser:
             rhs = self.expression()
             self.expect(";")
             return A.Assign(loc, lhs, rhs)
+        if self._shr_assign_at():
+            self.i += 2
+            rhs = self.expression()
+            self.expect(";")
+            return A.Assign(loc, lhs, rhs, ">>")
+        if self.tok.kind == "op":
+            op = self.tok.text
+            if self._compound_at(op):
+                self.i += 2
+                rhs = self.expression()
+                self.expect(";")
+                return A.Assign(loc, lhs, rhs, op)
         if not isinstance(lhs, A.Call):
             raise Diagnostic(
                 self.tok.loc,
@@ -727,10 +745,17 @@ class Parser:
         cases: list[A.SwitchCase] = []
         while not self.accept("}"):
             cloc = self.tok.loc
-            label = None if self.accept("default") else self.dotted_name()
+            value: A.Expr | None = None
+            if self.accept("default"):
+                label = None
+            elif self.tok.kind == "id" or self.at("."):
+                label = self.dotted_name()
+            else:  # a constant expression (switch on a value)
+                value = self.expression()
+                label = ""
             self.expect(":")
             body = self.block() if self.at("{") else None
-            cases.append(A.SwitchCase(cloc, label, body))
+            cases.append(A.SwitchCase(cloc, label, body, value))
         return A.Switch(loc, e, cases)
 
     # ---------------------------------------------------------------- expressions
@@ -738,9 +763,11 @@ class Parser:
         self.expect("(")
         args: list[A.Expr] = []
         while not self.at(")"):
-            if self.at("_"):
-                raise Diagnostic(self.tok.loc, "don't-care arguments are not supported")
-            args.append(self.expression())
+            if self.at("_") and self.peek().text in (",", ")"):
+                args.append(A.DontCare(self.tok.loc))
+                self.i += 1
+            else:
+                args.append(self.expression())
             if not self.accept(","):
                 break
         self.expect(")")
@@ -761,6 +788,8 @@ class Parser:
         t = self.tok
         if t.kind != "op":
             return None
+        if self._shr_assign_at():
+            return None
         if (
             t.text == ">"
             and self.peek().text == ">"
@@ -768,8 +797,38 @@ class Parser:
             and self.peek().loc.line == t.loc.line
             and self.peek().loc.col == t.loc.col + 1
         ):
-            return ">>"
-        return t.text if t.text in _BINOPS else None
+            op = ">>"
+        else:
+            op = t.text
+        if op not in _BINOPS or self._compound_at(op):
+            return None
+        return op
+
+    def _shr_assign_at(self) -> bool:
+        """``>>=`` at the current token (lexed as '>' '>=')."""
+        t, n = self.tok, self.peek()
+        return (
+            t.text == ">"
+            and n.text == ">="
+            and n.loc.line == t.loc.line
+            and n.loc.col == t.loc.col + 1
+        )
+
+    def _compound_at(self, op: str) -> bool:
+        """The operator ``op`` at the current token is followed right away by '=': a compound
+        assignment (``+=``, ``>>=``, ``|+|=`` ...), not a binary operator."""
+        if op not in _COMPOUND:
+            return False
+        j = self.i + 1
+        if j >= len(self.toks):
+            return False
+        last, nxt = self.toks[j - 1], self.toks[j]
+        return (
+            nxt.text == "="
+            and nxt.kind == "op"
+            and nxt.loc.line == last.loc.line
+            and nxt.loc.col == last.loc.col + len(last.text)
+        )
 
     def binary(self, minprec: int) -> A.Expr:
         left = self.unary()

@@ -22,6 +22,17 @@ class BitT(Ty):
 
 
 @dataclass(frozen=True)
+class VarbitT(Ty):
+    """``varbit<max_width>``: a value is ``(value, nbits)`` at run time (``nbits`` <=
+    ``max_width``, set by ``extract(h, nbits)``); two are equal when both parts are."""
+
+    max_width: int
+
+    def __str__(self) -> str:
+        return f"varbit<{self.max_width}>"
+
+
+@dataclass(frozen=True)
 class IntLitT(Ty):
     def __str__(self) -> str:
         return "int"
@@ -63,7 +74,8 @@ class EnumT(Ty):
 
 @dataclass(eq=False)
 class StructT(Ty):
-    """A header (``is_header``) or a struct."""
+    """A header (``is_header``) or a struct. A header's ``width`` leaves out its varbit field
+    (the header's minimum size)."""
 
     name: str
     is_header: bool
@@ -82,11 +94,31 @@ class StructT(Ty):
         return None
 
     @property
+    def varbit(self) -> tuple[str, VarbitT] | None:
+        """A header's varbit field (its name and type), if it has one."""
+        for n, t in self.fields:
+            if isinstance(t, VarbitT):
+                return n, t
+        return None
+
+    def leaves(self) -> list[tuple[tuple[str, ...], Ty]]:
+        """The fields with those of nested structs (not headers) spelled out, as (path, type)
+        in order: a header's bits on the wire."""
+        out: list[tuple[tuple[str, ...], Ty]] = []
+        for n, t in self.fields:
+            if isinstance(t, StructT) and not t.is_header:
+                out.extend(((n, *p), lt) for p, lt in t.leaves())
+            else:
+                out.append(((n,), t))
+        return out
+
+    @property
     def width(self) -> int:
-        return sum(t.width for _, t in self.fields if isinstance(t, BitT)) + sum(
-            t.underlying.width
-            for _, t in self.fields
-            if isinstance(t, EnumT) and t.underlying is not None
+        leaves = [t for _, t in self.leaves()]
+        return (
+            sum(t.width for t in leaves if isinstance(t, BitT))
+            + sum(t.underlying.width for t in leaves if isinstance(t, EnumT) and t.underlying)
+            + sum(1 for t in leaves if isinstance(t, BoolT))
         )
 
 
@@ -100,6 +132,24 @@ class StackT(StructT):
 
     def __str__(self) -> str:
         return f"{self.elem}[{self.size}]"
+
+
+@dataclass(eq=False)
+class TupleT(StructT):
+    """``tuple<T1, ...>``: held as a struct of its elements (fields ``f0`` ..), read by a
+    constant index."""
+
+    def __str__(self) -> str:
+        return "tuple<" + ", ".join(str(t) for _, t in self.fields) + ">"
+
+
+@dataclass(eq=False)
+class UnionT(StructT):
+    """A ``header_union``: held as a struct of its member headers, at most one of them valid
+    (making one valid invalidates the others, as bmv2 does)."""
+
+    def __str__(self) -> str:
+        return f"header_union {self.name}"
 
 
 @dataclass(eq=False)
