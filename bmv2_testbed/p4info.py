@@ -77,17 +77,21 @@ def _aliases(objs: list[Any]) -> None:
 
 def assign_ids(m: ProgramModel) -> None:
     """Assign P4Runtime ids and aliases; resolve the cross references in tables/counters."""
-    _assign("action", m.actions)
-    _assign("table", m.tables)
+    # what the P4Info lists first: a table (or action) left out of it takes its id after them
+    _assign("action", sorted(m.actions, key=lambda a: not a.in_p4info))
+    _assign("table", sorted(m.tables, key=lambda t: not t.in_p4info))
     _assign("counter", m.counters)
     _assign("direct_counter", m.direct_counters)
     _assign("register", m.registers)
     _assign("digest", m.digests)
     _assign("controller_header", m.controller_headers)
     _aliases(
+        [*(a for a in m.actions if not a.in_p4info), *(t for t in m.tables if not t.in_p4info)]
+    )
+    _aliases(
         [
-            *m.actions,
-            *m.tables,
+            *(a for a in m.actions if a.in_p4info),
+            *(t for t in m.tables if t.in_p4info),
             *m.counters,
             *m.direct_counters,
             *m.registers,
@@ -125,6 +129,8 @@ def build_p4info(m: ProgramModel) -> Any:
 
     aname = {a.id: a for a in m.actions}
     for t in sorted(m.tables, key=lambda t: t.id):
+        if not t.in_p4info:
+            continue
         tm = p.tables.add()
         pre(tm, t, t.annotations)
         for k in t.keys:
@@ -160,6 +166,8 @@ def build_p4info(m: ProgramModel) -> Any:
         if t.const_entries:
             tm.has_initial_entries = True
     for act in sorted(m.actions, key=lambda a: a.id):
+        if not act.in_p4info:
+            continue
         am = p.actions.add()
         pre(am, act, act.annotations)
         for prm in act.params:

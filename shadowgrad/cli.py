@@ -61,6 +61,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "shadowgrad.bmv2_testbed._compile_cmd",
         "compile a P4_16 v1model program for the software target (p4c-like)",
     ),
+    "p4test": (
+        "shadowgrad.bmv2_testbed._p4test_cmd",
+        "run STF tests (p4c's bmv2 format) on the software target: PROG.p4 [TEST.stf] or a folder",
+    ),
 }
 
 #: exit status for a ShadowgradError (bad spec, bad input, ...); argparse uses 2 for usage

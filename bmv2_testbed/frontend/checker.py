@@ -11,6 +11,8 @@ standard_metadata fields each block reads, the frames' initial values).
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -206,6 +208,9 @@ class TableCtx:
     info: TableInfo
     action_syms: dict[str, ActionCtx]  # fq action name -> action
     applied: bool = False
+    #: applied where a constant condition does not leave the apply out (p4c's front end
+    #: removes a table applied only in such dead code, and so does the P4Info here)
+    live: bool = False
     local_names: dict[str, str] = field(default_factory=dict)  # written name -> fq
 
 
@@ -289,6 +294,9 @@ class Checker:
         # lists them in the P4Info (its front end gives each call a hidden table)
         self.direct_actions: dict[str, ActionCtx] = {}
         self.action_depth = 0  # > 0 while an action's body is checked
+        #: > 0 while the branch of a constant condition that never runs is checked (``if
+        #: (false)``, ``true ? a : b``'s ``b``): its applies and calls are not uses for the P4Info
+        self.dead = 0
         self.in_sub_apply = False
         # block role -> standard_metadata fields its code may read (ProgramFacts.std_reads)
         self.std_reads: dict[str, set[str]] = {}
@@ -757,6 +765,15 @@ class Checker:
             ),
         )
 
+    @contextlib.contextmanager
+    def dead_if(self, dead: bool) -> Iterator[None]:
+        """Check what the block runs as code a constant condition leaves out when ``dead``."""
+        self.dead += dead
+        try:
+            yield
+        finally:
+            self.dead -= dead
+
     def cond(self, e: A.Expr, scope: Scope) -> V:
         v = self.expr(e, scope)
         if not isinstance(v.ty, BoolT):
@@ -791,9 +808,11 @@ class Checker:
         if isinstance(e, A.Cond):
             c = self.cond(e.cond, scope)
             m1 = len(self.prelude) if self.prelude is not None else 0
-            a = self.expr(e.then, scope)
+            with self.dead_if(c.const is False):
+                a = self.expr(e.then, scope)
             m2 = len(self.prelude) if self.prelude is not None else 0
-            b = self.expr(e.other, scope)
+            with self.dead_if(c.const is True):
+                b = self.expr(e.other, scope)
             if self.prelude is not None and len(self.prelude) > m1:
                 # a branch calls a function: only the chosen branch runs its calls
                 a_pre, b_pre = tuple(self.prelude[m1:m2]), tuple(self.prelude[m2:])
@@ -1186,6 +1205,7 @@ class Checker:
                             "(bmv2 allows one apply per control)",
                         )
                     tc.applied = True
+                    tc.live = tc.live or not self.dead
                     return V(ir.TableApply(ApplyT(tc), tc.uid))
                 if s.kind == "packet":
                     return self.packet_call(s, m, e, scope)
@@ -1861,7 +1881,7 @@ class Checker:
     def direct_action_call(self, s: Sym, e: A.Call, scope: Scope) -> V:
         ac = self.action_ctx(s)
         e = A.Call(e.loc, e.func, e.type_args, self.with_defaults(ac.decl.params, e.args))
-        if not self.action_depth:
+        if not self.action_depth and not self.dead:
             self.direct_actions.setdefault(ac.name, ac)
         if ac.inline_scope is not None:
             self.action_depth += 1
@@ -1939,8 +1959,10 @@ class Checker:
             if self.ctl_role == "parser":
                 raise Diagnostic(s.loc, "'if' is not allowed in parser states; use select")
             c = self.cond(s.cond, scope)
-            then = tuple(self.stmt(s.then, Scope(scope)))
-            other = None if s.other is None else tuple(self.stmt(s.other, Scope(scope)))
+            with self.dead_if(c.const is False):
+                then = tuple(self.stmt(s.then, Scope(scope)))
+            with self.dead_if(c.const is True):
+                other = None if s.other is None else tuple(self.stmt(s.other, Scope(scope)))
             return [ir.If(c.ir, then, other)]
         if isinstance(s, A.Switch):
             return self.switch_stmt(s, scope)
@@ -3006,7 +3028,13 @@ class Checker:
         if self.diags:
             return
         table_acts: dict[str, ActionCtx] = {}
+        # a table applied only where a constant condition leaves it out: p4c's front end
+        # removes it (and what only it used) before the P4Info is written
+        live_acts: set[str] = set()
         for tc in self.tables:
+            tc.info.in_p4info = tc.live or not tc.applied
+            if tc.info.in_p4info:
+                live_acts.update(tc.info.action_names)
             for n in tc.info.action_names:
                 table_acts.setdefault(n, tc.action_syms[n])
         for name, ac in self.direct_actions.items():
@@ -3020,6 +3048,7 @@ class Checker:
             # p4c lists an action's annotations but those the P4Info says otherwise
             anns = [ann_text(a) for a in ac.decl.annotations if a.name not in _P4INFO_OWN_ANNS]
             ac.info = ActionInfo(name, ps, anns, fixed_id=self.fixed_id(ac.decl.annotations))
+            ac.info.in_p4info = name in live_acts or name in self.direct_actions
             self.model.actions.append(ac.info)
         for dc in self.direct_counters.values():
             if dc.direct_table is None:

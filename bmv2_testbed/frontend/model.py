@@ -25,6 +25,8 @@ class ActionInfo:
     id: int = 0
     fixed_id: int | None = None
     alias: str = ""
+    #: False for an action only a table left out of the P4Info uses (TableInfo.in_p4info)
+    in_p4info: bool = True
 
 
 @dataclass
@@ -72,6 +74,9 @@ class TableInfo:
     # per action name: the annotations of its entry in the actions list (as p4c writes them)
     ref_annotations: dict[str, list[str]] = field(default_factory=dict)
     ref_annotation_ids: dict[int, list[str]] = field(default_factory=dict)
+    #: False for a table applied only in code a constant condition leaves out: p4c's front end
+    #: removes it, so the P4Info does not list it (the pipeline keeps it: the code names it)
+    in_p4info: bool = True
 
 
 @dataclass
