@@ -55,8 +55,9 @@ at 3.2-3.5 GiB, 27-30x its 120 MiB of state; with it at 1.5-1.6 GiB (~13x), shad
 session failed here (the shadow fell behind the 400 MB iterations, was re-seeded for 12 s, and
 the close gave up before it applied the last iteration), having peaked at 11 GiB in one process.
 With shadow processes (and ``timeouts.failure_detect`` 30 s, see PROCS_FAILURE_DETECT), 1 and 4
-shadows, the peaks were 6.5 / 7.0 GiB in this process and 2.5 / 5.6 GiB in the shadow
-processes, 12.5 GiB together at most.
+shadows, two runs: peaks of 6.5-8.2 GiB in this process (what the C heap keeps between
+recoveries varies) and 2.2-2.5 / 5.6-5.7 GiB in the shadow processes, 12.2-12.5 GiB together
+at most.
 
 Results: ``bench/results/recovery_bench.json`` (``--out``).
 """
