@@ -687,14 +687,26 @@ def render_recovery(d: Doc) -> list[str]:
     out = [
         f"World size 1, MLP + {d.get('optimizer', 'AdamW')}, a restart after "
         f"{d.get('first_iters')} iterations; {d.get('rounds')} rounds after "
-        f"{d.get('warmup')} warm-up, each variant once per round in a rotating order; median "
-        f"and {MINMAX} over the rounds. Baseline: `dcp_load`, a new model + optimizer, "
+        f"{d.get('warmup')} warm-up, "
+        + (
+            "one block per shadow count (one cluster up at a time) in which the cluster and "
+            "both baselines recover once per round in a rotating order (the baselines' rows: "
+            "every block's rounds; a cluster's ratios: against the baseline in its own block)"
+            if "shadow_nodes" in d
+            else "each variant once per round in a rotating order"
+        )
+        + f"; median and {MINMAX} over the rounds. Baseline: `dcp_load`, a new model + optimizer, "
         "`get_state_dict`, `dcp.load` of the same state from a local directory "
         f"({d.get('checkpoint_fs') or '?'}, files in the page cache) and `set_state_dict`, in "
         "the same run; `torch_load` is `torch.load` of a `torch.save` file + "
         "`load_state_dict`. `shadowgrad` is a new model + optimizer, `attach` and "
-        f"`restore_or_start` against N shadows (replication {d.get('replication')}, threads "
-        "of the bench's process on loopback). *restore*: from building the model until the "
+        f"`restore_or_start` against N shadows (replication {d.get('replication')}, "
+        + (
+            "`shadowgrad shadow` processes"
+            if d.get("shadow_nodes") == "processes"
+            else "threads of the bench's process"
+        )
+        + " on loopback). *restore*: from building the model until the "
         "state is in place; *+ 1st iteration*: plus one forward, backward and step."
         + (
             f" Quick mode: {d.get('rounds')} rounds, not the 5 of a full run."

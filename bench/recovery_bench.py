@@ -3,13 +3,17 @@
 ``torch.distributed.checkpoint`` (DCP) and with ``torch.load``, in the same run.
 
 One model (an MLP of ``depth`` x ``Linear(width, width)``, the sizes of trainer_bench.py) with
-AdamW, world size 1, in this process. For every shadow count a cluster of real shadow nodes
-(``shadowgrad.shadow.testing.shadow_cluster``: threads of this process, on loopback) gets the
-state of a first session (``attach`` + ``restore_or_start`` + a few ``sg.step`` with real
-gradients, then ``close``). The baselines save the state of the same first iterations, trained
-without shadowgrad, with ``dcp.save`` to a local temporary directory and with ``torch.save`` to
-a file there (not timed). Then, per round, every variant recovers once, in an order that rotates
-from round to round (load from other processes hits all alike):
+AdamW, world size 1, in this process. The baselines save the state of a few first iterations,
+trained without shadowgrad, with ``dcp.save`` to a local temporary directory and with
+``torch.save`` to a file there (not timed). Then one *block* per shadow count, one cluster up at
+a time: a cluster of real shadow nodes (``shadowgrad.shadow.testing.shadow_cluster``: threads
+of this process, on loopback; with ``--shadow-procs``, ``shadowgrad shadow`` processes, as a
+deployment runs them) gets the state of a first session (``attach`` + ``restore_or_start`` + the
+same first iterations with ``sg.step``, then ``close``), which must equal the baselines' state.
+Then, per round of the block, the cluster and both baselines recover once each, in an order that
+rotates from round to round (load from other processes hits all alike), and the cluster goes
+before the next block starts. The baselines are measured in every block, next to each cluster;
+a cluster's ratios pair its rounds with the baseline's rounds of its own block.
 
 * ``shadowgrad`` (N shadows) -- new model + optimizer, ``attach``, ``restore_or_start``: rank 0
   surveys the shadows (status, then polls until no shadow applies anything more: the settle, 3
@@ -27,19 +31,33 @@ place; "restore + first iteration" adds one training iteration after it (forward
 After every restore, every parameter and every optimizer state tensor is compared with
 ``torch.equal`` to the state the restored session (or the saved files) ended with; a mismatch
 fails the bench. A shadowgrad round ends by closing its session (not timed: ``close`` waits for
-the shadows to apply the last iteration); the next round restores that iteration. The
-checkpoint files are in the OS page cache when loaded (they were just written; the cache is
-not dropped): a best case for the disk. The shadows are threads of this process, sharing its
-CPU with the restoring trainer. Timings are reported, never asserted.
+the shadows to apply the last iteration); the next round restores that iteration. After every
+recovery (not timed) the garbage it left is collected, and before each block's rounds the C
+heap's free pages are handed back (``malloc_trim``; the warm-up round follows). The
+checkpoint files are in the OS page cache when loaded (they were just written; the cache is not
+dropped): a best case for the disk. In-process shadows share this process's CPU (and GIL) with
+the restoring trainer. Timings are reported, never asserted.
 
     .venv/bin/python bench/recovery_bench.py                 # 1M and 10M, 5 rounds
     .venv/bin/python bench/recovery_bench.py --quick         # 10M, 3 rounds (~70 s)
     .venv/bin/python bench/recovery_bench.py --sizes 1M --rounds 5 --shadows 1,2
+    .venv/bin/python bench/recovery_bench.py --sizes 100M --rounds 2 --shadows 1,4 --shadow-procs
 
-Memory: the clusters of every shadow count stay up for the whole size (the rounds interleave),
-and a restore holds several copies of the state while it fetches and assembles it; the peak
-resident size was 33x to 37x the model + optimizer state (4.2 to 4.7 GiB for the 126 MB of
-10M), so 100M (1.26 GB of state) is left out of the defaults: ``--sizes 100M`` needs ~50 GB.
+Memory: the references the restores are compared with are the live tensors of the state they
+name (the saved state, and the last round's model and optimizer), never copies, and the check
+compares in place; so this process holds the saved state, one cluster's last state and the
+restore in progress, and each block's cluster holds the state once (plus its gradient buffers
+and what a restore or a first session has in flight). The peak resident size per block -- this
+process, the shadow processes, both -- is in the results (``memory``). Before this structure
+(all clusters up at once, copies for every reference and check) 10M with 1 and 4 shadows peaked
+at 3.2-3.5 GiB, 27-30x its 120 MiB of state; with it at 1.5-1.6 GiB (~13x), shadows in-process.
+100M (1.15 GiB of state) is run with ``--shadow-procs``: with in-process shadows its first
+session failed here (the shadow fell behind the 400 MB iterations, was re-seeded for 12 s, and
+the close gave up before it applied the last iteration), having peaked at 11 GiB in one process.
+With shadow processes (and ``timeouts.failure_detect`` 30 s, see PROCS_FAILURE_DETECT), 1 and 4
+shadows, two runs: peaks of 6.5-8.2 GiB in this process (what the C heap keeps between
+recoveries varies) and 2.2-2.5 / 5.6-5.7 GiB in the shadow processes, 12.2-12.5 GiB together
+at most.
 
 Results: ``bench/results/recovery_bench.json`` (``--out``).
 """
@@ -50,6 +68,7 @@ import argparse
 import contextlib
 import datetime as dt
 import functools
+import gc
 import os
 import shutil
 import statistics
@@ -70,6 +89,27 @@ sys.path.insert(0, str(ROOT))
 DEFAULT_OUT = ROOT / "bench" / "results" / "recovery_bench.json"
 BASELINE = "dcp_load"
 BATCH = 16
+#: how long a session's close may wait for the shadows to apply its last iteration (its default
+#: is 30 s: a 100M iteration into one shadow process on a loaded machine can take longer)
+CLOSE_TIMEOUT_S = 120.0
+#: a block's first session is tried this many times (each with a new cluster) before the bench
+#: fails: seen at 100M with 4 shadow processes on a loaded machine, a shadow re-seeded during
+#: the first session never got the session's last iteration (no buffer for it, no repair
+#: request) and the close waited in vain; setup, not a measurement
+FIRST_SESSION_TRIES = 3
+
+
+#: ``timeouts.failure_detect`` with shadow processes (the loopback spec's is 2 s): it is also
+#: how long the trainer lets a shadow go without applying anything before it re-seeds it, and
+#: at 100M a shadow repairing a 100-400 MB iteration lost on a loaded loopback took longer;
+#: the re-seed then raced with the next iteration (see FIRST_SESSION_TRIES)
+PROCS_FAILURE_DETECT = "30s"
+
+
+class FirstSessionError(AssertionError):
+    """A first session's last iteration was not applied by every shadow."""
+
+
 LR = 1e-3
 
 State = tuple[dict[str, Any], dict[str, dict[str, Any]]]
@@ -96,23 +136,22 @@ def batch(size: str, it: int) -> Any:
     return torch.randn(BATCH, SIZES[size][0], generator=torch.Generator().manual_seed(it))
 
 
-def snapshot(model: Any, opt: Any) -> State:
-    """Copies of every parameter and every optimizer state tensor, by parameter name."""
+def state_of(model: Any, opt: Any) -> State:
+    """Every parameter and every optimizer state tensor, by parameter name: the live tensors,
+    not copies (a reference holds them after their model and optimizer are gone; nothing
+    writes to them any more)."""
     from shadowgrad.optspec import state_by_name
 
-    params = {n: p.detach().clone() for n, p in model.named_parameters()}
-    ostate = {
-        n: {k: v.detach().clone() for k, v in st.items()}
-        for n, st in state_by_name(opt, model.named_parameters()).items()
-    }
-    return params, ostate
+    params = {n: p.detach() for n, p in model.named_parameters()}
+    return params, state_by_name(opt, model.named_parameters())
 
 
 def check_equal(what: str, model: Any, opt: Any, ref: State) -> int:
-    """Fail loudly unless model and optimizer hold exactly ``ref``; returns tensors compared."""
+    """Fail loudly unless model and optimizer hold exactly ``ref``; returns tensors compared
+    (tensor by tensor, in place: no copy of the state)."""
     import torch
 
-    params, ostate = snapshot(model, opt)
+    params, ostate = state_of(model, opt)
     rparams, rstate = ref
     if set(params) != set(rparams) or set(ostate) != set(rstate):
         raise AssertionError(f"{what}: restored names differ from the reference")
@@ -174,10 +213,99 @@ class Timer:
         return timed
 
 
+class ProcCluster:
+    """The shadows of a loopback job spec as ``shadowgrad shadow`` processes (as a deployment
+    runs them, and as tools/soak.py starts them): what :class:`ShadowVariant` needs of
+    ``shadowgrad.shadow.testing.ShadowCluster`` (``status``, ``wait_applied``, ``close``), over
+    the control endpoints. Output goes to ``shadow<K>.log`` in ``workdir``."""
+
+    def __init__(self, doc: dict[str, Any], spec: Any, workdir: Path) -> None:
+        import subprocess
+
+        from shadowgrad.control_client import ShadowClient
+        from shadowgrad.trainer_hooks._testing import TOKEN, spec_toml
+
+        workdir.mkdir(parents=True, exist_ok=True)
+        path = workdir / "job.toml"
+        path.write_text(spec_toml(doc), encoding="utf-8")
+        env = {**os.environ, "SHADOWGRAD_TOKEN": TOKEN, "PYTHONUNBUFFERED": "1"}
+        cli = str(Path(sys.executable).parent / "shadowgrad")
+        self.logs = [workdir / f"shadow{k}.log" for k in range(spec.shadows.count)]
+        self.procs: list[subprocess.Popen[bytes]] = []
+        self.clients: list[Any] = []
+        try:
+            for k, log in enumerate(self.logs):
+                with log.open("wb") as f:
+                    self.procs.append(
+                        subprocess.Popen(
+                            [cli, "shadow", "--spec", str(path), "--id", str(k)],
+                            stdout=f,
+                            stderr=subprocess.STDOUT,
+                            env=env,
+                            start_new_session=True,
+                        )
+                    )
+            self.clients = [
+                ShadowClient(f"tcp://{spec.shadows.control_endpoint(k)}", TOKEN, timeout_s=30.0)
+                for k in range(spec.shadows.count)
+            ]
+            deadline = time.monotonic() + 180
+            while True:  # up: the node itself answers (not the early endpoint: "starting")
+                self._alive()
+                with contextlib.suppress(Exception):
+                    if not any(s.get("starting", True) for s in self.status()):
+                        break
+                if time.monotonic() > deadline:
+                    raise AssertionError(f"shadow processes not up after 180 s: {self.logs}")
+                time.sleep(0.2)
+        except BaseException:
+            self.close()
+            raise
+
+    def _alive(self) -> None:
+        for k, p in enumerate(self.procs):
+            if p.poll() is not None:
+                tail = self.logs[k].read_text(errors="replace")[-2000:]
+                raise AssertionError(f"shadow process {k} exited ({p.returncode}):\n{tail}")
+
+    def status(self) -> list[dict[str, Any]]:
+        return [dict(c.status(timeline=0)) for c in self.clients]
+
+    def wait_applied(self, it: int, timeout_s: float = 60.0) -> bool:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            self._alive()
+            sts = self.status()
+            if all(s.get("last_applied") is not None and s["last_applied"] >= it for s in sts):
+                return True
+            time.sleep(0.01)
+        return False
+
+    def close(self) -> None:
+        import signal
+        import subprocess
+
+        for c in self.clients:
+            with contextlib.suppress(Exception):
+                c.close()
+        for p in self.procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        for p in self.procs:
+            try:
+                p.wait(15)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait(15)
+        self.procs = []
+
+
 class ShadowVariant:
     """Restores from ``shadows`` shadow nodes; each round's session is the next one's source."""
 
-    def __init__(self, size: str, shadows: int, first_iters: int) -> None:
+    def __init__(
+        self, size: str, shadows: int, first_iters: int, ref: State, procs: Path | None = None
+    ) -> None:
         from shadowgrad.config import parse_spec
         from shadowgrad.shadow.testing import shadow_cluster
         from shadowgrad.trainer_hooks import attach
@@ -185,9 +313,18 @@ class ShadowVariant:
 
         self.name, self.shadows, self.size = "shadowgrad", shadows, size
         self.doc = loopback_spec(world=1, shadows=shadows, replication=1)
+        if procs is not None:
+            self.doc["timeouts"]["failure_detect"] = PROCS_FAILURE_DETECT
         self.spec = parse_spec(self.doc, env={})
         self._stack = contextlib.ExitStack()
-        self.cluster = self._stack.enter_context(shadow_cluster(self.spec))
+        # procs: the shadows as processes (their files in that directory), else threads here
+        self.cluster: Any = (
+            self._stack.enter_context(shadow_cluster(self.spec))
+            if procs is None
+            else self._stack.enter_context(
+                contextlib.closing(ProcCluster(self.doc, self.spec, procs))
+            )
+        )
         try:
             self.attach = functools.partial(attach, spec=self.spec, token=TOKEN)
             model, opt = build(size, seed=0)
@@ -198,21 +335,29 @@ class ShadowVariant:
                     raise AssertionError("a new cluster already held state")
                 for it in range(first_iters):
                     sg_step(model, sg, size, it)
-                sg.flush(30)
+                sg.close(timeout_s=CLOSE_TIMEOUT_S)
             self.first_session_s = _now() - t0
             self.iteration = first_iters  # the next iteration to run
             if not self.cluster.wait_applied(first_iters - 1, timeout_s=60):
-                raise AssertionError(
+                raise FirstSessionError(
                     f"{shadows} shadows: iteration {first_iters - 1} not "
                     f"applied: {self.cluster.status()}"
                 )
-            self.ref = snapshot(model, opt)
+            # the same first iterations give the same state with and without shadowgrad (sg.step
+            # is opt.step here): the plain run's state is the first restore's reference
+            check_equal(f"{self.label()} first session vs plain training", model, opt, ref)
+            self.ref = ref
+            del model, opt
         except BaseException:
             self._stack.close()
             raise
 
     def label(self) -> str:
-        return f"shadowgrad/{self.shadows}"
+        return self.row_key(self.shadows)
+
+    @staticmethod
+    def row_key(shadows: int) -> str:
+        return f"shadowgrad/{shadows}"
 
     def recover(self, seed: int) -> dict[str, Any]:
         tm = Timer()
@@ -238,15 +383,17 @@ class ShadowVariant:
             first_ms = 1000 * (_now() - t1)
         finally:
             t2 = _now()
-            sg.close()
+            sg.close(timeout_s=CLOSE_TIMEOUT_S)
             close_ms = 1000 * (_now() - t2)
-        if not self.cluster.wait_applied(self.iteration, timeout_s=30):
+        if not self.cluster.wait_applied(self.iteration, timeout_s=CLOSE_TIMEOUT_S):
             raise AssertionError(
                 f"{self.label()}: iteration {self.iteration} not applied after "
                 f"the close: {self.cluster.status()}"
             )
         self.iteration += 1
-        self.ref = snapshot(model, opt)
+        # the next round's reference: this round's model and optimizer state themselves
+        model.zero_grad(set_to_none=True)
+        self.ref = state_of(model, opt)
         return {
             "restore_ms": restore_ms,
             "first_iter_ms": first_ms,
@@ -327,8 +474,120 @@ def _dir_bytes(path: Path) -> int:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
 
 
+def _rss_mib(pid: int | str = "self") -> float:
+    """A process's (default: this one's) resident size now (MiB); 0 when it is gone."""
+    with contextlib.suppress(OSError):
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def _release_memory() -> None:
+    """Collect garbage and hand the C heap's free pages back to the OS (glibc ``malloc_trim``),
+    before each block's rounds (not timed: a warm-up round follows): what a closed cluster or a
+    first session freed is not counted against the next."""
+    import ctypes
+
+    gc.collect()
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+
+
+def _block(
+    size: str,
+    n: int | None,
+    *,
+    files: list[FileVariant],
+    ref: State,
+    rounds: int,
+    warmup: int,
+    first_iters: int,
+    procs: Path | None,
+) -> tuple[list[tuple[str, dict[str, Any]]], dict[str, Any], float]:
+    """One block: the cluster of ``n`` shadows (its first session), then ``warmup + rounds``
+    rounds, in each of which it and the baselines recover once (order rotating); the cluster
+    is closed before this returns, and nothing of it is left referenced. Returns (label,
+    result) per timed recovery, the cluster's first session (its seconds and tries), and the
+    shadow processes' peak resident sizes, each process's own, summed (MiB; 0 in-process)."""
+    out: list[tuple[str, dict[str, Any]]] = []
+    first: dict[str, Any] = {}
+    variants: list[Any] = []
+    try:
+        if n is not None:
+            for attempt in range(1, FIRST_SESSION_TRIES + 1):
+                try:
+                    sv = ShadowVariant(size, n, first_iters, ref, procs=procs)
+                    break
+                except FirstSessionError as e:
+                    print(f"{size}, {n} shadow(s): first session {attempt} failed: {e}"[:600])
+                    if attempt == FIRST_SESSION_TRIES:
+                        raise
+                # out of the handler: the exception's frames (the failed session's model) go
+                _release_memory()
+            first = {"first_session_s": sv.first_session_s, "first_session_tries": attempt}
+            variants.append(sv)
+            del sv
+            _release_memory()
+        variants += files
+        last: dict[str, float] = {}
+        for r in range(warmup + rounds):
+            k = r % len(variants)
+            for v in variants[k:] + variants[:k]:
+                res = v.recover(seed=1000 + r)
+                # what this recovery left (a closed session's reference cycles) goes before the
+                # next one starts (not timed); the heap keeps its free pages, as a process does
+                gc.collect()
+                last[v.label()] = res["restore_ms"]
+                if r >= warmup:
+                    out.append((v.label(), res))
+            print(
+                f"{size} block of {'-' if n is None else n} shadow(s), round "
+                + (
+                    f"{r + 1 - warmup}: "
+                    + ", ".join(f"{v.label()} {last[v.label()]:.0f} ms" for v in variants)
+                    if r >= warmup
+                    else "warm-up: " + ", ".join(v.label() for v in variants)
+                ),
+                flush=True,
+            )
+    finally:
+        shadows_peak = sum(
+            _hwm_mib(p.pid)
+            for v in variants
+            if isinstance(getattr(v, "cluster", None), ProcCluster)
+            for p in v.cluster.procs
+        )
+        for v in variants:
+            v.close()
+    return out, first, shadows_peak
+
+
+def _hwm_mib(pid: int | str = "self") -> float:
+    """A process's peak resident size (MiB, ``VmHWM``) since it started or since the last
+    :func:`_reset_hwm`; 0 when it is gone."""
+    with contextlib.suppress(OSError):
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def _reset_hwm() -> None:
+    """Start this process's peak resident size afresh (``/proc/self/clear_refs``, mode 5)."""
+    with contextlib.suppress(OSError):
+        Path("/proc/self/clear_refs").write_text("5")
+
+
 def bench_size(
-    size: str, shadow_counts: list[int], *, rounds: int, warmup: int, first_iters: int, ckroot: Path
+    size: str,
+    shadow_counts: list[int],
+    *,
+    rounds: int,
+    warmup: int,
+    first_iters: int,
+    ckroot: Path,
+    procs: bool = False,
 ) -> dict[str, Any]:
     import torch
     import torch.distributed.checkpoint as dcp
@@ -340,7 +599,7 @@ def bench_size(
     model, opt = build(size, seed=0)
     for it in range(first_iters):
         plain_step(model, opt, size, it)
-    ref = snapshot(model, opt)
+    ref = state_of(model, opt)
     nparams = sum(p.numel() for p in model.parameters())
     state_bytes = sum(t.numel() * t.element_size() for t in ref[0].values()) + sum(
         t.numel() * t.element_size() for st in ref[1].values() for t in st.values()
@@ -358,67 +617,90 @@ def bench_size(
     torch_save_ms = 1000 * (_now() - t0)
     del model, opt, msd, osd
 
-    variants: list[Any] = []
-    try:
-        for n in shadow_counts:
-            v = ShadowVariant(size, n, first_iters)
-            variants.append(v)
-            # the same first iterations give the same state with and without shadowgrad
-            check_equal(
-                f"{v.label()} first session vs plain training", *_as_model(v.ref, size), ref
-            )
-        for name, path in (("dcp_load", ckdir), ("torch_load", ckfile)):
-            fv = FileVariant(name, size, path, ref)
-            fv.iteration = first_iters
-            variants.append(fv)
-        per: dict[str, list[dict[str, Any]]] = {v.label(): [] for v in variants}
-        for r in range(warmup + rounds):
-            k = r % len(variants)
-            for v in variants[k:] + variants[:k]:
-                res = v.recover(seed=1000 + r)
-                if r >= warmup:
-                    per[v.label()].append(res)
-            print(
-                f"{size} round {r + 1 - warmup if r >= warmup else 'warm-up'}: "
-                + ", ".join(
-                    f"{v.label()} {per[v.label()][-1]['restore_ms']:.0f} ms"
-                    if r >= warmup
-                    else v.label()
-                    for v in variants
-                ),
-                flush=True,
-            )
-        first_s = {v.label(): v.first_session_s for v in variants if isinstance(v, ShadowVariant)}
-    finally:
-        for v in variants:
-            v.close()
+    files: list[FileVariant] = []
+    for name, path in (("dcp_load", ckdir), ("torch_load", ckfile)):
+        fv = FileVariant(name, size, path, ref)
+        fv.iteration = first_iters
+        files.append(fv)
+    # one block per shadow count, one cluster alive at a time: its first session, then its
+    # rounds, in each of which it and both baselines recover once (order rotating), then the
+    # cluster goes; the baselines are measured in every block, next to each cluster
+    per: dict[str, list[dict[str, Any]]] = {}
+    block_of: dict[str, list[int | None]] = {}
+    first_s: dict[str, dict[str, Any]] = {}
+    memory: list[dict[str, Any]] = []
+    # this process's peak so far (the saves; an earlier size's blocks): the blocks reset it
+    peak_before_blocks = _hwm_mib()
+    for n in shadow_counts or [None]:
+        _release_memory()
+        rss_before = _rss_mib()
+        _reset_hwm()
+        results, first, shadows_peak = _block(
+            size,
+            n,
+            files=files,
+            ref=ref,
+            rounds=rounds,
+            warmup=warmup,
+            first_iters=first_iters,
+            procs=ckroot / f"{size}-shadows{n}" if procs and n is not None else None,
+        )
+        if n is not None:
+            first_s[ShadowVariant.row_key(n)] = first
+        for label, res in results:
+            per.setdefault(label, []).append(res)
+            block_of.setdefault(label, []).append(n)
+        me = _hwm_mib()
+        memory.append(
+            {
+                "shadows": n,
+                "rss_MiB_before": round(rss_before, 1),
+                # peaks of the block: this process's; the shadow processes' own peaks summed
+                # (not necessarily at the same moment: the sum, and so the total, is an upper
+                # bound)
+                "peak_rss_MiB": {
+                    "self": round(me, 1),
+                    "shadows": round(shadows_peak, 1),
+                    "total": round(me + shadows_peak, 1),
+                },
+                "rss_MiB_after_close": round(_rss_mib(), 1),
+            }
+        )
     base = per[BASELINE]
+    base_blocks = block_of[BASELINE]
     rows = []
-    for v in variants:
-        rs = per[v.label()]
+    for v in ([ShadowVariant.row_key(n) for n in shadow_counts]) + files:
+        label = v if isinstance(v, str) else v.label()
+        rs = per[label]
+        if isinstance(v, str):
+            # paired with the baseline's rounds of the same block
+            shadows: int | None = int(label.split("/")[1])
+            bs = [x for x, blk in zip(base, base_blocks, strict=True) if blk == shadows]
+        else:
+            shadows, bs = None, base
         restore = [x["restore_ms"] for x in rs]
         first = [x["first_iter_ms"] for x in rs]
         both = [a + b for a, b in zip(restore, first, strict=True)]
         phases = {
             p: statistics.median(x["phases_ms"].get(p, 0.0) for x in rs) for p in rs[0]["phases_ms"]
         }
-        paired = [a["restore_ms"] / b["restore_ms"] for a, b in zip(rs, base, strict=True)]
+        paired = [a["restore_ms"] / b["restore_ms"] for a, b in zip(rs, bs, strict=True)]
         paired_both = [
             (a["restore_ms"] + a["first_iter_ms"]) / (b["restore_ms"] + b["first_iter_ms"])
-            for a, b in zip(rs, base, strict=True)
+            for a, b in zip(rs, bs, strict=True)
         ]
         row: dict[str, Any] = {
-            "variant": v.name,
-            "shadows": v.shadows,
+            "variant": "shadowgrad" if isinstance(v, str) else v.name,
+            "shadows": shadows,
             "restore_ms": _stats(restore),
             "first_iter_ms": _stats(first),
             "restore_plus_first_ms": _stats(both),
             "phases_ms_median": phases,
             "ratio_to_dcp_load": {
                 "restore": statistics.median(restore)
-                / statistics.median(x["restore_ms"] for x in base),
+                / statistics.median(x["restore_ms"] for x in bs),
                 "restore_plus_first": statistics.median(both)
-                / statistics.median(x["restore_ms"] + x["first_iter_ms"] for x in base),
+                / statistics.median(x["restore_ms"] + x["first_iter_ms"] for x in bs),
                 "paired_restore": {
                     "median": statistics.median(paired),
                     "min": min(paired),
@@ -433,9 +715,11 @@ def bench_size(
             "verified": all(x["tensors_checked"] > 0 for x in rs),
             "tensors_checked": rs[0]["tensors_checked"],
         }
-        if isinstance(v, ShadowVariant):
+        if isinstance(v, str):
             row["close_ms_median"] = statistics.median(x["close_ms"] for x in rs)
-            row["first_session_s"] = first_s[v.label()]
+            row.update(first_s[label])
+        else:
+            row["block_of_round"] = block_of[label]
         rows.append(row)
     return {
         "size": size,
@@ -448,22 +732,10 @@ def bench_size(
         "rounds": rounds,
         "warmup": warmup,
         "variants": rows,
+        "memory": memory,
+        "peak_rss_MiB_before_blocks": round(peak_before_blocks, 1),
         "wall_s": time.monotonic() - t_size,
     }
-
-
-def _as_model(ref: State, size: str) -> tuple[Any, Any]:
-    """A model + AdamW holding ``ref`` (to compare two references with check_equal)."""
-    import torch
-
-    model, opt = build(size, seed=0)
-    named = dict(model.named_parameters())
-    with torch.no_grad():
-        for n, t in ref[0].items():
-            named[n].copy_(t)
-    for n, st in ref[1].items():
-        opt.state[named[n]] = {k: v.clone() for k, v in st.items()}
-    return model, opt
 
 
 # --------------------------------------------------------------------------- main
@@ -514,6 +786,12 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="where the checkpoint files go (default: the system's temp dir)",
     )
+    ap.add_argument(
+        "--shadow-procs",
+        action="store_true",
+        help="run the shadows as 'shadowgrad shadow' processes instead of threads of this "
+        "process (what 100M takes: see Memory above)",
+    )
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
     args = ap.parse_args(argv)
     sizes = (args.sizes or ("10M" if args.quick else "1M,10M")).split(",")
@@ -529,7 +807,9 @@ def main(argv: list[str] | None = None) -> int:
     ckroot = Path(tempfile.mkdtemp(prefix="sg-recovery-bench-", dir=args.tmp))
     doc: dict[str, Any] = {
         "bench": "recovery_bench",
-        "command": "python bench/recovery_bench.py" + (" --quick" if args.quick else ""),
+        "command": "python bench/recovery_bench.py"
+        + (" --quick" if args.quick else "")
+        + (" --shadow-procs" if args.shadow_procs else ""),
         "time": started.strftime("%Y-%m-%dT%H:%M:%SZ"),
         "machine": {
             **_common.machine(torch_threads=torch.get_num_threads()),
@@ -543,15 +823,18 @@ def main(argv: list[str] | None = None) -> int:
         "batch": BATCH,
         "optimizer": f"AdamW(lr={LR})",
         "shadow_counts": counts,
+        "shadow_nodes": "processes" if args.shadow_procs else "threads",
         "replication": 1,
         "timeouts": {
             k: v
             for k, v in loopback_spec(world=1, shadows=1)["timeouts"].items()
-            if k in ("gap_repair", "rpc", "heartbeat")
-        },
+            if k in ("gap_repair", "rpc", "heartbeat", "failure_detect")
+        }
+        | ({"failure_detect": PROCS_FAILURE_DETECT} if args.shadow_procs else {}),
         "checkpoint_fs": _fs_type(ckroot),
         "page_cache": "not dropped",
-        "method": "per round every variant recovers once, order rotating; restore = new model + "
+        "method": "one block per shadow count (one cluster up at a time); per round of a block "
+        "its cluster and both baselines recover once, order rotating; restore = new model + "
         "optimizer until the state is in place; first iteration = one forward, "
         "backward and step after it; median, min, max over the rounds after "
         f"{args.warmup} warm-up round(s); every restore checked with torch.equal",
@@ -566,6 +849,7 @@ def main(argv: list[str] | None = None) -> int:
                 warmup=args.warmup,
                 first_iters=args.first_iters,
                 ckroot=ckroot,
+                procs=args.shadow_procs,
             )
             doc["sizes"].append(r)
             print(
@@ -584,11 +868,25 @@ def main(argv: list[str] | None = None) -> int:
                     f"{rb['median']:>10.0f} {q['restore_plus_first']:>7.2f}",
                     flush=True,
                 )
+            for m in r["memory"]:
+                pk = m["peak_rss_MiB"]
+                print(
+                    f"  block of {m['shadows']} shadow(s): peak RSS {pk['self']:.0f} MiB this "
+                    f"process, {pk['shadows']:.0f} MiB the shadow processes (each one's peak, "
+                    f"summed), {pk['total']:.0f} MiB at most together; "
+                    f"{m['rss_MiB_after_close']:.0f} MiB after the block",
+                    flush=True,
+                )
     finally:
         shutil.rmtree(ckroot, ignore_errors=True)
     doc["wall_s"] = time.monotonic() - t0
     doc["machine"]["loadavg_at_end"] = list(os.getloadavg())
-    doc["max_rss_MiB"] = _maxrss_mib()
+    # the blocks reset the peak (_reset_hwm): the largest of theirs and of what came before
+    doc["max_rss_MiB"] = max(
+        [_maxrss_mib()]
+        + [s["peak_rss_MiB_before_blocks"] for s in doc["sizes"]]
+        + [m["peak_rss_MiB"]["self"] for s in doc["sizes"] for m in s["memory"]]
+    )
     _common.write_json(args.out, doc)
     print(f"wrote {args.out} ({doc['wall_s']:.1f} s)")
     return 0
