@@ -483,6 +483,22 @@ def _check_exercise_run(folder: Path, tag: str, rc: int, out: str) -> None:
     assert _exercise_left(tag, shells) == _NOTHING_OF_EXERCISE
 
 
+def _run_exercise_cli(folder: Path, tag: str, *argv: str) -> None:
+    """Run ``argv`` in the exercise ``folder`` with the CLI fed :data:`_CLI_INPUT`, then check
+    the run (:func:`_check_exercise_run`)."""
+    r = subprocess.run(
+        list(argv),
+        cwd=folder,
+        env=_exercise_env(),
+        input=_CLI_INPUT,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
+    _check_exercise_run(folder, tag, r.returncode, r.stdout + r.stderr)
+
+
 @pytest.mark.timeout(300)
 def test_a_tutorials_exercise_runs_with_run_exercises_command_line(tmp_path: Path) -> None:
     """Issue 24's acceptance: in an exercise folder of p4lang/tutorials' layout, the
@@ -493,20 +509,12 @@ def test_a_tutorials_exercise_runs_with_run_exercises_command_line(tmp_path: Pat
     tag = f"{(os.getpid() + 3) % 0xFFFF:04x}"
     folder = _exercise_folder(tmp_path / "basic", f"sg{tag}")
     _compile_basic(folder)
-    r = subprocess.run(
-        [
-            *("shadowgrad-run-exercise", "-t", "topology.json", "-j", "build/basic.json"),
-            *("-b", "sg-switch-grpc", "-l", "logs", "-p", "pcaps"),
-        ],
-        cwd=folder,
-        env=_exercise_env(),
-        input=_CLI_INPUT,
-        capture_output=True,
-        text=True,
-        timeout=240,
-        check=False,
+    _run_exercise_cli(
+        folder,
+        tag,
+        *("shadowgrad-run-exercise", "-t", "topology.json", "-j", "build/basic.json"),
+        *("-b", "sg-switch-grpc", "-l", "logs", "-p", "pcaps"),
     )
-    _check_exercise_run(folder, tag, r.returncode, r.stdout + r.stderr)
 
 
 # The tutorials' utils/Makefile recipe (build: dirs and `$(P4C) --p4v 16 --p4runtime-files ...
@@ -546,20 +554,12 @@ def test_make_run_in_an_exercise_folder(tmp_path: Path) -> None:
     tag = f"{(os.getpid() + 4) % 0xFFFF:04x}"
     folder = _exercise_folder(tmp_path / "basic", f"sg{tag}")
     (folder / "Makefile").write_text(_MAKEFILE)
-    r = subprocess.run(
-        [
-            *("make", "run", "P4C=shadowgrad-p4c", "BMV2_SWITCH_EXE=sg-switch-grpc"),
-            "RUN_SCRIPT=-m shadowgrad.bmv2_testbed.exercise",
-        ],
-        cwd=folder,
-        env=_exercise_env(),
-        input=_CLI_INPUT,
-        capture_output=True,
-        text=True,
-        timeout=240,
-        check=False,
+    _run_exercise_cli(
+        folder,
+        tag,
+        *("make", "run", "P4C=shadowgrad-p4c", "BMV2_SWITCH_EXE=sg-switch-grpc"),
+        "RUN_SCRIPT=-m shadowgrad.bmv2_testbed.exercise",
     )
-    _check_exercise_run(folder, tag, r.returncode, r.stdout + r.stderr)
 
 
 @pytest.mark.timeout(300)

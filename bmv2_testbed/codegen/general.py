@@ -112,6 +112,17 @@ class HeaderCodec:
     struct: tuple[str, list[str], list[str]] | None
 
 
+def _field_value(bits: str, ft: Ty, w: int) -> str:
+    """The value of a ``w``-bit header field of type ``ft`` from the expression of its bits:
+    two's complement for ``int<W>``, ``bool`` for a bool field, the bits as they are else."""
+    if isinstance(ft, BitT) and ft.signed:
+        h = 1 << (w - 1)
+        return f"(({bits}) ^ {h}) - {h}"
+    if isinstance(ft, BoolT):
+        return f"bool({bits})"
+    return bits
+
+
 def header_codec(t: StructT) -> HeaderCodec:
     """The codec of header type ``t`` (of a header with a varbit field: its size without the
     varbit and no lines; :func:`varbit_unpack` and ``_pk_<T>`` read and write it)."""
@@ -126,12 +137,7 @@ def header_codec(t: StructT) -> HeaderCodec:
         shift -= w
         m = (1 << w) - 1
         ex = f"({{V}} >> {shift}) & {m}" if shift else f"{{V}} & {m}"
-        if isinstance(ft, BitT) and ft.signed:
-            h = 1 << (w - 1)
-            ex = f"(({ex}) ^ {h}) - {h}"
-        elif isinstance(ft, BoolT):
-            ex = f"bool({ex})"
-        unpack.append(f"{{H}}.{n} = {ex}")
+        unpack.append(f"{{H}}.{n} = {_field_value(ex, ft, w)}")
     unpack.append("{H}._v_ = True")
     plan = (
         None  # a bool field is a Python bool: not in a struct format
@@ -256,13 +262,7 @@ def varbit_unpack(t: StructT) -> list[str]:
             lines.append(f"{{H}}.{attr(n)} = ({src} & ((1 << _L) - 1), _L)")
             continue
         w = bit_width(ft) or 0
-        ex = f"{src} & {(1 << w) - 1}"
-        if isinstance(ft, BitT) and ft.signed:
-            h = 1 << (w - 1)
-            ex = f"(({ex}) ^ {h}) - {h}"
-        elif isinstance(ft, BoolT):
-            ex = f"bool({ex})"
-        lines.append(f"{{H}}.{attr(n)} = {ex}")
+        lines.append(f"{{H}}.{attr(n)} = {_field_value(f'{src} & {(1 << w) - 1}', ft, w)}")
     lines.append("{H}._v_ = True")
     return lines
 
