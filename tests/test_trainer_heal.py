@@ -430,8 +430,11 @@ def test_documented_example_with_the_controller(tmp_path: Path) -> None:
     assert all(k.get("repeated", 99) <= 2 for k in ranks["rank_kills"]), ranks["rank_kills"]
     shadow = _soak(
         tmp_path / "shadow",
+        # long enough for the restarted shadow to start (torch's import: seconds on a busy
+        # machine), clone its replica and settle with the job still running (in CI 1,200
+        # iterations ended before it had)
         "--steps",
-        "1200",
+        "4000",
         "--shadows",
         "4",
         "--replication",
@@ -446,7 +449,11 @@ def test_documented_example_with_the_controller(tmp_path: Path) -> None:
         "3",
         "--controller",
     )[0]
-    assert "retx_after_settle" in shadow, "the restarted shadow never caught up"
+    assert "retx_after_settle" in shadow, (
+        "the restarted shadow never caught up",
+        {k: shadow.get(k) for k in ("fault", "controller", "stuck", "failures")},
+        shadow["shadows"][1],
+    )
     assert shadow["shadows"][1]["reseeds"] >= 1
     c = shadow["controller"]
     assert c["trainer_failed"] == 0, c

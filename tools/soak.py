@@ -407,6 +407,7 @@ def soak(args: argparse.Namespace, work: Path, run: int) -> dict[str, Any]:
         settled_chunks: dict[str, int] = {}
         victim = args.stop_shadow if args.stop_shadow is not None else args.kill_shadow
         victim_nacks: tuple[int | None, float] = (None, time.monotonic())
+        first_at: float | None = None
         while trainer.poll() is None or _alive(orphans):
             time.sleep(0.2)
             _WORKERS.update(_descendants(trainer.pid))
@@ -417,6 +418,11 @@ def soak(args: argparse.Namespace, work: Path, run: int) -> dict[str, Any]:
                     if s is not None and s.get("last_applied") is not None:
                         max_lag = max(max_lag, step - int(s["last_applied"]))
             now = time.monotonic() - t0
+            if step >= 0 and first_at is None:
+                first_at = now
+            # --at counts from the trainers' first iteration, not from their start (which
+            # takes seconds on a busy machine): the fault always hits a running job
+            running_s = -1.0 if first_at is None else now - first_at
             if kills_left and kill_at >= 0 and trainer_step(tlog) >= kill_at:
                 kills_left -= 1
                 # what every shadow had applied just before the kill: the restore point may
@@ -474,7 +480,7 @@ def soak(args: argparse.Namespace, work: Path, run: int) -> dict[str, Any]:
                 first = _first_step(tlog)
                 if first >= 0:
                     kill_at = first + rng.randrange(5, 120)
-            if args.hog and hogs is None and step >= 0 and now >= args.at:
+            if args.hog and hogs is None and running_s >= args.at:
                 spin = "import time\nt = time.monotonic() + %f\nwhile time.monotonic() < t: pass"
                 hogs = [
                     subprocess.Popen([sys.executable, "-c", spin % args.hog])
@@ -498,14 +504,14 @@ def soak(args: argparse.Namespace, work: Path, run: int) -> dict[str, Any]:
                             stuck_dumps[k] = {"step": step, "status": c.status(timeline=4)}
             if stranger is not None and "attack" not in report and step >= 20:
                 report["attack"] = stranger.attack(spec, step)
-            if args.fence and not fault_done and step >= 0 and now >= args.at:
+            if args.fence and not fault_done and running_s >= args.at:
                 fault_done = True
                 report["fault"] = _fence(
                     spec, trainer, logs, step=step, steps=args.steps, out=final
                 )
                 orphans = report["fault"]["workers"]
                 continue
-            if not fault_done and step >= 0 and now >= args.at:
+            if not fault_done and running_s >= args.at:
                 fault_done = True
                 fault_at = now
                 p = shadows[victim]
@@ -958,7 +964,12 @@ def main() -> int:
         action="store_true",
         help="SIGKILL torchrun (workers live on) and rerun it at once",
     )
-    ap.add_argument("--at", type=float, default=10.0, help="fault at this many seconds")
+    ap.add_argument(
+        "--at",
+        type=float,
+        default=10.0,
+        help="fault this many seconds after the trainers' first iteration",
+    )
     ap.add_argument(
         "--down",
         type=float,
