@@ -1622,6 +1622,26 @@ class ShadowNode:
         old = self._ld
         same = old is not None and old.layout == layout and old.shard == shard
         keep = reseed and same and generation == self._generation
+        if keep and self._diverged_at is None and self._last_applied > iteration:
+            # a re-seed captured before this shadow got further on its own (it cloned its
+            # replica or caught up while the state travelled): installing it would take the
+            # shard back, and at the end of training nothing would bring the last iteration
+            # again (seen: a shadow seeded with 1 at 2 waited for 2 forever)
+            self._note(
+                "seed_behind",
+                logging.INFO,
+                iteration=iteration,
+                last_applied=self._last_applied,
+                source=source,
+            )
+            return {
+                "ok": True,
+                "shard": shard,
+                "replica": replica,
+                "iteration": self._last_applied,
+                "generation": generation,
+                "behind": True,
+            }, []
         if same and old is not None:
             pool, allocated, geom = old.pool, old.allocated, old.geom
             for it, rec in list(self._iters.items()):

@@ -136,6 +136,43 @@ def test_a_keep_load_starts_a_session_from_the_shadows_own_state() -> None:
             assert not compare_shard(layout, shard, cl.fetch(2).states, *at2)
 
 
+def test_a_reseed_older_than_what_the_shadow_applied_changes_nothing() -> None:
+    """A re-seed captured at iteration 1 that arrives after the shadow applied 4 (it cloned its
+    replica, or caught up, while the state travelled) is answered ``behind`` and changes
+    nothing: installing it would take the shard back to 1, and at the end of training no later
+    iteration would make the shadow ask for the last one again (it waited forever). A re-seed
+    of the iteration it stands at, or of a newer generation, still installs."""
+    trainer = RefTrainer(Case("behind", "mlp", "adamw", iterations=10), seed=4)
+    layout = trainer.layout(num_shadows=2)
+    opt = trainer.optimizer_spec().to_json()
+    with cluster(layout) as c:
+        c.load(trainer.named, trainer.optimizer_spec())
+        _run(c, trainer, layout, range(2))
+        at1 = [cl.fetch(1).states for cl in c.clients]
+        _run(c, trainer, layout, range(2, 5))
+        at4 = (
+            {k: v.detach().clone() for k, v in trainer.named.items()},
+            copy.deepcopy(state_by_name(trainer.opt, trainer.model.named_parameters())),
+        )
+        for shard, (n, cl) in enumerate(zip(c.nodes, c.clients, strict=True)):
+            states = [at1[shard][k] for k in range(len(at1[shard]))]
+            reply = cl.load(1, states, opt, layout.to_json(), reseed=True, source="rank 0")
+            assert reply["behind"] and reply["iteration"] == 4, reply
+            assert n.ev["seed_behind"] == 1 and n.ev["seeded"] == 0
+            assert cl.status()["last_applied"] == 4
+            assert not compare_shard(layout, shard, cl.fetch(4).states, *at4)
+        _run(c, trainer, layout, range(5, 7))  # the session goes on from its own state
+        for shard, (n, cl) in enumerate(zip(c.nodes, c.clients, strict=True)):
+            here = cl.fetch(6).states
+            reply = cl.load(6, [here[k] for k in range(len(here))], opt, reseed=True)
+            assert "behind" not in reply and n.ev["seeded"] == 1
+            # another generation: a new instance of the job, installed whatever it says
+            reply = cl.load(
+                1, [at1[shard][k] for k in range(len(at1[shard]))], opt, reseed=True, generation=9
+            )
+            assert "behind" not in reply and cl.status()["last_applied"] == 1
+
+
 def test_stream_checksums_and_client_timeout() -> None:
     states = [(0, {"param": torch.arange(10.0), "step": torch.tensor(3.0)})]
     entries, frames = encode_states(states)
