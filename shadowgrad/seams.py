@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from shadowgrad.replies import StatusLike
 
@@ -179,3 +179,11 @@ class FakeShadowStatuses:
     def __call__(self) -> dict[int, StatusLike | None]:
         self.polls += 1
         return {k: None if k in self.down else s for k, s in self.statuses.items()}
+
+
+if TYPE_CHECKING:  # mypy checks the fakes against their seams
+
+    def _are_seams(
+        driver: FakeSwitchDriver, statuses: FakeShadowStatuses
+    ) -> tuple[SwitchDriver, ShadowStatusSource]:
+        return driver, statuses
