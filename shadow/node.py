@@ -9,8 +9,10 @@ Threads (all stop within ``tick_s`` of :meth:`ShadowNode.stop`):
   ``last_applied + 1`` once the two-phase rule allows it (docs/shadow.md), keeps the state of the
   consistent cut I* when it moves ahead of it, resynchronises from a replica when diverged, and
   starts background disk snapshots.
-* **control** — the pyzmq ROUTER endpoint (``status``, ``hold``, ``release``, ``fetch``, ``load``,
-  ``snapshot``); every request carries the job token.
+* **control** — the control endpoint, a ZeroMQ ROUTER socket served by the core's control server
+  (:mod:`shadowgrad._control_server`) with this node's handlers (``status``, ``hold``,
+  ``release``, ``fetch``, ``load``, ``snapshot``, ``config``, ``finished``); every request
+  carries the job token.
 * **snapshot writer** — one at a time, writes a cloned state (write, fsync, rename).
 
 Every received datagram increments exactly one ``rx`` counter (``wire.<reason>`` for decode
