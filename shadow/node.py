@@ -9,8 +9,10 @@ Threads (all stop within ``tick_s`` of :meth:`ShadowNode.stop`):
   ``last_applied + 1`` once the two-phase rule allows it (docs/shadow.md), keeps the state of the
   consistent cut I* when it moves ahead of it, resynchronises from a replica when diverged, and
   starts background disk snapshots.
-* **control** — the pyzmq ROUTER endpoint (``status``, ``hold``, ``release``, ``fetch``, ``load``,
-  ``snapshot``); every request carries the job token.
+* **control** — the control endpoint, a ZeroMQ ROUTER socket served by the core's control server
+  (:mod:`shadowgrad._control_server`) with this node's handlers (``status``, ``hold``,
+  ``release``, ``fetch``, ``load``, ``snapshot``, ``config``, ``finished``); every request
+  carries the job token.
 * **snapshot writer** — one at a time, writes a cloned state (write, fsync, rename).
 
 Every received datagram increments exactly one ``rx`` counter (``wire.<reason>`` for decode
@@ -21,7 +23,6 @@ handled.
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import socket
 import threading
@@ -38,7 +39,7 @@ import zmq
 
 from shadowgrad import wire
 from shadowgrad._addr import canonical, resolve
-from shadowgrad._control_server import check_request
+from shadowgrad._control_server import ControlServer, bind_router
 from shadowgrad._log import event
 from shadowgrad.config import JobSpec
 from shadowgrad.errors import LayoutError, ShadowgradError, WireError
@@ -69,6 +70,16 @@ NONE_ITER = (1 << 64) - 1
 _UNKNOWN = -2  # internal: nothing known
 #: what a control call to a replica (clone, resync) may fail with: skip that replica
 _PEER_ERRORS = (ShadowgradError, zmq.ZMQError, KeyError, ValueError)
+
+
+def _refusal(e: Exception) -> tuple[str, str] | None:
+    """How the control endpoint answers a handler's exception: a ControlError with its own code
+    (None: the server's default), a bad argument or state as ``bad_request``."""
+    if isinstance(e, ControlError):
+        return None
+    if isinstance(e, (ShadowgradError, KeyError, TypeError, ValueError)):
+        return "bad_request", f"{type(e).__name__}: {e}"
+    return None
 
 
 _FINAL = int(wire.Flag.FINAL)
@@ -259,34 +270,50 @@ class ShadowNode:
         if spec.job.mode == "in-band" and sw.loopback is not None and sw.shadow_ports:
             ep = sw.loopback_endpoint(sw.shadow_ports[shadow_id])
             self._switch_ep = (ep.host, ep.port)
-        self._ctx: zmq.Context[zmq.Socket[bytes]]
         if control_socket is not None:  # bound already (shadowgrad shadow, while starting)
-            self._ctx, self._rep = control_socket
+            ctx, rep = control_socket
         else:
-            self._ctx = zmq.Context()
-            self._rep = self._ctx.socket(zmq.ROUTER)
-            self._rep.setsockopt(zmq.LINGER, 0)
             if control_bind is None:
                 ep = spec.shadows.control_endpoint(shadow_id)
                 control_bind = f"tcp://{ep}"
             try:
-                self._rep.bind(control_bind)
+                ctx, rep = bind_router(control_bind)
             except zmq.ZMQError as e:
-                self._rep.close(linger=0)
-                self._ctx.term()
                 self.sock.close()
                 raise ShadowgradError(
                     f"shadow {shadow_id}: cannot bind its control endpoint {control_bind}: {e}"
                 ) from None
-        last = self._rep.getsockopt(zmq.LAST_ENDPOINT)
-        self.control_endpoint: str = last.decode() if isinstance(last, bytes) else str(last)
         # state
         self._lock = threading.Lock()  # protocol state
         self._state_lock = threading.Lock()  # the replayer's tensors
         self._cond = threading.Condition(self._lock)
         self._stop = threading.Event()
-        #: when the control request being served was received (None: served in-process)
-        self._request_at: float | None = None
+        self.ev: Counter[str] = Counter()
+        #: the control endpoint's request loop (its thread is the node's ``control`` thread)
+        self._control = ControlServer(
+            ctx,
+            rep,
+            self._token,
+            counters=self.ev,
+            logger=log,
+            event_prefix="shadow",
+            event_fields={"shadow": shadow_id},
+            poll_s=self.opts.tick_s * 10,
+            stop=self._stop,
+            refusal=_refusal,
+            handlers={
+                "status": self._op_status,
+                "hold": self._op_hold,
+                "release": self._op_release,
+                "fetch": self._op_fetch,
+                "load": self._op_load,
+                "snapshot": self._op_snapshot,
+                "config": self._op_config,
+                "finished": self._op_finished,
+            },
+            name=f"shadow{shadow_id}-control",
+        )
+        self.control_endpoint: str = self._control.endpoint
         self._ld: _Loaded | None = None
         self._iters: dict[int, _Iter] = {}
         self._last_applied = -1
@@ -316,7 +343,6 @@ class ShadowNode:
         self._finished: dict[str, Any] | None = None
         self._next_clone = 0.0
         self.rx: Counter[str] = Counter()
-        self.ev: Counter[str] = Counter()
         self._next_refresh = 0.0
         self._next_resync = 0.0
         self._seq = 0
@@ -350,7 +376,7 @@ class ShadowNode:
         loops: list[tuple[str, Any, tuple[Any, ...]]] = [
             (f"rx{k}", self._rx_loop, (k,)) for k in range(self.opts.rx_threads)
         ]
-        loops += [("apply", self._apply_loop, ()), ("control", self._control_loop, (backlog,))]
+        loops += [("apply", self._apply_loop, ()), ("control", self._control.serve, (backlog,))]
         for name, target, args in loops:
             t = threading.Thread(
                 target=self._guard,
@@ -395,8 +421,7 @@ class ShadowNode:
         self._threads = []
         with contextlib.suppress(OSError):
             self.sock.close()
-        self._rep.close(linger=0)
-        self._ctx.term()
+        self._control.close(0.0)
         if alive:
             raise ShadowgradError(f"shadow {self.id}: threads {alive} did not stop in {timeout_s}s")
         event(log, "shadow.stop", shadow=self.id)
@@ -1176,73 +1201,6 @@ class ShadowNode:
 
     # ---------------------------------------------------------------- control service
 
-    def _control_loop(self, backlog: Sequence[Sequence[zmq.Frame]] = ()) -> None:
-        rep = self._rep
-        for parts in backlog:  # what came while the process was starting, in order
-            if self._stop.is_set():
-                return
-            self._handle_control(parts)
-        while not self._stop.is_set():
-            if not rep.poll(int(self.opts.tick_s * 10 * 1000), zmq.POLLIN):
-                continue
-            try:
-                parts = rep.recv_multipart(zmq.NOBLOCK, copy=False)
-            except zmq.Again:
-                continue
-            self._handle_control(parts)
-
-    def _handle_control(self, parts: Sequence[zmq.Frame]) -> None:
-        """Serve one request as the ROUTER received it (routing envelope, empty delimiter,
-        header, frames) and send the reply. On the control thread only."""
-        sep = next((k for k, p in enumerate(parts) if len(p.bytes) == 0), None)
-        if sep is None or sep + 1 >= len(parts):
-            self.ev["control_malformed"] += 1
-            return
-        self._request_at = time.perf_counter()  # when the request was received (load timing)
-        envelope = [p.bytes for p in parts[: sep + 1]]
-        head, frames = parts[sep + 1], [p.buffer for p in parts[sep + 2 :]]
-        try:
-            reply_head, reply_frames = self._serve(head.bytes, frames)
-        finally:
-            self._request_at = None
-        try:
-            self._rep.send_multipart(
-                [*envelope, json.dumps(reply_head).encode(), *reply_frames], copy=False
-            )
-        except zmq.ZMQError as e:
-            self.ev["control_send_error"] += 1
-            log.warning("control reply failed: %s", e)
-
-    def _serve(self, head: bytes, frames: list[memoryview]) -> tuple[dict[str, Any], list[Any]]:
-        req, refused = check_request(head, self._token)
-        if refused is not None:
-            if refused["code"] == "bad_token":
-                self._note("control_bad_token", logging.WARNING, op=str(req.get("op")))
-            else:
-                self.ev["control_bad_request"] += 1
-            return refused, []
-        op = req.get("op")
-        handler = {
-            "status": self._op_status,
-            "hold": self._op_hold,
-            "release": self._op_release,
-            "fetch": self._op_fetch,
-            "load": self._op_load,
-            "snapshot": self._op_snapshot,
-            "config": self._op_config,
-            "finished": self._op_finished,
-        }.get(op if isinstance(op, str) else "")
-        if handler is None:
-            self.ev["control_bad_request"] += 1
-            return {"ok": False, "code": "bad_request", "error": f"unknown op {op!r}"}, []
-        self.ev[f"control_{op}"] += 1
-        try:
-            return handler(req, frames)
-        except ControlError as e:
-            return {"ok": False, "code": e.code, "error": str(e)}, []
-        except (ShadowgradError, KeyError, TypeError, ValueError) as e:
-            return {"ok": False, "code": "bad_request", "error": f"{type(e).__name__}: {e}"}, []
-
     def status(self, timeline: int = 16) -> dict[str, Any]:
         """What ``status`` answers (also usable in-process)."""
         with self._lock:
@@ -1465,7 +1423,7 @@ class ShadowNode:
     ) -> tuple[dict[str, Any], list[Any]]:
         # from the request's receipt (its header parsed, its token checked: part of the
         # shadow's time, not of the transfer)
-        t0 = self._request_at or time.perf_counter()
+        t0 = self._control.request_at or time.perf_counter()
         layout_json = req.get("layout")
         ld = self._ld
         known = [x for x in (None if ld is None else ld.layout, self._layout_hint) if x is not None]
