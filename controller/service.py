@@ -33,7 +33,6 @@ logged, counted and changes nothing.
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import time
@@ -45,7 +44,7 @@ from typing import TYPE_CHECKING, Any
 
 import zmq
 
-from shadowgrad._control_server import check_request
+from shadowgrad._control_server import ControlServer, Reply, bind_router
 from shadowgrad._log import event
 from shadowgrad.config import JobSpec
 from shadowgrad.errors import ShadowgradError
@@ -61,6 +60,14 @@ if TYPE_CHECKING:
 __all__ = ["Controller", "ControllerOptions"]
 
 log = logging.getLogger(__name__)
+
+
+def _refusal(e: Exception) -> tuple[str, str] | None:
+    """How the control endpoint answers a handler's exception: any ShadowgradError (a
+    ControlError too) as ``unavailable``; anything else is the server's ``internal``."""
+    if isinstance(e, ShadowgradError):
+        return "unavailable", str(e)
+    return None
 
 
 @dataclass(frozen=True)
@@ -148,8 +155,8 @@ class Controller:
         self._lock = threading.RLock()
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
-        self._ctx: zmq.Context[zmq.Socket[bytes]] | None = None
-        self._rep: zmq.Socket[bytes] | None = None
+        #: the control endpoint's request loop (when ``bind`` is set; from :meth:`start`)
+        self._control: ControlServer | None = None
         self.ev: Counter[str] = Counter()
         self._refused: set[int] = set()  # shadows that refused our token (logged once each)
         self.state = ControllerState.STARTING
@@ -176,18 +183,29 @@ class Controller:
         if self.driver is not None:
             self._converge(initial=True)
         if self.bind is not None:
-            self._ctx = zmq.Context()
-            rep = self._ctx.socket(zmq.ROUTER)
-            rep.setsockopt(zmq.LINGER, 0)
             try:
-                rep.bind(self.bind)
+                ctx, rep = bind_router(self.bind)
             except zmq.ZMQError as e:
-                rep.close(linger=0)
-                self._ctx.term()
-                self._ctx = None
                 raise ShadowgradError(f"controller: cannot bind {self.bind}: {e}") from None
-            self._rep = rep
-            self._spawn(self._control_loop, "ctl-control")
+            self._control = ControlServer(
+                ctx,
+                rep,
+                self._token,
+                counters=self.ev,
+                logger=log,
+                event_prefix="controller",
+                poll_s=0.1,
+                stop=self._stop,
+                refusal=_refusal,
+                handlers={
+                    "status": self._op_status,
+                    "restore_point": self._op_restore_point,
+                    "finished": self._op_finished,
+                    "release": self._op_release,
+                },
+                name="ctl-control",
+            )
+            self._spawn(self._control.serve, "ctl-control")
         try:
             self.tick()
         except Exception as e:  # the watch loop retries; a bad first poll is no reason to stop
@@ -214,12 +232,9 @@ class Controller:
         for th in self._threads:
             th.join(5.0)
         self._threads.clear()
-        if self._rep is not None:
-            self._rep.close(linger=0)
-            self._rep = None
-        if self._ctx is not None:
-            self._ctx.term()
-            self._ctx = None
+        if self._control is not None:
+            self._control.close(0.0)
+            self._control = None
         self._pool.shutdown(wait=False, cancel_futures=True)
 
     def __enter__(self) -> Controller:
@@ -768,95 +783,54 @@ class Controller:
 
     # ---------------------------------------------------------------- control endpoint
 
-    def _control_loop(self) -> None:
-        rep = self._rep
-        assert rep is not None
-        while not self._stop.is_set():
-            if not rep.poll(100, zmq.POLLIN):
-                continue
-            try:
-                parts = rep.recv_multipart(zmq.NOBLOCK)
-            except zmq.Again:
-                continue
-            sep = next((i for i, p in enumerate(parts) if len(p) == 0), None)
-            if sep is None or sep + 1 >= len(parts):
-                self.ev["control_malformed"] += 1
-                continue
-            reply = self._serve(parts[sep + 1])
-            try:
-                rep.send_multipart([*parts[: sep + 1], json.dumps(reply).encode()])
-            except zmq.ZMQError as e:
-                self.ev["control_send_error"] += 1
-                log.warning("controller reply failed: %s", e)
+    def _op_status(self, _req: dict[str, Any], _f: list[memoryview]) -> Reply:
+        return self.status(), []
 
-    def _serve(self, head: bytes) -> dict[str, Any]:
-        req, refused = check_request(head, self._token)
-        if refused is not None:
-            self.ev[f"control_{refused['code']}"] += 1
-            if refused["code"] == "bad_token":
-                event(
-                    log,
-                    "controller.control_bad_token",
-                    level=logging.WARNING,
-                    op=str(req.get("op")),
-                )
-            return refused
-        op = req.get("op")
-        self.ev[f"control_{op}"] += 1
-        try:
-            if op == "status":
-                return self.status()
-            if op == "restore_point":
-                failed = req.get("failed")
-                return {
-                    "ok": True,
-                    **self.restore_point(
-                        str(req.get("requester", "client")),
-                        failed=failed if isinstance(failed, int) else None,
-                    ),
-                }
-            if op == "finished":
-                # rank 0's close(): the end of training, not a failure
-                with self._lock:
-                    # the generation that finished: the trainer's own word (a controller
-                    # restarted just before may not have polled the shadows yet, and a 0 read
-                    # from no statuses made its first poll look like "a new run"), else what
-                    # the shadows serve
-                    gen = req.get("generation")
-                    seen = [s.generation for s in self.statuses.values() if s]
-                    finished = gen if isinstance(gen, int) else (max(seen) if seen else None)
-                    if self.state in ("trainers_failed", "restoring") and (
-                        finished is None
-                        or self._generation_at_failure is None
-                        or finished > self._generation_at_failure
-                    ):
-                        # a rerun so short that it ended before a poll saw it run: it recovered
-                        self._recovered(self.trainers_signal(), finished or 0)
-                    self._generation_at_failure = finished
-                    event(
-                        log,
-                        "controller.job_finished",
-                        iteration=req.get("iteration"),
-                        generation=self._generation_at_failure,
-                        requester=str(req.get("requester", "client")),
-                    )
-                    self.finished = {
-                        "iteration": req.get("iteration"),
-                        "generation": self._generation_at_failure,
-                        "requester": str(req.get("requester", "client")),
-                    }
-                    self._transition(
-                        ControllerEvent.FINISHED,
-                        f"training ended after iteration {req.get('iteration')}",
-                    )
-                return {"ok": True}
-            if op == "release":
-                with self._lock:
-                    held, self.held = self.held, []
-                    for k in held:
-                        self._release(k, (self.istar or {}).get("istar"))
-                return {"ok": True, "released": held}
-        except ShadowgradError as e:
-            return {"ok": False, "code": "unavailable", "error": str(e)}
-        self.ev["control_bad_request"] += 1
-        return {"ok": False, "code": "bad_request", "error": f"unknown op {op!r}"}
+    def _op_restore_point(self, req: dict[str, Any], _f: list[memoryview]) -> Reply:
+        failed = req.get("failed")
+        point = self.restore_point(
+            str(req.get("requester", "client")),
+            failed=failed if isinstance(failed, int) else None,
+        )
+        return {"ok": True, **point}, []
+
+    def _op_finished(self, req: dict[str, Any], _f: list[memoryview]) -> Reply:
+        # rank 0's close(): the end of training, not a failure
+        with self._lock:
+            # the generation that finished: the trainer's own word (a controller restarted
+            # just before may not have polled the shadows yet, and a 0 read from no statuses
+            # made its first poll look like "a new run"), else what the shadows serve
+            gen = req.get("generation")
+            seen = [s.generation for s in self.statuses.values() if s]
+            finished = gen if isinstance(gen, int) else (max(seen) if seen else None)
+            if self.state in ("trainers_failed", "restoring") and (
+                finished is None
+                or self._generation_at_failure is None
+                or finished > self._generation_at_failure
+            ):
+                # a rerun so short that it ended before a poll saw it run: it recovered
+                self._recovered(self.trainers_signal(), finished or 0)
+            self._generation_at_failure = finished
+            event(
+                log,
+                "controller.job_finished",
+                iteration=req.get("iteration"),
+                generation=self._generation_at_failure,
+                requester=str(req.get("requester", "client")),
+            )
+            self.finished = {
+                "iteration": req.get("iteration"),
+                "generation": self._generation_at_failure,
+                "requester": str(req.get("requester", "client")),
+            }
+            self._transition(
+                ControllerEvent.FINISHED, f"training ended after iteration {req.get('iteration')}"
+            )
+        return {"ok": True}, []
+
+    def _op_release(self, _req: dict[str, Any], _f: list[memoryview]) -> Reply:
+        with self._lock:
+            held, self.held = self.held, []
+            for k in held:
+                self._release(k, (self.istar or {}).get("istar"))
+        return {"ok": True, "released": held}, []

@@ -20,17 +20,21 @@ so no request is lost between the two. Standard library and zmq only: no torch h
 
 from __future__ import annotations
 
-import json
 import logging
 import secrets
-import threading
 import time
 from collections import Counter
 from typing import Any
 
 import zmq
 
-from shadowgrad._control_server import check_request, error_reply
+from shadowgrad._control_server import (
+    ControlServer,
+    Reply,
+    Request,
+    bind_router,
+    error_reply,
+)
 from shadowgrad._log import event
 from shadowgrad.config import JobSpec
 from shadowgrad.errors import ShadowgradError
@@ -47,9 +51,6 @@ def new_incarnation() -> str:
 
 #: ops whose answer from an unloaded node is a fixed refusal: answered while starting
 _NOT_LOADED_OPS = frozenset({"config", "hold", "fetch"})
-
-#: a request as the ROUTER received it: routing envelope, empty delimiter, header, frames
-Request = list[zmq.Frame]
 
 
 def starting_status(
@@ -95,7 +96,8 @@ class EarlyControl:
 
     Binds ``control_bind`` (default ``tcp://<host>:<control_port + id>``, as the node would)
     at construction (:class:`ShadowgradError` when it cannot); :meth:`start` serves it from a
-    thread until :meth:`handover` (or :meth:`close`)."""
+    thread (a :class:`~shadowgrad._control_server.ControlServer` of its own) until
+    :meth:`handover` (or :meth:`close`)."""
 
     def __init__(
         self,
@@ -109,38 +111,39 @@ class EarlyControl:
         if not 0 <= shadow_id < spec.shadows.count:
             raise ShadowgradError(f"shadow id {shadow_id} not in 0..{spec.shadows.count - 1}")
         self.id = shadow_id
-        self._token = token if token is not None else spec.token()
-        self._tick_ms = max(1, int(tick_s * 1000))
         self.started_at = time.monotonic()
         #: this process's identity in every status (the node keeps it: ``ShadowNode(incarnation=)``)
         self.incarnation = new_incarnation()
-        self._ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
-        self._rep = self._ctx.socket(zmq.ROUTER)
-        self._rep.setsockopt(zmq.LINGER, 0)
         if control_bind is None:
             control_bind = f"tcp://{spec.shadows.control_endpoint(shadow_id)}"
         try:
-            self._rep.bind(control_bind)
+            ctx, sock = bind_router(control_bind)
         except zmq.ZMQError as e:
-            self._rep.close(linger=0)
-            self._ctx.term()
             raise ShadowgradError(
                 f"shadow {shadow_id}: cannot bind its control endpoint {control_bind}: {e}"
             ) from None
-        last = self._rep.getsockopt(zmq.LAST_ENDPOINT)
-        self.control_endpoint: str = last.decode() if isinstance(last, bytes) else str(last)
         #: the node's event counters for what was served here (control_<op>, bad requests)
         self.ev: Counter[str] = Counter()
-        self._backlog: list[Request] = []
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._error: BaseException | None = None
+        self._server = ControlServer(
+            ctx,
+            sock,
+            token if token is not None else spec.token(),
+            counters=self.ev,
+            logger=log,
+            event_prefix="shadow",
+            event_fields={"shadow": shadow_id},
+            poll_s=tick_s,
+            defer=self._defer,
+            handlers={
+                "status": self._op_status,
+                **dict.fromkeys(_NOT_LOADED_OPS, self._op_not_loaded),
+            },
+            name=f"shadow{shadow_id}-control-early",
+        )
+        self.control_endpoint: str = self._server.endpoint
 
     def start(self) -> EarlyControl:
-        self._thread = threading.Thread(
-            target=self._guard, name=f"shadow{self.id}-control-early", daemon=True
-        )
-        self._thread.start()
+        self._server.start()
         event(log, "shadow.starting", shadow=self.id, control=self.control_endpoint)
         return self
 
@@ -149,80 +152,29 @@ class EarlyControl:
     ) -> tuple[zmq.Context[zmq.Socket[bytes]], zmq.Socket[bytes], list[Request]]:
         """Stop serving; return the context, the bound socket (the caller owns both now) and
         the requests kept for the node, oldest first."""
-        self._halt()
-        if self._error is not None:
+        self._server.halt()
+        if self._server.error is not None:
             self.close()
-            raise ShadowgradError(f"shadow {self.id}: control endpoint failed: {self._error!r}")
-        backlog, self._backlog = self._backlog, []
-        return self._ctx, self._rep, backlog
+            raise ShadowgradError(
+                f"shadow {self.id}: control endpoint failed: {self._server.error!r}"
+            )
+        return self._server.handover()
 
     def close(self) -> None:
         """Stop serving and close the socket (a start that failed). Idempotent."""
-        self._halt()
-        self._backlog = []
-        self._rep.close(linger=0)
-        self._ctx.term()
+        self._server.close()
 
-    def _halt(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join()
-            self._thread = None
+    # ---------------------------------------------------------------- handlers
 
-    def _guard(self) -> None:
-        try:
-            self._loop()
-        except BaseException as e:  # the node takes over the socket; it must know
-            self._error = e
-            log.exception("shadow %d: early control thread died", self.id)
+    def _defer(self, op: object) -> bool:
+        """Kept for the node: every op but ``status`` and the not-loaded refusals, and those
+        too once something is kept (in order, after what is already kept)."""
+        return op != "status" and (bool(self._server.backlog) or op not in _NOT_LOADED_OPS)
 
-    def _loop(self) -> None:
-        rep = self._rep
-        while not self._stop.is_set():
-            if not rep.poll(self._tick_ms, zmq.POLLIN):
-                continue
-            try:
-                parts = rep.recv_multipart(zmq.NOBLOCK, copy=False)
-            except zmq.Again:
-                continue
-            sep = next((k for k, p in enumerate(parts) if len(p.bytes) == 0), None)
-            if sep is None or sep + 1 >= len(parts):
-                self.ev["control_malformed"] += 1
-                continue
-            reply = self._serve(parts[sep + 1].bytes)
-            if reply is None:
-                self._backlog.append(parts)
-                continue
-            envelope = [p.bytes for p in parts[: sep + 1]]
-            try:
-                rep.send_multipart([*envelope, json.dumps(reply).encode()])
-            except zmq.ZMQError as e:
-                self.ev["control_send_error"] += 1
-                log.warning("control reply failed: %s", e)
+    def _op_status(self, _req: dict[str, Any], _f: list[memoryview]) -> Reply:
+        return starting_status(
+            self.id, time.monotonic() - self.started_at, dict(self.ev), self.incarnation
+        ), []
 
-    def _serve(self, head: bytes) -> dict[str, Any] | None:
-        """The reply to a request now, or None: the node serves it once it is up."""
-        req, refused = check_request(head, self._token)
-        if refused is not None:
-            if refused["code"] == "bad_token":
-                self.ev["control_bad_token"] += 1
-                event(
-                    log,
-                    "shadow.control_bad_token",
-                    logging.WARNING,
-                    shadow=self.id,
-                    op=str(req.get("op")),
-                )
-            else:
-                self.ev["control_bad_request"] += 1
-            return refused
-        op = req.get("op")
-        if op == "status":
-            self.ev["control_status"] += 1
-            return starting_status(
-                self.id, time.monotonic() - self.started_at, dict(self.ev), self.incarnation
-            )
-        if self._backlog or op not in _NOT_LOADED_OPS:
-            return None  # in order, after what is already kept
-        self.ev[f"control_{op}"] += 1
-        return error_reply("not_loaded", "shadow not loaded")
+    def _op_not_loaded(self, _req: dict[str, Any], _f: list[memoryview]) -> Reply:
+        return error_reply("not_loaded", "shadow not loaded"), []

@@ -9,8 +9,10 @@ Threads (all stop within ``tick_s`` of :meth:`ShadowNode.stop`):
   ``last_applied + 1`` once the two-phase rule allows it (docs/shadow.md), keeps the state of the
   consistent cut I* when it moves ahead of it, resynchronises from a replica when diverged, and
   starts background disk snapshots.
-* **control** — the pyzmq ROUTER endpoint (``status``, ``hold``, ``release``, ``fetch``, ``load``,
-  ``snapshot``); every request carries the job token.
+* **control** — the control endpoint, a ZeroMQ ROUTER socket served by the core's control server
+  (:mod:`shadowgrad._control_server`) with this node's handlers (``status``, ``hold``,
+  ``release``, ``fetch``, ``load``, ``snapshot``, ``config``, ``finished``); every request
+  carries the job token.
 * **snapshot writer** — one at a time, writes a cloned state (write, fsync, rename).
 
 Every received datagram increments exactly one ``rx`` counter (``wire.<reason>`` for decode
@@ -21,7 +23,6 @@ handled.
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import socket
 import threading
@@ -38,13 +39,15 @@ import zmq
 
 from shadowgrad import wire
 from shadowgrad._addr import canonical, resolve
-from shadowgrad._control_server import check_request
+from shadowgrad._control_server import ControlServer, bind_router
 from shadowgrad._log import event
 from shadowgrad.config import JobSpec
 from shadowgrad.errors import LayoutError, ShadowgradError, WireError
 from shadowgrad.frames import decode_frame
 from shadowgrad.layout import Layout
 from shadowgrad.optspec import OptimizerSpec
+from shadowgrad.shadow._cut import UNKNOWN as _UNKNOWN
+from shadowgrad.shadow._cut import CutTracker
 from shadowgrad.shadow._early import new_incarnation
 from shadowgrad.shadow.assembly import IntervalSet, IterBuffer, ShardGeometry
 from shadowgrad.shadow.control import (
@@ -66,9 +69,18 @@ log = logging.getLogger(__name__)
 
 #: wire encoding of "no iteration" (-1) in READY records' u64 fields
 NONE_ITER = (1 << 64) - 1
-_UNKNOWN = -2  # internal: nothing known
 #: what a control call to a replica (clone, resync) may fail with: skip that replica
 _PEER_ERRORS = (ShadowgradError, zmq.ZMQError, KeyError, ValueError)
+
+
+def _refusal(e: Exception) -> tuple[str, str] | None:
+    """How the control endpoint answers a handler's exception: a ControlError with its own code
+    (None: the server's default), a bad argument or state as ``bad_request``."""
+    if isinstance(e, ControlError):
+        return None
+    if isinstance(e, (ShadowgradError, KeyError, TypeError, ValueError)):
+        return "bad_request", f"{type(e).__name__}: {e}"
+    return None
 
 
 _FINAL = int(wire.Flag.FINAL)
@@ -143,15 +155,6 @@ class _Iter:
 
     def ready(self) -> bool:
         return self.commit is not None and self.complete()
-
-
-@dataclass
-class _Peer:
-    ready_through: int = _UNKNOWN
-    last_applied: int = _UNKNOWN
-    diverged: bool = False
-    seq: int = -1
-    seen: float = 0.0
 
 
 @dataclass
@@ -259,44 +262,57 @@ class ShadowNode:
         if spec.job.mode == "in-band" and sw.loopback is not None and sw.shadow_ports:
             ep = sw.loopback_endpoint(sw.shadow_ports[shadow_id])
             self._switch_ep = (ep.host, ep.port)
-        self._ctx: zmq.Context[zmq.Socket[bytes]]
         if control_socket is not None:  # bound already (shadowgrad shadow, while starting)
-            self._ctx, self._rep = control_socket
+            ctx, rep = control_socket
         else:
-            self._ctx = zmq.Context()
-            self._rep = self._ctx.socket(zmq.ROUTER)
-            self._rep.setsockopt(zmq.LINGER, 0)
             if control_bind is None:
                 ep = spec.shadows.control_endpoint(shadow_id)
                 control_bind = f"tcp://{ep}"
             try:
-                self._rep.bind(control_bind)
+                ctx, rep = bind_router(control_bind)
             except zmq.ZMQError as e:
-                self._rep.close(linger=0)
-                self._ctx.term()
                 self.sock.close()
                 raise ShadowgradError(
                     f"shadow {shadow_id}: cannot bind its control endpoint {control_bind}: {e}"
                 ) from None
-        last = self._rep.getsockopt(zmq.LAST_ENDPOINT)
-        self.control_endpoint: str = last.decode() if isinstance(last, bytes) else str(last)
         # state
         self._lock = threading.Lock()  # protocol state
         self._state_lock = threading.Lock()  # the replayer's tensors
         self._cond = threading.Condition(self._lock)
         self._stop = threading.Event()
-        #: when the control request being served was received (None: served in-process)
-        self._request_at: float | None = None
+        self.ev: Counter[str] = Counter()
+        #: the control endpoint's request loop (its thread is the node's ``control`` thread)
+        self._control = ControlServer(
+            ctx,
+            rep,
+            self._token,
+            counters=self.ev,
+            logger=log,
+            event_prefix="shadow",
+            event_fields={"shadow": shadow_id},
+            poll_s=self.opts.tick_s * 10,
+            stop=self._stop,
+            refusal=_refusal,
+            handlers={
+                "status": self._op_status,
+                "hold": self._op_hold,
+                "release": self._op_release,
+                "fetch": self._op_fetch,
+                "load": self._op_load,
+                "snapshot": self._op_snapshot,
+                "config": self._op_config,
+                "finished": self._op_finished,
+            },
+            name=f"shadow{shadow_id}-control",
+        )
+        self.control_endpoint: str = self._control.endpoint
         self._ld: _Loaded | None = None
         self._iters: dict[int, _Iter] = {}
-        self._last_applied = -1
+        #: the consistent cut: own progress, the peers' READY records, I*, holds (under _lock)
+        self._cut = CutTracker(shadow_id, retain_cut=self.opts.retain_cut)
         self._applying: int | None = None
         self._gen = 0  # bumped by load/resync: a step chosen before one is discarded
-        self._diverged_at: int | None = None
-        self._istar = _UNKNOWN
         self._newest_seen = -1
-        self._peers: dict[int, _Peer] = {}
-        self._holds: set[int] = set()
         self._snaps: dict[int, list[dict[str, torch.Tensor]]] = {}
         # COMMIT(i) (control.commit_to_json form) of every iteration whose state can be fetched:
         # last_applied and the retained/held states in _snaps (see _gc_snaps)
@@ -316,7 +332,6 @@ class ShadowNode:
         self._finished: dict[str, Any] | None = None
         self._next_clone = 0.0
         self.rx: Counter[str] = Counter()
-        self.ev: Counter[str] = Counter()
         self._next_refresh = 0.0
         self._next_resync = 0.0
         self._seq = 0
@@ -338,6 +353,16 @@ class ShadowNode:
                 self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, n)
 
     @property
+    def _last_applied(self) -> int:
+        """This shard's last applied iteration (the cut tracker's; under ``_lock``)."""
+        return self._cut.last_applied
+
+    @property
+    def _diverged_at(self) -> int | None:
+        """Where this shard diverged (the cut tracker's; under ``_lock``)."""
+        return self._cut.diverged_at
+
+    @property
     def data_address(self) -> tuple[str, int]:
         host, port = self.sock.getsockname()[:2]
         return str(host), int(port)
@@ -350,7 +375,7 @@ class ShadowNode:
         loops: list[tuple[str, Any, tuple[Any, ...]]] = [
             (f"rx{k}", self._rx_loop, (k,)) for k in range(self.opts.rx_threads)
         ]
-        loops += [("apply", self._apply_loop, ()), ("control", self._control_loop, (backlog,))]
+        loops += [("apply", self._apply_loop, ()), ("control", self._control.serve, (backlog,))]
         for name, target, args in loops:
             t = threading.Thread(
                 target=self._guard,
@@ -395,8 +420,7 @@ class ShadowNode:
         self._threads = []
         with contextlib.suppress(OSError):
             self.sock.close()
-        self._rep.close(linger=0)
-        self._ctx.term()
+        self._control.close(0.0)
         if alive:
             raise ShadowgradError(f"shadow {self.id}: threads {alive} did not stop in {timeout_s}s")
         event(log, "shadow.stop", shadow=self.id)
@@ -594,6 +618,7 @@ class ShadowNode:
     def _maybe_ready(self, rec: _Iter) -> None:
         if rec.ready() and rec.t_ready is None:
             rec.t_ready = time.time()
+            self._cut.mark_ready(rec.it)
             self._cond.notify_all()
             self._send_ready(retx=False)
 
@@ -607,96 +632,53 @@ class ShadowNode:
         rec = wire.ReadyRecord.from_message(msg)
         if (rec.shard, rec.replica) != ld.layout.shard_of_shadow(sender):
             return "ready_bad_shard"
-        peer = self._peers.get(sender)
-        if peer is None:
-            peer = self._peers[sender] = _Peer()
-        if h.seq <= peer.seq:
-            return "ready_stale"
-        peer.seq = h.seq
-        peer.seen = time.monotonic()
-        peer.last_applied = _dec(rec.last_applied)
-        it = _dec(h.iteration)
-        if rec.state is wire.ReadyState.DIVERGED:
-            peer.diverged = True
-            peer.ready_through = max(peer.last_applied, it - 1)
-        else:
-            peer.diverged = False
-            peer.ready_through = max(peer.last_applied, it)
-        self._update_istar()
-        self._cond.notify_all()
-        return "ready"
+        reason = self._cut.on_ready(
+            sender,
+            h.seq,
+            last_applied=_dec(rec.last_applied),
+            iteration=_dec(h.iteration),
+            diverged=rec.state is wire.ReadyState.DIVERGED,
+            now=time.monotonic(),
+        )
+        if reason == "ready":
+            self._update_istar()
+            self._cond.notify_all()
+        return reason
 
     # ---------------------------------------------------------------- consistent cut
-
-    def _ready_through(self) -> int:
-        i = self._last_applied
-        while True:
-            rec = self._iters.get(i + 1)
-            if rec is None or not rec.ready():
-                break
-            if self._diverged_at is not None and i + 1 >= self._diverged_at:
-                break
-            i += 1
-        return i
-
-    def _shard_view(self) -> list[tuple[int, int]]:
-        """Per shard: (best ready_through, best last_applied) over its replicas as seen here."""
-        ld = self._ld
-        assert ld is not None
-        out = []
-        for s in range(ld.layout.num_shards):
-            best_r = best_a = _UNKNOWN
-            for sid in ld.layout.shadows_of_shard(s):
-                if sid == self.id:
-                    r, a = self._ready_through(), self._last_applied
-                else:
-                    p = self._peers.get(sid)
-                    if p is None:
-                        continue
-                    r, a = p.ready_through, p.last_applied
-                best_r, best_a = max(best_r, r), max(best_a, a)
-            out.append((best_r, best_a))
-        return out
 
     def _update_istar(self) -> None:
         if self._ld is None:
             return
-        cand = min(a for _, a in self._shard_view())
-        if cand > self._istar:
-            old = self._istar
-            self._istar = cand
+        old = self._cut.istar
+        if self._cut.update_istar():
             if old != _UNKNOWN:
-                event(log, "shadow.istar", level=logging.DEBUG, shadow=self.id, istar=cand)
+                event(
+                    log, "shadow.istar", level=logging.DEBUG, shadow=self.id, istar=self._cut.istar
+                )
             self._gc_snaps()
 
     def _gc_snaps(self) -> None:
         for it in list(self._snaps):
-            if it not in self._holds and not (it == self._istar < self._last_applied):
+            if not self._cut.keeps(it):
                 del self._snaps[it]
         for it in list(self._commits):
             if it != self._last_applied and it not in self._snaps:
                 del self._commits[it]
 
     def _can_apply(self, i: int) -> bool:
-        """Two-phase rule: every shard has a replica ready(i), and one that applied i-1."""
-        if self._diverged_at is not None and i >= self._diverged_at:
-            return False
+        """Two-phase rule (:meth:`CutTracker.can_apply`), for an iteration buffered here."""
         rec = self._iters.get(i)
         if rec is None or not rec.ready():
             return False
-        return all(r >= i and a >= i - 1 for r, a in self._shard_view())
+        return self._cut.can_apply(i)
 
     def _send_ready(self, *, retx: bool) -> None:
         ld = self._ld
         if ld is None:
             return
-        if self._diverged_at is not None:
-            state, it = wire.ReadyState.DIVERGED, self._diverged_at
-        else:
-            r = self._ready_through()
-            state = wire.ReadyState.APPLIED if r == self._last_applied else wire.ReadyState.READY
-            it = r
-        body = wire.ReadyRecord(ld.shard, ld.replica, state, _enc(self._last_applied)).body()
+        state, it, last = self._cut.announcement()
+        body = wire.ReadyRecord(ld.shard, ld.replica, state, _enc(last)).body()
         self._seq = max(self._seq + 1, time.time_ns())
         data = wire.encode(
             wire.Kind.READY,
@@ -762,7 +744,7 @@ class ShadowNode:
                 rec.nack_rounds = 0  # progress since the last round
             if rec.nack_rounds >= self.opts.max_repair_rounds:
                 if now - self._trainer_rx_at > self._silent_s and (
-                    self._holds or not self._replica_applied(i)
+                    self._cut.holds or not self._cut.replica_applied(i)
                 ):
                     # no trainer has sent anything for failure_detect (the job was killed, is
                     # paused or is restarting): nobody can answer, which says nothing about the
@@ -797,17 +779,6 @@ class ShadowNode:
                 ld.geom.missing(cov) if not rec.complete() else [],
                 commit_missing=rec.commit is None,
             )
-
-    def _replica_applied(self, it: int) -> bool:
-        """Whether a replica of this shard, not diverged, reports iteration ``it`` applied (its
-        READY records; lock held)."""
-        ld = self._ld
-        assert ld is not None
-        for sid in ld.layout.shadows_of_shard(ld.shard):
-            p = self._peers.get(sid) if sid != self.id else None
-            if p is not None and not p.diverged and p.last_applied >= it:
-                return True
-        return False
 
     def _send_nack(
         self, it: int, missing: list[tuple[int, int, int]], *, commit_missing: bool
@@ -856,9 +827,8 @@ class ShadowNode:
         )
 
     def _diverge(self, it: int, covered: int) -> None:
-        if self._diverged_at is not None and self._diverged_at <= it:
+        if not self._cut.diverge(it):
             return
-        self._diverged_at = it
         ld = self._ld
         assert ld is not None
         self._note(
@@ -897,9 +867,7 @@ class ShadowNode:
             return None
         rec = self._iters[i]
         # with one shard, I* is this shard's own progress: nothing to keep
-        multi = self._ld.layout.num_shards > 1
-        retain = (self.opts.retain_cut and multi and self._istar < i) or (i - 1) in self._holds
-        retain = retain and (i - 1) not in self._snaps
+        retain = self._cut.retain_before(i) and (i - 1) not in self._snaps
         self._applying = i
         return i, rec, retain, self._gen
 
@@ -933,7 +901,7 @@ class ShadowNode:
         with self._lock:
             if gen != self._gen:
                 return
-            self._last_applied = i
+            self._cut.applied(i)
             self._applying = None
             self._commits[i] = commit_to_json(i, rec.commit)
             self._iters.pop(i, None)
@@ -1015,7 +983,8 @@ class ShadowNode:
             d = self._diverged_at
             replicas = [s for s in self._ld.layout.shadows_of_shard(self._ld.shard) if s != self.id]
             # prefer replicas known to be past the hole
-            replicas.sort(key=lambda s: -(self._peers[s].last_applied if s in self._peers else -9))
+            peers = self._cut.peers
+            replicas.sort(key=lambda s: -(peers[s].last_applied if s in peers else -9))
         for sid in replicas:
             try:
                 with self._peer_client(sid) as client:
@@ -1081,12 +1050,11 @@ class ShadowNode:
         with self._lock:
             self._gen += 1
             old = self._last_applied
-            self._last_applied = iteration
+            self._cut.resynced(iteration)
             for it in [k for k in self._iters if k <= iteration]:
                 rec = self._iters.pop(it)
                 if rec.buf is not None:
                     ld.pool.append(rec.buf)
-            self._diverged_at = None
             self._snaps.clear()
             self._commits.clear()
             if commit is not None:
@@ -1127,7 +1095,7 @@ class ShadowNode:
                 return None
         with self._lock:
             ld = self._ld
-            it = self._istar
+            it = self._cut.istar
             if ld is None or it < 0 or (not force and it < self._snap_next):
                 return None
             states = self._snaps.get(it)
@@ -1176,73 +1144,6 @@ class ShadowNode:
 
     # ---------------------------------------------------------------- control service
 
-    def _control_loop(self, backlog: Sequence[Sequence[zmq.Frame]] = ()) -> None:
-        rep = self._rep
-        for parts in backlog:  # what came while the process was starting, in order
-            if self._stop.is_set():
-                return
-            self._handle_control(parts)
-        while not self._stop.is_set():
-            if not rep.poll(int(self.opts.tick_s * 10 * 1000), zmq.POLLIN):
-                continue
-            try:
-                parts = rep.recv_multipart(zmq.NOBLOCK, copy=False)
-            except zmq.Again:
-                continue
-            self._handle_control(parts)
-
-    def _handle_control(self, parts: Sequence[zmq.Frame]) -> None:
-        """Serve one request as the ROUTER received it (routing envelope, empty delimiter,
-        header, frames) and send the reply. On the control thread only."""
-        sep = next((k for k, p in enumerate(parts) if len(p.bytes) == 0), None)
-        if sep is None or sep + 1 >= len(parts):
-            self.ev["control_malformed"] += 1
-            return
-        self._request_at = time.perf_counter()  # when the request was received (load timing)
-        envelope = [p.bytes for p in parts[: sep + 1]]
-        head, frames = parts[sep + 1], [p.buffer for p in parts[sep + 2 :]]
-        try:
-            reply_head, reply_frames = self._serve(head.bytes, frames)
-        finally:
-            self._request_at = None
-        try:
-            self._rep.send_multipart(
-                [*envelope, json.dumps(reply_head).encode(), *reply_frames], copy=False
-            )
-        except zmq.ZMQError as e:
-            self.ev["control_send_error"] += 1
-            log.warning("control reply failed: %s", e)
-
-    def _serve(self, head: bytes, frames: list[memoryview]) -> tuple[dict[str, Any], list[Any]]:
-        req, refused = check_request(head, self._token)
-        if refused is not None:
-            if refused["code"] == "bad_token":
-                self._note("control_bad_token", logging.WARNING, op=str(req.get("op")))
-            else:
-                self.ev["control_bad_request"] += 1
-            return refused, []
-        op = req.get("op")
-        handler = {
-            "status": self._op_status,
-            "hold": self._op_hold,
-            "release": self._op_release,
-            "fetch": self._op_fetch,
-            "load": self._op_load,
-            "snapshot": self._op_snapshot,
-            "config": self._op_config,
-            "finished": self._op_finished,
-        }.get(op if isinstance(op, str) else "")
-        if handler is None:
-            self.ev["control_bad_request"] += 1
-            return {"ok": False, "code": "bad_request", "error": f"unknown op {op!r}"}, []
-        self.ev[f"control_{op}"] += 1
-        try:
-            return handler(req, frames)
-        except ControlError as e:
-            return {"ok": False, "code": e.code, "error": str(e)}, []
-        except (ShadowgradError, KeyError, TypeError, ValueError) as e:
-            return {"ok": False, "code": "bad_request", "error": f"{type(e).__name__}: {e}"}, []
-
     def status(self, timeline: int = 16) -> dict[str, Any]:
         """What ``status`` answers (also usable in-process)."""
         with self._lock:
@@ -1271,9 +1172,9 @@ class ShadowNode:
                 "replica": None if ld is None else ld.replica,
                 "layout": None if ld is None else ld.layout.digest,
                 "owned_bytes": None if ld is None else ld.geom.owned_nbytes,
-                "last_ready": self._ready_through() if ld is not None else None,
+                "last_ready": self._cut.ready_through() if ld is not None else None,
                 "last_applied": self._last_applied if ld is not None else None,
-                "istar": None if self._istar == _UNKNOWN else self._istar,
+                "istar": None if self._cut.istar == _UNKNOWN else self._cut.istar,
                 "newest_seen": self._newest_seen,
                 "lag": max(0, self._newest_seen - self._last_applied),
                 "diverged_at": self._diverged_at,
@@ -1288,7 +1189,7 @@ class ShadowNode:
                 "generation": self._generation,
                 "window": None if ld is None else ld.window,
                 "buffered": len(self._iters),
-                "holds": sorted(self._holds),
+                "holds": sorted(self._cut.holds),
                 "available": sorted({*self._snaps, self._last_applied}) if ld is not None else [],
                 "counters": dict(self.rx),
                 "events": dict(self.ev),
@@ -1298,7 +1199,7 @@ class ShadowNode:
                         "last_applied": p.last_applied,
                         "diverged": p.diverged,
                     }
-                    for k, p in sorted(self._peers.items())
+                    for k, p in sorted(self._cut.peers.items())
                 },
                 "timeline": [{"iteration": k, **v} for k, v in tl],
                 "pending": pending,
@@ -1367,7 +1268,7 @@ class ShadowNode:
                     f"iteration {it} not held here (available "
                     f"{sorted({*self._snaps, self._last_applied})})",
                 )
-            self._holds.add(it)
+            self._cut.hold(it)
             # a step of it+1 may have been chosen before the hold (and not retained it): wait
             # for it to finish (every write of _applying back to None notifies the condition)
             while self._applying == it + 1:
@@ -1378,20 +1279,20 @@ class ShadowNode:
                     )
                 self._cond.wait(remaining)
             if it != self._last_applied and it not in self._snaps:
-                self._holds.discard(it)
+                self._cut.release(it)
                 raise ControlError(
                     "unavailable", f"iteration {it} was replaced while the hold was being placed"
                 )
-            return {"ok": True, "iteration": it, "holds": sorted(self._holds)}, []
+            return {"ok": True, "iteration": it, "holds": sorted(self._cut.holds)}, []
 
     def _op_release(
         self, req: dict[str, Any], _f: list[memoryview]
     ) -> tuple[dict[str, Any], list[Any]]:
         it = int(req["iteration"])
         with self._lock:
-            self._holds.discard(it)
+            self._cut.release(it)
             self._gc_snaps()
-            return {"ok": True, "holds": sorted(self._holds)}, []
+            return {"ok": True, "holds": sorted(self._cut.holds)}, []
 
     def _op_fetch(
         self, req: dict[str, Any], _f: list[memoryview]
@@ -1465,7 +1366,7 @@ class ShadowNode:
     ) -> tuple[dict[str, Any], list[Any]]:
         # from the request's receipt (its header parsed, its token checked: part of the
         # shadow's time, not of the transfer)
-        t0 = self._request_at or time.perf_counter()
+        t0 = self._control.request_at or time.perf_counter()
         layout_json = req.get("layout")
         ld = self._ld
         known = [x for x in (None if ld is None else ld.layout, self._layout_hint) if x is not None]
@@ -1667,16 +1568,18 @@ class ShadowNode:
         self._gen += 1
         self._generation = generation
         self._digest = wire.session_digest(layout.digest64, generation)
-        self._last_applied = iteration
+        # own progress at iteration, I* unknown; the peers' records and holds stay with keep
+        self._cut.load(
+            iteration,
+            shard=shard,
+            members=[layout.shadows_of_shard(s) for s in range(layout.num_shards)],
+            keep=keep,
+        )
         self._applying = None
         self._trainer_rx_at = time.monotonic()  # a LOAD comes from the trainers
-        self._diverged_at = None
-        self._istar = _UNKNOWN
         self._snaps.clear()
         self._commits = {iteration: commit} if commit is not None else {}
         if not keep:
-            self._peers.clear()
-            self._holds.clear()
             # the senders of the old job (e.g. ranks 2, 3 before a 4 -> 2 restore) are gone
             self._bucket_senders.clear()
             self._rank_newest.clear()

@@ -15,7 +15,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,9 +27,11 @@ from shadowgrad.replies import ShadowStatus, StatusLike, shadow_status, shadow_s
 __all__ = [
     "RestorePoint",
     "NoRestorePointError",
+    "consistent_cut",
     "fix_restore_point",
     "restore_point",
     "settle",
+    "usable",
     "usable_iteration",
 ]
 
@@ -65,14 +67,31 @@ class RestorePoint:
         }
 
 
+def usable(last_applied: int, diverged_at: int | None) -> int:
+    """The newest iteration a shadow that applied ``last_applied`` can serve: that one, or the
+    iteration before its hole when it is diverged at ``diverged_at``."""
+    return last_applied if diverged_at is None else min(last_applied, diverged_at - 1)
+
+
+def consistent_cut(per_shard: Iterable[Iterable[int]]) -> int | None:
+    """The cut over the shards: per shard the best of its replicas' iterations, the minimum of
+    those over the shards (``None``: a shard without any). With usable iterations this is I*;
+    the shadows also take it over what they have ready (docs/shadow.md, two-phase rule)."""
+    cut: int | None = None
+    for its in per_shard:
+        best = max(its, default=None)
+        if best is None:
+            return None
+        cut = best if cut is None else min(cut, best)
+    return cut
+
+
 def usable_iteration(status: StatusLike) -> int | None:
     """The newest iteration a loaded shadow can serve (``None``: it holds no state)."""
     st = shadow_status(status)
     if not st.loaded or st.last_applied is None:
         return None
-    if st.diverged_at is not None:
-        return min(st.last_applied, st.diverged_at - 1)
-    return st.last_applied
+    return usable(st.last_applied, st.diverged_at)
 
 
 def restore_point(
@@ -102,6 +121,7 @@ def restore_point(
                 f"{digest[:16]}: not this job's state (restart the shadows for a new job)"
             )
     best: list[tuple[int, int]] = []  # per shard: (usable, shadow)
+    usables: list[list[int]] = []  # per shard: its sources' usable iterations
     for shard in range(num_shards):
         cands = []
         members = shadows_of_shard(shard, num_shards, replication)
@@ -119,9 +139,12 @@ def restore_point(
                 )
             raise NoRestorePointError(f"cannot restore: no shadow holding shard {shard} answers")
         best.append(max(cands))
+        usables.append([u for u, _ in cands])
     gens = tuple(sorted({s.generation for s in loaded.values()}))
+    istar = consistent_cut(usables)
+    assert istar is not None  # every shard has a source (raised above otherwise)
     return RestorePoint(
-        istar=min(u for u, _ in best),
+        istar=istar,
         source=tuple(k for _, k in best),
         usable=tuple(u for u, _ in best),
         reachable=reachable,

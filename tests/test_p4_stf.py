@@ -17,6 +17,16 @@ ROOT = Path(__file__).resolve().parents[1]
 CORPUS = ROOT / ".." / "shared" / "p4c-stf"
 RECORD = ROOT / "tests" / "golden" / "p4c_stf_results.json"
 
+
+def _rejects(program: str, old: str, new: str, msg: str) -> None:
+    """``program`` with ``old`` replaced by ``new`` fails to compile with ``msg``."""
+    from shadowgrad.bmv2_testbed.pipeline import P4CompileError
+
+    assert old in program
+    with pytest.raises(P4CompileError, match=msg):
+        Pipeline.compile(program.replace(old, new), filename="mutated.p4")
+
+
 PROG = """
 #include <core.p4>
 #include <v1model.p4>
@@ -359,11 +369,7 @@ expect 2 02 02 03 04 00 $
     ],
 )
 def test_header_stack_errors(old: str, new: str, msg: str) -> None:
-    from shadowgrad.bmv2_testbed.pipeline import P4CompileError
-
-    assert old in STACKS
-    with pytest.raises(P4CompileError, match=msg):
-        Pipeline.compile(STACKS.replace(old, new), filename="s.p4")
+    _rejects(STACKS, old, new, msg)
 
 
 UNIONS = """
@@ -441,11 +447,7 @@ expect 2 03 dd 11 22 77 $
     ],
 )
 def test_header_union_errors(old: str, new: str, msg: str) -> None:
-    from shadowgrad.bmv2_testbed.pipeline import P4CompileError
-
-    assert old in UNIONS
-    with pytest.raises(P4CompileError, match=msg):
-        Pipeline.compile(UNIONS.replace(old, new), filename="u.p4")
+    _rejects(UNIONS, old, new, msg)
 
 
 VARBIT = """
@@ -531,11 +533,7 @@ expect 1 08 00 12 cd ** 34 ab ** 77 $
     ],
 )
 def test_varbit_errors(old: str, new: str, msg: str) -> None:
-    from shadowgrad.bmv2_testbed.pipeline import P4CompileError
-
-    assert old in VARBIT
-    with pytest.raises(P4CompileError, match=msg):
-        Pipeline.compile(VARBIT.replace(old, new), filename="v.p4")
+    _rejects(VARBIT, old, new, msg)
 
 
 OPASSIGN = """
