@@ -331,10 +331,9 @@ def wait_rx_quiet(node: Any, poll_s: float, timeout_s: float = 5.0) -> None:
 
 
 def _free_udp_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
+    from shadowgrad.freeports import free_port
+
+    return free_port(socket.SOCK_DGRAM)
 
 
 def _optimizer(layout: Any, optimizer: str) -> Any:

@@ -203,13 +203,9 @@ def worker(args: argparse.Namespace) -> None:
 
 
 def _free_udp(n: int) -> list[int]:
-    socks = [socket.socket(socket.AF_INET, socket.SOCK_DGRAM) for _ in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
+    from shadowgrad.freeports import free_ports
+
+    return free_ports(n, socket.SOCK_DGRAM)
 
 
 class Sinks:

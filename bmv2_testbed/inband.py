@@ -101,7 +101,7 @@ def switch_options(
 
 
 def _reap(state: dict[str, Any]) -> None:
-    from .testing import stop_switch
+    from .process import stop_switch
 
     stop_switch(state)
     log = state.pop("log", None)
@@ -219,7 +219,7 @@ class JobSwitch:
         )
         self._state["proc"] = proc
         self.proc = proc
-        from .testing import wait_switch_ready
+        from .process import wait_switch_ready
 
         try:
             self.grpc_addr = wait_switch_ready(proc, start_timeout_s)

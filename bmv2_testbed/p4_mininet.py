@@ -40,6 +40,8 @@ from typing import Any
 from mininet.net import Mininet
 from mininet.node import Host, Switch
 
+from shadowgrad.freeports import free_port
+
 from .topology import MTU, OFFLOADS_OFF
 
 __all__ = [
@@ -62,12 +64,6 @@ def _listening(port: int, host: str = "127.0.0.1") -> bool:
     with contextlib.suppress(OSError), socket.create_connection((host, port), timeout=0.5):
         return True
     return False
-
-
-def _free_tcp_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class P4Host(Host):  # type: ignore[misc]
@@ -313,7 +309,7 @@ class MininetNet:
                 self.switch_name,
                 cls=P4RuntimeSwitch,
                 sw_path=sw_path or str(Path(sys.executable).parent / "sg-switch-grpc"),
-                grpc_port=_free_tcp_port(),
+                grpc_port=free_port(),
                 grpc_host="127.0.0.1",
                 thrift_port=0,
                 device_id=device_id,

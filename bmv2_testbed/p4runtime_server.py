@@ -21,7 +21,7 @@ import itertools
 import logging
 import queue
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from concurrent import futures
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -36,6 +36,7 @@ from shadowgrad.errors import P4RuntimeError
 
 from . import dataplane as dp
 from ._digests import DigestBuffer
+from .runtime_target import RuntimeDataplane
 
 __all__ = [
     "API_VERSION",
@@ -179,8 +180,10 @@ class Target(Protocol):
     def device_id(self) -> int: ...
 
     @property
-    def dataplane(self) -> Any | None:
-        """The running Dataplane, or None before a pipeline is installed."""
+    def dataplane(self) -> RuntimeDataplane | None:
+        """The running dataplane (:class:`~shadowgrad.bmv2_testbed.runtime_target.
+        RuntimeDataplane`: its docstring says what the server calls, in which order), or None
+        before a pipeline is installed."""
 
     def verify_pipeline(self, p4info: p4info_pb2.P4Info, device_config: bytes) -> Any:
         """Build (not install) a pipeline; raise ValueError/ShadowgradError if invalid."""
@@ -346,7 +349,7 @@ class P4RuntimeServer(p4runtime_pb2_grpc.P4RuntimeServicer):  # type: ignore[mis
             if p is None or p.election_id != election_id:
                 raise _err(SC.PERMISSION_DENIED, "Not primary")
 
-    def _state(self) -> tuple[P4InfoIndex, Any]:
+    def _state(self) -> tuple[P4InfoIndex, RuntimeDataplane]:
         with self._lock:
             ix, dpl = self._index, self.target.dataplane
         if ix is None or dpl is None:
@@ -507,7 +510,9 @@ class P4RuntimeServer(p4runtime_pb2_grpc.P4RuntimeServicer):  # type: ignore[mis
             context.set_details("Write failure.")
         return p4runtime_pb2.WriteResponse()
 
-    def _apply_update(self, ix: P4InfoIndex, dpl: Any, upd: p4runtime_pb2.Update) -> None:
+    def _apply_update(
+        self, ix: P4InfoIndex, dpl: RuntimeDataplane, upd: p4runtime_pb2.Update
+    ) -> None:
         upd_t = p4runtime_pb2.Update
         if upd.type not in (upd_t.INSERT, upd_t.MODIFY, upd_t.DELETE):
             raise _err(SC.INVALID_ARGUMENT, "Update type must be INSERT, MODIFY or DELETE")
@@ -629,7 +634,7 @@ class P4RuntimeServer(p4runtime_pb2_grpc.P4RuntimeServicer):  # type: ignore[mis
         return act.action_id, params
 
     def _write_table_entry(
-        self, ix: P4InfoIndex, dpl: Any, utype: int, te: p4runtime_pb2.TableEntry
+        self, ix: P4InfoIndex, dpl: RuntimeDataplane, utype: int, te: p4runtime_pb2.TableEntry
     ) -> None:
         upd_t = p4runtime_pb2.Update
         tab = ix.table(te.table_id)
@@ -711,7 +716,9 @@ class P4RuntimeServer(p4runtime_pb2_grpc.P4RuntimeServicer):  # type: ignore[mis
         if gid > MAX_GROUP_ID:
             raise _err(SC.OUT_OF_RANGE, f"{what} id value is too high")
 
-    def _write_mc_group(self, dpl: Any, utype: int, g: p4runtime_pb2.MulticastGroupEntry) -> None:
+    def _write_mc_group(
+        self, dpl: RuntimeDataplane, utype: int, g: p4runtime_pb2.MulticastGroupEntry
+    ) -> None:
         upd_t = p4runtime_pb2.Update
         gid = g.multicast_group_id
         self._check_group_id(gid, "Group")
@@ -725,7 +732,7 @@ class P4RuntimeServer(p4runtime_pb2_grpc.P4RuntimeServicer):  # type: ignore[mis
             dpl.modify_multicast_group(gid, replicas)
 
     def _write_clone_session(
-        self, dpl: Any, utype: int, s: p4runtime_pb2.CloneSessionEntry
+        self, dpl: RuntimeDataplane, utype: int, s: p4runtime_pb2.CloneSessionEntry
     ) -> None:
         upd_t = p4runtime_pb2.Update
         self._check_group_id(s.session_id, "Clone session")
@@ -744,7 +751,7 @@ class P4RuntimeServer(p4runtime_pb2_grpc.P4RuntimeServicer):  # type: ignore[mis
 
     # -- counters --
     def _write_counter(
-        self, ix: P4InfoIndex, dpl: Any, utype: int, c: p4runtime_pb2.CounterEntry
+        self, ix: P4InfoIndex, dpl: RuntimeDataplane, utype: int, c: p4runtime_pb2.CounterEntry
     ) -> None:
         if utype != p4runtime_pb2.Update.MODIFY:
             raise _err(SC.INVALID_ARGUMENT, "Counter entries can only be modified")
@@ -758,7 +765,11 @@ class P4RuntimeServer(p4runtime_pb2_grpc.P4RuntimeServicer):  # type: ignore[mis
         dpl.write_counter(c.counter_id, c.index.index, c.data.byte_count, c.data.packet_count)
 
     def _write_direct_counter(
-        self, ix: P4InfoIndex, dpl: Any, utype: int, c: p4runtime_pb2.DirectCounterEntry
+        self,
+        ix: P4InfoIndex,
+        dpl: RuntimeDataplane,
+        utype: int,
+        c: p4runtime_pb2.DirectCounterEntry,
     ) -> None:
         if utype != p4runtime_pb2.Update.MODIFY:
             raise _err(SC.INVALID_ARGUMENT, "Direct counter entries can only be modified")
@@ -817,7 +828,7 @@ class P4RuntimeServer(p4runtime_pb2_grpc.P4RuntimeServicer):  # type: ignore[mis
             yield p4runtime_pb2.ReadResponse(entities=entities[i : i + 1000])
 
     def _read_entity(
-        self, ix: P4InfoIndex, dpl: Any, ent: p4runtime_pb2.Entity
+        self, ix: P4InfoIndex, dpl: RuntimeDataplane, ent: p4runtime_pb2.Entity
     ) -> list[p4runtime_pb2.Entity]:
         kind = ent.WhichOneof("entity")
         if kind == "table_entry":
@@ -893,12 +904,14 @@ class P4RuntimeServer(p4runtime_pb2_grpc.P4RuntimeServicer):  # type: ignore[mis
         raise _err(SC.UNIMPLEMENTED, f"Reading {kind} is not supported")
 
     @staticmethod
-    def _groups(raw: dict[int, list[tuple[int, int]]]) -> list[tuple[int, list[tuple[int, int]]]]:
+    def _groups(
+        raw: Mapping[int, list[tuple[int, int]]],
+    ) -> list[tuple[int, list[tuple[int, int]]]]:
         return sorted((int(g), [(int(p), int(i)) for p, i in reps]) for g, reps in raw.items())
 
     @staticmethod
     def _sessions(
-        raw: dict[int, dp.CloneSession],
+        raw: Mapping[int, dp.CloneSession],
     ) -> list[tuple[int, list[tuple[int, int]], int, int]]:
         return sorted(
             (int(sid), list(cs.replicas), cs.class_of_service, cs.packet_length_bytes)
@@ -946,7 +959,7 @@ class P4RuntimeServer(p4runtime_pb2_grpc.P4RuntimeServicer):  # type: ignore[mis
         return out
 
     def _read_table_entries(
-        self, ix: P4InfoIndex, dpl: Any, te: p4runtime_pb2.TableEntry
+        self, ix: P4InfoIndex, dpl: RuntimeDataplane, te: p4runtime_pb2.TableEntry
     ) -> list[p4runtime_pb2.Entity]:
         with_counter = te.HasField("counter_data")
         out: list[p4runtime_pb2.Entity] = []
@@ -970,7 +983,7 @@ class P4RuntimeServer(p4runtime_pb2_grpc.P4RuntimeServicer):  # type: ignore[mis
         return out
 
     def _read_counters(
-        self, ix: P4InfoIndex, dpl: Any, c: p4runtime_pb2.CounterEntry
+        self, ix: P4InfoIndex, dpl: RuntimeDataplane, c: p4runtime_pb2.CounterEntry
     ) -> list[p4runtime_pb2.Entity]:
         ids = [c.counter_id] if c.counter_id else sorted(ix.counters)
         out: list[p4runtime_pb2.Entity] = []

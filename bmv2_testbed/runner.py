@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from shadowgrad.errors import ShadowgradError
+from shadowgrad.freeports import free_port
 
 from .progress import Progress
 from .report import DETECT_SLACK_S
@@ -160,14 +161,6 @@ def prepare_out(out: Path, cache_dir: Path | None = None) -> list[str]:
     return removed
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 class _Proc:
     """A child process in its own session (killed as a group), with its log file."""
 
@@ -263,7 +256,7 @@ class Runner:
     # ---------------------------------------------------------------- the job
 
     def _spec_doc(self) -> dict[str, Any]:
-        from shadowgrad.trainer_hooks._testing import loopback_spec, switch_spec
+        from shadowgrad.specs import loopback_spec, switch_spec
 
         sc = self.sc
         t = {
@@ -297,10 +290,10 @@ class Runner:
             }
         elif sc.mode == "in-band":
             doc = switch_spec(world=sc.trainers, shadows=sc.shadows, replication=sc.replication)
-            doc["controller"] = {"address": f"127.0.0.1:{_free_port()}"}
+            doc["controller"] = {"address": f"127.0.0.1:{free_port()}"}
         else:
             doc = loopback_spec(world=sc.trainers, shadows=sc.shadows, replication=sc.replication)
-            doc["controller"] = {"address": f"127.0.0.1:{_free_port()}"}
+            doc["controller"] = {"address": f"127.0.0.1:{free_port()}"}
         doc["job"]["name"] = sc.name
         if sc.mode == "in-band":
             from .inband import PRODUCT_PROGRAM
@@ -394,7 +387,7 @@ class Runner:
         # below the kernel's ephemeral range (32768-60999): a rerun's rank 0 once drew 43138,
         # a local port the controller's connections from the same host held (EADDRINUSE, and
         # the other ranks waited on the store); the job's own ports are 474xx-476xx
-        port = 20000 + secrets.randbelow(12000) if self.hosted else _free_port()
+        port = 20000 + secrets.randbelow(12000) if self.hosted else free_port()
         out = []
         for r in range(sc.trainers):
             e = {
@@ -431,7 +424,7 @@ class Runner:
     def execute(self, label: str, faults: tuple[Fault, ...]) -> dict[str, Any]:
         """One run of the job with ``faults``; returns what it observed (see report.py)."""
         from shadowgrad.config import parse_spec
-        from shadowgrad.trainer_hooks._testing import spec_toml
+        from shadowgrad.specs import spec_toml
 
         sc = self.sc
         d = self._fresh_dir(label)

@@ -49,7 +49,9 @@ from p4.v1 import p4runtime_pb2
 
 from shadowgrad.controller.p4runtime import P4RuntimeClient
 from shadowgrad.errors import P4RuntimeError
+from shadowgrad.freeports import free_port
 
+from .process import stop_process, stop_switch, wait_switch_ready
 from .topology import OFFLOADS_OFF, add_veth, disable_ipv6, ns_sh
 
 __all__ = [
@@ -59,6 +61,8 @@ __all__ = [
     "P4RuntimeError",
     "compile_program",
     "stop_process",
+    "stop_switch",
+    "wait_switch_ready",
 ]
 
 log = logging.getLogger(__name__)
@@ -283,56 +287,6 @@ def _enc(value: int, bits: int) -> bytes:
     return value.to_bytes(_width_bytes(bits), "big")
 
 
-def wait_switch_ready(proc: subprocess.Popen[str], timeout_s: float = 30.0) -> str:
-    """Read ``sg-switch-grpc``'s stdout until its ``sg-switch-grpc ready grpc=HOST:PORT`` line and
-    return ``HOST:PORT``; raise :class:`P4RuntimeError` (with stderr's tail) if the process exits
-    or ``timeout_s`` passes first. The process is left running either way."""
-    assert proc.stdout is not None
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if select.select([proc.stdout], [], [], 0.5)[0]:
-            line = proc.stdout.readline()
-            if line.startswith("sg-switch-grpc ready"):
-                return line.split("grpc=")[1].split()[0]
-            if not line and proc.poll() is not None:
-                break
-        elif proc.poll() is not None:
-            break
-    raise P4RuntimeError(f"switch did not start (exit {proc.poll()})")
-
-
-def _free_tcp_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
-def stop_process(proc: subprocess.Popen[Any], grace_s: float = 10.0, kill_s: float = 5.0) -> None:
-    """SIGTERM ``proc`` if it still runs, SIGKILL if it has not exited ``grace_s`` later, then
-    wait up to ``kill_s`` for it."""
-    if proc.poll() is not None:
-        return
-    proc.terminate()
-    try:
-        proc.wait(grace_s)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait(kill_s)
-
-
-def stop_switch(state: dict[str, Any]) -> None:
-    """Close ``state["client"]`` and stop ``state["proc"]`` (SIGTERM, SIGKILL after 10 s),
-    popping both (idempotent)."""
-    client = state.pop("client", None)
-    if client is not None:
-        with contextlib.suppress(Exception):
-            client.close()
-    proc: subprocess.Popen[Any] | None = state.pop("proc", None)
-    if proc is not None:
-        stop_process(proc)
-
-
 def _cleanup(state: dict[str, Any]) -> None:
     """Finalizer body: stop the switch process and remove the veths (idempotent)."""
     stop_switch(state)
@@ -396,7 +350,7 @@ class RealBmv2Backend:
         self.workdir = Path(tmp.name)
         self.veths = VethNamespace(self.ports)
         self._state["veths"] = self.veths
-        grpc_port = _free_tcp_port()
+        grpc_port = free_port()
         self.grpc_addr = f"127.0.0.1:{grpc_port}"
         cmd = [self.switch, "--device-id", "0"]
         for p in self.ports:

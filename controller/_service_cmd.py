@@ -18,7 +18,10 @@ import signal
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from shadowgrad.seams import SwitchDriver as SwitchDriverSeam
 
 
 def configure(p: argparse.ArgumentParser) -> None:
@@ -83,7 +86,7 @@ def run(args: argparse.Namespace) -> int:
             'give [controller] address = "host:port" in the spec or --bind',
         )
     client: Any = None
-    driver: Any = None
+    driver: SwitchDriverSeam | None = None
     layout: Any = None
     pipeline: Any = None
     SwitchDriver: Any = None  # noqa: N806 (the class, imported with the switch extra)

@@ -20,10 +20,10 @@ It watches the job through two independent signals and acts on failures:
   ``converge_every_s``; a restarted controller reads the switch back and writes nothing that is
   already right (invariant 6).
 
-State machine (``state``): ``starting`` → ``running`` ⇄ ``trainers_failed`` → ``restoring`` →
-``running``; ``finished`` when rank 0 closes after the last iteration (silence is then no
-failure) until a new run starts. Every transition is a structured event with a reason
-(``controller.*``).
+State machine (``state``, :mod:`shadowgrad.controller.states`, one transition table):
+``starting`` → ``running`` ⇄ ``trainers_failed`` → ``restoring`` → ``running``; ``finished``
+when rank 0 closes after the last iteration (silence is then no failure) until a new run
+starts. Every transition is a structured event ``controller.state`` with a reason.
 
 The control endpoint (ZeroMQ, ``[controller] address``) speaks the shadows' envelope (JSON head
 with the job token, frames) and serves ``status``, ``restore_point``, ``finished`` and
@@ -48,8 +48,11 @@ from shadowgrad._control_server import ControlServer, Reply, bind_router
 from shadowgrad._log import event
 from shadowgrad.config import JobSpec
 from shadowgrad.errors import ShadowgradError
-from shadowgrad.replies import ShadowStatus, StatusLike, shadow_statuses
+from shadowgrad.replies import ShadowStatus, shadow_statuses
 from shadowgrad.restore import NoRestorePointError, fix_restore_point, restore_point
+from shadowgrad.seams import ShadowStatusSource, SwitchDriver
+
+from .states import ControllerEvent, ControllerState, transition
 
 if TYPE_CHECKING:
     from shadowgrad.control_client import ShadowClient
@@ -107,27 +110,28 @@ class _Member:
 
 
 class Controller:
-    """The controller of one job. ``driver``: a :class:`~shadowgrad.controller.switch.
-    SwitchDriver` (in-band; None in mirror mode or when another process owns the switch).
-    ``endpoints``: shadow id -> control endpoint (default: the spec's); ``statuses``: a
-    callable returning every shadow's status, typed or as a dict (default: polled from the
-    endpoints)."""
+    """The controller of one job. ``driver``: a :class:`~shadowgrad.seams.SwitchDriver` (the
+    P4Runtime one is :class:`~shadowgrad.controller.switch.SwitchDriver`; in-band; None in
+    mirror mode or when another process owns the switch). ``endpoints``: shadow id -> control
+    endpoint (default: the spec's); ``statuses``: a :class:`~shadowgrad.seams.
+    ShadowStatusSource`, a callable returning every shadow's status, typed or as a dict
+    (default: polled from the endpoints). The seams' docstrings say when each is called."""
 
     def __init__(
         self,
         spec: JobSpec,
         *,
         token: str | None = None,
-        driver: Any = None,
+        driver: SwitchDriver | None = None,
         bind: str | None = None,
         options: ControllerOptions | None = None,
-        statuses: Callable[[], Mapping[int, StatusLike | None]] | None = None,
+        statuses: ShadowStatusSource | None = None,
         endpoints: Mapping[int, str] | None = None,
     ) -> None:
         self.spec = spec
         self.opts = options or ControllerOptions()
         self._token = token if token is not None else spec.token()
-        self.driver = driver
+        self.driver: SwitchDriver | None = driver
         t = spec.timeouts
         self.poll_s = self.opts.poll_s if self.opts.poll_s is not None else min(t.heartbeat_s, 0.25)
         # a status is small and local: a shadow that does not answer in this long is counted
@@ -155,7 +159,7 @@ class Controller:
         self._control: ControlServer | None = None
         self.ev: Counter[str] = Counter()
         self._refused: set[int] = set()  # shadows that refused our token (logged once each)
-        self.state = "starting"
+        self.state = ControllerState.STARTING
         self.reason = "started"
         self.statuses: dict[int, ShadowStatus | None] = {}
         self.members = {
@@ -359,7 +363,7 @@ class Controller:
                     m.started
                     and (restarted or not st.loaded)
                     and not m.failed
-                    and self.state != "finished"
+                    and self.state != ControllerState.FINISHED
                 ):
                     # it had state and is another process now, or answers without its state: it
                     # restarted and lost what it held. A process that answers while still
@@ -399,7 +403,7 @@ class Controller:
             if m.reachable:
                 # unreachable since its last answer (the poll before this one)
                 m.reachable, m.since = False, m.last_ok
-            if self.state == "finished":
+            if self.state == ControllerState.FINISHED:
                 # training ended: shadows going away now are the job being shut down (the
                 # demo closes the switch, an operator stops them), not failures. When a new
                 # run starts, one still away is starting again, with its start deadline from
@@ -451,19 +455,24 @@ class Controller:
         silent = sig["silent_s"]
         if silent is None:
             return  # no loaded shadow: nothing to say about the trainers yet
-        if self.state == "finished":
+        if self.state == ControllerState.FINISHED:
             gen = self._generation_seen()
             if self._generation_at_failure is None:
                 self._generation_at_failure = gen  # finished before the first poll
             elif silent < fd and gen > self._generation_at_failure:
-                self._set("running", f"a new run of the job (generation {gen})")
+                self._transition(
+                    ControllerEvent.NEW_RUN, f"a new run of the job (generation {gen})"
+                )
             return
-        if self.state in ("starting", "running"):
-            if self.state == "starting" and silent < fd:
-                self._set("running", "trainers heard from")
+        if self.state in (ControllerState.STARTING, ControllerState.RUNNING):
+            if self.state == ControllerState.STARTING and silent < fd:
+                self._transition(ControllerEvent.TRAINERS_HEARD, "trainers heard from")
             if silent >= fd:
                 self._trainers_failed(sig, evidence="shadows")
-        elif self.state in ("trainers_failed", "restoring") and silent < fd:
+        elif (
+            self.state in (ControllerState.TRAINERS_FAILED, ControllerState.RESTORING)
+            and silent < fd
+        ):
             gen = self._generation_seen()
             newer = self._generation_at_failure is None or gen > self._generation_at_failure
             istar = (self.istar or {}).get("istar")
@@ -504,7 +513,7 @@ class Controller:
             switch_silent_s=sig.get("switch_silent_s"),
             last_iteration=sig.get("iteration"),
         )
-        self._set("trainers_failed", f"{member} silent ({evidence})")
+        self._transition(ControllerEvent.TRAINERS_FAILED, f"{member} silent ({evidence})")
         try:
             self._fix_istar()
         except ShadowgradError as e:
@@ -527,12 +536,18 @@ class Controller:
             released=held,
         )
         self.ev["recoveries"] += 1
-        self._set("running", f"trainers running again (generation {generation})")
+        self._transition(
+            ControllerEvent.RECOVERED, f"trainers running again (generation {generation})"
+        )
 
-    def _set(self, state: str, reason: str) -> None:
-        if state != self.state:
-            event(log, "controller.state", old=self.state, new=state, reason=reason)
-        self.state, self.reason = state, reason
+    def _transition(self, what: ControllerEvent, reason: str) -> None:
+        """The one way ``state`` changes: :func:`~shadowgrad.controller.states.transition`
+        (IllegalTransitionError, changing nothing, if ``what`` is not allowed now); a change
+        is the event ``controller.state`` (old, new, reason); the reason is updated always."""
+        new = transition(self.state, what)
+        if new != self.state:
+            event(log, "controller.state", old=self.state.value, new=new.value, reason=reason)
+        self.state, self.reason = new, reason
 
     # ---------------------------------------------------------------- I*
 
@@ -604,7 +619,7 @@ class Controller:
         is that one, is stale: it is fixed and held anew)."""
         with self._lock:
             if (
-                self.state in ("trainers_failed", "restoring")
+                self.state in (ControllerState.TRAINERS_FAILED, ControllerState.RESTORING)
                 and self.istar is not None
                 and "error" not in self.istar
             ):
@@ -621,7 +636,9 @@ class Controller:
                     except ShadowgradError as e:
                         self.istar = {"error": str(e)}
                         raise
-                self._set("restoring", f"restart requested by {requester}")
+                self._transition(
+                    ControllerEvent.RESTORE_REQUESTED, f"restart requested by {requester}"
+                )
                 return dict(self.istar)
             self.statuses = self._poll_statuses()
             if not any(s is not None and s.loaded for s in self.statuses.values()):
@@ -641,10 +658,10 @@ class Controller:
             )
             if self.istar is None or "error" in self.istar:
                 raise NoRestorePointError((self.istar or {}).get("error", "no restore point"))
-            self._set("restoring", f"restart requested by {requester}")
+            self._transition(ControllerEvent.RESTORE_REQUESTED, f"restart requested by {requester}")
             return dict(self.istar)
 
-    def reload(self, spec: JobSpec, driver: Any = None) -> dict[str, Any] | None:
+    def reload(self, spec: JobSpec, driver: SwitchDriver | None = None) -> dict[str, Any] | None:
         """Take an updated spec (``shadowgrad controller`` on SIGHUP): e.g. a failed shadow
         replaced at another address. The job, the counts and the token must not change; with a
         switch, the driver of the new spec converges at once, writing only the entries that
@@ -687,8 +704,11 @@ class Controller:
 
     def _converge(self, *, initial: bool) -> None:
         self._next_converge = time.monotonic() + self.opts.converge_every_s
+        driver = self.driver
+        if driver is None:
+            return
         try:
-            rep = self.driver.converge()
+            rep = driver.converge()
         except Exception as e:
             self.ev["converge_failed"] += 1
             event(log, "controller.converge_failed", level=logging.ERROR, error=str(e))
@@ -746,14 +766,14 @@ class Controller:
                 "ok": True,
                 "source": "controller",
                 "job": self.spec.job.id,
-                "state": self.state,
+                "state": self.state.value,
                 "reason": self.reason,
                 "trainers": self.trainers_signal(),
                 "istar": self.istar,
                 "held": list(self.held),
                 "failure": self.failure,
                 "detections": len(self.detections),
-                "finished": self.finished if self.state == "finished" else None,
+                "finished": self.finished if self.state == ControllerState.FINISHED else None,
                 "shadows": {str(k): self._member_json(k, m) for k, m in self.members.items()},
                 "switch": None
                 if self.driver is None
@@ -803,7 +823,9 @@ class Controller:
                 "generation": self._generation_at_failure,
                 "requester": str(req.get("requester", "client")),
             }
-            self._set("finished", f"training ended after iteration {req.get('iteration')}")
+            self._transition(
+                ControllerEvent.FINISHED, f"training ended after iteration {req.get('iteration')}"
+            )
         return {"ok": True}, []
 
     def _op_release(self, _req: dict[str, Any], _f: list[memoryview]) -> Reply:

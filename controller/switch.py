@@ -38,7 +38,7 @@ import ipaddress
 import logging
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from p4.config.v1 import p4info_pb2
 from p4.v1 import p4runtime_pb2
@@ -50,6 +50,9 @@ from shadowgrad.layout import Layout
 from shadowgrad.wire import DEFAULT_UDP_PORT
 
 from .p4runtime import P4RuntimeClient
+
+if TYPE_CHECKING:
+    from shadowgrad import seams
 
 __all__ = [
     "DROP_REASONS",
@@ -835,3 +838,9 @@ class SwitchDriver:
                 for i, r in enumerate(DROP_REASONS)
             },
         }
+
+
+if TYPE_CHECKING:  # mypy checks that the P4Runtime driver is the controller's switch seam
+
+    def _is_switch_driver(d: SwitchDriver) -> seams.SwitchDriver:
+        return d

@@ -12,6 +12,7 @@ import pytest
 import zmq
 
 from shadowgrad.controller.service import Controller, ControllerOptions
+from shadowgrad.freeports import free_port
 from shadowgrad.restore import restore_point
 from shadowgrad.shadow.control import ControlError, ShadowClient
 from tests._support import wait_for
@@ -19,11 +20,7 @@ from tests._training import TOKEN, Case, RefTrainer, cluster
 
 
 def _free_tcp() -> str:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return f"tcp://127.0.0.1:{s.getsockname()[1]}"
+    return f"tcp://127.0.0.1:{free_port()}"
 
 
 def _wait(pred: Any, timeout_s: float) -> bool:

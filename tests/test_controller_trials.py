@@ -30,6 +30,7 @@ from shadowgrad.bmv2_testbed.inband import JobSwitch
 from shadowgrad.bmv2_testbed.testing import stop_process
 from shadowgrad.config import parse_spec
 from shadowgrad.controller.service import Controller, ControllerOptions
+from shadowgrad.seams import FakeShadowStatuses
 from shadowgrad.shadow.testing import shadow_cluster
 from shadowgrad.trainer_hooks._testing import TOKEN, free_port, switch_spec
 from tests._support import wait_for
@@ -227,9 +228,7 @@ def test_a_shadow_replaced_at_a_new_address_rewrites_only_its_entries() -> None:
     spec = parse_spec(doc, env={})
     layout = _layout(4, 2)
     with JobSwitch(spec, layout) as sw:
-        ctl = Controller(
-            spec, token=TOKEN, driver=sw.driver, statuses=lambda: dict.fromkeys(range(4))
-        )
+        ctl = Controller(spec, token=TOKEN, driver=sw.driver, statuses=FakeShadowStatuses.silent(4))
         with ctl:
             assert ctl.converge_reports[0]["writes"] == 0
             old = doc["shadows"]["addresses"][1]

@@ -21,6 +21,7 @@ from shadowgrad.bmv2_testbed.ports import InProcessPort
 from shadowgrad.bmv2_testbed.queues import QueueConfig
 from shadowgrad.bmv2_testbed.switch import PFC_DST, Switch
 from shadowgrad.bmv2_testbed.testing import wait_switch_ready
+from shadowgrad.freeports import free_ports
 from tests._support import spawn_switch
 from tests.test_p4rt_server import Client, Names, ipv4_frame, lpm_entry, upd
 
@@ -166,20 +167,9 @@ def test_pcap_per_port_and_switch_drop_reasons(pipeline: Pipeline, tmp_path: Pat
 
 
 # ---- the command line with UDP loopback ports --------------------------------------------------
-def _free_udp_ports(n: int) -> list[int]:
-    socks = [socket.socket(socket.AF_INET, socket.SOCK_DGRAM) for _ in range(n)]
-    try:
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
-
-
 @pytest.fixture
 def cli_switch(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[str], str, list[int]]]:
-    sw1, sw2, peer1, peer2 = _free_udp_ports(4)
+    sw1, sw2, peer1, peer2 = free_ports(4)
     p = spawn_switch(
         str(PROG),
         "--loopback-port",

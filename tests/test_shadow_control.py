@@ -19,6 +19,7 @@ import torch
 import zmq
 
 from shadowgrad.errors import ShadowgradTimeout
+from shadowgrad.freeports import free_port
 from shadowgrad.layout import Layout
 from shadowgrad.optspec import state_by_name
 from shadowgrad.shadow.control import (
@@ -230,20 +231,13 @@ def test_background_snapshots_are_atomic_and_verified(tmp_path: Path) -> None:
             read_snapshot(state_bin.parent)
 
 
-def _free_port(kind: int) -> int:
-    with socket.socket(socket.AF_INET, kind) as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
 def test_cli_runs_a_shadow_until_sigterm(tmp_path: Path) -> None:
     trainer = RefTrainer(Case("cli", "mlp", "adamw", iterations=1), seed=0)
     layout = trainer.layout(num_shadows=1)
     data_port, trainer_port, control = (
-        _free_port(socket.SOCK_DGRAM),
-        _free_port(socket.SOCK_DGRAM),
-        _free_port(socket.SOCK_STREAM),
+        free_port(socket.SOCK_DGRAM),
+        free_port(socket.SOCK_DGRAM),
+        free_port(socket.SOCK_STREAM),
     )
     spec = tmp_path / "job.toml"
     spec.write_text(f"""

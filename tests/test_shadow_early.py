@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from shadowgrad.errors import ShadowgradTimeout
+from shadowgrad.freeports import free_port
 from shadowgrad.replies import ShadowStatus
 from shadowgrad.shadow._early import EarlyControl, starting_status
 from shadowgrad.shadow.control import ControlError, ShadowClient
@@ -105,7 +106,7 @@ def test_shadow_command_answers_while_it_imports_torch(tmp_path: Path) -> None:
     spec = make_spec([addr], [("127.0.0.1", 9)], 1)
     spec_path = tmp_path / "job.toml"
     spec_path.write_text(spec.to_toml(), encoding="utf-8")
-    ctl = "tcp://127.0.0.1:" + str(_free_tcp())
+    ctl = "tcp://127.0.0.1:" + str(free_port())
     env = {**os.environ, "SHADOWGRAD_TOKEN": TOKEN}
     log = (tmp_path / "shadow.log").open("w+")
     t0 = time.monotonic()
@@ -139,14 +140,6 @@ def test_shadow_command_answers_while_it_imports_torch(tmp_path: Path) -> None:
             os.killpg(proc.pid, 9)
             proc.wait(10)
         log.close()
-
-
-def _free_tcp() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _tail(log: Any) -> str:

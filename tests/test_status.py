@@ -20,10 +20,10 @@ from typing import Any
 
 import pytest
 
-from shadowgrad._testing import _free_tcp_base
 from shadowgrad.cli import main
 from shadowgrad.config import JobSpec, parse_spec
 from shadowgrad.controller import view as jobview
+from shadowgrad.freeports import free_tcp_base
 from shadowgrad.shadow.control import ControlError, ShadowClient
 from shadowgrad.shadow.node import ShadowNode
 from tests._training import (
@@ -64,7 +64,7 @@ class Job:
                 "count": shadows,
                 "replication": replication,
                 "addresses": [f"{h}:{p}" for h, p in addrs],
-                "control_port": _free_tcp_base(shadows),
+                "control_port": free_tcp_base(shadows),
             },
             "switch": {"target": "none"},
             "timeouts": {
@@ -546,7 +546,7 @@ def test_a_finish_the_controller_was_told_of_is_finished(
     with trained_job(tmp_path, 3) as job:
         from shadowgrad.config import load_spec
 
-        ctl_at = {"address": f"127.0.0.1:{_free_tcp_base(1)}"}
+        ctl_at = {"address": f"127.0.0.1:{free_tcp_base(1)}"}
         quick = _quick_spec(job, "ctl.toml", controller=ctl_at)
         wrong = _quick_spec(job, "ctl-wrong.toml", "not-the-token", controller=ctl_at)
         opts = ControllerOptions(poll_s=0.05)

@@ -36,6 +36,7 @@ from shadowgrad.bmv2_testbed.dataplane import Exact, Pipeline, TableEntry
 from shadowgrad.bmv2_testbed.ports import InProcessPort
 from shadowgrad.bmv2_testbed.switch import Switch
 from shadowgrad.bmv2_testbed.testing import P4RuntimeClient, stop_process
+from shadowgrad.freeports import free_port
 from tests._support import switch_argv
 
 PROGS = Path(__file__).resolve().parent / "p4progs"
@@ -211,13 +212,6 @@ def _udp_snmp() -> dict[str, int]:
     return dict(zip(lines[0][1:], map(int, lines[1][1:]), strict=True))
 
 
-def _free_udp_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
 UDP_FRAMES = 100_000
 BATCH = 500
 
@@ -235,7 +229,7 @@ def test_sg_switch_grpc_fuzz_over_udp(tmp_path: Path) -> None:
         s.bind(("127.0.0.1", 0))
         s.setblocking(False)
         mine[n] = s
-    theirs = {n: _free_udp_port() for n in mine}
+    theirs = {n: free_port(socket.SOCK_DGRAM) for n in mine}
     args = ["--no-p4", "--device-id", "0", "-L", "warn"]
     for n in mine:
         args += [

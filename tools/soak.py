@@ -163,11 +163,9 @@ def _torchrun(
 
 
 def _free_port() -> int:
-    import socket
+    from shadowgrad.freeports import free_port
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    return free_port()
 
 
 def _children() -> dict[int, list[int]]:

@@ -7,19 +7,13 @@ training job needs this module.
 from __future__ import annotations
 
 import contextlib
-import socket
 import time
 from typing import Any
 
 from shadowgrad._testing import TOKEN, loopback_spec, spec_toml, switch_spec
+from shadowgrad.freeports import free_port
 
 __all__ = ["TOKEN", "loopback_spec", "switch_spec", "spec_toml", "free_port", "Ranks"]
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class Ranks:

@@ -1,0 +1,71 @@
+"""Free local ports, for jobs on loopback (tests, demos, the scenario runner, benchmarks).
+
+The one place that asks the kernel for a free port: a port is free when a socket of that kind
+can bind it on ``host`` now (nothing holds it afterwards, so a caller binds it soon).
+"""
+
+from __future__ import annotations
+
+import random
+import socket
+
+__all__ = ["free_port", "free_ports", "free_tcp_base", "free_udp_base"]
+
+
+def free_port(kind: int = socket.SOCK_STREAM, host: str = "127.0.0.1") -> int:
+    """A port the kernel picks as free on ``host`` for a socket of ``kind`` (TCP by default)."""
+    with socket.socket(socket.AF_INET, kind) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def free_ports(n: int, kind: int = socket.SOCK_DGRAM, host: str = "127.0.0.1") -> list[int]:
+    """``n`` distinct free ports (bound together, so no two are the same; UDP by default)."""
+    socks = []
+    try:
+        for _ in range(n):
+            s = socket.socket(socket.AF_INET, kind)
+            socks.append(s)
+            s.bind((host, 0))
+        return [int(s.getsockname()[1]) for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def free_tcp_base(n: int, tries: int = 200) -> int:
+    """A base such that ``base .. base + n - 1`` are free TCP ports on 127.0.0.1."""
+    rng = random.Random()
+    for _ in range(tries):
+        base = rng.randrange(20000, 60000 - n)
+        ok = True
+        for k in range(n):
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+                try:
+                    s.bind(("127.0.0.1", base + k))
+                except OSError:
+                    ok = False
+                    break
+        if ok:
+            return base
+    raise RuntimeError(f"no {n} consecutive free TCP ports found")
+
+
+def free_udp_base(offsets: list[int], host: str = "127.0.0.1", tries: int = 200) -> int:
+    """A base such that ``base + p`` is a free UDP port on ``host`` for every ``p``."""
+    rng = random.Random()
+    for _ in range(tries):
+        base = rng.randrange(20000, 60000 - max(offsets))
+        socks = []
+        try:
+            for p in offsets:
+                s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+                socks.append(s)
+                s.bind((host, base + p))
+            return base
+        except OSError:
+            continue
+        finally:
+            for s in socks:
+                s.close()
+    raise RuntimeError("no free block of UDP ports found")
