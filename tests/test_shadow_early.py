@@ -130,7 +130,9 @@ def test_shadow_command_answers_while_it_imports_torch(tmp_path: Path) -> None:
             answered_s = time.monotonic() - t0
             # torch is not imported yet when the endpoint first answers
             assert first["starting"] is True, (answered_s, first)
-            assert wait_for(lambda: c.status(timeline=0)["starting"] is False, 120), _tail(log)
+            # the hand-over from the early endpoint to the node may miss one poll's deadline on a
+            # loaded machine (requests wait in the socket meanwhile): not yet, not a failure
+            assert wait_for(lambda: _starting(c) is False, 120), _tail(log)
             assert c.status(timeline=0)["events"].get("control_status", 0) >= 2
     finally:
         proc.terminate()
@@ -140,6 +142,14 @@ def test_shadow_command_answers_while_it_imports_torch(tmp_path: Path) -> None:
             os.killpg(proc.pid, 9)
             proc.wait(10)
         log.close()
+
+
+def _starting(c: ShadowClient) -> bool | None:
+    """Whether the shadow says it is starting (None: no reply within the client's timeout)."""
+    try:
+        return bool(c.status(timeline=0)["starting"])
+    except ShadowgradTimeout:
+        return None
 
 
 def _tail(log: Any) -> str:
