@@ -3,19 +3,24 @@
 P4Runtime — read, diff, write only the difference, so a restarted controller writes nothing
 that is already right (docs/switch.md, docs/operations.md).
 
-One class per P4 control file, mirroring ``p4/`` (p4app-switchML's pattern):
+One class per P4 control, mirroring ``p4/`` (p4app-switchML's pattern); an ingress stage is a
+sub-control instance of ``SgIngress``, so its tables and actions are named by the instance path
+(``SgIngress.forward.ipv4_forward``), as p4c names them in the P4Info (:attr:`_Stage.CONTROL`):
 
-=====================  ============================  ==========================================
-class                  P4 file                       tables / groups it owns for a job
-=====================  ============================  ==========================================
-:class:`ForwardStage`  ``p4/ingress_forward.p4``     ``ipv4_forward``, ``l2_forward``,
-                                                     ``l2_flood`` + the job's flood group
-:class:`GuardStage`    ``p4/ingress_guard.p4``       ``jobs`` (+ the COMMIT group),
-                                                     ``trainer_ports``
-:class:`TapStage`      ``p4/ingress_tap.p4``         ``tap``, ``shard_groups`` + one group per
-                                                     (shard, next hop)
-:class:`EgressStage`   ``p4/egress.p4``              ``shadow_rewrite``
-=====================  ============================  ==========================================
+=====================  ==========================================  ============================
+class                  P4 file, control (instance)                 tables / groups it owns for
+                                                                   a job
+=====================  ==========================================  ============================
+:class:`ForwardStage`  ``p4/ingress_forward.p4``, ``SgForward``    ``ipv4_forward``,
+                       (``SgIngress.forward``)                     ``l2_forward``, ``l2_flood``
+                                                                   + the job's flood group
+:class:`GuardStage`    ``p4/ingress_guard.p4``, ``SgGuard``        ``jobs`` (+ the COMMIT
+                       (``SgIngress.guard``)                       group), ``trainer_ports``
+:class:`TapStage`      ``p4/ingress_tap.p4``, ``SgTap``            ``tap``, ``shard_groups`` +
+                       (``SgIngress.tap``)                         one group per (shard, next
+                                                                   hop)
+:class:`EgressStage`   ``p4/egress.p4``, ``SgEgress``              ``shadow_rewrite``
+=====================  ==========================================  ============================
 
 Ownership. Every entry of a job-keyed table carries the job id in its key (two jobs on one
 switch never touch each other's entries); a forwarding entry belongs to the job whose host
@@ -282,6 +287,9 @@ class _Job:
 
 # ------------------------------------------------------------------------------ the stages
 class _Stage:
+    #: the P4 control instance whose tables and actions the stage owns, as P4Info names it
+    #: (a sub-control's objects are named by its instance path: ``SgIngress.forward.route``)
+    CONTROL = ""
     TABLES: tuple[str, ...] = ()
 
     def desired(self, job: _Job, base: int, out: SwitchState) -> None:
@@ -298,10 +306,14 @@ class _Stage:
 
 
 class ForwardStage(_Stage):
-    """``p4/ingress_forward.p4``: a /32 route and an L2 entry per host, broadcast flooded to
-    the job's other hosts."""
+    """``p4/ingress_forward.p4`` (control ``SgForward``, instance ``SgIngress.forward``): a /32
+    route and an L2 entry per host, broadcast flooded to the job's other hosts."""
 
-    TABLES = ("SgIngress.ipv4_forward", "SgIngress.l2_forward", "SgIngress.l2_flood")
+    CONTROL = "SgIngress.forward"
+    IPV4_FORWARD = f"{CONTROL}.ipv4_forward"
+    L2_FORWARD = f"{CONTROL}.l2_forward"
+    L2_FLOOD = f"{CONTROL}.l2_flood"
+    TABLES = (IPV4_FORWARD, L2_FORWARD, L2_FLOOD)
 
     def desired(self, job: _Job, base: int, out: SwitchState) -> None:
         hosts = [*job.trainers, *job.shadows]
@@ -310,21 +322,21 @@ class ForwardStage(_Stage):
             # (table, match, action, params) of the host's route, L2 entry and flood entry
             entries: tuple[tuple[str, Mapping[str, MatchValue], str, Mapping[str, int]], ...] = (
                 (
-                    "SgIngress.ipv4_forward",
+                    self.IPV4_FORWARD,
                     {"hdr.ipv4.dstAddr": (h.ip, 32)},
-                    "SgIngress.route",
+                    f"{self.CONTROL}.route",
                     {"port": h.port, "dmac": h.mac},
                 ),
                 (
-                    "SgIngress.l2_forward",
+                    self.L2_FORWARD,
                     {"hdr.ethernet.dstAddr": h.mac},
-                    "SgIngress.bridge",
+                    f"{self.CONTROL}.bridge",
                     {"port": h.port},
                 ),
                 (
-                    "SgIngress.l2_flood",
+                    self.L2_FLOOD,
                     {"standard_metadata.ingress_port": h.port},
-                    "SgIngress.flood",
+                    f"{self.CONTROL}.flood",
                     {"grp": job.flood_gid(base)},
                 ),
             )
@@ -339,40 +351,44 @@ class ForwardStage(_Stage):
         # port), or it floods to the job's group (the port a host moved away from)
         if e.metadata:
             return e.metadata == job.owner_tag
-        if e.table == "SgIngress.l2_flood":
+        if e.table == self.L2_FLOOD:
             return e.m("standard_metadata.ingress_port") in job.ports or (
                 base is not None and e.p("grp") == job.flood_gid(base)
             )
         if dict(e.params).get("port") in job.ports:
             return True
-        if e.table == "SgIngress.ipv4_forward":
+        if e.table == self.IPV4_FORWARD:
             return e.m("hdr.ipv4.dstAddr") in job.ip_keys
         return e.m("hdr.ethernet.dstAddr") in job.macs
 
     def gids(self, job: _Job, e: Entry) -> Iterable[int]:
-        return (e.p("grp"),) if e.table == "SgIngress.l2_flood" else ()
+        return (e.p("grp"),) if e.table == self.L2_FLOOD else ()
 
 
 class GuardStage(_Stage):
-    """``p4/ingress_guard.p4``: the job (its COMMIT group: every shadow) and its trainer ports."""
+    """``p4/ingress_guard.p4`` (control ``SgGuard``, instance ``SgIngress.guard``): the job
+    (its COMMIT group: every shadow) and its trainer ports."""
 
-    TABLES = ("SgIngress.jobs", "SgIngress.trainer_ports")
+    CONTROL = "SgIngress.guard"
+    JOBS = f"{CONTROL}.jobs"
+    TRAINER_PORTS = f"{CONTROL}.trainer_ports"
+    TABLES = (JOBS, TRAINER_PORTS)
 
     def desired(self, job: _Job, base: int, out: SwitchState) -> None:
         out.add(
             Entry.make(
-                "SgIngress.jobs",
+                self.JOBS,
                 {"hdr.sg.job": job.id},
-                "SgIngress.job_known",
+                f"{self.CONTROL}.job_known",
                 {"commit_grp": job.commit_gid(base)},
             )
         )
         for rank, h in enumerate(job.trainers):
             out.add(
                 Entry.make(
-                    "SgIngress.trainer_ports",
+                    self.TRAINER_PORTS,
                     {"standard_metadata.ingress_port": h.port, "hdr.sg.job": job.id},
-                    "SgIngress.trainer",
+                    f"{self.CONTROL}.trainer",
                     {"rank": rank},
                 )
             )
@@ -381,14 +397,18 @@ class GuardStage(_Stage):
         )
 
     def gids(self, job: _Job, e: Entry) -> Iterable[int]:
-        return (e.p("commit_grp"),) if e.table == "SgIngress.jobs" else ()
+        return (e.p("commit_grp"),) if e.table == self.JOBS else ()
 
 
 class TapStage(_Stage):
-    """``p4/ingress_tap.p4``: one range entry per route of the layout ((bucket, bytes) ->
-    shard), and per (shard, next hop) a group {next hop, every replica of the shard}."""
+    """``p4/ingress_tap.p4`` (control ``SgTap``, instance ``SgIngress.tap``): one range entry
+    per route of the layout ((bucket, bytes) -> shard), and per (shard, next hop) a group
+    {next hop, every replica of the shard}."""
 
-    TABLES = ("SgIngress.tap", "SgIngress.shard_groups")
+    CONTROL = "SgIngress.tap"
+    TAP = f"{CONTROL}.tap"
+    SHARD_GROUPS = f"{CONTROL}.shard_groups"
+    TABLES = (TAP, SHARD_GROUPS)
 
     def desired(self, job: _Job, base: int, out: SwitchState) -> None:
         lay = job.layout
@@ -398,13 +418,13 @@ class TapStage(_Stage):
                     continue
                 out.add(
                     Entry.make(
-                        "SgIngress.tap",
+                        self.TAP,
                         {
                             "hdr.sg.job": job.id,
                             "hdr.sg.bucket": b,
                             "hdr.sg.offset": (r.start, r.end - 1),
                         },
-                        "SgIngress.to_shard",
+                        f"{self.CONTROL}.to_shard",
                         {"shard": r.shard},
                         priority=1,
                     )
@@ -415,35 +435,37 @@ class TapStage(_Stage):
                 gid = job.shard_gid(base, s, t)
                 out.add(
                     Entry.make(
-                        "SgIngress.shard_groups",
+                        self.SHARD_GROUPS,
                         {
                             "hdr.sg.job": job.id,
                             "meta.shard": s,
                             "standard_metadata.egress_spec": h.port,
                         },
-                        "SgIngress.replicate",
+                        f"{self.CONTROL}.replicate",
                         {"grp": gid},
                     )
                 )
                 out.groups[gid] = frozenset([(h.port, 0), *replicas])
 
     def gids(self, job: _Job, e: Entry) -> Iterable[int]:
-        return (e.p("grp"),) if e.table == "SgIngress.shard_groups" else ()
+        return (e.p("grp"),) if e.table == self.SHARD_GROUPS else ()
 
 
 class EgressStage(_Stage):
     """``p4/egress.p4``: shadow ``k``'s copies (egress_rid ``k + 1``) get its MAC, IPv4 address
     and UDP port."""
 
-    TABLES = ("SgEgress.shadow_rewrite",)
+    CONTROL = "SgEgress"
+    SHADOW_REWRITE = f"{CONTROL}.shadow_rewrite"
+    TABLES = (SHADOW_REWRITE,)
 
     def desired(self, job: _Job, base: int, out: SwitchState) -> None:
         for k, h in enumerate(job.shadows):
             out.add(
                 Entry.make(
-                    "SgEgress.shadow_rewrite",
+                    self.SHADOW_REWRITE,
                     {"hdr.sg.job": job.id, "standard_metadata.egress_rid": k + 1},
-                    "SgEgress.to_shadow",
+                    f"{self.CONTROL}.to_shadow",
                     {"dmac": h.mac, "dip": h.ip, "dport": h.udp},
                 )
             )
@@ -657,7 +679,7 @@ class SwitchDriver:
         # the base of this job's block (its COMMIT group), if programmed before
         self.base = None
         for e in entries:
-            if e.table == "SgIngress.jobs" and e.m("hdr.sg.job") == job.id:
+            if e.table == GuardStage.JOBS and e.m("hdr.sg.job") == job.id:
                 self.base = e.p("commit_grp")
         mine = SwitchState()
         my_gids: set[int] = set()

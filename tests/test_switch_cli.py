@@ -55,7 +55,7 @@ def test_switch_cli_programs_idempotently_and_removes(
         assert main(["switch", "plan", *args]) == 0
         plan = capsys.readouterr().out
         n_entries = int(plan.strip().splitlines()[-1].split()[0])
-        assert "SgIngress.tap:" in plan and n_entries > 10
+        assert "SgIngress.tap.tap:" in plan and n_entries > 10
         assert main(["switch", "program", *args, "--json"]) == 0
         first = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
         assert first["pipeline_pushed"] and first["inserted"] == n_entries

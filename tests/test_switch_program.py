@@ -57,7 +57,7 @@ from shadowgrad.bmv2_testbed.ports import InProcessPort
 from shadowgrad.bmv2_testbed.switch import Switch
 from shadowgrad.config import JobSpec, parse_spec
 from shadowgrad.controller.p4runtime import P4RuntimeClient
-from shadowgrad.controller.switch import DROP_REASONS, Entry, SwitchDriver, SwitchState
+from shadowgrad.controller.switch import DROP_REASONS, STAGES, Entry, SwitchDriver, SwitchState
 from shadowgrad.frames import decode_frame, encode_frame, port_mac
 from shadowgrad.layout import Layout, ParamSpec, Route, from_module
 from shadowgrad.wire import (
@@ -628,9 +628,9 @@ def test_p4info_sg_key_widths_match_the_wire_header_and_fast_path_covers_it() ->
     tables = {
         t.preamble.name: {m.name: m.bitwidth for m in t.match_fields} for t in pipe.p4info.tables
     }
-    assert tables["SgIngress.ipv4_forward"] == {"hdr.ipv4.dstAddr": 32}
-    assert tables["SgIngress.trainer_ports"]["standard_metadata.ingress_port"] == 9
-    assert tables["SgIngress.shard_groups"] == {
+    assert tables["SgIngress.forward.ipv4_forward"] == {"hdr.ipv4.dstAddr": 32}
+    assert tables["SgIngress.guard.trainer_ports"]["standard_metadata.ingress_port"] == 9
+    assert tables["SgIngress.tap.shard_groups"] == {
         "hdr.sg.job": 32,
         "meta.shard": 16,
         "standard_metadata.egress_spec": 9,
@@ -640,10 +640,44 @@ def test_p4info_sg_key_widths_match_the_wire_header_and_fast_path_covers_it() ->
         "standard_metadata.egress_rid": 16,
     }
     actions = {a.preamble.name: {p.name: p.bitwidth for p in a.params} for a in pipe.p4info.actions}
-    assert actions["SgIngress.route"] == {"port": 9, "dmac": 48}
+    assert actions["SgIngress.forward.route"] == {"port": 9, "dmac": 48}
     assert actions["SgEgress.to_shadow"] == {"dmac": 48, "dip": 32, "dport": 16}
     counters = {c.preamble.name: c.size for c in pipe.p4info.counters}
     assert counters["SgIngress.drops"] >= len(DROP_REASONS)
+    # every name, as p4c names them: a stage is a sub-control instance of SgIngress, so its
+    # tables and actions are SgIngress.<instance>.<name> (alias: the bare name)
+    assert {(t.preamble.name, t.preamble.alias) for t in pipe.p4info.tables} == {
+        ("SgIngress.forward.ipv4_forward", "ipv4_forward"),
+        ("SgIngress.forward.l2_forward", "l2_forward"),
+        ("SgIngress.forward.l2_flood", "l2_flood"),
+        ("SgIngress.guard.jobs", "jobs"),
+        ("SgIngress.guard.trainer_ports", "trainer_ports"),
+        ("SgIngress.tap.tap", "tap"),
+        ("SgIngress.tap.shard_groups", "shard_groups"),
+        ("SgEgress.shadow_rewrite", "shadow_rewrite"),
+    }
+    assert set(actions) == {
+        "NoAction",
+        "SgIngress.drop",
+        "SgIngress.forward.route",
+        "SgIngress.forward.bridge",
+        "SgIngress.forward.flood",
+        "SgIngress.guard.job_known",
+        "SgIngress.guard.trainer",
+        "SgIngress.tap.to_shard",
+        "SgIngress.tap.replicate",
+        "SgEgress.to_shadow",
+    }
+    assert set(counters) == {
+        "SgIngress.drops",
+        "SgIngress.tagged_chunks",
+        "SgIngress.commits",
+        "SgEgress.shadow_copies",
+        "SgEgress.egress_drops",
+    }
+    # the driver's stage classes own exactly the program's tables
+    owned = [t for stage in STAGES for t in stage.TABLES]
+    assert sorted(owned) == sorted(tables)
 
 
 # ---------------------------------------------------------------------------- 1: the tap
@@ -990,7 +1024,10 @@ def test_converge_is_idempotent_across_restarts_and_writes_only_the_difference(t
     entries, groups = state_of(d)
     assert groups == first_state[1]
     old, new = set(first_state[0].items()), set(entries.items())
-    assert {e.table for _, e in old - new} == {"SgIngress.ipv4_forward", "SgEgress.shadow_rewrite"}
+    assert {e.table for _, e in old - new} == {
+        "SgIngress.forward.ipv4_forward",
+        "SgEgress.shadow_rewrite",
+    }
     rep = tb.driver(moved, c).converge()
     assert rep.writes == 0
     # the data plane now copies shard 1 to 10.0.1.22, routes there, and not to the old address

@@ -172,8 +172,9 @@ class MirrorSender:
         self.shadow_addrs = list(shadow_addrs)
         self.chunk_bytes = chunk_bytes
         self.commits = commits
-        #: the switch copies a COMMIT to every shadow of the job (p4/ingress_guard.p4): send
-        #: each once, to shadow 0's address, instead of once per shadow
+        #: the switch copies a COMMIT to every shadow of the job (p4/ingress.p4, to the group
+        #: of the guard's jobs entry): send each once, to shadow 0's address, instead of once
+        #: per shadow
         self.commit_fanout = commit_fanout
         #: how COMMITs leave (in-band through the target's loopback ports: the ring's
         #: FrameLink); default: this sender's socket

@@ -14,8 +14,10 @@ maps — from the checker's :class:`~.frontend.model.ProgramFacts`::
 that runs, for each frame of a batch received on ``port``, parser, verify, ingress, the v1model
 traffic manager (multicast replicas, drop, unicast), and per copy egress, compute and deparser
 (``t0`` is the dataplane's clock origin in microseconds), with every header, metadata and standard
-metadata field a local variable (``h_ipv4_ttl``, ``m_mark``, ``s_egress_spec``), tables and
-actions inlined, and frames appended to ``out`` as ``(port, bytes)``; ``drop(port, reason)``
+metadata field a local variable (``h_ipv4_ttl``, ``m_mark``, ``s_egress_spec``), tables, actions
+and sub-controls inlined (:meth:`_Builder.sub_control`: a sub-control's frame as locals of its
+own, its by-reference struct parameters naming the caller's locals, scalars copied in and out),
+and frames appended to ``out`` as ``(port, bytes)``; ``drop(port, reason)``
 counts a drop (``internal_error`` for an exception, as the general path) and
 ``digest(digests)`` queues the ingress digests the way the general path does.
 
@@ -38,7 +40,7 @@ found that egress, compute or deparser reads one (``ProgramFacts.std_reads``, pa
 pipeline), as the general path does.
 
 The rewrite is *conservative*: whenever the generated code uses something outside the shapes it
-knows (a whole header or struct as a value, a sub-control, a parser state function, lookahead of
+knows (a whole header or struct as a value, a parser state function, lookahead of
 a header, clone, resubmit, recirculate, truncate, a ``return`` in an action, struct-typed
 metadata or control locals), it gives up and the program runs on the general path only. The
 dataplane picks the fast path per packet only when no per-packet logging is on; packets to the
@@ -127,6 +129,7 @@ class _Module:
         self.meta = _scalars("meta", facts.meta)
         self.std = _scalars("std", facts.std)
         self.frames = facts.frames
+        self.by_ref = facts.by_ref
 
     def frame_fields(self, block: str) -> dict[str, Scalar]:
         return _scalars(block, self.frames.get(block, {}))
@@ -139,6 +142,9 @@ class _Rewriter(ast.NodeTransformer):
         self.mod = mod
         self.uid = uid
         self.frame = frame  # frame field -> local name
+        # a sub-control's by-reference parameter -> the caller's value it names, as a context
+        # chain (``hdr`` -> ['C', 'hdr']): ``F.hdr.ipv4.ttl`` is ``C.hdr.ipv4.ttl``
+        self.refs: dict[str, list[str]] = {}
         self.alias: str | None = None  # header bound to ``_h`` (parser and deparser code)
         self.renames: dict[str, str] = {}
 
@@ -166,6 +172,8 @@ class _Rewriter(ast.NodeTransformer):
         elif base == "F":
             if len(ch) == 2 and ch[1] in self.frame:
                 return self.frame[ch[1]]
+            if len(ch) > 2 and ch[1] in self.refs:
+                return self.local_for([*self.refs[ch[1]], *ch[2:]])
         elif (
             base == "_h"
             and self.alias is not None
@@ -238,9 +246,182 @@ class _Builder:
     # -- statements of one block
     def block(self, stmts: list[ast.stmt], rw: _Rewriter) -> list[ast.stmt]:
         out: list[ast.stmt] = []
-        for st in stmts:
-            out.extend(self.stmt(st, rw))
+        i = 0
+        while i < len(stmts):
+            st = stmts[i]
+            call = self._sub_call(st)
+            if call is None:
+                out.extend(self.stmt(st, rw))
+                i += 1
+                continue
+            # ``_rN = sub_K(C, args...)``, then ``lv = _rN[i]`` per copied-out argument, then
+            # ``if _rN[0]: raise _EXIT`` (the general backend's ApplySub)
+            var, sub, args = call
+            copy_out: list[tuple[int, ast.expr]] = []
+            i += 1
+            while i < len(stmts):
+                nxt = stmts[i]
+                if not (
+                    isinstance(nxt, ast.Assign)
+                    and len(nxt.targets) == 1
+                    and isinstance(nxt.value, ast.Subscript)
+                    and isinstance(nxt.value.value, ast.Name)
+                    and nxt.value.value.id == var
+                    and isinstance(nxt.value.slice, ast.Constant)
+                    and isinstance(nxt.value.slice.value, int)
+                ):
+                    break
+                copy_out.append((nxt.value.slice.value, nxt.targets[0]))
+                i += 1
+            ex = stmts[i] if i < len(stmts) else None
+            if not (
+                isinstance(ex, ast.If)
+                and isinstance(ex.test, ast.Subscript)
+                and isinstance(ex.test.value, ast.Name)
+                and ex.test.value.id == var
+                and isinstance(ex.test.slice, ast.Constant)
+                and ex.test.slice.value == 0
+                and len(ex.body) == 1
+                and isinstance(ex.body[0], ast.Raise)
+                and not ex.orelse
+            ):
+                raise FastPathUnsupported(f"apply of {sub}: unexpected shape")
+            i += 1
+            out.extend(self.sub_control(sub, args, copy_out, rw))
         return out
+
+    @staticmethod
+    def _sub_call(st: ast.stmt) -> tuple[str, str, list[ast.expr]] | None:
+        """``_rN = sub_K(C, args...)``: (``_rN``, ``sub_K``, args); None for anything else."""
+        if not (
+            isinstance(st, ast.Assign)
+            and len(st.targets) == 1
+            and isinstance(st.targets[0], ast.Name)
+            and isinstance(st.value, ast.Call)
+            and isinstance(st.value.func, ast.Name)
+            and st.value.func.id.startswith("sub_")
+            and st.value.args
+            and isinstance(st.value.args[0], ast.Name)
+            and st.value.args[0].id == "C"
+            and not st.value.keywords
+        ):
+            return None
+        return st.targets[0].id, st.value.func.id, st.value.args[1:]
+
+    def sub_control(
+        self,
+        sub: str,
+        args: list[ast.expr],
+        copy_out: list[tuple[int, ast.expr]],
+        rw: _Rewriter,
+    ) -> list[ast.stmt]:
+        """A sub-control's apply inlined where it is applied (as p4c's inliner does): its
+        frame becomes locals of its own (``fs<k>_<name>``), a by-reference parameter (a struct
+        argument: ``hdr``, ``meta``, ``standard_metadata``) names the caller's value itself,
+        so its fields are the caller's locals; its tables and actions are inlined as the
+        caller's are. A ``return`` leaves the inlined body only; an ``exit`` propagates to the
+        caller's control after the out/inout scalars are copied back, as in the general
+        path (``sub_K`` returns ``(exited, outs...)``, the caller copies them out and then
+        raises ``_EXIT``)."""
+        fn = self.mod.funcs.get(sub)
+        fields = self.mod.frames.get(sub)
+        refs = self.mod.by_ref.get(sub, frozenset())
+        if fn is None or fields is None:
+            raise FastPathUnsupported(f"sub-control {sub}")
+        params = [a.arg for a in fn.args.args[1:]]
+        body = fn.body
+        n = len(params)
+        # F = F_sub_K(); F.<p> = a<i> per parameter; the frame's init; try; return
+        if len(body) < n + 3 or len(args) != n:
+            raise FastPathUnsupported(f"sub-control {sub} shape")
+        pnames: list[str] = []
+        for p, st in zip(params, body[1 : n + 1], strict=True):
+            ch = _chain(st.targets[0]) if isinstance(st, ast.Assign) else None
+            if not (
+                isinstance(st, ast.Assign)
+                and ch is not None
+                and len(ch) == 2
+                and ch[0] == "F"
+                and isinstance(st.value, ast.Name)
+                and st.value.id == p
+            ):
+                raise FastPathUnsupported(f"sub-control {sub} shape")
+            pnames.append(ch[1])
+        init = body[n + 1 : -2]
+        tr, ret = body[-2], body[-1]
+        if not (
+            isinstance(tr, ast.Try)
+            and [ast.unparse(h.type) if h.type else "" for h in tr.handlers]
+            == ["_ReturnType", "_ExitType"]
+            and not tr.orelse
+            and not tr.finalbody
+            and isinstance(ret, ast.Return)
+            and isinstance(ret.value, ast.Tuple)
+        ):
+            raise FastPathUnsupported(f"sub-control {sub} shape")
+        # what ``_rN[i]`` (i >= 1) holds: the frame field the return tuple names
+        outs: list[str] = []
+        for e in ret.value.elts[1:]:
+            ch = _chain(e)
+            if ch is None or len(ch) != 2 or ch[0] != "F":
+                raise FastPathUnsupported(f"sub-control {sub} shape")
+            outs.append(ch[1])
+
+        k = next(self.uid)
+        srw = _Rewriter(self.mod, {}, self.uid)
+        pre: list[ast.stmt] = []
+        for f, v in fields.items():
+            if f in refs:
+                if f not in pnames:
+                    raise FastPathUnsupported(f"sub-control {sub}: {f}")
+                arg = args[pnames.index(f)]
+                ch = _chain(arg)
+                if ch is not None and ch[0] == "F" and len(ch) > 1 and ch[1] in rw.refs:
+                    ch = [*rw.refs[ch[1]], *ch[2:]]  # the caller's own reference, passed on
+                if ch is None or ch[0] != "C":
+                    raise FastPathUnsupported(f"sub-control argument {ast.unparse(arg)}")
+                srw.refs[f] = ch
+                continue
+            if v is None:
+                raise FastPathUnsupported(f"non-constant initial value of {sub}.{f}")
+            local = srw.frame[f] = f"fs{k}_{f}"
+            if f in pnames:
+                value = rw.visit(copy.deepcopy(args[pnames.index(f)]))
+            else:
+                value = ast.Constant(v)
+            pre.append(_assign(local, value))
+        inner = self.block(list(tr.body), srw)
+        if _raises(inner, "_RETURN"):
+            inner = [
+                ast.Try(
+                    inner,
+                    [ast.ExceptHandler(ast.Name("_ReturnType", ast.Load()), None, [ast.Pass()])],
+                    [],
+                    [],
+                )
+            ]
+        back: list[ast.stmt] = []
+        for idx, target in copy_out:
+            if not 1 <= idx <= len(outs) or outs[idx - 1] not in srw.frame:
+                raise FastPathUnsupported(f"sub-control {sub}: copy-out {idx}")
+            tgt = rw.visit(copy.deepcopy(target))
+            back.append(ast.Assign([tgt], ast.Name(srw.frame[outs[idx - 1]], ast.Load()), lineno=0))
+        if back and _raises(inner, "_EXIT"):
+            inner = [
+                ast.Try(
+                    inner,
+                    [
+                        ast.ExceptHandler(
+                            ast.Name("_ExitType", ast.Load()),
+                            None,
+                            [*copy.deepcopy(back), ast.Raise(ast.Name("_EXIT", ast.Load()))],
+                        )
+                    ],
+                    [],
+                    [],
+                )
+            ]
+        return [*pre, *self.block(list(init), srw), *inner, *back]
 
     def stmt(self, st: ast.stmt, rw: _Rewriter) -> list[ast.stmt]:
         # alias for parser/deparser code: ``_h = C.hdr.<h>``
@@ -492,6 +673,15 @@ class _Builder:
                 )
         out.extend(self.block(fn.body, rw))
         return out
+
+
+def _raises(stmts: list[ast.stmt], name: str) -> bool:
+    """Whether ``stmts`` contain ``raise <name>`` (``_EXIT``, ``_RETURN``)."""
+    return any(
+        isinstance(n, ast.Raise) and isinstance(n.exc, ast.Name) and n.exc.id == name
+        for st in stmts
+        for n in ast.walk(st)
+    )
 
 
 def _frame(mod: _Module, block: str, prefix: str) -> tuple[dict[str, str], list[ast.stmt]]:

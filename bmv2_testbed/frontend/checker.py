@@ -285,6 +285,7 @@ class Checker:
         # what the back ends need to know (ProgramFacts): block function -> frame defaults,
         # header type -> struct format of its one-pack plan
         self.frames: dict[str, dict[str, Scalar | None]] = {}
+        self.by_ref: dict[str, set[str]] = {}  # sub-control function -> by-reference params
         self.pack_formats: dict[str, str] = {}
         self.headers_t: StructT | None = None
         self.meta_t: StructT | None = None
@@ -347,6 +348,7 @@ class Checker:
             meta=defaults(self.meta_t),
             std=defaults(self.std_t),
             frames={fn: dict(vs) for fn, vs in self.frames.items()},
+            by_ref={fn: frozenset(vs) for fn, vs in self.by_ref.items()},
             pack_formats=dict(self.pack_formats),
             action_maps={
                 tc.uid: {aid[n]: tc.action_syms[n].uid for n in tc.info.action_names}
@@ -2350,6 +2352,10 @@ class Checker:
             outs = tuple(
                 n for n, t, d in params if d in ("out", "inout") and not isinstance(t, StructT)
             )
+            self.frames[uid] = {
+                attr(v.name): None if v.by_ref else scalar_default(v.ty) for v in self.frame_vars
+            }
+            self.by_ref[uid] = {attr(v.name) for v in self.frame_vars if v.by_ref}
             self.defs.append(
                 ir.SubControlDef(
                     uid,

@@ -158,7 +158,10 @@ class ProgramFacts:
     ``headers`` maps each member of the headers struct to its fields (validity ``_v_`` first),
     or to None when the member is not a plain header; ``meta`` and ``std`` the user metadata and
     ``standard_metadata``; ``frames`` each block function (``parse``, ``verify``, ``ingress``,
-    ``egress``, ``compute``, ``deparse``) to its frame's locals. ``pack_formats`` maps a header
+    ``egress``, ``compute``, ``deparse``) and each sub-control function (``sub_N``) to its
+    frame's locals (a sub-control's parameters first); ``by_ref`` each sub-control function to
+    its by-reference parameters (a struct passed in is the caller's own value, not a copy: its
+    frame entry is None). ``pack_formats`` maps a header
     type to the ``struct`` format that packs it in one call (types whose fields do not pack
     into whole bytes have none); ``action_maps`` a table's function to its actions' functions
     by action id.
@@ -169,6 +172,7 @@ class ProgramFacts:
     meta: Mapping[str, Scalar | None] = field(default_factory=dict)
     std: Mapping[str, Scalar | None] = field(default_factory=dict)
     frames: Mapping[str, Mapping[str, Scalar | None]] = field(default_factory=dict)
+    by_ref: Mapping[str, frozenset[str]] = field(default_factory=dict)
     pack_formats: Mapping[str, str] = field(default_factory=dict)
     action_maps: Mapping[str, Mapping[int, str]] = field(default_factory=dict)
 

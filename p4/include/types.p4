@@ -62,6 +62,8 @@ struct metadata_t {
     bit<16> rank;         /* the sending trainer's rank (guard) */
     bit<16> commit_grp;   /* the job's COMMIT multicast group (guard) */
     bit<16> shard;        /* the shard that owns a FINAL chunk's bytes (tap) */
+    bit<1>  rejected;     /* the guard refused a tagged packet: SgIngress drops it */
+    bit<32> drop_reason;  /* why (an index of SgIngress.drops, DROP_*) */
 }
 
 #endif
