@@ -453,7 +453,7 @@ def _fetch(
                 f"{reply.shard}, asked for iteration {it} of shard {shard}"
             )
         states = reply.decode().states
-        nbox = len(layout.shard_boxes(shard))
+        nbox = len(layout.shard_entries(shard))  # parameter boxes, module state
         if sorted(states) != list(range(nbox)):
             raise ExportError(
                 f"shadow {k} sent boxes {sorted(states)[:8]}... of shard {shard}, "
@@ -655,6 +655,8 @@ def export_checkpoint(
             reason="no COMMIT record" if rec is None else "empty user-state blob",
         )
     lrs, initial = _group_lrs(optspec, rec, blob.get("scheduler"), it)
+    # the trained parameters and the layout's module state (buffers, frozen parameters: they
+    # come with the shards); a COMMIT blob of an older trainer may carry module state itself
     model: dict[str, Any] = dict(params)
     module_state = dict(blob.get("module") or {})
     clash = sorted(set(module_state) & set(model))
@@ -683,7 +685,7 @@ def export_checkpoint(
             "optimizer": {"type": optspec.type, "digest": optspec.digest},
             "sources": list(sources),
             "param_names": list(optspec.param_names),
-            "module_state": sorted(module_state),
+            "module_state": sorted({st.name for st in layout.state} | set(module_state)),
             "user_state": bool(blob),
             "commit": None
             if rec is None

@@ -7,6 +7,12 @@ viewed as its dtype without a copy). An incoming DATA chunk ``(bucket, offset, l
 intersected with the shard's segments of that bucket (bisect, O(log boxes)), and only the bytes
 not yet covered are copied (memoryview slice assignment = memcpy), so a duplicate never
 overwrites anything. Coverage is an exact interval set over shard-local byte coordinates.
+
+The shard's module-state buffers (``Layout.shard_state_boxes`` of kind ``buffer``) are placed
+the same way, after its parameter boxes: they arrive as raw bytes (wire dtype ``uint8``) of the
+layout's reserved state bucket, count towards completeness (an iteration is not ready without
+its buffers) and are repaired by the same NACKs. Frozen parameters have no place here: they
+never travel per iteration.
 """
 
 from __future__ import annotations
@@ -17,7 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
-from shadowgrad.dtypes import DTYPES, wire_code
+from shadowgrad.dtypes import DTYPES, DType, wire_code
 from shadowgrad.layout import Box, Layout
 from shadowgrad.torch_dtypes import LAYOUT_TORCH_DTYPES
 
@@ -133,6 +139,10 @@ class ShardGeometry:
         self.layout = layout
         self.shard = shard
         self.boxes: tuple[Box, ...] = layout.shard_boxes(shard)
+        #: the shard's module-state boxes (entries ``len(boxes)`` on of its state lists)
+        self.state_boxes: tuple[Box, ...] = layout.shard_state_boxes(shard)
+        #: entries of the shard's state lists (load, fetch, export): parameter + state boxes
+        self.entries = len(self.boxes) + len(self.state_boxes)
         offs: list[int] = []
         pos = 0
         for box in self.boxes:
@@ -140,12 +150,27 @@ class ShardGeometry:
             offs.append(pos)
             pos += box.nbytes
         self.local_offsets = tuple(offs)
+        #: per streamed buffer: (index into state_boxes, its shard-local byte offset)
+        self.buffer_offsets: tuple[tuple[int, int], ...] = ()
+        placed: list[tuple[int, Box, int]] = [(k, b, offs[k]) for k, b in enumerate(self.boxes)]
+        buf_offs: list[tuple[int, int]] = []
+        for j, box in enumerate(self.state_boxes):
+            if box.bucket != layout.state_bucket:
+                continue  # frozen: never streamed
+            pos = -(-pos // LOCAL_ALIGN) * LOCAL_ALIGN
+            buf_offs.append((j, pos))
+            placed.append((len(self.boxes) + j, box, pos))
+            pos += box.nbytes
+        self.buffer_offsets = tuple(buf_offs)
+        #: every streamed box (parameter boxes, then buffers): (entry index, box, local offset)
+        self._placed = tuple(placed)
         self.local_nbytes = max(pos, 1)
-        #: bytes the shard owns (what "complete" means)
-        self.owned_nbytes = sum(b.nbytes for b in self.boxes)
-        nb = len(layout.bucket_nbytes)
+        #: bytes the shard owns (what "complete" means), buffers included
+        self.owned_nbytes = sum(b.nbytes for _, b, _ in placed)
+        stream_buckets = len(layout.bucket_nbytes) + (1 if layout.state_bucket_nbytes else 0)
+        nb = stream_buckets
         per_bucket: list[list[Segment]] = [[] for _ in range(nb)]
-        for k, box in enumerate(self.boxes):
+        for k, box, local in placed:
             if box.nbytes:
                 per_bucket[box.bucket].append(
                     Segment(
@@ -153,8 +178,8 @@ class ShardGeometry:
                         box.bucket,
                         box.bucket_offset,
                         box.bucket_end,
-                        offs[k],
-                        DTYPES[box.dtype].itemsize,
+                        local,
+                        1 if box.bucket == layout.state_bucket else DTYPES[box.dtype].itemsize,
                     )
                 )
         for segs in per_bucket:
@@ -165,7 +190,10 @@ class ShardGeometry:
         self.bucket_dtype: list[int | None] = [None] * nb
         for box in layout.boxes:
             self.bucket_dtype[box.bucket] = int(wire_code(box.dtype))
-        self.bucket_nbytes = layout.bucket_nbytes
+        self.bucket_nbytes: tuple[int, ...] = layout.bucket_nbytes
+        if layout.state_bucket_nbytes:  # the reserved state bucket: raw bytes
+            self.bucket_dtype[layout.state_bucket] = int(DType.UINT8)
+            self.bucket_nbytes = (*layout.bucket_nbytes, layout.state_bucket_nbytes)
 
     def overlaps(self, bucket: int, offset: int, length: int) -> Iterator[tuple[Segment, int, int]]:
         """Segments of ``bucket`` overlapping bucket bytes ``[offset, offset+length)``, with the
@@ -193,21 +221,18 @@ class ShardGeometry:
     def local_to_bucket(self, s: int, e: int) -> list[tuple[int, int, int]]:
         """A shard-local byte range (inside owned boxes) as ``(bucket, offset, length)``."""
         out: list[tuple[int, int, int]] = []
-        k = max(0, bisect.bisect_right(self.local_offsets, s) - 1)
-        while k < len(self.boxes) and self.local_offsets[k] < e:
-            box = self.boxes[k]
-            lo = self.local_offsets[k]
+        for _, box, lo in self._placed:
+            if lo >= e:
+                break
             a, b = max(s, lo), min(e, lo + box.nbytes)
             if a < b:
                 out.append((box.bucket, box.bucket_offset + (a - lo), b - a))
-            k += 1
         return out
 
     def missing(self, cov: IntervalSet) -> list[tuple[int, int, int]]:
         """Every owned byte range not in ``cov``, as ``(bucket, offset, length)``, merged."""
         out: list[tuple[int, int, int]] = []
-        for k, box in enumerate(self.boxes):
-            lo = self.local_offsets[k]
+        for _, box, lo in self._placed:
             for a, b in cov.gaps(lo, lo + box.nbytes):
                 bucket, off, n = box.bucket, box.bucket_offset + (a - lo), b - a
                 if out and out[-1][0] == bucket and out[-1][1] + out[-1][2] == off:
@@ -224,6 +249,10 @@ class ShardGeometry:
             t = buf[lo : lo + box.nbytes].view(_TORCH_DTYPES[box.dtype])
             out.append(t.view(box.lengths))
         return out
+
+    def buffer_views(self, buf: torch.Tensor) -> list[tuple[int, torch.Tensor]]:
+        """Per streamed buffer: (index into ``state_boxes``, its raw bytes in ``buf``)."""
+        return [(j, buf[lo : lo + self.state_boxes[j].nbytes]) for j, lo in self.buffer_offsets]
 
 
 class IterBuffer:
@@ -269,3 +298,6 @@ class IterBuffer:
 
     def views(self) -> list[torch.Tensor]:
         return self.geom.box_views(self.tensor)
+
+    def buffer_views(self) -> list[tuple[int, torch.Tensor]]:
+        return self.geom.buffer_views(self.tensor)

@@ -884,7 +884,7 @@ class ShadowNode:
                     self._snaps[i - 1] = snap
                     self.ev["cut_copies"] += 1
             try:
-                ld.replayer.step(i, rec.buf.views(), rec.commit)
+                ld.replayer.step(i, rec.buf.views(), rec.commit, rec.buf.buffer_views())
             except ReplayError as e:
                 failed: ReplayError | None = e
             else:
@@ -1041,7 +1041,7 @@ class ShadowNode:
         ld = self._ld
         assert ld is not None
         try:
-            boxes = [dict(states[k]) for k in range(len(ld.geom.boxes))]
+            boxes = [dict(states[k]) for k in range(ld.geom.entries)]
             with self._state_lock:
                 ld.replayer.load(iteration, boxes)
         except (KeyError, ReplayError) as e:
@@ -1301,7 +1301,7 @@ class ShadowNode:
         if ld is None:
             raise ControlError("not_loaded", "shadow not loaded")
         want = req.get("iteration")
-        nbox = len(ld.geom.boxes)
+        nbox = ld.geom.entries  # parameter boxes, then module-state boxes
         boxes = list(range(nbox)) if req.get("boxes") is None else [int(b) for b in req["boxes"]]
         for b in boxes:
             if not 0 <= b < nbox:
@@ -1321,7 +1321,9 @@ class ShadowNode:
                 states = [(b, {k: v.clone() for k, v in live[b].items()}) for b in boxes]
             else:
                 raise ControlError("unavailable", f"iteration {it} not available here")
-        ids = {k: (box.name, box.offsets) for k, box in enumerate(ld.geom.boxes)}
+        ids = {
+            k: (box.name, box.offsets) for k, box in enumerate(ld.geom.boxes + ld.geom.state_boxes)
+        }
         entries, frames = encode_states(states, ids)
         return {
             "ok": True,
@@ -1431,7 +1433,7 @@ class ShadowNode:
                 return ld.replayer
             states = ld.replayer.export(copy=False)
         elif snap is not None:
-            states = [snap[b] for b in range(len(ld.geom.boxes))]
+            states = [snap[b] for b in range(ld.geom.entries)]
         else:
             raise ControlError(
                 "unavailable", f"keep: iteration {iteration} not held here (at {last})"
@@ -1463,13 +1465,13 @@ class ShadowNode:
         geom = ShardGeometry(layout, shard)
         replayer: ShardReplayer | None = None
         if states is not None:
-            if sorted(states) != list(range(len(geom.boxes))):
+            if sorted(states) != list(range(geom.entries)):
                 raise ControlError(
                     "bad_request",
-                    f"load has boxes {sorted(states)}, shard {shard} has {len(geom.boxes)}",
+                    f"load has boxes {sorted(states)}, shard {shard} has {geom.entries}",
                 )
             replayer = ShardReplayer(layout, shard, opt)
-            replayer.load(iteration, [dict(states[k]) for k in range(len(geom.boxes))])
+            replayer.load(iteration, [dict(states[k]) for k in range(geom.entries)])
         window = self.opts.window
         if window is None:
             per = max(1, geom.local_nbytes)
@@ -1601,7 +1603,7 @@ class ShadowNode:
             source=source,
             generation=generation,
             layout=layout.digest[:16],
-            boxes=len(geom.boxes),
+            boxes=geom.entries,
             kept_ahead=len(self._iters),
             own_state=kept,
         )

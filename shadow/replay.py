@@ -15,6 +15,11 @@ exactly what the trainer did:
 3. the step, unless skipped: a real ``torch.optim`` optimizer of the trainer's class and flags,
    built over the box tensors, with each group's LR taken from ``commit.lrs``.
 
+Its module state (``layout.shard_state_boxes(shard)``: buffers and frozen parameters, whole
+tensors, after the boxes in every state list) has no optimizer: a step copies the iteration's
+buffer bytes in, raw (bit-identical whatever the dtype, ``num_batches_tracked`` included), skipped
+step or not; frozen parameters change only by :meth:`ShardReplayer.load`.
+
 Stepping torch's own optimizer over pieces of the trainer's tensors is exact because every update
 is element-wise: the for-loop and ``foreach`` paths give the same bits for any cut, and the fused
 CPU kernel does too as long as each cut is a multiple of its vector width from the tensor start,
@@ -46,10 +51,12 @@ from shadowgrad.boxes import (
     assemble_full,
     box_states_from_full,
     box_where,
+    check_state_entry,
 )
 from shadowgrad.layout import Box, Layout
 from shadowgrad.optspec import OptimizerSpec
 from shadowgrad.torch_dtypes import LAYOUT_TORCH_DTYPES
+from shadowgrad.torch_dtypes import TORCH_DTYPES as _ALL_DTYPES
 from shadowgrad.wire import CommitRecord
 
 __all__ = [
@@ -132,6 +139,11 @@ class ShardReplayer:
                 spec.torch_version,
                 torch.__version__,
             )
+        self.state_boxes: tuple[Box, ...] = layout.shard_state_boxes(shard)
+        #: module state (buffers, frozen parameters), whole tensors
+        self._mstate = [
+            torch.empty(b.lengths, dtype=_ALL_DTYPES[b.dtype]) for b in self.state_boxes
+        ]
         self._dtypes = [TORCH_DTYPES[b.dtype] for b in self.boxes]
         self._params = [
             torch.nn.Parameter(torch.empty(b.lengths, dtype=dt))
@@ -185,7 +197,7 @@ class ShardReplayer:
     def nbytes_state(self) -> int:
         """Bytes held now: parameters plus optimizer state (torch creates the state lazily on
         the first step, so a fresh AdamW shard grows to about 3x its parameter bytes)."""
-        total = sum(p.nbytes for p in self._params)
+        total = sum(p.nbytes for p in self._params) + sum(t.nbytes for t in self._mstate)
         if self._opt is not None:
             for st in self._opt.state.values():
                 total += sum(v.nbytes for v in st.values() if isinstance(v, torch.Tensor))
@@ -198,18 +210,28 @@ class ShardReplayer:
 
         ``states`` has one mapping per box (``shard_boxes`` order) with ``"param"`` (box-shaped)
         and either no optimizer state (a fresh optimizer) or exactly the keys torch keeps for the
-        box's param group (:meth:`OptimizerSpec.state_keys`). Tensors are copied; the caller
-        keeps ownership of its own. Everything is validated before anything changes.
+        box's param group (:meth:`OptimizerSpec.state_keys`), then one ``{"param": tensor}`` per
+        module-state box. Tensors are copied; the caller keeps ownership of its own. Everything
+        is validated before anything changes.
         """
         if isinstance(iteration, bool) or not isinstance(iteration, int) or iteration < -1:
             raise ReplayInputError(f"iteration must be an int >= -1, got {iteration!r}")
-        if len(states) != len(self.boxes):
+        nbox = len(self.boxes)
+        if len(states) != nbox + len(self.state_boxes):
             raise ReplayInputError(
-                f"{len(states)} box states for shard {self.shard}, which has {len(self.boxes)}"
+                f"{len(states)} box states for shard {self.shard}, which has"
+                f" {nbox + len(self.state_boxes)}"
             )
-        for i, (box, st) in enumerate(zip(self.boxes, states, strict=True)):
+        for i, (box, st) in enumerate(zip(self.boxes, states[:nbox], strict=True)):
             self._check_box_state(i, box, st)
+        mstate = [
+            check_state_entry(self.shard, box, st)
+            for box, st in zip(self.state_boxes, states[nbox:], strict=True)
+        ]
         with torch.no_grad():
+            for dst, src in zip(self._mstate, mstate, strict=True):
+                dst.copy_(src)
+            states = states[:nbox]
             for i, st in enumerate(states):
                 p = self._params[i]
                 p.copy_(st["param"])
@@ -278,18 +300,27 @@ class ShardReplayer:
                     if isinstance(v, torch.Tensor)
                 )
             out.append({k: v.clone() for k, v in st.items()} if copy else st)
+        for t in self._mstate:
+            out.append({"param": t.clone() if copy else t.detach()})
         return out
 
     # -- the step --------------------------------------------------------------------------------
 
-    def step(self, iteration: int, grads: Sequence[torch.Tensor], commit: CommitRecord) -> None:
+    def step(
+        self,
+        iteration: int,
+        grads: Sequence[torch.Tensor],
+        commit: CommitRecord,
+        buffers: Sequence[tuple[int, torch.Tensor]] = (),
+    ) -> None:
         """Apply iteration ``iteration`` (must be ``last_applied + 1``).
 
         ``grads`` holds one tensor per box (box shape and dtype, CPU): the reduced gradient as
         the all-reduce delivered it, before any unscaling or clipping. They are unscaled and
-        clipped **in place** and no reference to them is kept after the call. On
-        :class:`ReplayInputError`, :class:`ReplayOrderError` or a non-finite check failing, the
-        state is unchanged.
+        clipped **in place** and no reference to them is kept after the call. ``buffers``: the
+        iteration's module buffers, ``(index into state_boxes, raw bytes)`` (every streamed
+        buffer of the shard), copied in as they are. On :class:`ReplayInputError`,
+        :class:`ReplayOrderError` or a non-finite check failing, the state is unchanged.
         """
         if self._last_applied is None:
             raise ReplayInputError(f"shard {self.shard}: step before load")
@@ -300,6 +331,9 @@ class ShardReplayer:
         if iteration != self._last_applied + 1:
             raise ReplayOrderError(self._last_applied + 1, iteration)
         scale, coef = self._check_step_input(grads, commit)
+        for j, raw in buffers:
+            if not 0 <= j < len(self._mstate) or raw.nbytes != self._mstate[j].nbytes:
+                raise ReplayInputError(f"shard {self.shard}: bad bytes for module state {j}")
         grads = list(grads)
         skipped = commit.skipped
         explicit = self.spec.scaler_unscale == "explicit"
@@ -339,6 +373,8 @@ class ShardReplayer:
         else:
             self._clip(grads, coef)
             self._apply(iteration, grads, commit)
+        for j, raw in buffers:  # the buffers after iteration i, whatever the optimizer did
+            self._mstate[j].reshape(-1).view(torch.uint8).copy_(raw)
         self._last_applied = iteration
         if logger.isEnabledFor(logging.DEBUG):
             logger.debug(

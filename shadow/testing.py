@@ -75,7 +75,7 @@ class ShadowCluster:
         for shard in range(layout.num_shards):
             res = self.clients[layout.shadows_of_shard(shard)[0]].fetch(iteration)
             its.add(res.iteration)
-            exports.append([res.states[b] for b in range(len(layout.shard_boxes(shard)))])
+            exports.append([res.states[b] for b in range(len(layout.shard_entries(shard)))])
         if len(its) != 1:
             raise AssertionError(f"shards answered different iterations {sorted(its)}")
         params, opt = assemble_full(layout, exports)

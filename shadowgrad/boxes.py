@@ -6,6 +6,11 @@ their live state into box states to bootstrap or re-seed a shadow
 (:func:`box_states_from_full`); a restore, the controller's export and the tests glue the exports
 of all shards back into full tensors (:func:`assemble_full`). The shadow's optimizer replay
 (``shadowgrad.shadow.replay``) keeps its state in the same form and re-exports these names.
+
+A shard's state list covers :meth:`Layout.shard_entries`: its parameter boxes, then its
+module-state boxes (buffers, frozen parameters: whole tensors, state ``{"param": tensor}`` and
+never an optimizer key), so module state travels, is held and comes back exactly like the
+parameters (``load``, ``fetch``, snapshots, exports).
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ __all__ = [
     "box_states_from_full",
     "assemble_full",
     "FullStateSink",
+    "check_state_entry",
 ]
 
 #: one box's state: ``"param"`` plus the torch optimizer state keys
@@ -105,7 +111,34 @@ def box_states_from_full(
                     f" the parameter's {spec_shape} nor a scalar"
                 )
         out.append(st)
+    for box in layout.shard_state_boxes(shard):
+        full = model_state.get(box.name)
+        if not isinstance(full, torch.Tensor):
+            raise ReplayInputError(f"model state has no tensor for module state {box.name!r}")
+        if tuple(full.shape) != box.lengths or full.dtype != TORCH_DTYPES[box.dtype]:
+            raise ReplayInputError(
+                f"module state {box.name!r} is {tuple(full.shape)} {full.dtype},"
+                f" the layout says {box.lengths} {box.dtype}"
+            )
+        out.append({"param": full.detach()})
     return out
+
+
+def check_state_entry(shard: int, box: Box, st: Mapping[str, torch.Tensor]) -> torch.Tensor:
+    """The tensor of a module-state entry (exactly ``{"param": tensor}`` of the box's shape
+    and dtype)."""
+    piece = st.get("param")
+    if (
+        set(st) != {"param"}
+        or not isinstance(piece, torch.Tensor)
+        or tuple(piece.shape) != box.lengths
+        or piece.dtype != TORCH_DTYPES[box.dtype]
+    ):
+        raise ReplayInputError(
+            f"shard {shard} module state {box.name!r}: expected only 'param'"
+            f" {box.lengths} {box.dtype}, got {sorted(st)}"
+        )
+    return piece
 
 
 def assemble_full(
@@ -114,7 +147,8 @@ def assemble_full(
     """Glue the ``ShardReplayer.export`` of every shard (index = shard) into full tensors.
 
     Returns ``(params_by_name, optim_state_by_name)``; a parameter whose boxes hold no optimizer
-    state is absent from the second. Raises :class:`ReplayError` when the boxes of a tensor
+    state is absent from the second. The module state (buffers, frozen parameters) is in the
+    first, by name. Raises :class:`ReplayError` when the boxes of a tensor
     disagree: different state keys, or different 0-d values (``step``).
     """
     if len(per_shard_exports) != layout.num_shards:
@@ -128,11 +162,15 @@ def assemble_full(
     keys_of: dict[str, tuple[set[str], Box]] = {}
     for shard, export in enumerate(per_shard_exports):
         boxes = layout.shard_boxes(shard)
-        if len(export) != len(boxes):
+        sboxes = layout.shard_state_boxes(shard)
+        if len(export) != len(boxes) + len(sboxes):
             raise ReplayInputError(
-                f"shard {shard} export has {len(export)} boxes, the layout has {len(boxes)}"
+                f"shard {shard} export has {len(export)} boxes, the layout has"
+                f" {len(boxes) + len(sboxes)}"
             )
-        for box, st in zip(boxes, export, strict=True):
+        for box, st in zip(sboxes, export[len(boxes) :], strict=True):
+            params[box.name] = check_state_entry(shard, box, st).detach().clone()
+        for box, st in zip(boxes, export[: len(boxes)], strict=True):
             full = params[box.name]
             piece = st.get("param")
             if not isinstance(piece, torch.Tensor) or tuple(piece.shape) != box.lengths:
@@ -206,6 +244,8 @@ class FullStateSink:
                 self.in_place.add(p.name)
             else:
                 self.params[p.name] = torch.empty(p.shape, dtype=dtype)
+        for st in layout.state:  # module state: a new tensor each (the caller copies it in)
+            self.params[st.name] = torch.empty(st.shape, dtype=TORCH_DTYPES[st.dtype])
         self.states: dict[str, dict[str, torch.Tensor]] = {}
         self._keys: dict[tuple[int, int], set[str]] = {}
         self.nbytes = 0
@@ -230,7 +270,8 @@ class FullStateSink:
     ) -> None:
         """Shard ``shard``'s stream (a ``fetch`` reply's ``entries`` and frames) of the box
         indices ``boxes`` (None: all of the shard's; a stream of other boxes is refused)."""
-        shard_boxes = self.layout.shard_boxes(shard)
+        shard_boxes = self.layout.shard_entries(shard)
+        nparam = len(self.layout.shard_boxes(shard))
         allowed = range(len(shard_boxes)) if boxes is None else set(boxes)
         for t in iter_stream(entries, frames):
             if t.box not in allowed or not 0 <= t.box < len(shard_boxes):
@@ -245,7 +286,14 @@ class FullStateSink:
                     f"{t.entry.get('name')!r} at {t.entry.get('offsets')}"
                 )
             dtype = TORCH_DTYPES[t.dtype]
-            if t.key == "param":
+            if t.box >= nparam:  # module state: the whole tensor, no optimizer state
+                if t.key != "param" or t.shape != box.lengths or dtype != TORCH_DTYPES[box.dtype]:
+                    raise ReplayInputError(
+                        f"shard {shard} module state {box.name!r}: bad {t.key!r}"
+                        f" ({t.shape}, {t.dtype})"
+                    )
+                copy_verified(t, self.params[box.name])
+            elif t.key == "param":
                 if t.shape != box.lengths or dtype != LAYOUT_TORCH_DTYPES[box.dtype]:
                     raise ReplayInputError(
                         f"shard {shard} box {box_where(box)}: bad 'param' ({t.shape}, {t.dtype})"
@@ -275,9 +323,14 @@ class FullStateSink:
                 self.nbytes += t.nbytes
 
     def finish(self) -> tuple[dict[str, torch.Tensor], dict[str, dict[str, torch.Tensor]]]:
-        """Check completeness and agreement; ``(params_by_name, optim_state_by_name)``."""
+        """Check completeness and agreement; ``(params_by_name, optim_state_by_name)`` (the
+        first holds the module state too)."""
         first: dict[str, tuple[set[str], Box]] = {}
         for shard in range(self.layout.num_shards):
+            nparam = len(self.layout.shard_boxes(shard))
+            for b, box in enumerate(self.layout.shard_state_boxes(shard), nparam):
+                if self._keys.get((shard, b)) != {"param"}:
+                    raise ReplayInputError(f"shard {shard} module state {box.name!r}: did not come")
             for b, box in enumerate(self.layout.shard_boxes(shard)):
                 keys = self._keys.get((shard, b))
                 if keys is None or "param" not in keys:

@@ -20,6 +20,14 @@ It is built from the model's parameters (:class:`ParamSpec`) and the DDP bucket 
   shard ``k % num_shards`` as replica ``k // num_shards``.
 * **Routes.** Per bucket, sorted byte ranges ``[start, end) -> shard`` tiling the bucket: what the
   controller installs into the switch (bucket range -> the shard's multicast group).
+* **Module state.** The model's state that is not a trained parameter (:class:`StateSpec`):
+  persistent buffers (BatchNorm running statistics, ``num_batches_tracked``) and frozen
+  parameters (``requires_grad=False``). Each such tensor is one whole *state box* owned by one
+  shard (worst-fit by bytes, after the parameters' loads). Buffers change every iteration: they
+  are packed, shard by shard, into one reserved **state bucket** (index ``len(buckets)``, right
+  after the gradient buckets, raw bytes: wire dtype ``uint8``) that rank 0 sends as DATA every
+  iteration (``state_routes``: one byte range per shard). Frozen parameters never change: they
+  are part of the shard state loaded at session start and fetched at restore, never streamed.
 
 A layout serialises to canonical JSON (:meth:`Layout.to_json`); its :attr:`Layout.digest` is the
 SHA-256 of that canonical content and :attr:`Layout.digest64` (first 8 digest bytes, big-endian)
@@ -63,11 +71,11 @@ import heapq
 import itertools
 import json
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from shadowgrad.dtypes import LAYOUT_ITEMSIZE
+from shadowgrad.dtypes import DTYPES, LAYOUT_ITEMSIZE
 from shadowgrad.errors import LayoutError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -75,7 +83,9 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = [
     "DTYPE_ITEMSIZE",
+    "STATE_KINDS",
     "ParamSpec",
+    "StateSpec",
     "Placement",
     "Box",
     "Route",
@@ -83,6 +93,7 @@ __all__ = [
     "Layout",
     "ddp_buckets",
     "from_module",
+    "state_from_module",
 ]
 
 #: itemsize in bytes of every dtype a layout accepts (the one dtype table's index)
@@ -144,6 +155,44 @@ class ParamSpec:
     def row_numel(self) -> int:
         """Elements per dim-0 row (1 for a 0-d tensor)."""
         return math.prod(self.shape[1:]) if self.shape else 1
+
+
+#: kinds of module state: a persistent buffer (streamed every iteration) or a frozen parameter
+#: (loaded with the shard state, never streamed)
+STATE_KINDS = ("buffer", "frozen")
+
+
+@dataclass(frozen=True)
+class StateSpec:
+    """One tensor of module state that is not a trained parameter: ``name`` (as in
+    ``state_dict``), ``shape``, ``dtype`` (any dtype of :data:`shadowgrad.dtypes.DTYPES`:
+    ``num_batches_tracked`` is int64) and ``kind`` (``"buffer"`` or ``"frozen"``)."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+    kind: str
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name:
+            raise LayoutError(f"state name must be a non-empty string, got {self.name!r}")
+        if not isinstance(self.shape, tuple) or not all(_is_int(d) and d >= 0 for d in self.shape):
+            raise LayoutError(f"state {self.name!r}: bad shape {self.shape!r}")
+        if not isinstance(self.dtype, str) or self.dtype not in DTYPES:
+            raise LayoutError(
+                f"state {self.name!r}: unsupported dtype {self.dtype!r}"
+                f" (supported: {', '.join(DTYPES)})"
+            )
+        if self.kind not in STATE_KINDS:
+            raise LayoutError(f"state {self.name!r}: kind {self.kind!r} not in {STATE_KINDS}")
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        return self.numel * DTYPES[self.dtype].itemsize
 
 
 @dataclass(frozen=True)
@@ -374,6 +423,38 @@ def from_module(
     return params, buckets
 
 
+def state_from_module(
+    module: torch.nn.Module, trained: Collection[str]
+) -> tuple[dict[str, torch.Tensor], tuple[StateSpec, ...]]:
+    """The module state that is not a trained parameter, in module order: frozen parameters
+    (every parameter not in ``trained``, the layout's) and persistent buffers (BatchNorm running
+    statistics, ``num_batches_tracked``, any registered buffer), as in ``state_dict``; a tensor
+    registered under several names counts once (its first). Returns the tensors by name and
+    their :class:`StateSpec` s (``Layout.build(..., state=...)``)."""
+    out: dict[str, torch.Tensor] = {}
+    specs: list[StateSpec] = []
+    seen: set[int] = set()
+
+    def add(name: str, t: torch.Tensor, kind: str) -> None:
+        if id(t) in seen:
+            return
+        seen.add(id(t))
+        out[name] = t
+        dtype = str(t.dtype).removeprefix("torch.")
+        specs.append(StateSpec(name, tuple(int(d) for d in t.shape), dtype, kind))
+
+    trained = set(trained)
+    seen.update(id(p) for n, p in module.named_parameters() if n in trained)
+    for name, p in module.named_parameters():
+        add(name, p, "frozen")
+    for mod_name, mod in module.named_modules():
+        skip: set[str] = getattr(mod, "_non_persistent_buffers_set", set())
+        for bname, b in mod.named_buffers(recurse=False):
+            if b is not None and bname not in skip:
+                add(f"{mod_name}.{bname}" if mod_name else bname, b, "buffer")
+    return out, tuple(specs)
+
+
 # --------------------------------------------------------------------------------------------
 # Layout
 # --------------------------------------------------------------------------------------------
@@ -438,7 +519,14 @@ class Layout:
         "bucket_routes",
         "digest",
         "digest64",
+        "state",
+        "state_boxes",
+        "state_box_shards",
+        "state_bucket",
+        "state_bucket_nbytes",
+        "state_routes",
         "_json",
+        "_shard_state_boxes",
         "_shard_boxes",
         "_shard_bytes",
         "_bucket_starts",
@@ -461,7 +549,14 @@ class Layout:
     bucket_routes: tuple[tuple[Route, ...], ...]
     digest: str
     digest64: int
+    state: tuple[StateSpec, ...]
+    state_boxes: tuple[Box, ...]
+    state_box_shards: tuple[int, ...]
+    state_bucket: int
+    state_bucket_nbytes: int
+    state_routes: tuple[Route, ...]
     _json: str
+    _shard_state_boxes: tuple[tuple[Box, ...], ...]
     _shard_boxes: tuple[tuple[Box, ...], ...]
     _shard_bytes: tuple[int, ...]
     _bucket_starts: list[list[int]]
@@ -531,11 +626,13 @@ class Layout:
         *,
         max_piece_bytes: int | None = None,
         align_elems: int = 64,
+        state: Sequence[StateSpec] = (),
     ) -> Layout:
         """Lay ``params`` out in ``buckets``, cut them into boxes and assign them to shards.
 
         ``max_piece_bytes`` defaults to ``ceil(total_bytes / (num_shards * 4))``; a tensor is cut
         only if larger than that (and never into pieces below one aligned granule of rows).
+        ``state``: the module state that is not a trained parameter (see the module docstring).
         """
         num_shadows, replication = cls._check_shadows(num_shadows, replication)
         if not _is_int(align_elems) or align_elems < 1:
@@ -571,6 +668,22 @@ class Layout:
             replication=replication,
             align_elems=align_elems,
             max_piece_bytes=max_piece_bytes,
+            state=state,
+        )
+
+    def with_state(self, state: Sequence[StateSpec]) -> Layout:
+        """This layout (same parameters, buckets, boxes and shards) with ``state`` as its module
+        state (a new digest unless the state is the same)."""
+        content = json.loads(self._json)["layout"]
+        return Layout._make(
+            list(self.params),
+            [list(b) for b in self.buckets],
+            [(n, a, b, s) for n, a, b, s in content["pieces"]],
+            num_shadows=self.num_shadows,
+            replication=self.replication,
+            align_elems=self.align_elems,
+            max_piece_bytes=self.max_piece_bytes,
+            state=state,
         )
 
     @classmethod
@@ -584,6 +697,7 @@ class Layout:
         replication: int,
         align_elems: int,
         max_piece_bytes: int,
+        state: Sequence[StateSpec] = (),
     ) -> Layout:
         """Common constructor: validates ``pieces`` (flat order) and derives everything."""
         self = cls.__new__(cls)
@@ -680,6 +794,62 @@ class Layout:
             else:
                 r.append(Route(box.bucket_offset, box.bucket_end, shard))
 
+        state_t = tuple(state)
+        taken = {p.name for p in ordered}
+        for st in state_t:
+            if not isinstance(st, StateSpec):
+                raise LayoutError(f"expected a StateSpec, got {st!r}")
+            if st.name in taken:
+                raise LayoutError(f"state {st.name!r} is also a parameter or appears twice")
+            taken.add(st.name)
+        # whole tensors to shards, worst-fit by bytes on top of the parameters' loads (biggest
+        # first, ties by index, to the least loaded shard, ties to the lowest shard index)
+        heap = [(shard_bytes[s], s) for s in range(num_shards)]
+        heapq.heapify(heap)
+        st_shard = [0] * len(state_t)
+        for i in sorted(range(len(state_t)), key=lambda i: (-state_t[i].nbytes, i)):
+            load, s = heapq.heappop(heap)
+            st_shard[i] = s
+            heapq.heappush(heap, (load + state_t[i].nbytes, s))
+        # buffers packed shard by shard into the state bucket (one contiguous range per shard)
+        sbucket = len(bucket_lists)
+        st_offsets: dict[int, int] = {}
+        pos = 0
+        state_routes: list[Route] = []
+        for s in range(num_shards):
+            start = pos
+            for i, st in enumerate(state_t):
+                if st_shard[i] == s and st.kind == "buffer":
+                    st_offsets[i] = pos
+                    pos += st.nbytes
+            if pos > start:
+                state_routes.append(Route(start, pos, s))
+        state_boxes: list[Box] = []
+        shard_state: list[list[Box]] = [[] for _ in range(num_shards)]
+        for i, st in enumerate(state_t):
+            buffer = st.kind == "buffer"
+            sbox = Box(
+                st.name,
+                (0,) * len(st.shape),
+                st.shape,
+                st.dtype,
+                0,
+                st.numel,
+                sbucket if buffer else -1,
+                st_offsets[i] if buffer else 0,
+                -1,
+                st.nbytes,
+            )
+            state_boxes.append(sbox)
+            shard_state[st_shard[i]].append(sbox)
+        self.state = state_t
+        self.state_boxes = tuple(state_boxes)
+        self.state_box_shards = tuple(st_shard)
+        self.state_bucket = sbucket
+        self.state_bucket_nbytes = pos
+        self.state_routes = tuple(state_routes)
+        self._shard_state_boxes = tuple(tuple(b) for b in shard_state)
+
         self.params = tuple(ordered)
         self.buckets = tuple(tuple(b) for b in bucket_lists)
         self.placements = placements
@@ -710,6 +880,8 @@ class Layout:
             ],
             "pieces": [[n, a, b, s] for n, a, b, s in pieces],
         }
+        if state_t:  # absent without module state: those layouts keep their digests
+            content["state"] = [[st.name, list(st.shape), st.dtype, st.kind] for st in state_t]
         body = _canonical(content)
         self.digest = hashlib.sha256(body.encode("ascii")).hexdigest()
         self.digest64 = int(self.digest[:16], 16)
@@ -742,7 +914,7 @@ class Layout:
             "buckets",
             "pieces",
         }
-        if not isinstance(content, dict) or set(content) != want:
+        if not isinstance(content, dict) or set(content) - {"state"} != want:
             keys = sorted(content) if isinstance(content, dict) else content
             raise LayoutError(f"layout JSON content keys {keys!r}, expected {sorted(want)!r}")
         if content["format"] != _FORMAT:
@@ -783,6 +955,19 @@ class Layout:
             ):
                 raise LayoutError(f"bad piece entry {piece!r}")
             pieces.append((piece[0], piece[1], piece[2], piece[3]))
+        raw_state = content.get("state", [])
+        if not isinstance(raw_state, list) or ("state" in content and not raw_state):
+            raise LayoutError(f"layout state must be a non-empty list, got {raw_state!r}")
+        state: list[StateSpec] = []
+        for entry in raw_state:
+            if not (
+                isinstance(entry, list)
+                and len(entry) == 4
+                and isinstance(entry[1], list)
+                and all(isinstance(x, str) for x in (entry[0], entry[2], entry[3]))
+            ):
+                raise LayoutError(f"bad state entry {entry!r}")
+            state.append(StateSpec(entry[0], tuple(entry[1]), entry[2], entry[3]))
         layout = cls._make(
             ordered,
             bucket_lists,
@@ -791,6 +976,7 @@ class Layout:
             replication=replication,
             align_elems=align,
             max_piece_bytes=cap,
+            state=state,
         )
         if layout.digest != claimed:
             raise LayoutError(
@@ -813,6 +999,17 @@ class Layout:
     def shard_bytes(self, shard: int) -> int:
         self._check_shard(shard)
         return self._shard_bytes[shard]
+
+    def shard_state_boxes(self, shard: int) -> tuple[Box, ...]:
+        """The module-state boxes of ``shard`` (whole tensors, in :attr:`state` order): a
+        buffer's ``bucket`` is :attr:`state_bucket`, a frozen parameter's is -1 (never sent)."""
+        self._check_shard(shard)
+        return self._shard_state_boxes[shard]
+
+    def shard_entries(self, shard: int) -> tuple[Box, ...]:
+        """Everything ``shard`` holds, in the order of its state lists (``load``, ``fetch``,
+        exports): its parameter boxes, then its module-state boxes."""
+        return self.shard_boxes(shard) + self.shard_state_boxes(shard)
 
     def shard_of_shadow(self, shadow_id: int) -> tuple[int, int]:
         """``(shard, replica)`` held by shadow ``shadow_id``."""

@@ -155,6 +155,7 @@ class MirrorSender:
         summary_s: float = 30.0,
         commit_fanout: bool = False,
         commit_send: Callable[[bytes, tuple[str, int]], bool] | None = None,
+        send_parts: Callable[[list[Any], tuple[str, int]], bool] | None = None,
         key: bytes | None = None,
         authenticate_data: bool = False,
         repair_budget: RepairBudget | None = None,
@@ -179,6 +180,9 @@ class MirrorSender:
         #: how COMMITs leave (in-band through the target's loopback ports: the ring's
         #: FrameLink); default: this sender's socket
         self.commit_send = commit_send
+        #: how DATA leaves (in-band: rank 0's module buffers through the ring's link, from the
+        #: trainer address the shadows accept); default: this sender's socket
+        self.send_parts = send_parts
         #: the job's record key (``wire.mac_key``): COMMITs carry a MAC, NACKs must; DATA too
         #: with ``authenticate_data``. None: nothing is authenticated (tests of the bare path)
         self.key = key
@@ -253,8 +257,14 @@ class MirrorSender:
 
     # -- training thread ------------------------------------------------------------------
 
-    def capture(self, iteration: int, grads: Mapping[str, torch.Tensor | None]) -> bool:
-        """Copy this rank's slices of the reduced gradients and queue them. Never blocks.
+    def capture(
+        self,
+        iteration: int,
+        grads: Mapping[str, torch.Tensor | None],
+        buffers: Mapping[str, torch.Tensor] | None = None,
+    ) -> bool:
+        """Copy this rank's slices of the reduced gradients (and on rank 0 the module
+        ``buffers``, raw, by name: ``plan.state_pieces``) and queue them. Never blocks.
 
         Returns False (and marks the checkpoint degraded) when the iteration had to be dropped.
         A parameter without a gradient (unused this iteration) is sent as zeros; the COMMIT
@@ -262,12 +272,17 @@ class MirrorSender:
         """
         t0 = time.perf_counter()
         try:
-            return self._capture(iteration, grads)
+            return self._capture(iteration, grads, buffers or {})
         finally:
             self.counters.capture_s += time.perf_counter() - t0
             self.counters.captures += 1
 
-    def _capture(self, iteration: int, grads: Mapping[str, torch.Tensor | None]) -> bool:
+    def _capture(
+        self,
+        iteration: int,
+        grads: Mapping[str, torch.Tensor | None],
+        buffers: Mapping[str, torch.Tensor],
+    ) -> bool:
         with self._lock:
             slot = self._take_slot()
             if slot is None or len(self._queue) >= self._max_queue:
@@ -290,6 +305,11 @@ class MirrorSender:
             dsts.append(dst.view(torch_dtype(piece.dtype)))
             srcs.append(src)
             cuda = cuda or src.is_cuda
+        for sp in self.plan.state_pieces:  # rank 0's module buffers, as raw bytes
+            t = buffers[sp.name].detach()
+            dsts.append(slot.buf[sp.staging_offset : sp.staging_offset + sp.nbytes])
+            srcs.append(t.reshape(-1).view(torch.uint8))
+            cuda = cuda or t.is_cuda
         if dsts:
             # one call for every piece: the GIL is released once for all the copies, not once
             # per piece (on busy cores each hand-back of the GIL to this thread can wait for a
@@ -330,6 +350,12 @@ class MirrorSender:
                 self._broadcast_commit(iteration, rec, retx=True, only=addr)
 
         self.call_soon(resend)
+
+    def request_ranges(self, iteration: int, nack: NackRecord, addr: tuple[str, int]) -> None:
+        """Answer a shadow's NACK ranges of ``iteration`` from this sender's history (any
+        thread; in-band mode: the ring passes on the ranges of the module-state bucket)."""
+        self.counters.nacks += 1
+        self.call_soon(lambda: self._answer_ranges(iteration, nack, addr))
 
     def flush(self, timeout_s: float) -> bool:
         """Wait until everything queued so far was sent (for tests and shutdown)."""
@@ -555,6 +581,11 @@ class MirrorSender:
             self.counters.injected_drops += 1
             return True
         parts = [p for p in (header, payload, tag) if len(p)]
+        if self.send_parts is not None:
+            if not self.send_parts(parts, addr):
+                self.counters.send_errors += 1
+                return False
+            return True
         try:
             try:
                 self.sock.sendmsg(parts, (), 0, addr)
@@ -747,6 +778,10 @@ class MirrorSender:
                 self._count("repair_rate_limited")
         if not nack.ranges:
             return
+        self._answer_ranges(it, nack, addr)
+
+    def _answer_ranges(self, it: int, nack: NackRecord, addr: tuple[str, int]) -> None:
+        """Resend the ranges of ``nack`` this rank sent, from the history slot of ``it``."""
         with self._lock:
             slot = self._by_iter.get(it)
             if slot is not None and slot.state != _SENT:

@@ -8,6 +8,11 @@ sends are the same in every iteration, every run and every world size.
 
 Rank ``r`` of ``N`` owns, in bucket ``b`` of ``e`` elements, the elements ``[e*r//N, e*(r+1)//N)``
 (:func:`rank_slice`). That rule is shared with the shadows (a NACK can be directed at the owner).
+
+The layout's module-state bucket (buffers, ``Layout.state_bucket``) is rank 0's alone, whole: DDP
+broadcasts rank 0's buffers at every forward, so rank 0's are the model's. Rank 0's plan stages it
+after its gradient slices (raw bytes, :attr:`RankPlan.state_pieces`) and sends it along the
+layout's ``state_routes``, in mirror and in in-band mode alike.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ from shadowgrad.errors import LayoutError
 from shadowgrad.layout import Layout
 from shadowgrad.torch_dtypes import LAYOUT_TORCH_DTYPES
 
-__all__ = ["Piece", "Run", "RankPlan", "rank_slice", "param_map", "box_view"]
+__all__ = ["Piece", "Run", "StatePiece", "RankPlan", "rank_slice", "param_map", "box_view"]
 
 #: layout dtype name -> torch dtype (the one dtype table's index, :mod:`shadowgrad.torch_dtypes`)
 _TORCH_DTYPES: Mapping[str, torch.dtype] = LAYOUT_TORCH_DTYPES
@@ -50,6 +55,15 @@ class Piece:
 
 
 @dataclass(frozen=True)
+class StatePiece:
+    """Module buffer ``name``, all ``nbytes`` of it, kept (raw) at ``staging_offset``."""
+
+    name: str
+    staging_offset: int
+    nbytes: int
+
+
+@dataclass(frozen=True)
 class Run:
     """A contiguous byte range of one bucket owned by one shard, held contiguously in staging."""
 
@@ -65,8 +79,9 @@ class RankPlan:
     """What ``rank`` of ``world`` captures and sends under ``layout``.
 
     ``pieces`` say which gradient elements go where in the staging buffer (``staging_nbytes``
-    long; the rank's slices of every bucket, in bucket order); ``runs`` say which staged bytes go
-    to which shard. ``empty=True``: a plan that sends nothing (in-band mode's COMMIT sender).
+    long; the rank's slices of every bucket, in bucket order, then on rank 0 the module-state
+    bucket: ``state_pieces``); ``runs`` say which staged bytes go to which shard. ``empty=True``:
+    a plan without gradient slices (in-band mode's sender of COMMITs and module buffers).
     """
 
     def __init__(self, layout: Layout, rank: int, world: int, *, empty: bool = False) -> None:
@@ -116,6 +131,26 @@ class RankPlan:
                     if a < z:
                         runs.append(Run(b, a, z, route.shard, pos + (a - lo), wire))
             pos += hi - lo
+        state_pieces: list[StatePiece] = []
+        if rank == 0 and layout.state_bucket_nbytes:
+            base = pos
+            for box in layout.state_boxes:
+                if box.bucket == layout.state_bucket:
+                    state_pieces.append(StatePiece(box.name, base + box.bucket_offset, box.nbytes))
+            for route in layout.state_routes:
+                runs.append(
+                    Run(
+                        layout.state_bucket,
+                        route.start,
+                        route.end,
+                        route.shard,
+                        base + route.start,
+                        DType.UINT8,
+                    )
+                )
+            pos += layout.state_bucket_nbytes
+        #: rank 0: the module buffers it stages (raw bytes) after the gradient slices
+        self.state_pieces: tuple[StatePiece, ...] = tuple(state_pieces)
         self.pieces: tuple[Piece, ...] = tuple(pieces)
         self.runs: tuple[Run, ...] = tuple(runs)
         self.staging_nbytes = pos

@@ -20,9 +20,9 @@ from shadowgrad.blob import pack_blob, unpack_blob
 from shadowgrad.boxes import FullStateSink, box_states_from_full
 from shadowgrad.config import JobSpec, load_spec
 from shadowgrad.control_client import ControllerClient, ShadowClient
-from shadowgrad.errors import ConfigError, ControlError, ShadowgradError
+from shadowgrad.errors import ConfigError, ControlError, LayoutError, ShadowgradError
 from shadowgrad.frames import MAX_FRAMED_DATAGRAM
-from shadowgrad.layout import Layout, from_module
+from shadowgrad.layout import Layout, from_module, state_from_module
 from shadowgrad.optspec import OptimizerSpec, load_state_by_name, state_by_name
 from shadowgrad.replies import ShadowStatus
 from shadowgrad.restore import fix_restore_point
@@ -59,8 +59,6 @@ MAX_SLOTS = 1024
 #: optimizer state: ~3x), at most FETCH_IN_FLIGHT requests at once
 FETCH_PIECE_BYTES = 8 * 2**20
 FETCH_IN_FLIGHT = 6
-#: the most bytes of module state (buffers, frozen parameters) the COMMIT record carries
-MODULE_STATE_MAX = 32 * 2**10
 
 
 class _FetchFailedError(ShadowgradError):
@@ -150,6 +148,16 @@ class Shadowgrad:
             layout = Layout.build(
                 params, buckets, self.spec.shadows.count, self.spec.shadows.replication
             )
+        #: the module state that is not a trained parameter (buffers, frozen parameters): part
+        #: of the layout's shard state, buffers streamed by rank 0 every iteration
+        self._module_state, state = state_from_module(self.module, {p.name for p in layout.params})
+        if layout.state != state:
+            if layout.state:
+                raise LayoutError(
+                    "the given layout's module state (buffers, frozen parameters) is not this"
+                    " model's"
+                )
+            layout = layout.with_state(state)
         self.layout = layout
         self.params = param_map(self.module, layout)
         self._named = dict(self.module.named_parameters())
@@ -182,6 +190,7 @@ class Shadowgrad:
         self.chunk_bytes = chunk_bytes
         per_slot = max(1, self.plan.staging_nbytes)
         self.slots = int(min(MAX_SLOTS, max(4, buffer_bytes // per_slot)))
+        self._buffer_bytes = buffer_bytes
         self.mode = self.spec.job.mode
         self._iteration: int | None = None
         self._sender: MirrorSender | None = None
@@ -203,7 +212,10 @@ class Shadowgrad:
         self._health_ctx: tuple[Any, dict[int, Any]] = (None, {})
         #: parameters in the order the user's clip_grad_norm_(model.parameters()) sums them
         self._clip_params = [p for p in self.module.parameters() if p.requires_grad]
-        self._module_state = self._module_state_tensors()
+        #: the module buffers rank 0 streams every iteration (the layout's state bucket)
+        self._buffers = {
+            st.name: self._module_state[st.name] for st in layout.state if st.kind == "buffer"
+        }
         #: the layout's parameters in layout order (COMMIT.no_grad indexes them)
         self._layout_params = [self.params[p.name] for p in layout.params]
         self.software_tap = software_tap
@@ -217,35 +229,6 @@ class Shadowgrad:
         elif ddp is not None and layout_reduce:
             self.reducer = LayoutReducer(layout, self.params, pg)
             ddp.register_comm_hook(self.reducer, layout_hook)
-
-    def _module_state_tensors(self) -> dict[str, torch.Tensor]:
-        """The module state that is not a trained parameter: persistent buffers (BatchNorm
-        running statistics, ``num_batches_tracked``, any registered buffer) and frozen
-        parameters. Rank 0's ride in every COMMIT record (DDP broadcasts rank 0's buffers at
-        every forward) and come back with a restore."""
-        layout_names = set(self.params)
-        out: dict[str, torch.Tensor] = {}
-        for name, p in self.module.named_parameters():
-            if name not in layout_names:
-                out[name] = p
-        for mod_name, mod in self.module.named_modules():
-            skip: set[str] = getattr(mod, "_non_persistent_buffers_set", set())
-            for bname, b in mod.named_buffers(recurse=False):
-                if b is not None and bname not in skip:
-                    out[f"{mod_name}.{bname}" if mod_name else bname] = b
-        nbytes = sum(t.numel() * t.element_size() for t in out.values())
-        if nbytes > MODULE_STATE_MAX:
-            event(
-                log,
-                "trainer.module_state_too_large",
-                logging.WARNING,
-                nbytes=nbytes,
-                limit=MODULE_STATE_MAX,
-                tensors=len(out),
-            )
-            self._degraded_reason = "module_state_too_large"
-            return {}
-        return out
 
     def _ring_reduce(self, bucket: int, flat: torch.Tensor) -> torch.futures.Future[Any]:
         if self.ring is None or self.reducer is None:
@@ -276,7 +259,7 @@ class Shadowgrad:
 
     def _why_degraded(self) -> str | None:
         if self._degraded_reason is not None:
-            return self._degraded_reason  # lasting: hyperparameters changed, module state
+            return self._degraded_reason  # lasting: hyperparameters changed
         h = self.health
         if h is not None and h.fenced:
             return "fenced"
@@ -450,10 +433,11 @@ class Shadowgrad:
         }
 
     def _shard_states(self, shard: int, *, clone: bool) -> list[dict[str, torch.Tensor]]:
-        """The live state of ``shard``'s boxes (params + optimizer state), on the CPU;
-        ``clone``: copies (a re-seed captures them on the training thread, then sends them in
-        the background while training changes the originals)."""
+        """The live state of ``shard``'s boxes (params + optimizer state, then its module state),
+        on the CPU; ``clone``: copies (a re-seed captures them on the training thread, then
+        sends them in the background while training changes the originals)."""
         params = {n: p.detach() for n, p in self.params.items()}
+        params.update((n, t.detach()) for n, t in self._module_state.items())
         opt_state = {
             n: {k: v.detach() for k, v in st.items()}
             for n, st in state_by_name(self.optimizer, self._named).items()
@@ -710,6 +694,9 @@ class Shadowgrad:
             for name, p in self.params.items():
                 if name not in sink.in_place:
                     p.copy_(params[name].to(p.device))
+            # buffers and frozen parameters of I*, bit for bit (they came with the shards)
+            for name, t in self._module_state.items():
+                t.copy_(params[name].to(t.device))
         self._params_dirty = False
         self._held_after_restore = held if g.rank == 0 else []
         if opt_state:
@@ -740,21 +727,6 @@ class Shadowgrad:
                     group["lr"] = lr
             if self.scaler is not None and blob.get("scaler") is not None:
                 self.scaler.load_state_dict(blob["scaler"])
-            saved = blob.get("module") or {}
-            missing = sorted(set(self._module_state) - set(saved))
-            if missing:
-                event(
-                    log,
-                    "trainer.restore_without_module_state",
-                    logging.WARNING,
-                    rank=self.rank,
-                    iteration=istar,
-                    missing=missing[:8],
-                )
-            with torch.no_grad():
-                for name, t in saved.items():
-                    if name in self._module_state:
-                        self._module_state[name].copy_(t.to(self._module_state[name].device))
             user = blob.get("user")
         event(
             log,
@@ -833,13 +805,24 @@ class Shadowgrad:
         # from there), through the ring's link (framed to the switch with switch.loopback)
         link = self._link if inband else None
         shadow_addrs = [(a.host, a.port) for a in self.spec.shadows.addresses]
+        # in-band, the sender carries rank 0's COMMITs and module buffers (the ring the rest)
+        plan = (
+            RankPlan(self.layout, self.rank, self.group.world, empty=True) if inband else self.plan
+        )
+        slots = self.slots
+        if inband:
+            slots = (
+                1
+                if not plan.staging_nbytes
+                else int(min(MAX_SLOTS, max(4, self._buffer_bytes // plan.staging_nbytes)))
+            )
         self._sender = MirrorSender(
-            RankPlan(self.layout, self.rank, self.group.world, empty=True) if inband else self.plan,
+            plan,
             job=self.spec.job.id,
             sock=sock,
             shadow_addrs=shadow_addrs,
             chunk_bytes=self.chunk_bytes,
-            slots=1 if inband else self.slots,
+            slots=slots,
             commits=self.rank == 0,
             heartbeat_s=self.spec.timeouts.heartbeat_s,
             pin_memory=pin,
@@ -847,6 +830,7 @@ class Shadowgrad:
             on_unavailable=self._on_history_gone,
             commit_fanout=self.via_switch,
             commit_send=(lambda data, addr: link.send([data], addr)) if link is not None else None,
+            send_parts=link.send if link is not None else None,
             key=self._key,
             authenticate_data=self.spec.security.authenticate_data,
         )
@@ -928,6 +912,8 @@ class Shadowgrad:
         sender = self._sender
         assert sender is not None
         ring.on_commit_nack = sender.request_commit
+        ring.state_bucket = self.layout.state_bucket
+        ring.on_state_nack = sender.request_ranges
         if self.software_tap:
             layout = self.layout
             dests = [
@@ -977,8 +963,10 @@ class Shadowgrad:
         # parameters without a gradient this iteration (unused): the optimizer skips them, the
         # COMMIT names them so the shadows skip them too
         no_grad = tuple(i for i, p in enumerate(self._layout_params) if p.grad is None)
-        if sender is not None and self.mode == "mirror":
-            sent = sender.capture(it, {n: p.grad for n, p in self.params.items()})
+        if sender is not None and (self.mode == "mirror" or sender.plan.state_pieces):
+            # mirror: this rank's gradient slices; rank 0 (both modes): the module buffers
+            mine = {n: p.grad for n, p in self.params.items()} if self.mode == "mirror" else {}
+            sent = sender.capture(it, mine, self._buffers)
         lrs = tuple(float(g["lr"]) for g in opt.param_groups)
         scale: torch.Tensor | None = None
         scaler = self.scaler
@@ -1021,7 +1009,6 @@ class Shadowgrad:
                 self.scheduler.state_dict() if self.scheduler is not None else None,
                 scaler.state_dict() if scaler is not None else None,
                 user_state,
-                {n: t.detach().cpu() for n, t in self._module_state.items()} or None,
             )
             ready = None
             dev = [t for t in (coef, scale) if t is not None and t.is_cuda]
@@ -1243,7 +1230,7 @@ def _box_groups(layout: Layout, shard: int) -> list[list[int]]:
     parameter bytes (a box larger than that is a group of its own)."""
     groups: list[list[int]] = [[]]
     size = 0
-    for b, box in enumerate(layout.shard_boxes(shard)):
+    for b, box in enumerate(layout.shard_entries(shard)):  # parameter boxes, module state
         if groups[-1] and size + box.nbytes > FETCH_PIECE_BYTES:
             groups.append([])
             size = 0

@@ -173,6 +173,10 @@ class RingAllReduce:
         self.tap: Callable[[bytes, bytes], None] | None = None
         #: ``on_commit_nack(iteration, addr)``: a shadow asked for COMMIT(iteration)
         self.on_commit_nack: Callable[[int, Address], None] | None = None
+        #: the layout's module-state bucket (rank 0 sends it itself, not the ring) and who
+        #: answers NACKs of it: ``on_state_nack(iteration, nack of that bucket only, addr)``
+        self.state_bucket: int | None = None
+        self.on_state_nack: Callable[[int, NackRecord, Address], None] | None = None
         self.stats = collections.Counter[str]()
         self.max_send_wait_s = 0.0
         self._key = config.key
@@ -513,6 +517,14 @@ class RingAllReduce:
             if self.on_commit_nack is not None:
                 self.on_commit_nack(iteration, addr)
             return
+        sb = self.state_bucket
+        if sb is not None and any(r.bucket == sb for r in nack.ranges):
+            if self.on_state_nack is not None:
+                mine = NackRecord(tuple(r for r in nack.ranges if r.bucket == sb))
+                self.on_state_nack(iteration, mine, addr)
+            nack = NackRecord(tuple(r for r in nack.ranges if r.bucket != sb))
+            if not nack.ranges:
+                return
         held = self._retained.get(iteration)
         if held is None:
             self.stats["nack_unavailable"] += 1
