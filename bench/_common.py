@@ -95,12 +95,13 @@ def write_json(path: Path, doc: Any, *, indent: int = 1, sort_keys: bool = False
 def start_ranks(
     script: str, args: Any, *, cpus: Sequence[int] | None = None, **options: object
 ) -> Any:
-    """``args.world`` ranks (``trainer_hooks._testing.Ranks``, in the repository root, with
+    """``args.world`` ranks (``shadowgrad.testing.processes.Ranks``, in the repository root, with
     the test token) of ``python script --worker`` with ``--iters``, ``--warmup`` and
     ``--batch`` from ``args`` and ``options`` (``close_timeout=3`` -> ``--close-timeout 3``).
     ``cpus``: the ranks run on those CPUs only (``taskset -c``; no ``preexec_fn``, which is
     unsafe in a process with threads)."""
-    from shadowgrad.trainer_hooks._testing import TOKEN, Ranks
+    from shadowgrad.testing.processes import Ranks
+    from shadowgrad.testing.specs import TOKEN
 
     argv = [sys.executable, script, "--worker"]
     if cpus is not None:

@@ -601,8 +601,8 @@ def _run_variant(
 ) -> dict[str, Any]:
     from shadowgrad.bmv2_testbed.inband import JobSwitch
     from shadowgrad.config import parse_spec
-    from shadowgrad.shadow.testing import shadow_cluster
-    from shadowgrad.trainer_hooks._testing import loopback_spec, spec_toml, switch_spec
+    from shadowgrad.specs import loopback_spec, spec_toml, switch_spec
+    from shadowgrad.testing.cluster import shadow_cluster
 
     if variant == "ddp":
         t0 = time.monotonic()

@@ -6,7 +6,7 @@ One model (an MLP of ``depth`` x ``Linear(width, width)``, the sizes of trainer_
 AdamW, world size 1, in this process. The baselines save the state of a few first iterations,
 trained without shadowgrad, with ``dcp.save`` to a local temporary directory and with
 ``torch.save`` to a file there (not timed). Then one *block* per shadow count, one cluster up at
-a time: a cluster of real shadow nodes (``shadowgrad.shadow.testing.shadow_cluster``: threads
+a time: a cluster of real shadow nodes (``shadowgrad.testing.cluster.shadow_cluster``: threads
 of this process, on loopback; with ``--shadow-procs``, ``shadowgrad shadow`` processes, as a
 deployment runs them) gets the state of a first session (``attach`` + ``restore_or_start`` + the
 same first iterations with ``sg.step``, then ``close``), which must equal the baselines' state.
@@ -216,14 +216,15 @@ class Timer:
 class ProcCluster:
     """The shadows of a loopback job spec as ``shadowgrad shadow`` processes (as a deployment
     runs them, and as tools/soak.py starts them): what :class:`ShadowVariant` needs of
-    ``shadowgrad.shadow.testing.ShadowCluster`` (``status``, ``wait_applied``, ``close``), over
+    ``shadowgrad.testing.cluster.ShadowCluster`` (``status``, ``wait_applied``, ``close``), over
     the control endpoints. Output goes to ``shadow<K>.log`` in ``workdir``."""
 
     def __init__(self, doc: dict[str, Any], spec: Any, workdir: Path) -> None:
         import subprocess
 
         from shadowgrad.control_client import ShadowClient
-        from shadowgrad.trainer_hooks._testing import TOKEN, spec_toml
+        from shadowgrad.specs import spec_toml
+        from shadowgrad.testing.specs import TOKEN
 
         workdir.mkdir(parents=True, exist_ok=True)
         path = workdir / "job.toml"
@@ -307,9 +308,10 @@ class ShadowVariant:
         self, size: str, shadows: int, first_iters: int, ref: State, procs: Path | None = None
     ) -> None:
         from shadowgrad.config import parse_spec
-        from shadowgrad.shadow.testing import shadow_cluster
+        from shadowgrad.specs import loopback_spec
+        from shadowgrad.testing.cluster import shadow_cluster
+        from shadowgrad.testing.specs import TOKEN
         from shadowgrad.trainer_hooks import attach
-        from shadowgrad.trainer_hooks._testing import TOKEN, loopback_spec
 
         self.name, self.shadows, self.size = "shadowgrad", shadows, size
         self.doc = loopback_spec(world=1, shadows=shadows, replication=1)
@@ -800,7 +802,7 @@ def main(argv: list[str] | None = None) -> int:
     counts = [int(s) for s in args.shadows.split(",")]
     import torch
 
-    from shadowgrad.trainer_hooks._testing import loopback_spec
+    from shadowgrad.specs import loopback_spec
 
     started = dt.datetime.now(dt.UTC)
     t0 = time.monotonic()

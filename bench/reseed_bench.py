@@ -64,8 +64,8 @@ def bench(size: str, repeat: int) -> dict[str, Any]:
     import torch
 
     from shadowgrad.config import parse_spec
+    from shadowgrad.specs import loopback_spec
     from shadowgrad.trainer_hooks import attach
-    from shadowgrad.trainer_hooks._testing import loopback_spec
 
     width = _common.SIZES[size][0]  # the MLP of trainer_bench.py
     model = _common.mlp(size)
@@ -134,8 +134,8 @@ def _trainer(model_name: str) -> tuple[Any, int, list[dict[str, Any]], Any]:
     shard's box states as a re-seed captures them, the spec)."""
     import torch
 
-    from shadowgrad._testing import loopback_spec
     from shadowgrad.config import parse_spec
+    from shadowgrad.specs import loopback_spec
     from shadowgrad.trainer_hooks import attach
 
     if model_name == "transformer":

@@ -2,7 +2,7 @@
 
 Topology (root): three veth pairs; the forwarders' ends (``s1`` ingress, ``s2``/``s3``
 egress) in the root namespace, the host ends in a namespace of their own
-(:class:`shadowgrad.bmv2_testbed.testing.VethNamespace`), IPv6 off, MTU 9500.
+(:class:`shadowgrad.testing.bmv2.VethNamespace`), IPv6 off, MTU 9500.
 
 Forwarders, each a separate process:
 
@@ -49,7 +49,8 @@ from typing import Any
 from p4.v1 import p4runtime_pb2
 
 from shadowgrad.bmv2_testbed.dataplane import Pipeline
-from shadowgrad.bmv2_testbed.testing import P4RuntimeClient, VethNamespace
+from shadowgrad.controller.p4runtime import P4RuntimeClient
+from shadowgrad.testing.bmv2 import VethNamespace
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = ROOT / "bench" / "results" / "switch_bench.json"

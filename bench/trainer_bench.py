@@ -246,7 +246,7 @@ class Sinks:
 
 
 def _spec_doc(world: int, shadows: int) -> dict[str, Any]:
-    from shadowgrad.trainer_hooks._testing import loopback_spec
+    from shadowgrad.specs import loopback_spec
 
     return loopback_spec(
         world=world, shadows=shadows, rpc="1s", heartbeat="200ms", gap_repair="100ms"
@@ -489,8 +489,8 @@ def _one(
 ) -> dict[str, Any]:
     """One run of one variant: ``world`` ranks, with real shadows / sinks for mirror."""
     from shadowgrad.config import parse_spec
-    from shadowgrad.shadow.testing import shadow_cluster
-    from shadowgrad.trainer_hooks._testing import spec_toml
+    from shadowgrad.specs import spec_toml
+    from shadowgrad.testing.cluster import shadow_cluster
 
     kind, _ = split_variant(variant)
     tag = f"{size}-w{world}-{variant.replace(':', '_')}-s{nshadows}-r{rnd}"

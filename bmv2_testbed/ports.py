@@ -12,7 +12,8 @@ one whole Ethernet frame; the egress queue's thread calls it.
   checksum offload arrives with a partial checksum that nobody completes after the switch
   forwards it, so the switch turns offloads off on its own interfaces (``ethtool -K``, best
   effort) and the *hosts' interfaces must have tx checksum offload off* as well (the testbed's
-  namespaces do it: :class:`.topology.Namespaces` and :class:`.testing.VethNamespace`; see
+  namespaces do it: :class:`.topology.Namespaces` and
+  :class:`shadowgrad.testing.bmv2.VethNamespace`; see
   docs/switch-target.md and docs/testbed.md).
 - :class:`UdpPort` — ``--loopback-port N@host:port[=peerhost:peerport]``: each datagram carries
   one whole Ethernet frame. Without a fixed peer, frames go to the last address heard from.

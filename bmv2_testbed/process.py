@@ -1,7 +1,7 @@
 """The switch binary as a child process: wait for ``sg-switch-grpc``'s ready line, stop it.
 
 Used by :class:`~shadowgrad.bmv2_testbed.inband.JobSwitch` (the demo, the scenario runner) and by
-the test harnesses (:mod:`shadowgrad.bmv2_testbed.testing` re-exports these).
+the test harnesses (:mod:`shadowgrad.testing.bmv2`).
 """
 
 from __future__ import annotations

@@ -1,10 +1,10 @@
-"""The seams between shadowgrad's parts, as Protocols, each with a small in-memory fake.
+"""The seams between shadowgrad's parts, as Protocols.
 
 A seam is what one part calls on another that may be replaced: the controller programs the
 switch through a :class:`SwitchDriver` and polls the shadows through a
 :class:`ShadowStatusSource`. Each Protocol lists exactly the members its caller uses and, in its
-docstring, the order in which it calls them; the fake beside it implements that much in memory
-for tests (and for a controller run without a switch or without live shadows).
+docstring, the order in which it calls them; an in-memory fake of each, for tests, is in
+:mod:`shadowgrad.testing.fakes` (mypy checks the fakes against these Protocols there).
 
 Core (this module) imports nothing beyond the standard library and core: the real
 implementations live in the subpackages (:class:`shadowgrad.controller.switch.SwitchDriver`
@@ -14,19 +14,11 @@ programs a P4Runtime switch) and satisfy these Protocols structurally.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from shadowgrad.replies import StatusLike
 
-__all__ = [
-    "ConvergeResult",
-    "FakeConvergeReport",
-    "FakeShadowStatuses",
-    "FakeSwitchDriver",
-    "ShadowStatusSource",
-    "SwitchDriver",
-]
+__all__ = ["ConvergeResult", "ShadowStatusSource", "SwitchDriver"]
 
 
 # ------------------------------------------------------------------------------ switch driver
@@ -86,59 +78,6 @@ class SwitchDriver(Protocol):
         ...
 
 
-@dataclass
-class FakeConvergeReport:
-    """A :class:`ConvergeResult` as plain fields."""
-
-    pipeline_pushed: bool = False
-    inserted: int = 0
-    modified: int = 0
-    deleted: int = 0
-
-    @property
-    def writes(self) -> int:
-        return self.inserted + self.modified + self.deleted
-
-
-@dataclass
-class FakeSwitchDriver:
-    """An in-memory :class:`SwitchDriver`: the first :meth:`converge` "pushes the pipeline" and
-    inserts ``entries`` entries, later ones write nothing unless :attr:`drift` entries were
-    lost meanwhile (then re-inserted); :meth:`counters` serves :attr:`commits` (set a rank's
-    ``(packets, bytes)`` to simulate COMMITs crossing the switch). ``fail_converge`` /
-    ``fail_counters``: raise ``RuntimeError`` from that call. Every call is recorded in
-    :attr:`calls` (``"converge"`` / ``"counters"``)."""
-
-    entries: int = 4
-    world_size: int = 2
-    commits: list[tuple[int, int]] = field(default_factory=list)
-    drift: int = 0
-    fail_converge: bool = False
-    fail_counters: bool = False
-    calls: list[str] = field(default_factory=list)
-    _programmed: bool = False
-
-    def __post_init__(self) -> None:
-        if not self.commits:
-            self.commits = [(0, 0)] * self.world_size
-
-    def converge(self) -> FakeConvergeReport:
-        self.calls.append("converge")
-        if self.fail_converge:
-            raise RuntimeError("fake switch: converge failed")
-        if not self._programmed:
-            self._programmed = True
-            return FakeConvergeReport(pipeline_pushed=True, inserted=self.entries)
-        lost, self.drift = self.drift, 0
-        return FakeConvergeReport(inserted=lost)
-
-    def counters(self) -> dict[str, Any]:
-        self.calls.append("counters")
-        if self.fail_counters:
-            raise RuntimeError("fake switch: counters failed")
-        return {"commits": list(self.commits)}
-
-
 # ------------------------------------------------------------------------------ shadow statuses
 @runtime_checkable
 class ShadowStatusSource(Protocol):
@@ -159,31 +98,3 @@ class ShadowStatusSource(Protocol):
     """
 
     def __call__(self) -> Mapping[int, StatusLike | None]: ...
-
-
-class FakeShadowStatuses:
-    """An in-memory :class:`ShadowStatusSource`: serves :attr:`statuses` (set a shadow's status,
-    or None, at will) except for the ids in :attr:`down` (served as None: not answering);
-    counts the polls in :attr:`polls`."""
-
-    def __init__(self, statuses: Mapping[int, StatusLike | None] | None = None) -> None:
-        self.statuses: dict[int, StatusLike | None] = dict(statuses or {})
-        self.down: set[int] = set()
-        self.polls = 0
-
-    @classmethod
-    def silent(cls, count: int) -> FakeShadowStatuses:
-        """``count`` shadows, none answering."""
-        return cls(dict.fromkeys(range(count)))
-
-    def __call__(self) -> dict[int, StatusLike | None]:
-        self.polls += 1
-        return {k: None if k in self.down else s for k, s in self.statuses.items()}
-
-
-if TYPE_CHECKING:  # mypy checks the fakes against their seams
-
-    def _are_seams(
-        driver: FakeSwitchDriver, statuses: FakeShadowStatuses
-    ) -> tuple[SwitchDriver, ShadowStatusSource]:
-        return driver, statuses

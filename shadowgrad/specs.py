@@ -2,7 +2,7 @@
 loopback address at free ports (:func:`loopback_spec`: mirror mode, or in-band with switch ports
 nothing talks to; :func:`switch_spec`: in-band through the P4 target's loopback UDP ports), and
 :func:`spec_toml` for a spec file a child process loads. Used by the scenario runner and the demo,
-and by the tests (through :mod:`shadowgrad._testing`)."""
+and by the tests (:mod:`shadowgrad.testing.specs` builds its own on :func:`loopback_spec`)."""
 
 from __future__ import annotations
 

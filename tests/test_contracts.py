@@ -207,7 +207,7 @@ def test_core_dtype_side_is_torch_free() -> None:
 PEERS = ("shadowgrad.shadow", "shadowgrad.controller", "shadowgrad.bmv2_testbed")
 
 #: (file under trainer_hooks/, module) pairs allowed anyway, with the reason (none: the helper
-#: that runs real shadow nodes in-process is shadowgrad.shadow.testing)
+#: that runs real shadow nodes in-process is shadowgrad.testing.cluster)
 ALLOWED: set[tuple[str, str]] = set()
 
 
@@ -317,3 +317,32 @@ def test_peer_packages_import_no_other_peer(peer: str) -> None:
                 ):
                     bad.append(f"{where}:{line}: {mod}")
     assert not bad, f"{peer} must import only core:\n" + "\n".join(bad)
+
+
+#: the library's folders (core and its peers); test support (shadowgrad/testing/) is not library
+LIBRARY = {
+    "shadowgrad": "shadowgrad",
+    "shadow": "shadowgrad.shadow",
+    "controller": "shadowgrad.controller",
+    "trainer_hooks": "shadowgrad.trainer_hooks",
+    "bmv2_testbed": "shadowgrad.bmv2_testbed",
+}
+
+
+def test_no_library_module_imports_test_support() -> None:
+    """Test support lives in shadowgrad.testing (issue 25): tests, benchmarks and tools import it,
+    no library module does (a training job, a shadow or a controller never needs it)."""
+    bad: list[str] = []
+    seen = 0
+    for folder, top in LIBRARY.items():
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            rel = path.relative_to(ROOT / folder)
+            if folder == "shadowgrad" and rel.parts[0] == "testing":
+                continue
+            seen += 1
+            package = ".".join((top, *rel.parent.parts))
+            for line, mod in _imports(path, package):
+                if mod == "shadowgrad.testing" or mod.startswith("shadowgrad.testing."):
+                    bad.append(f"{folder}/{rel.as_posix()}:{line}: {mod}")
+    assert seen > 50
+    assert not bad, "library code imports test support:\n" + "\n".join(bad)

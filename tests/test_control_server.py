@@ -17,7 +17,7 @@ import zmq
 from shadowgrad._control_server import ControlServer, Reply, bind_router
 from shadowgrad.control_client import ControlClient
 from shadowgrad.errors import ControlError, ShadowgradError, ShadowgradTimeout
-from tests._support import wait_for
+from shadowgrad.testing.processes import wait_for
 
 TOKEN = "t0ken-for-the-control-server"
 

@@ -10,7 +10,6 @@ from typing import Any
 
 import pytest
 
-from shadowgrad._testing import TOKEN, loopback_spec
 from shadowgrad.config import parse_spec
 from shadowgrad.controller.service import Controller, ControllerOptions
 from shadowgrad.controller.states import (
@@ -21,12 +20,10 @@ from shadowgrad.controller.states import (
     transition,
 )
 from shadowgrad.errors import ShadowgradError
-from shadowgrad.seams import (
-    FakeShadowStatuses,
-    FakeSwitchDriver,
-    ShadowStatusSource,
-    SwitchDriver,
-)
+from shadowgrad.seams import ShadowStatusSource, SwitchDriver
+from shadowgrad.specs import loopback_spec
+from shadowgrad.testing.fakes import FakeShadowStatuses, FakeSwitchDriver
+from shadowgrad.testing.specs import TOKEN
 
 
 def _controller(**kw: Any) -> Controller:

@@ -15,8 +15,10 @@ from shadowgrad.controller.service import Controller, ControllerOptions
 from shadowgrad.freeports import free_port
 from shadowgrad.restore import restore_point
 from shadowgrad.shadow.control import ControlError, ShadowClient
-from tests._support import wait_for
-from tests._training import TOKEN, Case, RefTrainer, cluster
+from shadowgrad.testing.cluster import producer_cluster
+from shadowgrad.testing.processes import wait_for
+from shadowgrad.testing.specs import TOKEN
+from shadowgrad.testing.training import Case, RefTrainer
 
 
 def _free_tcp() -> str:
@@ -38,14 +40,14 @@ def _controller(c: Any, **kw: Any) -> Controller:
 
 def _run(c: Any, trainer: RefTrainer, iterations: range) -> None:
     c.send_all(trainer, iterations)
-    c.wait_applied(iterations[-1])
+    c.expect_applied(iterations[-1])
 
 
 def test_trainer_silence_is_detected_istar_held_and_released_on_recovery() -> None:
     case = Case("ctl", "mlp", "adamw", iterations=12)
     trainer = RefTrainer(case, seed=5)
     layout = trainer.layout(num_shadows=4, replication=2)
-    with cluster(layout) as c:
+    with producer_cluster(layout) as c:
         c.load(trainer.named, trainer.optimizer_spec())
         bind = _free_tcp()
         with _controller(c, bind=bind) as ctl:
@@ -85,7 +87,7 @@ def test_restore_point_endpoint_refuses_a_wrong_or_missing_token_and_changes_not
     case = Case("ctl-token", "mlp", "adamw", iterations=4)
     trainer = RefTrainer(case, seed=6)
     layout = trainer.layout(num_shadows=2)
-    with cluster(layout) as c:
+    with producer_cluster(layout) as c:
         c.load(trainer.named, trainer.optimizer_spec())
         bind = _free_tcp()
         with _controller(c, bind=bind) as ctl:
@@ -118,7 +120,7 @@ def test_a_new_job_asking_for_its_restore_point_is_not_a_failure() -> None:
     case = Case("ctl-fresh", "mlp", "adamw", iterations=2)
     trainer = RefTrainer(case, seed=7)
     layout = trainer.layout(num_shadows=2)
-    with cluster(layout) as c:
+    with producer_cluster(layout) as c:
         bind = _free_tcp()
         with _controller(c, bind=bind) as ctl:
             with ShadowClient(bind, TOKEN, timeout_s=5.0) as cl:
@@ -136,7 +138,7 @@ def test_a_dead_shadow_is_reported_failed_and_rejoins_when_it_answers_again() ->
     case = Case("ctl-shadow", "mlp", "adamw", iterations=4)
     trainer = RefTrainer(case, seed=8)
     layout = trainer.layout(num_shadows=4, replication=2)
-    with cluster(layout) as c:
+    with producer_cluster(layout) as c:
         c.load(trainer.named, trainer.optimizer_spec())
         dead: set[int] = set()
 
@@ -151,7 +153,7 @@ def test_a_dead_shadow_is_reported_failed_and_rejoins_when_it_answers_again() ->
             assert ctl.ev["shadow_failures"] == 1
             dead.clear()
             assert _wait(lambda: not ctl.members[1].failed, 4.0), ctl.status()
-    with cluster(layout) as c:  # shadow 1 down from the start: not failed within connect_s
+    with producer_cluster(layout) as c:  # shadow 1 down from the start: not failed within connect_s
         dead = {1}
         with _controller(c, statuses=statuses) as ctl:
             time.sleep(c.spec.timeouts.failure_detect_s + 0.5)
@@ -172,7 +174,7 @@ def test_a_shadow_restarted_and_reloaded_between_two_polls_is_still_a_failure(
     case = Case("ctl-incarnation", "mlp", "adamw", iterations=4)
     trainer = RefTrainer(case, seed=11)
     layout = trainer.layout(num_shadows=2)
-    with cluster(layout) as c:
+    with producer_cluster(layout) as c:
         c.load(trainer.named, trainer.optimizer_spec())
         restarted: dict[int, str] = {}
         down: set[int] = set()
@@ -235,7 +237,7 @@ def test_shadows_that_start_late_or_are_busy_with_their_first_load_are_starting(
     case = Case("ctl-starting", "mlp", "adamw", iterations=3)
     trainer = RefTrainer(case, seed=9)
     layout = trainer.layout(num_shadows=4, replication=2)
-    with cluster(layout) as c:  # the nodes are not loaded yet: the job has not started
+    with producer_cluster(layout) as c:  # the nodes are not loaded yet: the job has not started
         fd = c.spec.timeouts.failure_detect_s
         spec = dataclasses.replace(
             c.spec, timeouts=dataclasses.replace(c.spec.timeouts, connect_s=fd * 4)
@@ -286,7 +288,7 @@ def test_shadows_going_away_after_training_finished_are_stopped_not_failed(
     case = Case("ctl-finished", "mlp", "adamw", iterations=4)
     trainer = RefTrainer(case, seed=10)
     layout = trainer.layout(num_shadows=2)
-    with cluster(layout) as c:
+    with producer_cluster(layout) as c:
         c.load(trainer.named, trainer.optimizer_spec())
         down: set[int] = set()
 

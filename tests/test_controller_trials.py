@@ -27,13 +27,15 @@ pytest.importorskip("grpc")
 pytest.importorskip("p4")
 
 from shadowgrad.bmv2_testbed.inband import JobSwitch
-from shadowgrad.bmv2_testbed.testing import stop_process
+from shadowgrad.bmv2_testbed.process import stop_process
 from shadowgrad.config import parse_spec
 from shadowgrad.controller.service import Controller, ControllerOptions
-from shadowgrad.seams import FakeShadowStatuses
-from shadowgrad.shadow.testing import shadow_cluster
-from shadowgrad.trainer_hooks._testing import TOKEN, free_port, switch_spec
-from tests._support import wait_for
+from shadowgrad.freeports import free_port
+from shadowgrad.specs import switch_spec
+from shadowgrad.testing.cluster import shadow_cluster
+from shadowgrad.testing.fakes import FakeShadowStatuses
+from shadowgrad.testing.processes import wait_for
+from shadowgrad.testing.specs import TOKEN
 from tests.test_trainer_restore import (
     _assert_resumed_bit_identical,
     _finish,

@@ -591,19 +591,21 @@ def test_node_refuses_ready_of_a_stale_generation_and_an_old_seq() -> None:
     """What reaches the tracker is checked first: a READY of an older generation of the job
     (another session digest) is a wire error; a replayed record of a peer is ``ready_stale``;
     neither changes the shard view."""
-    from tests._support import Records
-    from tests._training import JOB_ID, KEY, Case, RefTrainer, cluster, initial_states
+    from shadowgrad.testing.cluster import producer_cluster
+    from shadowgrad.testing.producer import Records
+    from shadowgrad.testing.specs import JOB_ID, KEY
+    from shadowgrad.testing.training import Case, RefTrainer, initial_states
 
     case = Case("cut", "mlp", "sgd", iterations=1)
     trainer = RefTrainer(case, seed=3)
     layout = trainer.layout(num_shadows=2)
-    with cluster(layout) as c:
+    with producer_cluster(layout) as c:
         opt = trainer.optimizer_spec().to_json()
         for n, cl in zip(c.nodes, c.clients, strict=True):
             shard, _ = layout.shard_of_shadow(n.id)
             st = initial_states(layout, shard, trainer.named)
             cl.load(-1, st, opt, layout.to_json(), generation=2)
-        c.wait_istar(-1)  # the peers heard from each other (nothing trained: generation 2)
+        c.expect_istar(-1)  # the peers heard from each other (nothing trained: generation 2)
         node = c.nodes[0]
         shard1, replica1 = layout.shard_of_shadow(1)
         body = wire.ReadyRecord(shard1, replica1, wire.ReadyState.APPLIED, 50).body()

@@ -224,8 +224,10 @@ class Job:
 @pytest.fixture(scope="module")
 def job(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Job]:
     from shadowgrad.config import parse_spec
-    from shadowgrad.shadow.testing import shadow_cluster
-    from shadowgrad.trainer_hooks._testing import TOKEN, Ranks, loopback_spec, spec_toml
+    from shadowgrad.specs import loopback_spec, spec_toml
+    from shadowgrad.testing.cluster import shadow_cluster
+    from shadowgrad.testing.processes import Ranks
+    from shadowgrad.testing.specs import TOKEN
 
     tmp = tmp_path_factory.mktemp("export-job")
     doc = loopback_spec(world=2, shadows=2)
@@ -276,7 +278,7 @@ def job(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Job]:
 def exported(job: Job, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """``latest`` and the explicit iteration PAUSE, exported once (API)."""
     from shadowgrad.controller.export import export_checkpoint
-    from shadowgrad.trainer_hooks._testing import TOKEN
+    from shadowgrad.testing.specs import TOKEN
 
     tmp = tmp_path_factory.mktemp("exports")
     lines: list[str] = []
@@ -391,7 +393,7 @@ def test_export_holds_and_releases(job: Job, exported: dict[str, Any]) -> None:
 
 
 def test_load_into_three_ranks(job: Job, exported: dict[str, Any], tmp_path: Path) -> None:
-    from shadowgrad.trainer_hooks._testing import Ranks
+    from shadowgrad.testing.processes import Ranks
 
     path, manifest = exported["latest"]
     it = manifest["iteration"]
@@ -505,7 +507,7 @@ def test_wrong_token_is_refused_and_writes_nothing(
 def test_an_iteration_no_shadow_serves_is_named(
     job: Job, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from shadowgrad.trainer_hooks._testing import TOKEN
+    from shadowgrad.testing.specs import TOKEN
 
     monkeypatch.setenv("SHADOWGRAD_TOKEN", TOKEN)
     for it in (2, 10**6):
@@ -524,7 +526,7 @@ def test_existing_out_is_refused_unless_force(
     import json
 
     from shadowgrad.controller.export import verify_export
-    from shadowgrad.trainer_hooks._testing import TOKEN
+    from shadowgrad.testing.specs import TOKEN
 
     monkeypatch.setenv("SHADOWGRAD_TOKEN", TOKEN)
     out = tmp_path / "out"
@@ -574,8 +576,9 @@ def test_initial_state_from_the_replica_that_answers(tmp_path: Path) -> None:
     from shadowgrad.layout import Layout, from_module
     from shadowgrad.optspec import OptimizerSpec
     from shadowgrad.shadow.replay import box_states_from_full
-    from shadowgrad.shadow.testing import shadow_cluster
-    from shadowgrad.trainer_hooks._testing import TOKEN, loopback_spec
+    from shadowgrad.specs import loopback_spec
+    from shadowgrad.testing.cluster import shadow_cluster
+    from shadowgrad.testing.specs import TOKEN
 
     spec = parse_spec(loopback_spec(world=1, shadows=2, replication=2), env={})
     torch.manual_seed(5)

@@ -123,7 +123,7 @@ def _run(tmp_path: Path, loss: dict[int, float] | None = None) -> dict[str, Any]
     from shadowgrad.bmv2_testbed.inband import JobSwitch
     from shadowgrad.config import parse_spec
     from shadowgrad.frames import port_mac
-    from shadowgrad.trainer_hooks._testing import spec_toml
+    from shadowgrad.specs import spec_toml
     from tests.test_trainer_restore import _layout
 
     doc = _spec_doc()

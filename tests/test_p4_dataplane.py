@@ -223,7 +223,7 @@ def backend_kind(request: pytest.FixtureRequest) -> Iterator[Any]:
     else:
         p4c, switch = _own_tool("shadowgrad-p4c"), _own_tool("sg-switch-grpc")
     try:
-        from shadowgrad.bmv2_testbed.testing import RealBmv2Backend
+        from shadowgrad.testing.bmv2 import RealBmv2Backend
     except ImportError:
         pytest.skip("no P4Runtime-driven real-bmv2 backend (bmv2_testbed.testing) yet")
     with RealBmv2Backend(p4c=p4c, switch=switch, prog_dir=PROGS, cpu_port=CPU_PORT) as b:

@@ -16,7 +16,7 @@ from p4.v1 import p4runtime_pb2
 
 from shadowgrad.bmv2_testbed.dataplane import Exact, Lpm, Pipeline
 from shadowgrad.bmv2_testbed.p4runtime_server import P4RuntimeServer
-from shadowgrad.bmv2_testbed.runtime_target import FakeDataplane, FakeTarget
+from shadowgrad.testing.fakes import FakeDataplane, FakeTarget
 from tests.test_p4rt_server import (
     Client,
     Names,

@@ -18,8 +18,8 @@ import pytest
 from google.protobuf import text_format
 
 from shadowgrad.bmv2_testbed.dataplane import Pipeline
-from shadowgrad.bmv2_testbed.testing import stop_process, wait_switch_ready
-from tests._support import spawn_switch
+from shadowgrad.bmv2_testbed.process import stop_process, wait_switch_ready
+from shadowgrad.testing.processes import spawn_switch
 
 ROOT = Path(__file__).resolve().parents[1]
 PROG = ROOT / "tests" / "p4progs" / "rt_l2l3.p4"

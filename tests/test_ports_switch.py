@@ -18,11 +18,11 @@ from scapy.layers.l2 import Ether
 from shadowgrad.bmv2_testbed.dataplane import Exact, Lpm, Pipeline, TableEntry
 from shadowgrad.bmv2_testbed.pcap import read_pcap
 from shadowgrad.bmv2_testbed.ports import InProcessPort
+from shadowgrad.bmv2_testbed.process import wait_switch_ready
 from shadowgrad.bmv2_testbed.queues import QueueConfig
 from shadowgrad.bmv2_testbed.switch import PFC_DST, Switch
-from shadowgrad.bmv2_testbed.testing import wait_switch_ready
 from shadowgrad.freeports import free_ports
-from tests._support import spawn_switch
+from shadowgrad.testing.processes import spawn_switch
 from tests.test_p4rt_server import Client, Names, ipv4_frame, lpm_entry, upd
 
 ROOT = Path(__file__).resolve().parents[1]

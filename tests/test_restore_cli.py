@@ -12,7 +12,7 @@ import pytest
 
 from shadowgrad.cli import main
 from shadowgrad.controller.service import Controller, ControllerOptions
-from tests._training import TOKEN
+from shadowgrad.testing.specs import TOKEN
 from tests.test_status import Job, trained_job
 
 
@@ -62,7 +62,7 @@ def test_restore_shows_holds_and_releases_istar(
 def test_restore_asks_the_controller_when_one_is_configured(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from shadowgrad.trainer_hooks._testing import free_port
+    from shadowgrad.freeports import free_port
 
     job = Job(tmp_path, shadows=2)
     job.doc["controller"] = {"address": f"127.0.0.1:{free_port()}"}

@@ -19,7 +19,9 @@ from shadowgrad.errors import ShadowgradError
 from shadowgrad.replies import ShadowStatus
 from shadowgrad.restore import NoRestorePointError, fix_restore_point, settle
 from shadowgrad.shadow.control import ShadowClient
-from tests._training import TOKEN, Case, RefTrainer, cluster
+from shadowgrad.testing.cluster import producer_cluster
+from shadowgrad.testing.specs import TOKEN
+from shadowgrad.testing.training import Case, RefTrainer
 
 
 def _statuses(c: Any) -> dict[int, Any]:
@@ -59,12 +61,12 @@ def _moved_on_cluster(c: Any, trainer: RefTrainer) -> dict[int, Any]:
     so the cut moves to 7 and no shadow holds 5 any more."""
     c.load(trainer.named, trainer.optimizer_spec())
     c.send_all(trainer, range(6))
-    c.wait_applied(5)
-    c.wait_istar(5)
+    c.expect_applied(5)
+    c.expect_istar(5)
     stale = _statuses(c)
     c.send_all(trainer, range(6, 8))
-    c.wait_applied(7)
-    c.wait_istar(7)
+    c.expect_applied(7)
+    c.expect_istar(7)
     for n in c.nodes:
         assert 5 not in n.status(timeline=0)["available"], n.status(timeline=0)
     return stale
@@ -76,7 +78,7 @@ def test_a_hold_that_lost_the_race_is_recomputed_and_held_again(
     case = Case("race", "mlp", "adamw", iterations=8)
     trainer = RefTrainer(case, seed=21)
     layout = trainer.layout(num_shadows=3, replication=1)
-    with cluster(layout) as c:
+    with producer_cluster(layout) as c:
         stale = _moved_on_cluster(c, trainer)
         hold, release, calls = _hold_on(c)
         with caplog.at_level(logging.WARNING, logger="shadowgrad.restore"):
@@ -103,10 +105,10 @@ def test_no_point_is_returned_held_nowhere() -> None:
     case = Case("race-never", "mlp", "adamw", iterations=4)
     trainer = RefTrainer(case, seed=22)
     layout = trainer.layout(num_shadows=2, replication=1)
-    with cluster(layout) as c:
+    with producer_cluster(layout) as c:
         c.load(trainer.named, trainer.optimizer_spec())
         c.send_all(trainer, range(3))
-        c.wait_applied(2)
+        c.expect_applied(2)
 
         def refuse(k: int, it: int) -> None:
             raise ShadowgradError(f"shadow {k} refuses {it}")
@@ -128,7 +130,7 @@ def test_the_controller_recomputes_a_stale_cut_and_publishes_only_what_is_held()
     case = Case("race-ctl", "mlp", "adamw", iterations=8)
     trainer = RefTrainer(case, seed=23)
     layout = trainer.layout(num_shadows=3, replication=1)
-    with cluster(layout) as c:
+    with producer_cluster(layout) as c:
         stale = _moved_on_cluster(c, trainer)
         eps = {n.id: n.control_endpoint for n in c.nodes}
         poll = _stale_then_live(c, stale)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests._support import run_soak
+from shadowgrad.testing.processes import run_soak
 
 
 @pytest.mark.slow

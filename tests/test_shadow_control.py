@@ -30,29 +30,28 @@ from shadowgrad.shadow.control import (
     encode_states,
 )
 from shadowgrad.shadow.snapshot import SnapshotError, list_snapshots, read_snapshot
-from tests._training import (
-    TOKEN,
+from shadowgrad.testing.cluster import ShadowCluster, producer_cluster
+from shadowgrad.testing.specs import TOKEN
+from shadowgrad.testing.training import (
     Case,
-    Cluster,
     RefTrainer,
     bucket_bytes,
-    cluster,
     compare_shard,
     initial_states,
 )
 
 
-def _run(c: Cluster, trainer: RefTrainer, layout: Layout, its: range) -> None:
+def _run(c: ShadowCluster, trainer: RefTrainer, layout: Layout, its: range) -> None:
     for it in its:
         grads, commit = trainer.step(it)
         c.producer.send_iteration(it, bucket_bytes(layout, grads), commit)
-        c.wait_applied(it)
+        c.expect_applied(it)
 
 
 def test_token_status_hold_release_fetch() -> None:
     trainer = RefTrainer(Case("ctl", "mlp", "adamw", iterations=10), seed=1)
     layout = trainer.layout(num_shadows=2)
-    with cluster(layout) as c:
+    with producer_cluster(layout) as c:
         ep = c.nodes[0].control_endpoint
         # nothing works before load, and says so
         with pytest.raises(ControlError) as ei:
@@ -70,7 +69,7 @@ def test_token_status_hold_release_fetch() -> None:
 
         c.load(trainer.named, trainer.optimizer_spec())
         _run(c, trainer, layout, range(3))
-        c.wait_istar(2)
+        c.expect_istar(2)
         at2 = (
             {k: v.detach().clone() for k, v in trainer.named.items()},
             copy.deepcopy(state_by_name(trainer.opt, trainer.model.named_parameters())),
@@ -111,7 +110,7 @@ def test_a_keep_load_starts_a_session_from_the_shadows_own_state() -> None:
     trainer = RefTrainer(Case("keep", "mlp", "adamw", iterations=10), seed=3)
     layout = trainer.layout(num_shadows=2)
     opt = trainer.optimizer_spec().to_json()
-    with cluster(layout) as c:
+    with producer_cluster(layout) as c:
         c.load(trainer.named, trainer.optimizer_spec())
         _run(c, trainer, layout, range(3))
         at2 = (
@@ -146,7 +145,7 @@ def test_a_reseed_older_than_what_the_shadow_applied_changes_nothing() -> None:
     trainer = RefTrainer(Case("behind", "mlp", "adamw", iterations=10), seed=4)
     layout = trainer.layout(num_shadows=2)
     opt = trainer.optimizer_spec().to_json()
-    with cluster(layout) as c:
+    with producer_cluster(layout) as c:
         c.load(trainer.named, trainer.optimizer_spec())
         _run(c, trainer, layout, range(2))
         at1 = [cl.fetch(1).states for cl in c.clients]
@@ -204,7 +203,7 @@ def test_stream_checksums_and_client_timeout() -> None:
 def test_background_snapshots_are_atomic_and_verified(tmp_path: Path) -> None:
     trainer = RefTrainer(Case("snap", "mlp", "sgd", iterations=10), seed=2)
     layout = trainer.layout(num_shadows=2)
-    with cluster(layout, snapshot_every=2, snapshot_dir=str(tmp_path)) as c:
+    with producer_cluster(layout, snapshot_every=2, snapshot_dir=str(tmp_path)) as c:
         c.load(trainer.named, trainer.optimizer_spec())
         _run(c, trainer, layout, range(5))
         assert c.wait(lambda n, _s: n.ev["snapshots"] >= 2, 10.0)
@@ -307,7 +306,7 @@ def test_state_at_istar_is_kept_while_another_shard_lags() -> None:
     produce its state at I* = i-1, and drops that copy once every shard has applied i."""
     trainer = RefTrainer(Case("cut", "mlp", "adamw", iterations=4), seed=5)
     layout = trainer.layout(num_shadows=2)
-    with cluster(layout) as c:
+    with producer_cluster(layout) as c:
         c.load(trainer.named, trainer.optimizer_spec())
         _run(c, trainer, layout, range(2))
         at1 = (
@@ -318,7 +317,7 @@ def test_state_at_istar_is_kept_while_another_shard_lags() -> None:
         with lagging._state_lock:  # shard 1 cannot step: it stays at 1, ready for 2
             grads, commit = trainer.step(2)
             c.producer.send_iteration(2, bucket_bytes(layout, grads), commit)
-            c.wait_applied(2, nodes=[0])
+            c.expect_applied(2, nodes=[0])
             assert c.wait(lambda _n, st: st["peers"]["0"]["last_applied"] == 2, 5.0, nodes=[1])
             st0 = c.clients[0].status()
             assert st0["last_applied"] == 2 and st0["istar"] == 1
@@ -329,7 +328,7 @@ def test_state_at_istar_is_kept_while_another_shard_lags() -> None:
             assert res.commit is not None and res.commit["iteration"] == 1
             assert c.clients[0].fetch(2).commit == commit_to_json(2, commit)
             assert lagging.status(timeline=0)["last_applied"] == 1
-        c.wait_applied(2)
+        c.expect_applied(2)
         assert c.wait(lambda _n, st: st["istar"] == 2 and st["available"] == [2], 5.0)
         with pytest.raises(ControlError):
             c.clients[0].fetch(1)
@@ -352,9 +351,9 @@ def test_fetch_returns_the_commit_and_load_keeps_the_one_given() -> None:
             commit = dataclasses.replace(commit, user_state=f"user {it}".encode())
             sent[it] = commit_to_json(it, commit)
             c.producer.send_iteration(it, bucket_bytes(layout, grads), commit)
-            c.wait_applied(it)
+            c.expect_applied(it)
 
-    with cluster(layout) as c:
+    with producer_cluster(layout) as c:
         c.load(trainer.named, trainer.optimizer_spec())
         first = c.clients[0].fetch(None)
         assert first.iteration == -1 and first.commit is None  # a fresh start has none

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import pytest
 
-from tests._training import Case, RefTrainer, bucket_bytes, cluster
+from shadowgrad.testing.cluster import producer_cluster
+from shadowgrad.testing.training import Case, RefTrainer, bucket_bytes
 
 CASES = [
     # AdamW, 2 param groups (weight decay 0.1 / 0), warm-up + cosine LR, clipping, GradScaler
@@ -35,20 +36,20 @@ def test_three_shadows_bit_exact_after_every_iteration(case: Case) -> None:
     ), "a split tensor must span shards"
     skipped = 0
     istars: dict[int, int] = {}
-    with cluster(layout) as c:
+    with producer_cluster(layout) as c:
         c.load(trainer.named, trainer.optimizer_spec())
         for it in range(case.iterations):
             grads, commit = trainer.step(it)
             skipped += commit.skipped
             c.producer.send_iteration(it, bucket_bytes(layout, grads), commit)
-            c.wait_applied(it)
+            c.expect_applied(it)
             for n in c.nodes:  # I* as each shadow sees it never goes backwards
                 istar = n.status(timeline=0)["istar"]
                 assert istar is not None and istar >= istars.get(n.id, -1)
                 istars[n.id] = istar
             bad = c.check(it, trainer)
             assert not bad, f"iteration {it}: {bad[:4]}"
-        c.wait_istar(case.iterations - 1)
+        c.expect_istar(case.iterations - 1)
         for n in c.nodes:
             st = n.status(timeline=4)
             assert st["istar"] == case.iterations - 1

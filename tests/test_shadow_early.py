@@ -6,6 +6,7 @@ shadow`` command answers its first ``status`` while starting."""
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 import threading
@@ -15,21 +16,24 @@ from typing import Any
 
 import pytest
 
+from shadowgrad.config import parse_spec
 from shadowgrad.errors import ShadowgradTimeout
 from shadowgrad.freeports import free_port
 from shadowgrad.replies import ShadowStatus
 from shadowgrad.shadow._early import EarlyControl, starting_status
 from shadowgrad.shadow.control import ControlError, ShadowClient
 from shadowgrad.shadow.node import ShadowNode
-from tests._support import wait_for
-from tests._training import TOKEN, Case, RefTrainer, _udp, initial_states, make_spec
+from shadowgrad.testing.processes import wait_for
+from shadowgrad.testing.specs import TOKEN, bound_spec
+from shadowgrad.testing.training import Case, RefTrainer, initial_states
 
 
 def test_starting_shadow_answers_keeps_a_load_and_hands_it_to_the_node() -> None:
     trainer = RefTrainer(Case("early", "mlp", "adamw", iterations=1), seed=3)
     layout = trainer.layout(num_shadows=1)
-    sock = _udp()
-    spec = make_spec([sock.getsockname()], [("127.0.0.1", 9)], 1)
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    sock.bind(("127.0.0.1", 0))
+    spec = parse_spec(bound_spec([sock.getsockname()], [("127.0.0.1", 9)], 1), env={})
     early = EarlyControl(spec, 0, token=TOKEN, control_bind="tcp://127.0.0.1:*").start()
     node: ShadowNode | None = None
     ep = early.control_endpoint
@@ -100,10 +104,8 @@ _SHADOW = [sys.executable, "-m", "shadowgrad.cli", "shadow"]
 
 
 def test_shadow_command_answers_while_it_imports_torch(tmp_path: Path) -> None:
-    sock = _udp()
-    addr = sock.getsockname()
-    sock.close()  # the process binds it
-    spec = make_spec([addr], [("127.0.0.1", 9)], 1)
+    addr = ("127.0.0.1", free_port(socket.SOCK_DGRAM))  # the process binds it
+    spec = parse_spec(bound_spec([addr], [("127.0.0.1", 9)], 1), env={})
     spec_path = tmp_path / "job.toml"
     spec_path.write_text(spec.to_toml(), encoding="utf-8")
     ctl = "tcp://127.0.0.1:" + str(free_port())

@@ -10,7 +10,9 @@ import torch
 from shadowgrad.layout import Layout
 from shadowgrad.optspec import state_by_name
 from shadowgrad.shadow.node import NodeOptions
-from tests._training import Case, Faults, RefTrainer, bucket_bytes, cluster, compare_shard
+from shadowgrad.testing.cluster import producer_cluster
+from shadowgrad.testing.producer import Faults
+from shadowgrad.testing.training import Case, RefTrainer, bucket_bytes, compare_shard
 
 FAST_FAIL = NodeOptions(max_repair_rounds=3, repair_backoff=1.5, resync_interval_s=0.05)
 
@@ -20,19 +22,19 @@ def test_drop_dup_reorder_repaired_bit_exact_with_iterations_in_flight() -> None
     trainer = RefTrainer(case, seed=11)
     layout = trainer.layout(num_shadows=3)
     faults = Faults(drop=0.01, dup=0.01, reorder=0.01, seed=5)
-    with cluster(layout, faults=faults, chunk_bytes=512) as c:
+    with producer_cluster(layout, faults=faults, chunk_bytes=512) as c:
         c.load(trainer.named, trainer.optimizer_spec())
         for it, _ in c.send_steps(trainer, range(case.iterations)):
             if it >= 2:  # keep up to three iterations in flight
-                c.wait_applied(it - 2)
-        c.wait_applied(case.iterations - 1, timeout_s=30)
+                c.expect_applied(it - 2)
+        c.expect_applied(case.iterations - 1, timeout_s=30)
         bad = c.check(case.iterations - 1, trainer)
         assert not bad, bad[:4]
         sent = c.producer.stats.sent
         assert sent["dropped"] > 0 and sent["duplicated"] > 0 and sent["reordered"] > 0
         assert sent["retx"] > 0
         total: dict[str, int] = {}
-        c.wait_istar(case.iterations - 1)
+        c.expect_istar(case.iterations - 1)
         for n in c.nodes:
             st = n.status(timeline=0)
             for k, v in st["counters"].items():
@@ -55,14 +57,14 @@ def test_lost_commit_is_asked_for_and_a_producer_far_ahead_is_caught_up() -> Non
         # COMMIT(0) lost everywhere holds every shadow at -1 while the producer runs ahead
         return not retx and (it == 0 or (it == 1 and sid == 2))
 
-    with cluster(
+    with producer_cluster(
         layout, faults=Faults(drop_commit=drop_commit), options=NodeOptions(window=4)
     ) as c:
         c.load(trainer.named, trainer.optimizer_spec())
         steps = [trainer.step(it) for it in range(case.iterations)]
         for it, (grads, commit) in enumerate(steps):  # back to back, no waiting at all
             c.producer.send_iteration(it, bucket_bytes(layout, grads), commit)
-        c.wait_applied(case.iterations - 1, timeout_s=30)
+        c.expect_applied(case.iterations - 1, timeout_s=30)
         assert not c.check(case.iterations - 1, trainer)
         assert c.producer.stats.sent["commit_dropped"] == 3 + 1
         assert c.producer.stats.sent["commit_retx"] >= 3 + 1
@@ -84,13 +86,13 @@ def test_a_producer_far_ahead_is_buffered_within_the_memory_budget() -> None:
         case = Case("ahead", "mlp", "sgd", iterations=60)
         trainer = RefTrainer(case, seed=6)
         layout = trainer.layout(num_shadows=3)
-        with cluster(layout, faults=Faults(drop_commit=drop_commit), options=options) as c:
+        with producer_cluster(layout, faults=Faults(drop_commit=drop_commit), options=options) as c:
             c.producer.keep = case.iterations  # COMMIT(0) must still be there for the NACK
             c.load(trainer.named, trainer.optimizer_spec())
             steps = [trainer.step(it) for it in range(case.iterations)]
             for it, (grads, commit) in enumerate(steps):
                 c.producer.send_iteration(it, bucket_bytes(layout, grads), commit)
-            c.wait_applied(case.iterations - 1, timeout_s=60)
+            c.expect_applied(case.iterations - 1, timeout_s=60)
             assert not c.check(case.iterations - 1, trainer)
             for n in c.nodes:
                 assert n.status(timeline=0)["window"] >= case.iterations
@@ -135,12 +137,12 @@ def test_withheld_chunk_diverges_and_istar_stops_at_last_complete_iteration() ->
     victim_shard = 1
     hole = 4
     faults = _withheld(layout, victim_shard, hole, victim_shard)
-    with cluster(layout, faults=faults, options=FAST_FAIL) as c:
+    with producer_cluster(layout, faults=faults, options=FAST_FAIL) as c:
         c.load(trainer.named, trainer.optimizer_spec())
         at_cut = None
         for it, _ in c.send_steps(trainer, range(case.iterations)):
             if it == hole - 1:
-                c.wait_applied(it)
+                c.expect_applied(it)
                 at_cut = _snapshot(trainer)
         assert at_cut is not None
         assert c.wait(lambda _n, st: st["diverged_at"] == hole, 10.0, nodes=[victim_shard])
@@ -173,7 +175,9 @@ def test_no_divergence_while_the_trainers_are_silent_then_divergence_once_they_a
     hole = case.iterations - 1
     # 8 rounds at 40 ms x 1.5^k take ~2 s: longer than failure_detect, so silence decides
     slow = NodeOptions(max_repair_rounds=8, repair_backoff=1.5, resync_interval_s=0.05)
-    with cluster(layout, faults=_withheld(layout, victim, hole, victim), options=slow) as c:
+    with producer_cluster(
+        layout, faults=_withheld(layout, victim, hole, victim), options=slow
+    ) as c:
         c.load(trainer.named, trainer.optimizer_spec())
         commit = c.send_all(trainer, range(case.iterations))
         assert commit is not None
@@ -209,12 +213,12 @@ def test_trainers_silent_but_a_replica_applied_the_hole_resyncs_from_it() -> Non
     assert layout.shard_of_shadow(victim) == (1, 1)
     hole = case.iterations - 1
     slow = NodeOptions(max_repair_rounds=8, repair_backoff=1.5, resync_interval_s=0.05)
-    with cluster(layout, faults=_withheld(layout, 1, hole, victim), options=slow) as c:
+    with producer_cluster(layout, faults=_withheld(layout, 1, hole, victim), options=slow) as c:
         c.load(trainer.named, trainer.optimizer_spec())
         c.send_all(trainer, range(case.iterations))
-        c.wait_applied(hole, nodes=[0, 1, 2])
+        c.expect_applied(hole, nodes=[0, 1, 2])
         # nothing more is sent: the victim heals from shadow 1 although no trainer speaks
-        c.wait_applied(hole, nodes=[victim], timeout_s=20)
+        c.expect_applied(hole, nodes=[victim], timeout_s=20)
         ev = c.nodes[victim].ev
         assert ev["diverged"] == 1 and ev["resynced"] >= 1, dict(ev)
         bad = c.check(hole, trainer)
@@ -228,20 +232,22 @@ def test_withheld_chunk_on_one_replica_resyncs_from_the_other_bit_exact() -> Non
     victim = 2 + 1  # shard 1, replica 1
     assert layout.shard_of_shadow(victim) == (1, 1)
     hole = 6
-    with cluster(layout, faults=_withheld(layout, 1, hole, victim), options=FAST_FAIL) as c:
+    with producer_cluster(
+        layout, faults=_withheld(layout, 1, hole, victim), options=FAST_FAIL
+    ) as c:
         c.load(trainer.named, trainer.optimizer_spec())
         for it, _ in c.send_steps(trainer, range(case.iterations)):
             # the healthy shadows never wait for the diverged replica
-            c.wait_applied(it, nodes=[0, 1, 2])
+            c.expect_applied(it, nodes=[0, 1, 2])
             if it == hole + 2:
                 assert c.nodes[victim].ev["diverged"] == 1 or c.wait(
                     lambda n, _st: n.ev["diverged"] == 1, 5.0, nodes=[victim]
                 )
-        c.wait_applied(case.iterations - 1, nodes=[victim], timeout_s=20)
+        c.expect_applied(case.iterations - 1, nodes=[victim], timeout_s=20)
         ev = c.nodes[victim].ev
         assert ev["diverged"] == 1 and ev["resynced"] >= 1
         bad = c.check(case.iterations - 1, trainer)  # every replica of every shard
         assert not bad, bad[:4]
-        c.wait_istar(case.iterations - 1)
+        c.expect_istar(case.iterations - 1)
         for n in c.nodes:
             assert n.status(timeline=0)["istar"] == case.iterations - 1

@@ -22,8 +22,10 @@ import torch
 from shadowgrad import wire
 from shadowgrad.layout import Layout
 from shadowgrad.shadow.node import ShadowNode
-from tests._support import Records
-from tests._training import JOB_ID, KEY, Case, RefTrainer, cluster
+from shadowgrad.testing.cluster import producer_cluster
+from shadowgrad.testing.producer import Records
+from shadowgrad.testing.specs import JOB_ID, KEY
+from shadowgrad.testing.training import Case, RefTrainer
 
 N_DIRECT = 100_000
 N_UDP = 20_000
@@ -209,11 +211,11 @@ def test_fuzz_live_shadow_counts_everything_and_changes_nothing() -> None:
     case = Case("fuzz", "mlp", "adamw", iterations=6)
     trainer = RefTrainer(case, seed=9)
     layout = trainer.layout(num_shadows=1)
-    with cluster(layout) as c:
+    with producer_cluster(layout) as c:
         node = c.nodes[0]
         c.load(trainer.named, trainer.optimizer_spec())
         for it, _ in c.send_steps(trainer, range(3)):
-            c.wait_applied(it)
+            c.expect_applied(it)
         meta0, state0 = _state(node)
         rx0 = sum(node.rx.values())
         fz = Fuzzer(layout, last_applied=2, seed=1234)
@@ -261,5 +263,5 @@ def test_fuzz_live_shadow_counts_everything_and_changes_nothing() -> None:
 
         # the node still works, bit-exactly
         for it, _ in c.send_steps(trainer, range(3, case.iterations)):
-            c.wait_applied(it)
+            c.expect_applied(it)
         assert not c.check(case.iterations - 1, trainer)

@@ -26,16 +26,10 @@ from shadowgrad.controller import view as jobview
 from shadowgrad.freeports import free_tcp_base
 from shadowgrad.shadow.control import ControlError, ShadowClient
 from shadowgrad.shadow.node import ShadowNode
-from tests._training import (
-    JOB_ID,
-    TOKEN,
-    Case,
-    Producer,
-    RefTrainer,
-    bucket_bytes,
-    initial_states,
-    start_all,
-)
+from shadowgrad.testing.cluster import ShadowCluster
+from shadowgrad.testing.producer import Producer
+from shadowgrad.testing.specs import JOB_ID, TOKEN, bound_spec
+from shadowgrad.testing.training import Case, RefTrainer, bucket_bytes, initial_states
 
 RPC = 1.0  # timeouts.rpc of the test jobs: what one dead shadow may cost a poll
 
@@ -55,43 +49,33 @@ class Job:
             s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
             s.bind(("127.0.0.1", 0))
             socks.append(s)
-        addrs = [s.getsockname() for s in socks]
-        host, port = self.producer.address
-        self.doc: dict[str, Any] = {
-            "job": {"id": JOB_ID, "name": "status-test", "mode": "mirror"},
-            "trainers": {"world_size": 1, "addresses": [f"{host}:{port}"]},
-            "shadows": {
-                "count": shadows,
-                "replication": replication,
-                "addresses": [f"{h}:{p}" for h, p in addrs],
-                "control_port": free_tcp_base(shadows),
-            },
-            "switch": {"target": "none"},
-            "timeouts": {
-                "gap_repair": "40ms",
-                "heartbeat": "20ms",
-                "failure_detect": "2s",
-                "rpc": f"{RPC:g}s",
-            },
-        }
+        self.doc: dict[str, Any] = bound_spec(
+            [s.getsockname() for s in socks],
+            [self.producer.address],
+            replication,
+            name="status-test",
+            failure_detect="2s",
+            rpc=f"{RPC:g}s",
+        )
         self.spec_path = self.write_spec("job.toml", TOKEN)
         self.spec: JobSpec = parse_spec(
             json.loads(json.dumps(self.doc))
             | {"security": {"token_file": str(tmp / "job.toml.token")}},
             env={},
         )
-        self.nodes: list[ShadowNode] = []
         self.stopped: set[int] = set()
         self._beat_stop = threading.Event()
         self._beat: threading.Thread | None = None
         self._last: tuple[int, Any] | None = None
         try:
-            for k in range(shadows):
-                self.nodes.append(ShadowNode(self.spec, k, token=TOKEN, sock=socks[k]))
-            start_all(self.nodes, self.producer, addrs)
+            # the shadows at the spec's addresses and control ports, the producer sending to them
+            self.cluster = ShadowCluster(
+                self.spec, TOKEN, socks=socks, producer=self.producer, client_timeout_s=10.0
+            )
         except BaseException:
-            self.close()
+            self.producer.close()
             raise
+        self.nodes: list[ShadowNode] = self.cluster.nodes
 
     def write_spec(self, name: str, token: str) -> Path:
         tok = self.tmp / f"{name}.token"
@@ -152,10 +136,7 @@ class Job:
         self._beat_stop.set()
         if self._beat is not None:
             self._beat.join(5.0)
-        for n in self.nodes:
-            if n.id not in self.stopped:
-                n.stop()
-        self.producer.close()
+        self.cluster.close()  # stopping a stopped node does nothing
 
 
 @contextlib.contextmanager

@@ -17,7 +17,7 @@ from shadowgrad.bmv2_testbed.ports import InProcessPort
 from shadowgrad.bmv2_testbed.switch import Switch
 from shadowgrad.cli import main
 from shadowgrad.layout import Layout, from_module
-from shadowgrad.trainer_hooks._testing import spec_toml
+from shadowgrad.specs import spec_toml
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -34,10 +34,11 @@ from p4.v1 import p4runtime_pb2
 
 from shadowgrad.bmv2_testbed.dataplane import Exact, Pipeline, TableEntry
 from shadowgrad.bmv2_testbed.ports import InProcessPort
+from shadowgrad.bmv2_testbed.process import stop_process
 from shadowgrad.bmv2_testbed.switch import Switch
-from shadowgrad.bmv2_testbed.testing import P4RuntimeClient, stop_process
+from shadowgrad.controller.p4runtime import P4RuntimeClient
 from shadowgrad.freeports import free_port
-from tests._support import switch_argv
+from shadowgrad.testing.processes import switch_argv
 
 PROGS = Path(__file__).resolve().parent / "p4progs"
 N_FRAMES = 100_000

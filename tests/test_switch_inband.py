@@ -18,8 +18,8 @@ pytest.importorskip("p4")
 
 from shadowgrad.bmv2_testbed.inband import JobSwitch
 from shadowgrad.config import parse_spec
-from shadowgrad.shadow.testing import shadow_cluster
-from shadowgrad.trainer_hooks._testing import switch_spec
+from shadowgrad.specs import switch_spec
+from shadowgrad.testing.cluster import shadow_cluster
 from tests.test_trainer_restore import (
     _assert_shadows_hold_final,
     _finish,

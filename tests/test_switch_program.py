@@ -9,8 +9,8 @@ gRPC (never by direct Dataplane calls). The same cases run on these backends:
 * ``inproc`` (always): a :class:`~shadowgrad.bmv2_testbed.switch.Switch` with in-process ports
   1..14 serving P4Runtime on ``127.0.0.1:0``; a fresh switch per case;
 * ``bmv2`` (marker ``bmv2``; skipped unless ``p4c`` and ``simple_switch_grpc`` are on PATH): real
-  bmv2 through :class:`~shadowgrad.bmv2_testbed.testing.RealBmv2Backend` (veths in a netns,
-  AF_PACKET), the pipeline from :func:`~shadowgrad.bmv2_testbed.testing.compile_program`; one
+  bmv2 through :class:`~shadowgrad.testing.bmv2.RealBmv2Backend` (veths in a netns,
+  AF_PACKET), the pipeline from :func:`~shadowgrad.testing.bmv2.compile_program`; one
   switch process per module, reset per case by pushing the pipeline;
 * ``subprocess`` (markers ``netns``, ``slow``): the same RealBmv2Backend path against this
   project's ``shadowgrad-p4c`` + ``sg-switch-grpc`` binaries, which proves that path where real
@@ -423,7 +423,7 @@ class BinaryBackend(Backend):
     BATCH = 16  # frames in flight at once (bmv2's queues are short)
 
     def __init__(self, name: str, p4c: str, switch: str) -> None:
-        from shadowgrad.bmv2_testbed.testing import RealBmv2Backend, compile_program
+        from shadowgrad.testing.bmv2 import RealBmv2Backend, compile_program
 
         self.name = name
         self.rb = RealBmv2Backend(p4c=p4c, switch=switch, ports=PORTS, cpu_port=CPU_PORT)

@@ -49,7 +49,7 @@ def test_inband_switch_soak_with_a_paused_and_a_restarted_shadow(tmp_path: Path)
     from shadowgrad.bmv2_testbed.inband import JobSwitch
     from shadowgrad.config import parse_spec
     from shadowgrad.layout import Layout, from_module
-    from shadowgrad.trainer_hooks._testing import switch_spec
+    from shadowgrad.specs import switch_spec
     from tests.test_trainer_restore import _finish, _launch, _model, _spec
 
     steps = int(os.environ.get("SHADOWGRAD_SOAK_STEPS", "400"))

@@ -18,10 +18,10 @@ import torch
 
 from shadowgrad import wire
 from shadowgrad.layout import Layout, from_module
+from shadowgrad.testing.producer import Records
 from shadowgrad.trainer_hooks._mirror import MirrorSender
 from shadowgrad.trainer_hooks._plan import RankPlan
 from shadowgrad.trainer_hooks.ring import RingAllReduce, RingConfig
-from tests._support import Records
 
 JOB = 7
 KEY = wire.mac_key("fuzz-token", JOB)

@@ -27,11 +27,12 @@ from shadowgrad.config import parse_spec
 from shadowgrad.errors import ShadowgradError
 from shadowgrad.layout import Layout, from_module
 from shadowgrad.shadow.node import ShadowNode
-from shadowgrad.shadow.testing import shadow_cluster
+from shadowgrad.specs import loopback_spec
+from shadowgrad.testing.cluster import shadow_cluster
+from shadowgrad.testing.processes import run_soak
+from shadowgrad.testing.specs import TOKEN
 from shadowgrad.trainer_hooks._mirror import MirrorSender
 from shadowgrad.trainer_hooks._plan import RankPlan
-from shadowgrad.trainer_hooks._testing import TOKEN, loopback_spec
-from tests._support import run_soak
 from tests.test_trainer_local import _assert_shadows_equal, _setup, _train
 
 

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from shadowgrad.config import parse_spec
-from shadowgrad.shadow.testing import shadow_cluster
-from shadowgrad.trainer_hooks._testing import loopback_spec
+from shadowgrad.specs import loopback_spec
+from shadowgrad.testing.cluster import shadow_cluster
 from tests.test_trainer_restore import _assert_shadows_hold_final, _layout, _run_to_end, _spec
 
 

@@ -12,9 +12,10 @@ from torch import nn
 
 from shadowgrad.config import parse_spec
 from shadowgrad.optspec import state_by_name
-from shadowgrad.shadow.testing import shadow_cluster
+from shadowgrad.specs import loopback_spec
+from shadowgrad.testing.cluster import shadow_cluster
+from shadowgrad.testing.specs import TOKEN
 from shadowgrad.trainer_hooks import attach
-from shadowgrad.trainer_hooks._testing import TOKEN, loopback_spec
 
 
 def _setup(spec: Any, *, scaler: bool = True, fused: bool = False) -> tuple[Any, ...]:

@@ -13,8 +13,10 @@ import torch
 
 from shadowgrad.config import parse_spec
 from shadowgrad.layout import Layout, from_module
-from shadowgrad.shadow.testing import shadow_cluster
-from shadowgrad.trainer_hooks._testing import TOKEN, Ranks, loopback_spec, spec_toml
+from shadowgrad.specs import loopback_spec, spec_toml
+from shadowgrad.testing.cluster import shadow_cluster
+from shadowgrad.testing.processes import Ranks
+from shadowgrad.testing.specs import TOKEN
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"

@@ -24,11 +24,11 @@ from shadowgrad.layout import Layout, ParamSpec, StateSpec, from_module, state_f
 from shadowgrad.optspec import OptimizerSpec
 from shadowgrad.shadow.assembly import IterBuffer, ShardGeometry
 from shadowgrad.shadow.replay import ReplayInputError, ShardReplayer
-from shadowgrad.shadow.testing import shadow_cluster
+from shadowgrad.specs import loopback_spec
 from shadowgrad.tensorstream import encode_states
+from shadowgrad.testing import TOKEN, shadow_cluster
 from shadowgrad.trainer_hooks import attach
 from shadowgrad.trainer_hooks._plan import RankPlan
-from shadowgrad.trainer_hooks._testing import TOKEN, loopback_spec
 from shadowgrad.wire import CommitRecord, DType
 from tests.test_trainer_restore import (
     _equal_states,

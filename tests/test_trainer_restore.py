@@ -182,7 +182,7 @@ def worker(argv: list[str]) -> None:
 
 
 def _spec(tmp: Path, doc: dict[str, Any], name: str = "job.toml") -> Path:
-    from shadowgrad.trainer_hooks._testing import spec_toml
+    from shadowgrad.specs import spec_toml
 
     path = tmp / name
     path.write_text(spec_toml(doc))
@@ -190,7 +190,8 @@ def _spec(tmp: Path, doc: dict[str, Any], name: str = "job.toml") -> Path:
 
 
 def _launch(spec: Path, world: int, steps: int, *extra: str) -> Any:
-    from shadowgrad.trainer_hooks._testing import TOKEN, Ranks
+    from shadowgrad.testing.processes import Ranks
+    from shadowgrad.testing.specs import TOKEN
 
     argv = [
         sys.executable,
@@ -314,8 +315,8 @@ def _reference(
     tmp: Path, steps: int, amp: bool, *extra: str
 ) -> tuple[dict[int, str], dict[str, Any]]:
     from shadowgrad.config import parse_spec
-    from shadowgrad.shadow.testing import shadow_cluster
-    from shadowgrad.trainer_hooks._testing import loopback_spec
+    from shadowgrad.specs import loopback_spec
+    from shadowgrad.testing.cluster import shadow_cluster
 
     doc = loopback_spec(world=4, shadows=3)
     spec = _spec(tmp, doc, "ref.toml")
@@ -350,8 +351,8 @@ def _kill_trial(
     *more: str,
 ) -> dict[str, Any]:
     from shadowgrad.config import parse_spec
-    from shadowgrad.shadow.testing import shadow_cluster
-    from shadowgrad.trainer_hooks._testing import loopback_spec
+    from shadowgrad.specs import loopback_spec
+    from shadowgrad.testing.cluster import shadow_cluster
 
     rng = random.Random(1000 + trial)
     kill_after = rng.randrange(2, STEPS - 4)
@@ -424,8 +425,8 @@ def test_sigkill_restore_with_batchnorm_is_bit_identical(tmp_path: Path) -> None
 @pytest.mark.slow
 def test_restore_from_4_ranks_into_2(tmp_path: Path) -> None:
     from shadowgrad.config import parse_spec
-    from shadowgrad.shadow.testing import shadow_cluster
-    from shadowgrad.trainer_hooks._testing import loopback_spec
+    from shadowgrad.specs import loopback_spec
+    from shadowgrad.testing.cluster import shadow_cluster
 
     doc4 = loopback_spec(world=4, shadows=3)
     spec4 = _spec(tmp_path, doc4, "w4.toml")
@@ -462,7 +463,7 @@ if __name__ == "__main__" and "--worker" in sys.argv:
 def test_reading_a_running_rank_output_never_corrupts_it() -> None:
     # the restore tests poll rank 0's output while it trains; reading must not move the offset
     # the child writes at (it once overwrote lines: a loss read back spliced with a later one)
-    from shadowgrad.trainer_hooks._testing import Ranks
+    from shadowgrad.testing.processes import Ranks
 
     code = "for i in range(3000):\n    print(f'step {i} loss 0x1.{i:013x}p+0', flush=True)\n"
     ranks = Ranks([sys.executable, "-c", code], 1, {}, str(ROOT))
@@ -543,8 +544,9 @@ def test_restarted_trainers_never_die_on_a_stale_restore_point(tmp_path: Path) -
     ask it again, saying which iteration failed, then survey the shadows themselves, restore
     the newest iteration every shard holds and resume bit-identically (issue 21)."""
     from shadowgrad.config import parse_spec
-    from shadowgrad.shadow.testing import shadow_cluster
-    from shadowgrad.trainer_hooks._testing import TOKEN, loopback_spec
+    from shadowgrad.specs import loopback_spec
+    from shadowgrad.testing.cluster import shadow_cluster
+    from shadowgrad.testing.specs import TOKEN
 
     ref_losses, ref_final = _reference(tmp_path, STEPS, False)
     doc = loopback_spec(world=4, shadows=3)

@@ -46,7 +46,7 @@ RETX_AFTER_SETTLE = 0.05
 
 
 def _spec_text(shadows: int, replication: int, job_id: int, controller: int | None = None) -> str:
-    from shadowgrad.trainer_hooks._testing import loopback_spec, spec_toml
+    from shadowgrad.specs import loopback_spec, spec_toml
 
     doc = loopback_spec(
         2,

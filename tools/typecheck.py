@@ -26,7 +26,8 @@ def main() -> int:
     core = tree / "shadowgrad"
     core.mkdir(parents=True)
     for entry in (ROOT / mapping["shadowgrad"]).iterdir():
-        if entry.suffix in (".py", ".typed"):
+        # core's modules and its own subpackages (shadowgrad/testing/)
+        if entry.suffix in (".py", ".typed") or (entry / "__init__.py").is_file():
             (core / entry.name).symlink_to(entry)
     for package, folder in mapping.items():
         if package != "shadowgrad":

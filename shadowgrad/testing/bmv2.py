@@ -2,9 +2,8 @@
 
 :class:`RealBmv2Backend` compiles a program with a p4c command line, starts a switch binary with
 ``simple_switch_grpc``'s command line on veth pairs, programs it over P4Runtime with the project's
-client (:class:`shadowgrad.controller.p4runtime.P4RuntimeClient`, re-exported here with
-:class:`P4RuntimeError`), sends frames with AF_PACKET and collects
-what comes out of the other ports until the wire is quiet. The same code runs
+client (:class:`shadowgrad.controller.p4runtime.P4RuntimeClient`), sends frames with AF_PACKET
+and collects what comes out of the other ports until the wire is quiet. The same code runs
 
 * real ``p4c`` + ``simple_switch_grpc`` (``p4c`` writes ``DIR/x.json``), and
 * this project's ``shadowgrad-p4c`` + ``sg-switch-grpc`` (``DIR/x.bin``).
@@ -47,23 +46,13 @@ from google.protobuf import text_format  # type: ignore[import-untyped]
 from p4.config.v1 import p4info_pb2
 from p4.v1 import p4runtime_pb2
 
+from shadowgrad.bmv2_testbed.process import stop_switch
+from shadowgrad.bmv2_testbed.topology import OFFLOADS_OFF, add_veth, disable_ipv6, ns_sh
 from shadowgrad.controller.p4runtime import P4RuntimeClient
 from shadowgrad.errors import P4RuntimeError
 from shadowgrad.freeports import free_port
 
-from .process import stop_process, stop_switch, wait_switch_ready
-from .topology import OFFLOADS_OFF, add_veth, disable_ipv6, ns_sh
-
-__all__ = [
-    "RealBmv2Backend",
-    "P4RuntimeClient",
-    "VethNamespace",
-    "P4RuntimeError",
-    "compile_program",
-    "stop_process",
-    "stop_switch",
-    "wait_switch_ready",
-]
+__all__ = ["RealBmv2Backend", "VethNamespace", "compile_program"]
 
 log = logging.getLogger(__name__)
 
