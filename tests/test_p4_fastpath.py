@@ -482,6 +482,27 @@ V1Switch(CommonParser(), NoVerify(), SIngress(), SEgress(), Ipv4Checksum(),
 """
 
 
+def _fast_equals_general(p: Pipeline, *, seed: int) -> None:
+    """Three rounds of random table state, each with 500 random frames on ports 1-3: the fast
+    path's output and state equal the general path's."""
+    fast = Dataplane(p, cpu_port=CPU)
+    slow = Dataplane(p, cpu_port=CPU, fast_path=False)
+    rng = random.Random(seed)
+    for _ in range(3):
+        ops = program_state(rng, p)
+        apply(fast, ops)
+        apply(slow, ops)
+        for _ in range(500):
+            f = frame(rng)
+            port = rng.choice([1, 2, 3])
+            assert fast.process(port, f) == slow.process(port, f), f.hex()
+        assert state(fast, p) == state(slow, p)
+        for dp in (fast, slow):
+            for t in p.tables.values():
+                for e in dp.read_entries(t.id):
+                    dp.delete_entry(e)
+
+
 def test_sub_control_shapes_equal() -> None:
     """Sub-controls inlined by the fast path (nested, by-reference structs and headers, scalar
     copy-in/copy-out, control locals, return, exit after a copy-out, applied in egress):
@@ -489,22 +510,7 @@ def test_sub_control_shapes_equal() -> None:
     p = Pipeline.compile(SUB_SHAPES, [PROGS], filename="sub_shapes.p4")
     assert p.fast_unsupported is None, p.fast_unsupported
     assert {t.name for t in p.tables.values()} == {"SIngress.outer.t2", "SIngress.outer.inner.t3"}
-    fast = Dataplane(p, cpu_port=CPU)
-    slow = Dataplane(p, cpu_port=CPU, fast_path=False)
-    rng = random.Random(11)
-    for _ in range(3):
-        ops = program_state(rng, p)
-        apply(fast, ops)
-        apply(slow, ops)
-        for _ in range(500):
-            f = frame(rng)
-            port = rng.choice([1, 2, 3])
-            assert fast.process(port, f) == slow.process(port, f), f.hex()
-        assert state(fast, p) == state(slow, p)
-        for dp in (fast, slow):
-            for t in p.tables.values():
-                for e in dp.read_entries(t.id):
-                    dp.delete_entry(e)
+    _fast_equals_general(p, seed=11)
 
 
 def test_control_flow_shapes_equal() -> None:
@@ -512,19 +518,4 @@ def test_control_flow_shapes_equal() -> None:
     control locals: covered and equal to the general path."""
     p = Pipeline.compile(SHAPES, [PROGS], filename="shapes.p4")
     assert p.fast_unsupported is None, p.fast_unsupported
-    fast = Dataplane(p, cpu_port=CPU)
-    slow = Dataplane(p, cpu_port=CPU, fast_path=False)
-    rng = random.Random(7)
-    for _ in range(3):
-        ops = program_state(rng, p)
-        apply(fast, ops)
-        apply(slow, ops)
-        for _ in range(500):
-            f = frame(rng)
-            port = rng.choice([1, 2, 3])
-            assert fast.process(port, f) == slow.process(port, f), f.hex()
-        assert state(fast, p) == state(slow, p)
-        for dp in (fast, slow):
-            for t in p.tables.values():
-                for e in dp.read_entries(t.id):
-                    dp.delete_entry(e)
+    _fast_equals_general(p, seed=7)
