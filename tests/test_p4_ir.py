@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from shadowgrad.bmv2_testbed.codegen.general import py_expr
-from shadowgrad.bmv2_testbed.frontend import ir
-from shadowgrad.bmv2_testbed.frontend.types import BitT, BoolT
-from shadowgrad.bmv2_testbed.pipeline import Pipeline, _div, _mod
+from shadowgrad.p4target.codegen.general import py_expr
+from shadowgrad.p4target.frontend import ir
+from shadowgrad.p4target.frontend.types import BitT, BoolT
+from shadowgrad.p4target.pipeline import Pipeline, _div, _mod
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -107,7 +107,7 @@ def test_the_checked_program_is_typed_ir() -> None:
 def test_the_checker_writes_no_code() -> None:
     """The checker imports from the general backend only its naming and layout rules, nothing
     that writes Python (that is the backend's, from the IR)."""
-    tree = ast.parse((ROOT / "bmv2_testbed/frontend/checker.py").read_text())
+    tree = ast.parse((ROOT / "p4target/frontend/checker.py").read_text())
     imported = {
         a.name
         for n in ast.walk(tree)

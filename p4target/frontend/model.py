@@ -1,6 +1,6 @@
 """The control-plane model of a checked program: what P4Info describes and the runtime needs.
 
-Ids are P4Runtime ids (assigned by :func:`shadowgrad.bmv2_testbed.p4info.assign_ids` with p4c's
+Ids are P4Runtime ids (assigned by :func:`shadowgrad.p4target.p4info.assign_ids` with p4c's
 algorithm); ``0`` until assigned.
 """
 

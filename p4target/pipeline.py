@@ -6,7 +6,7 @@ typed IR (:mod:`.frontend.ir`), assigns P4Runtime ids the way p4c does, and has 
 backend (:func:`.codegen.general.module_code`) write one Python module from the IR (a class per
 header/struct, one parse function, a function per action, table and control); the straight-line
 backend (:mod:`.codegen.straight`) builds ``fast(...)`` for the programs it covers. The module's
-code object is compiled once here; each :class:`~shadowgrad.bmv2_testbed.dataplane.Dataplane`
+code object is compiled once here; each :class:`~shadowgrad.p4target.dataplane.Dataplane`
 executes it once to bind its runtime state, so no AST is walked per packet.
 
 The **pipeline artefact** (``to_device_config()``; the P4Runtime ``p4_device_config``) is UTF-8
