@@ -356,13 +356,15 @@ class Pipeline:
         # the general backend's module (a tree): compiled here, read by the straight-line one
         tree = general.tree
         source = general.source
+        #: the general code's one-call header packers: header type -> ``struct`` format
+        self.pack_formats = general.pack_formats
         self.code = compile(tree, f"<p4:{main}>", "exec")
         #: ``fast(...)`` (the straight-line backend), compiled into the same namespace; None
         #: when the program is not covered (``fast_unsupported`` says why)
         self.fast_code: CodeType | None = None
         self.fast_unsupported: str | None = None
         try:
-            fast = build_fast(tree, facts)
+            fast = build_fast(tree, facts, general.pack_formats)
         except FastPathUnsupported as e:
             self.fast_unsupported = str(e)
         else:

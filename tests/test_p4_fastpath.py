@@ -301,7 +301,7 @@ def test_unknown_shapes_are_refused() -> None:
     p = Pipeline.compile(PROGS / "mcast.p4")
     general = p.source.split("\n_SPP0 = ")[0]
     assert "def fast(" not in general
-    build_fast(ast.parse(general), p.facts)
+    build_fast(ast.parse(general), p.facts, p.pack_formats)
     assert "        t_6(C, F)\n" in general
     for bad, why in (
         ("C.weird = 1", "uses C.weird"),
@@ -314,6 +314,7 @@ def test_unknown_shapes_are_refused() -> None:
                     general.replace("        t_6(C, F)\n", f"        t_6(C, F)\n        {bad}\n")
                 ),
                 p.facts,
+                p.pack_formats,
             )
 
 
