@@ -48,8 +48,8 @@ from typing import Any
 
 from p4.v1 import p4runtime_pb2
 
-from shadowgrad.bmv2_testbed.dataplane import Pipeline
 from shadowgrad.controller.p4runtime import P4RuntimeClient
+from shadowgrad.p4target.dataplane import Pipeline
 from shadowgrad.testing.bmv2 import VethNamespace
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -215,8 +215,8 @@ def measure(
 def inprocess_switch(pipe: Pipeline, ports: list[Any]) -> Any:
     """An in-process :class:`Switch` with ``ports`` and the benchmark's program and entries
     (what :func:`program_target` writes over P4Runtime: groups 1 = {2}, 2 = {2, 3})."""
-    from shadowgrad.bmv2_testbed.dataplane import Exact, TableEntry
-    from shadowgrad.bmv2_testbed.switch import Switch
+    from shadowgrad.p4target.dataplane import Exact, TableEntry
+    from shadowgrad.p4target.switch import Switch
 
     info = pipe.p4info
     mc = next(t for t in info.tables if t.preamble.name.endswith(".mc"))
@@ -246,8 +246,8 @@ def profile_target(copies: int, payload: int, n: int, top: int = 25) -> None:
     import cProfile
     import pstats
 
-    from shadowgrad.bmv2_testbed.ports import AfPacketPort
-    from shadowgrad.bmv2_testbed.switch import Switch
+    from shadowgrad.p4target.ports import AfPacketPort
+    from shadowgrad.p4target.switch import Switch
 
     veths = VethNamespace([1, 2, 3])
     try:
@@ -301,7 +301,7 @@ def cpu_per_packet(n: int = 10000, repeat: int = 7) -> None:
     ports whose ``send`` only counts, the same program and entries, ``n`` frames per item
     through ``Switch._deliver_batch`` on this thread, one at a time and in the batches an RX
     port hands over when frames are waiting; the best of ``repeat`` (``time.thread_time``)."""
-    from shadowgrad.bmv2_testbed.ports import _PROC_BATCH, Port
+    from shadowgrad.p4target.ports import _PROC_BATCH, Port
 
     class NullPort(Port):
         def send(self, frame: bytes) -> None:

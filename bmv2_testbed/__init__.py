@@ -1,35 +1,13 @@
-"""shadowgrad.bmv2_testbed: the P4 software target, a stand-in for bmv2 ``simple_switch_grpc``.
+"""shadowgrad.bmv2_testbed: the testbed for bmv2-style emulation runs.
 
-It takes P4_16 v1model *source*, checks and compiles it once into Python code
-(:class:`Pipeline`), executes packets with bmv2's v1model semantics (:class:`Dataplane`), emits a
-p4c-compatible P4Info, and is served over P4Runtime with ports on veths, loopback UDP or
-in-process. Needs the ``shadowgrad[testbed]`` extra; see docs/p4target.md and
-docs/switch-target.md.
+Hosts behind one P4 switch on one machine (:mod:`.topology`: network namespaces + veths, or
+loopback UDP ports; :mod:`.p4_mininet`: the same as Mininet hosts behind a Mininet
+``P4RuntimeSwitch``), the in-band job's switch (:mod:`.inband`), the demo's scenarios, runner,
+training worker, progress and report (:mod:`.scenario`, :mod:`.runner`, :mod:`.demo_worker`,
+:mod:`.progress`, :mod:`.report`; ``shadowgrad demo``), and p4lang/tutorials' exercise runner
+(:mod:`.exercise`, ``shadowgrad-run-exercise``). The switch it runs is ``sg-switch-grpc``, the P4
+software target (:mod:`shadowgrad.p4target`), or real ``simple_switch_grpc`` where installed.
+Needs the ``shadowgrad[testbed]`` extra; see docs/testbed.md.
 """
 
-from .dataplane import (
-    CloneSession,
-    Dataplane,
-    DataplaneError,
-    Exact,
-    Lpm,
-    OptionalMatch,
-    Range,
-    TableEntry,
-    Ternary,
-)
-from .pipeline import P4CompileError, Pipeline
-
-__all__ = [
-    "Pipeline",
-    "P4CompileError",
-    "Dataplane",
-    "DataplaneError",
-    "TableEntry",
-    "Exact",
-    "Lpm",
-    "Ternary",
-    "Range",
-    "OptionalMatch",
-    "CloneSession",
-]
+__all__: list[str] = []

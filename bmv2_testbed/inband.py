@@ -34,8 +34,7 @@ from shadowgrad.controller.p4runtime import P4RuntimeClient
 from shadowgrad.controller.switch import ConvergeReport, SwitchDriver
 from shadowgrad.errors import ConfigError
 from shadowgrad.layout import Layout
-
-from .pipeline import Pipeline
+from shadowgrad.p4target.pipeline import Pipeline
 
 __all__ = ["AttachedSwitch", "JobSwitch", "PRODUCT_PROGRAM", "compile_product", "switch_options"]
 
@@ -101,7 +100,7 @@ def switch_options(
 
 
 def _reap(state: dict[str, Any]) -> None:
-    from .process import stop_switch
+    from shadowgrad.p4target.process import stop_switch
 
     stop_switch(state)
     log = state.pop("log", None)
@@ -168,7 +167,7 @@ class JobSwitch:
             headroom=headroom,
             extra_args=extra_args,
         )
-        cmd = list(switch_cmd or [sys.executable, "-m", "shadowgrad.bmv2_testbed._switch_cmd"])
+        cmd = list(switch_cmd or [sys.executable, "-m", "shadowgrad.p4target._switch_cmd"])
         cmd += ["--no-p4", "--device-id", str(sw.device_id)]
         hosts = [
             *zip(sw.trainer_ports, spec.trainers.addresses, strict=True),
@@ -219,7 +218,7 @@ class JobSwitch:
         )
         self._state["proc"] = proc
         self.proc = proc
-        from .process import wait_switch_ready
+        from shadowgrad.p4target.process import wait_switch_ready
 
         try:
             self.grpc_addr = wait_switch_ready(proc, start_timeout_s)

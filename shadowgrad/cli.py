@@ -58,11 +58,11 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "run an emulated job (switch, shadows, controller, trainers), inject faults, report",
     ),
     "p4c": (
-        "shadowgrad.bmv2_testbed._compile_cmd",
+        "shadowgrad.p4target._compile_cmd",
         "compile a P4_16 v1model program for the software target (p4c-like)",
     ),
     "p4test": (
-        "shadowgrad.bmv2_testbed._p4test_cmd",
+        "shadowgrad.p4target._p4test_cmd",
         "run STF tests (p4c's bmv2 format) on the software target: PROG.p4 [TEST.stf] or a folder",
     ),
 }

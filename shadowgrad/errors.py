@@ -164,7 +164,7 @@ class ControlError(ShadowgradError):
 class P4RuntimeError(ShadowgradError, RuntimeError):
     """A failed P4Runtime operation, on either side of the connection: the controller's client
     (``shadowgrad.controller.p4runtime``) raises it for a failed RPC, the software switch's
-    server (``shadowgrad.bmv2_testbed.p4runtime_server``) for one update or a whole RPC that it
+    server (``shadowgrad.p4target.p4runtime_server``) for one update or a whole RPC that it
     refuses. ``code`` is the ``grpc.StatusCode`` (None where there was none, e.g. a client that
     is closed); ``message`` is the text without the code. Defined here, in the core, so that
     both peer packages share one class without importing each other (and without grpc here)."""

@@ -4,8 +4,11 @@
   uses the objects of :mod:`shadowgrad.dtypes` / :mod:`shadowgrad.torch_dtypes` (identity, not
   equal copies), and the table agrees with torch and with the wire enum.
 * The trainer side imports only core: no module under ``trainer_hooks/`` imports a peer package
-  (``shadowgrad.shadow``, ``shadowgrad.controller``, ``shadowgrad.bmv2_testbed``), save the one
-  listed exception.
+  (``shadowgrad.shadow``, ``shadowgrad.controller``, ``shadowgrad.p4target``,
+  ``shadowgrad.bmv2_testbed``), save the listed exceptions.
+* The shadow, the controller and the P4 software target import core, never each other, the
+  trainer side or the testbed (issue 25): the testbed may import the target, the target never
+  imports the testbed.
 """
 
 from __future__ import annotations
@@ -204,7 +207,12 @@ def test_core_dtype_side_is_torch_free() -> None:
 
 # -- the trainer side imports only core -----------------------------------------------------------
 
-PEERS = ("shadowgrad.shadow", "shadowgrad.controller", "shadowgrad.bmv2_testbed")
+PEERS = (
+    "shadowgrad.shadow",
+    "shadowgrad.controller",
+    "shadowgrad.p4target",
+    "shadowgrad.bmv2_testbed",
+)
 
 #: (file under trainer_hooks/, module) pairs allowed anyway, with the reason (none: the helper
 #: that runs real shadow nodes in-process is shadowgrad.testing.cluster)
@@ -291,18 +299,20 @@ def test_import_scan_sees_every_form(tmp_path: Path) -> None:
 #: (file, module) imports of another package allowed anyway, with the reason
 PEER_ALLOWED = {
     # `shadowgrad switch program` with switch.target = "bmv2_testbed" compiles p4/ with the
-    # software target's compiler (where a user of real bmv2 runs p4c), imported lazily there
+    # software target's compiler (where a user of real bmv2 runs p4c), through the testbed's
+    # cached compile of the product program, imported lazily there
     ("controller/_cmd.py", "shadowgrad.bmv2_testbed.inband"),
 }
 
 
-@pytest.mark.parametrize("peer", ["shadow", "controller"])
+@pytest.mark.parametrize("peer", ["shadow", "controller", "p4target"])
 def test_peer_packages_import_no_other_peer(peer: str) -> None:
-    """DESIGN §1: core <- shadow, trainer_hooks, controller <- bmv2_testbed. The shadow and the
-    controller import core, never each other (nor the trainer side or the testbed, but for
-    :data:`PEER_ALLOWED`)."""
+    """DESIGN §1: core <- shadow, trainer_hooks, controller, p4target <- bmv2_testbed. The shadow,
+    the controller and the P4 software target import core, never each other (nor the trainer
+    side or the testbed, but for :data:`PEER_ALLOWED`): the testbed runs the target, the target
+    knows nothing of the testbed, and a switch needs no controller code to serve P4Runtime."""
     others = ("shadowgrad.shadow", "shadowgrad.controller", "shadowgrad.trainer_hooks")
-    others += ("shadowgrad.bmv2_testbed",)
+    others += ("shadowgrad.p4target", "shadowgrad.bmv2_testbed")
     own = f"shadowgrad.{peer}"
     folder = ROOT / peer
     bad: list[str] = []
@@ -325,6 +335,7 @@ LIBRARY = {
     "shadow": "shadowgrad.shadow",
     "controller": "shadowgrad.controller",
     "trainer_hooks": "shadowgrad.trainer_hooks",
+    "p4target": "shadowgrad.p4target",
     "bmv2_testbed": "shadowgrad.bmv2_testbed",
 }
 
@@ -346,3 +357,16 @@ def test_no_library_module_imports_test_support() -> None:
                     bad.append(f"{folder}/{rel.as_posix()}:{line}: {mod}")
     assert seen > 50
     assert not bad, "library code imports test support:\n" + "\n".join(bad)
+
+
+def test_import_rules_cover_every_mapped_folder() -> None:
+    """Every folder of the package mapping is scanned above: a new top-level package (the P4
+    target split out of the testbed, issue 25) cannot slip past the import rules."""
+    import tomllib
+
+    cfg = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
+    mapping = cfg["tool"]["setuptools"]["package-dir"]
+    assert {folder: pkg for pkg, folder in mapping.items()} == LIBRARY
+    assert set(PEERS) == {pkg for pkg in mapping if pkg.count(".") == 1} - {
+        "shadowgrad.trainer_hooks"
+    }

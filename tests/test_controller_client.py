@@ -22,14 +22,14 @@ import grpc
 from google.rpc import code_pb2
 from p4.v1 import p4runtime_pb2, p4runtime_pb2_grpc
 
-from shadowgrad.bmv2_testbed.dataplane import Pipeline
-from shadowgrad.bmv2_testbed.p4runtime_server import API_VERSION, P4RuntimeServer
-from shadowgrad.bmv2_testbed.switch import Switch
 from shadowgrad.controller.p4runtime import (
     P4RuntimeClient,
     P4RuntimeError,
     P4RuntimeWriteError,
 )
+from shadowgrad.p4target.dataplane import Pipeline
+from shadowgrad.p4target.p4runtime_server import API_VERSION, P4RuntimeServer
+from shadowgrad.p4target.switch import Switch
 from tests.test_p4rt_server import (
     Names,
     dmac_entry,

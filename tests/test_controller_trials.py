@@ -27,10 +27,10 @@ pytest.importorskip("grpc")
 pytest.importorskip("p4")
 
 from shadowgrad.bmv2_testbed.inband import JobSwitch
-from shadowgrad.bmv2_testbed.process import stop_process
 from shadowgrad.config import parse_spec
 from shadowgrad.controller.service import Controller, ControllerOptions
 from shadowgrad.freeports import free_port
+from shadowgrad.p4target.process import stop_process
 from shadowgrad.specs import switch_spec
 from shadowgrad.testing.cluster import shadow_cluster
 from shadowgrad.testing.fakes import FakeShadowStatuses

@@ -13,8 +13,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from shadowgrad.bmv2_testbed.ports import AfPacketPort
 from shadowgrad.bmv2_testbed.topology import add_veth, disable_ipv6
+from shadowgrad.p4target.ports import AfPacketPort
 
 pytestmark = pytest.mark.netns
 

@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 from p4.v1 import p4runtime_pb2
 
-from shadowgrad.bmv2_testbed.pcap import read_pcap
-from shadowgrad.bmv2_testbed.process import stop_process, wait_switch_ready
 from shadowgrad.bmv2_testbed.topology import add_veth, disable_ipv6, ns_sh
 from shadowgrad.errors import P4RuntimeError
+from shadowgrad.p4target.pcap import read_pcap
+from shadowgrad.p4target.process import stop_process, wait_switch_ready
 from shadowgrad.testing.processes import spawn_switch
 from tests.test_p4rt_server import Client, Names, dmac_entry, lpm_entry, mc_entity, upd
 

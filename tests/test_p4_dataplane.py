@@ -5,7 +5,7 @@ P4Info, never ids), so the same cases run on
 
 * ``inproc``: the project's target in-process (:class:`InProcessBackend`, always);
 * ``bmv2``: real ``p4c`` + ``simple_switch_grpc`` (marker ``bmv2``), when both are on PATH,
-  through ``shadowgrad.bmv2_testbed.testing.RealBmv2Backend`` (P4Runtime, veths in a netns);
+  through ``shadowgrad.testing.bmv2.RealBmv2Backend`` (P4Runtime, veths in a netns);
 * ``subprocess``: the same ``RealBmv2Backend`` against this project's ``shadowgrad-p4c`` +
   ``sg-switch-grpc`` binaries (markers ``netns``, ``slow``; root), which proves the backend.
 """
@@ -30,8 +30,8 @@ from scapy.layers.inet import IP, UDP
 from scapy.layers.l2 import Ether
 from scapy.packet import Packet, Raw, bind_layers
 
-from shadowgrad.bmv2_testbed import Dataplane, Pipeline, TableEntry
-from shadowgrad.bmv2_testbed.dataplane import Exact, Lpm, OptionalMatch, Range, Ternary
+from shadowgrad.p4target import Dataplane, Pipeline, TableEntry
+from shadowgrad.p4target.dataplane import Exact, Lpm, OptionalMatch, Range, Ternary
 
 PROGS = Path(__file__).resolve().parent / "p4progs"
 CPU_PORT = 255
@@ -225,7 +225,7 @@ def backend_kind(request: pytest.FixtureRequest) -> Iterator[Any]:
     try:
         from shadowgrad.testing.bmv2 import RealBmv2Backend
     except ImportError:
-        pytest.skip("no P4Runtime-driven real-bmv2 backend (bmv2_testbed.testing) yet")
+        pytest.skip("no P4Runtime-driven real-bmv2 backend (shadowgrad.testing.bmv2) yet")
     with RealBmv2Backend(p4c=p4c, switch=switch, prog_dir=PROGS, cpu_port=CPU_PORT) as b:
         yield b
 

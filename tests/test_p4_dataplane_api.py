@@ -9,7 +9,8 @@ import pytest
 
 pytest.importorskip("p4")
 
-from shadowgrad.bmv2_testbed.dataplane import (
+from shadowgrad.errors import ShadowgradError
+from shadowgrad.p4target.dataplane import (
     AlreadyExistsError,
     Dataplane,
     DataplaneError,
@@ -25,8 +26,7 @@ from shadowgrad.bmv2_testbed.dataplane import (
     Ternary,
     UnimplementedError,
 )
-from shadowgrad.bmv2_testbed.pipeline import Pipeline
-from shadowgrad.errors import ShadowgradError
+from shadowgrad.p4target.pipeline import Pipeline
 
 PROGS = Path(__file__).resolve().parent / "p4progs"
 

@@ -1,4 +1,4 @@
-"""The straight-line fast path (``bmv2_testbed/codegen/straight.py``) against the general path.
+"""The straight-line fast path (``p4target/codegen/straight.py``) against the general path.
 
 Every covered program (the test programs in ``tests/p4progs`` and the project's own
 ``p4/shadowgrad.p4``; :func:`test_coverage_is_what_we_expect` fails when the fast path accepts
@@ -20,8 +20,8 @@ import pytest
 
 pytest.importorskip("p4")
 
-from shadowgrad.bmv2_testbed.codegen.straight import FastPathUnsupported, build_fast
-from shadowgrad.bmv2_testbed.dataplane import (
+from shadowgrad.p4target.codegen.straight import FastPathUnsupported, build_fast
+from shadowgrad.p4target.dataplane import (
     Dataplane,
     Exact,
     Lpm,
@@ -31,7 +31,7 @@ from shadowgrad.bmv2_testbed.dataplane import (
     TableEntry,
     Ternary,
 )
-from shadowgrad.bmv2_testbed.pipeline import Pipeline
+from shadowgrad.p4target.pipeline import Pipeline
 
 PROGS = Path(__file__).resolve().parent / "p4progs"
 #: every program, by name: the test programs and the switch program of the project
@@ -289,8 +289,8 @@ def test_coverage_is_what_we_expect() -> None:
 
 
 def test_instance_type_constant_matches_the_dataplane() -> None:
-    from shadowgrad.bmv2_testbed import dataplane
-    from shadowgrad.bmv2_testbed.codegen import straight
+    from shadowgrad.p4target import dataplane
+    from shadowgrad.p4target.codegen import straight
 
     assert straight.PKT_REPLICATION == dataplane.PKT_REPLICATION
 
@@ -301,7 +301,7 @@ def test_unknown_shapes_are_refused() -> None:
     p = Pipeline.compile(PROGS / "mcast.p4")
     general = p.source.split("\n_SPP0 = ")[0]
     assert "def fast(" not in general
-    build_fast(ast.parse(general), p.facts)
+    build_fast(ast.parse(general), p.facts, p.pack_formats)
     assert "        t_6(C, F)\n" in general
     for bad, why in (
         ("C.weird = 1", "uses C.weird"),
@@ -314,6 +314,7 @@ def test_unknown_shapes_are_refused() -> None:
                     general.replace("        t_6(C, F)\n", f"        t_6(C, F)\n        {bad}\n")
                 ),
                 p.facts,
+                p.pack_formats,
             )
 
 

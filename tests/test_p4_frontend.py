@@ -8,7 +8,7 @@ import pytest
 
 pytest.importorskip("p4")
 
-from shadowgrad.bmv2_testbed.pipeline import P4CompileError, Pipeline
+from shadowgrad.p4target.pipeline import P4CompileError, Pipeline
 
 ROOT = Path(__file__).resolve().parents[1]
 PROGS = ROOT / "tests" / "p4progs"
@@ -239,7 +239,7 @@ def test_preprocessor_defines_and_conditionals() -> None:
 
 
 def test_a_sub_control_without_tables_can_be_applied_twice() -> None:
-    from shadowgrad.bmv2_testbed.dataplane import Dataplane
+    from shadowgrad.p4target.dataplane import Dataplane
 
     src = ing(
         "        e.apply(hdr);\n        e.apply(hdr);\n        sm.egress_spec = 1;", "    T() e;"
@@ -258,7 +258,7 @@ def test_a_sub_control_without_tables_can_be_applied_twice() -> None:
 def test_function_like_macros() -> None:
     """Arguments expanded before substitution, the result scanned again, a call whose
     arguments go on over lines, #undef and redefinition."""
-    from shadowgrad.bmv2_testbed.dataplane import Dataplane
+    from shadowgrad.p4target.dataplane import Dataplane
 
     src = ing(
         "        sm.egress_spec = PICK(9w1,\n            TWICE(\n  ONE));\n"
@@ -346,7 +346,7 @@ def test_project_headers_p4_parses() -> None:
         "V1Switch(P(), V(), I(), E(), V(), D()) main;\n"
     )
     p = Pipeline.compile(src, include_dirs=[ROOT / "p4" / "include"], filename="sg.p4")
-    from shadowgrad.bmv2_testbed.dataplane import Dataplane
+    from shadowgrad.p4target.dataplane import Dataplane
 
     dp = Dataplane(p)
     sg = bytearray(64)
@@ -373,7 +373,7 @@ def test_lookahead_header_and_advance() -> None:
         )
         + POST
     )
-    from shadowgrad.bmv2_testbed.dataplane import Dataplane
+    from shadowgrad.p4target.dataplane import Dataplane
 
     dp = Dataplane(Pipeline.compile(src, filename="la.p4"))
     assert dp.process(0, b"\x00\x01\x02\x03\x04\x05") == [(2, b"\x01\x02\x03\x04\x05")]

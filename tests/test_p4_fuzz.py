@@ -9,8 +9,8 @@ import pytest
 
 pytest.importorskip("p4")
 
-from shadowgrad.bmv2_testbed.dataplane import Dataplane, Exact, TableEntry
-from shadowgrad.bmv2_testbed.pipeline import Pipeline
+from shadowgrad.p4target.dataplane import Dataplane, Exact, TableEntry
+from shadowgrad.p4target.pipeline import Pipeline
 
 PROGS = Path(__file__).resolve().parent / "p4progs"
 SEEDS = [

@@ -3,7 +3,8 @@ backend makes of a node (codegen/general.py), tested apart from the dataplane.
 
 * A checked program's IR carries resolved types: P4 arithmetic as ``Arith`` on bit<W> with its
   width, a select as keys plus keyset matches, a table's keys with their widths.
-* The checker writes no code: it imports nothing from the general backend that writes Python.
+* The IR carries P4 names only, so the checker (the whole front end) imports nothing from a
+  backend; the backends derive their Python names and header packers themselves.
 * Each expression node, rendered by the general backend and evaluated, computes what P4 says
   (wrap-around of bit<W>, two's complement of int<W>, saturation, slices, concatenation,
   casts), checked against a reference written here from the P4 spec for random operands.
@@ -17,10 +18,10 @@ from pathlib import Path
 
 import pytest
 
-from shadowgrad.bmv2_testbed.codegen.general import py_expr
-from shadowgrad.bmv2_testbed.frontend import ir
-from shadowgrad.bmv2_testbed.frontend.types import BitT, BoolT
-from shadowgrad.bmv2_testbed.pipeline import Pipeline, _div, _mod
+from shadowgrad.p4target.codegen.general import py_expr
+from shadowgrad.p4target.frontend import ir
+from shadowgrad.p4target.frontend.types import BitT, BoolT
+from shadowgrad.p4target.pipeline import Pipeline, _div, _mod
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -104,17 +105,59 @@ def test_the_checked_program_is_typed_ir() -> None:
     assert {("ttl", "bit<8>"), ("delta", "int<8>"), ("type", "bit<16>")} <= widths, widths
 
 
-def test_the_checker_writes_no_code() -> None:
-    """The checker imports from the general backend only its naming and layout rules, nothing
-    that writes Python (that is the backend's, from the IR)."""
-    tree = ast.parse((ROOT / "bmv2_testbed/frontend/checker.py").read_text())
-    imported = {
-        a.name
-        for n in ast.walk(tree)
-        if isinstance(n, ast.ImportFrom) and (n.module or "").endswith("codegen.general")
-        for a in n.names
+def _frontend_imports(source: str) -> set[str]:
+    """Every module a front-end module (``shadowgrad.p4target.frontend.X``) with ``source``
+    imports, absolute (and each imported name as ``module.name``)."""
+    imported: set[str] = set()
+    for n in ast.walk(ast.parse(source)):
+        if isinstance(n, ast.Import):
+            imported.update(a.name for a in n.names)
+        elif isinstance(n, ast.ImportFrom):
+            base = ["shadowgrad", "p4target", "frontend"][: 4 - n.level] if n.level else []
+            mod = ".".join([*base, *([n.module] if n.module else [])])
+            imported.add(mod)
+            imported.update(f"{mod}.{a.name}" for a in n.names)
+    return imported
+
+
+def test_the_checker_imports_nothing_from_a_backend() -> None:
+    """The IR carries P4 names only, so the checker -- the whole front end -- imports nothing
+    from a backend (``codegen``: the Python names, the codecs, the code), nor the pipeline or
+    the dataplane that run it (issue 25)."""
+    # the scan resolves relative imports: the checker's old import of the naming rules is seen
+    assert "shadowgrad.p4target.codegen.general.attr" in _frontend_imports(
+        "from ..codegen.general import attr\n"
+    )
+    files = sorted((ROOT / "p4target" / "frontend").glob("*.py"))
+    assert ROOT / "p4target" / "frontend" / "checker.py" in files
+    bad = {
+        f"{path.name}: {mod}"
+        for path in files
+        for mod in _frontend_imports(path.read_text(encoding="utf-8"))
+        if mod.startswith("shadowgrad.") and not mod.startswith("shadowgrad.p4target.frontend")
     }
-    assert imported <= {"attr", "header_codec", "scalar_default"}, imported
+    assert not bad, bad
+
+
+def test_facts_carry_p4_names() -> None:
+    """What the checker records for the backends names fields and variables as the P4
+    program does; the backends derive their own names (a field ``class`` is ``f_class`` in the
+    Python, and the straight-line backend still covers the program)."""
+    src = (
+        PROG.replace("int<8> delta;", "int<8> class;")
+        .replace("hdr.ip.delta: exact", "hdr.ip.class: exact")
+        .replace("struct metadata { bit<8> m; }", "struct metadata { bit<8> m; bit<8> from; }")
+    )
+    pipe = Pipeline.compile(src, filename="names.p4")
+    assert pipe.facts.headers == {
+        "eth": {"dst": 0, "src": 0, "type": 0},
+        "ip": {"ttl": 0, "class": 0, "len": 0},
+    }
+    assert pipe.facts.meta == {"m": 0, "from": 0}
+    assert "f_class" in pipe.source and "f_from" in pipe.source
+    assert pipe.fast_code is not None, pipe.fast_unsupported
+    # the one-call packers are the general backend's, not the checker's
+    assert pipe.pack_formats == {"eth_t": "!IHIHH", "ip_t": "!BBH"}
 
 
 def _bits(t: BitT, x: int) -> int:

@@ -10,8 +10,8 @@ pytest.importorskip("p4")
 
 from google.protobuf import text_format
 
-from shadowgrad.bmv2_testbed.p4info import jenkins_one_at_a_time, p4_id
-from shadowgrad.bmv2_testbed.pipeline import P4CompileError, Pipeline
+from shadowgrad.p4target.p4info import jenkins_one_at_a_time, p4_id
+from shadowgrad.p4target.pipeline import P4CompileError, Pipeline
 
 PROGS = Path(__file__).resolve().parent / "p4progs"
 
@@ -141,7 +141,7 @@ def test_artefact_round_trip(tmp_path: Path) -> None:
 
 
 def test_compile_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from shadowgrad.bmv2_testbed._compile_cmd import main
+    from shadowgrad.p4target._compile_cmd import main
 
     out = tmp_path / "build"
     rc = main(

@@ -9,8 +9,8 @@ import pytest
 
 pytest.importorskip("p4")
 
-from shadowgrad.bmv2_testbed.dataplane import Dataplane
-from shadowgrad.bmv2_testbed.pipeline import Pipeline
+from shadowgrad.p4target.dataplane import Dataplane
+from shadowgrad.p4target.pipeline import Pipeline
 
 LOOP_P4 = """
 #include <core.p4>

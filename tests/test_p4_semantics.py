@@ -17,8 +17,8 @@ import pytest
 
 pytest.importorskip("p4")
 
-from shadowgrad.bmv2_testbed.dataplane import Dataplane
-from shadowgrad.bmv2_testbed.pipeline import Pipeline
+from shadowgrad.p4target.dataplane import Dataplane
+from shadowgrad.p4target.pipeline import Pipeline
 
 VARS = {
     "a": (8, False),

@@ -1,4 +1,4 @@
-"""STF files against the target (``bmv2_testbed/stf.py``) and p4c's bmv2 STF corpus
+"""STF files against the target (``p4target/stf.py``) and p4c's bmv2 STF corpus
 (``../shared/p4c-stf``; skipped where it is absent): every program's result is recorded in
 ``tests/golden/p4c_stf_results.json``, so a program that passes today and fails tomorrow, or
 one that compiles today and is rejected tomorrow, fails this test."""
@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from shadowgrad.bmv2_testbed.pipeline import Pipeline
-from shadowgrad.bmv2_testbed.stf import compare_packet, run_stf
+from shadowgrad.p4target.pipeline import Pipeline
+from shadowgrad.p4target.stf import compare_packet, run_stf
 
 ROOT = Path(__file__).resolve().parents[1]
 CORPUS = ROOT / ".." / "shared" / "p4c-stf"
@@ -20,7 +20,7 @@ RECORD = ROOT / "tests" / "golden" / "p4c_stf_results.json"
 
 def _rejects(program: str, old: str, new: str, msg: str) -> None:
     """``program`` with ``old`` replaced by ``new`` fails to compile with ``msg``."""
-    from shadowgrad.bmv2_testbed.pipeline import P4CompileError
+    from shadowgrad.p4target.pipeline import P4CompileError
 
     assert old in program
     with pytest.raises(P4CompileError, match=msg):
@@ -136,7 +136,7 @@ mirroring_add 5 4
 
 @pytest.mark.skipif(not CORPUS.is_dir(), reason="../shared/p4c-stf is absent")
 def test_p4c_stf_corpus_matches_the_record() -> None:
-    from shadowgrad.bmv2_testbed.corpus import run_corpus
+    from shadowgrad.p4target.corpus import run_corpus
 
     results = run_corpus(CORPUS)
     record = json.loads(RECORD.read_text())
@@ -170,7 +170,7 @@ def test_nested_slice_assignment_is_a_slice_of_the_base() -> None:
 
 
 def test_a_code_generator_failure_is_a_diagnostic(monkeypatch: pytest.MonkeyPatch) -> None:
-    from shadowgrad.bmv2_testbed import pipeline as pl
+    from shadowgrad.p4target import pipeline as pl
 
     def broken(*_a: object, **_k: object) -> None:
         raise SyntaxError("cannot assign to expression here")
@@ -235,7 +235,7 @@ expect 1 1b 29 1501 $
     ],
 )
 def test_function_errors_are_located(decl: str, call: str, msg: str) -> None:
-    from shadowgrad.bmv2_testbed.pipeline import P4CompileError
+    from shadowgrad.p4target.pipeline import P4CompileError
 
     src = PROG.replace("control I(", decl + "\ncontrol I(").replace("t.apply();", call)
     with pytest.raises(P4CompileError) as ei:
@@ -272,7 +272,7 @@ expect 1 20 30 0102 $
 
 
 def test_an_inout_action_cannot_be_in_a_table() -> None:
-    from shadowgrad.bmv2_testbed.pipeline import P4CompileError
+    from shadowgrad.p4target.pipeline import P4CompileError
 
     src = INOUT_ACTIONS.replace("actions = { fwd; drop; }", "actions = { fwd; drop; bump; }")
     with pytest.raises(P4CompileError, match="has directional parameters and cannot be used"):
@@ -299,7 +299,7 @@ def test_list_initializers_of_headers() -> None:
         r = run_stf(p, "packet 0 05 00 0000\nexpect 1 05 06 010a $\n", fast_path=fast)
         assert r.ok, r.errors
     bad = LIST_INIT.replace("{ 1, 2, 3 }", "{ 1, 2 }")
-    from shadowgrad.bmv2_testbed.pipeline import P4CompileError
+    from shadowgrad.p4target.pipeline import P4CompileError
 
     with pytest.raises(P4CompileError, match="has 2 element"):
         Pipeline.compile(bad, filename="list.p4")
@@ -814,7 +814,7 @@ expect 1 07 ff 0000 $
 
 
 def test_dont_care_arguments_and_lookahead_of_a_struct() -> None:
-    from shadowgrad.bmv2_testbed.pipeline import P4CompileError
+    from shadowgrad.p4target.pipeline import P4CompileError
 
     src = (
         PROG.replace(
@@ -853,7 +853,7 @@ expect 2 01 02 0304 99 $
 
 
 def test_actions_with_header_parameters_are_inlined() -> None:
-    from shadowgrad.bmv2_testbed.pipeline import P4CompileError
+    from shadowgrad.p4target.pipeline import P4CompileError
 
     src = PROG.replace(
         "action drop() { mark_to_drop(sm); }",
@@ -1026,7 +1026,7 @@ V1Switch(P(), V(), I(), E(), C(), D()) main;
 
 
 def test_sub_parser_of_one_state_is_inlined() -> None:
-    from shadowgrad.bmv2_testbed.pipeline import P4CompileError
+    from shadowgrad.p4target.pipeline import P4CompileError
 
     p = Pipeline.compile(SUBPARSER, filename="subp.p4")
     stf = """

@@ -1,4 +1,4 @@
-"""The v1model traffic-manager rules (``bmv2_testbed/v1model.py``): the decision tables, and
+"""The v1model traffic-manager rules (``p4target/v1model.py``): the decision tables, and
 that both execution paths take them from that one module (the fast path inlines them)."""
 
 from __future__ import annotations
@@ -10,11 +10,11 @@ from typing import Any
 
 import pytest
 
-from shadowgrad.bmv2_testbed import dataplane, pipeline, v1model
-from shadowgrad.bmv2_testbed.codegen import straight
-from shadowgrad.bmv2_testbed.codegen.straight import FastPathUnsupported, _inline_v1model
-from shadowgrad.bmv2_testbed.pipeline import Pipeline
-from shadowgrad.bmv2_testbed.v1model import (
+from shadowgrad.p4target import dataplane, pipeline, v1model
+from shadowgrad.p4target.codegen import straight
+from shadowgrad.p4target.codegen.straight import FastPathUnsupported, _inline_v1model
+from shadowgrad.p4target.pipeline import Pipeline
+from shadowgrad.p4target.v1model import (
     DROP,
     FORWARD,
     PKT_NORMAL,

@@ -9,7 +9,7 @@ pytest.importorskip("p4")
 
 from p4.v1 import p4runtime_pb2
 
-from shadowgrad.bmv2_testbed._digests import MIN_TIMEOUT_NS, DigestBuffer
+from shadowgrad.p4target._digests import MIN_TIMEOUT_NS, DigestBuffer
 
 MS = 1_000_000
 A, B, C = (b"\x0a", b"\x01"), (b"\x0b", b"\x01"), (b"\x0c", b"\x02")

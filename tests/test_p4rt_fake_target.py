@@ -1,4 +1,4 @@
-"""The P4Runtime server over the in-memory target seam (bmv2_testbed/runtime_target.py): what a
+"""The P4Runtime server over the in-memory target seam (p4target/runtime_target.py): what a
 client writes lands in the FakeDataplane as the server decoded it, reads come back from it, a
 duplicate or a missing key fails that update only, and a new pipeline gives a fresh dataplane."""
 
@@ -14,8 +14,8 @@ pytest.importorskip("p4")
 from google.rpc import code_pb2
 from p4.v1 import p4runtime_pb2
 
-from shadowgrad.bmv2_testbed.dataplane import Exact, Lpm, Pipeline
-from shadowgrad.bmv2_testbed.p4runtime_server import P4RuntimeServer
+from shadowgrad.p4target.dataplane import Exact, Lpm, Pipeline
+from shadowgrad.p4target.p4runtime_server import P4RuntimeServer
 from shadowgrad.testing.fakes import FakeDataplane, FakeTarget
 from tests.test_p4rt_server import (
     Client,

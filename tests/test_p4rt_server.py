@@ -21,10 +21,11 @@ from google.rpc import code_pb2
 from p4.config.v1 import p4info_pb2
 from p4.v1 import p4runtime_pb2, p4runtime_pb2_grpc
 
-from shadowgrad.bmv2_testbed.dataplane import Pipeline
-from shadowgrad.bmv2_testbed.p4runtime_server import API_VERSION, grpc_details
-from shadowgrad.bmv2_testbed.ports import InProcessPort
-from shadowgrad.bmv2_testbed.switch import Switch
+from shadowgrad.controller.p4runtime import status_details
+from shadowgrad.p4target.dataplane import Pipeline
+from shadowgrad.p4target.p4runtime_server import API_VERSION
+from shadowgrad.p4target.ports import InProcessPort
+from shadowgrad.p4target.switch import Switch
 
 PROG = Path(__file__).resolve().parent / "p4progs" / "rt_l2l3.p4"
 CPU = 255
@@ -158,7 +159,7 @@ def upd(kind: int, entity: p4runtime_pb2.Entity) -> p4runtime_pb2.Update:
 
 
 def codes(e: grpc.RpcError) -> list[int]:
-    return [x.canonical_code for x in grpc_details(e)]
+    return [x.canonical_code for x in status_details(e)]
 
 
 # ---- fixtures ----------------------------------------------------------------------------------

@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 from google.protobuf import text_format
 
-from shadowgrad.bmv2_testbed.dataplane import Pipeline
-from shadowgrad.bmv2_testbed.process import stop_process, wait_switch_ready
+from shadowgrad.p4target.dataplane import Pipeline
+from shadowgrad.p4target.process import stop_process, wait_switch_ready
 from shadowgrad.testing.processes import spawn_switch
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -1,4 +1,4 @@
-"""``shadowgrad p4test`` (bmv2_testbed/_p4test_cmd.py): one program and its STF file, a corpus
+"""``shadowgrad p4test`` (p4target/_p4test_cmd.py): one program and its STF file, a corpus
 folder; and p4c's corpus with its tokens deleted or swapped never gets anything but a located
 diagnostic or a working pipeline out of the target (issue 26)."""
 
@@ -14,8 +14,8 @@ import pytest
 
 pytest.importorskip("p4")
 
-from shadowgrad.bmv2_testbed.dataplane import Dataplane
-from shadowgrad.bmv2_testbed.pipeline import P4CompileError, Pipeline
+from shadowgrad.p4target.dataplane import Dataplane
+from shadowgrad.p4target.pipeline import P4CompileError, Pipeline
 
 ROOT = Path(__file__).resolve().parents[1]
 CORPUS = ROOT / ".." / "shared" / "p4c-stf"

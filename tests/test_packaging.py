@@ -59,6 +59,7 @@ def test_trainer_side_imports_are_lean(block: bool) -> None:
 def test_subpackages_map_into_one_namespace() -> None:
     import shadowgrad.bmv2_testbed
     import shadowgrad.controller
+    import shadowgrad.p4target
     import shadowgrad.shadow
     import shadowgrad.trainer_hooks
 
@@ -66,6 +67,7 @@ def test_subpackages_map_into_one_namespace() -> None:
         (shadowgrad.controller, "controller"),
         (shadowgrad.shadow, "shadow"),
         (shadowgrad.trainer_hooks, "trainer_hooks"),
+        (shadowgrad.p4target, "p4target"),
         (shadowgrad.bmv2_testbed, "bmv2_testbed"),
     ]:
         assert Path(mod.__file__ or "").resolve().parent == ROOT / folder
@@ -134,3 +136,19 @@ def test_every_python_folder_is_a_listed_package() -> None:
             name = ".".join([package, *rel.parts])
             assert (init_dir / "__init__.py").exists(), f"{init_dir} has no __init__.py"
             assert name in listed, f"{name} missing from [tool.setuptools] packages"
+
+
+def test_p4_include_files_are_package_data() -> None:
+    """The P4 target's own core.p4/v1model.p4 (what ``#include <v1model.p4>`` finds) travel in
+    the wheel as package data of ``shadowgrad.p4target``."""
+    import tomllib
+
+    from shadowgrad.p4target.frontend.lexer import BUILTIN_INCLUDE
+
+    cfg = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    folder = Path(cfg["package-dir"]["shadowgrad.p4target"])
+    patterns = cfg["package-data"]["shadowgrad.p4target"]
+    shipped = {f for pat in patterns for f in (ROOT / folder).glob(pat)}
+    assert ROOT / folder / "p4include" == BUILTIN_INCLUDE
+    assert {f.name for f in shipped} >= {"core.p4", "v1model.p4"}
+    assert shipped == set(BUILTIN_INCLUDE.glob("*.p4"))

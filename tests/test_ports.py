@@ -12,15 +12,15 @@ from pathlib import Path
 
 import pytest
 
-from shadowgrad.bmv2_testbed import _switch_cmd as cmd
-from shadowgrad.bmv2_testbed.pcap import PcapWriter, read_pcap
-from shadowgrad.bmv2_testbed.ports import (
+from shadowgrad.p4target import _switch_cmd as cmd
+from shadowgrad.p4target.pcap import PcapWriter, read_pcap
+from shadowgrad.p4target.ports import (
     InProcessPort,
     UdpPort,
     parse_iface_spec,
     parse_loopback_spec,
 )
-from shadowgrad.bmv2_testbed.queues import EgressQueue, QueueConfig
+from shadowgrad.p4target.queues import EgressQueue, QueueConfig
 
 
 class Sink:
@@ -341,7 +341,7 @@ def test_cli_errors_exit_2_without_traceback() -> None:
         [
             str(Path(__file__).resolve().parents[1] / ".venv/bin/python"),
             "-m",
-            "shadowgrad.bmv2_testbed._switch_cmd",
+            "shadowgrad.p4target._switch_cmd",
             "--no-p4",
             "--port-rate",
             "9:1m",

@@ -15,13 +15,13 @@ import pytest
 from p4.v1 import p4runtime_pb2
 from scapy.layers.l2 import Ether
 
-from shadowgrad.bmv2_testbed.dataplane import Exact, Lpm, Pipeline, TableEntry
-from shadowgrad.bmv2_testbed.pcap import read_pcap
-from shadowgrad.bmv2_testbed.ports import InProcessPort
-from shadowgrad.bmv2_testbed.process import wait_switch_ready
-from shadowgrad.bmv2_testbed.queues import QueueConfig
-from shadowgrad.bmv2_testbed.switch import PFC_DST, Switch
 from shadowgrad.freeports import free_ports
+from shadowgrad.p4target.dataplane import Exact, Lpm, Pipeline, TableEntry
+from shadowgrad.p4target.pcap import read_pcap
+from shadowgrad.p4target.ports import InProcessPort
+from shadowgrad.p4target.process import wait_switch_ready
+from shadowgrad.p4target.queues import QueueConfig
+from shadowgrad.p4target.switch import PFC_DST, Switch
 from shadowgrad.testing.processes import spawn_switch
 from tests.test_p4rt_server import Client, Names, ipv4_frame, lpm_entry, upd
 

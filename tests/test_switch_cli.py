@@ -13,10 +13,10 @@ import torch
 pytest.importorskip("grpc")
 pytest.importorskip("p4")
 
-from shadowgrad.bmv2_testbed.ports import InProcessPort
-from shadowgrad.bmv2_testbed.switch import Switch
 from shadowgrad.cli import main
 from shadowgrad.layout import Layout, from_module
+from shadowgrad.p4target.ports import InProcessPort
+from shadowgrad.p4target.switch import Switch
 from shadowgrad.specs import spec_toml
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -32,12 +32,12 @@ pytest.importorskip("p4")
 
 from p4.v1 import p4runtime_pb2
 
-from shadowgrad.bmv2_testbed.dataplane import Exact, Pipeline, TableEntry
-from shadowgrad.bmv2_testbed.ports import InProcessPort
-from shadowgrad.bmv2_testbed.process import stop_process
-from shadowgrad.bmv2_testbed.switch import Switch
 from shadowgrad.controller.p4runtime import P4RuntimeClient
 from shadowgrad.freeports import free_port
+from shadowgrad.p4target.dataplane import Exact, Pipeline, TableEntry
+from shadowgrad.p4target.ports import InProcessPort
+from shadowgrad.p4target.process import stop_process
+from shadowgrad.p4target.switch import Switch
 from shadowgrad.testing.processes import switch_argv
 
 PROGS = Path(__file__).resolve().parent / "p4progs"
@@ -373,11 +373,11 @@ def test_sg_switch_grpc_fuzz_over_udp(tmp_path: Path) -> None:
 # ----------------------------------------------------------------------------- queue wake-ups
 def test_inline_tx_still_wakes_drainers_and_queued_frames() -> None:
     """The inline-transmit path wakes the TX thread only when frames wait behind it or drain()
-    waits (bmv2_testbed/queues.py): a drainer and frames queued during a slow inline send are
+    waits (p4target/queues.py): a drainer and frames queued during a slow inline send are
     both still served promptly, in FIFO order."""
     import threading
 
-    from shadowgrad.bmv2_testbed.queues import EgressQueue, QueueConfig
+    from shadowgrad.p4target.queues import EgressQueue, QueueConfig
 
     sent: list[bytes] = []
     gate = threading.Event()

@@ -17,14 +17,14 @@ pytest.importorskip("grpc")
 pytest.importorskip("p4")
 
 from shadowgrad.bmv2_testbed.inband import compile_product
-from shadowgrad.bmv2_testbed.ports import InProcessPort
-from shadowgrad.bmv2_testbed.queues import QueueConfig
-from shadowgrad.bmv2_testbed.switch import Switch
 from shadowgrad.config import parse_spec
 from shadowgrad.controller.p4runtime import P4RuntimeClient
 from shadowgrad.controller.switch import SwitchDriver
 from shadowgrad.frames import encode_frame, port_mac
 from shadowgrad.layout import Layout, from_module
+from shadowgrad.p4target.ports import InProcessPort
+from shadowgrad.p4target.queues import QueueConfig
+from shadowgrad.p4target.switch import Switch
 from shadowgrad.wire import DType, Flag, Kind, encode
 
 PAYLOAD = 1024

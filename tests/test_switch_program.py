@@ -6,7 +6,7 @@ Every switch is programmed by :class:`~shadowgrad.controller.switch.SwitchDriver
 and a layout, through the real :class:`~shadowgrad.controller.p4runtime.P4RuntimeClient` over
 gRPC (never by direct Dataplane calls). The same cases run on these backends:
 
-* ``inproc`` (always): a :class:`~shadowgrad.bmv2_testbed.switch.Switch` with in-process ports
+* ``inproc`` (always): a :class:`~shadowgrad.p4target.switch.Switch` with in-process ports
   1..14 serving P4Runtime on ``127.0.0.1:0``; a fresh switch per case;
 * ``bmv2`` (marker ``bmv2``; skipped unless ``p4c`` and ``simple_switch_grpc`` are on PATH): real
   bmv2 through :class:`~shadowgrad.testing.bmv2.RealBmv2Backend` (veths in a netns,
@@ -52,14 +52,14 @@ pytest.importorskip("grpc")
 from p4.config.v1 import p4info_pb2
 from p4.v1 import p4runtime_pb2
 
-from shadowgrad.bmv2_testbed.pipeline import Pipeline
-from shadowgrad.bmv2_testbed.ports import InProcessPort
-from shadowgrad.bmv2_testbed.switch import Switch
 from shadowgrad.config import JobSpec, parse_spec
 from shadowgrad.controller.p4runtime import P4RuntimeClient
 from shadowgrad.controller.switch import DROP_REASONS, STAGES, Entry, SwitchDriver, SwitchState
 from shadowgrad.frames import decode_frame, encode_frame, port_mac
 from shadowgrad.layout import Layout, ParamSpec, Route, from_module
+from shadowgrad.p4target.pipeline import Pipeline
+from shadowgrad.p4target.ports import InProcessPort
+from shadowgrad.p4target.switch import Switch
 from shadowgrad.wire import (
     DEFAULT_UDP_PORT,
     HEADER_FIELDS,

@@ -370,7 +370,7 @@ def test_the_product_program_uses_the_one_wire_header() -> None:
     """p4/shadowgrad.p4 compiles with exactly one definition of the shadowgrad header, the one
     checked above, and parses it into ``hdr.sg``."""
     pytest.importorskip("lark")
-    from shadowgrad.bmv2_testbed.pipeline import Pipeline
+    from shadowgrad.p4target.pipeline import Pipeline
 
     pipe = Pipeline.compile(ROOT / "p4" / "shadowgrad.p4")
     defining = [

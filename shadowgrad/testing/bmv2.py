@@ -46,11 +46,11 @@ from google.protobuf import text_format  # type: ignore[import-untyped]
 from p4.config.v1 import p4info_pb2
 from p4.v1 import p4runtime_pb2
 
-from shadowgrad.bmv2_testbed.process import stop_switch
 from shadowgrad.bmv2_testbed.topology import OFFLOADS_OFF, add_veth, disable_ipv6, ns_sh
 from shadowgrad.controller.p4runtime import P4RuntimeClient
 from shadowgrad.errors import P4RuntimeError
 from shadowgrad.freeports import free_port
+from shadowgrad.p4target.process import stop_switch
 
 __all__ = ["RealBmv2Backend", "VethNamespace", "compile_program"]
 

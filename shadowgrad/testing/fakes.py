@@ -1,7 +1,7 @@
 """In-memory fakes of shadowgrad's seams, for tests: the controller's
 (:class:`FakeSwitchDriver`, :class:`FakeShadowStatuses`; seams in :mod:`shadowgrad.seams`) and
 the P4Runtime server's (:class:`FakeDataplane`, :class:`FakeTarget`; seam in
-:mod:`shadowgrad.bmv2_testbed.runtime_target`). Each implements what its Protocol lists, and
+:mod:`shadowgrad.p4target.runtime_target`). Each implements what its Protocol lists, and
 mypy checks them against it (the ``TYPE_CHECKING`` block at the end)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from shadowgrad.bmv2_testbed.dataplane import (
+from shadowgrad.p4target.dataplane import (
     AlreadyExistsError,
     CloneSession,
     Match,
@@ -114,7 +114,7 @@ def _key(e: TableEntry) -> _Key:
 
 
 class FakeDataplane:
-    """An in-memory :class:`~shadowgrad.bmv2_testbed.runtime_target.RuntimeDataplane`: entries by
+    """An in-memory :class:`~shadowgrad.p4target.runtime_target.RuntimeDataplane`: entries by
     (table, match, priority), default actions, groups, clone sessions and counters
     (``counter_size`` cells each) in dicts, with the real one's errors for a duplicate or a
     missing key. No packet goes through it, and it takes no lock (a test drives one client at a
@@ -220,7 +220,7 @@ class FakeDataplane:
 
 
 class FakeTarget:
-    """An in-memory :class:`~shadowgrad.bmv2_testbed.p4runtime_server.Target`: accepts any
+    """An in-memory :class:`~shadowgrad.p4target.p4runtime_server.Target`: accepts any
     pipeline (``verify_pipeline`` returns the P4Info), gives a fresh :class:`FakeDataplane` at
     every ``commit_pipeline`` and records PacketOuts in :attr:`packets_out`."""
 
@@ -252,8 +252,8 @@ class FakeTarget:
 
 
 if TYPE_CHECKING:  # mypy checks the fakes against their seams
-    from shadowgrad.bmv2_testbed.p4runtime_server import Target
-    from shadowgrad.bmv2_testbed.runtime_target import RuntimeDataplane
+    from shadowgrad.p4target.p4runtime_server import Target
+    from shadowgrad.p4target.runtime_target import RuntimeDataplane
     from shadowgrad.seams import ShadowStatusSource, SwitchDriver
 
     def _are_seams(

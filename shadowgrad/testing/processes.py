@@ -100,7 +100,7 @@ def switch_argv(*args: str) -> list[str]:
     return [
         sys.executable,
         "-m",
-        "shadowgrad.bmv2_testbed._switch_cmd",
+        "shadowgrad.p4target._switch_cmd",
         *args,
         "--",
         "--grpc-server-addr",

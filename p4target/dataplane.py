@@ -10,7 +10,7 @@ Public API
 
 ``Pipeline`` (re-exported from :mod:`.pipeline`)
     ``Pipeline.compile(path_or_source, include_dirs=(), *, filename=None) -> Pipeline`` raises
-    :class:`~shadowgrad.bmv2_testbed.pipeline.P4CompileError` (``.diagnostics``: a list of
+    :class:`~shadowgrad.p4target.pipeline.P4CompileError` (``.diagnostics``: a list of
     ``file:line:col: message`` strings). ``.p4info`` is a ``p4.config.v1.p4info_pb2.P4Info``;
     ``.to_device_config() -> bytes`` is the artefact a P4Runtime ``p4_device_config`` carries;
     ``Pipeline.from_device_config(blob, p4info=None)`` rebuilds it (and checks the p4info agrees).

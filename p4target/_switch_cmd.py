@@ -34,7 +34,7 @@ from .v1model import DEFAULT_DROP_PORT, MAX_PORT
 
 __all__ = ["main", "build_parser", "parse_args", "parse_rate", "parse_duration"]
 
-log = logging.getLogger("shadowgrad.bmv2_testbed.switch")
+log = logging.getLogger("shadowgrad.p4target.switch")
 
 PROG = "sg-switch-grpc"
 _LEVELS = {
@@ -261,7 +261,7 @@ def _configure_logging(args: argparse.Namespace) -> None:
         root = logging.getLogger()
         root.handlers[:] = [h]
     logging.getLogger().setLevel(level)
-    pkt = logging.getLogger("shadowgrad.bmv2_testbed.packets")
+    pkt = logging.getLogger("shadowgrad.p4target.packets")
     pkt.setLevel(logging.INFO if args.log_console else logging.WARNING)
 
 

@@ -3,7 +3,7 @@
     shadowgrad p4c prog.p4 -o build/ --p4runtime-files build/prog.p4info.txtpb
 
 writes ``build/prog.bin`` (the pipeline artefact the target loads as the P4Runtime
-``p4_device_config``; see :mod:`shadowgrad.bmv2_testbed.pipeline`) and the P4Info in every
+``p4_device_config``; see :mod:`shadowgrad.p4target.pipeline`) and the P4Info in every
 format named by ``--p4runtime-files`` (comma-separated; the suffix picks the format, as with p4c:
 ``.txtpb``/``.txt`` text, ``.json``, ``.bin``). Diagnostics go to stderr as
 ``file:line:col: message``; the exit status is 1 when the program is rejected.

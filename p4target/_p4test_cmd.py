@@ -5,7 +5,7 @@
 
 One program: it is compiled (a rejected program prints its located diagnostics), its STF file
 (default: the program's name with ``.stf``) runs on a fresh dataplane with the semantics of
-p4c's bmv2 runner (:mod:`shadowgrad.bmv2_testbed.stf`), on the general path and, where the
+p4c's bmv2 runner (:mod:`shadowgrad.p4target.stf`), on the general path and, where the
 program has one, on the straight-line fast path; the two must send the same frames. Mismatches
 are printed per port and packet, with the expected and received bytes. Exit status: 0 when the
 program passes, 1 when it is rejected or fails.

@@ -1,6 +1,6 @@
 """The control-plane model of a checked program: what P4Info describes and the runtime needs.
 
-Ids are P4Runtime ids (assigned by :func:`shadowgrad.bmv2_testbed.p4info.assign_ids` with p4c's
+Ids are P4Runtime ids (assigned by :func:`shadowgrad.p4target.p4info.assign_ids` with p4c's
 algorithm); ``0`` until assigned.
 """
 
@@ -153,18 +153,17 @@ class ProgramFacts:
     hash, checksum data), a table's byte counting (``packet_length``). A field that is only
     assigned is not read. Over-approximate: a block that may read a field lists it.
 
-    The layout of the program's state, as the general code names it (field attributes, in
-    declaration order, with their initial values; ``None`` where the value is not a scalar):
-    ``headers`` maps each member of the headers struct to its fields (validity ``_v_`` first),
-    or to None when the member is not a plain header; ``meta`` and ``std`` the user metadata and
-    ``standard_metadata``; ``frames`` each block function (``parse``, ``verify``, ``ingress``,
-    ``egress``, ``compute``, ``deparse``) and each sub-control function (``sub_N``) to its
-    frame's locals (a sub-control's parameters first); ``by_ref`` each sub-control function to
-    its by-reference parameters (a struct passed in is the caller's own value, not a copy: its
-    frame entry is None). ``pack_formats`` maps a header
-    type to the ``struct`` format that packs it in one call (types whose fields do not pack
-    into whole bytes have none); ``action_maps`` a table's function to its actions' functions
-    by action id.
+    The layout of the program's state, by P4 names (fields and frame variables as the program
+    writes them, in declaration order, with their initial values; ``None`` where the value is not
+    a scalar; a backend maps the names to its own, as the general backend's ``attr`` does):
+    ``headers`` maps each member of the headers struct to its fields, or to None when the member
+    is not a plain header; ``meta`` and ``std`` the user metadata and ``standard_metadata``;
+    ``frames`` each block function (``parse``, ``verify``, ``ingress``, ``egress``, ``compute``,
+    ``deparse``) and each sub-control function (``sub_N``) to its frame's locals (a
+    sub-control's parameters first); ``by_ref`` each sub-control function to its by-reference
+    parameters (a struct passed in is the caller's own value, not a copy: its frame entry is
+    None). ``action_maps`` maps a table's function to its actions' functions by action id (the
+    IR's uids).
     """
 
     std_reads: Mapping[str, frozenset[str]] = field(default_factory=dict)
@@ -173,7 +172,6 @@ class ProgramFacts:
     std: Mapping[str, Scalar | None] = field(default_factory=dict)
     frames: Mapping[str, Mapping[str, Scalar | None]] = field(default_factory=dict)
     by_ref: Mapping[str, frozenset[str]] = field(default_factory=dict)
-    pack_formats: Mapping[str, str] = field(default_factory=dict)
     action_maps: Mapping[str, Mapping[int, str]] = field(default_factory=dict)
 
     def reads_std(self, fields: Iterable[str], roles: Iterable[str] = ROLES) -> bool:

@@ -6,7 +6,7 @@ typed IR (:mod:`.frontend.ir`), assigns P4Runtime ids the way p4c does, and has 
 backend (:func:`.codegen.general.module_code`) write one Python module from the IR (a class per
 header/struct, one parse function, a function per action, table and control); the straight-line
 backend (:mod:`.codegen.straight`) builds ``fast(...)`` for the programs it covers. The module's
-code object is compiled once here; each :class:`~shadowgrad.bmv2_testbed.dataplane.Dataplane`
+code object is compiled once here; each :class:`~shadowgrad.p4target.dataplane.Dataplane`
 executes it once to bind its runtime state, so no AST is walked per packet.
 
 The **pipeline artefact** (``to_device_config()``; the P4Runtime ``p4_device_config``) is UTF-8
@@ -356,13 +356,15 @@ class Pipeline:
         # the general backend's module (a tree): compiled here, read by the straight-line one
         tree = general.tree
         source = general.source
+        #: the general code's one-call header packers: header type -> ``struct`` format
+        self.pack_formats = general.pack_formats
         self.code = compile(tree, f"<p4:{main}>", "exec")
         #: ``fast(...)`` (the straight-line backend), compiled into the same namespace; None
         #: when the program is not covered (``fast_unsupported`` says why)
         self.fast_code: CodeType | None = None
         self.fast_unsupported: str | None = None
         try:
-            fast = build_fast(tree, facts)
+            fast = build_fast(tree, facts, general.pack_formats)
         except FastPathUnsupported as e:
             self.fast_unsupported = str(e)
         else:

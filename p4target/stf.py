@@ -2,7 +2,7 @@
 
 An STF file is what p4c's bmv2 test runner (``backends/bmv2/bmv2stf.py``) feeds to
 ``simple_switch``: control-plane commands, packets in and the packets expected out. This module
-gives it the same meaning against a :class:`~shadowgrad.bmv2_testbed.dataplane.Dataplane`:
+gives it the same meaning against a :class:`~shadowgrad.p4target.dataplane.Dataplane`:
 
 * ``packet PORT HEX`` injects a frame; ``expect PORT HEX [$]`` expects the next frame out of
   ``PORT`` to start with ``HEX`` (``*`` is a don't-care nibble; a trailing ``$`` also requires

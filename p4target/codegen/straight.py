@@ -6,8 +6,10 @@ function per action and table). That general form covers every supported feature
 object per header and a call per block, table and action. :func:`build_fast` rewrites the code
 of that module's blocks, tables and actions (its tree, which the pipeline also compiles; no
 generated text is read back) into one function, taking the layout of the program's state —
-headers and their fields, metadata, frames, initial values, pack formats, the tables' action
-maps — from the checker's :class:`~.frontend.model.ProgramFacts`::
+headers and their fields, metadata, frames, initial values, the tables' action maps — from the
+checker's :class:`~.frontend.model.ProgramFacts` (by P4 names, which it names as the general code
+does with :func:`.general.attr`) and the header pack formats from the general backend
+(:attr:`.general.GeneralModule.pack_formats`)::
 
     fast(port, frames, t0, mcast, out, drop, digest, qdepth) -> None
 
@@ -71,6 +73,7 @@ from ..v1model import (
     QUEUE_FIELDS,
     TRANSMIT,
 )
+from .general import attr
 
 __all__ = ["FastPathUnsupported", "build_fast"]
 
@@ -110,26 +113,36 @@ def _scalars(where: str, values: Mapping[str, Scalar | None]) -> dict[str, Scala
     return dict(values)  # type: ignore[arg-type]  # no None left
 
 
+def _named(values: Mapping[str, Scalar | None]) -> dict[str, Scalar | None]:
+    """``values`` (by P4 name) by the general code's attribute names, in the same order."""
+    return {attr(n): v for n, v in values.items()}
+
+
 class _Module:
     """What the rewrite needs to know about one program: the code of its blocks, tables and
-    actions (the general backend's functions), and the layout the checker recorded."""
+    actions (the general backend's functions), and the layout the checker recorded (by P4
+    names), named as the general code names it (:func:`~.general.attr`; a header's validity is
+    its ``_v_``, first)."""
 
-    def __init__(self, tree: ast.Module, facts: ProgramFacts) -> None:
+    def __init__(
+        self, tree: ast.Module, facts: ProgramFacts, pack_formats: Mapping[str, str]
+    ) -> None:
         self.funcs: dict[str, ast.FunctionDef] = {
             node.name: node for node in tree.body if isinstance(node, ast.FunctionDef)
         }
         self.act_maps = facts.action_maps
         # the general code packs a header of type T with ``_SP_<T>``
-        self.pack_formats = {f"_SP_{t}": fmt for t, fmt in facts.pack_formats.items()}
+        self.pack_formats = {f"_SP_{t}": fmt for t, fmt in pack_formats.items()}
         self.headers: dict[str, dict[str, Scalar]] = {}  # instance -> field -> default
-        for h, fields in facts.headers.items():
+        for name, fields in facts.headers.items():
+            h = attr(name)
             if fields is None:
                 raise FastPathUnsupported(f"header {h} is not a plain header")
-            self.headers[h] = _scalars(f"hdr.{h}", fields)
-        self.meta = _scalars("meta", facts.meta)
-        self.std = _scalars("std", facts.std)
-        self.frames = facts.frames
-        self.by_ref = facts.by_ref
+            self.headers[h] = _scalars(f"hdr.{h}", {"_v_": False, **_named(fields)})
+        self.meta = _scalars("meta", _named(facts.meta))
+        self.std = _scalars("std", _named(facts.std))
+        self.frames = {fn: _named(vs) for fn, vs in facts.frames.items()}
+        self.by_ref = {fn: frozenset(attr(v) for v in vs) for fn, vs in facts.by_ref.items()}
 
     def frame_fields(self, block: str) -> dict[str, Scalar]:
         return _scalars(block, self.frames.get(block, {}))
@@ -749,12 +762,15 @@ def fast(port, frames, t0, mcast, out, drop, digest, qdepth):
 """
 
 
-def build_fast(tree: ast.Module, facts: ProgramFacts) -> ast.Module:
+def build_fast(
+    tree: ast.Module, facts: ProgramFacts, pack_formats: Mapping[str, str]
+) -> ast.Module:
     """The module that defines ``fast(...)`` (see the module docstring) for a program: ``tree``
     is the general backend's module (read, never modified), ``facts`` what the checker recorded
-    about the program. Raises :class:`FastPathUnsupported` with the reason when the program is
-    not covered."""
-    mod = _Module(tree, facts)
+    about the program, ``pack_formats`` the general backend's one-call header packers
+    (:attr:`~.general.GeneralModule.pack_formats`). Raises :class:`FastPathUnsupported` with the
+    reason when the program is not covered."""
+    mod = _Module(tree, facts, pack_formats)
     b = _Builder(mod)
 
     def run(block: str, prefix: str) -> list[ast.stmt]:

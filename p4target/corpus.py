@@ -11,7 +11,7 @@ compares the P4Info with p4c's expected file. Each program gets one :class:`Prog
 * ``detail``: the first diagnostic or the first STF mismatch.
 * ``p4info_identical``: whether the P4Info equals p4c's (None where p4c has no file).
 
-``python -m shadowgrad.bmv2_testbed.corpus [FOLDER] [--json OUT] [-v]`` prints the counts and the
+``python -m shadowgrad.p4target.corpus [FOLDER] [--json OUT] [-v]`` prints the counts and the
 rejections grouped by their first diagnostic.
 """
 

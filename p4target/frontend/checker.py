@@ -16,11 +16,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..codegen.general import (
-    attr,
-    header_codec,
-    scalar_default,
-)
 from . import ast as A  # noqa: N812
 from . import ir
 from .diagnostics import Diagnostic, Loc
@@ -59,6 +54,7 @@ from .types import (
     VarbitT,
     VoidT,
     bit_width,
+    scalar_default,
 )
 
 INTLIT = IntLitT()
@@ -282,11 +278,10 @@ class Checker:
         self.ctl_role = ""
         # the current block's frame
         self.frame_vars: list[ir.FrameVar] = []
-        # what the back ends need to know (ProgramFacts): block function -> frame defaults,
-        # header type -> struct format of its one-pack plan
+        # what the back ends need to know (ProgramFacts), by P4 names: block function -> frame
+        # defaults
         self.frames: dict[str, dict[str, Scalar | None]] = {}
         self.by_ref: dict[str, set[str]] = {}  # sub-control function -> by-reference params
-        self.pack_formats: dict[str, str] = {}
         self.headers_t: StructT | None = None
         self.meta_t: StructT | None = None
         self.std_t: StructT | None = None
@@ -334,13 +329,11 @@ class Checker:
         assert self.headers_t and self.meta_t and self.std_t
 
         def defaults(t: StructT) -> dict[str, Scalar | None]:
-            return {attr(n): scalar_default(ft) for n, ft in t.fields}
+            return {n: scalar_default(ft) for n, ft in t.fields}
 
         headers: dict[str, dict[str, Scalar | None] | None] = {}
         for n, ft in self.headers_t.fields:
-            headers[attr(n)] = (
-                {"_v_": False, **defaults(ft)} if isinstance(ft, StructT) and ft.is_header else None
-            )
+            headers[n] = defaults(ft) if isinstance(ft, StructT) and ft.is_header else None
         aid = self.action_ids()
         return ProgramFacts(
             std_reads={role: frozenset(fs) for role, fs in sorted(self.std_reads.items())},
@@ -349,7 +342,6 @@ class Checker:
             std=defaults(self.std_t),
             frames={fn: dict(vs) for fn, vs in self.frames.items()},
             by_ref={fn: frozenset(vs) for fn, vs in self.by_ref.items()},
-            pack_formats=dict(self.pack_formats),
             action_maps={
                 tc.uid: {aid[n]: tc.action_syms[n].uid for n in tc.info.action_names}
                 for tc in self.tables
@@ -2232,7 +2224,6 @@ class Checker:
             self.err(ps[3].loc, "the 4th parser parameter must be standard_metadata_t")
             return
         self.headers_t, self.meta_t, self.std_t = ht, mt, st
-        self.gen_types()
         roles = [
             ("parser", "parse"),
             ("verify", "verify"),
@@ -2305,7 +2296,7 @@ class Checker:
         self.bind_params(role, d, scope)
         init = tuple(self.control_locals(d.locals, scope))
         frame = tuple(self.frame_vars)
-        self.frames[fn] = {attr(v.name): scalar_default(v.ty) for v in frame}
+        self.frames[fn] = {v.name: scalar_default(v.ty) for v in frame}
         if role == "parser":
             self.compile_parser(d, scope, frame, init)
             return
@@ -2353,9 +2344,9 @@ class Checker:
                 n for n, t, d in params if d in ("out", "inout") and not isinstance(t, StructT)
             )
             self.frames[uid] = {
-                attr(v.name): None if v.by_ref else scalar_default(v.ty) for v in self.frame_vars
+                v.name: None if v.by_ref else scalar_default(v.ty) for v in self.frame_vars
             }
-            self.by_ref[uid] = {attr(v.name) for v in self.frame_vars if v.by_ref}
+            self.by_ref[uid] = {v.name for v in self.frame_vars if v.by_ref}
             self.defs.append(
                 ir.SubControlDef(
                     uid,
@@ -3000,14 +2991,6 @@ class Checker:
         return ir.KeysetMatch("value", const(it))
 
     # ------------------------------------------------------------------ types
-    def gen_types(self) -> None:
-        """What the back ends need to know of each header type's layout (ProgramFacts)."""
-        for t in self.structs:
-            if t.is_header:
-                c = header_codec(t)
-                if c.struct is not None:
-                    self.pack_formats[t.name] = c.struct[0]
-
     def field_lists(self) -> dict[int, list[str]]:
         """The metadata fields of each ``@field_list`` index."""
         assert self.meta_t is not None

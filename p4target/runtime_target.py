@@ -1,9 +1,9 @@
 """The seam between the P4Runtime server and the switch it serves: :class:`RuntimeDataplane`, what
-:class:`~shadowgrad.bmv2_testbed.p4runtime_server.P4RuntimeServer` calls on a target's running
+:class:`~shadowgrad.p4target.p4runtime_server.P4RuntimeServer` calls on a target's running
 dataplane (``Target.dataplane``).
 
-The real ones are :class:`~shadowgrad.bmv2_testbed.dataplane.Dataplane` and
-:class:`~shadowgrad.bmv2_testbed.switch.Switch`; the in-memory fakes of both,
+The real ones are :class:`~shadowgrad.p4target.dataplane.Dataplane` and
+:class:`~shadowgrad.p4target.switch.Switch`; the in-memory fakes of both,
 :class:`~shadowgrad.testing.fakes.FakeDataplane` and :class:`~shadowgrad.testing.fakes.FakeTarget`,
 keep what they are given in dicts and forward no packet, so a test can check what the server
 asks of a target and serve P4Runtime without a pipeline that runs.
@@ -31,7 +31,7 @@ class RuntimeDataplane(Protocol):
     2. per ``Write`` request, under the server's write lock (one request at a time, its updates
        in order, CONTINUE_ON_ERROR): one of the writers below per update, after the server has
        checked ids, widths and priorities against the P4Info. A writer raises a
-       :class:`~shadowgrad.bmv2_testbed.dataplane.DataplaneError` (``AlreadyExistsError``,
+       :class:`~shadowgrad.p4target.dataplane.DataplaneError` (``AlreadyExistsError``,
        ``NotFoundError``, ...) to fail that update only;
     3. per ``Read`` request, not under the write lock (concurrently with writes: the dataplane
        locks its own state): the readers below, whose results are copied out at once.

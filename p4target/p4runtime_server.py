@@ -181,7 +181,7 @@ class Target(Protocol):
 
     @property
     def dataplane(self) -> RuntimeDataplane | None:
-        """The running dataplane (:class:`~shadowgrad.bmv2_testbed.runtime_target.
+        """The running dataplane (:class:`~shadowgrad.p4target.runtime_target.
         RuntimeDataplane`: its docstring says what the server calls, in which order), or None
         before a pipeline is installed."""
 
@@ -1255,10 +1255,3 @@ class P4RuntimeServer(p4runtime_pb2_grpc.P4RuntimeServicer):  # type: ignore[mis
 def p4data_int(d: p4data_pb2.P4Data) -> int:
     """The integer of a bitstring P4Data (helper for clients and tests)."""
     return int.from_bytes(d.bitstring, "big")
-
-
-def grpc_details(e: grpc.RpcError) -> list[p4runtime_pb2.Error]:
-    """The per-update ``p4.v1.Error`` list of a failed Write (empty if absent)."""
-    from shadowgrad.controller.p4runtime import status_details
-
-    return status_details(e)

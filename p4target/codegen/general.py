@@ -23,8 +23,17 @@ from typing import Any
 
 from ..frontend import ir
 from ..frontend.diagnostics import Diagnostic, Loc
-from ..frontend.model import Scalar
-from ..frontend.types import BitT, BoolT, EnumT, ErrorT, StructT, Ty, VarbitT, bit_width
+from ..frontend.types import (
+    BitT,
+    BoolT,
+    EnumT,
+    ErrorT,
+    StructT,
+    Ty,
+    VarbitT,
+    bit_width,
+    scalar_default,
+)
 
 __all__ = [
     "Emitter",
@@ -87,16 +96,6 @@ def default_value(t: Ty) -> str:
     if isinstance(t, VarbitT):
         return "(0, 0)"  # (value, nbits)
     raise Diagnostic(Loc("<type>", 0, 0), f"cannot declare a variable of type {t}")
-
-
-def scalar_default(t: Ty) -> Scalar | None:
-    """The initial value of a variable of type ``t`` when it is a scalar (the value that
-    :func:`default_value` writes); None for a struct or header."""
-    if isinstance(t, BoolT):
-        return False
-    if isinstance(t, (BitT, ErrorT, EnumT)):
-        return 0
-    return None
 
 
 @dataclass(frozen=True)
@@ -956,17 +955,26 @@ def _sub_code(o: Emitter, w: PyWriter, d: ir.SubControlDef) -> None:
 @dataclass(frozen=True)
 class GeneralModule:
     """The general backend's output: the module as a tree (what the pipeline compiles and the
-    straight-line backend reads) and its ``source`` (what ``--dump-python`` shows)."""
+    straight-line backend reads), its ``source`` (what ``--dump-python`` shows), and
+    ``pack_formats``: for each header type ``T`` whose fields pack into whole bytes, the
+    ``struct`` format of ``_SP_<T>``, the one call that packs it (see :func:`header_codec`)."""
 
     source: str
     tree: ast.Module
+    pack_formats: dict[str, str]
 
 
 def build_general(prog: ir.Program, action_ids: dict[str, int], filename: str) -> GeneralModule:
     """The general backend's module for a checked program (see :func:`module_code`), as a
     tree with ``filename`` in its code locations."""
     source = module_code(prog, action_ids)
-    return GeneralModule(source, ast.parse(source, filename))
+    pack_formats = {}
+    for t in prog.structs:
+        if t.is_header:
+            c = header_codec(t)
+            if c.struct is not None:
+                pack_formats[t.name] = c.struct[0]
+    return GeneralModule(source, ast.parse(source, filename), pack_formats)
 
 
 def module_code(prog: ir.Program, action_ids: dict[str, int]) -> str:

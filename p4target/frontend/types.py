@@ -187,6 +187,16 @@ class OtherT(Ty):
         return self.what
 
 
+def scalar_default(t: Ty) -> int | bool | None:
+    """The initial value of a variable of type ``t`` when it is a scalar: ``False`` for bool, 0
+    for bit<W>, int<W>, error and enum values; None for anything else (a struct or header)."""
+    if isinstance(t, BoolT):
+        return False
+    if isinstance(t, (BitT, ErrorT, EnumT)):
+        return 0
+    return None
+
+
 def bit_width(t: Ty) -> int | None:
     if isinstance(t, BitT):
         return t.width

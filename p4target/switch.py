@@ -39,7 +39,7 @@ from .v1model import DEFAULT_DROP_PORT, MAX_PORT
 __all__ = ["Switch", "SWITCH_DROP_REASONS", "pfc_frame", "PFC_DST", "PFC_ETHERTYPE"]
 
 log = logging.getLogger(__name__)
-pkt_log = logging.getLogger("shadowgrad.bmv2_testbed.packets")
+pkt_log = logging.getLogger("shadowgrad.p4target.packets")
 
 SWITCH_DROP_REASONS = ("no_pipeline", "no_such_port", "packet_out_error")
 
