@@ -270,7 +270,7 @@ class ProcCluster:
                 raise AssertionError(f"shadow process {k} exited ({p.returncode}):\n{tail}")
 
     def status(self) -> list[dict[str, Any]]:
-        return [dict(c.status(timeline=0)) for c in self.clients]
+        return [dict(c.status(timeline=0).raw) for c in self.clients]
 
     def wait_applied(self, it: int, timeout_s: float = 60.0) -> bool:
         deadline = time.monotonic() + timeout_s

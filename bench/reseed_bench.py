@@ -211,12 +211,13 @@ def _restart_and_load(
     until it is ready, its first re-seed load and the median of ``warm`` more."""
     from shadowgrad.control_client import ShadowClient
     from shadowgrad.errors import ShadowgradTimeout
+    from shadowgrad.messages import ShadowStatus
 
     k = shard
     ep = f"tcp://{sg.spec.shadows.control_endpoint(k)}"
     t0 = time.monotonic()
     with _shadow_process(spec_path, k) as (proc, log), ShadowClient(ep, TOKEN, timeout_s=0.5) as c:
-        st: dict[str, Any] | None = None
+        st: ShadowStatus | None = None
         while st is None:
             if proc.poll() is not None or time.monotonic() - t0 > 120:
                 log.seek(0)
@@ -224,7 +225,7 @@ def _restart_and_load(
             with contextlib.suppress(ShadowgradTimeout):
                 st = c.status(timeline=0)
         status_s = time.monotonic() - t0
-        while st.get("starting"):
+        while st.starting:
             time.sleep(0.005)
             if time.monotonic() - t0 > 120:
                 raise RuntimeError(f"shadow {k} still starting after 120 s")

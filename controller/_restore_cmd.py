@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from shadowgrad.replies import ShadowStatus
+    from shadowgrad.messages import ShadowStatus
 
 
 def configure(p: argparse.ArgumentParser) -> None:
@@ -65,7 +65,7 @@ def _statuses(spec: Any, token: str) -> dict[int, ShadowStatus | None]:
     for k in range(spec.shadows.count):
         try:
             with make(k) as c:
-                out[k] = c.status_typed(timeline=0)
+                out[k] = c.status(timeline=0)
         except ControlError as e:
             if e.code == "bad_token":
                 where = spec.security.token_file or spec.security.token_env

@@ -123,11 +123,11 @@ def _controller_state(spec: Any, token: str, timeout_s: float | None) -> dict[st
         return {"error": str(e), "error_code": e.code}
     except Exception as e:  # reported in the view, never a crash
         return {"error": str(e)}
-    shadows = st.raw.get("shadows")
+    shadows = st.shadows
     return {
         "state": st.state,
         "reason": st.reason,
-        "finished": st.raw.get("finished"),
+        "finished": None if st.finished is None else dict(st.finished),
         # the controller's word on each shadow (ok, starting, unreachable, failed, ...)
         "shadows": {str(k): (v or {}).get("state") for k, v in (shadows or {}).items()}
         if isinstance(shadows, dict)

@@ -46,7 +46,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any, Literal
 
-from shadowgrad import __version__
+from shadowgrad import __version__, events
 from shadowgrad._log import event
 from shadowgrad.errors import ShadowgradError
 from shadowgrad.layout import shadows_of_shard
@@ -57,8 +57,8 @@ if TYPE_CHECKING:  # pragma: no cover
     from shadowgrad.config import JobSpec
     from shadowgrad.control_client import ShadowClient
     from shadowgrad.layout import Layout
+    from shadowgrad.messages import ShadowStatus
     from shadowgrad.optspec import OptimizerSpec
-    from shadowgrad.replies import ShadowStatus
 
 __all__ = [
     "FORMAT",
@@ -318,14 +318,14 @@ def _statuses(conn: _Conn) -> dict[int, ShadowStatus | None]:
     for k in range(spec.shadows.count):
         try:
             with conn.client(k) as c:
-                out[k] = c.status_typed(timeline=0)
+                out[k] = c.status(timeline=0)
         except ControlError as e:
             if e.code == "bad_token":
                 raise _refused(spec, k, e) from None
-            event(log, "export.shadow_error", logging.WARNING, shadow=k, error=str(e))
+            event(log, events.EXPORT_SHADOW_ERROR, logging.WARNING, shadow=k, error=str(e))
             out[k] = None
         except ShadowgradTimeout as e:
-            event(log, "export.shadow_unreachable", logging.WARNING, shadow=k, error=str(e))
+            event(log, events.EXPORT_SHADOW_UNREACHABLE, logging.WARNING, shadow=k, error=str(e))
             out[k] = None
     return out
 
@@ -425,7 +425,7 @@ def _holding(
             except Exception as e:  # keep releasing the others; the hold is soft state
                 event(
                     log,
-                    "export.release_failed",
+                    events.EXPORT_RELEASE_FAILED,
                     logging.WARNING,
                     shadow=k,
                     iteration=it,
@@ -514,7 +514,7 @@ def _group_lrs(
     if rec is not None and len(rec.lrs) == n:
         return [float(x) for x in rec.lrs], initial
     if rec is None:
-        event(log, "export.without_lr", logging.WARNING, iteration=it)
+        event(log, events.EXPORT_WITHOUT_LR, logging.WARNING, iteration=it)
         return None, initial
     raise ExportError(
         f"no learning rate for the {n} param groups (the COMMIT record of "
@@ -631,7 +631,7 @@ def export_checkpoint(
             break
         except ControlError as e:
             if e.code == "unavailable" and attempt + 1 < attempts:
-                event(log, "export.retry", logging.INFO, iteration=it, error=str(e))
+                event(log, events.EXPORT_RETRY, logging.INFO, iteration=it, error=str(e))
                 continue
             raise ExportError(f"iteration {it}: {e}") from None
     if len(generations) > 1:
@@ -649,7 +649,7 @@ def export_checkpoint(
     if not blob and it >= 0:
         event(
             log,
-            "export.without_user_state",
+            events.EXPORT_WITHOUT_USER_STATE,
             logging.WARNING,
             iteration=it,
             reason="no COMMIT record" if rec is None else "empty user-state blob",
@@ -716,7 +716,7 @@ def export_checkpoint(
     total = sum(v["size"] for v in manifest["files"].values())
     event(
         log,
-        "export.done",
+        events.EXPORT_DONE,
         iteration=it,
         out=str(out),
         files=len(files),
@@ -832,7 +832,9 @@ def load_export(
         )
     missing_state = sorted(set(live) - exported_model)
     if missing_state:
-        event(log, "export.load_without_module_state", logging.WARNING, names=missing_state[:8])
+        event(
+            log, events.EXPORT_LOAD_WITHOUT_MODULE_STATE, logging.WARNING, names=missing_state[:8]
+        )
     with warnings.catch_warnings():
         warnings.filterwarnings(
             "ignore", message=".*assuming the intent is to load", category=UserWarning

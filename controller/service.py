@@ -44,11 +44,23 @@ from typing import TYPE_CHECKING, Any
 
 import zmq
 
+from shadowgrad import events
 from shadowgrad._control_server import ControlServer, Reply, bind_router
 from shadowgrad._log import event
 from shadowgrad.config import JobSpec
 from shadowgrad.errors import ShadowgradError
-from shadowgrad.replies import ShadowStatus, shadow_statuses
+from shadowgrad.messages import (
+    ControllerReleaseReply,
+    ControllerReleaseRequest,
+    ControllerStatus,
+    ControllerStatusRequest,
+    FinishedReply,
+    FinishedRequest,
+    RestorePointReply,
+    RestorePointRequest,
+    ShadowStatus,
+    shadow_statuses,
+)
 from shadowgrad.restore import NoRestorePointError, fix_restore_point, restore_point
 from shadowgrad.seams import ShadowStatusSource, SwitchDriver
 
@@ -193,7 +205,7 @@ class Controller:
                 self._token,
                 counters=self.ev,
                 logger=log,
-                event_prefix="controller",
+                bad_token_event=events.CONTROLLER_CONTROL_BAD_TOKEN,
                 poll_s=0.1,
                 stop=self._stop,
                 refusal=_refusal,
@@ -214,7 +226,7 @@ class Controller:
         self._spawn(self._watch_loop, "ctl-watch")
         event(
             log,
-            "controller.started",
+            events.CONTROLLER_STARTED,
             job=self.spec.job.id,
             mode=self.spec.job.mode,
             bind=self.bind,
@@ -255,7 +267,7 @@ class Controller:
 
         try:
             with self._client(k, self._poll_timeout_s) as c:
-                return c.status_typed(timeline=0)
+                return c.status(timeline=0)
         except ControlError as e:
             if e.code == "bad_token":
                 self.ev["shadow_refused_token"] += 1
@@ -263,7 +275,7 @@ class Controller:
                     self._refused.add(k)
                     event(
                         log,
-                        "controller.shadow_refused_token",
+                        events.CONTROLLER_SHADOW_REFUSED_TOKEN,
                         level=logging.ERROR,
                         shadow=k,
                         error=str(e),
@@ -380,7 +392,7 @@ class Controller:
                         m.rejoining = True
                         event(
                             log,
-                            "controller.shadow_back",
+                            events.CONTROLLER_SHADOW_BACK,
                             shadow=k,
                             loaded=st.loaded,
                             last_applied=st.last_applied,
@@ -394,7 +406,7 @@ class Controller:
                         m.rejoining = m.failed = False
                         event(
                             log,
-                            "controller.shadow_rejoined",
+                            events.CONTROLLER_SHADOW_REJOINED,
                             shadow=k,
                             last_applied=la,
                             down_s=round(now - m.since, 3),
@@ -409,7 +421,7 @@ class Controller:
                 # run starts, one still away is starting again, with its start deadline from
                 # then
                 if not m.stopped and not m.failed:
-                    event(log, "controller.shadow_stopped", shadow=k, after="finished")
+                    event(log, events.CONTROLLER_SHADOW_STOPPED, shadow=k, after="finished")
                 m.stopped, m.started, m.since = not m.failed, False, now
                 continue
             # a shadow not started yet (never answered loaded since the controller started: it
@@ -440,7 +452,7 @@ class Controller:
         ]
         event(
             log,
-            "controller.shadow_failed",
+            events.CONTROLLER_SHADOW_FAILED,
             level=logging.WARNING,
             shadow=k,
             shard=shard,
@@ -503,7 +515,7 @@ class Controller:
         self._generation_at_failure = self._generation_seen()
         event(
             log,
-            "controller.trainer_failed",
+            events.CONTROLLER_TRAINER_FAILED,
             level=logging.WARNING,
             member=member,
             evidence=evidence,
@@ -518,7 +530,7 @@ class Controller:
             self._fix_istar()
         except ShadowgradError as e:
             self.istar = {"error": str(e)}
-            event(log, "controller.restore_point_failed", level=logging.ERROR, error=str(e))
+            event(log, events.CONTROLLER_RESTORE_POINT_FAILED, level=logging.ERROR, error=str(e))
 
     def _recovered(self, sig: dict[str, Any], generation: int) -> None:
         held, self.held = self.held, []
@@ -528,7 +540,7 @@ class Controller:
         down = None if self.failure is None else round(time.time() - self.failure["wall"], 3)
         event(
             log,
-            "controller.recovered",
+            events.CONTROLLER_RECOVERED,
             istar=istar,
             generation=generation,
             iteration=sig.get("iteration"),
@@ -546,7 +558,7 @@ class Controller:
         is the event ``controller.state`` (old, new, reason); the reason is updated always."""
         new = transition(self.state, what)
         if new != self.state:
-            event(log, "controller.state", old=self.state.value, new=new.value, reason=reason)
+            event(log, events.CONTROLLER_STATE, old=self.state.value, new=new.value, reason=reason)
         self.state, self.reason = new, reason
 
     # ---------------------------------------------------------------- I*
@@ -591,7 +603,7 @@ class Controller:
         self.istar = doc
         event(
             log,
-            "controller.restore_point",
+            events.CONTROLLER_RESTORE_POINT,
             istar=point.istar,
             fresh=point.fresh,
             source=list(point.source),
@@ -607,7 +619,9 @@ class Controller:
             with self._client(k, self.spec.timeouts.rpc_s) as c:
                 c.release(int(istar))
         except Exception as e:
-            event(log, "controller.release_failed", level=logging.WARNING, shadow=k, error=str(e))
+            event(
+                log, events.CONTROLLER_RELEASE_FAILED, level=logging.WARNING, shadow=k, error=str(e)
+            )
 
     def restore_point(
         self, requester: str = "operator", failed: int | None = None
@@ -626,7 +640,7 @@ class Controller:
                 if failed is not None and self.istar.get("istar") == failed:
                     event(
                         log,
-                        "controller.restore_point_stale",
+                        events.CONTROLLER_RESTORE_POINT_STALE,
                         level=logging.WARNING,
                         istar=failed,
                         requester=requester,
@@ -694,7 +708,7 @@ class Controller:
             }
             if driver is not None:
                 self.driver = driver
-            event(log, "controller.reloaded", changed_shadows=changed, source=spec.source)
+            event(log, events.CONTROLLER_RELOADED, changed_shadows=changed, source=spec.source)
         if self.driver is not None:
             self._converge(initial=False)
             return self.converge_reports[-1] if self.converge_reports else None
@@ -711,7 +725,7 @@ class Controller:
             rep = driver.converge()
         except Exception as e:
             self.ev["converge_failed"] += 1
-            event(log, "controller.converge_failed", level=logging.ERROR, error=str(e))
+            event(log, events.CONTROLLER_CONVERGE_FAILED, level=logging.ERROR, error=str(e))
             if initial:
                 raise
             return
@@ -728,7 +742,9 @@ class Controller:
         if initial or rep.writes:
             event(
                 log,
-                "controller.switch_converged" if initial else "controller.switch_repaired",
+                events.CONTROLLER_SWITCH_CONVERGED
+                if initial
+                else events.CONTROLLER_SWITCH_REPAIRED,
                 level=logging.INFO if initial else logging.WARNING,
                 **doc,
             )
@@ -759,50 +775,61 @@ class Controller:
         }
 
     def status(self) -> dict[str, Any]:
+        """What ``status`` answers, as its JSON header (also usable in-process)."""
+        return self.status_reply().to_json()
+
+    def status_reply(self) -> ControllerStatus:
+        """The ``status`` reply."""
         with self._lock:
-            return {
-                "live_istar": self.live_istar(),
-                "time": time.time(),
-                "ok": True,
-                "source": "controller",
-                "job": self.spec.job.id,
-                "state": self.state.value,
-                "reason": self.reason,
-                "trainers": self.trainers_signal(),
-                "istar": self.istar,
-                "held": list(self.held),
-                "failure": self.failure,
-                "detections": len(self.detections),
-                "finished": self.finished if self.state == ControllerState.FINISHED else None,
-                "shadows": {str(k): self._member_json(k, m) for k, m in self.members.items()},
-                "switch": None
+            return ControllerStatus(
+                live_istar=self.live_istar(),
+                time=time.time(),
+                source="controller",
+                job=self.spec.job.id,
+                state=self.state.value,
+                reason=self.reason,
+                trainers=self.trainers_signal(),
+                istar=self.istar,
+                held=tuple(self.held),
+                failure=self.failure,
+                detections=len(self.detections),
+                finished=self.finished if self.state == ControllerState.FINISHED else None,
+                shadows={str(k): self._member_json(k, m) for k, m in self.members.items()},
+                switch=None
                 if self.driver is None
                 else {"converge": self.converge_reports[-1] if self.converge_reports else None},
-                "counters": dict(self.ev),
-            }
+                counters=dict(self.ev),
+            )
 
     # ---------------------------------------------------------------- control endpoint
 
-    def _op_status(self, _req: dict[str, Any], _f: list[memoryview]) -> Reply:
-        return self.status(), []
+    def _op_status(self, req: dict[str, Any], _f: list[memoryview]) -> Reply:
+        ControllerStatusRequest.from_json(req)
+        return self.status_reply().to_json(), []
 
     def _op_restore_point(self, req: dict[str, Any], _f: list[memoryview]) -> Reply:
-        failed = req.get("failed")
-        point = self.restore_point(
-            str(req.get("requester", "client")),
-            failed=failed if isinstance(failed, int) else None,
-        )
-        return {"ok": True, **point}, []
+        r = RestorePointRequest.from_json(req)
+        point = self.restore_point(r.requester, failed=r.failed)
+        return RestorePointReply(
+            istar=point["istar"],
+            source=tuple(point["source"]),
+            usable=tuple(point["usable"]),
+            fresh=point["fresh"],
+            reachable=point["reachable"],
+            layout=point["layout"],
+            held=tuple(point["held"]),
+            generation_seen=point["generation_seen"],
+        ).to_json(), []
 
     def _op_finished(self, req: dict[str, Any], _f: list[memoryview]) -> Reply:
         # rank 0's close(): the end of training, not a failure
+        r = FinishedRequest.from_json(req)
         with self._lock:
             # the generation that finished: the trainer's own word (a controller restarted
             # just before may not have polled the shadows yet, and a 0 read from no statuses
             # made its first poll look like "a new run"), else what the shadows serve
-            gen = req.get("generation")
             seen = [s.generation for s in self.statuses.values() if s]
-            finished = gen if isinstance(gen, int) else (max(seen) if seen else None)
+            finished = r.generation if r.generation is not None else max(seen, default=None)
             if self.state in ("trainers_failed", "restoring") and (
                 finished is None
                 or self._generation_at_failure is None
@@ -813,24 +840,25 @@ class Controller:
             self._generation_at_failure = finished
             event(
                 log,
-                "controller.job_finished",
-                iteration=req.get("iteration"),
+                events.CONTROLLER_JOB_FINISHED,
+                iteration=r.iteration,
                 generation=self._generation_at_failure,
-                requester=str(req.get("requester", "client")),
+                requester=r.requester,
             )
             self.finished = {
-                "iteration": req.get("iteration"),
+                "iteration": r.iteration,
                 "generation": self._generation_at_failure,
-                "requester": str(req.get("requester", "client")),
+                "requester": r.requester,
             }
             self._transition(
-                ControllerEvent.FINISHED, f"training ended after iteration {req.get('iteration')}"
+                ControllerEvent.FINISHED, f"training ended after iteration {r.iteration}"
             )
-        return {"ok": True}, []
+        return FinishedReply().to_json(), []
 
-    def _op_release(self, _req: dict[str, Any], _f: list[memoryview]) -> Reply:
+    def _op_release(self, req: dict[str, Any], _f: list[memoryview]) -> Reply:
+        ControllerReleaseRequest.from_json(req)
         with self._lock:
             held, self.held = self.held, []
             for k in held:
                 self._release(k, (self.istar or {}).get("istar"))
-        return {"ok": True, "released": held}, []
+        return ControllerReleaseReply(tuple(held)).to_json(), []

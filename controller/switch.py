@@ -48,6 +48,7 @@ from typing import TYPE_CHECKING, Any
 from p4.config.v1 import p4info_pb2
 from p4.v1 import p4runtime_pb2
 
+from shadowgrad import events
 from shadowgrad._log import event
 from shadowgrad.config import JobSpec
 from shadowgrad.errors import ConfigError, ShadowgradError
@@ -624,7 +625,7 @@ class SwitchDriver:
             return False
         self.client.set_pipeline(want_info, want_config, cookie=want)
         self._codec = _Codec(want_info)
-        event(log, "controller.switch.pipeline_pushed", job=self.job.id, cookie=f"{want:016x}")
+        event(log, events.SWITCH_PIPELINE_PUSHED, job=self.job.id, cookie=f"{want:016x}")
         return True
 
     @property
@@ -777,7 +778,7 @@ class SwitchDriver:
         self.base = base
         event(
             log,
-            "controller.switch.converged",
+            events.SWITCH_CONVERGED,
             job=self.job.id,
             writes=rep.writes,
             inserted=rep.inserted,

@@ -46,7 +46,7 @@ from typing import Any, NamedTuple, Protocol
 from shadowgrad.config import JobSpec
 from shadowgrad.errors import ShadowgradError, ShadowgradTimeout
 from shadowgrad.layout import shadows_of_shard
-from shadowgrad.replies import ShadowStatus
+from shadowgrad.messages import ShadowStatus
 from shadowgrad.restore import NoRestorePointError, restore_point, usable_iteration
 
 __all__ = [
@@ -173,7 +173,7 @@ def _poll(spec: JobSpec, token: str, timeout_s: float) -> dict[int, Reply]:
         ep = f"tcp://{spec.shadows.control_endpoint(k)}"
         try:
             with ShadowClient(ep, token, timeout_s=timeout_s, context=ctx) as c:
-                return Reply(c.status_typed(timeline=0))
+                return Reply(c.status(timeline=0))
         except ShadowgradTimeout:
             return Reply(None, "timeout", f"no reply from {ep} within {timeout_s:g}s", False)
         except ControlError as e:  # it answered, but refused (bad_token, ...)

@@ -4,8 +4,8 @@ A shadow process binds its control endpoint before it imports torch and the shad
 takes seconds on a busy machine, more than the control clients' timeouts), so whoever polls it
 sees it at once. Until the node is up, :class:`EarlyControl` answers on that socket:
 
-* ``status`` at once, in the shape of an unloaded node's reply (``ShadowNode.status``) with
-  ``"starting": true`` (the node's own reply says ``false``);
+* ``status`` at once, an unloaded node's :class:`~shadowgrad.messages.ShadowStatus`
+  (``ShadowNode.status``) with ``"starting": true`` (the node's own reply says ``false``);
 * ``config``, ``hold`` and ``fetch`` at once with the ``not_loaded`` refusal an unloaded node
   gives; a request that is not JSON or has a wrong token with the refusal the node gives
   (:func:`shadowgrad._control_server.check_request`);
@@ -28,6 +28,7 @@ from typing import Any
 
 import zmq
 
+from shadowgrad import events
 from shadowgrad._control_server import (
     ControlServer,
     Reply,
@@ -38,6 +39,7 @@ from shadowgrad._control_server import (
 from shadowgrad._log import event
 from shadowgrad.config import JobSpec
 from shadowgrad.errors import ShadowgradError
+from shadowgrad.messages import ShadowStatus, StatusRequest
 
 __all__ = ["EarlyControl", "new_incarnation", "starting_status"]
 
@@ -55,40 +57,39 @@ _NOT_LOADED_OPS = frozenset({"config", "hold", "fetch"})
 
 def starting_status(
     shadow_id: int, silent_s: float, events: dict[str, int], incarnation: str | None = None
-) -> dict[str, Any]:
+) -> ShadowStatus:
     """The ``status`` reply of shadow ``shadow_id`` while its process starts: what an unloaded
-    node answers (``ShadowNode.status``, same keys), plus ``"starting": true``."""
-    return {
-        "ok": True,
-        "shadow": shadow_id,
-        "loaded": False,
-        "shard": None,
-        "replica": None,
-        "layout": None,
-        "owned_bytes": None,
-        "last_ready": None,
-        "last_applied": None,
-        "istar": None,
-        "newest_seen": -1,
-        "lag": 0,
-        "diverged_at": None,
-        "trainers_silent_s": round(max(0.0, silent_s), 3),
-        "ranks": {},
-        "generation": 0,
-        "window": None,
-        "buffered": 0,
-        "holds": [],
-        "available": [],
-        "counters": {},
-        "events": dict(events),
-        "peers": {},
-        "timeline": [],
-        "pending": {},
-        "last_snapshot": None,
-        "finished": None,
-        "starting": True,
-        "incarnation": incarnation,
-    }
+    node answers (``ShadowNode.status``, same keys), with ``starting`` true."""
+    return ShadowStatus(
+        shadow=shadow_id,
+        loaded=False,
+        shard=None,
+        replica=None,
+        layout=None,
+        owned_bytes=None,
+        last_ready=None,
+        last_applied=None,
+        istar=None,
+        newest_seen=-1,
+        lag=0,
+        diverged_at=None,
+        trainers_silent_s=round(max(0.0, silent_s), 3),
+        ranks={},
+        generation=0,
+        window=None,
+        buffered=0,
+        holds=(),
+        available=(),
+        counters={},
+        events=dict(events),
+        peers={},
+        timeline=(),
+        pending={},
+        last_snapshot=None,
+        finished=None,
+        starting=True,
+        incarnation=incarnation,
+    )
 
 
 class EarlyControl:
@@ -130,7 +131,7 @@ class EarlyControl:
             token if token is not None else spec.token(),
             counters=self.ev,
             logger=log,
-            event_prefix="shadow",
+            bad_token_event=events.SHADOW_CONTROL_BAD_TOKEN,
             event_fields={"shadow": shadow_id},
             poll_s=tick_s,
             defer=self._defer,
@@ -144,7 +145,7 @@ class EarlyControl:
 
     def start(self) -> EarlyControl:
         self._server.start()
-        event(log, "shadow.starting", shadow=self.id, control=self.control_endpoint)
+        event(log, events.SHADOW_STARTING, shadow=self.id, control=self.control_endpoint)
         return self
 
     def handover(
@@ -171,10 +172,11 @@ class EarlyControl:
         too once something is kept (in order, after what is already kept)."""
         return op != "status" and (bool(self._server.backlog) or op not in _NOT_LOADED_OPS)
 
-    def _op_status(self, _req: dict[str, Any], _f: list[memoryview]) -> Reply:
+    def _op_status(self, req: dict[str, Any], _f: list[memoryview]) -> Reply:
+        StatusRequest.from_json(req)  # validated (a starting shadow has no timeline)
         return starting_status(
             self.id, time.monotonic() - self.started_at, dict(self.ev), self.incarnation
-        ), []
+        ).to_json(), []
 
     def _op_not_loaded(self, _req: dict[str, Any], _f: list[memoryview]) -> Reply:
         return error_reply("not_loaded", "shadow not loaded"), []

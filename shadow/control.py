@@ -10,7 +10,7 @@ of its chunk frames (at most :data:`CHUNK_BYTES` each). Receivers verify every c
 
 Ops: ``status``, ``hold``, ``release``, ``fetch``, ``load``, ``snapshot``, ``config``,
 ``finished`` (see docs/shadow.md); the client reads ``status`` and ``config`` into
-:class:`ShadowStatus` and :class:`ShadowConfig` (:mod:`shadowgrad.replies`).
+:class:`ShadowStatus` and :class:`ShadowConfig` (:mod:`shadowgrad.messages`).
 ``fetch`` replies and ``load`` requests also carry the COMMIT record of the iteration
 (``"commit"``, see :func:`commit_to_json`).
 
@@ -22,7 +22,7 @@ and the client (:mod:`shadowgrad.control_client`). The server is :mod:`shadowgra
 from __future__ import annotations
 
 from shadowgrad.control_client import FetchReply, FetchResult, ShadowClient
-from shadowgrad.replies import ShadowConfig, ShadowStatus
+from shadowgrad.messages import ShadowConfig, ShadowStatus
 from shadowgrad.tensorstream import (
     CHUNK_BYTES,
     ControlError,

@@ -30,14 +30,14 @@ import time
 import traceback
 from collections import Counter, OrderedDict
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import torch
 import zmq
 
-from shadowgrad import wire
+from shadowgrad import events, wire
 from shadowgrad._addr import canonical, resolve
 from shadowgrad._control_server import ControlServer, bind_router
 from shadowgrad._log import event
@@ -45,6 +45,25 @@ from shadowgrad.config import JobSpec
 from shadowgrad.errors import LayoutError, ShadowgradError, WireError
 from shadowgrad.frames import decode_frame
 from shadowgrad.layout import Layout
+from shadowgrad.messages import (
+    FetchReply,
+    FetchRequest,
+    FinishedReply,
+    FinishedRequest,
+    HoldReply,
+    HoldRequest,
+    LoadReply,
+    LoadRequest,
+    PeerStatus,
+    RankStatus,
+    ReleaseReply,
+    ReleaseRequest,
+    ShadowConfig,
+    ShadowStatus,
+    SnapshotReply,
+    SnapshotRequest,
+    StatusRequest,
+)
 from shadowgrad.optspec import OptimizerSpec
 from shadowgrad.shadow._cut import UNKNOWN as _UNKNOWN
 from shadowgrad.shadow._cut import CutTracker
@@ -288,7 +307,7 @@ class ShadowNode:
             self._token,
             counters=self.ev,
             logger=log,
-            event_prefix="shadow",
+            bad_token_event=events.SHADOW_CONTROL_BAD_TOKEN,
             event_fields={"shadow": shadow_id},
             poll_s=self.opts.tick_s * 10,
             stop=self._stop,
@@ -387,7 +406,7 @@ class ShadowNode:
             self._threads.append(t)
         event(
             log,
-            "shadow.start",
+            events.SHADOW_START,
             shadow=self.id,
             data=f"{self.data_address}",
             control=self.control_endpoint,
@@ -423,7 +442,7 @@ class ShadowNode:
         self._control.close(0.0)
         if alive:
             raise ShadowgradError(f"shadow {self.id}: threads {alive} did not stop in {timeout_s}s")
-        event(log, "shadow.stop", shadow=self.id)
+        event(log, events.SHADOW_STOP, shadow=self.id)
 
     def __enter__(self) -> ShadowNode:
         return self.start()
@@ -654,7 +673,11 @@ class ShadowNode:
         if self._cut.update_istar():
             if old != _UNKNOWN:
                 event(
-                    log, "shadow.istar", level=logging.DEBUG, shadow=self.id, istar=self._cut.istar
+                    log,
+                    events.SHADOW_ISTAR,
+                    level=logging.DEBUG,
+                    shadow=self.id,
+                    istar=self._cut.istar,
                 )
             self._gc_snaps()
 
@@ -758,7 +781,7 @@ class ShadowNode:
                     if not rec.waited_silent:
                         rec.waited_silent = True
                         self._note(
-                            "repair_waiting",
+                            events.SHADOW_REPAIR_WAITING,
                             logging.INFO,
                             counter="repair_trainers_silent",
                             iteration=i,
@@ -818,7 +841,7 @@ class ShadowNode:
                     log.debug("NACK to rank %d failed: %s", rank, e)
         event(
             log,
-            "shadow.repair",
+            events.SHADOW_REPAIR,
             level=logging.DEBUG,
             shadow=self.id,
             iteration=it,
@@ -832,7 +855,7 @@ class ShadowNode:
         ld = self._ld
         assert ld is not None
         self._note(
-            "diverged",
+            events.SHADOW_DIVERGED,
             logging.WARNING,
             shard=ld.shard,
             iteration=it,
@@ -895,7 +918,9 @@ class ShadowNode:
                 self._cond.notify_all()  # a hold waiting for this step (_op_hold)
                 if gen != self._gen:
                     return
-                self._note("replay_failed", logging.ERROR, iteration=i, error=str(failed))
+                self._note(
+                    events.SHADOW_REPLAY_FAILED, logging.ERROR, iteration=i, error=str(failed)
+                )
                 self._diverge(i, rec.buf.cov.total)
             return
         with self._lock:
@@ -964,7 +989,7 @@ class ShadowNode:
                     source=f"shadow {sid}",
                 )
             except (ShadowgradError, ReplayError) as e:
-                self._note("clone_failed", logging.WARNING, replica=sid, error=str(e))
+                self._note(events.SHADOW_CLONE_FAILED, logging.WARNING, replica=sid, error=str(e))
                 continue
             self.ev["cloned"] += 1
             return
@@ -988,12 +1013,12 @@ class ShadowNode:
         for sid in replicas:
             try:
                 with self._peer_client(sid) as client:
-                    st = client.status_typed(timeline=0)
+                    st = client.status(timeline=0)
                     if st.diverged_at is not None or st.last_applied is None or st.last_applied < d:
                         continue
                     res = self._peer_fetch(client)
             except _PEER_ERRORS as e:
-                self._note("resync_failed", logging.WARNING, replica=sid, error=str(e))
+                self._note(events.SHADOW_RESYNC_FAILED, logging.WARNING, replica=sid, error=str(e))
                 continue
             self._install(res.iteration, res.states, source=f"shadow {sid}", commit=res.commit)
             return
@@ -1020,11 +1045,12 @@ class ShadowNode:
         count: bool = True,
         **fields: Any,
     ) -> None:
-        """Log the event ``shadow.<name>`` of this shadow and, with ``count``, count it in
-        :attr:`ev` as ``counter`` (default: ``name``)."""
+        """Log the event ``name`` (an :mod:`shadowgrad.events` constant, ``shadow.<x>``) of
+        this shadow and, with ``count``, count it in :attr:`ev` as ``counter`` (default:
+        ``<x>``)."""
         if count:
-            self.ev[counter or name] += 1
-        event(log, f"shadow.{name}", level=level, shadow=self.id, **fields)
+            self.ev[counter or name.removeprefix("shadow.")] += 1
+        event(log, name, level=level, shadow=self.id, **fields)
 
     def set_peer_control(self, shadow_id: int, endpoint: str) -> None:
         """Tell this node where shadow ``shadow_id`` serves its control endpoint."""
@@ -1045,7 +1071,7 @@ class ShadowNode:
             with self._state_lock:
                 ld.replayer.load(iteration, boxes)
         except (KeyError, ReplayError) as e:
-            self._note("resync_failed", logging.WARNING, source=source, error=str(e))
+            self._note(events.SHADOW_RESYNC_FAILED, logging.WARNING, source=source, error=str(e))
             return
         with self._lock:
             self._gen += 1
@@ -1065,7 +1091,7 @@ class ShadowNode:
                 except ControlError as e:
                     log.warning("shadow %d: resync from %s: bad COMMIT: %s", self.id, source, e)
             self._note(
-                "resync",
+                events.SHADOW_RESYNC,
                 logging.WARNING,
                 counter="resynced",
                 shard=ld.shard,
@@ -1126,13 +1152,13 @@ class ShadowNode:
                 path = write_snapshot(Path(root), **kw)
             except ShadowgradError as e:
                 info["error"] = str(e)
-                self._note("snapshot_failed", logging.ERROR, iteration=it, error=str(e))
+                self._note(events.SHADOW_SNAPSHOT_FAILED, logging.ERROR, iteration=it, error=str(e))
                 return
             info["path"] = str(path)
             info["seconds"] = time.monotonic() - t0
             self.ev["snapshots"] += 1
             self._last_snapshot = info
-            event(log, "shadow.snapshot", shadow=self.id, iteration=it, path=str(path))
+            event(log, events.SHADOW_SNAPSHOT, shadow=self.id, iteration=it, path=str(path))
 
         self._snap_thread = threading.Thread(
             target=write, name=f"shadow{self.id}-snap", daemon=True
@@ -1145,7 +1171,12 @@ class ShadowNode:
     # ---------------------------------------------------------------- control service
 
     def status(self, timeline: int = 16) -> dict[str, Any]:
-        """What ``status`` answers (also usable in-process)."""
+        """What ``status`` answers, as its JSON header (also usable in-process)."""
+        return self.status_reply(timeline).to_json()
+
+    def status_reply(self, timeline: int = 16) -> ShadowStatus:
+        """The ``status`` reply; ``timeline``: how many entries of the timeline and of the
+        iterations pending it carries."""
         with self._lock:
             ld = self._ld
             tl = list(self._timeline.items())[-timeline:] if timeline > 0 else []
@@ -1161,51 +1192,46 @@ class ShadowNode:
                 for k, r in sorted(self._iters.items())[:timeline]
                 if timeline > 0
             }
-            return {
-                "ok": True,
-                "shadow": self.id,
+            now = time.monotonic()
+            return ShadowStatus(
+                shadow=self.id,
                 # the process is up (EarlyControl answers true while it imports torch)
-                "starting": False,
-                "incarnation": self.incarnation,
-                "loaded": ld is not None,
-                "shard": None if ld is None else ld.shard,
-                "replica": None if ld is None else ld.replica,
-                "layout": None if ld is None else ld.layout.digest,
-                "owned_bytes": None if ld is None else ld.geom.owned_nbytes,
-                "last_ready": self._cut.ready_through() if ld is not None else None,
-                "last_applied": self._last_applied if ld is not None else None,
-                "istar": None if self._cut.istar == _UNKNOWN else self._cut.istar,
-                "newest_seen": self._newest_seen,
-                "lag": max(0, self._newest_seen - self._last_applied),
-                "diverged_at": self._diverged_at,
-                "trainers_silent_s": round(max(0.0, time.monotonic() - self._trainer_rx_at), 3),
-                "ranks": {
-                    str(r): {
-                        "newest": self._rank_newest.get(r),
-                        "silent_s": round(max(0.0, time.monotonic() - t), 3),
-                    }
+                starting=False,
+                incarnation=self.incarnation,
+                loaded=ld is not None,
+                shard=None if ld is None else ld.shard,
+                replica=None if ld is None else ld.replica,
+                layout=None if ld is None else ld.layout.digest,
+                owned_bytes=None if ld is None else ld.geom.owned_nbytes,
+                last_ready=self._cut.ready_through() if ld is not None else None,
+                last_applied=self._last_applied if ld is not None else None,
+                istar=None if self._cut.istar == _UNKNOWN else self._cut.istar,
+                newest_seen=self._newest_seen,
+                lag=max(0, self._newest_seen - self._last_applied),
+                diverged_at=self._diverged_at,
+                trainers_silent_s=round(max(0.0, now - self._trainer_rx_at), 3),
+                ranks={
+                    r: RankStatus(self._rank_newest.get(r), round(max(0.0, now - t), 3))
                     for r, t in sorted(self._rank_rx_at.items())
                 },
-                "generation": self._generation,
-                "window": None if ld is None else ld.window,
-                "buffered": len(self._iters),
-                "holds": sorted(self._cut.holds),
-                "available": sorted({*self._snaps, self._last_applied}) if ld is not None else [],
-                "counters": dict(self.rx),
-                "events": dict(self.ev),
-                "peers": {
-                    str(k): {
-                        "ready_through": p.ready_through,
-                        "last_applied": p.last_applied,
-                        "diverged": p.diverged,
-                    }
+                generation=self._generation,
+                window=None if ld is None else ld.window,
+                buffered=len(self._iters),
+                holds=tuple(sorted(self._cut.holds)),
+                available=tuple(sorted({*self._snaps, self._last_applied}))
+                if ld is not None
+                else (),
+                counters=dict(self.rx),
+                events=dict(self.ev),
+                peers={
+                    k: PeerStatus(p.ready_through, p.last_applied, p.diverged)
                     for k, p in sorted(self._cut.peers.items())
                 },
-                "timeline": [{"iteration": k, **v} for k, v in tl],
-                "pending": pending,
-                "last_snapshot": self._last_snapshot,
-                "finished": self._finished_now(),
-            }
+                timeline=tuple({"iteration": k, **v} for k, v in tl),
+                pending=pending,
+                last_snapshot=self._last_snapshot,
+                finished=self._finished_now(),
+            )
 
     def _finished_now(self) -> dict[str, Any] | None:
         """The ``finished`` record, while the generation it names is the one served (a later
@@ -1222,11 +1248,10 @@ class ShadowNode:
         trainers' silence from now on is no failure). ``iteration``: the last iteration
         trained (or null); ``generation``: the job instance that ended (an older one than the
         generation served is refused, ``stale_generation``)."""
-        it, gen = req.get("iteration"), req.get("generation")
-        if not isinstance(gen, int) or isinstance(gen, bool):
-            raise ControlError("bad_request", f"finished: generation must be an integer: {gen!r}")
-        if it is not None and (not isinstance(it, int) or isinstance(it, bool)):
-            raise ControlError("bad_request", f"finished: iteration must be an integer: {it!r}")
+        r = FinishedRequest.from_json(req)
+        it, gen = r.iteration, r.generation
+        if gen is None:
+            raise ControlError("bad_request", "finished request['generation'] must be an integer")
         with self._lock:
             if gen < self._generation:
                 raise ControlError(
@@ -1237,27 +1262,27 @@ class ShadowNode:
             self._finished = {
                 "iteration": it,
                 "generation": gen,
-                "requester": str(req.get("requester", "client")),
+                "requester": r.requester,
             }
             self._note(
-                "finished",
+                events.SHADOW_FINISHED,
                 logging.INFO,
                 count=False,
                 iteration=it,
                 generation=gen,
                 last_applied=self._last_applied if self._ld is not None else None,
             )
-            return {"ok": True, "finished": dict(self._finished)}, []
+            return FinishedReply(dict(self._finished)).to_json(), []
 
     def _op_status(
         self, req: dict[str, Any], _f: list[memoryview]
     ) -> tuple[dict[str, Any], list[Any]]:
-        return self.status(int(req.get("timeline", 16))), []
+        return self.status_reply(StatusRequest.from_json(req).timeline).to_json(), []
 
     def _op_hold(
         self, req: dict[str, Any], _f: list[memoryview]
     ) -> tuple[dict[str, Any], list[Any]]:
-        it = int(req["iteration"])
+        it = HoldRequest.from_json(req).iteration
         deadline = time.monotonic() + self.spec.timeouts.rpc_s
         with self._cond:
             if self._ld is None:
@@ -1283,32 +1308,33 @@ class ShadowNode:
                 raise ControlError(
                     "unavailable", f"iteration {it} was replaced while the hold was being placed"
                 )
-            return {"ok": True, "iteration": it, "holds": sorted(self._cut.holds)}, []
+            return HoldReply(it, tuple(sorted(self._cut.holds))).to_json(), []
 
     def _op_release(
         self, req: dict[str, Any], _f: list[memoryview]
     ) -> tuple[dict[str, Any], list[Any]]:
-        it = int(req["iteration"])
+        it = ReleaseRequest.from_json(req).iteration
         with self._lock:
             self._cut.release(it)
             self._gc_snaps()
-            return {"ok": True, "holds": sorted(self._cut.holds)}, []
+            return ReleaseReply(tuple(sorted(self._cut.holds))).to_json(), []
 
     def _op_fetch(
         self, req: dict[str, Any], _f: list[memoryview]
     ) -> tuple[dict[str, Any], list[Any]]:
+        r = FetchRequest.from_json(req)
         ld = self._ld
         if ld is None:
             raise ControlError("not_loaded", "shadow not loaded")
-        want = req.get("iteration")
+        want = r.iteration
         nbox = ld.geom.entries  # parameter boxes, then module-state boxes
-        boxes = list(range(nbox)) if req.get("boxes") is None else [int(b) for b in req["boxes"]]
+        boxes = list(range(nbox)) if r.boxes is None else list(r.boxes)
         for b in boxes:
             if not 0 <= b < nbox:
                 raise ControlError("bad_request", f"box {b} not in 0..{nbox - 1}")
         with self._state_lock:
             with self._lock:
-                it = self._last_applied if want is None else int(want)
+                it = self._last_applied if want is None else want
                 snap = self._snaps.get(it)
                 current = it == self._last_applied
                 if self._diverged_at is not None and self._diverged_at <= it:
@@ -1325,14 +1351,8 @@ class ShadowNode:
             k: (box.name, box.offsets) for k, box in enumerate(ld.geom.boxes + ld.geom.state_boxes)
         }
         entries, frames = encode_states(states, ids)
-        return {
-            "ok": True,
-            "iteration": it,
-            "shard": ld.shard,
-            "entries": entries,
-            "commit": commit,
-            "generation": self._generation,
-        }, frames
+        reply = FetchReply(it, ld.shard, tuple(entries), commit, self._generation)
+        return reply.to_json(), frames
 
     def _op_config(
         self, req: dict[str, Any], _f: list[memoryview]
@@ -1342,16 +1362,15 @@ class ShadowNode:
             ld = self._ld
             if ld is None:
                 raise ControlError("not_loaded", "shadow not loaded")
-            return {
-                "ok": True,
-                "shard": ld.shard,
-                "replica": ld.replica,
-                "layout": ld.layout.to_json(),
-                "optimizer": ld.optimizer_json,
-                "generation": self._generation,
-                "last_applied": self._last_applied,
-                "diverged_at": self._diverged_at,
-            }, []
+            return ShadowConfig(
+                shard=ld.shard,
+                replica=ld.replica,
+                layout=ld.layout.to_json(),
+                optimizer=ld.optimizer_json,
+                generation=self._generation,
+                last_applied=self._last_applied,
+                diverged_at=self._diverged_at,
+            ).to_json(), []
 
     def _check_layout(self, layout: Layout) -> None:
         if (layout.num_shadows, layout.replication) != (
@@ -1369,7 +1388,8 @@ class ShadowNode:
         # from the request's receipt (its header parsed, its token checked: part of the
         # shadow's time, not of the transfer)
         t0 = self._control.request_at or time.perf_counter()
-        layout_json = req.get("layout")
+        r = LoadRequest.from_json(req)
+        layout_json = r.layout
         ld = self._ld
         known = [x for x in (None if ld is None else ld.layout, self._layout_hint) if x is not None]
         if layout_json is not None:
@@ -1383,36 +1403,36 @@ class ShadowNode:
             layout = self._layout_hint
         else:
             raise ControlError("bad_request", "load without a layout, and none was given")
-        iteration = int(req["iteration"])
+        iteration = r.iteration
         commit: dict[str, Any] | None = None
-        if req.get("commit") is not None:
-            c_it, c_rec = commit_from_json(req["commit"])  # validated, kept normalised
+        if r.commit is not None:
+            c_it, c_rec = commit_from_json(dict(r.commit))  # validated, kept normalised
             if c_it != iteration:
                 raise ControlError(
                     "bad_request",
                     f"load of iteration {iteration} with the COMMIT of iteration {c_it}",
                 )
             commit = commit_to_json(c_it, c_rec)
-        opt_json = str(req["optimizer"])
+        opt_json = r.optimizer
         opt = OptimizerSpec.from_json(opt_json)
         # keep: no state in the request; install this shadow's own state of ``iteration`` (the
         # restore point it served: live, or a held snapshot) as the new session's start
         # views of the request's frames where a tensor came in one (ShardReplayer.load copies)
-        states = None if req.get("keep") else decode_states(req["entries"], frames, copy=False)
-        reply, out = self._load_state(
+        states = None if r.keep else decode_states([dict(e) for e in r.entries], frames, copy=False)
+        reply = self._load_state(
             layout,
             iteration,
             states,
             opt_json,
             opt,
             commit=commit,
-            generation=int(req.get("generation") or 0),
-            reseed=bool(req.get("reseed", False)),
-            source=str(req.get("source", "load")),
+            generation=r.generation or 0,
+            reseed=bool(r.reseed),
+            source="load" if r.source is None else r.source,
         )
         # the sender splits its round trip into the transfer and this (trainer.reseed)
-        reply["install_ms"] = round(1000 * (time.perf_counter() - t0), 3)
-        return reply, out
+        install_ms = round(1000 * (time.perf_counter() - t0), 3)
+        return replace(reply, install_ms=install_ms).to_json(), []
 
     def _own_replayer(
         self, layout: Layout, iteration: int, opt_json: str, opt: Any
@@ -1454,7 +1474,7 @@ class ShadowNode:
         generation: int,
         reseed: bool,
         source: str,
-    ) -> tuple[dict[str, Any], list[Any]]:
+    ) -> LoadReply:
         """Install a whole shard state as ``iteration`` (``load``, and the clone of a restarted
         replica); ``states=None``: this shadow's own state of ``iteration`` (a ``keep`` load,
         :meth:`_own_replayer`). ``reseed``: the job goes on (self-healing), so data already
@@ -1512,7 +1532,7 @@ class ShadowNode:
         reseed: bool,
         source: str,
         kept: bool,
-    ) -> tuple[dict[str, Any], list[Any]]:
+    ) -> LoadReply:
         """The session bookkeeping of a load (both locks held)."""
         if generation < self._generation:
             self.ev["load_stale_generation"] += 1
@@ -1531,20 +1551,13 @@ class ShadowNode:
             # shard back, and at the end of training nothing would bring the last iteration
             # again (seen: a shadow seeded with 1 at 2 waited for 2 forever)
             self._note(
-                "seed_behind",
+                events.SHADOW_SEED_BEHIND,
                 logging.INFO,
                 iteration=iteration,
                 last_applied=self._last_applied,
                 source=source,
             )
-            return {
-                "ok": True,
-                "shard": shard,
-                "replica": replica,
-                "iteration": self._last_applied,
-                "generation": generation,
-                "behind": True,
-            }, []
+            return LoadReply(shard, replica, self._last_applied, generation, behind=True)
         if same and old is not None:
             pool, allocated, geom = old.pool, old.allocated, old.geom
             for it, rec in list(self._iters.items()):
@@ -1594,7 +1607,7 @@ class ShadowNode:
         if kept:
             self.ev["loads_kept"] += 1  # installed its own state: nothing travelled
         self._note(
-            "seeded" if reseed else "load",
+            events.SHADOW_SEEDED if reseed else events.SHADOW_LOAD,
             logging.WARNING if reseed else logging.INFO,
             count=reseed,
             shard=shard,
@@ -1614,25 +1627,20 @@ class ShadowNode:
             # at I* = iteration still has the scheduler, scaler and user state
             self._send_nack(iteration, [], commit_missing=True)
         self._cond.notify_all()
-        return {
-            "ok": True,
-            "shard": shard,
-            "replica": replica,
-            "iteration": iteration,
-            "generation": generation,
-        }, []
+        return LoadReply(shard, replica, iteration, generation)
 
     def _op_snapshot(
         self, req: dict[str, Any], _f: list[memoryview]
     ) -> tuple[dict[str, Any], list[Any]]:
         if self.spec.shadows.snapshot_dir is None:
             raise ControlError("bad_request", "shadows.snapshot_dir is not configured")
-        info = self._maybe_snapshot(force=bool(req.get("wait", True)))
+        info = self._maybe_snapshot(force=SnapshotRequest.from_json(req).wait)
         if info is None:
             raise ControlError("unavailable", "no consistent iteration available to snapshot")
         if "error" in info:
             raise ControlError("internal", str(info["error"]))
-        return {"ok": True, **info}, []
+        info = dict(info)  # the writer may still be filling it in (wait=false)
+        return SnapshotReply(info["iteration"], info.get("path"), info.get("seconds")).to_json(), []
 
     # ---------------------------------------------------------------- in-process helpers
 

@@ -43,6 +43,7 @@ from typing import Literal
 
 import torch
 
+from shadowgrad import events
 from shadowgrad._log import event
 from shadowgrad.boxes import (
     BoxState,
@@ -452,7 +453,7 @@ class ShardReplayer:
         """Log ``shadow.replay.diverged`` (``reason``: a label) and the error to raise."""
         event(
             logger,
-            "shadow.replay.diverged",
+            events.SHADOW_REPLAY_DIVERGED,
             logging.WARNING,
             shard=self.shard,
             iteration=iteration,
@@ -515,7 +516,7 @@ class ShardReplayer:
             self._broken = True
             event(
                 logger,
-                "shadow.replay.diverged",
+                events.SHADOW_REPLAY_DIVERGED,
                 logging.ERROR,
                 shard=self.shard,
                 iteration=iteration,

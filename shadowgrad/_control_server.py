@@ -26,7 +26,7 @@ A :class:`ControlServer` is used in this order:
       not answered); the time of receipt is :attr:`ControlServer.request_at` while it is served;
    b. its header is read and its token checked (:func:`check_request`): refused as
       ``bad_request`` or ``bad_token`` (counted ``control_<code>``; a bad token is also logged
-      as the warning event ``<prefix>.control_bad_token``);
+      as the warning event ``bad_token_event``, e.g. ``shadow.control_bad_token``);
    c. ``defer(op)`` true: the request is kept, unanswered, in :attr:`ControlServer.backlog`;
    d. an op without a handler: ``bad_request`` (``unknown op``, counted ``control_bad_request``);
    e. else counted ``control_<op>`` (before the handler runs: a ``status`` reply counts itself)
@@ -58,6 +58,7 @@ from typing import Any, Self
 
 import zmq
 
+from shadowgrad import events
 from shadowgrad._log import event
 from shadowgrad.errors import ControlError, ShadowgradError
 
@@ -132,8 +133,9 @@ class ControlServer:
     counted and how errors are answered).
 
     ``counters``: where the events are counted (the owner's, e.g. ``ShadowNode.ev``);
-    ``logger``, ``event_prefix`` and ``event_fields``: how its events are logged (``<prefix>.
-    control_bad_token`` with ``event_fields`` and ``op``); ``poll_s``: the poll interval (how
+    ``logger``, ``bad_token_event`` and ``event_fields``: how its events are logged (the
+    :mod:`shadowgrad.events` name of a refused token, with ``event_fields`` and ``op``);
+    ``poll_s``: the poll interval (how
     long a stop may take to be seen); ``stop``: the event that ends :meth:`serve` (default: the
     server's own; an owner passes its own to stop every thread at once); ``name``: the thread's
     name (:meth:`start`) and the label in the log."""
@@ -146,7 +148,7 @@ class ControlServer:
         *,
         counters: Counter[str] | None = None,
         logger: logging.Logger | None = None,
-        event_prefix: str = "control",
+        bad_token_event: str = events.CONTROL_BAD_TOKEN,
         event_fields: Mapping[str, Any] | None = None,
         poll_s: float = 0.1,
         stop: threading.Event | None = None,
@@ -160,7 +162,7 @@ class ControlServer:
         self._token = token
         self.ev: Counter[str] = counters if counters is not None else Counter()
         self._log = logger or log
-        self._prefix = event_prefix
+        self._bad_token_event = bad_token_event
         self._fields = dict(event_fields or {})
         self._poll_ms = max(1, int(poll_s * 1000))
         self._stop = stop if stop is not None else threading.Event()
@@ -240,7 +242,7 @@ class ControlServer:
             if refused["code"] == "bad_token":
                 event(
                     self._log,
-                    f"{self._prefix}.control_bad_token",
+                    self._bad_token_event,
                     logging.WARNING,
                     **self._fields,
                     op=str(req.get("op")),

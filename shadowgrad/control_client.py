@@ -5,18 +5,18 @@ followed by binary frames (``load`` only). Every reply is a JSON header frame
 ``{"ok": true, ...}`` or ``{"ok": false, "code": ..., "error": ...}`` followed by binary frames
 (``fetch`` only). Tensors travel as a tensor stream (:mod:`shadowgrad.tensorstream`).
 
-Shadow ops (:class:`ShadowClient`): ``status``, ``hold``, ``release``, ``fetch``, ``load``,
-``snapshot``, ``config``, ``finished`` (see docs/shadow.md); ``fetch`` replies and ``load``
-requests also carry the COMMIT record of the iteration (``"commit"``, see
-:func:`~shadowgrad.tensorstream.commit_to_json`). The controller's endpoint speaks the same
-protocol (:class:`ControllerClient`: ``status``, ``restore_point``, ``finished``, ``release``).
-
-Replies are read into typed dataclasses (:mod:`shadowgrad.replies`): ``status_typed`` gives a
-:class:`~shadowgrad.replies.ShadowStatus`, ``config`` a :class:`~shadowgrad.replies.ShadowConfig`,
-``fetch_raw`` a :class:`FetchReply`, the controller's ``status`` and ``restore_point`` a
-:class:`~shadowgrad.replies.ControllerStatus` and :class:`~shadowgrad.replies.RestorePointReply`.
-``ShadowClient.status`` (and ``hold``, ``release``, ``load``, ``snapshot``) still return the
-reply header as a dict, for the tools and tests that keep or print it whole.
+The headers are the messages of :mod:`shadowgrad.messages` (one request and one reply class per
+op, shared with the servers): every op method builds its ``...Request``, sends it and returns
+the typed reply, never the header as a dict (each reply keeps it in ``raw``). Shadow ops
+(:class:`ShadowClient`): ``status`` (:class:`~shadowgrad.messages.ShadowStatus`), ``hold``,
+``release``, ``fetch`` (``fetch_raw``: the :class:`~shadowgrad.messages.FetchReply` before
+decoding), ``load``, ``snapshot``, ``config`` (:class:`~shadowgrad.messages.ShadowConfig`),
+``finished`` (see docs/shadow.md); ``fetch`` replies and ``load`` requests also carry the COMMIT
+record of the iteration (``"commit"``, see :func:`~shadowgrad.tensorstream.commit_to_json`).
+The controller's endpoint speaks the same protocol (:class:`ControllerClient`: ``status``,
+``restore_point``, ``finished``, ``release``). :meth:`ControlClient.call` is the transport
+(an op by name, the reply header as a dict), for tools and tests that send what no client
+method would.
 
 In core so that the trainer hooks, the controller and the shadows share one client; the server
 side is the shadow node (``shadowgrad.shadow.node``) and the controller service.
@@ -25,22 +25,42 @@ side is the shadow node (``shadowgrad.shadow.node``) and the controller service.
 from __future__ import annotations
 
 import json
+import warnings
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any, Self
 
 import torch
 import zmq
 
 from shadowgrad.errors import ShadowgradTimeout
-from shadowgrad.replies import (
+from shadowgrad.messages import (
+    ConfigRequest,
+    ControllerReleaseReply,
+    ControllerReleaseRequest,
     ControllerStatus,
+    ControllerStatusRequest,
+    FetchReply,
+    FetchRequest,
+    FetchResult,
+    FinishedReply,
+    FinishedRequest,
+    HoldReply,
+    HoldRequest,
+    LoadReply,
+    LoadRequest,
+    ReleaseReply,
+    ReleaseRequest,
+    ReplyT,
     RestorePointReply,
+    RestorePointRequest,
     ShadowConfig,
     ShadowStatus,
-    _Reader,
+    SnapshotReply,
+    SnapshotRequest,
+    StatusRequest,
+    _Request,
 )
-from shadowgrad.tensorstream import ControlError, decode_states, encode_states
+from shadowgrad.tensorstream import ControlError, encode_states
 
 __all__ = [
     "ControlClient",
@@ -54,51 +74,6 @@ __all__ = [
     "ControllerStatus",
     "RestorePointReply",
 ]
-
-
-@dataclass(frozen=True)
-class FetchResult:
-    """State of some boxes at ``iteration``: ``states[box index] = {key: tensor}``; ``commit``:
-    the COMMIT record of ``iteration`` (:func:`commit_to_json` form), None when the shadow has
-    none (the initial state of a fresh start)."""
-
-    iteration: int
-    states: dict[int, dict[str, torch.Tensor]]
-    commit: dict[str, Any] | None = None
-
-
-@dataclass(frozen=True)
-class FetchReply:
-    """A ``fetch`` reply before decoding: the tensor stream's ``entries`` and chunk ``frames``
-    as they came (for a caller that forwards them; :func:`decode_states` verifies and decodes),
-    the COMMIT record of ``iteration`` (None when the shadow has none), and the ``shard`` and
-    ``generation`` the shadow serves (None when not read from a reply)."""
-
-    iteration: int
-    entries: list[dict[str, Any]]
-    frames: list[bytes] | list[memoryview]
-    commit: dict[str, Any] | None = None
-    shard: int | None = None
-    generation: int | None = None
-
-    @classmethod
-    def from_wire(cls, header: Mapping[str, Any], frames: list[Any]) -> FetchReply:
-        """Read a ``fetch`` reply (ControlError ``bad_reply`` when malformed; a ``commit``
-        that is not an object reads as none)."""
-        r = _Reader(header, "fetch reply")
-        commit = header.get("commit")
-        return cls(
-            r.integer("iteration"),
-            r.objects("entries"),
-            frames,
-            commit if isinstance(commit, dict) else None,
-            shard=r.integer("shard"),
-            generation=r.integer("generation"),
-        )
-
-    def decode(self) -> FetchResult:
-        """Verify every chunk and decode the states (ControlError)."""
-        return FetchResult(self.iteration, decode_states(self.entries, self.frames), self.commit)
 
 
 class ControlClient:
@@ -185,34 +160,44 @@ class ControlClient:
             raise ControlError(str(header.get("code", "error")), str(header.get("error", "")))
         return header, list(reply[1:])
 
+    def ask(
+        self,
+        request: _Request,
+        reply: type[ReplyT],
+        frames: Sequence[memoryview | bytes] = (),
+        timeout_s: float | None = None,
+        *,
+        copy: bool = True,
+    ) -> tuple[ReplyT, list[Any]]:
+        """Send ``request`` (its op, its JSON) and read the reply as ``reply`` (ControlError
+        ``bad_reply`` naming the field when malformed); also the reply's frames."""
+        header, out = self.call(request.op, frames, timeout_s, copy=copy, **request.to_json())
+        return reply.from_json(header), out
+
     def finished(
         self,
         iteration: int | None,
         generation: int,
         requester: str,
         timeout_s: float | None = None,
-    ) -> dict[str, Any]:
+    ) -> FinishedReply:
         """Tell the peer (a shadow or the controller: both serve ``finished``) that training
         (``generation`` of the job) ended normally after ``iteration``, the last iteration
-        trained; a shadow's status then carries ``finished``."""
-        header, _ = self.call(
-            "finished",
-            timeout_s=timeout_s,
-            iteration=iteration,
-            generation=generation,
-            requester=requester,
+        trained; a shadow's status then carries ``finished`` (as its reply does)."""
+        out, _ = self.ask(
+            FinishedRequest(iteration, generation, requester), FinishedReply, timeout_s=timeout_s
         )
-        return header
+        return out
 
 
 class ControllerClient(ControlClient):
     """Blocking client of the controller's control endpoint (ops ``status``,
-    ``restore_point``, ``finished``; ``release`` through :meth:`call`)."""
+    ``restore_point``, ``finished``, ``release``)."""
 
     def status(self, timeout_s: float | None = None) -> ControllerStatus:
         """The controller's state machine, published restore point and counters."""
-        header, _ = self.call("status", timeout_s=timeout_s)
-        return ControllerStatus.from_wire(header)
+        out, _ = self.ask(ControllerStatusRequest(), ControllerStatus, timeout_s=timeout_s)
+        return out
 
     def restore_point(
         self, requester: str, timeout_s: float | None = None, *, failed: int | None = None
@@ -221,9 +206,15 @@ class ControllerClient(ControlClient):
         ``layout``, with ``generation_seen``); ``requester`` names the caller in its log;
         ``failed``: the iteration the caller was given and could not fetch (the controller
         then fixes and holds a new one)."""
-        extra: dict[str, Any] = {} if failed is None else {"failed": failed}
-        header, _ = self.call("restore_point", timeout_s=timeout_s, requester=requester, **extra)
-        return RestorePointReply.from_wire(header)
+        out, _ = self.ask(
+            RestorePointRequest(requester, failed), RestorePointReply, timeout_s=timeout_s
+        )
+        return out
+
+    def release(self, timeout_s: float | None = None) -> ControllerReleaseReply:
+        """Drop the holds of the published restore point (the shadows released)."""
+        out, _ = self.ask(ControllerReleaseRequest(), ControllerReleaseReply, timeout_s=timeout_s)
+        return out
 
 
 class ShadowClient(ControlClient):
@@ -232,29 +223,36 @@ class ShadowClient(ControlClient):
 
     # -- ops -----------------------------------------------------------------------------
 
-    def status(self, timeline: int = 16) -> dict[str, Any]:
-        """The ``status`` reply header as it came (see :meth:`status_typed`)."""
-        header, _ = self.call("status", timeline=timeline)
-        return header
+    def status(self, timeline: int = 16) -> ShadowStatus:
+        """The shadow's status, typed (ControlError ``bad_reply`` when malformed); its
+        ``timeline`` and ``pending`` carry ``timeline`` entries each."""
+        out, _ = self.ask(StatusRequest(timeline), ShadowStatus)
+        return out
 
     def status_typed(self, timeline: int = 16) -> ShadowStatus:
-        """The shadow's status, typed (ControlError ``bad_reply`` when malformed); its
-        ``timeline`` and ``pending`` (``timeline`` entries of each) are in ``raw``."""
-        return ShadowStatus.from_wire(self.status(timeline))
+        """Deprecated: :meth:`status` (which is typed now)."""
+        warnings.warn(
+            "ShadowClient.status_typed() is deprecated: status() returns the typed status",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return self.status(timeline)
 
     def config(self) -> ShadowConfig:
         """Layout, optimizer and generation of the shard this shadow holds (``not_loaded``
         when it holds none)."""
-        header, _ = self.call("config")
-        return ShadowConfig.from_wire(header)
+        out, _ = self.ask(ConfigRequest(), ShadowConfig)
+        return out
 
-    def hold(self, iteration: int) -> dict[str, Any]:
-        header, _ = self.call("hold", iteration=iteration)
-        return header
+    def hold(self, iteration: int) -> HoldReply:
+        """Keep ``iteration``'s state until released (``unavailable`` when not held here)."""
+        out, _ = self.ask(HoldRequest(iteration), HoldReply)
+        return out
 
-    def release(self, iteration: int) -> dict[str, Any]:
-        header, _ = self.call("release", iteration=iteration)
-        return header
+    def release(self, iteration: int) -> ReleaseReply:
+        """Drop the hold on ``iteration``."""
+        out, _ = self.ask(ReleaseRequest(iteration), ReleaseReply)
+        return out
 
     def fetch_raw(
         self,
@@ -266,14 +264,9 @@ class ShadowClient(ControlClient):
     ) -> FetchReply:
         """Like :meth:`fetch`, without decoding: the stream as it came (see :class:`FetchReply`;
         ``copy=False``: its frames are views of zmq's receive buffers)."""
-        header, frames = self.call(
-            "fetch",
-            iteration=iteration,
-            boxes=None if boxes is None else list(boxes),
-            timeout_s=timeout_s,
-            copy=copy,
-        )
-        return FetchReply.from_wire(header, frames)
+        request = FetchRequest(iteration, None if boxes is None else tuple(boxes))
+        header, frames = self.call(request.op, (), timeout_s, copy=copy, **request.to_json())
+        return FetchReply.from_wire_frames(header, frames)
 
     def fetch(
         self,
@@ -296,7 +289,7 @@ class ShadowClient(ControlClient):
         generation: int | None = None,
         reseed: bool | None = None,
         source: str | None = None,
-    ) -> dict[str, Any]:
+    ) -> LoadReply:
         """Bootstrap the shadow with its shard's state at ``iteration`` (per box, shard order);
         ``commit``: COMMIT(``iteration``) (:func:`commit_to_json` form) to keep with it.
         ``generation``, ``reseed`` and ``source`` (a trainer's bootstrap or re-seed: its
@@ -304,33 +297,26 @@ class ShadowClient(ControlClient):
         ``states=None``: a *keep* load, no state travels: the shadow installs its own state of
         ``iteration`` (the restore point it just served: live or held) as the new session's
         start, or refuses with ``unavailable`` when it has not got it."""
-        extra: dict[str, Any] = {}
         if states is None:
             entries: list[dict[str, Any]] = []
             frames: list[memoryview] = []
-            extra["keep"] = True
         else:
             entries, frames = encode_states(list(enumerate(states)))
-        if generation is not None:
-            extra["generation"] = generation
-        if reseed is not None:
-            extra["reseed"] = reseed
-        if source is not None:
-            extra["source"] = source
-        if commit is not None:
-            extra["commit"] = dict(commit)
-        header, _ = self.call(
-            "load",
-            frames,
-            iteration=iteration,
-            optimizer=optimizer_json,
-            layout=layout_json,
-            entries=entries,
-            timeout_s=timeout_s,
-            **extra,
+        request = LoadRequest(
+            iteration,
+            optimizer_json,
+            layout_json,
+            tuple(entries),
+            keep=True if states is None else None,
+            generation=generation,
+            reseed=reseed,
+            source=source,
+            commit=None if commit is None else dict(commit),
         )
-        return header
+        out, _ = self.ask(request, LoadReply, frames, timeout_s)
+        return out
 
-    def snapshot(self, wait: bool = True, timeout_s: float | None = None) -> dict[str, Any]:
-        header, _ = self.call("snapshot", wait=wait, timeout_s=timeout_s)
-        return header
+    def snapshot(self, wait: bool = True, timeout_s: float | None = None) -> SnapshotReply:
+        """Write the consistent iteration to ``shadows.snapshot_dir`` now."""
+        out, _ = self.ask(SnapshotRequest(wait), SnapshotReply, timeout_s=timeout_s)
+        return out

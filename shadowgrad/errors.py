@@ -153,7 +153,7 @@ class ControlError(ShadowgradError):
     ``code`` is a short machine-readable label (``bad_token``, ``bad_request``, ``unavailable``,
     ``not_loaded``, ``checksum``, ``internal``; ``bad_reply`` on the client side: a reply it
     cannot read). Defined here, torch-free, so that the typed replies
-    (:mod:`shadowgrad.replies`) can raise it; :mod:`shadowgrad.tensorstream` re-exports it.
+    (:mod:`shadowgrad.messages`) can raise it; :mod:`shadowgrad.tensorstream` re-exports it.
     """
 
     def __init__(self, code: str, message: str) -> None:

@@ -19,10 +19,11 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from shadowgrad import events
 from shadowgrad._log import event
 from shadowgrad.errors import ShadowgradError
 from shadowgrad.layout import shadows_of_shard
-from shadowgrad.replies import ShadowStatus, StatusLike, shadow_status, shadow_statuses
+from shadowgrad.messages import ShadowStatus, StatusLike, shadow_status, shadow_statuses
 
 __all__ = [
     "RestorePoint",
@@ -246,9 +247,11 @@ def fix_restore_point(
     cannot). A hold can fail because the shadow moved on between the poll and the hold (it
     applied past I* and the cut moved with it) or went away: then the holds placed are released
     (``release``), the shadows are polled again and the cut is recomputed and held again, at
-    most ``attempts`` times, each retry a ``<who>.hold_retry`` event. Returns the point and the
+    most ``attempts`` times, each retry a ``<who>.hold_retry`` event (``who``: ``controller``,
+    ``trainer`` or ``restore``, :data:`shadowgrad.events.HOLD_EVENTS`). Returns the point and the
     shadows that hold it (every source: a point is never returned held nowhere); raises
     :class:`NoRestorePointError` when no attempt held. ``first``: statuses already polled."""
+    hold_failed, hold_retry = events.HOLD_EVENTS[who]
     statuses = settle(
         poll,
         poll() if first is None else first,
@@ -271,7 +274,7 @@ def fix_restore_point(
                 errors[k] = str(e)
                 event(
                     log,
-                    f"{who}.hold_failed",
+                    hold_failed,
                     level=logging.WARNING,
                     shadow=k,
                     iteration=point.istar,
@@ -288,7 +291,7 @@ def fix_restore_point(
         if attempt < attempts:
             event(
                 log,
-                f"{who}.hold_retry",
+                hold_retry,
                 level=logging.WARNING,
                 iteration=point.istar,
                 attempt=attempt,

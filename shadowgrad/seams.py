@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Protocol, runtime_checkable
 
-from shadowgrad.replies import StatusLike
+from shadowgrad.messages import StatusLike
 
 __all__ = ["ConvergeResult", "ShadowStatusSource", "SwitchDriver"]
 
@@ -82,7 +82,7 @@ class SwitchDriver(Protocol):
 @runtime_checkable
 class ShadowStatusSource(Protocol):
     """Every shadow's status, for the controller: ``{shadow id: status, or None when it did not
-    answer}``, a status typed (:class:`~shadowgrad.replies.ShadowStatus`) or as the dict a
+    answer}``, a status typed (:class:`~shadowgrad.messages.ShadowStatus`) or as the dict a
     shadow serves. A plain function or lambda is one.
 
     The controller calls it, from its watch thread under its lock unless said otherwise:

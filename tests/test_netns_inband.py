@@ -51,7 +51,7 @@ def _check(spec_path: str, final_path: str, steps: int) -> int:
             res = c.fetch(steps - 1)
             status.append(c.status(timeline=0))
             if layout is None:
-                layout = Layout.from_json(c.call("config")[0]["layout"])
+                layout = Layout.from_json(c.config().layout)
             shard = layout.shard_of_shadow(k)[0]
             exports.setdefault(shard, [res.states[b] for b in range(len(res.states))])
     assert layout is not None
@@ -65,9 +65,9 @@ def _check(spec_path: str, final_path: str, steps: int) -> int:
         json.dumps(
             {
                 "bad": bad,
-                "counters": [s["counters"] for s in status],
-                "events": [s.get("events") or {} for s in status],
-                "last_applied": [s.get("last_applied") for s in status],
+                "counters": [dict(s.counters) for s in status],
+                "events": [dict(s.events) for s in status],
+                "last_applied": [s.last_applied for s in status],
             }
         )
     )

@@ -41,7 +41,7 @@ def test_restore_shows_holds_and_releases_istar(
         code = (
             "import json, sys; from shadowgrad.shadow.control import ShadowClient; "
             f"eps = {[n.control_endpoint for n in job.nodes]!r}; "
-            f"holds = [ShadowClient(e, {TOKEN!r}).status(timeline=0)['holds'] "
+            f"holds = [ShadowClient(e, {TOKEN!r}).status(timeline=0).holds "
             "for e in eps]; "
             f"open({str(probe)!r}, 'w').write(json.dumps(holds)); sys.exit(7)"
         )

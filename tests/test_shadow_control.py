@@ -75,13 +75,15 @@ def test_token_status_hold_release_fetch() -> None:
             copy.deepcopy(state_by_name(trainer.opt, trainer.model.named_parameters())),
         )
         st = c.clients[0].status(timeline=8)
-        assert st["last_applied"] == 2 and st["last_ready"] == 2 and st["istar"] == 2
-        assert st["lag"] == 0 and st["counters"]["data"] > 0 and st["counters"]["commit"] == 3
-        assert [t["iteration"] for t in st["timeline"]] == [0, 1, 2]
-        assert st["peers"]["1"]["last_applied"] == 2
+        # the server built it with the schema: the header is exactly the schema's JSON
+        assert type(st).from_json(st.raw).to_json() == dict(st.raw)
+        assert st.last_applied == 2 and st.last_ready == 2 and st.istar == 2
+        assert st.lag == 0 and st.counters["data"] > 0 and st.counters["commit"] == 3
+        assert [t["iteration"] for t in st.timeline] == [0, 1, 2]
+        assert st.peers[1].last_applied == 2
         # hold(2) keeps the state of 2 available while replay continues
         for cl in c.clients:
-            assert cl.hold(2)["holds"] == [2]
+            assert cl.hold(2).holds == (2,)
         with pytest.raises(ControlError) as ei:
             c.clients[0].hold(0)
         assert ei.value.code == "unavailable"
@@ -100,7 +102,7 @@ def test_token_status_hold_release_fetch() -> None:
         with pytest.raises(ControlError) as ei:
             c.clients[0].load(-1, [], trainer.optimizer_spec().to_json(), layout.to_json())
         assert ei.value.code == "bad_request"
-        assert c.clients[0].status()["last_applied"] == 5
+        assert c.clients[0].status().last_applied == 5
 
 
 def test_a_keep_load_starts_a_session_from_the_shadows_own_state() -> None:
@@ -124,15 +126,15 @@ def test_a_keep_load_starts_a_session_from_the_shadows_own_state() -> None:
             with pytest.raises(ControlError) as ei:
                 cl.load(1, None, opt, layout.to_json(), generation=7)
             assert ei.value.code == "unavailable"
-            assert cl.status()["last_applied"] == 4 and n.ev["loads_kept"] == 0
+            assert cl.status().last_applied == 4 and n.ev["loads_kept"] == 0
             reply = cl.load(2, None, opt, layout.to_json(), generation=7)
-            assert reply["iteration"] == 2 and n.ev["loads_kept"] == 1
+            assert reply.iteration == 2 and n.ev["loads_kept"] == 1
             st = cl.status()
-            assert (st["last_applied"], st["generation"], st["holds"]) == (2, 7, [])
+            assert (st.last_applied, st.generation, st.holds) == (2, 7, ())
             assert not compare_shard(layout, shard, cl.fetch(2).states, *at2)
             # standing at 2 now: a second keep of 2 takes the live state itself
             cl.load(2, None, opt, layout.to_json(), generation=8)
-            assert n.ev["loads_kept"] == 2 and cl.status()["generation"] == 8
+            assert n.ev["loads_kept"] == 2 and cl.status().generation == 8
             assert not compare_shard(layout, shard, cl.fetch(2).states, *at2)
 
 
@@ -157,20 +159,20 @@ def test_a_reseed_older_than_what_the_shadow_applied_changes_nothing() -> None:
         for shard, (n, cl) in enumerate(zip(c.nodes, c.clients, strict=True)):
             states = [at1[shard][k] for k in range(len(at1[shard]))]
             reply = cl.load(1, states, opt, layout.to_json(), reseed=True, source="rank 0")
-            assert reply["behind"] and reply["iteration"] == 4, reply
+            assert reply.behind and reply.iteration == 4, reply
             assert n.ev["seed_behind"] == 1 and n.ev["seeded"] == 0
-            assert cl.status()["last_applied"] == 4
+            assert cl.status().last_applied == 4
             assert not compare_shard(layout, shard, cl.fetch(4).states, *at4)
         _run(c, trainer, layout, range(5, 7))  # the session goes on from its own state
         for shard, (n, cl) in enumerate(zip(c.nodes, c.clients, strict=True)):
             here = cl.fetch(6).states
             reply = cl.load(6, [here[k] for k in range(len(here))], opt, reseed=True)
-            assert "behind" not in reply and n.ev["seeded"] == 1
+            assert reply.behind is None and n.ev["seeded"] == 1
             # another generation: a new instance of the job, installed whatever it says
             reply = cl.load(
                 1, [at1[shard][k] for k in range(len(at1[shard]))], opt, reseed=True, generation=9
             )
-            assert "behind" not in reply and cl.status()["last_applied"] == 1
+            assert reply.behind is None and cl.status().last_applied == 1
 
 
 def test_stream_checksums_and_client_timeout() -> None:
@@ -220,7 +222,7 @@ def test_background_snapshots_are_atomic_and_verified(tmp_path: Path) -> None:
             assert not list((tmp_path / f"shadow{n.id}").glob(".tmp-*"))
         # on demand
         info = c.clients[0].snapshot(wait=True)
-        assert info["iteration"] == 4 and Path(info["path"]).is_dir()
+        assert info.iteration == 4 and info.path is not None and Path(info.path).is_dir()
         # a corrupted snapshot is refused
         state_bin = list_snapshots(tmp_path, 0)[-1] / "state.bin"
         raw = bytearray(state_bin.read_bytes())
@@ -282,7 +284,7 @@ target = "none"
                     st = cl.status()
                 except ShadowgradTimeout:
                     assert proc.poll() is None, proc.communicate(timeout=5)[0]
-            assert st is not None and st["loaded"] is False
+            assert st is not None and st.loaded is False
             cl.load(
                 -1,
                 initial_states(layout, 0, trainer.named),
@@ -290,7 +292,7 @@ target = "none"
                 timeout_s=30,
             )
             st = cl.status()
-            assert st["loaded"] is True and st["last_applied"] == -1
+            assert st.loaded is True and st.last_applied == -1
         proc.send_signal(signal.SIGTERM)
         out, _ = proc.communicate(timeout=15)
         assert proc.returncode == 0, out
@@ -320,8 +322,8 @@ def test_state_at_istar_is_kept_while_another_shard_lags() -> None:
             c.expect_applied(2, nodes=[0])
             assert c.wait(lambda _n, st: st["peers"]["0"]["last_applied"] == 2, 5.0, nodes=[1])
             st0 = c.clients[0].status()
-            assert st0["last_applied"] == 2 and st0["istar"] == 1
-            assert st0["available"] == [1, 2]
+            assert st0.last_applied == 2 and st0.istar == 1
+            assert st0.available == (1, 2)
             res = c.clients[0].fetch(1)
             assert not compare_shard(layout, 0, res.states, *at1)
             # the retained cut keeps its COMMIT too

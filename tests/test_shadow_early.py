@@ -55,8 +55,8 @@ def test_starting_shadow_answers_keeps_a_load_and_hands_it_to_the_node() -> None
     t = threading.Thread(target=load, daemon=True)
     try:
         st = client.status(timeline=0)
-        assert st["starting"] is True and st["loaded"] is False and st["shadow"] == 0
-        assert ShadowStatus.from_wire(st).loaded is False  # the typed reader takes it
+        assert st.starting is True and st.loaded is False and st.shadow == 0
+        assert ShadowStatus.from_json(st.raw) == st  # the typed reader takes it
         for op in ("fetch", "hold", "config"):
             with pytest.raises(ControlError) as ei:
                 client.call(op, iteration=0) if op == "hold" else client.call(op)
@@ -71,7 +71,7 @@ def test_starting_shadow_answers_keeps_a_load_and_hands_it_to_the_node() -> None
         time.sleep(0.3)
         assert t.is_alive() and not result, result
         # ... status is still answered meanwhile, and a fetch after the load waits behind it
-        assert client.status(timeline=0)["starting"] is True
+        assert client.status(timeline=0).starting is True
         ctx, rep, backlog = early.handover()
         assert len(backlog) == 1
         node = ShadowNode(spec, 0, token=TOKEN, sock=sock, control_socket=(ctx, rep))
@@ -79,14 +79,14 @@ def test_starting_shadow_answers_keeps_a_load_and_hands_it_to_the_node() -> None
         node.start(backlog)
         t.join(30)
         assert "error" not in result, result.get("error")
-        assert result["reply"]["ok"] and result["reply"]["shard"] == 0
-        assert result["reply"]["install_ms"] >= 0  # trainer.reseed splits its round trip by it
+        assert result["reply"].raw["ok"] and result["reply"].shard == 0
+        assert result["reply"].install_ms >= 0  # trainer.reseed splits its round trip by it
         st2 = client.status(timeline=0)
-        assert st2["starting"] is False and st2["loaded"] is True and st2["last_applied"] == -1
-        assert st2["events"]["control_status"] >= 2  # what the early endpoint served counts
+        assert st2.starting is False and st2.loaded is True and st2.last_applied == -1
+        assert st2.events["control_status"] >= 2  # what the early endpoint served counts
         # one reply shape: the starting reply has exactly the node's keys
-        assert set(starting_status(0, 0.0, {})) == set(node.status(timeline=0))
-        assert set(ShadowStatus.__dataclass_fields__) - {"raw"} <= set(st)
+        assert set(starting_status(0, 0.0, {}).to_json()) == set(node.status(timeline=0))
+        assert set(ShadowStatus.__dataclass_fields__) - {"raw"} == set(st.raw) - {"ok"}
         res = client.fetch(-1)
         assert res.iteration == -1 and sorted(res.states) == list(range(len(layout.shard_boxes(0))))
     finally:
@@ -131,11 +131,11 @@ def test_shadow_command_answers_while_it_imports_torch(tmp_path: Path) -> None:
                     continue
             answered_s = time.monotonic() - t0
             # torch is not imported yet when the endpoint first answers
-            assert first["starting"] is True, (answered_s, first)
+            assert first.starting is True, (answered_s, first)
             # the hand-over from the early endpoint to the node may miss one poll's deadline on a
             # loaded machine (requests wait in the socket meanwhile): not yet, not a failure
             assert wait_for(lambda: _starting(c) is False, 120), _tail(log)
-            assert c.status(timeline=0)["events"].get("control_status", 0) >= 2
+            assert c.status(timeline=0).events.get("control_status", 0) >= 2
     finally:
         proc.terminate()
         try:
@@ -149,7 +149,7 @@ def test_shadow_command_answers_while_it_imports_torch(tmp_path: Path) -> None:
 def _starting(c: ShadowClient) -> bool | None:
     """Whether the shadow says it is starting (None: no reply within the client's timeout)."""
     try:
-        return bool(c.status(timeline=0)["starting"])
+        return c.status(timeline=0).starting
     except ShadowgradTimeout:
         return None
 

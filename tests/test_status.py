@@ -473,9 +473,9 @@ def test_a_clean_finish_is_finished_not_silent(
         for n in job.nodes:  # what rank 0's close() does
             with ShadowClient(n.control_endpoint, TOKEN, timeout_s=5.0) as c:
                 head = c.finished(2, 0, requester="rank 0")
-                assert head["finished"] == {"iteration": 2, "generation": 0, "requester": "rank 0"}
-                st = c.status_typed(timeline=0)
-                assert st.finished == head["finished"]
+                assert head.finished == {"iteration": 2, "generation": 0, "requester": "rank 0"}
+                st = c.status(timeline=0)
+                assert st.finished == head.finished
                 # an older trainer (an older generation) cannot say the job finished
                 with pytest.raises(ControlError, match="stale_generation"):
                     c.finished(2, -1, requester="rank 0")
@@ -509,7 +509,7 @@ def test_a_clean_finish_is_finished_not_silent(
                     job.layout.to_json(),
                     generation=5,
                 )
-                assert c.status_typed(timeline=0).finished is None
+                assert c.status(timeline=0).finished is None
         time.sleep(0.4)
         rc, out, _ = _status(["--spec", str(quick), "--json"], capsys)
         assert rc == 3 and json.loads(out)["trainers"]["state"] == "silent"

@@ -236,7 +236,7 @@ def _statuses(spec_path: Path) -> list[dict[str, Any] | None]:
             with ShadowClient(
                 f"tcp://{spec.shadows.control_endpoint(k)}", TOKEN, timeout_s=1.0
             ) as c:
-                out.append(c.status(timeline=0))
+                out.append(dict(c.status(timeline=0).raw))
         except Exception:
             out.append(None)
     return out
@@ -322,7 +322,7 @@ def _shadow_state_matches(spec_path: Path, final: dict[str, Any], steps: int) ->
         with ShadowClient(f"tcp://{spec.shadows.control_endpoint(k)}", TOKEN, timeout_s=30.0) as c:
             res = c.fetch(steps - 1)
             if layout is None:
-                layout = Layout.from_json(c.call("config")[0]["layout"])
+                layout = Layout.from_json(c.config().layout)
             shard = layout.shard_of_shadow(k)[0]
             exports.setdefault(shard, [res.states[b] for b in range(len(res.states))])
     assert layout is not None
@@ -499,7 +499,8 @@ def soak(args: argparse.Namespace, work: Path, run: int) -> dict[str, Any]:
 
                         ep = load_spec(spec).shadows.control_endpoint(k)
                         with ShadowClient(f"tcp://{ep}", TOKEN, timeout_s=2.0) as c:
-                            stuck_dumps[k] = {"step": step, "status": c.status(timeline=4)}
+                            dump = dict(c.status(timeline=4).raw)
+                            stuck_dumps[k] = {"step": step, "status": dump}
             if stranger is not None and "attack" not in report and step >= 20:
                 report["attack"] = stranger.attack(spec, step)
             if args.fence and not fault_done and running_s >= args.at:
@@ -790,11 +791,9 @@ class _Stranger:
         spec = load_spec(spec_path)
         # what any datagram shows: job id and the header's layout field
         with ShadowClient(f"tcp://{spec.shadows.control_endpoint(0)}", TOKEN, timeout_s=5.0) as c:
-            cfg = c.call("config")[0]
+            cfg = c.config()
             st = c.status(timeline=0)
-        digest = wire.session_digest(
-            Layout.from_json(cfg["layout"]).digest64, int(st.get("generation") or 0)
-        )
+        digest = wire.session_digest(Layout.from_json(cfg.layout).digest64, st.generation)
         wrong = wire.mac_key(secrets.token_hex(16), spec.job.id)
         shadows = [(a.host, a.port) for a in spec.shadows.addresses]
         trainers = [(a.host, a.port) for a in spec.trainers.addresses]

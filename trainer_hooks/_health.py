@@ -35,9 +35,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from shadowgrad import events
 from shadowgrad._log import event
 from shadowgrad.layout import Layout
-from shadowgrad.replies import ShadowStatus
+from shadowgrad.messages import ShadowStatus
 
 __all__ = ["HealthMonitor", "ShadowView"]
 
@@ -76,7 +77,7 @@ def classify(st: ShadowStatus | None, generation: int) -> str:
     if not st.loaded:
         # a shadow process still importing torch answers "starting" (shadow/_early.py): a
         # re-seed now would wait for it, so it is taken once the shadow can load at once
-        return STARTING if st.raw.get("starting") is True else UNLOADED
+        return STARTING if st.starting else UNLOADED
     if st.generation > generation:
         return FENCED
     if st.generation < generation:
@@ -106,9 +107,9 @@ def reseed_event(
     The monitor's re-seeds and the one at close."""
     more: dict[str, Any]
     if error is None:
-        name, more = "trainer.reseed", {"shard": shard, "iteration": iteration, **fields}
+        name, more = events.TRAINER_RESEED, {"shard": shard, "iteration": iteration, **fields}
     else:
-        name, more = "trainer.reseed_failed", {"iteration": iteration, "error": str(error)}
+        name, more = events.TRAINER_RESEED_FAILED, {"iteration": iteration, "error": str(error)}
     event(logger, name, logging.WARNING, rank=rank, shadow=shadow, **more)
 
 
@@ -357,7 +358,7 @@ class HealthMonitor:
                     self.fenced = True
                     event(
                         log,
-                        "trainer.fenced",
+                        events.TRAINER_FENCED,
                         logging.ERROR,
                         rank=self.rank,
                         generation=self.generation,
@@ -371,7 +372,7 @@ class HealthMonitor:
                 continue  # the first look: healthy is what everyone expects, say nothing
             event(
                 log,
-                "trainer.shadow_health",
+                events.TRAINER_SHADOW_HEALTH,
                 logging.INFO if new == HEALTHY else logging.WARNING,
                 rank=self.rank,
                 shadow=k,
@@ -407,7 +408,7 @@ class HealthMonitor:
                 v.requested = "stalled"
                 event(
                     log,
-                    "trainer.shadow_health",
+                    events.TRAINER_SHADOW_HEALTH,
                     logging.WARNING,
                     rank=self.rank,
                     shadow=k,

@@ -33,6 +33,7 @@ from typing import Any
 
 import torch
 
+from shadowgrad import events
 from shadowgrad._log import event
 from shadowgrad.errors import WireError
 from shadowgrad.wire import (
@@ -489,7 +490,7 @@ class MirrorSender:
             self._drop_reason = reason
             event(
                 log,
-                "trainer.mirror.degraded",
+                events.TRAINER_MIRROR_DEGRADED,
                 logging.WARNING,
                 rank=self.rank,
                 iteration=iteration,
@@ -501,7 +502,7 @@ class MirrorSender:
         if self._drop_reason is not None:
             event(
                 log,
-                "trainer.mirror.streaming",
+                events.TRAINER_MIRROR_STREAMING,
                 rank=self.rank,
                 iteration=iteration,
                 dropped=self._drops_since_summary,
@@ -520,7 +521,7 @@ class MirrorSender:
         if dropped or c.nack_unavailable or c.send_errors:
             event(
                 log,
-                "trainer.mirror.summary",
+                events.TRAINER_MIRROR_SUMMARY,
                 logging.WARNING if dropped else logging.INFO,
                 rank=self.rank,
                 dropped=dropped,

@@ -15,6 +15,7 @@ from typing import Any, NamedTuple
 import torch
 import zmq
 
+from shadowgrad import events
 from shadowgrad._log import event
 from shadowgrad.blob import pack_blob, unpack_blob
 from shadowgrad.boxes import FullStateSink, box_states_from_full
@@ -23,8 +24,8 @@ from shadowgrad.control_client import ControllerClient, ShadowClient
 from shadowgrad.errors import ConfigError, ControlError, LayoutError, ShadowgradError
 from shadowgrad.frames import MAX_FRAMED_DATAGRAM
 from shadowgrad.layout import Layout, from_module, state_from_module
+from shadowgrad.messages import ShadowStatus
 from shadowgrad.optspec import OptimizerSpec, load_state_by_name, state_by_name
-from shadowgrad.replies import ShadowStatus
 from shadowgrad.restore import fix_restore_point
 from shadowgrad.tensorstream import commit_to_json
 from shadowgrad.wire import (
@@ -308,19 +309,25 @@ class Shadowgrad:
             self._degraded_reason = reason
         elif not lasting and self._start_problem is None:
             self._start_problem = reason
-        event(log, "trainer.degraded", logging.WARNING, rank=self.rank, reason=reason, **fields)
+        event(
+            log, events.TRAINER_DEGRADED, logging.WARNING, rank=self.rank, reason=reason, **fields
+        )
 
     def _statuses(self, *, report: bool) -> dict[int, ShadowStatus | None]:
         out: dict[int, ShadowStatus | None] = {}
         for k in range(self.spec.shadows.count):
             try:
                 with self._client(k, self.spec.timeouts.rpc_s) as c:
-                    out[k] = c.status_typed(timeline=0)
+                    out[k] = c.status(timeline=0)
             except Exception as exc:
                 out[k] = None
                 if report:
                     event(
-                        log, "trainer.shadow_unreachable", logging.WARNING, shadow=k, error=str(exc)
+                        log,
+                        events.TRAINER_SHADOW_UNREACHABLE,
+                        logging.WARNING,
+                        shadow=k,
+                        error=str(exc),
                     )
         return out
 
@@ -342,7 +349,7 @@ class Shadowgrad:
         except Exception as exc:
             event(
                 log,
-                "trainer.controller_unreachable",
+                events.TRAINER_CONTROLLER_UNREACHABLE,
                 logging.WARNING,
                 address=str(addr),
                 error=str(exc),
@@ -358,7 +365,7 @@ class Shadowgrad:
             )
         event(
             log,
-            "trainer.restore_point",
+            events.TRAINER_RESTORE_POINT,
             istar=point.istar,
             generation=generation,
             source=list(point.source),
@@ -417,7 +424,7 @@ class Shadowgrad:
             return {"mode": "fresh", "reachable": point.reachable, "generation": generation}
         event(
             log,
-            "trainer.restore_point",
+            events.TRAINER_RESTORE_POINT,
             istar=point.istar,
             generation=generation,
             shards=[
@@ -482,8 +489,7 @@ class Shadowgrad:
         finally:
             if client is None:
                 c.close()
-        ms = reply.get("install_ms")
-        return float(ms) / 1000 if isinstance(ms, int | float) else None
+        return reply.install_ms / 1000 if "install_ms" in reply.raw else None
 
     def _load_shadows(
         self, iteration: int, commit: dict[str, Any] | None = None, *, keep: bool = False
@@ -507,13 +513,13 @@ class Shadowgrad:
                     except ControlError as exc:
                         if exc.code not in ("unavailable", "not_loaded"):
                             raise
-                        event(log, "trainer.keep_refused", shadow=k, reason=str(exc))
+                        event(log, events.TRAINER_KEEP_REFUSED, shadow=k, reason=str(exc))
                 self._send_load(
                     k, iteration, self._shard_states(shard, clone=False), commit, reseed=False
                 )
             except Exception as exc:
                 ok = False
-                event(log, "trainer.load_failed", logging.WARNING, shadow=k, error=str(exc))
+                event(log, events.TRAINER_LOAD_FAILED, logging.WARNING, shadow=k, error=str(exc))
         return ok
 
     # -- start / restore ----------------------------------------------------------------
@@ -574,7 +580,7 @@ class Shadowgrad:
                 if g.rank == 0:
                     event(
                         log,
-                        "trainer.restore_retry",
+                        events.TRAINER_RESTORE_RETRY,
                         logging.WARNING,
                         istar=failed,
                         attempt=attempt,
@@ -612,7 +618,7 @@ class Shadowgrad:
         self._start_health()
         event(
             log,
-            "trainer.start",
+            events.TRAINER_START,
             rank=self.rank,
             iteration=start.iteration,
             restored=start.restored,
@@ -627,7 +633,7 @@ class Shadowgrad:
                 with self._client(k, self.spec.timeouts.rpc_s) as c:
                     c.release(istar)
             except Exception as exc:
-                event(log, "trainer.release_failed", logging.WARNING, shadow=k, error=str(exc))
+                event(log, events.TRAINER_RELEASE_FAILED, logging.WARNING, shadow=k, error=str(exc))
 
     def _restore(self, istar: int, source: list[int], held: list[int]) -> Start:
         """Fetch I* (held on ``source`` by the controller, or by rank 0's survey: ``held``,
@@ -711,7 +717,7 @@ class Shadowgrad:
                 )
             event(
                 log,
-                "trainer.restore_without_user_state",
+                events.TRAINER_RESTORE_WITHOUT_USER_STATE,
                 logging.WARNING,
                 rank=self.rank,
                 iteration=istar,
@@ -730,7 +736,7 @@ class Shadowgrad:
             user = blob.get("user")
         event(
             log,
-            "trainer.restored",
+            events.TRAINER_RESTORED,
             rank=self.rank,
             iteration=istar,
             fetch_ms=round(1000 * fetch_s, 1),
@@ -865,7 +871,7 @@ class Shadowgrad:
             return c
 
         def status(k: int) -> ShadowStatus:
-            return client(k).status_typed(timeline=0)
+            return client(k).status(timeline=0)
 
         def load(
             k: int, iteration: int, states: list[dict[str, Any]], commit: dict[str, Any] | None
@@ -1105,7 +1111,7 @@ class Shadowgrad:
         if errors:
             event(
                 log,
-                "trainer.finished_not_told",
+                events.TRAINER_FINISHED_NOT_TOLD,
                 logging.WARNING,
                 rank=self.rank,
                 iteration=last,
@@ -1127,7 +1133,7 @@ class Shadowgrad:
         except Exception as exc:  # best effort: the controller may be down
             event(
                 log,
-                "trainer.controller_unreachable",
+                events.TRAINER_CONTROLLER_UNREACHABLE,
                 logging.WARNING,
                 address=str(addr),
                 error=str(exc),
@@ -1168,7 +1174,7 @@ class Shadowgrad:
                 time.sleep(0.05)
         event(
             log,
-            "trainer.close_unconfirmed",
+            events.TRAINER_CLOSE_UNCONFIRMED,
             logging.WARNING,
             rank=self.rank,
             iteration=iteration,

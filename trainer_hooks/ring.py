@@ -42,6 +42,7 @@ from typing import Any
 
 import torch
 
+from shadowgrad import events
 from shadowgrad._log import event
 from shadowgrad.errors import ShadowgradError, ShadowgradTimeout, WireError
 from shadowgrad.torch_dtypes import GRAD_WIRE_DTYPES
@@ -561,7 +562,7 @@ class RingAllReduce:
                     self.stats["nack_retx"] += 1
         event(
             log,
-            "trainer.ring.nack",
+            events.TRAINER_RING_NACK,
             logging.DEBUG,
             rank=self.rank,
             iteration=iteration,

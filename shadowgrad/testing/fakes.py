@@ -17,7 +17,7 @@ from shadowgrad.p4target.dataplane import (
     NotFoundError,
     TableEntry,
 )
-from shadowgrad.replies import StatusLike
+from shadowgrad.messages import StatusLike
 
 if TYPE_CHECKING:
     from p4.config.v1 import p4info_pb2
