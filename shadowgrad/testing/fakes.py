@@ -10,6 +10,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from shadowgrad.messages import StatusLike
 from shadowgrad.p4target.dataplane import (
     AlreadyExistsError,
     CloneSession,
@@ -17,7 +18,6 @@ from shadowgrad.p4target.dataplane import (
     NotFoundError,
     TableEntry,
 )
-from shadowgrad.messages import StatusLike
 
 if TYPE_CHECKING:
     from p4.config.v1 import p4info_pb2
