@@ -3,6 +3,7 @@ datagrams through NACK/RETX, and invariant 5 (training never waits for shadows).
 
 from __future__ import annotations
 
+import statistics
 import time
 from typing import Any
 
@@ -97,7 +98,10 @@ def test_no_shadow_running_never_stalls_training() -> None:
         assert time.monotonic() - t0 < 5.0  # 2 status calls of 200 ms each, no retries
         assert sg.degraded
         times = _train(model, sg, 20)
-    assert max(times) < 1.0
+    # a stall would be a shadow call on the training thread: at least its 200 ms rpc timeout
+    # on every step. The median, not the max: one step of a loaded machine (1.34 s seen) is
+    # no stall
+    assert statistics.median(times) < 0.2, times
     assert sg.stats()["degraded_reason"] == "no_shadow_reachable"
 
 
