@@ -68,6 +68,7 @@ from shadowgrad.optspec import OptimizerSpec
 from shadowgrad.shadow._cut import UNKNOWN as _UNKNOWN
 from shadowgrad.shadow._cut import CutTracker
 from shadowgrad.shadow._early import new_incarnation
+from shadowgrad.shadow._state import NodeState, StateError, Trigger, transition
 from shadowgrad.shadow.assembly import IntervalSet, IterBuffer, ShardGeometry
 from shadowgrad.shadow.control import (
     ControlError,
@@ -326,6 +327,8 @@ class ShadowNode:
         )
         self.control_endpoint: str = self._control.endpoint
         self._ld: _Loaded | None = None
+        #: the lifecycle (shadow/_state.py), moved by :meth:`_move` only (under _lock)
+        self._state = NodeState.UNLOADED
         self._iters: dict[int, _Iter] = {}
         #: the consistent cut: own progress, the peers' READY records, I*, holds (under _lock)
         self._cut = CutTracker(shadow_id, retain_cut=self.opts.retain_cut)
@@ -370,6 +373,28 @@ class ShadowNode:
         except OSError:
             with contextlib.suppress(OSError):
                 self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, n)
+
+    @property
+    def state(self) -> NodeState:
+        """Where the node is in its lifecycle (:class:`shadow._state.NodeState`)."""
+        return self._state
+
+    def _move(self, trigger: Trigger) -> None:
+        """Move the lifecycle by ``trigger`` (the caller holds ``_lock``) and log the event
+        ``shadow.state``: at INFO when the state changes, at DEBUG when it stays. Raises
+        :class:`StateError` for a transition the table does not allow."""
+        old = self._state
+        new = transition(old, trigger)
+        self._state = new
+        event(
+            log,
+            events.SHADOW_STATE,
+            level=logging.INFO if new is not old else logging.DEBUG,
+            shadow=self.id,
+            old=old.value,
+            new=new.value,
+            reason=trigger.value,
+        )
 
     @property
     def _last_applied(self) -> int:
@@ -442,6 +467,8 @@ class ShadowNode:
         self._control.close(0.0)
         if alive:
             raise ShadowgradError(f"shadow {self.id}: threads {alive} did not stop in {timeout_s}s")
+        with self._lock:
+            self._move(Trigger.STOP)
         event(log, events.SHADOW_STOP, shadow=self.id)
 
     def __enter__(self) -> ShadowNode:
@@ -852,6 +879,7 @@ class ShadowNode:
     def _diverge(self, it: int, covered: int) -> None:
         if not self._cut.diverge(it):
             return
+        self._move(Trigger.DIVERGE)
         ld = self._ld
         assert ld is not None
         self._note(
@@ -962,16 +990,25 @@ class ShadowNode:
         shards = sh.count // sh.replication
         replicas = [self.id % shards + r * shards for r in range(sh.replication)]
         for sid in replicas:
-            if sid == self.id or self._ld is not None or self._stop.is_set():
+            if sid == self.id or self._state is not NodeState.UNLOADED or self._stop.is_set():
                 continue
+            fetching = False
             try:
                 with self._peer_client(sid) as client:
                     cfg = client.config()
                     if cfg.diverged_at is not None:
                         continue
                     layout = Layout.from_json(cfg.layout)
+                    with self._lock:
+                        self._move(Trigger.CLONE)
+                    fetching = True
                     res = self._peer_fetch(client)
+            except StateError:
+                raise
             except _PEER_ERRORS as e:
+                if fetching:
+                    with self._lock:
+                        self._move(Trigger.CLONE_FAILED)
                 if not isinstance(e, ControlError) or e.code != "not_loaded":
                     self.ev["clone_failed"] += 1
                     log.debug("shadow %d: clone from shadow %d failed: %s", self.id, sid, e)
@@ -988,36 +1025,51 @@ class ShadowNode:
                     reseed=False,
                     source=f"shadow {sid}",
                 )
+            except StateError:
+                raise
             except (ShadowgradError, ReplayError) as e:
+                with self._lock:
+                    self._move(Trigger.CLONE_FAILED)
                 self._note(events.SHADOW_CLONE_FAILED, logging.WARNING, replica=sid, error=str(e))
                 continue
             self.ev["cloned"] += 1
             return
 
     def _maybe_resync(self) -> None:
-        if self._ld is None:
+        if self._state is NodeState.UNLOADED:
             self._maybe_clone()
             return
         with self._lock:
-            if self._ld is None or self._diverged_at is None:
+            # (RESYNCING and CLONING are this thread's own, and over when it gets here)
+            if self._state is not NodeState.DIVERGED:
                 return
+            assert self._ld is not None and self._diverged_at is not None
             now = time.monotonic()
             if now < self._next_resync:
                 return
             self._next_resync = now + self.opts.resync_interval_s
-            d = self._diverged_at
+            d: int = self._diverged_at
             replicas = [s for s in self._ld.layout.shadows_of_shard(self._ld.shard) if s != self.id]
             # prefer replicas known to be past the hole
             peers = self._cut.peers
             replicas.sort(key=lambda s: -(peers[s].last_applied if s in peers else -9))
         for sid in replicas:
+            fetching = False
             try:
                 with self._peer_client(sid) as client:
                     st = client.status(timeline=0)
                     if st.diverged_at is not None or st.last_applied is None or st.last_applied < d:
                         continue
+                    with self._lock:
+                        self._move(Trigger.RESYNC)
+                    fetching = True
                     res = self._peer_fetch(client)
+            except StateError:
+                raise
             except _PEER_ERRORS as e:
+                if fetching:
+                    with self._lock:
+                        self._move(Trigger.RESYNC_FAILED)
                 self._note(events.SHADOW_RESYNC_FAILED, logging.WARNING, replica=sid, error=str(e))
                 continue
             self._install(res.iteration, res.states, source=f"shadow {sid}", commit=res.commit)
@@ -1071,12 +1123,15 @@ class ShadowNode:
             with self._state_lock:
                 ld.replayer.load(iteration, boxes)
         except (KeyError, ReplayError) as e:
+            with self._lock:
+                self._move(Trigger.RESYNC_FAILED)
             self._note(events.SHADOW_RESYNC_FAILED, logging.WARNING, source=source, error=str(e))
             return
         with self._lock:
             self._gen += 1
             old = self._last_applied
             self._cut.resynced(iteration)
+            self._move(Trigger.RESYNCED)
             for it in [k for k in self._iters if k <= iteration]:
                 rec = self._iters.pop(it)
                 if rec.buf is not None:
@@ -1590,6 +1645,7 @@ class ShadowNode:
             members=[layout.shadows_of_shard(s) for s in range(layout.num_shards)],
             keep=keep,
         )
+        self._move(Trigger.LOAD)
         self._applying = None
         self._trainer_rx_at = time.monotonic()  # a LOAD comes from the trainers
         self._snaps.clear()
