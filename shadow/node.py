@@ -10,7 +10,8 @@ Threads (all stop within ``tick_s`` of :meth:`ShadowNode.stop`):
   consistent cut I* when it moves ahead of it, resynchronises from a replica when diverged, and
   starts background disk snapshots.
 * **control** — the control endpoint, a ZeroMQ ROUTER socket served by the core's control server
-  (:mod:`shadowgrad._control_server`) with this node's handlers (``status``, ``hold``,
+  (:mod:`shadowgrad._control_server`) with this node's handlers (``shadow/_handlers.py``,
+  :class:`~shadowgrad.shadow._handlers.ControlHandlers`: ``status``, ``hold``,
   ``release``, ``fetch``, ``load``, ``snapshot``, ``config``, ``finished``); every request
   carries the job token.
 * **snapshot writer** — one at a time, writes a cloned state (write, fsync, rename).
@@ -30,7 +31,7 @@ import time
 import traceback
 from collections import Counter, OrderedDict
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -46,28 +47,17 @@ from shadowgrad.errors import LayoutError, ShadowgradError, WireError
 from shadowgrad.frames import decode_frame
 from shadowgrad.layout import Layout
 from shadowgrad.messages import (
-    FetchReply,
-    FetchRequest,
-    FinishedReply,
-    FinishedRequest,
-    HoldReply,
-    HoldRequest,
     LoadReply,
-    LoadRequest,
     PeerStatus,
     RankStatus,
-    ReleaseReply,
-    ReleaseRequest,
-    ShadowConfig,
     ShadowStatus,
-    SnapshotReply,
-    SnapshotRequest,
-    StatusRequest,
 )
 from shadowgrad.optspec import OptimizerSpec
 from shadowgrad.shadow._cut import UNKNOWN as _UNKNOWN
 from shadowgrad.shadow._cut import CutTracker
 from shadowgrad.shadow._early import new_incarnation
+from shadowgrad.shadow._handlers import ControlHandlers
+from shadowgrad.shadow._state import NodeState, StateError, Trigger, transition
 from shadowgrad.shadow.assembly import IntervalSet, IterBuffer, ShardGeometry
 from shadowgrad.shadow.control import (
     ControlError,
@@ -75,8 +65,6 @@ from shadowgrad.shadow.control import (
     ShadowClient,
     commit_from_json,
     commit_to_json,
-    decode_states,
-    encode_states,
 )
 from shadowgrad.shadow.replay import ReplayError, ShardReplayer
 from shadowgrad.shadow.snapshot import write_snapshot
@@ -300,6 +288,8 @@ class ShadowNode:
         self._cond = threading.Condition(self._lock)
         self._stop = threading.Event()
         self.ev: Counter[str] = Counter()
+        #: the control ops (shadow/_handlers.py), served on the node's state and locks
+        self._handlers = ControlHandlers(self)
         #: the control endpoint's request loop (its thread is the node's ``control`` thread)
         self._control = ControlServer(
             ctx,
@@ -312,20 +302,13 @@ class ShadowNode:
             poll_s=self.opts.tick_s * 10,
             stop=self._stop,
             refusal=_refusal,
-            handlers={
-                "status": self._op_status,
-                "hold": self._op_hold,
-                "release": self._op_release,
-                "fetch": self._op_fetch,
-                "load": self._op_load,
-                "snapshot": self._op_snapshot,
-                "config": self._op_config,
-                "finished": self._op_finished,
-            },
+            handlers=self._handlers.table(),
             name=f"shadow{shadow_id}-control",
         )
         self.control_endpoint: str = self._control.endpoint
         self._ld: _Loaded | None = None
+        #: the lifecycle (shadow/_state.py), moved by :meth:`_move` only (under _lock)
+        self._state = NodeState.UNLOADED
         self._iters: dict[int, _Iter] = {}
         #: the consistent cut: own progress, the peers' READY records, I*, holds (under _lock)
         self._cut = CutTracker(shadow_id, retain_cut=self.opts.retain_cut)
@@ -370,6 +353,28 @@ class ShadowNode:
         except OSError:
             with contextlib.suppress(OSError):
                 self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, n)
+
+    @property
+    def state(self) -> NodeState:
+        """Where the node is in its lifecycle (:class:`shadow._state.NodeState`)."""
+        return self._state
+
+    def _move(self, trigger: Trigger) -> None:
+        """Move the lifecycle by ``trigger`` (the caller holds ``_lock``) and log the event
+        ``shadow.state``: at INFO when the state changes, at DEBUG when it stays. Raises
+        :class:`StateError` for a transition the table does not allow."""
+        old = self._state
+        new = transition(old, trigger)
+        self._state = new
+        event(
+            log,
+            events.SHADOW_STATE,
+            level=logging.INFO if new is not old else logging.DEBUG,
+            shadow=self.id,
+            old=old.value,
+            new=new.value,
+            reason=trigger.value,
+        )
 
     @property
     def _last_applied(self) -> int:
@@ -442,6 +447,8 @@ class ShadowNode:
         self._control.close(0.0)
         if alive:
             raise ShadowgradError(f"shadow {self.id}: threads {alive} did not stop in {timeout_s}s")
+        with self._lock:
+            self._move(Trigger.STOP)
         event(log, events.SHADOW_STOP, shadow=self.id)
 
     def __enter__(self) -> ShadowNode:
@@ -852,6 +859,7 @@ class ShadowNode:
     def _diverge(self, it: int, covered: int) -> None:
         if not self._cut.diverge(it):
             return
+        self._move(Trigger.DIVERGE)
         ld = self._ld
         assert ld is not None
         self._note(
@@ -962,16 +970,25 @@ class ShadowNode:
         shards = sh.count // sh.replication
         replicas = [self.id % shards + r * shards for r in range(sh.replication)]
         for sid in replicas:
-            if sid == self.id or self._ld is not None or self._stop.is_set():
+            if sid == self.id or self._state is not NodeState.UNLOADED or self._stop.is_set():
                 continue
+            fetching = False
             try:
                 with self._peer_client(sid) as client:
                     cfg = client.config()
                     if cfg.diverged_at is not None:
                         continue
                     layout = Layout.from_json(cfg.layout)
+                    with self._lock:
+                        self._move(Trigger.CLONE)
+                    fetching = True
                     res = self._peer_fetch(client)
+            except StateError:
+                raise
             except _PEER_ERRORS as e:
+                if fetching:
+                    with self._lock:
+                        self._move(Trigger.CLONE_FAILED)
                 if not isinstance(e, ControlError) or e.code != "not_loaded":
                     self.ev["clone_failed"] += 1
                     log.debug("shadow %d: clone from shadow %d failed: %s", self.id, sid, e)
@@ -988,36 +1005,51 @@ class ShadowNode:
                     reseed=False,
                     source=f"shadow {sid}",
                 )
+            except StateError:
+                raise
             except (ShadowgradError, ReplayError) as e:
+                with self._lock:
+                    self._move(Trigger.CLONE_FAILED)
                 self._note(events.SHADOW_CLONE_FAILED, logging.WARNING, replica=sid, error=str(e))
                 continue
             self.ev["cloned"] += 1
             return
 
     def _maybe_resync(self) -> None:
-        if self._ld is None:
+        if self._state is NodeState.UNLOADED:
             self._maybe_clone()
             return
         with self._lock:
-            if self._ld is None or self._diverged_at is None:
+            # (RESYNCING and CLONING are this thread's own, and over when it gets here)
+            if self._state is not NodeState.DIVERGED:
                 return
+            assert self._ld is not None and self._diverged_at is not None
             now = time.monotonic()
             if now < self._next_resync:
                 return
             self._next_resync = now + self.opts.resync_interval_s
-            d = self._diverged_at
+            d: int = self._diverged_at
             replicas = [s for s in self._ld.layout.shadows_of_shard(self._ld.shard) if s != self.id]
             # prefer replicas known to be past the hole
             peers = self._cut.peers
             replicas.sort(key=lambda s: -(peers[s].last_applied if s in peers else -9))
         for sid in replicas:
+            fetching = False
             try:
                 with self._peer_client(sid) as client:
                     st = client.status(timeline=0)
                     if st.diverged_at is not None or st.last_applied is None or st.last_applied < d:
                         continue
+                    with self._lock:
+                        self._move(Trigger.RESYNC)
+                    fetching = True
                     res = self._peer_fetch(client)
+            except StateError:
+                raise
             except _PEER_ERRORS as e:
+                if fetching:
+                    with self._lock:
+                        self._move(Trigger.RESYNC_FAILED)
                 self._note(events.SHADOW_RESYNC_FAILED, logging.WARNING, replica=sid, error=str(e))
                 continue
             self._install(res.iteration, res.states, source=f"shadow {sid}", commit=res.commit)
@@ -1071,12 +1103,15 @@ class ShadowNode:
             with self._state_lock:
                 ld.replayer.load(iteration, boxes)
         except (KeyError, ReplayError) as e:
+            with self._lock:
+                self._move(Trigger.RESYNC_FAILED)
             self._note(events.SHADOW_RESYNC_FAILED, logging.WARNING, source=source, error=str(e))
             return
         with self._lock:
             self._gen += 1
             old = self._last_applied
             self._cut.resynced(iteration)
+            self._move(Trigger.RESYNCED)
             for it in [k for k in self._iters if k <= iteration]:
                 rec = self._iters.pop(it)
                 if rec.buf is not None:
@@ -1241,137 +1276,6 @@ class ShadowNode:
             self._finished = f = None
         return None if f is None else dict(f)
 
-    def _op_finished(
-        self, req: dict[str, Any], _f: list[memoryview]
-    ) -> tuple[dict[str, Any], list[Any]]:
-        """Rank 0's ``close()`` after the last iteration: training ended normally (the
-        trainers' silence from now on is no failure). ``iteration``: the last iteration
-        trained (or null); ``generation``: the job instance that ended (an older one than the
-        generation served is refused, ``stale_generation``)."""
-        r = FinishedRequest.from_json(req)
-        it, gen = r.iteration, r.generation
-        if gen is None:
-            raise ControlError("bad_request", "finished request['generation'] must be an integer")
-        with self._lock:
-            if gen < self._generation:
-                raise ControlError(
-                    "stale_generation",
-                    f"finished of generation {gen}: this shadow serves generation "
-                    f"{self._generation} of the job",
-                )
-            self._finished = {
-                "iteration": it,
-                "generation": gen,
-                "requester": r.requester,
-            }
-            self._note(
-                events.SHADOW_FINISHED,
-                logging.INFO,
-                count=False,
-                iteration=it,
-                generation=gen,
-                last_applied=self._last_applied if self._ld is not None else None,
-            )
-            return FinishedReply(dict(self._finished)).to_json(), []
-
-    def _op_status(
-        self, req: dict[str, Any], _f: list[memoryview]
-    ) -> tuple[dict[str, Any], list[Any]]:
-        return self.status_reply(StatusRequest.from_json(req).timeline).to_json(), []
-
-    def _op_hold(
-        self, req: dict[str, Any], _f: list[memoryview]
-    ) -> tuple[dict[str, Any], list[Any]]:
-        it = HoldRequest.from_json(req).iteration
-        deadline = time.monotonic() + self.spec.timeouts.rpc_s
-        with self._cond:
-            if self._ld is None:
-                raise ControlError("not_loaded", "shadow not loaded")
-            if it != self._last_applied and it not in self._snaps:
-                raise ControlError(
-                    "unavailable",
-                    f"iteration {it} not held here (available "
-                    f"{sorted({*self._snaps, self._last_applied})})",
-                )
-            self._cut.hold(it)
-            # a step of it+1 may have been chosen before the hold (and not retained it): wait
-            # for it to finish (every write of _applying back to None notifies the condition)
-            while self._applying == it + 1:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    raise ControlError(
-                        "unavailable", f"hold({it}) raced with a step that did not finish"
-                    )
-                self._cond.wait(remaining)
-            if it != self._last_applied and it not in self._snaps:
-                self._cut.release(it)
-                raise ControlError(
-                    "unavailable", f"iteration {it} was replaced while the hold was being placed"
-                )
-            return HoldReply(it, tuple(sorted(self._cut.holds))).to_json(), []
-
-    def _op_release(
-        self, req: dict[str, Any], _f: list[memoryview]
-    ) -> tuple[dict[str, Any], list[Any]]:
-        it = ReleaseRequest.from_json(req).iteration
-        with self._lock:
-            self._cut.release(it)
-            self._gc_snaps()
-            return ReleaseReply(tuple(sorted(self._cut.holds))).to_json(), []
-
-    def _op_fetch(
-        self, req: dict[str, Any], _f: list[memoryview]
-    ) -> tuple[dict[str, Any], list[Any]]:
-        r = FetchRequest.from_json(req)
-        ld = self._ld
-        if ld is None:
-            raise ControlError("not_loaded", "shadow not loaded")
-        want = r.iteration
-        nbox = ld.geom.entries  # parameter boxes, then module-state boxes
-        boxes = list(range(nbox)) if r.boxes is None else list(r.boxes)
-        for b in boxes:
-            if not 0 <= b < nbox:
-                raise ControlError("bad_request", f"box {b} not in 0..{nbox - 1}")
-        with self._state_lock:
-            with self._lock:
-                it = self._last_applied if want is None else want
-                snap = self._snaps.get(it)
-                current = it == self._last_applied
-                if self._diverged_at is not None and self._diverged_at <= it:
-                    raise ControlError("unavailable", f"diverged at {self._diverged_at}")
-                commit = self._commits.get(it)
-            if snap is not None:
-                states = [(b, snap[b]) for b in boxes]
-            elif current:
-                live = ld.replayer.export(copy=False)
-                states = [(b, {k: v.clone() for k, v in live[b].items()}) for b in boxes]
-            else:
-                raise ControlError("unavailable", f"iteration {it} not available here")
-        ids = {
-            k: (box.name, box.offsets) for k, box in enumerate(ld.geom.boxes + ld.geom.state_boxes)
-        }
-        entries, frames = encode_states(states, ids)
-        reply = FetchReply(it, ld.shard, tuple(entries), commit, self._generation)
-        return reply.to_json(), frames
-
-    def _op_config(
-        self, req: dict[str, Any], _f: list[memoryview]
-    ) -> tuple[dict[str, Any], list[Any]]:
-        """What a restarted replica needs to clone this shard: layout, optimizer, generation."""
-        with self._lock:
-            ld = self._ld
-            if ld is None:
-                raise ControlError("not_loaded", "shadow not loaded")
-            return ShadowConfig(
-                shard=ld.shard,
-                replica=ld.replica,
-                layout=ld.layout.to_json(),
-                optimizer=ld.optimizer_json,
-                generation=self._generation,
-                last_applied=self._last_applied,
-                diverged_at=self._diverged_at,
-            ).to_json(), []
-
     def _check_layout(self, layout: Layout) -> None:
         if (layout.num_shadows, layout.replication) != (
             self.spec.shadows.count,
@@ -1381,58 +1285,6 @@ class ShadowNode:
                 f"layout has {layout.num_shadows} shadows / replication {layout.replication}, "
                 f"the job spec {self.spec.shadows.count} / {self.spec.shadows.replication}"
             )
-
-    def _op_load(
-        self, req: dict[str, Any], frames: list[memoryview]
-    ) -> tuple[dict[str, Any], list[Any]]:
-        # from the request's receipt (its header parsed, its token checked: part of the
-        # shadow's time, not of the transfer)
-        t0 = self._control.request_at or time.perf_counter()
-        r = LoadRequest.from_json(req)
-        layout_json = r.layout
-        ld = self._ld
-        known = [x for x in (None if ld is None else ld.layout, self._layout_hint) if x is not None]
-        if layout_json is not None:
-            # the layout this shadow holds already (a re-seed, a restore): no parse (canonical
-            # JSON, so the same text is the same layout)
-            same = next((x for x in known if x.to_json() == layout_json), None)
-            layout = same if same is not None else Layout.from_json(layout_json)
-        elif self._ld is not None:
-            layout = self._ld.layout
-        elif self._layout_hint is not None:
-            layout = self._layout_hint
-        else:
-            raise ControlError("bad_request", "load without a layout, and none was given")
-        iteration = r.iteration
-        commit: dict[str, Any] | None = None
-        if r.commit is not None:
-            c_it, c_rec = commit_from_json(dict(r.commit))  # validated, kept normalised
-            if c_it != iteration:
-                raise ControlError(
-                    "bad_request",
-                    f"load of iteration {iteration} with the COMMIT of iteration {c_it}",
-                )
-            commit = commit_to_json(c_it, c_rec)
-        opt_json = r.optimizer
-        opt = OptimizerSpec.from_json(opt_json)
-        # keep: no state in the request; install this shadow's own state of ``iteration`` (the
-        # restore point it served: live, or a held snapshot) as the new session's start
-        # views of the request's frames where a tensor came in one (ShardReplayer.load copies)
-        states = None if r.keep else decode_states([dict(e) for e in r.entries], frames, copy=False)
-        reply = self._load_state(
-            layout,
-            iteration,
-            states,
-            opt_json,
-            opt,
-            commit=commit,
-            generation=r.generation or 0,
-            reseed=bool(r.reseed),
-            source="load" if r.source is None else r.source,
-        )
-        # the sender splits its round trip into the transfer and this (trainer.reseed)
-        install_ms = round(1000 * (time.perf_counter() - t0), 3)
-        return replace(reply, install_ms=install_ms).to_json(), []
 
     def _own_replayer(
         self, layout: Layout, iteration: int, opt_json: str, opt: Any
@@ -1590,6 +1442,7 @@ class ShadowNode:
             members=[layout.shadows_of_shard(s) for s in range(layout.num_shards)],
             keep=keep,
         )
+        self._move(Trigger.LOAD)
         self._applying = None
         self._trainer_rx_at = time.monotonic()  # a LOAD comes from the trainers
         self._snaps.clear()
@@ -1628,19 +1481,6 @@ class ShadowNode:
             self._send_nack(iteration, [], commit_missing=True)
         self._cond.notify_all()
         return LoadReply(shard, replica, iteration, generation)
-
-    def _op_snapshot(
-        self, req: dict[str, Any], _f: list[memoryview]
-    ) -> tuple[dict[str, Any], list[Any]]:
-        if self.spec.shadows.snapshot_dir is None:
-            raise ControlError("bad_request", "shadows.snapshot_dir is not configured")
-        info = self._maybe_snapshot(force=SnapshotRequest.from_json(req).wait)
-        if info is None:
-            raise ControlError("unavailable", "no consistent iteration available to snapshot")
-        if "error" in info:
-            raise ControlError("internal", str(info["error"]))
-        info = dict(info)  # the writer may still be filling it in (wait=false)
-        return SnapshotReply(info["iteration"], info.get("path"), info.get("seconds")).to_json(), []
 
     # ---------------------------------------------------------------- in-process helpers
 

@@ -75,6 +75,13 @@ SHADOW_LOAD = "shadow.load"
 ``replica``, ``iteration``, ``source``, ``generation``, ``layout`` (digest prefix),
 ``boxes``, ``kept_ahead`` (iterations kept in flight), ``own_state`` (a keep load)."""
 
+SHADOW_STATE = "shadow.state"
+"""The shadow's lifecycle moved (``shadow._state.NodeState``: unloaded, cloning, live,
+diverged, resyncing, stopped). Fields: ``old``, ``new``, ``reason`` (what moved it: ``load``,
+``clone``, ``clone_failed``, ``diverge``, ``resync``, ``resync_failed``, ``resynced``,
+``stop``). A transition that keeps the state (a re-seed of a live shadow, a divergence
+moving earlier) is logged at DEBUG, a change at INFO."""
+
 SHADOW_SEEDED = "shadow.seeded"
 """A trainer re-seeded a running shadow (self-healing; the fields of :data:`SHADOW_LOAD`)."""
 
