@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 from collections import Counter
 from collections.abc import Iterator
 from typing import Any
@@ -154,9 +153,7 @@ def test_close_stops_the_thread_and_frees_the_endpoint_within_its_deadline() -> 
     endpoint = srv.endpoint
     with ControlClient(endpoint, TOKEN, timeout_s=5) as c:
         assert c.call("echo")[0]["ok"]
-    t0 = time.monotonic()
-    srv.close(2.0)
-    assert time.monotonic() - t0 < 2.0
+    srv.close(2.0)  # raises ShadowgradError if the thread did not end within its deadline
     srv.close(2.0)  # idempotent
     with ControlClient(endpoint, TOKEN, timeout_s=0.3) as c, pytest.raises(ShadowgradTimeout):
         c.call("echo")
