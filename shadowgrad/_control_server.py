@@ -35,7 +35,11 @@ A :class:`ControlServer` is used in this order:
       and text; anything else as ``internal`` (logged with its traceback, counted
       ``control_internal``): the loop keeps serving.
 
-   A reply that cannot be sent is counted ``control_send_error`` and logged.
+   A reply that cannot be sent is counted ``control_send_error`` and logged. A reply whose
+   frames are :class:`TrackedFrames` (views of memory its owner may change later, sent without
+   a copy) is sent with a :class:`zmq.MessageTracker`, handed to ``frames.on_sent`` once the
+   frames are queued (``None`` when the send failed: nothing of them is in flight); the owner
+   waits on it before it writes that memory again.
 4. **handover** (optional) -- :meth:`ControlServer.handover` stops the loop and returns the
    context, the still bound socket and the kept requests; a new server on the same socket
    (step 2) serves those first (``serve(backlog)``), so no request is lost between the two.
@@ -69,6 +73,7 @@ __all__ = [
     "Refusal",
     "Reply",
     "Request",
+    "TrackedFrames",
     "bind_router",
     "check_request",
     "error_reply",
@@ -89,6 +94,20 @@ Request = list[zmq.Frame]
 
 Context = zmq.Context[zmq.Socket[bytes]]
 Socket = zmq.Socket[bytes]
+
+
+class TrackedFrames(list[Any]):
+    """A reply's frames over memory that stays its owner's: the server sends them without a
+    copy and calls ``on_sent`` with the :class:`zmq.MessageTracker` of every frame (its ``done``
+    once libzmq has let go of all of them: written to the connection, or the connection gone),
+    or with None when the reply could not be sent. ``on_sent`` is called exactly once, on the
+    server's thread, after the handler returned."""
+
+    def __init__(
+        self, frames: Iterable[Any], on_sent: Callable[[zmq.MessageTracker | None], None]
+    ) -> None:
+        super().__init__(frames)
+        self.on_sent = on_sent
 
 
 def error_reply(code: str, error: str) -> dict[str, Any]:
@@ -228,11 +247,21 @@ class ControlServer:
             return
         head, frames = reply
         envelope = [p.bytes for p in parts[: sep + 1]]
+        tracked = frames if isinstance(frames, TrackedFrames) else None
+        tracker: zmq.MessageTracker | None = None
         try:
+            if tracked is not None:
+                zframes = [zmq.Frame(f, copy=False, track=True) for f in tracked]
+                tracker = zmq.MessageTracker(*zframes)
+                frames = zframes
             self._sock.send_multipart([*envelope, json.dumps(head).encode(), *frames], copy=False)
         except zmq.ZMQError as e:
+            tracker = None
             self.ev["control_send_error"] += 1
             self._log.warning("%s reply failed: %s", self.name, e)
+        finally:
+            if tracked is not None:
+                tracked.on_sent(tracker)
 
     def _dispatch(self, head: bytes, frames: list[memoryview]) -> Reply | None:
         """The reply to one request, or None: kept (``defer``)."""

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import zmq
 
-from shadowgrad._control_server import ControlServer, Reply, bind_router
+from shadowgrad._control_server import ControlServer, Reply, TrackedFrames, bind_router
 from shadowgrad.control_client import ControlClient
 from shadowgrad.errors import ControlError, ShadowgradError, ShadowgradTimeout
 from shadowgrad.testing.processes import wait_for
@@ -242,3 +242,26 @@ def test_a_bound_socket_is_handed_over_with_the_requests_kept_for_the_next_serve
             second.close(5.0)
         else:
             first.close(5.0)
+
+
+def test_tracked_frames_are_sent_without_a_copy_and_report_when_they_are_out() -> None:
+    """A reply over memory its owner will change again (the shadow serving its live state) is
+    sent without a copy, and its tracker says when libzmq has let go of it: once the client
+    received the reply, never before the handler's memory was read."""
+    memory = bytearray(b"x" * (4 * 2**20))
+    trackers: list[zmq.MessageTracker | None] = []
+
+    def live(_req: dict[str, Any], _f: list[memoryview]) -> Reply:
+        return {"ok": True}, TrackedFrames([memoryview(memory)], trackers.append)
+
+    ctx, sock = bind_router("tcp://127.0.0.1:*")
+    srv = ControlServer(ctx, sock, TOKEN, poll_s=0.02, handlers={"live": live}).start()
+    try:
+        with ControlClient(srv.endpoint, TOKEN, timeout_s=5) as c:
+            _head, frames = c.call("live")
+        assert frames == [bytes(memory)]
+        assert len(trackers) == 1 and trackers[0] is not None
+        trackers[0].wait(5.0)  # raises NotDone past the deadline
+        assert trackers[0].done
+    finally:
+        srv.close(5.0)
