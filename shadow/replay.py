@@ -449,12 +449,14 @@ class ShardReplayer:
         for idxs in self._by_dtype:
             torch._foreach_mul_([grads[i] for i in idxs], coef_t)
 
-    def _diverged(self, iteration: int, reason: str, why: str) -> ReplayDivergedError:
+    def _diverged(
+        self, iteration: int, reason: str, why: str, level: int = logging.WARNING
+    ) -> ReplayDivergedError:
         """Log ``shadow.replay.diverged`` (``reason``: a label) and the error to raise."""
         event(
             logger,
             events.SHADOW_REPLAY_DIVERGED,
-            logging.WARNING,
+            level,
             shard=self.shard,
             iteration=iteration,
             reason=reason,
@@ -514,16 +516,8 @@ class ShardReplayer:
             opt.step()
         except Exception as exc:
             self._broken = True
-            event(
-                logger,
-                events.SHADOW_REPLAY_DIVERGED,
-                logging.ERROR,
-                shard=self.shard,
-                iteration=iteration,
-                reason="step_failed",
-            )
-            raise ReplayDivergedError(
-                f"shard {self.shard} iteration {iteration}: optimizer step failed: {exc}"
+            raise self._diverged(
+                iteration, "step_failed", f"optimizer step failed: {exc}", logging.ERROR
             ) from exc
         finally:
             for p in self._params:

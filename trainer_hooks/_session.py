@@ -7,10 +7,11 @@ import logging
 import os
 import socket
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeVar
 
 import torch
 import zmq
@@ -47,6 +48,7 @@ from .ring import RingAllReduce
 __all__ = ["Start", "StepInfo", "Shadowgrad", "attach"]
 
 log = logging.getLogger(__name__)
+_T = TypeVar("_T")
 
 #: the UDP payload of a datagram in one 1500-byte-MTU IPv4 packet (no fragmentation: the
 #: switch's parser, and the tap, see only first fragments)
@@ -336,24 +338,13 @@ class Shadowgrad:
         (it fixed I* when it detected the failure, or fixes it now); None when it does not
         answer (the trainers then survey the shadows themselves, with the same rule).
         ``failed``: the iteration it gave before, which could not be fetched."""
-        addr = self.spec.controller.address
-        if addr is None:
-            return None
         t = self.spec.timeouts
-        try:
-            # the controller may be settling and holding I* (up to 4 x failure_detect)
-            with ControllerClient(
-                f"tcp://{addr}", self._token, timeout_s=t.rpc_s + 5 * t.failure_detect_s
-            ) as c:
-                point = c.restore_point(requester=f"rank {self.rank}", failed=failed)
-        except Exception as exc:
-            event(
-                log,
-                events.TRAINER_CONTROLLER_UNREACHABLE,
-                logging.WARNING,
-                address=str(addr),
-                error=str(exc),
-            )
+        # the controller may be settling and holding I* (up to 4 x failure_detect)
+        point = self._call_controller(
+            t.rpc_s + 5 * t.failure_detect_s,
+            lambda c: c.restore_point(requester=f"rank {self.rank}", failed=failed),
+        )
+        if point is None:
             return None
         generation = max(point.generation_seen + 1, time.time_ns() // 1_000_000)
         if point.fresh:
@@ -1120,17 +1111,26 @@ class Shadowgrad:
 
     def _tell_controller_finished(self) -> None:
         """Training ended normally: the controller must not take the silence for a failure."""
+        # the last iteration trained (``_iteration`` is the next one a step commits)
+        last = None if self._iteration is None else self._iteration - 1
+        # best effort: the controller may be down
+        self._call_controller(
+            self.spec.timeouts.rpc_s,
+            lambda c: c.finished(last, self.generation, requester=f"rank {self.rank}"),
+        )
+
+    def _call_controller(
+        self, timeout_s: float, ask: Callable[[ControllerClient], _T]
+    ) -> _T | None:
+        """``ask`` the controller of ``[controller] address``; None without one, or when it
+        does not answer (logged: ``trainer.controller_unreachable``)."""
         addr = self.spec.controller.address
         if addr is None:
-            return
+            return None
         try:
-            with ControllerClient(
-                f"tcp://{addr}", self._token, timeout_s=self.spec.timeouts.rpc_s
-            ) as c:
-                # the last iteration trained (``_iteration`` is the next one a step commits)
-                last = None if self._iteration is None else self._iteration - 1
-                c.finished(last, self.generation, requester=f"rank {self.rank}")
-        except Exception as exc:  # best effort: the controller may be down
+            with ControllerClient(f"tcp://{addr}", self._token, timeout_s=timeout_s) as c:
+                return ask(c)
+        except Exception as exc:
             event(
                 log,
                 events.TRAINER_CONTROLLER_UNREACHABLE,
@@ -1138,6 +1138,7 @@ class Shadowgrad:
                 address=str(addr),
                 error=str(exc),
             )
+            return None
 
     def _wait_applied(self, iteration: int, deadline: float) -> bool:
         """Until every shadow that can still confirm applied ``iteration``. A shadow that
@@ -1249,23 +1250,13 @@ def attach(
     model: torch.nn.Module,
     optimizer: torch.optim.Optimizer,
     spec: JobSpec | str | os.PathLike[str],
-    *,
-    lr_scheduler: Any = None,
-    grad_scaler: Any = None,
-    max_grad_norm: float | None = None,
     **options: Any,
 ) -> Shadowgrad:
     """Attach shadowgrad to a (DDP-wrapped) model and its optimizer; see :class:`Shadowgrad`.
 
-    ``spec`` is a :class:`~shadowgrad.config.JobSpec` or the path of its TOML file. Then call
-    :meth:`Shadowgrad.restore_or_start` once and :meth:`Shadowgrad.step` every iteration.
+    ``spec`` is a :class:`~shadowgrad.config.JobSpec` or the path of its TOML file; ``options``
+    are :class:`Shadowgrad`'s keywords (``lr_scheduler``, ``grad_scaler``, ``max_grad_norm``,
+    ...). Then call :meth:`Shadowgrad.restore_or_start` once and :meth:`Shadowgrad.step` every
+    iteration.
     """
-    return Shadowgrad(
-        model,
-        optimizer,
-        spec,
-        lr_scheduler=lr_scheduler,
-        grad_scaler=grad_scaler,
-        max_grad_norm=max_grad_norm,
-        **options,
-    )
+    return Shadowgrad(model, optimizer, spec, **options)
