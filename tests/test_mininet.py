@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 
 from tests.test_demo import CLI, SCEN, _check, _demo, _marked, _pids_where, _signal_mid_scenario
+from tests.test_exercise import compile_as_the_tutorials
 
 ROOT = Path(__file__).resolve().parents[1]
 WIRE = ROOT / "tests" / "p4progs" / "wire.p4"
@@ -231,25 +232,7 @@ def test_the_tutorials_compile_and_push_workflow_on_the_target(tmp_path: Path) -
     from shadowgrad.controller.p4runtime import P4RuntimeClient
 
     shutil.copy(WIRE, tmp_path / "wire.p4")
-    p4c = str(Path(sys.executable).parent / "shadowgrad-p4c")
-    r = subprocess.run(
-        [
-            p4c,
-            "--p4v",
-            "16",
-            "--p4runtime-files",
-            "build/wire.p4.p4info.txtpb",
-            "-o",
-            "build/wire.json",
-            "wire.p4",
-        ],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert r.returncode == 0, r.stderr
+    compile_as_the_tutorials(tmp_path, "wire.p4")
     p4info = text_format.Parse(
         (tmp_path / "build" / "wire.p4.p4info.txtpb").read_text(), p4info_pb2.P4Info()
     )
@@ -372,20 +355,7 @@ def _exercise_env() -> dict[str, str]:
 def _compile_basic(folder: Path) -> None:
     """The tutorials' Makefile's compile command line, with P4C=shadowgrad-p4c."""
     (folder / "build").mkdir(exist_ok=True)
-    r = subprocess.run(
-        [
-            *("shadowgrad-p4c", "--p4v", "16"),
-            *("--p4runtime-files", "build/basic.p4.p4info.txtpb"),
-            *("-o", "build/basic.json", "basic.p4"),
-        ],
-        cwd=folder,
-        env=_exercise_env(),
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert r.returncode == 0, r.stderr
+    compile_as_the_tutorials(folder, "basic.p4", "shadowgrad-p4c", _exercise_env())
 
 
 def _processes_naming(text: str) -> list[int]:
