@@ -26,8 +26,8 @@ def v1switch(
     meta_t`` and whatever else stands before the parser) after the includes, then ``parser P``,
     the controls ``V`` (empty), ``I``, ``E``, ``C`` and ``D`` with the bodies given (each from
     its opening brace; ``m`` is the metadata, ``sm`` the standard metadata) and ``main``. The
-    text starts with a newline, so that a diagnostic's line number is the line of the program
-    as a test writes it in a string that opens with one."""
+    text starts with a newline, as a program written in a triple-quoted string does (the
+    diagnostics' line numbers count it)."""
     return (
         "\n#include <core.p4>\n#include <v1model.p4>\n"
         f"{types.lstrip(chr(10))}"
