@@ -16,6 +16,7 @@ from shadowgrad.freeports import free_port
 from shadowgrad.restore import restore_point
 from shadowgrad.shadow.control import ControlError, ShadowClient
 from shadowgrad.testing.cluster import producer_cluster
+from shadowgrad.testing.loaded import loaded_cluster
 from shadowgrad.testing.processes import wait_for
 from shadowgrad.testing.specs import TOKEN
 from shadowgrad.testing.training import Case, RefTrainer
@@ -47,8 +48,7 @@ def test_trainer_silence_is_detected_istar_held_and_released_on_recovery() -> No
     case = Case("ctl", "mlp", "adamw", iterations=12)
     trainer = RefTrainer(case, seed=5)
     layout = trainer.layout(num_shadows=4, replication=2)
-    with producer_cluster(layout) as c:
-        c.load(trainer.named, trainer.optimizer_spec())
+    with loaded_cluster(trainer, layout) as c:
         bind = _free_tcp()
         with _controller(c, bind=bind) as ctl:
             _run(c, trainer, range(8))
@@ -87,8 +87,7 @@ def test_restore_point_endpoint_refuses_a_wrong_or_missing_token_and_changes_not
     case = Case("ctl-token", "mlp", "adamw", iterations=4)
     trainer = RefTrainer(case, seed=6)
     layout = trainer.layout(num_shadows=2)
-    with producer_cluster(layout) as c:
-        c.load(trainer.named, trainer.optimizer_spec())
+    with loaded_cluster(trainer, layout) as c:
         bind = _free_tcp()
         with _controller(c, bind=bind) as ctl:
             _run(c, trainer, range(3))
@@ -138,8 +137,7 @@ def test_a_dead_shadow_is_reported_failed_and_rejoins_when_it_answers_again() ->
     case = Case("ctl-shadow", "mlp", "adamw", iterations=4)
     trainer = RefTrainer(case, seed=8)
     layout = trainer.layout(num_shadows=4, replication=2)
-    with producer_cluster(layout) as c:
-        c.load(trainer.named, trainer.optimizer_spec())
+    with loaded_cluster(trainer, layout) as c:
         dead: set[int] = set()
 
         def statuses() -> dict[int, dict[str, Any] | None]:
@@ -174,8 +172,7 @@ def test_a_shadow_restarted_and_reloaded_between_two_polls_is_still_a_failure(
     case = Case("ctl-incarnation", "mlp", "adamw", iterations=4)
     trainer = RefTrainer(case, seed=11)
     layout = trainer.layout(num_shadows=2)
-    with producer_cluster(layout) as c:
-        c.load(trainer.named, trainer.optimizer_spec())
+    with loaded_cluster(trainer, layout) as c:
         restarted: dict[int, str] = {}
         down: set[int] = set()
 
@@ -288,8 +285,7 @@ def test_shadows_going_away_after_training_finished_are_stopped_not_failed(
     case = Case("ctl-finished", "mlp", "adamw", iterations=4)
     trainer = RefTrainer(case, seed=10)
     layout = trainer.layout(num_shadows=2)
-    with producer_cluster(layout) as c:
-        c.load(trainer.named, trainer.optimizer_spec())
+    with loaded_cluster(trainer, layout) as c:
         down: set[int] = set()
 
         def statuses() -> dict[int, dict[str, Any] | None]:

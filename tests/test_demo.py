@@ -321,26 +321,34 @@ def _events(out: Path, name: str) -> list[dict[str, Any]]:
     return found
 
 
-def _marked(run_id: str) -> list[int]:
-    """Processes that carry this demo run's marker in their environment."""
+def _pids_where(name: str, holds: Callable[[bytes], bool]) -> list[int]:
+    """The processes whose ``/proc/PID/<name>`` (``environ``, ``cmdline``) ``holds`` is true
+    of (one that ends while it is read is passed over)."""
     found = []
     for p in Path("/proc").iterdir():
         if not p.name.isdigit():
             continue
         try:
-            env = (p / "environ").read_bytes()
+            data = (p / name).read_bytes()
         except OSError:
             continue
-        if f"SHADOWGRAD_DEMO_RUN={run_id}".encode() in env:
+        if holds(data):
             found.append(int(p.name))
     return found
 
 
-@_in_namespaces
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
-def test_a_signal_mid_scenario_leaves_nothing_behind(tmp_path: Path, cache: Path, sig: int) -> None:
-    from shadowgrad.bmv2_testbed.topology import leftovers
+def _marked(run_id: str) -> list[int]:
+    """Processes that carry this demo run's marker in their environment."""
+    return _pids_where("environ", lambda env: f"SHADOWGRAD_DEMO_RUN={run_id}".encode() in env)
 
+
+def _signal_mid_scenario(
+    tmp_path: Path, topology: str, sig: int, up: Callable[[str], object], what: str
+) -> tuple[int, dict[str, Any], Path]:
+    """The default scenario on ``topology`` (in ``tmp_path / "out"``), sent ``sig`` once rank
+    0 trained step 5 (the switch, the shadows, the controller and the ranks running; its
+    processes marked, and ``up(tag)`` true, else "no ``what`` were up"): the demo's exit
+    code, its ``topology.json`` and its out folder."""
     out = tmp_path / "out"
     # a shell that starts a job in the background ignores SIGINT for it, and an ignored SIGINT
     # stays ignored across exec: the demo gets a caught one (reset to the default by exec), as
@@ -353,7 +361,7 @@ def test_a_signal_mid_scenario_leaves_nothing_behind(tmp_path: Path, cache: Path
                 "demo",
                 str(SCEN / "t-default.toml"),
                 "--topology",
-                "netns",
+                topology,
                 "--out",
                 str(out),
                 "--cache",
@@ -377,13 +385,24 @@ def test_a_signal_mid_scenario_leaves_nothing_behind(tmp_path: Path, cache: Path
             time.sleep(0.2)
         info = json.loads(topo.read_text())
         assert _marked(info["run_id"]), "nothing was running"
-        assert leftovers(info["tag"])["namespaces"], "no namespaces were up"
+        assert up(info["tag"]), f"no {what} were up"
         proc.send_signal(sig)
         rc = proc.wait(120)
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait(10)
+    return rc, info, out
+
+
+@_in_namespaces
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_signal_mid_scenario_leaves_nothing_behind(tmp_path: Path, cache: Path, sig: int) -> None:
+    from shadowgrad.bmv2_testbed.topology import leftovers
+
+    rc, info, _ = _signal_mid_scenario(
+        tmp_path, "netns", sig, lambda tag: leftovers(tag)["namespaces"], "namespaces"
+    )
     assert rc != 0
     time.sleep(0.5)
     assert _marked(info["run_id"]) == [], "processes left behind"

@@ -23,6 +23,30 @@ from shadowgrad.bmv2_testbed.exercise import (
 
 ROOT = Path(__file__).resolve().parents[1]
 BASIC = ROOT / "tests" / "p4progs" / "basic.p4"
+P4C = str(Path(sys.executable).parent / "shadowgrad-p4c")
+
+
+def compile_as_the_tutorials(
+    folder: Path, program: str, p4c: str = P4C, env: dict[str, str] | None = None
+) -> None:
+    """``program`` (a ``.p4`` in ``folder``) compiled by the tutorials' Makefile's command
+    line with ``p4c`` as its P4C (``env`` its environment, where given): the P4Info in
+    ``build/<program>.p4info.txtpb``, the JSON in ``build/<name>.json``."""
+    name = program.removesuffix(".p4")
+    r = subprocess.run(
+        [
+            *(p4c, "--p4v", "16"),
+            *("--p4runtime-files", f"build/{program}.p4info.txtpb"),
+            *("-o", f"build/{name}.json", program),
+        ],
+        cwd=folder,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert r.returncode == 0, r.stderr
 
 
 def test_encode_value_as_the_tutorials_convert_does() -> None:
@@ -118,19 +142,7 @@ def compiled(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """An exercise folder with basic.p4 compiled as the tutorials' Makefile does."""
     d = tmp_path_factory.mktemp("basic")
     (d / "basic.p4").write_text(BASIC.read_text())
-    r = subprocess.run(
-        [
-            *(str(Path(sys.executable).parent / "shadowgrad-p4c"), "--p4v", "16"),
-            *("--p4runtime-files", "build/basic.p4.p4info.txtpb"),
-            *("-o", "build/basic.json", "basic.p4"),
-        ],
-        cwd=d,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert r.returncode == 0, r.stderr
+    compile_as_the_tutorials(d, "basic.p4")
     return d
 
 

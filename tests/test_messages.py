@@ -16,6 +16,16 @@ from shadowgrad.errors import ControlError
 #: an entry of a tensor stream (what encode_states writes; the schema does not look inside)
 _ENTRY = {"box": 0, "key": "param", "dtype": "float32", "shape": [4], "frames": 1, "crc": 7}
 _COMMIT = {"iteration": 3, "lr": [0.001], "clip_coef": 1.0, "scale": None, "skipped": False}
+#: a load that keeps the shadow's own state of iteration 3 (generation 2, sent by rank 1)
+_KEEP_LOAD: dict[str, Any] = {
+    "iteration": 3,
+    "optimizer": "{}",
+    "layout": None,
+    "entries": [],
+    "keep": True,
+    "generation": 2,
+    "source": "rank 1",
+}
 
 #: (message class, the JSON the old hand-built code produced): replies as the servers built
 #: them (shadow/node.py, shadow/_early.py, controller/service.py), requests as the clients did
@@ -190,20 +200,7 @@ OLD: list[tuple[type[Any], dict[str, Any]]] = [
         m.LoadRequest,
         {"iteration": -1, "optimizer": "{}", "layout": "{}", "entries": [_ENTRY]},
     ),
-    (
-        m.LoadRequest,
-        {
-            "iteration": 3,
-            "optimizer": "{}",
-            "layout": None,
-            "entries": [],
-            "keep": True,
-            "generation": 2,
-            "reseed": True,
-            "source": "rank 1",
-            "commit": _COMMIT,
-        },
-    ),
+    (m.LoadRequest, {**_KEEP_LOAD, "reseed": True, "commit": _COMMIT}),
     (m.SnapshotRequest, {"wait": False}),
     (m.ConfigRequest, {}),
     (m.FinishedRequest, {"iteration": 2, "generation": 0, "requester": "rank 0"}),
@@ -321,18 +318,7 @@ def test_clients_send_the_old_requests_and_return_typed_replies() -> None:
         ("snapshot", {"wait": False}),
         ("finished", {"iteration": 2, "generation": 0, "requester": "rank 0"}),
         ("fetch", {"iteration": 3, "boxes": [0, 2]}),
-        (
-            "load",
-            {
-                "iteration": 3,
-                "optimizer": "{}",
-                "layout": None,
-                "entries": [],
-                "keep": True,
-                "generation": 2,
-                "source": "rank 1",
-            },
-        ),
+        ("load", _KEEP_LOAD),
     ]
     with ControllerClient("tcp://127.0.0.1:9", "t") as cc:
         sent = _capture(cc, m.CONTROLLER_OPS)

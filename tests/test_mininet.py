@@ -21,7 +21,8 @@ from typing import Any
 
 import pytest
 
-from tests.test_demo import CLI, SCEN, _check, _demo, _marked
+from tests.test_demo import CLI, SCEN, _check, _demo, _marked, _pids_where, _signal_mid_scenario
+from tests.test_exercise import compile_as_the_tutorials
 
 ROOT = Path(__file__).resolve().parents[1]
 WIRE = ROOT / "tests" / "p4progs" / "wire.p4"
@@ -41,17 +42,7 @@ pytestmark = [pytest.mark.netns, pytest.mark.skipif(_WHY is not None, reason=str
 
 def _mininet_shells(tag: str) -> list[int]:
     """Mininet node shells (``bash ... mininet:NAME``) of a net whose switch is ``sg<tag>``."""
-    found = []
-    for p in Path("/proc").iterdir():
-        if not p.name.isdigit():
-            continue
-        try:
-            argv = (p / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if any(a == f"mininet:sg{tag}".encode() for a in argv):
-            found.append(int(p.name))
-    return found
+    return _pids_where("cmdline", lambda argv: f"mininet:sg{tag}".encode() in argv.split(b"\0"))
 
 
 def test_switch_class_runs_the_target_on_mininet_interfaces() -> None:
@@ -191,45 +182,7 @@ def test_cli_pingall_reaches_every_host_and_leaving_it_tears_down(
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 @pytest.mark.timeout(600)
 def test_a_signal_mid_scenario_leaves_nothing_behind_in_mininet(tmp_path: Path, sig: int) -> None:
-    out = tmp_path / "out"
-    old = signal.signal(signal.SIGINT, signal.default_int_handler)
-    try:
-        proc = subprocess.Popen(
-            [
-                CLI,
-                "demo",
-                str(SCEN / "t-default.toml"),
-                "--topology",
-                "mininet",
-                "--out",
-                str(out),
-                "--cache",
-                str(tmp_path / "own-cache"),
-                "--no-progress",
-            ],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-        )
-    finally:
-        signal.signal(signal.SIGINT, old)
-    try:
-        deadline = time.monotonic() + 240
-        topo = out / "topology.json"
-        while time.monotonic() < deadline:
-            logs = list(out.glob("*/rank0-0.log"))
-            if topo.exists() and logs and "step 5 " in logs[0].read_text(errors="replace"):
-                break
-            assert proc.poll() is None, proc.stdout.read().decode()[-3000:] if proc.stdout else ""
-            time.sleep(0.2)
-        info = json.loads(topo.read_text())
-        assert _marked(info["run_id"]), "nothing was running"
-        assert _mininet_shells(info["tag"]), "no Mininet nodes were up"
-        proc.send_signal(sig)
-        rc = proc.wait(120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(10)
+    rc, _, out = _signal_mid_scenario(tmp_path, "mininet", sig, _mininet_shells, "Mininet nodes")
     assert rc != 0
     assert _left(out) == _NOTHING
 
@@ -279,25 +232,7 @@ def test_the_tutorials_compile_and_push_workflow_on_the_target(tmp_path: Path) -
     from shadowgrad.controller.p4runtime import P4RuntimeClient
 
     shutil.copy(WIRE, tmp_path / "wire.p4")
-    p4c = str(Path(sys.executable).parent / "shadowgrad-p4c")
-    r = subprocess.run(
-        [
-            p4c,
-            "--p4v",
-            "16",
-            "--p4runtime-files",
-            "build/wire.p4.p4info.txtpb",
-            "-o",
-            "build/wire.json",
-            "wire.p4",
-        ],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert r.returncode == 0, r.stderr
+    compile_as_the_tutorials(tmp_path, "wire.p4")
     p4info = text_format.Parse(
         (tmp_path / "build" / "wire.p4.p4info.txtpb").read_text(), p4info_pb2.P4Info()
     )
@@ -420,33 +355,12 @@ def _exercise_env() -> dict[str, str]:
 def _compile_basic(folder: Path) -> None:
     """The tutorials' Makefile's compile command line, with P4C=shadowgrad-p4c."""
     (folder / "build").mkdir(exist_ok=True)
-    r = subprocess.run(
-        [
-            *("shadowgrad-p4c", "--p4v", "16"),
-            *("--p4runtime-files", "build/basic.p4.p4info.txtpb"),
-            *("-o", "build/basic.json", "basic.p4"),
-        ],
-        cwd=folder,
-        env=_exercise_env(),
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert r.returncode == 0, r.stderr
+    compile_as_the_tutorials(folder, "basic.p4", "shadowgrad-p4c", _exercise_env())
 
 
 def _processes_naming(text: str) -> list[int]:
-    found = []
-    for p in Path("/proc").iterdir():
-        if not p.name.isdigit() or int(p.name) == os.getpid():
-            continue
-        try:
-            if text.encode() in (p / "cmdline").read_bytes():
-                found.append(int(p.name))
-        except OSError:
-            continue
-    return found
+    naming = _pids_where("cmdline", lambda argv: text.encode() in argv)
+    return [p for p in naming if p != os.getpid()]
 
 
 def _exercise_left(tag: str, shells: Sequence[int]) -> dict[str, Any]:

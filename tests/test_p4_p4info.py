@@ -12,6 +12,7 @@ from google.protobuf import text_format
 
 from shadowgrad.p4target.p4info import jenkins_one_at_a_time, p4_id
 from shadowgrad.p4target.pipeline import P4CompileError, Pipeline
+from shadowgrad.testing.v1model import v1switch
 
 PROGS = Path(__file__).resolve().parent / "p4progs"
 
@@ -170,28 +171,20 @@ def test_p4info_lists_direct_calls_annotations_and_key_enums() -> None:
     """As p4c writes them: an action's annotations (not @name/@id); an action called only
     directly from a control, without parameters; an action list entry's other annotations;
     a serializable enum that types a key, in type_info."""
-    src = """
-#include <core.p4>
-#include <v1model.p4>
+    src = v1switch(
+        """
 enum bit<8> K { A = 1, B = 0xff }
 header h_t { K k; bit<8> b; }
 struct headers { h_t h; }
 struct meta_t { }
-parser P(packet_in pkt, out headers hdr, inout meta_t m, inout standard_metadata_t sm) {
-    state start { pkt.extract(hdr.h); transition accept; }
-}
-control V(inout headers hdr, inout meta_t m) { apply { } }
-control I(inout headers hdr, inout meta_t m, inout standard_metadata_t sm) {
+""",
+        ingress="""{
     @my_note("x y") @name("setb") action set_b(bit<8> v) { hdr.h.b = v; }
     action direct(bit<8> v) { hdr.h.b = v; }
     table t { key = { hdr.h.k: exact; } actions = { set_b; @whatever NoAction; } }
     apply { t.apply(); direct(3); }
-}
-control E(inout headers hdr, inout meta_t m, inout standard_metadata_t sm) { apply { } }
-control C(inout headers hdr, inout meta_t m) { apply { } }
-control D(packet_out pkt, in headers hdr) { apply { pkt.emit(hdr.h); } }
-V1Switch(P(), V(), I(), E(), C(), D()) main;
-"""
+}""",
+    )
     p = Pipeline.compile(src, filename="anns.p4")
     acts = {a.preamble.name: a for a in p.p4info.actions}
     assert list(acts["I.setb"].preamble.annotations) == ['@my_note("x y")']

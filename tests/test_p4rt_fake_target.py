@@ -27,6 +27,7 @@ from tests.test_p4rt_server import (
     mc_entity,
     names_fixture,  # noqa: F401 (fixture)
     pipeline_fixture,  # noqa: F401 (fixture)
+    primary_client,
     upd,
 )
 
@@ -42,13 +43,10 @@ def target() -> FakeTarget:
 def client(target: FakeTarget, pipeline: Pipeline) -> Iterator[Client]:
     server = P4RuntimeServer(target, "127.0.0.1:0")
     port = server.start()
-    c = Client(f"127.0.0.1:{port}", election_id=10)
     try:
-        assert c.next("arbitration").status.code == code_pb2.OK
-        c.set_pipeline(pipeline)
-        yield c
+        with primary_client(f"127.0.0.1:{port}", pipeline) as c:
+            yield c
     finally:
-        c.close()
         server.stop()
 
 

@@ -193,8 +193,10 @@ def addr(switch: Switch) -> str:
     return f"127.0.0.1:{switch.server.port}"
 
 
-@pytest.fixture
-def client(addr: str, pipeline: Pipeline) -> Iterator[Client]:
+@contextlib.contextmanager
+def primary_client(addr: str, pipeline: Pipeline) -> Iterator[Client]:
+    """A client of the server at ``addr`` that won arbitration (election id 10) and set
+    ``pipeline``; closed on exit."""
     c = Client(addr, election_id=10)
     try:
         assert c.next("arbitration").status.code == code_pb2.OK
@@ -202,6 +204,12 @@ def client(addr: str, pipeline: Pipeline) -> Iterator[Client]:
         yield c
     finally:
         c.close()
+
+
+@pytest.fixture
+def client(addr: str, pipeline: Pipeline) -> Iterator[Client]:
+    with primary_client(addr, pipeline) as c:
+        yield c
 
 
 def port(sw: Switch, n: int) -> InProcessPort:

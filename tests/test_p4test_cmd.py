@@ -16,22 +16,19 @@ pytest.importorskip("p4")
 
 from shadowgrad.p4target.dataplane import Dataplane
 from shadowgrad.p4target.pipeline import P4CompileError, Pipeline
+from shadowgrad.testing.v1model import v1switch
 
 ROOT = Path(__file__).resolve().parents[1]
 CORPUS = ROOT / ".." / "shared" / "p4c-stf"
 CLI = [sys.executable, "-m", "shadowgrad.cli"]
 
-PROG = """
-#include <core.p4>
-#include <v1model.p4>
+PROG = v1switch(
+    """
 header h_t { bit<8> a; bit<8> b; }
 struct headers { h_t h; }
 struct meta_t { }
-parser P(packet_in pkt, out headers hdr, inout meta_t m, inout standard_metadata_t sm) {
-    state start { pkt.extract(hdr.h); transition accept; }
-}
-control V(inout headers hdr, inout meta_t m) { apply { } }
-control I(inout headers hdr, inout meta_t m, inout standard_metadata_t sm) {
+""",
+    ingress="""{
     action fwd(bit<9> port) { sm.egress_spec = port; hdr.h.b = 8w0x77; }
     action never() { hdr.h.b = 8w0x11; }
     table route {
@@ -45,12 +42,8 @@ control I(inout headers hdr, inout meta_t m, inout standard_metadata_t sm) {
         if (false) { ghost.apply(); never(); }
         hdr.h.a = true ? hdr.h.a : (ghost2.apply().hit ? 8w1 : 8w2);
     }
-}
-control E(inout headers hdr, inout meta_t m, inout standard_metadata_t sm) { apply { } }
-control C(inout headers hdr, inout meta_t m) { apply { } }
-control D(packet_out pkt, in headers hdr) { apply { pkt.emit(hdr.h); } }
-V1Switch(P(), V(), I(), E(), C(), D()) main;
-"""
+}""",
+)
 
 STF = """
 add route h.a:0x05 fwd(port:2)

@@ -20,6 +20,7 @@ from shadowgrad.replies import ShadowStatus
 from shadowgrad.restore import NoRestorePointError, fix_restore_point, settle
 from shadowgrad.shadow.control import ShadowClient
 from shadowgrad.testing.cluster import producer_cluster
+from shadowgrad.testing.loaded import loaded_cluster
 from shadowgrad.testing.specs import TOKEN
 from shadowgrad.testing.training import Case, RefTrainer
 
@@ -105,8 +106,7 @@ def test_no_point_is_returned_held_nowhere() -> None:
     case = Case("race-never", "mlp", "adamw", iterations=4)
     trainer = RefTrainer(case, seed=22)
     layout = trainer.layout(num_shadows=2, replication=1)
-    with producer_cluster(layout) as c:
-        c.load(trainer.named, trainer.optimizer_spec())
+    with loaded_cluster(trainer, layout) as c:
         c.send_all(trainer, range(3))
         c.expect_applied(2)
 

@@ -4,7 +4,6 @@ snapshots, and the ``shadowgrad shadow`` command."""
 from __future__ import annotations
 
 import base64
-import copy
 import dataclasses
 import os
 import signal
@@ -31,6 +30,7 @@ from shadowgrad.shadow.control import (
 )
 from shadowgrad.shadow.snapshot import SnapshotError, list_snapshots, read_snapshot
 from shadowgrad.testing.cluster import ShadowCluster, producer_cluster
+from shadowgrad.testing.loaded import loaded_cluster, trainer_state
 from shadowgrad.testing.specs import TOKEN
 from shadowgrad.testing.training import (
     Case,
@@ -70,10 +70,7 @@ def test_token_status_hold_release_fetch() -> None:
         c.load(trainer.named, trainer.optimizer_spec())
         _run(c, trainer, layout, range(3))
         c.expect_istar(2)
-        at2 = (
-            {k: v.detach().clone() for k, v in trainer.named.items()},
-            copy.deepcopy(state_by_name(trainer.opt, trainer.model.named_parameters())),
-        )
+        at2 = trainer_state(trainer)
         st = c.clients[0].status(timeline=8)
         # the server built it with the schema: the header is exactly the schema's JSON
         assert type(st).from_json(st.raw).to_json() == dict(st.raw)
@@ -112,13 +109,9 @@ def test_a_keep_load_starts_a_session_from_the_shadows_own_state() -> None:
     trainer = RefTrainer(Case("keep", "mlp", "adamw", iterations=10), seed=3)
     layout = trainer.layout(num_shadows=2)
     opt = trainer.optimizer_spec().to_json()
-    with producer_cluster(layout) as c:
-        c.load(trainer.named, trainer.optimizer_spec())
+    with loaded_cluster(trainer, layout) as c:
         _run(c, trainer, layout, range(3))
-        at2 = (
-            {k: v.detach().clone() for k, v in trainer.named.items()},
-            copy.deepcopy(state_by_name(trainer.opt, trainer.model.named_parameters())),
-        )
+        at2 = trainer_state(trainer)
         for cl in c.clients:
             cl.hold(2)
         _run(c, trainer, layout, range(3, 5))  # live at 4, 2 a held snapshot
@@ -147,15 +140,11 @@ def test_a_reseed_older_than_what_the_shadow_applied_changes_nothing() -> None:
     trainer = RefTrainer(Case("behind", "mlp", "adamw", iterations=10), seed=4)
     layout = trainer.layout(num_shadows=2)
     opt = trainer.optimizer_spec().to_json()
-    with producer_cluster(layout) as c:
-        c.load(trainer.named, trainer.optimizer_spec())
+    with loaded_cluster(trainer, layout) as c:
         _run(c, trainer, layout, range(2))
         at1 = [cl.fetch(1).states for cl in c.clients]
         _run(c, trainer, layout, range(2, 5))
-        at4 = (
-            {k: v.detach().clone() for k, v in trainer.named.items()},
-            copy.deepcopy(state_by_name(trainer.opt, trainer.model.named_parameters())),
-        )
+        at4 = trainer_state(trainer)
         for shard, (n, cl) in enumerate(zip(c.nodes, c.clients, strict=True)):
             states = [at1[shard][k] for k in range(len(at1[shard]))]
             reply = cl.load(1, states, opt, layout.to_json(), reseed=True, source="rank 0")
@@ -205,8 +194,7 @@ def test_stream_checksums_and_client_timeout() -> None:
 def test_background_snapshots_are_atomic_and_verified(tmp_path: Path) -> None:
     trainer = RefTrainer(Case("snap", "mlp", "sgd", iterations=10), seed=2)
     layout = trainer.layout(num_shadows=2)
-    with producer_cluster(layout, snapshot_every=2, snapshot_dir=str(tmp_path)) as c:
-        c.load(trainer.named, trainer.optimizer_spec())
+    with loaded_cluster(trainer, layout, snapshot_every=2, snapshot_dir=str(tmp_path)) as c:
         _run(c, trainer, layout, range(5))
         assert c.wait(lambda n, _s: n.ev["snapshots"] >= 2, 10.0)
         for n in c.nodes:
@@ -308,13 +296,9 @@ def test_state_at_istar_is_kept_while_another_shard_lags() -> None:
     produce its state at I* = i-1, and drops that copy once every shard has applied i."""
     trainer = RefTrainer(Case("cut", "mlp", "adamw", iterations=4), seed=5)
     layout = trainer.layout(num_shadows=2)
-    with producer_cluster(layout) as c:
-        c.load(trainer.named, trainer.optimizer_spec())
+    with loaded_cluster(trainer, layout) as c:
         _run(c, trainer, layout, range(2))
-        at1 = (
-            {k: v.detach().clone() for k, v in trainer.named.items()},
-            copy.deepcopy(state_by_name(trainer.opt, trainer.model.named_parameters())),
-        )
+        at1 = trainer_state(trainer)
         lagging = c.nodes[1]
         with lagging._state_lock:  # shard 1 cannot step: it stays at 1, ready for 2
             grads, commit = trainer.step(2)
@@ -355,8 +339,7 @@ def test_fetch_returns_the_commit_and_load_keeps_the_one_given() -> None:
             c.producer.send_iteration(it, bucket_bytes(layout, grads), commit)
             c.expect_applied(it)
 
-    with producer_cluster(layout) as c:
-        c.load(trainer.named, trainer.optimizer_spec())
+    with loaded_cluster(trainer, layout) as c:
         first = c.clients[0].fetch(None)
         assert first.iteration == -1 and first.commit is None  # a fresh start has none
         run(range(3))

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from shadowgrad.testing.cluster import producer_cluster
+from shadowgrad.testing.loaded import loaded_cluster
 from shadowgrad.testing.training import Case, RefTrainer, bucket_bytes
 
 CASES = [
@@ -36,8 +36,7 @@ def test_three_shadows_bit_exact_after_every_iteration(case: Case) -> None:
     ), "a split tensor must span shards"
     skipped = 0
     istars: dict[int, int] = {}
-    with producer_cluster(layout) as c:
-        c.load(trainer.named, trainer.optimizer_spec())
+    with loaded_cluster(trainer, layout) as c:
         for it in range(case.iterations):
             grads, commit = trainer.step(it)
             skipped += commit.skipped

@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import copy
 import time
 
-import torch
-
 from shadowgrad.layout import Layout
-from shadowgrad.optspec import state_by_name
 from shadowgrad.shadow.node import NodeOptions
 from shadowgrad.testing.cluster import producer_cluster
+from shadowgrad.testing.loaded import loaded_cluster, trainer_state
 from shadowgrad.testing.producer import Faults
 from shadowgrad.testing.training import Case, RefTrainer, bucket_bytes, compare_shard
 
@@ -22,8 +19,7 @@ def test_drop_dup_reorder_repaired_bit_exact_with_iterations_in_flight() -> None
     trainer = RefTrainer(case, seed=11)
     layout = trainer.layout(num_shadows=3)
     faults = Faults(drop=0.01, dup=0.01, reorder=0.01, seed=5)
-    with producer_cluster(layout, faults=faults, chunk_bytes=512) as c:
-        c.load(trainer.named, trainer.optimizer_spec())
+    with loaded_cluster(trainer, layout, faults=faults, chunk_bytes=512) as c:
         for it, _ in c.send_steps(trainer, range(case.iterations)):
             if it >= 2:  # keep up to three iterations in flight
                 c.expect_applied(it - 2)
@@ -57,10 +53,9 @@ def test_lost_commit_is_asked_for_and_a_producer_far_ahead_is_caught_up() -> Non
         # COMMIT(0) lost everywhere holds every shadow at -1 while the producer runs ahead
         return not retx and (it == 0 or (it == 1 and sid == 2))
 
-    with producer_cluster(
-        layout, faults=Faults(drop_commit=drop_commit), options=NodeOptions(window=4)
+    with loaded_cluster(
+        trainer, layout, faults=Faults(drop_commit=drop_commit), options=NodeOptions(window=4)
     ) as c:
-        c.load(trainer.named, trainer.optimizer_spec())
         steps = [trainer.step(it) for it in range(case.iterations)]
         for it, (grads, commit) in enumerate(steps):  # back to back, no waiting at all
             c.producer.send_iteration(it, bucket_bytes(layout, grads), commit)
@@ -122,14 +117,6 @@ def _withheld(layout: Layout, shard: int, hole: int, victim: int) -> Faults:
     return Faults(withhold=withhold)
 
 
-def _snapshot(
-    trainer: RefTrainer,
-) -> tuple[dict[str, torch.Tensor], dict[str, dict[str, torch.Tensor]]]:
-    named = {k: v.detach().clone() for k, v in trainer.named.items()}
-    st = copy.deepcopy(state_by_name(trainer.opt, trainer.model.named_parameters()))
-    return named, st
-
-
 def test_withheld_chunk_diverges_and_istar_stops_at_last_complete_iteration() -> None:
     case = Case("withhold", "mlp", "adamw", iterations=9)
     trainer = RefTrainer(case, seed=2)
@@ -137,13 +124,12 @@ def test_withheld_chunk_diverges_and_istar_stops_at_last_complete_iteration() ->
     victim_shard = 1
     hole = 4
     faults = _withheld(layout, victim_shard, hole, victim_shard)
-    with producer_cluster(layout, faults=faults, options=FAST_FAIL) as c:
-        c.load(trainer.named, trainer.optimizer_spec())
+    with loaded_cluster(trainer, layout, faults=faults, options=FAST_FAIL) as c:
         at_cut = None
         for it, _ in c.send_steps(trainer, range(case.iterations)):
             if it == hole - 1:
                 c.expect_applied(it)
-                at_cut = _snapshot(trainer)
+                at_cut = trainer_state(trainer)
         assert at_cut is not None
         assert c.wait(lambda _n, st: st["diverged_at"] == hole, 10.0, nodes=[victim_shard])
         time.sleep(0.3)  # give every shard the chance to (wrongly) move on
@@ -175,10 +161,9 @@ def test_no_divergence_while_the_trainers_are_silent_then_divergence_once_they_a
     hole = case.iterations - 1
     # 8 rounds at 40 ms x 1.5^k take ~2 s: longer than failure_detect, so silence decides
     slow = NodeOptions(max_repair_rounds=8, repair_backoff=1.5, resync_interval_s=0.05)
-    with producer_cluster(
-        layout, faults=_withheld(layout, victim, hole, victim), options=slow
+    with loaded_cluster(
+        trainer, layout, faults=_withheld(layout, victim, hole, victim), options=slow
     ) as c:
-        c.load(trainer.named, trainer.optimizer_spec())
         commit = c.send_all(trainer, range(case.iterations))
         assert commit is not None
         node = c.nodes[victim]
@@ -213,8 +198,9 @@ def test_trainers_silent_but_a_replica_applied_the_hole_resyncs_from_it() -> Non
     assert layout.shard_of_shadow(victim) == (1, 1)
     hole = case.iterations - 1
     slow = NodeOptions(max_repair_rounds=8, repair_backoff=1.5, resync_interval_s=0.05)
-    with producer_cluster(layout, faults=_withheld(layout, 1, hole, victim), options=slow) as c:
-        c.load(trainer.named, trainer.optimizer_spec())
+    with loaded_cluster(
+        trainer, layout, faults=_withheld(layout, 1, hole, victim), options=slow
+    ) as c:
         c.send_all(trainer, range(case.iterations))
         c.expect_applied(hole, nodes=[0, 1, 2])
         # nothing more is sent: the victim heals from shadow 1 although no trainer speaks
@@ -232,10 +218,9 @@ def test_withheld_chunk_on_one_replica_resyncs_from_the_other_bit_exact() -> Non
     victim = 2 + 1  # shard 1, replica 1
     assert layout.shard_of_shadow(victim) == (1, 1)
     hole = 6
-    with producer_cluster(
-        layout, faults=_withheld(layout, 1, hole, victim), options=FAST_FAIL
+    with loaded_cluster(
+        trainer, layout, faults=_withheld(layout, 1, hole, victim), options=FAST_FAIL
     ) as c:
-        c.load(trainer.named, trainer.optimizer_spec())
         for it, _ in c.send_steps(trainer, range(case.iterations)):
             # the healthy shadows never wait for the diverged replica
             c.expect_applied(it, nodes=[0, 1, 2])

@@ -86,7 +86,9 @@ class Job:
         path.write_text(parse_spec(doc, env={}).to_toml())
         return path
 
-    def load(self, only: list[int] | None = None) -> None:
+    def load(self, only: list[int] | None = None, generation: int | None = None) -> None:
+        """Every shadow (``only`` these) loaded with the trainer's initial state (as
+        ``generation``, where given)."""
         opt = self.trainer.optimizer_spec().to_json()
         for n in self.nodes:
             if only is not None and n.id not in only:
@@ -98,6 +100,7 @@ class Job:
                     initial_states(self.layout, shard, self.trainer.named),
                     opt,
                     self.layout.to_json(),
+                    generation=generation,
                 )
 
     def train(self, iterations: int) -> None:
@@ -498,17 +501,9 @@ def test_a_clean_finish_is_finished_not_silent(
         rc, out, _ = _status(["--spec", str(quick)], capsys)
         assert rc == 0 and "finished (training ended after iteration 2)" in out, out
         # a new run of the job (a newer generation loaded) clears it
-        opt = job.trainer.optimizer_spec().to_json()
+        job.load(generation=5)
         for n in job.nodes:
-            shard, _ = job.layout.shard_of_shadow(n.id)
             with ShadowClient(n.control_endpoint, TOKEN, timeout_s=10.0) as c:
-                c.load(
-                    -1,
-                    initial_states(job.layout, shard, job.trainer.named),
-                    opt,
-                    job.layout.to_json(),
-                    generation=5,
-                )
                 assert c.status(timeline=0).finished is None
         time.sleep(0.4)
         rc, out, _ = _status(["--spec", str(quick), "--json"], capsys)

@@ -11,12 +11,17 @@ import pytest
 import torch
 from torch import nn
 
-from shadowgrad.config import parse_spec
+from shadowgrad.config import JobSpec, parse_spec
 from shadowgrad.optspec import state_by_name
 from shadowgrad.specs import loopback_spec
 from shadowgrad.testing.cluster import shadow_cluster
 from shadowgrad.testing.specs import TOKEN
 from shadowgrad.trainer_hooks import attach
+
+
+def _spec(**job: Any) -> JobSpec:
+    """The spec of a job on this host's loopback (:func:`loopback_spec`'s ``job`` options)."""
+    return parse_spec(loopback_spec(**job), env={})
 
 
 def _setup(spec: Any, *, scaler: bool = True, fused: bool = False) -> tuple[Any, ...]:
@@ -67,8 +72,7 @@ def _assert_shadows_equal(cluster: Any, sg: Any, model: nn.Module, opt: Any) -> 
 
 @pytest.mark.parametrize("fused", [False, True], ids=["foreach", "fused"])
 def test_lost_datagrams_are_repaired_bit_exact(fused: bool) -> None:
-    doc = loopback_spec(world=1, shadows=3, gap_repair="20ms")
-    spec = parse_spec(doc, env={})
+    spec = _spec(world=1, shadows=3, gap_repair="20ms")
     with shadow_cluster(spec) as cluster:
         model, opt, sg = _setup(spec, fused=fused)
         with sg:
@@ -88,8 +92,7 @@ def test_lost_datagrams_are_repaired_bit_exact(fused: bool) -> None:
 
 
 def test_no_shadow_running_never_stalls_training() -> None:
-    doc = loopback_spec(world=1, shadows=2, rpc="200ms")
-    spec = parse_spec(doc, env={})  # nothing listens on the shadows' addresses
+    spec = _spec(world=1, shadows=2, rpc="200ms")  # nothing listens on the shadows' addresses
     model, _opt, sg = _setup(spec)
     with sg:
         t0 = time.monotonic()
@@ -110,8 +113,7 @@ def test_queued_work_wakes_the_idle_sender_at_once() -> None:
     # period: with the period at 60 s every flush below would time out if it did (the bug: the
     # Condition's notify could not interrupt select, so a rank's sender lagged training by up
     # to its 20 ms poll, i.e. several iterations of a small model, and a SIGKILL lost them)
-    doc = loopback_spec(world=1, shadows=2)
-    spec = parse_spec(doc, env={})
+    spec = _spec(world=1, shadows=2)
     with shadow_cluster(spec) as cluster:
         model, _opt, sg = _setup(spec, scaler=False)
         with sg:
@@ -129,8 +131,7 @@ def test_queued_work_wakes_the_idle_sender_at_once() -> None:
 
 
 def test_slow_network_drops_iterations_not_training() -> None:
-    doc = loopback_spec(world=1, shadows=2)
-    spec = parse_spec(doc, env={})
+    spec = _spec(world=1, shadows=2)
     with shadow_cluster(spec):
         model, _opt, sg = _setup(spec, scaler=False)
         with sg:
@@ -154,8 +155,7 @@ def test_slow_network_drops_iterations_not_training() -> None:
 
 def test_restart_in_process_restores_model_and_optimizer() -> None:
     """A second attach() against the same shadows restores the state of the last iteration."""
-    doc = loopback_spec(world=1, shadows=3)
-    spec = parse_spec(doc, env={})
+    spec = _spec(world=1, shadows=3)
     with shadow_cluster(spec) as cluster:
         torch.manual_seed(1)
         model = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 3))
@@ -190,7 +190,7 @@ def test_restore_writes_in_place_and_the_shadows_keep_their_own_state() -> None:
     model's own tensors, no second copy of the state); the shadows that served I* keep their
     own state as the new session's start (a keep load: nothing travels back), and the restored
     session goes on bit-identically on the trainer and on every shadow."""
-    spec = parse_spec(loopback_spec(world=1, shadows=3), env={})
+    spec = _spec(world=1, shadows=3)
     with shadow_cluster(spec) as cluster:
         model, opt, sg = _setup(spec)
         with sg:
@@ -248,8 +248,7 @@ def test_a_clean_close_tells_every_shadow_that_training_finished() -> None:
     """Rank 0's close() after the last iteration: every shadow's status says ``finished``
     (the last iteration trained, this instance's generation) — no controller needed. A close
     by an exception says nothing."""
-    doc = loopback_spec(world=1, shadows=2)
-    spec = parse_spec(doc, env={})
+    spec = _spec(world=1, shadows=2)
     with shadow_cluster(spec) as cluster:
         model, _opt, sg = _setup(spec, scaler=False)
         with sg:

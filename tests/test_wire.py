@@ -49,6 +49,10 @@ def _data(fields: dict[str, object], payload: bytes) -> bytes:
     return wire.encode(Kind.DATA, payload=payload, **fields)  # type: ignore[arg-type]
 
 
+#: a DATA record's fields that make it a bucket's last chunk of float32 values
+_FINAL: dict[str, object] = {"dtype": DType.FLOAT32, "flags": Flag.FINAL}
+
+
 # ----------------------------------------------------------------------------- round trips
 
 
@@ -318,17 +322,8 @@ def test_scapy_dissects_udp_on_default_port() -> None:
     scapy_layer = pytest.importorskip("shadowgrad.wire_scapy")
     from scapy.layers.inet import IP, UDP
 
-    fast = wire.encode(
-        Kind.DATA,
-        job=7,
-        sender=1,
-        iteration=2,
-        seq=3,
-        layout=4,
-        dtype=DType.FLOAT32,
-        payload=bytes(16),
-        flags=Flag.FINAL,
-    )
+    fields = {"job": 7, "sender": 1, "iteration": 2, "seq": 3, "layout": 4, **_FINAL}
+    fast = _data(fields, bytes(16))
     frame = IP(bytes(IP(dst="127.0.0.1") / UDP(sport=1234, dport=wire.DEFAULT_UDP_PORT) / fast))
     layer = frame[scapy_layer.ShadowGrad]
     assert layer.job == 7 and layer.flags.FINAL and bytes(layer) == fast
@@ -389,6 +384,8 @@ def test_the_product_program_uses_the_one_wire_header() -> None:
 # --------------------------------------------------------------------------- authentication
 
 KEY = wire.mac_key("job-secret", 7)
+#: the sealed records' header fields (of job 7, whose key is ``KEY``)
+_SEALED: dict[str, object] = {"job": 7, "sender": 0, "iteration": 4, "seq": 1, "layout": 9}
 
 
 def test_mac_key_is_per_job_and_never_the_token() -> None:
@@ -406,10 +403,8 @@ def test_sealed_records_verify_and_forgeries_do_not(kind: Kind) -> None:
         Kind.ACK: wire.AckRecord(5).body(),
         Kind.DATA: bytes(range(64)),
     }[kind]
-    extra = {"dtype": DType.FLOAT32, "flags": Flag.FINAL} if kind is Kind.DATA else {}
-    data = wire.encode(
-        kind, job=7, sender=0, iteration=4, seq=1, layout=9, payload=body, key=KEY, **extra
-    )
+    extra = _FINAL if kind is Kind.DATA else {}
+    data = wire.encode(kind, payload=body, key=KEY, **_SEALED, **extra)  # type: ignore[arg-type]
     assert len(data) == wire.HEADER_SIZE + len(body) + wire.MAC_SIZE
     msg = wire.decode(data, job=7, layout=9, key=KEY, require=frozenset(Kind))
     assert bytes(msg.payload) == body and msg.header.length == len(body)
@@ -428,7 +423,7 @@ def test_sealed_records_verify_and_forgeries_do_not(kind: Kind) -> None:
             wire.decode(bytes(forged), key=KEY)
         assert ei.value.reason in ("bad_mac", "field", "length", "kind"), ei.value.reason
     # the same record unsealed: refused by a receiver that holds the key
-    plain = wire.encode(kind, job=7, sender=0, iteration=4, seq=1, layout=9, payload=body, **extra)
+    plain = wire.encode(kind, payload=body, **_SEALED, **extra)  # type: ignore[arg-type]
     if kind in wire.AUTHENTICATED_KINDS:
         with pytest.raises(errors.UnauthenticatedError):
             wire.decode(plain, key=KEY)
@@ -474,20 +469,7 @@ def test_nonces_never_repeat_in_a_process_nor_across_a_fork() -> None:
 
 def test_a_sealed_datagrams_crc_covers_the_header_and_the_mac_the_rest() -> None:
     body = bytes(range(64))
-    data = bytearray(
-        wire.encode(
-            Kind.DATA,
-            job=7,
-            sender=0,
-            iteration=4,
-            seq=1,
-            layout=9,
-            payload=body,
-            key=KEY,
-            dtype=DType.FLOAT32,
-            flags=Flag.FINAL,
-        )
-    )
+    data = bytearray(_data({**_SEALED, **_FINAL, "key": KEY}, body))
     assert int.from_bytes(data[52:56], "big") == wire.crc(bytes(data[:52])) == wire.checksum(data)
     data[wire.HEADER_SIZE + 3] ^= 0x80  # a payload bit: the CRC does not see it, the MAC does
     with pytest.raises(errors.BadMacError):
