@@ -49,6 +49,7 @@ from typing import Any
 from p4.v1 import p4runtime_pb2
 
 from shadowgrad.controller.p4runtime import P4RuntimeClient
+from shadowgrad.frames import encode_frame
 from shadowgrad.p4target.dataplane import Pipeline
 from shadowgrad.testing.bmv2 import VethNamespace
 
@@ -87,22 +88,17 @@ else:
 
 
 def frame(dst: int, payload: int) -> bytes:
-    tag = bytes([0, 0, 0, 0, 0, 0])
-    body = tag + b"\xab" * (payload - len(tag))
-    udp = (
-        (1000).to_bytes(2, "big")
-        + (0x1234).to_bytes(2, "big")
-        + (8 + len(body)).to_bytes(2, "big")
-        + b"\0\0"
-        + body
+    """The frame to MAC ``dst`` with a ``payload``-byte UDP payload to the program's tag port
+    (``shadowgrad.frames``' framing): the tag (zeros; egress rewrites it per replica), filler."""
+    tag = bytes(6)
+    return encode_frame(
+        tag + b"\xab" * (payload - len(tag)),
+        src=("10.0.0.1", 1000),
+        dst=("10.0.0.2", 0x1234),
+        src_mac=0x020000000009,
+        dst_mac=dst,
+        ident=1,
     )
-    ip = (
-        bytes([0x45, 0])
-        + (20 + len(udp)).to_bytes(2, "big")
-        + b"\0\1\0\0\x40\x11\0\0"
-        + bytes([10, 0, 0, 1, 10, 0, 0, 2])
-    )
-    return dst.to_bytes(6, "big") + bytes.fromhex("020000000009") + b"\x08\x00" + ip + udp
 
 
 def tx_packets(iface: str) -> int:
