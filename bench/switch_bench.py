@@ -34,7 +34,6 @@ Results: ``bench/results/switch_bench.json`` (``--out``).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import shutil
@@ -52,6 +51,9 @@ from shadowgrad.controller.p4runtime import P4RuntimeClient
 from shadowgrad.frames import encode_frame
 from shadowgrad.p4target.dataplane import Pipeline
 from shadowgrad.testing.bmv2 import VethNamespace
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/ is not a package
+import _common
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = ROOT / "bench" / "results" / "switch_bench.json"
@@ -483,8 +485,7 @@ def main(argv: list[str] | None = None) -> int:
         "summary": rows,
         "items": results,
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
+    _common.write_json(args.out, doc, indent=2, sort_keys=True)
     print(f"\nwrote {args.out}")
     return 0
 
