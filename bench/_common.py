@@ -9,6 +9,7 @@ from its path).
 
 from __future__ import annotations
 
+import argparse
 import importlib.metadata
 import json
 import os
@@ -99,6 +100,24 @@ def write_json(
     ``default`` as ``json.dumps``' (what to write for what JSON has no type for)."""
     text = json.dumps(doc, indent=indent, sort_keys=sort_keys, default=default)
     atomic_write(path, text + "\n")
+
+
+def parse_bench_args(
+    ap: argparse.ArgumentParser, worker: Callable[[argparse.Namespace], None]
+) -> argparse.Namespace | None:
+    """``ap``'s arguments in a bench whose ranks :func:`start_ranks` launches. In such a rank
+    (the hidden ``--worker``, declared here) ``worker(args)`` runs and this returns None; in the
+    bench itself, the arguments, with ``SHADOWGRAD_TOKEN`` defaulting to the token the ranks get
+    (what the bench's own shadows and switch use)."""
+    from shadowgrad.testing.specs import TOKEN
+
+    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.worker:
+        worker(args)
+        return None
+    os.environ.setdefault("SHADOWGRAD_TOKEN", TOKEN)
+    return args
 
 
 def start_ranks(

@@ -899,7 +899,6 @@ def environment() -> dict[str, Any]:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--variant", default="ddp", help=argparse.SUPPRESS)
     ap.add_argument("--width", type=int, default=0, help=argparse.SUPPRESS)
     ap.add_argument("--spec", default="", help=argparse.SUPPRESS)
@@ -949,11 +948,9 @@ def main() -> int:
         "(rows named VARIANT@pinned); both: every variant unpinned and pinned",
     )
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "inband_bench.json"))
-    args = ap.parse_args()
-    if args.worker:
-        worker(args)
+    args = _common.parse_bench_args(ap, worker)
+    if args is None:  # a rank, done
         return 0
-    os.environ.setdefault("SHADOWGRAD_TOKEN", "trainer-test-token")
     import torch
 
     from shadowgrad.bmv2_testbed.inband import compile_product

@@ -353,7 +353,6 @@ def _saves(run: dict[str, Any]) -> list[bool]:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--size", default="10M", help=argparse.SUPPRESS)
     ap.add_argument("--variant", default="none", help=argparse.SUPPRESS)
     ap.add_argument("--spec", default="", help=argparse.SUPPRESS)
@@ -385,11 +384,9 @@ def main() -> int:
     )
     ap.add_argument("--timeout", type=float, default=1800.0)
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "trainer_bench.json"))
-    args = ap.parse_args()
-    if args.worker:
-        worker(args)
+    args = _common.parse_bench_args(ap, worker)
+    if args is None:  # a rank, done
         return 0
-    os.environ.setdefault("SHADOWGRAD_TOKEN", "trainer-test-token")
     variants = args.variants.split(",")
     for v in variants:
         _, k = split_variant(v)
