@@ -1,6 +1,6 @@
 """What several bench scripts share: the MLP sizes, shadow AdamW hyperparameters, machine
-facts, the atomic JSON result write, and launching the ranks of a worker and reading their
-``RESULT`` line.
+facts, the atomic JSON result write, and launching the ranks of a worker, gathering what each
+rank measured and writing and reading their ``RESULT`` line.
 
 bench/ is not a package: a script imports this as ``_common`` after putting its own folder on
 ``sys.path`` (already there when it runs as ``python bench/<name>.py``; not when a test loads it
@@ -9,12 +9,13 @@ from its path).
 
 from __future__ import annotations
 
+import argparse
 import importlib.metadata
 import json
 import os
 import platform
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -87,9 +88,36 @@ def atomic_write(path: Path, text: str) -> None:
     tmp.replace(path)
 
 
-def write_json(path: Path, doc: Any, *, indent: int = 1, sort_keys: bool = False) -> None:
-    """``doc`` as JSON with a final newline, written atomically (:func:`atomic_write`)."""
-    atomic_write(path, json.dumps(doc, indent=indent, sort_keys=sort_keys) + "\n")
+def write_json(
+    path: Path,
+    doc: Any,
+    *,
+    indent: int = 1,
+    sort_keys: bool = False,
+    default: Callable[[Any], Any] | None = None,
+) -> None:
+    """``doc`` as JSON with a final newline, written atomically (:func:`atomic_write`);
+    ``default`` as ``json.dumps``' (what to write for what JSON has no type for)."""
+    text = json.dumps(doc, indent=indent, sort_keys=sort_keys, default=default)
+    atomic_write(path, text + "\n")
+
+
+def parse_bench_args(
+    ap: argparse.ArgumentParser, worker: Callable[[argparse.Namespace], None]
+) -> argparse.Namespace | None:
+    """``ap``'s arguments in a bench whose ranks :func:`start_ranks` launches. In such a rank
+    (the hidden ``--worker``, declared here) ``worker(args)`` runs and this returns None; in the
+    bench itself, the arguments, with ``SHADOWGRAD_TOKEN`` defaulting to the token the ranks get
+    (what the bench's own shadows and switch use)."""
+    from shadowgrad.testing.specs import TOKEN
+
+    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.worker:
+        worker(args)
+        return None
+    os.environ.setdefault("SHADOWGRAD_TOKEN", TOKEN)
+    return args
 
 
 def start_ranks(
@@ -110,6 +138,29 @@ def start_ranks(
     for name, value in options.items():
         argv += [f"--{name.replace('_', '-')}", str(value)]
     return Ranks(argv, args.world, {"SHADOWGRAD_TOKEN": TOKEN}, str(ROOT))
+
+
+def all_ranks(obj: Any) -> list[Any]:
+    """``obj`` of every rank of the default process group, by rank (``all_gather_object``: a
+    collective, every rank calls it)."""
+    import torch.distributed as dist
+
+    out: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def by_rank(mine: dict[str, Any]) -> dict[str, list[Any]]:
+    """``{key: [every rank's value, by rank]}`` of each rank's ``mine`` (the same keys on every
+    rank, in ``mine``'s order; a collective, :func:`all_ranks`)."""
+    ranks = all_ranks(mine)
+    return {k: [r[k] for r in ranks] for k in mine}
+
+
+def print_result(doc: dict[str, Any], **dumps: Any) -> None:
+    """``doc`` as a worker's ``RESULT {...}`` line (``json.dumps`` with ``dumps``), the line
+    :func:`rank_result` reads."""
+    print("RESULT " + json.dumps(doc, **dumps), flush=True)
 
 
 def rank_result(out: str) -> dict[str, Any]:

@@ -599,8 +599,7 @@ def main() -> int:
         int(args.params), args.optimizer or ("sgd", "adamw"), args.iterations, rate_mbps=args.rate
     )
     if args.json:
-        with open(args.json, "w", encoding="utf-8") as f:
-            json.dump(res, f, indent=1)
+        _common.write_json(Path(args.json), res)
     return 0
 
 

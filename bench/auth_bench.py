@@ -64,6 +64,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/ is not a package
+import _common
 import _ingest as ING  # noqa: N812
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -714,10 +715,7 @@ def main() -> int:
     report(res)
     print(f"\nwall {res['wall_s']:.0f} s", flush=True)
     if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        with open(args.out, "w", encoding="utf-8") as f:
-            json.dump(res, f, indent=1)
-            f.write("\n")
+        _common.write_json(Path(args.out), res)
     return 0
 
 

@@ -1486,6 +1486,23 @@ class Bench:
 
 _TRAINER_VARIANTS = "none,mirror,mirror_sink,dcp_async,torch_save,dcp_async:5,torch_save:5"
 
+
+def _trainer_args(
+    sizes: str, iters: int, warmup: int, rounds: int, variants: str, **extra: str
+) -> tuple[str, ...]:
+    """Arguments of a trainer_bench run: its sizes, iterations, warm-up, rounds and variants,
+    then ``extra`` (``shadow_counts="1,2"`` -> ``--shadow-counts 1,2``), in that order."""
+    flags = {
+        "sizes": sizes,
+        "iters": iters,
+        "warmup": warmup,
+        "rounds": rounds,
+        "variants": variants,
+        **extra,
+    }
+    return tuple(a for k, v in flags.items() for a in (f"--{k.replace('_', '-')}", str(v)))
+
+
 BENCHES: tuple[Bench, ...] = (
     Bench(
         "wire_bench", "Wire codec vs memcpy", ("--quick",), render=render_wire, timeout_quick_s=120
@@ -1506,30 +1523,8 @@ BENCHES: tuple[Bench, ...] = (
         "trainer_bench",
         "Trainer: mirror mode vs no checkpoint, DCP async_save and "
         "torch.save every iteration and every 5th",
-        (
-            "--sizes",
-            "1M",
-            "--iters",
-            "5",
-            "--warmup",
-            "1",
-            "--rounds",
-            "2",
-            "--variants",
-            _TRAINER_VARIANTS,
-        ),
-        (
-            "--sizes",
-            "10M,100M",
-            "--iters",
-            "10",
-            "--warmup",
-            "2",
-            "--rounds",
-            "5",
-            "--variants",
-            _TRAINER_VARIANTS,
-        ),
+        _trainer_args("1M", 5, 1, 2, _TRAINER_VARIANTS),
+        _trainer_args("10M,100M", 10, 2, 5, _TRAINER_VARIANTS),
         render=render_trainer,
         timeout_quick_s=400,
         timeout_full_s=3600,
@@ -1537,38 +1532,8 @@ BENCHES: tuple[Bench, ...] = (
     Bench(
         "trainer_scaling",
         "Scaling: mirror mode with 2 and 4 trainers, 1, 2 and 4 shadows",
-        (
-            "--sizes",
-            "1M",
-            "--iters",
-            "5",
-            "--warmup",
-            "1",
-            "--rounds",
-            "1",
-            "--variants",
-            "none,mirror",
-            "--worlds",
-            "2,4",
-            "--shadow-counts",
-            "1,2,4",
-        ),
-        (
-            "--sizes",
-            "10M",
-            "--iters",
-            "10",
-            "--warmup",
-            "2",
-            "--rounds",
-            "5",
-            "--variants",
-            "none,mirror",
-            "--worlds",
-            "2,4",
-            "--shadow-counts",
-            "1,2,4",
-        ),
+        _trainer_args("1M", 5, 1, 1, "none,mirror", worlds="2,4", shadow_counts="1,2,4"),
+        _trainer_args("10M", 10, 2, 5, "none,mirror", worlds="2,4", shadow_counts="1,2,4"),
         render=render_scaling,
         timeout_quick_s=400,
         timeout_full_s=3600,

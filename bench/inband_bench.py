@@ -69,7 +69,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import math
 import os
 import platform
@@ -332,14 +331,18 @@ def worker(args: argparse.Namespace) -> None:
             times.append(t3 - t0)
             phases.append((t1 - t0, t2 - t1, t3 - t2))
     # this rank's CPU time (all its threads: training, ring engine, sender, health monitor)
-    # over the measured iterations, and their wall time
-    loop = (time.process_time() - cpu0, time.perf_counter() - wall0, _rusage_cpu_s() - ru0)
-    tcp1 = tcp_bytes_sent()
-    window: dict[str, Any] = {
-        "tcp_bytes": None if tcp0 is None or tcp1 is None else tcp1 - tcp0,
-        "link_datagrams": None if sent is None else sent[0] - sent0[0],
-        "link_bytes": None if sent is None else sent[1] - sent0[1],
+    # over the measured iterations, their wall time, getrusage(RUSAGE_SELF) user+sys; TCP
+    # bytes sent (gloo), the ring link's datagrams and bytes; and (below) the whole process's
+    # getrusage CPU seconds, start to close
+    mine: dict[str, Any] = {
+        "rank_loop_cpu_s": time.process_time() - cpu0,
+        "rank_loop_wall_s": time.perf_counter() - wall0,
+        "rank_loop_rusage_cpu_s": _rusage_cpu_s() - ru0,
     }
+    tcp1 = tcp_bytes_sent()
+    mine["rank_tcp_bytes"] = None if tcp0 is None or tcp1 is None else tcp1 - tcp0
+    mine["rank_link_datagrams"] = None if sent is None else sent[0] - sent0[0]
+    mine["rank_link_bytes"] = None if sent is None else sent[1] - sent0[1]
     if rank == 0:
         print("MEASURE end", flush=True)
     extra: dict[str, Any] = {}
@@ -355,42 +358,27 @@ def worker(args: argparse.Namespace) -> None:
         ring.close(2.0)
         extra["ring_max_send_wait_s"] = ring.max_send_wait_s
     t_close = time.perf_counter() - t_close
-    window["process_cpu_s"] = _rusage_cpu_s()  # the whole rank process, start to close
-    ring_stats: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(ring_stats, None if ring is None else dict(ring.stats))
+    mine["rank_process_cpu_s"] = _rusage_cpu_s()  # the whole rank process, start to close
+    ring_stats = _common.all_ranks(None if ring is None else dict(ring.stats))
     if any(ring_stats):  # every rank's ring counters (data_sent, retx, rx_duplicate, ...)
         extra["ring_stats"] = ring_stats
-    loops: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(loops, (*loop, window))
+    per_rank = _common.by_rank(mine)
     if rank == 0:
-        print(
-            "RESULT "
-            + json.dumps(
-                {
-                    "variant": args.variant,
-                    "params": nparams,
-                    "width": args.width,
-                    "depth": args.depth,
-                    "last_iteration": args.warmup + args.iters - 1,
-                    "times": times,
-                    "phases": phases,
-                    "start_s": t_start,
-                    "close_s": t_close,
-                    "rank_loop_cpu_s": [x[0] for x in loops],
-                    "rank_loop_wall_s": [x[1] for x in loops],
-                    # per rank over the measured iterations: getrusage(RUSAGE_SELF) user+sys,
-                    # TCP bytes sent (gloo), the ring link's datagrams and bytes; and the
-                    # whole process's getrusage CPU seconds (start to close)
-                    "rank_loop_rusage_cpu_s": [x[2] for x in loops],
-                    "rank_tcp_bytes": [x[3]["tcp_bytes"] for x in loops],
-                    "rank_link_datagrams": [x[3]["link_datagrams"] for x in loops],
-                    "rank_link_bytes": [x[3]["link_bytes"] for x in loops],
-                    "rank_process_cpu_s": [x[3]["process_cpu_s"] for x in loops],
-                    "session": extra,
-                },
-                default=str,
-            ),
-            flush=True,
+        _common.print_result(
+            {
+                "variant": args.variant,
+                "params": nparams,
+                "width": args.width,
+                "depth": args.depth,
+                "last_iteration": args.warmup + args.iters - 1,
+                "times": times,
+                "phases": phases,
+                "start_s": t_start,
+                "close_s": t_close,
+                **per_rank,  # rank_loop_cpu_s ... rank_process_cpu_s, each by rank
+                "session": extra,
+            },
+            default=str,
         )
     dist.barrier()
     dist.destroy_process_group()
@@ -911,7 +899,6 @@ def environment() -> dict[str, Any]:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--variant", default="ddp", help=argparse.SUPPRESS)
     ap.add_argument("--width", type=int, default=0, help=argparse.SUPPRESS)
     ap.add_argument("--spec", default="", help=argparse.SUPPRESS)
@@ -961,11 +948,9 @@ def main() -> int:
         "(rows named VARIANT@pinned); both: every variant unpinned and pinned",
     )
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "inband_bench.json"))
-    args = ap.parse_args()
-    if args.worker:
-        worker(args)
+    args = _common.parse_bench_args(ap, worker)
+    if args is None:  # a rank, done
         return 0
-    os.environ.setdefault("SHADOWGRAD_TOKEN", "trainer-test-token")
     import torch
 
     from shadowgrad.bmv2_testbed.inband import compile_product
@@ -1078,7 +1063,7 @@ def main() -> int:
     report["runtime_s"] = time.monotonic() - t_run
     report["env"]["loadavg_at_end"] = os.getloadavg()
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(report, indent=1, default=str))
+    _common.write_json(Path(args.out), report, default=str)
     print(f"wrote {args.out} ({report['runtime_s']:.0f} s)")
     return 0
 

@@ -38,6 +38,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/ is not a package
+import _common
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -187,7 +190,7 @@ def main() -> int:
             )
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    Path(args.out).write_text(json.dumps(doc, indent=1))
+    _common.write_json(Path(args.out), doc)
     print(f"wrote {args.out}")
     return 0 if all(s["ok"] for s in doc["scenarios"]) else 1
 

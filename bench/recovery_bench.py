@@ -476,13 +476,18 @@ def _dir_bytes(path: Path) -> int:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
 
 
-def _rss_mib(pid: int | str = "self") -> float:
-    """A process's (default: this one's) resident size now (MiB); 0 when it is gone."""
+def _status_mib(field: str, pid: int | str) -> float:
+    """A size field (kB) of a process's ``/proc/<pid>/status`` in MiB; 0 when it is gone."""
     with contextlib.suppress(OSError):
         for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
+            if line.startswith(f"{field}:"):
                 return int(line.split()[1]) / 1024
     return 0.0
+
+
+def _rss_mib(pid: int | str = "self") -> float:
+    """A process's (default: this one's) resident size now (MiB); 0 when it is gone."""
+    return _status_mib("VmRSS", pid)
 
 
 def _release_memory() -> None:
@@ -568,11 +573,7 @@ def _block(
 def _hwm_mib(pid: int | str = "self") -> float:
     """A process's peak resident size (MiB, ``VmHWM``) since it started or since the last
     :func:`_reset_hwm`; 0 when it is gone."""
-    with contextlib.suppress(OSError):
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
-    return 0.0
+    return _status_mib("VmHWM", pid)
 
 
 def _reset_hwm() -> None:

@@ -353,7 +353,7 @@ def main() -> int:
         "hog": args.hog,
         "load": loads,
     }
-    Path(args.out).write_text(json.dumps(doc, indent=1), encoding="utf-8")
+    _common.write_json(Path(args.out), doc)
     return 0
 
 

@@ -34,7 +34,6 @@ Results: ``bench/results/switch_bench.json`` (``--out``).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import shutil
@@ -49,8 +48,12 @@ from typing import Any
 from p4.v1 import p4runtime_pb2
 
 from shadowgrad.controller.p4runtime import P4RuntimeClient
+from shadowgrad.frames import encode_frame
 from shadowgrad.p4target.dataplane import Pipeline
 from shadowgrad.testing.bmv2 import VethNamespace
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/ is not a package
+import _common
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = ROOT / "bench" / "results" / "switch_bench.json"
@@ -87,22 +90,17 @@ else:
 
 
 def frame(dst: int, payload: int) -> bytes:
-    tag = bytes([0, 0, 0, 0, 0, 0])
-    body = tag + b"\xab" * (payload - len(tag))
-    udp = (
-        (1000).to_bytes(2, "big")
-        + (0x1234).to_bytes(2, "big")
-        + (8 + len(body)).to_bytes(2, "big")
-        + b"\0\0"
-        + body
+    """The frame to MAC ``dst`` with a ``payload``-byte UDP payload to the program's tag port
+    (``shadowgrad.frames``' framing): the tag (zeros; egress rewrites it per replica), filler."""
+    tag = bytes(6)
+    return encode_frame(
+        tag + b"\xab" * (payload - len(tag)),
+        src=("10.0.0.1", 1000),
+        dst=("10.0.0.2", 0x1234),
+        src_mac=0x020000000009,
+        dst_mac=dst,
+        ident=1,
     )
-    ip = (
-        bytes([0x45, 0])
-        + (20 + len(udp)).to_bytes(2, "big")
-        + b"\0\1\0\0\x40\x11\0\0"
-        + bytes([10, 0, 0, 1, 10, 0, 0, 2])
-    )
-    return dst.to_bytes(6, "big") + bytes.fromhex("020000000009") + b"\x08\x00" + ip + udp
 
 
 def tx_packets(iface: str) -> int:
@@ -487,8 +485,7 @@ def main(argv: list[str] | None = None) -> int:
         "summary": rows,
         "items": results,
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
+    _common.write_json(args.out, doc, indent=2, sort_keys=True)
     print(f"\nwrote {args.out}")
     return 0
 

@@ -35,7 +35,6 @@ Results go to a JSON file (``--out``); ``bench/harness.py`` makes docs/benchmark
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import socket
@@ -170,31 +169,30 @@ def worker(args: argparse.Namespace) -> None:
         sg.flush(30)
         extra = sg.stats()
         sg.close()
-    cpus: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(cpus, (cpu, sender_cpu, threads))
+    per_rank = _common.by_rank(
+        {
+            "rank_cpu_per_iter_s": cpu,
+            "sender_cpu_per_iter_s": sender_cpu,
+            # CPU seconds per measured iteration by thread name
+            "thread_cpu_per_iter_s": threads,
+        }
+    )
     dist.barrier()
     if rank == 0:
-        print(
-            "RESULT "
-            + json.dumps(
-                {
-                    "size": args.size,
-                    "variant": args.variant,
-                    "params": nparams,
-                    "times": times,
-                    "checkpointed": ckpt,
-                    "blocked_s": blocked,
-                    "rank_cpu_per_iter_s": [c[0] for c in cpus],
-                    "sender_cpu_per_iter_s": [c[1] for c in cpus],
-                    # per rank: CPU seconds per measured iteration by thread name
-                    "thread_cpu_per_iter_s": [c[2] for c in cpus],
-                    "durable_s": durable,
-                    "every": every,
-                    "world": args.world,
-                    "extra": extra,
-                }
-            ),
-            flush=True,
+        _common.print_result(
+            {
+                "size": args.size,
+                "variant": args.variant,
+                "params": nparams,
+                "times": times,
+                "checkpointed": ckpt,
+                "blocked_s": blocked,
+                **per_rank,
+                "durable_s": durable,
+                "every": every,
+                "world": args.world,
+                "extra": extra,
+            }
         )
     dist.destroy_process_group()
 
@@ -355,7 +353,6 @@ def _saves(run: dict[str, Any]) -> list[bool]:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--size", default="10M", help=argparse.SUPPRESS)
     ap.add_argument("--variant", default="none", help=argparse.SUPPRESS)
     ap.add_argument("--spec", default="", help=argparse.SUPPRESS)
@@ -387,11 +384,9 @@ def main() -> int:
     )
     ap.add_argument("--timeout", type=float, default=1800.0)
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "trainer_bench.json"))
-    args = ap.parse_args()
-    if args.worker:
-        worker(args)
+    args = _common.parse_bench_args(ap, worker)
+    if args is None:  # a rank, done
         return 0
-    os.environ.setdefault("SHADOWGRAD_TOKEN", "trainer-test-token")
     variants = args.variants.split(",")
     for v in variants:
         _, k = split_variant(v)
@@ -472,7 +467,7 @@ def main() -> int:
                     )
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    Path(args.out).write_text(json.dumps(report, indent=1))
+    _common.write_json(Path(args.out), report)
     print(f"wrote {args.out}")
     return 0
 
