@@ -291,8 +291,8 @@ class Applier:
         """Fetch the newest state of replica ``sid`` (clone, resync): ``probe`` asks it first
         whether it qualifies (None: skip it), then the lifecycle moves by ``start`` and the
         whole shard is fetched. A replica that cannot answer (``_PEER_ERRORS``) is skipped
-        (None) after ``on_error``, and, when the fetch had started, the lifecycle moves by
-        ``failed``."""
+        (None): the lifecycle moves by ``failed`` when the fetch had started, then
+        ``on_error``."""
         n = self.node
         fetching = False
         try:

@@ -46,7 +46,7 @@ import torch
 import zmq
 
 from shadowgrad import events
-from shadowgrad._control_server import ControlServer, bind_router
+from shadowgrad._control_server import bind_router
 from shadowgrad._log import event
 from shadowgrad.config import JobSpec
 from shadowgrad.errors import LayoutError, ShadowgradError
@@ -55,7 +55,7 @@ from shadowgrad.messages import PeerStatus, RankStatus, ShadowStatus
 from shadowgrad.shadow._applier import Applier, _Loaded
 from shadowgrad.shadow._cut import UNKNOWN as _UNKNOWN
 from shadowgrad.shadow._cut import CutTracker
-from shadowgrad.shadow._early import new_incarnation
+from shadowgrad.shadow._early import new_incarnation, shadow_control_server
 from shadowgrad.shadow._handlers import ControlHandlers
 from shadowgrad.shadow._receiver import NONE_ITER, Receiver, _Iter
 from shadowgrad.shadow._state import NodeState, Trigger, transition
@@ -204,19 +204,17 @@ class ShadowNode:
         #: the control ops (shadow/_handlers.py), served on the node's state and locks
         self._handlers = ControlHandlers(self)
         #: the control endpoint's request loop (its thread is the node's ``control`` thread)
-        self._control = ControlServer(
+        self._control = shadow_control_server(
             ctx,
             rep,
             self._token,
+            shadow_id,
             counters=self.ev,
             logger=log,
-            bad_token_event=events.SHADOW_CONTROL_BAD_TOKEN,
-            event_fields={"shadow": shadow_id},
             poll_s=self.opts.tick_s * 10,
+            handlers=self._handlers.table(),
             stop=self._stop,
             refusal=_refusal,
-            handlers=self._handlers.table(),
-            name=f"shadow{shadow_id}-control",
         )
         self.control_endpoint: str = self._control.endpoint
         self._ld: _Loaded | None = None
