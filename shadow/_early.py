@@ -24,15 +24,19 @@ import logging
 import secrets
 import time
 from collections import Counter
+from collections.abc import Mapping
 from typing import Any
 
 import zmq
 
 from shadowgrad import events
 from shadowgrad._control_server import (
+    Context,
     ControlServer,
+    Handler,
     Reply,
     Request,
+    Socket,
     bind_router,
     error_reply,
 )
@@ -41,7 +45,7 @@ from shadowgrad.config import JobSpec
 from shadowgrad.errors import ShadowgradError
 from shadowgrad.messages import ShadowStatus, StatusRequest
 
-__all__ = ["EarlyControl", "new_incarnation", "starting_status"]
+__all__ = ["EarlyControl", "new_incarnation", "shadow_control_server", "starting_status"]
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +53,39 @@ log = logging.getLogger(__name__)
 def new_incarnation() -> str:
     """A shadow process's identity (ShadowStatus.incarnation): random, drawn once per start."""
     return secrets.token_hex(8)
+
+
+def shadow_control_server(
+    ctx: Context,
+    sock: Socket,
+    token: str,
+    shadow_id: int,
+    *,
+    counters: Counter[str],
+    logger: logging.Logger,
+    poll_s: float,
+    handlers: Mapping[str, Handler],
+    name: str = "control",
+    **options: Any,
+) -> ControlServer:
+    """The control server of shadow ``shadow_id``'s endpoint, whoever answers on it (the node,
+    or :class:`EarlyControl` while the process starts): both count and log a bad token as the
+    shadow's event, with its id, and run as thread ``shadow<id>-<name>``. ``options``: the rest
+    of :class:`~shadowgrad._control_server.ControlServer`'s (``stop``, ``refusal``,
+    ``defer``)."""
+    return ControlServer(
+        ctx,
+        sock,
+        token,
+        counters=counters,
+        logger=logger,
+        bad_token_event=events.SHADOW_CONTROL_BAD_TOKEN,
+        event_fields={"shadow": shadow_id},
+        poll_s=poll_s,
+        handlers=handlers,
+        name=f"shadow{shadow_id}-{name}",
+        **options,
+    )
 
 
 #: ops whose answer from an unloaded node is a fixed refusal: answered while starting
@@ -125,21 +162,20 @@ class EarlyControl:
             ) from None
         #: the node's event counters for what was served here (control_<op>, bad requests)
         self.ev: Counter[str] = Counter()
-        self._server = ControlServer(
+        self._server = shadow_control_server(
             ctx,
             sock,
             token if token is not None else spec.token(),
+            shadow_id,
             counters=self.ev,
             logger=log,
-            bad_token_event=events.SHADOW_CONTROL_BAD_TOKEN,
-            event_fields={"shadow": shadow_id},
             poll_s=tick_s,
-            defer=self._defer,
             handlers={
                 "status": self._op_status,
                 **dict.fromkeys(_NOT_LOADED_OPS, self._op_not_loaded),
             },
-            name=f"shadow{shadow_id}-control-early",
+            name="control-early",
+            defer=self._defer,
         )
         self.control_endpoint: str = self._server.endpoint
 

@@ -110,7 +110,7 @@ class _Cluster:
         n.snaps = {it for it in n.snaps if n.t.keeps(it)}
 
     def apply(self, k: int) -> bool:
-        """One apply attempt of shadow ``k`` (ShadowNode._next_job + _apply)."""
+        """One apply attempt of shadow ``k`` (Applier._next_job + _apply, shadow/_applier.py)."""
         n = self.nodes[k]
         i = n.t.last_applied + 1
         if not n.t.can_apply(i):
@@ -125,7 +125,7 @@ class _Cluster:
         return True
 
     def hold(self, k: int) -> None:
-        """The controller holds ``k``'s I* (ShadowNode._op_hold: only when available)."""
+        """The controller holds ``k``'s I* (ControlHandlers.hold: only when available)."""
         n = self.nodes[k]
         it = n.t.istar
         if n.held is None and it != UNKNOWN and n.available(it):

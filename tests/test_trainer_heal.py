@@ -520,12 +520,12 @@ def test_a_stuck_shard_is_reseeded() -> None:
     spec = parse_spec(doc, env={})
     with shadow_cluster(spec) as cluster:
         node = cluster.nodes[1]
-        orig = node._can_apply
+        orig = node._applier.can_apply
 
         def wedged(i: int) -> bool:
             return False if node.ev["seeded"] == 0 and i >= 6 else orig(i)
 
-        node._can_apply = wedged  # type: ignore[method-assign]
+        node._applier.can_apply = wedged  # type: ignore[method-assign]
         model, opt, sg = _setup(spec)
         with sg:
             sg.restore_or_start()

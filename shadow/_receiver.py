@@ -1,0 +1,489 @@
+"""The shadow node's receiver: the ``rx`` threads' side of :class:`ShadowNode`.
+
+:class:`Receiver` receives (``recv_into`` a preallocated buffer, socket timeout ``tick_s``),
+verifies and decodes every datagram (:meth:`Receiver.handle`: no per-element Python), places
+DATA bytes into the iteration buffers, keeps COMMIT records, takes the peers' READY records,
+and announces this shard's own READY; receive thread 0 also runs the timers: gap repair (NACK
+with backoff, divergence when it fails) and the READY refresh to the peer shadows.
+
+It runs on the ``rx`` threads (``NodeOptions.rx_threads``); :meth:`Receiver.send_ready` and
+:meth:`Receiver.send_nack` are called from the other threads too (an apply, a load, a
+resync). State: the node's protocol state (the session ``_ld``, ``_iters``, the cut tracker,
+``_bucket_senders``, the per-rank progress, the ``rx`` counters) is read and written under the
+node's ``_lock`` (decoding runs before it, without it); its own: the source checks and the
+record keys (set once), the source cache and the READY/NACK sequence number (under the node's
+``_lock``, which every send holds), the refresh time (thread 0 only).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from shadowgrad import events, wire
+from shadowgrad._addr import canonical, resolve
+from shadowgrad._log import event
+from shadowgrad.errors import WireError
+from shadowgrad.frames import decode_frame
+from shadowgrad.shadow.assembly import IntervalSet, IterBuffer
+from shadowgrad.shadow.control import commit_to_json
+
+if TYPE_CHECKING:
+    from shadowgrad.shadow._applier import _Loaded
+    from shadowgrad.shadow.node import ShadowNode
+
+__all__ = ["NONE_ITER", "Receiver"]
+
+#: the node's logger: its events and messages come from one place whichever thread logs them
+log = logging.getLogger("shadowgrad.shadow.node")
+
+#: wire encoding of "no iteration" (-1) in READY records' u64 fields
+NONE_ITER = (1 << 64) - 1
+
+_FINAL = int(wire.Flag.FINAL)
+_RETX = int(wire.Flag.RETX)
+
+
+def _enc(i: int) -> int:
+    return NONE_ITER if i < 0 else i
+
+
+def _dec(v: int) -> int:
+    return -1 if v == NONE_ITER else v
+
+
+@dataclass
+class _Iter:
+    """Bookkeeping of one iteration after last_applied."""
+
+    it: int
+    buf: IterBuffer | None = None
+    commit: wire.CommitRecord | None = None
+    t_first: float | None = None  # wall clock, for the timeline
+    t_last: float | None = None
+    t_commit: float | None = None
+    t_ready: float | None = None
+    activity: float = 0.0  # monotonic time of the last new bytes / COMMIT / creation
+    nack_rounds: int = 0
+    next_nack: float = 0.0
+    waited_silent: bool = False  # repair paused once because no trainer was heard from
+    covered_at_nack: int = -1
+
+    def complete(self) -> bool:
+        return self.buf is not None and self.buf.complete
+
+    def ready(self) -> bool:
+        return self.commit is not None and self.complete()
+
+
+class Receiver:
+    """The receive side of ``node``: its threads' loop (:meth:`loop`), one datagram
+    (:meth:`handle`), and the READY and NACK records it sends (:meth:`send_ready`,
+    :meth:`send_nack`)."""
+
+    def __init__(self, node: ShadowNode) -> None:
+        self.node = node
+        spec, opts, shadow_id = node.spec, node.opts, node.id
+        self._refresh_s = (
+            opts.ready_refresh_s
+            if opts.ready_refresh_s is not None
+            else min(spec.timeouts.heartbeat_s, 0.05)
+        )
+        self._gap_s = spec.timeouts.gap_repair_s
+        # the trainers are "silent" (the job is stopped, crashed or restarting) when nothing came
+        # from any of them for failure_detect: unanswered NACKs are then no sign of divergence
+        self._silent_s = spec.timeouts.failure_detect_s
+        self._peer_addrs = [(a.host, a.port) for a in spec.shadows.addresses]
+        self._trainer_addrs = [(a.host, a.port) for a in spec.trainers.addresses]
+        # records are authenticated with the job's key (never the token itself); DATA and
+        # COMMIT are taken only from the trainers' addresses, READY only from the peers'
+        self._key = wire.mac_key(node._token, node._job)
+        self._require = (
+            wire.AUTHENTICATED_KINDS | {wire.Kind.DATA}
+            if spec.security.authenticate_data
+            else wire.AUTHENTICATED_KINDS
+        )
+        self._trainer_src = {resolve(a) for a in self._trainer_addrs}
+        self._peer_src = {resolve(a) for k, a in enumerate(self._peer_addrs) if k != shadow_id}
+        self._src_cache: dict[tuple[str, int], tuple[bool, bool]] = {}
+        # in-band through the P4 target's loopback UDP ports: what arrives from this shadow's
+        # switch port is a whole Ethernet frame (shadowgrad.frames), the copy the switch made
+        self._switch_ep: tuple[str, int] | None = None
+        self._me = (spec.shadows.addresses[shadow_id].host, spec.shadows.addresses[shadow_id].port)
+        sw = spec.switch
+        if spec.job.mode == "in-band" and sw.loopback is not None and sw.shadow_ports:
+            ep = sw.loopback_endpoint(sw.shadow_ports[shadow_id])
+            self._switch_ep = (ep.host, ep.port)
+        self._next_refresh = 0.0
+        self._seq = 0
+
+    def loop(self, index: int = 0) -> None:
+        """Receive thread ``index``; thread 0 also runs the timers."""
+        n = self.node
+        sock = n.sock
+        buf = bytearray(wire.MAX_DATAGRAM + 1)  # one byte more: oversize datagrams show up
+        mv = memoryview(buf)
+        next_timer = 0.0
+        switch = self._switch_ep
+        while not n._stop.is_set():
+            src: Any = None
+            try:
+                size, src = sock.recvfrom_into(buf)
+            except TimeoutError:
+                size = -1
+            except OSError:
+                if n._stop.is_set():
+                    return
+                raise
+            if size >= 0 and switch is not None and (src[0], src[1]) == switch:
+                frame = decode_frame(mv[:size])
+                if frame is None or frame.dst != self._me:
+                    with n._lock:
+                        n.rx["bad_frame"] += 1
+                else:  # the copy keeps the trainer's source address
+                    self.handle(frame.payload, frame.src)
+            elif size >= 0:
+                self.handle(mv[:size], src)
+            if index == 0:
+                now = time.monotonic()
+                if now >= next_timer:
+                    self._timers(now)
+                    next_timer = now + n.opts.tick_s
+
+    def handle(
+        self, data: memoryview | bytes | bytearray, src: tuple[str, int] | None = None
+    ) -> str:
+        """Verify and handle one datagram from ``src``; return the rx counter it was counted
+        under. DATA and COMMIT count only from a trainer's address and READY only from a
+        peer's (``src=None``: a caller that has checked the source itself)."""
+        n = self.node
+        ld = n._ld
+        try:
+            msg = wire.decode(
+                data,
+                job=n._job,
+                layout=None if ld is None else n._digest,
+                key=self._key,
+                require=self._require,
+            )
+        except WireError as e:
+            reason = "wire." + e.reason
+            n.rx[reason] += 1
+            return reason
+        h = msg.header
+        with n._lock:
+            if src is not None and not self._source_ok(h.kind, src):
+                reason = "foreign_source"
+            elif n._ld is None:
+                reason = "not_loaded"
+            elif h.kind is wire.Kind.DATA:
+                n._trainer_rx_at = n._rank_rx_at[h.sender] = time.monotonic()
+                reason = self._on_data(h, msg.payload)
+            elif h.kind is wire.Kind.COMMIT:
+                # rank 0's idle heartbeat is a COMMIT
+                n._trainer_rx_at = n._rank_rx_at[h.sender] = time.monotonic()
+                reason = self._on_commit(msg)
+            elif h.kind is wire.Kind.READY:
+                reason = self._on_ready(msg)
+            else:
+                reason = "unexpected_kind"
+            n.rx[reason] += 1
+        return reason
+
+    def _source_ok(self, kind: wire.Kind, src: tuple[str, int]) -> bool:
+        key = (src[0], src[1])
+        known = self._src_cache.get(key)  # (a trainer?, a peer?): no address parse per datagram
+        if known is None:
+            c = canonical(key)
+            known = (c in self._trainer_src, c in self._peer_src)
+            if len(self._src_cache) < 4096:
+                self._src_cache[key] = known
+        return known[1] if kind is wire.Kind.READY else known[0]
+
+    def _rec(self, it: int, now: float) -> _Iter:
+        n = self.node
+        rec = n._iters.get(it)
+        if rec is None:
+            rec = _Iter(it, activity=now)
+            n._iters[it] = rec
+            n._newest_seen = max(n._newest_seen, it)
+        return rec
+
+    def _on_data(self, h: wire.Header, payload: memoryview) -> str:
+        n = self.node
+        ld = n._ld
+        assert ld is not None
+        flags = h.flags._value_  # int arithmetic: IntFlag operators run in Python
+        if not flags & _FINAL:
+            return "not_final"
+        it = h.iteration
+        if it <= n._last_applied:
+            return "stale"
+        if it > n._rank_newest.get(h.sender, -1):
+            n._rank_newest[h.sender] = it
+        if it > n._last_applied + ld.window:
+            return "ahead_of_window"
+        geom = ld.geom
+        if (
+            h.bucket >= len(geom.bucket_nbytes)
+            or h.offset + h.length > geom.bucket_nbytes[h.bucket]
+        ):
+            return "out_of_layout"
+        if h.dtype != geom.bucket_dtype[h.bucket]:
+            return "dtype_mismatch"
+        if not geom.owns_any(h.bucket, h.offset, h.length):
+            return "not_mine"
+        now = time.monotonic()
+        rec = self._rec(it, now)
+        if rec.buf is None:
+            rec.buf = self._take_buf(ld)
+            if rec.buf is None:  # cannot happen while the window bounds the buffers in use
+                return "no_buffer"
+        res = rec.buf.place(h.bucket, h.offset, payload)
+        if res.owned == 0:
+            return "not_mine"
+        senders = n._bucket_senders.get(h.bucket)
+        if senders is None:
+            senders = n._bucket_senders[h.bucket] = set()
+        senders.add(h.sender)
+        if res.new == 0:
+            n.ev["duplicate_bytes"] += res.owned
+            return "duplicate"
+        if res.new < res.owned:
+            n.ev["duplicate_bytes"] += res.owned - res.new
+        n.ev["data_bytes"] += res.new
+        wall = time.time()
+        if rec.t_first is None:
+            rec.t_first = wall
+        rec.t_last = wall
+        rec.activity = now
+        if flags & _RETX:
+            n.ev["repaired_bytes"] += res.new
+        if rec.buf.complete:
+            self._maybe_ready(rec)
+        return "retx" if flags & _RETX else "data"
+
+    def _take_buf(self, ld: _Loaded) -> IterBuffer | None:
+        """A free iteration buffer: from the pool, or a new one while fewer than the window."""
+        if ld.pool:
+            buf = ld.pool.pop()
+            buf.reset()
+            return buf
+        if ld.allocated < ld.window + 1:  # +1: the one being applied
+            ld.allocated += 1
+            return IterBuffer(ld.geom)
+        return None
+
+    def _on_commit(self, msg: wire.Message) -> str:
+        n = self.node
+        h = msg.header
+        if h.sender != 0:
+            return "commit_not_rank0"
+        it = h.iteration
+        if it == n._last_applied and it not in n._commits and it >= 0:
+            # a shard seeded without COMMIT(it) (by a rank other than 0) asked rank 0 for it:
+            # keep it, so a restore at I* = it has the scheduler, scaler and user state
+            n._commits[it] = commit_to_json(it, wire.CommitRecord.from_message(msg))
+            return "commit_filled"
+        if it <= n._last_applied:
+            return "commit_stale"
+        if it > n._last_applied + n.opts.commit_horizon:
+            return "commit_ahead"
+        now = time.monotonic()
+        rec = self._rec(it, now)
+        if rec.commit is not None:
+            return "commit_duplicate"
+        rec.commit = wire.CommitRecord.from_message(msg)
+        rec.t_commit = time.time()
+        rec.activity = now
+        self._maybe_ready(rec)
+        return "commit"
+
+    def _maybe_ready(self, rec: _Iter) -> None:
+        n = self.node
+        if rec.ready() and rec.t_ready is None:
+            rec.t_ready = time.time()
+            n._cut.mark_ready(rec.it)
+            n._cond.notify_all()
+            self.send_ready(retx=False)
+
+    def _on_ready(self, msg: wire.Message) -> str:
+        n = self.node
+        ld = n._ld
+        assert ld is not None
+        h = msg.header
+        sender = h.sender
+        if sender >= n.spec.shadows.count or sender == n.id:
+            return "ready_bad_sender"
+        rec = wire.ReadyRecord.from_message(msg)
+        if (rec.shard, rec.replica) != ld.layout.shard_of_shadow(sender):
+            return "ready_bad_shard"
+        reason = n._cut.on_ready(
+            sender,
+            h.seq,
+            last_applied=_dec(rec.last_applied),
+            iteration=_dec(h.iteration),
+            diverged=rec.state is wire.ReadyState.DIVERGED,
+            now=time.monotonic(),
+        )
+        if reason == "ready":
+            n._update_istar()
+            n._cond.notify_all()
+        return reason
+
+    def send_ready(self, *, retx: bool) -> None:
+        n = self.node
+        ld = n._ld
+        if ld is None:
+            return
+        state, it, last = n._cut.announcement()
+        body = wire.ReadyRecord(ld.shard, ld.replica, state, _enc(last)).body()
+        self._seq = max(self._seq + 1, time.time_ns())
+        data = wire.encode(
+            wire.Kind.READY,
+            job=n._job,
+            sender=n.id,
+            iteration=_enc(it),
+            seq=self._seq,
+            layout=n._digest,
+            payload=body,
+            flags=wire.Flag.RETX if retx else 0,
+            key=self._key,
+        )
+        for sid, addr in enumerate(self._peer_addrs):
+            if sid != n.id:
+                try:
+                    n.sock.sendto(data, addr)
+                    n.ev["ready_sent"] += 1
+                except OSError as e:
+                    n.ev["send_error"] += 1
+                    log.debug("READY to shadow %d %s failed: %s", sid, addr, e)
+
+    def _timers(self, now: float) -> None:
+        n = self.node
+        with n._lock:
+            if n._ld is None:
+                return
+            if now >= self._next_refresh:
+                self.send_ready(retx=True)
+                self._next_refresh = now + self._refresh_s
+            self._repair(now)
+
+    def _repair(self, now: float) -> None:
+        n = self.node
+        ld = n._ld
+        assert ld is not None
+        la = n._last_applied
+        top = min(n._newest_seen, la + ld.window)
+        world = len(self._trainer_addrs)
+        # every rank already sends a later iteration: what is missing of i is lost, not late
+        past = min((n._rank_newest.get(r, -1) for r in range(world)), default=-1)
+        # an iteration nothing arrived for, while later ones did, gets a record (a gap)
+        for i in range(la + 1, top):
+            self._rec(i, now)
+        for i in range(la + 1, top + 1):
+            rec = n._iters.get(i)
+            if rec is None or rec.ready() or i == n._applying:
+                continue
+            if rec.buf is None and ld.geom.owned_nbytes == 0:
+                rec.buf = self._take_buf(ld)
+                if rec.buf is not None:
+                    self._maybe_ready(rec)
+                continue
+            if n._diverged_at is not None and i >= n._diverged_at:
+                continue
+            later = n._newest_seen > i
+            if rec.commit is None and not later:
+                continue  # the trainer may still be sending: nothing says data is missing
+            wait = 2 * n.opts.tick_s if past > i else self._gap_s
+            if now - rec.activity < wait or now < rec.next_nack:
+                continue
+            covered = rec.buf.cov.total if rec.buf is not None else 0
+            if covered != rec.covered_at_nack:
+                rec.nack_rounds = 0  # progress since the last round
+            if rec.nack_rounds >= n.opts.max_repair_rounds:
+                if now - n._trainer_rx_at > self._silent_s and (
+                    n._cut.holds or not n._cut.replica_applied(i)
+                ):
+                    # no trainer has sent anything for failure_detect (the job was killed, is
+                    # paused or is restarting): nobody can answer, which says nothing about the
+                    # data. Keep asking at the slowest rate; one more unanswered round once a
+                    # trainer is heard from again declares the divergence. A replica that has
+                    # applied i says the data existed: diverge now and resync from it (seen in
+                    # CI: a restarted shadow still catching up when training ended waited for
+                    # the finished trainers forever while its replica held the last iteration).
+                    # Not while a restore point is held here: a resync would drop the held
+                    # iteration's retained copy, and the restarted trainers fill the hole.
+                    if not rec.waited_silent:
+                        rec.waited_silent = True
+                        n._note(
+                            events.SHADOW_REPAIR_WAITING,
+                            logging.INFO,
+                            counter="repair_trainers_silent",
+                            iteration=i,
+                            silent_s=round(now - n._trainer_rx_at, 3),
+                        )
+                    rec.nack_rounds = n.opts.max_repair_rounds - 1
+                else:
+                    n._diverge(i, covered)
+                    continue
+            rec.nack_rounds += 1
+            rec.covered_at_nack = covered
+            rec.next_nack = now + self._gap_s * n.opts.repair_backoff**rec.nack_rounds
+            if rec.buf is None:
+                rec.buf = self._take_buf(ld)
+            cov = rec.buf.cov if rec.buf is not None else IntervalSet()
+            self.send_nack(
+                i,
+                ld.geom.missing(cov) if not rec.complete() else [],
+                commit_missing=rec.commit is None,
+            )
+
+    def send_nack(
+        self, it: int, missing: list[tuple[int, int, int]], *, commit_missing: bool
+    ) -> None:
+        n = self.node
+        ld = n._ld
+        assert ld is not None
+        by_rank: dict[int, list[tuple[int, int, int]]] = {}
+        all_ranks = range(len(self._trainer_addrs))
+        for bucket, off, length in missing:
+            for r in n._bucket_senders.get(bucket) or all_ranks:
+                by_rank.setdefault(r, []).append((bucket, off, length))
+        if commit_missing:
+            by_rank.setdefault(0, [])  # zero ranges = "resend COMMIT(it)" (docs/shadow.md)
+        per = n.opts.nack_ranges_per_datagram
+        for rank, ranges in by_rank.items():
+            if rank >= len(self._trainer_addrs):
+                continue
+            for lo in range(0, max(1, len(ranges)), per):
+                body = wire.NackRecord.of(ranges[lo : lo + per]).body()
+                self._seq = max(self._seq + 1, time.time_ns())
+                data = wire.encode(
+                    wire.Kind.NACK,
+                    job=n._job,
+                    sender=n.id,
+                    iteration=it,
+                    seq=self._seq,
+                    layout=n._digest,
+                    payload=body,
+                    key=self._key,
+                )
+                try:
+                    n.sock.sendto(data, self._trainer_addrs[rank])
+                    n.ev["nack_sent"] += 1
+                    n.ev["nack_ranges"] += len(ranges[lo : lo + per])
+                except OSError as e:
+                    n.ev["send_error"] += 1
+                    log.debug("NACK to rank %d failed: %s", rank, e)
+        event(
+            log,
+            events.SHADOW_REPAIR,
+            level=logging.DEBUG,
+            shadow=n.id,
+            iteration=it,
+            ranges=len(missing),
+            commit_missing=commit_missing,
+        )
