@@ -140,6 +140,7 @@ class Applier:
             with n._lock:
                 if gen != n._gen:  # a load replaced the state since this step was chosen
                     return
+            n._quiesce_serves()  # the step writes the tensors a fetch may still be sending
             if retain:
                 snap = ld.replayer.export()  # clones
                 with n._lock:
@@ -341,6 +342,7 @@ class Applier:
         try:
             boxes = [dict(states[k]) for k in range(ld.geom.entries)]
             with n._state_lock:
+                n._quiesce_serves()
                 ld.replayer.load(iteration, boxes)
         except (KeyError, ReplayError) as e:
             with n._lock:

@@ -16,6 +16,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from shadowgrad import events
+from shadowgrad._control_server import TrackedFrames
 from shadowgrad.layout import Layout
 from shadowgrad.messages import (
     FetchReply,
@@ -165,19 +166,30 @@ class ControlHandlers:
                 if n._diverged_at is not None and n._diverged_at <= it:
                     raise ControlError("unavailable", f"diverged at {n._diverged_at}")
                 commit = n._commits.get(it)
-            if snap is not None:
+            serve = None
+            if snap is not None:  # a copy of its own, never written: sent as it is
                 states = [(b, snap[b]) for b in boxes]
             elif current:
+                # the live tensors themselves, no copy: the next step waits until the reply
+                # has left (ShadowNode._quiesce_serves), so what is sent is iteration ``it``
                 live = ld.replayer.export(copy=False)
-                states = [(b, {k: v.clone() for k, v in live[b].items()}) for b in boxes]
+                states = [(b, live[b]) for b in boxes]
+                serve = n._serve_live()
             else:
                 raise ControlError("unavailable", f"iteration {it} not available here")
-        ids = {
-            k: (box.name, box.offsets) for k, box in enumerate(ld.geom.boxes + ld.geom.state_boxes)
-        }
-        entries, frames = encode_states(states, ids)
-        reply = FetchReply(it, ld.shard, tuple(entries), commit, n._generation)
-        return reply.to_json(), frames
+        try:
+            ids = {
+                k: (box.name, box.offsets)
+                for k, box in enumerate(ld.geom.boxes + ld.geom.state_boxes)
+            }
+            entries, frames = encode_states(states, ids)
+            reply = FetchReply(it, ld.shard, tuple(entries), commit, n._generation)
+            head = reply.to_json()
+        except BaseException:
+            if serve is not None:
+                serve.sent(None)
+            raise
+        return head, frames if serve is None else TrackedFrames(frames, serve.sent)
 
     def config(self, req: dict[str, Any], _f: list[memoryview]) -> tuple[dict[str, Any], list[Any]]:
         """What a restarted replica needs to clone this shard: layout, optimizer, generation."""
@@ -234,7 +246,7 @@ class ControlHandlers:
         # restore point it served: live, or a held snapshot) as the new session's start
         # views of the request's frames where a tensor came in one (ShardReplayer.load copies)
         states = None if r.keep else decode_states([dict(e) for e in r.entries], frames, copy=False)
-        reply = n._load_state(
+        reply = n._applier.load_state(
             layout,
             iteration,
             states,
@@ -255,7 +267,7 @@ class ControlHandlers:
         n = self.node
         if n.spec.shadows.snapshot_dir is None:
             raise ControlError("bad_request", "shadows.snapshot_dir is not configured")
-        info = n._maybe_snapshot(force=SnapshotRequest.from_json(req).wait)
+        info = n._applier.maybe_snapshot(force=SnapshotRequest.from_json(req).wait)
         if info is None:
             raise ControlError("unavailable", "no consistent iteration available to snapshot")
         if "error" in info:

@@ -115,6 +115,31 @@ class NodeOptions:
     nack_ranges_per_datagram: int = 512
 
 
+class _Serve:
+    """One fetch reply over the live tensors: its tracker comes once the control server queued
+    it (:class:`~shadowgrad._control_server.TrackedFrames`); None, the send failed."""
+
+    def __init__(self) -> None:
+        self.queued = threading.Event()
+        self.tracker: zmq.MessageTracker | None = None
+
+    def sent(self, tracker: zmq.MessageTracker | None) -> None:
+        self.tracker = tracker
+        self.queued.set()
+
+    def wait(self, deadline: float) -> bool:
+        """Until libzmq let go of the reply's frames; False past ``deadline`` (monotonic)."""
+        if not self.queued.wait(max(0.0, deadline - time.monotonic())):
+            return False
+        if self.tracker is None:
+            return True
+        try:
+            self.tracker.wait(max(0.0, deadline - time.monotonic()))
+        except zmq.NotDone:
+            return False
+        return True
+
+
 class ShadowNode:
     """A shadow node for ``spec``'s shadow ``shadow_id``.
 
@@ -177,9 +202,6 @@ class ShadowNode:
         #: each keeps only its own thread's bookkeeping and works on the node's state below
         self._receiver = Receiver(self)
         self._applier = Applier(self)
-        #: the control handlers' entry points on the apply side (shadow/_handlers.py)
-        self._load_state = self._applier.load_state
-        self._maybe_snapshot = self._applier.maybe_snapshot
         if control_socket is not None:  # bound already (shadowgrad shadow, while starting)
             ctx, rep = control_socket
         else:
@@ -198,6 +220,9 @@ class ShadowNode:
         # the replayer's tensors, which _state_lock guards (taken before _lock when both are)
         self._lock = threading.Lock()  # protocol state
         self._state_lock = threading.Lock()  # the replayer's tensors
+        #: fetch replies sent from the live tensors, without a copy (under _lock): the apply
+        #: thread waits for them before it writes those tensors again (:meth:`_quiesce_serves`)
+        self._serving: list[_Serve] = []
         self._cond = threading.Condition(self._lock)
         self._stop = threading.Event()
         self.ev: Counter[str] = Counter()
@@ -382,6 +407,28 @@ class ShadowNode:
 
     # ---------------------------------------------------------------- consistent cut
     # shared by the receiver, the applier and the control handlers (under _lock)
+
+    def _serve_live(self) -> _Serve:
+        """Register a fetch reply about to be sent from the live tensors (the caller holds
+        ``_state_lock``, so no step has begun writing them)."""
+        serve = _Serve()
+        with self._lock:
+            self._serving.append(serve)
+        return serve
+
+    def _quiesce_serves(self) -> None:
+        """Before the live tensors are written (the caller holds ``_state_lock``): wait until
+        every fetch reply sent from them has left (``timeouts.rpc``). Past it, the write goes
+        ahead: the requester's checksums, computed before, refuse what changed under them
+        (``shadow.serve_overrun``)."""
+        with self._lock:
+            pending, self._serving = self._serving, []
+        if not pending:
+            return
+        deadline = time.monotonic() + self.spec.timeouts.rpc_s
+        late = sum(not serve.wait(deadline) for serve in pending)
+        if late:
+            self._note(events.SHADOW_SERVE_OVERRUN, logging.WARNING, replies=late)
 
     def _update_istar(self) -> None:
         if self._ld is None:

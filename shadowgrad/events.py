@@ -89,6 +89,11 @@ SHADOW_SEED_BEHIND = "shadow.seed_behind"
 """A re-seed older than what the shadow applied on its own meanwhile, not installed. Fields:
 ``iteration``, ``last_applied``, ``source``."""
 
+SHADOW_SERVE_OVERRUN = "shadow.serve_overrun"
+"""Fetch replies sent from the live state had not left after ``timeouts.rpc`` when the next
+step had to write it (a requester that stopped reading): the step went ahead, and the
+requester's checksums refuse what changed. Fields: ``replies``."""
+
 SHADOW_SNAPSHOT = "shadow.snapshot"
 """A snapshot of the consistent iteration was written. Fields: ``iteration``, ``path``."""
 
