@@ -257,11 +257,6 @@ def _write_table(v: Mapping[int, Any] | None) -> dict[str, Any] | None:
     return None if v is None else {str(k): _write(x) for k, x in v.items()}
 
 
-def _raw() -> Any:
-    """The ``raw`` field of a reply class: the header as it came (not compared, not shown)."""
-    return field(default_factory=dict, repr=False, compare=False)
-
-
 def _omit(default: Any = None) -> Any:
     """A field left out of the JSON while it is None (an optional request argument)."""
     return field(default=default, metadata={"omit": True})
@@ -295,18 +290,29 @@ class _Message:
 
 
 class _Request(_Message):
-    """A request class; ``op`` names the op it asks for."""
+    """A request class; ``op`` names the op it asks for (and the request in error messages,
+    unless the class names itself with ``_what``)."""
 
     op: ClassVar[str]
     _code = "bad_request"
     _kind = "request"
 
+    def __init_subclass__(cls) -> None:
+        super().__init_subclass__()
+        if "_what" not in cls.__dict__:
+            cls._what = cls.op
 
+
+@dataclass(frozen=True)
 class _Reply(_Message):
-    """A reply class; its JSON starts with ``"ok": true``."""
+    """A reply class; its JSON starts with ``"ok": true``. It is named in error messages as
+    its request is (set with the op tables below)."""
 
     _code = "bad_reply"
     _kind = "reply"
+
+    #: the header as it came (not compared, not shown; empty when built by a server)
+    raw: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False, kw_only=True)
 
     @classmethod
     def from_wire(cls, header: Mapping[str, Any]) -> Self:
@@ -330,7 +336,6 @@ class StatusRequest(_Request):
     ``pending``) the reply carries."""
 
     op = "status"
-    _what = "status"
 
     timeline: int = 16
 
@@ -363,8 +368,6 @@ class ShadowStatus(_Reply):
     """A shadow's ``status`` reply (``ShadowNode.status``; docs/shadow.md). The fields of a
     shard (``shard`` ... ``window``, ``last_ready``, ``last_applied``) are None while the
     shadow is not ``loaded``. ``ranks`` and ``peers`` are keyed by rank and shadow id."""
-
-    _what = "status"
 
     shadow: int
     loaded: bool
@@ -408,7 +411,6 @@ class ShadowStatus(_Reply):
     pending: Mapping[str, Any] = _empty()
     #: the last snapshot written (``{"iteration", "path", "seconds"}``) or None
     last_snapshot: Mapping[str, Any] | None = None
-    raw: Mapping[str, Any] = _raw()
 
 
 #: a status as a client reads it, or the dict an in-process ``ShadowNode.status`` returns
@@ -435,7 +437,6 @@ class HoldRequest(_Request):
     """``hold``: keep ``iteration``'s state (the restore point) until released."""
 
     op = "hold"
-    _what = "hold"
 
     iteration: int
 
@@ -444,11 +445,8 @@ class HoldRequest(_Request):
 class HoldReply(_Reply):
     """``hold``'s reply: the iteration held and every hold the shadow keeps now."""
 
-    _what = "hold"
-
     iteration: int
     holds: tuple[int, ...]
-    raw: Mapping[str, Any] = _raw()
 
 
 @dataclass(frozen=True)
@@ -456,7 +454,6 @@ class ReleaseRequest(_Request):
     """``release``: drop the hold on ``iteration``."""
 
     op = "release"
-    _what = "release"
 
     iteration: int
 
@@ -465,10 +462,7 @@ class ReleaseRequest(_Request):
 class ReleaseReply(_Reply):
     """``release``'s reply: the holds the shadow keeps now."""
 
-    _what = "release"
-
     holds: tuple[int, ...]
-    raw: Mapping[str, Any] = _raw()
 
 
 # ------------------------------------------------------------------------------- shadow: state
@@ -480,7 +474,6 @@ class FetchRequest(_Request):
     all; parameter boxes, then module-state boxes)."""
 
     op = "fetch"
-    _what = "fetch"
 
     iteration: int | None = None
     boxes: tuple[int, ...] | None = None
@@ -504,15 +497,12 @@ class FetchReply(_Reply):
     frames are not part of the JSON), the COMMIT record of ``iteration`` (None when the shadow
     has none), and the ``shard`` and ``generation`` the shadow serves."""
 
-    _what = "fetch"
-
     iteration: int
     shard: int
     entries: tuple[Mapping[str, Any], ...]
     commit: dict[str, Any] | None
     generation: int
     frames: Sequence[Any] = field(default=(), repr=False, compare=False, metadata={"wire": False})
-    raw: Mapping[str, Any] = _raw()
 
     @classmethod
     def from_wire_frames(cls, header: Mapping[str, Any], frames: Sequence[Any]) -> FetchReply:
@@ -538,7 +528,6 @@ class LoadRequest(_Request):
     (the job goes on), ``source`` (who sends), ``commit`` (COMMIT of ``iteration``)."""
 
     op = "load"
-    _what = "load"
 
     iteration: int
     optimizer: str
@@ -558,15 +547,12 @@ class LoadReply(_Reply):
     ``behind`` (only when true): a re-seed older than what the shadow got on its own meanwhile,
     not installed (``iteration`` is then the shadow's own)."""
 
-    _what = "load"
-
     shard: int
     replica: int
     iteration: int
     generation: int
     install_ms: float = 0.0
     behind: bool | None = _omit()
-    raw: Mapping[str, Any] = _raw()
 
 
 @dataclass(frozen=True)
@@ -575,7 +561,6 @@ class SnapshotRequest(_Request):
     answer when it is written."""
 
     op = "snapshot"
-    _what = "snapshot"
 
     wait: bool = True
 
@@ -585,12 +570,9 @@ class SnapshotReply(_Reply):
     """``snapshot``'s reply: the iteration written and, once written (always with ``wait``),
     its ``path`` and the ``seconds`` it took."""
 
-    _what = "snapshot"
-
     iteration: int
     path: str | None = _omit()
     seconds: float | None = _omit()
-    raw: Mapping[str, Any] = _raw()
 
 
 @dataclass(frozen=True)
@@ -598,15 +580,12 @@ class ConfigRequest(_Request):
     """``config``: what a restarted replica needs to clone this shard."""
 
     op = "config"
-    _what = "config"
 
 
 @dataclass(frozen=True)
 class ShadowConfig(_Reply):
     """A shadow's ``config`` reply: what a restarted replica needs to clone its shard (the
     layout and optimizer as JSON text, the generation it serves)."""
-
-    _what = "config"
 
     shard: int
     replica: int
@@ -615,7 +594,6 @@ class ShadowConfig(_Reply):
     generation: int
     last_applied: int
     diverged_at: int | None
-    raw: Mapping[str, Any] = _raw()
 
 
 # ------------------------------------------------------------------------------- finished
@@ -628,7 +606,6 @@ class FinishedRequest(_Request):
     names the caller in the log."""
 
     op = "finished"
-    _what = "finished"
 
     iteration: int | None
     #: required by a shadow; the controller takes the newest its shadows serve when None
@@ -641,10 +618,7 @@ class FinishedReply(_Reply):
     """``finished``'s reply: a shadow's carries the record it keeps (``{"iteration",
     "generation", "requester"}``, as its status's ``finished``); the controller's none."""
 
-    _what = "finished"
-
     finished: Mapping[str, Any] | None = _omit()
-    raw: Mapping[str, Any] = _raw()
 
 
 # ------------------------------------------------------------------------------- controller
@@ -667,8 +641,6 @@ class ControllerStatus(_Reply):
     typed further: what the shadows say about the ``trainers``, the ``shadows`` by id (their
     state as members), the ``switch``'s last convergence, the ``finished`` record."""
 
-    _what = "controller status"
-
     state: str
     reason: str
     istar: Mapping[str, Any] | None
@@ -687,7 +659,6 @@ class ControllerStatus(_Reply):
     finished: Mapping[str, Any] | None = None
     shadows: Mapping[str, Any] | None = None
     switch: Mapping[str, Any] | None = None
-    raw: Mapping[str, Any] = _raw()
 
 
 @dataclass(frozen=True)
@@ -696,7 +667,6 @@ class RestorePointRequest(_Request):
     ``failed`` (left out when None): the iteration the caller was given and could not fetch."""
 
     op = "restore_point"
-    _what = "restore_point"
 
     requester: str = "client"
     failed: int | None = _omit()
@@ -708,8 +678,6 @@ class RestorePointReply(_Reply):
     ``held`` I* on and the newest generation the shadows have seen). ``istar`` is -1 and
     ``source`` empty when ``fresh``."""
 
-    _what = "restore_point"
-
     istar: int
     source: tuple[int, ...]
     usable: tuple[int, ...]
@@ -719,7 +687,6 @@ class RestorePointReply(_Reply):
     layout: str | None
     held: tuple[int, ...]
     generation_seen: int
-    raw: Mapping[str, Any] = _raw()
 
 
 @dataclass(frozen=True)
@@ -734,10 +701,7 @@ class ControllerReleaseRequest(_Request):
 class ControllerReleaseReply(_Reply):
     """The controller's ``release`` reply: the shadows whose holds it released."""
 
-    _what = "controller release"
-
     released: tuple[int, ...]
-    raw: Mapping[str, Any] = _raw()
 
 
 #: the reply classes under the op's name (the classes keep their established names)
@@ -765,6 +729,8 @@ CONTROLLER_OPS: Mapping[str, tuple[type[_Request], type[_Reply]]] = {
     "release": (ControllerReleaseRequest, ControllerReleaseReply),
 }
 
+for _request, _reply in (*SHADOW_OPS.values(), *CONTROLLER_OPS.values()):
+    _reply._what = _request._what
 
 #: how a field is read, by its annotation (``from __future__ import annotations``: a string)
 _READERS: dict[str, Callable[[_Reader, str], Any]] = {
