@@ -103,54 +103,42 @@ class _Reader:
     def _bad(self, key: str, want: str, got: object) -> ControlError:
         return ControlError(self.code, f"{self.where}[{key!r}] must be {want}, got {got!r:.80}")
 
-    def integer(self, key: str) -> int:
+    def _checked(self, key: str, ok: Callable[[Any], bool], want: str, null: bool = False) -> Any:
+        """The value at ``key`` when ``ok`` (or, with ``null``, None); else the error that it
+        must be ``want``."""
         v = self._get(key)
-        if not _is_int(v):
-            raise self._bad(key, "an integer", v)
-        return int(v)
+        if not (ok(v) or (null and v is None)):
+            raise self._bad(key, want, v)
+        return v
+
+    def integer(self, key: str) -> int:
+        return int(self._checked(key, _is_int, "an integer"))
 
     def opt_integer(self, key: str) -> int | None:
-        v = self._get(key)
-        if v is not None and not _is_int(v):
-            raise self._bad(key, "an integer or null", v)
+        v = self._checked(key, _is_int, "an integer or null", null=True)
         return None if v is None else int(v)
 
     def flag(self, key: str) -> bool:
-        v = self._get(key)
-        if not isinstance(v, bool):
-            raise self._bad(key, "true or false", v)
+        v: bool = self._checked(key, _is_bool, "true or false")
         return v
 
     def opt_flag(self, key: str) -> bool | None:
-        v = self._get(key)
-        if v is not None and not isinstance(v, bool):
-            raise self._bad(key, "true, false or null", v)
+        v: bool | None = self._checked(key, _is_bool, "true, false or null", null=True)
         return v
 
     def number(self, key: str) -> float:
-        v = self._get(key)
-        if not (_is_int(v) or isinstance(v, float)):
-            raise self._bad(key, "a number", v)
-        return float(v)
+        return float(self._checked(key, _is_number, "a number"))
 
     def opt_number(self, key: str) -> float | None:
-        v = self._get(key)
-        if v is None:
-            return None
-        if not (_is_int(v) or isinstance(v, float)):
-            raise self._bad(key, "a number or null", v)
-        return float(v)
+        v = self._checked(key, _is_number, "a number or null", null=True)
+        return None if v is None else float(v)
 
     def text(self, key: str) -> str:
-        v = self._get(key)
-        if not isinstance(v, str):
-            raise self._bad(key, "a string", v)
+        v: str = self._checked(key, _is_str, "a string")
         return v
 
     def opt_text(self, key: str) -> str | None:
-        v = self._get(key)
-        if v is not None and not isinstance(v, str):
-            raise self._bad(key, "a string or null", v)
+        v: str | None = self._checked(key, _is_str, "a string or null", null=True)
         return v
 
     def integers(self, key: str) -> tuple[int, ...]:
@@ -175,15 +163,10 @@ class _Reader:
         return {str(k): int(x) for k, x in v.items()}
 
     def obj(self, key: str) -> dict[str, Any]:
-        v = self._get(key)
-        if not isinstance(v, Mapping):
-            raise self._bad(key, "an object", v)
-        return dict(v)
+        return dict(self._checked(key, _is_object, "an object"))
 
     def opt_obj(self, key: str) -> dict[str, Any] | None:
-        v = self._get(key)
-        if v is not None and not isinstance(v, Mapping):
-            raise self._bad(key, "an object or null", v)
+        v = self._checked(key, _is_object, "an object or null", null=True)
         return None if v is None else dict(v)
 
     def value(self, key: str) -> Any:
@@ -193,9 +176,7 @@ class _Reader:
     def table(self, key: str, parse: Callable[[_Reader], _T]) -> dict[int, _T]:
         """An object keyed by decimal ids (JSON keys are strings) -> ``{int id: parse(value)}``,
         in the message's order."""
-        v = self._get(key)
-        if not isinstance(v, Mapping):
-            raise self._bad(key, "an object", v)
+        v = self._checked(key, _is_object, "an object")
         out: dict[int, _T] = {}
         for k, x in v.items():
             if not (isinstance(k, str) and k.lstrip("-").isdigit()):
@@ -206,6 +187,22 @@ class _Reader:
 
 def _is_int(v: object) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_bool(v: object) -> bool:
+    return isinstance(v, bool)
+
+
+def _is_number(v: object) -> bool:
+    return _is_int(v) or isinstance(v, float)
+
+
+def _is_str(v: object) -> bool:
+    return isinstance(v, str)
+
+
+def _is_object(v: object) -> bool:
+    return isinstance(v, Mapping)
 
 
 # ------------------------------------------------------------------------------- reading, writing
