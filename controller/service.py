@@ -838,18 +838,12 @@ class Controller:
                 # a rerun so short that it ended before a poll saw it run: it recovered
                 self._recovered(self.trainers_signal(), finished or 0)
             self._generation_at_failure = finished
-            event(
-                log,
-                events.CONTROLLER_JOB_FINISHED,
-                iteration=r.iteration,
-                generation=self._generation_at_failure,
-                requester=r.requester,
-            )
             self.finished = {
                 "iteration": r.iteration,
                 "generation": self._generation_at_failure,
                 "requester": r.requester,
             }
+            event(log, events.CONTROLLER_JOB_FINISHED, **self.finished)
             self._transition(
                 ControllerEvent.FINISHED, f"training ended after iteration {r.iteration}"
             )

@@ -15,11 +15,10 @@ only through :func:`transition`; an event its state does not allow raises
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from enum import StrEnum
-from types import MappingProxyType
+from typing import cast
 
-from shadowgrad.errors import ShadowgradError
+from shadowgrad.fsm import TransitionError, TransitionTable, rule
 
 __all__ = [
     "TRANSITIONS",
@@ -65,40 +64,37 @@ class ControllerEvent(StrEnum):
 
 _S, _E = ControllerState, ControllerEvent
 
+
+class IllegalTransitionError(TransitionError, ValueError):
+    """``event`` is not allowed in ``state`` (not in :data:`TRANSITIONS`)."""
+
+    @property
+    def event(self) -> ControllerEvent:
+        return cast(ControllerEvent, self.trigger)
+
+    def explain(self) -> str:
+        return f"controller: event {super().explain()}"
+
+
 #: ``(state, event) -> next state``: every transition the controller may make. A pair not in
 #: the table is impossible. A pair whose next state is its state keeps the state and only
 #: updates the reason (no ``controller.state`` event, as for any non-change).
-TRANSITIONS: Mapping[tuple[ControllerState, ControllerEvent], ControllerState] = MappingProxyType(
-    {
-        (_S.STARTING, _E.TRAINERS_HEARD): _S.RUNNING,
+TRANSITIONS: TransitionTable[ControllerState, ControllerEvent] = TransitionTable(
+    [
+        rule(_S.STARTING, _E.TRAINERS_HEARD, _S.RUNNING),
         # a failure: silence seen by the watch, or a restart request (the request is the
         # evidence), from any state; from trainers_failed/restoring when the published point
         # is missing or failed (it is fixed again)
-        **{(s, _E.TRAINERS_FAILED): _S.TRAINERS_FAILED for s in ControllerState},
-        (_S.TRAINERS_FAILED, _E.RESTORE_REQUESTED): _S.RESTORING,
-        (_S.RESTORING, _E.RESTORE_REQUESTED): _S.RESTORING,
-        (_S.TRAINERS_FAILED, _E.RECOVERED): _S.RUNNING,
-        (_S.RESTORING, _E.RECOVERED): _S.RUNNING,
-        **{(s, _E.FINISHED): _S.FINISHED for s in ControllerState},
-        (_S.FINISHED, _E.NEW_RUN): _S.RUNNING,
-    }
+        rule(ControllerState, _E.TRAINERS_FAILED, _S.TRAINERS_FAILED),
+        rule((_S.TRAINERS_FAILED, _S.RESTORING), _E.RESTORE_REQUESTED, _S.RESTORING),
+        rule((_S.TRAINERS_FAILED, _S.RESTORING), _E.RECOVERED, _S.RUNNING),
+        rule(ControllerState, _E.FINISHED, _S.FINISHED),
+        rule(_S.FINISHED, _E.NEW_RUN, _S.RUNNING),
+    ],
+    error=IllegalTransitionError,
 )
-
-
-class IllegalTransitionError(ShadowgradError, ValueError):
-    """``event`` is not allowed in ``state`` (not in :data:`TRANSITIONS`)."""
-
-    def __init__(self, state: ControllerState, event: ControllerEvent) -> None:
-        self.state = state
-        self.event = event
-        super().__init__(
-            f"controller: event {event.value!r} is not allowed in state {state.value!r}"
-        )
 
 
 def transition(state: ControllerState, event: ControllerEvent) -> ControllerState:
     """The state ``event`` moves ``state`` to; :class:`IllegalTransitionError` if none."""
-    try:
-        return TRANSITIONS[(state, event)]
-    except KeyError:
-        raise IllegalTransitionError(state, event) from None
+    return TRANSITIONS.move(state, event)

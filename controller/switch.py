@@ -53,6 +53,7 @@ from shadowgrad._log import event
 from shadowgrad.config import JobSpec
 from shadowgrad.errors import ConfigError, ShadowgradError
 from shadowgrad.layout import Layout
+from shadowgrad.seams import ConvergeCounts
 from shadowgrad.wire import DEFAULT_UDP_PORT
 
 from .p4runtime import P4RuntimeClient
@@ -184,13 +185,10 @@ def describe(state: SwitchState) -> list[str]:
 
 
 @dataclass
-class ConvergeReport:
-    """What one convergence wrote (counts of P4Runtime updates)."""
+class ConvergeReport(ConvergeCounts):
+    """What one convergence wrote (counts of P4Runtime updates): the entries, then the
+    multicast groups."""
 
-    pipeline_pushed: bool = False
-    inserted: int = 0
-    modified: int = 0
-    deleted: int = 0
     groups_inserted: int = 0
     groups_modified: int = 0
     groups_deleted: int = 0
@@ -198,14 +196,7 @@ class ConvergeReport:
 
     @property
     def writes(self) -> int:
-        return (
-            self.inserted
-            + self.modified
-            + self.deleted
-            + self.groups_inserted
-            + self.groups_modified
-            + self.groups_deleted
-        )
+        return super().writes + self.groups_inserted + self.groups_modified + self.groups_deleted
 
 
 def pipeline_cookie(p4info: p4info_pb2.P4Info, device_config: bytes) -> int:

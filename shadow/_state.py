@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import enum
 
-from shadowgrad.errors import ShadowgradError
+from shadowgrad.fsm import TransitionError, TransitionTable, rule
 
 __all__ = ["TABLE", "NodeState", "StateError", "Trigger", "transition"]
 
@@ -62,48 +62,44 @@ class Trigger(enum.Enum):
 
 S, T = NodeState, Trigger
 
-#: every allowed ``(state, trigger) -> new state``; a pair not here is impossible
-TABLE: dict[tuple[NodeState, Trigger], NodeState] = {
-    # a load installs a whole state from anywhere but STOPPED (and clears a divergence)
-    **{(s, T.LOAD): S.LIVE for s in (S.UNLOADED, S.CLONING, S.LIVE, S.DIVERGED, S.RESYNCING)},
-    (S.UNLOADED, T.CLONE): S.CLONING,
-    (S.LIVE, T.CLONE): S.LIVE,  # overtaken: a load while the replica was asked
-    (S.DIVERGED, T.CLONE): S.DIVERGED,  # overtaken: a load, then a divergence
-    (S.CLONING, T.CLONE_FAILED): S.UNLOADED,
-    (S.LIVE, T.CLONE_FAILED): S.LIVE,  # overtaken: a load during the fetch
-    (S.DIVERGED, T.CLONE_FAILED): S.DIVERGED,  # overtaken: a load, then a divergence
-    (S.LIVE, T.DIVERGE): S.DIVERGED,
-    (S.DIVERGED, T.DIVERGE): S.DIVERGED,  # the hole moved earlier
-    (S.RESYNCING, T.DIVERGE): S.RESYNCING,  # the hole moved earlier during the fetch
-    (S.DIVERGED, T.RESYNC): S.RESYNCING,
-    (S.LIVE, T.RESYNC): S.LIVE,  # overtaken: a load while the replica was asked
-    (S.RESYNCING, T.RESYNC_FAILED): S.DIVERGED,
-    (S.LIVE, T.RESYNC_FAILED): S.LIVE,  # overtaken: a load during the fetch
-    (S.DIVERGED, T.RESYNC_FAILED): S.DIVERGED,  # overtaken: a load, then a divergence
-    (S.RESYNCING, T.RESYNCED): S.LIVE,
-    (S.LIVE, T.RESYNCED): S.LIVE,  # overtaken: a load during the fetch
-    (S.DIVERGED, T.RESYNCED): S.LIVE,  # overtaken: a load, a divergence; the install clears it
-    **{(s, T.STOP): S.STOPPED for s in S},  # stop is idempotent
-}
-del S, T
 
-
-class StateError(ShadowgradError, RuntimeError):
+class StateError(TransitionError, RuntimeError):
     """A lifecycle transition the table does not allow (a bug in the node)."""
 
-    def __init__(self, state: NodeState, trigger: Trigger) -> None:
-        self.state = state
-        self.trigger = trigger
-        allowed = sorted(t.value for (s, t) in TABLE if s is state)
-        super().__init__(
-            f"impossible shadow lifecycle transition: {trigger.value!r} in state "
-            f"{state.value!r} (allowed there: {', '.join(allowed) or 'nothing'})"
+    def explain(self) -> str:
+        allowed = sorted(t.value for t in self.allowed)
+        return (
+            f"impossible shadow lifecycle transition: {self.trigger.value!r} in state "
+            f"{self.state.value!r} (allowed there: {', '.join(allowed) or 'nothing'})"
         )
+
+
+#: every allowed ``(state, trigger) -> new state``; a pair not here is impossible. The
+#: "overtaken" rules keep the state: a ``load`` (or a load, then a divergence) overtook a fetch.
+TABLE: TransitionTable[NodeState, Trigger] = TransitionTable(
+    [
+        # a load installs a whole state from anywhere but STOPPED (and clears a divergence)
+        rule((S.UNLOADED, S.CLONING, S.LIVE, S.DIVERGED, S.RESYNCING), T.LOAD, S.LIVE),
+        rule(S.UNLOADED, T.CLONE, S.CLONING),
+        rule((S.LIVE, S.DIVERGED), T.CLONE),  # overtaken: the replica was asked
+        rule(S.CLONING, T.CLONE_FAILED, S.UNLOADED),
+        rule((S.LIVE, S.DIVERGED), T.CLONE_FAILED),  # overtaken during the fetch
+        rule(S.LIVE, T.DIVERGE, S.DIVERGED),
+        rule((S.DIVERGED, S.RESYNCING), T.DIVERGE),  # the hole moved earlier (during the fetch)
+        rule(S.DIVERGED, T.RESYNC, S.RESYNCING),
+        rule(S.LIVE, T.RESYNC),  # overtaken: a load while the replica was asked
+        rule(S.RESYNCING, T.RESYNC_FAILED, S.DIVERGED),
+        rule((S.LIVE, S.DIVERGED), T.RESYNC_FAILED),  # overtaken during the fetch
+        # the replica's state was installed; overtaken: a load (and a divergence) during the
+        # fetch, which the install clears
+        rule((S.RESYNCING, S.LIVE, S.DIVERGED), T.RESYNCED, S.LIVE),
+        rule(NodeState, T.STOP, S.STOPPED),  # stop is idempotent
+    ],
+    error=StateError,
+)
+del S, T
 
 
 def transition(state: NodeState, trigger: Trigger) -> NodeState:
     """The state after ``trigger`` in ``state``; :class:`StateError` when impossible."""
-    new = TABLE.get((state, trigger))
-    if new is None:
-        raise StateError(state, trigger)
-    return new
+    return TABLE.move(state, trigger)

@@ -362,6 +362,13 @@ class _Key:
     default_doc: str | None = None
 
 
+def _per_host(kind: _Kind, doc: str, length: str, **options: Any) -> Any:
+    """The field of a switch key with a value for each trainer or shadow (``length``: the key
+    that counts them), empty by default."""
+    key = _Key(kind, doc, length=length, needs_switch=True, **options)
+    return field(default=(), metadata={"schema": key})
+
+
 def _key_of(f: Field[Any]) -> _Key:
     key = f.metadata.get("schema")
     if not isinstance(key, _Key):
@@ -560,29 +567,14 @@ class SwitchSection:
     p4_program: Path = field(
         default=Path(DEFAULT_P4_PROGRAM), metadata={"schema": _Key("path", "P4_16 source to load.")}
     )
-    trainer_ports: tuple[int, ...] = field(
-        default=(),
-        metadata={
-            "schema": _Key(
-                "switch_ports",
-                "switch port of each trainer, in rank order.",
-                length="trainers.world_size",
-                required=True,
-                needs_switch=True,
-            )
-        },
+    trainer_ports: tuple[int, ...] = _per_host(
+        "switch_ports",
+        "switch port of each trainer, in rank order.",
+        "trainers.world_size",
+        required=True,
     )
-    shadow_ports: tuple[int, ...] = field(
-        default=(),
-        metadata={
-            "schema": _Key(
-                "switch_ports",
-                "switch port of each shadow.",
-                length="shadows.count",
-                required=True,
-                needs_switch=True,
-            )
-        },
+    shadow_ports: tuple[int, ...] = _per_host(
+        "switch_ports", "switch port of each shadow.", "shadows.count", required=True
     )
     cpu_port: int = field(
         default=DEFAULT_CPU_PORT,
@@ -606,29 +598,11 @@ class SwitchSection:
         },
     )
     #: 48-bit MACs; empty: ``frames.port_mac(port)``
-    trainer_macs: tuple[int, ...] = field(
-        default=(),
-        metadata={
-            "schema": _Key(
-                "macs",
-                "MAC of each trainer host.",
-                length="trainers.world_size",
-                needs_switch=True,
-                default_doc=_DEFAULT_MACS,
-            )
-        },
+    trainer_macs: tuple[int, ...] = _per_host(
+        "macs", "MAC of each trainer host.", "trainers.world_size", default_doc=_DEFAULT_MACS
     )
-    shadow_macs: tuple[int, ...] = field(
-        default=(),
-        metadata={
-            "schema": _Key(
-                "macs",
-                "MAC of each shadow host.",
-                length="shadows.count",
-                needs_switch=True,
-                default_doc=_DEFAULT_MACS,
-            )
-        },
+    shadow_macs: tuple[int, ...] = _per_host(
+        "macs", "MAC of each shadow host.", "shadows.count", default_doc=_DEFAULT_MACS
     )
 
     def loopback_endpoint(self, port: int) -> Endpoint:

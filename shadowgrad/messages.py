@@ -103,54 +103,42 @@ class _Reader:
     def _bad(self, key: str, want: str, got: object) -> ControlError:
         return ControlError(self.code, f"{self.where}[{key!r}] must be {want}, got {got!r:.80}")
 
-    def integer(self, key: str) -> int:
+    def _checked(self, key: str, ok: Callable[[Any], bool], want: str, null: bool = False) -> Any:
+        """The value at ``key`` when ``ok`` (or, with ``null``, None); else the error that it
+        must be ``want``."""
         v = self._get(key)
-        if not _is_int(v):
-            raise self._bad(key, "an integer", v)
-        return int(v)
+        if not (ok(v) or (null and v is None)):
+            raise self._bad(key, want, v)
+        return v
+
+    def integer(self, key: str) -> int:
+        return int(self._checked(key, _is_int, "an integer"))
 
     def opt_integer(self, key: str) -> int | None:
-        v = self._get(key)
-        if v is not None and not _is_int(v):
-            raise self._bad(key, "an integer or null", v)
+        v = self._checked(key, _is_int, "an integer or null", null=True)
         return None if v is None else int(v)
 
     def flag(self, key: str) -> bool:
-        v = self._get(key)
-        if not isinstance(v, bool):
-            raise self._bad(key, "true or false", v)
+        v: bool = self._checked(key, _is_bool, "true or false")
         return v
 
     def opt_flag(self, key: str) -> bool | None:
-        v = self._get(key)
-        if v is not None and not isinstance(v, bool):
-            raise self._bad(key, "true, false or null", v)
+        v: bool | None = self._checked(key, _is_bool, "true, false or null", null=True)
         return v
 
     def number(self, key: str) -> float:
-        v = self._get(key)
-        if not (_is_int(v) or isinstance(v, float)):
-            raise self._bad(key, "a number", v)
-        return float(v)
+        return float(self._checked(key, _is_number, "a number"))
 
     def opt_number(self, key: str) -> float | None:
-        v = self._get(key)
-        if v is None:
-            return None
-        if not (_is_int(v) or isinstance(v, float)):
-            raise self._bad(key, "a number or null", v)
-        return float(v)
+        v = self._checked(key, _is_number, "a number or null", null=True)
+        return None if v is None else float(v)
 
     def text(self, key: str) -> str:
-        v = self._get(key)
-        if not isinstance(v, str):
-            raise self._bad(key, "a string", v)
+        v: str = self._checked(key, _is_str, "a string")
         return v
 
     def opt_text(self, key: str) -> str | None:
-        v = self._get(key)
-        if v is not None and not isinstance(v, str):
-            raise self._bad(key, "a string or null", v)
+        v: str | None = self._checked(key, _is_str, "a string or null", null=True)
         return v
 
     def integers(self, key: str) -> tuple[int, ...]:
@@ -175,15 +163,10 @@ class _Reader:
         return {str(k): int(x) for k, x in v.items()}
 
     def obj(self, key: str) -> dict[str, Any]:
-        v = self._get(key)
-        if not isinstance(v, Mapping):
-            raise self._bad(key, "an object", v)
-        return dict(v)
+        return dict(self._checked(key, _is_object, "an object"))
 
     def opt_obj(self, key: str) -> dict[str, Any] | None:
-        v = self._get(key)
-        if v is not None and not isinstance(v, Mapping):
-            raise self._bad(key, "an object or null", v)
+        v = self._checked(key, _is_object, "an object or null", null=True)
         return None if v is None else dict(v)
 
     def value(self, key: str) -> Any:
@@ -193,9 +176,7 @@ class _Reader:
     def table(self, key: str, parse: Callable[[_Reader], _T]) -> dict[int, _T]:
         """An object keyed by decimal ids (JSON keys are strings) -> ``{int id: parse(value)}``,
         in the message's order."""
-        v = self._get(key)
-        if not isinstance(v, Mapping):
-            raise self._bad(key, "an object", v)
+        v = self._checked(key, _is_object, "an object")
         out: dict[int, _T] = {}
         for k, x in v.items():
             if not (isinstance(k, str) and k.lstrip("-").isdigit()):
@@ -206,6 +187,22 @@ class _Reader:
 
 def _is_int(v: object) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_bool(v: object) -> bool:
+    return isinstance(v, bool)
+
+
+def _is_number(v: object) -> bool:
+    return _is_int(v) or isinstance(v, float)
+
+
+def _is_str(v: object) -> bool:
+    return isinstance(v, str)
+
+
+def _is_object(v: object) -> bool:
+    return isinstance(v, Mapping)
 
 
 # ------------------------------------------------------------------------------- reading, writing
@@ -257,11 +254,6 @@ def _write_table(v: Mapping[int, Any] | None) -> dict[str, Any] | None:
     return None if v is None else {str(k): _write(x) for k, x in v.items()}
 
 
-def _raw() -> Any:
-    """The ``raw`` field of a reply class: the header as it came (not compared, not shown)."""
-    return field(default_factory=dict, repr=False, compare=False)
-
-
 def _omit(default: Any = None) -> Any:
     """A field left out of the JSON while it is None (an optional request argument)."""
     return field(default=default, metadata={"omit": True})
@@ -295,18 +287,29 @@ class _Message:
 
 
 class _Request(_Message):
-    """A request class; ``op`` names the op it asks for."""
+    """A request class; ``op`` names the op it asks for (and the request in error messages,
+    unless the class names itself with ``_what``)."""
 
     op: ClassVar[str]
     _code = "bad_request"
     _kind = "request"
 
+    def __init_subclass__(cls) -> None:
+        super().__init_subclass__()
+        if "_what" not in cls.__dict__:
+            cls._what = cls.op
 
+
+@dataclass(frozen=True)
 class _Reply(_Message):
-    """A reply class; its JSON starts with ``"ok": true``."""
+    """A reply class; its JSON starts with ``"ok": true``. It is named in error messages as
+    its request is (set with the op tables below)."""
 
     _code = "bad_reply"
     _kind = "reply"
+
+    #: the header as it came (not compared, not shown; empty when built by a server)
+    raw: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False, kw_only=True)
 
     @classmethod
     def from_wire(cls, header: Mapping[str, Any]) -> Self:
@@ -330,7 +333,6 @@ class StatusRequest(_Request):
     ``pending``) the reply carries."""
 
     op = "status"
-    _what = "status"
 
     timeline: int = 16
 
@@ -363,8 +365,6 @@ class ShadowStatus(_Reply):
     """A shadow's ``status`` reply (``ShadowNode.status``; docs/shadow.md). The fields of a
     shard (``shard`` ... ``window``, ``last_ready``, ``last_applied``) are None while the
     shadow is not ``loaded``. ``ranks`` and ``peers`` are keyed by rank and shadow id."""
-
-    _what = "status"
 
     shadow: int
     loaded: bool
@@ -408,7 +408,6 @@ class ShadowStatus(_Reply):
     pending: Mapping[str, Any] = _empty()
     #: the last snapshot written (``{"iteration", "path", "seconds"}``) or None
     last_snapshot: Mapping[str, Any] | None = None
-    raw: Mapping[str, Any] = _raw()
 
 
 #: a status as a client reads it, or the dict an in-process ``ShadowNode.status`` returns
@@ -435,7 +434,6 @@ class HoldRequest(_Request):
     """``hold``: keep ``iteration``'s state (the restore point) until released."""
 
     op = "hold"
-    _what = "hold"
 
     iteration: int
 
@@ -444,11 +442,8 @@ class HoldRequest(_Request):
 class HoldReply(_Reply):
     """``hold``'s reply: the iteration held and every hold the shadow keeps now."""
 
-    _what = "hold"
-
     iteration: int
     holds: tuple[int, ...]
-    raw: Mapping[str, Any] = _raw()
 
 
 @dataclass(frozen=True)
@@ -456,7 +451,6 @@ class ReleaseRequest(_Request):
     """``release``: drop the hold on ``iteration``."""
 
     op = "release"
-    _what = "release"
 
     iteration: int
 
@@ -465,10 +459,7 @@ class ReleaseRequest(_Request):
 class ReleaseReply(_Reply):
     """``release``'s reply: the holds the shadow keeps now."""
 
-    _what = "release"
-
     holds: tuple[int, ...]
-    raw: Mapping[str, Any] = _raw()
 
 
 # ------------------------------------------------------------------------------- shadow: state
@@ -480,7 +471,6 @@ class FetchRequest(_Request):
     all; parameter boxes, then module-state boxes)."""
 
     op = "fetch"
-    _what = "fetch"
 
     iteration: int | None = None
     boxes: tuple[int, ...] | None = None
@@ -504,15 +494,12 @@ class FetchReply(_Reply):
     frames are not part of the JSON), the COMMIT record of ``iteration`` (None when the shadow
     has none), and the ``shard`` and ``generation`` the shadow serves."""
 
-    _what = "fetch"
-
     iteration: int
     shard: int
     entries: tuple[Mapping[str, Any], ...]
     commit: dict[str, Any] | None
     generation: int
     frames: Sequence[Any] = field(default=(), repr=False, compare=False, metadata={"wire": False})
-    raw: Mapping[str, Any] = _raw()
 
     @classmethod
     def from_wire_frames(cls, header: Mapping[str, Any], frames: Sequence[Any]) -> FetchReply:
@@ -538,7 +525,6 @@ class LoadRequest(_Request):
     (the job goes on), ``source`` (who sends), ``commit`` (COMMIT of ``iteration``)."""
 
     op = "load"
-    _what = "load"
 
     iteration: int
     optimizer: str
@@ -558,15 +544,12 @@ class LoadReply(_Reply):
     ``behind`` (only when true): a re-seed older than what the shadow got on its own meanwhile,
     not installed (``iteration`` is then the shadow's own)."""
 
-    _what = "load"
-
     shard: int
     replica: int
     iteration: int
     generation: int
     install_ms: float = 0.0
     behind: bool | None = _omit()
-    raw: Mapping[str, Any] = _raw()
 
 
 @dataclass(frozen=True)
@@ -575,7 +558,6 @@ class SnapshotRequest(_Request):
     answer when it is written."""
 
     op = "snapshot"
-    _what = "snapshot"
 
     wait: bool = True
 
@@ -585,12 +567,9 @@ class SnapshotReply(_Reply):
     """``snapshot``'s reply: the iteration written and, once written (always with ``wait``),
     its ``path`` and the ``seconds`` it took."""
 
-    _what = "snapshot"
-
     iteration: int
     path: str | None = _omit()
     seconds: float | None = _omit()
-    raw: Mapping[str, Any] = _raw()
 
 
 @dataclass(frozen=True)
@@ -598,15 +577,12 @@ class ConfigRequest(_Request):
     """``config``: what a restarted replica needs to clone this shard."""
 
     op = "config"
-    _what = "config"
 
 
 @dataclass(frozen=True)
 class ShadowConfig(_Reply):
     """A shadow's ``config`` reply: what a restarted replica needs to clone its shard (the
     layout and optimizer as JSON text, the generation it serves)."""
-
-    _what = "config"
 
     shard: int
     replica: int
@@ -615,7 +591,6 @@ class ShadowConfig(_Reply):
     generation: int
     last_applied: int
     diverged_at: int | None
-    raw: Mapping[str, Any] = _raw()
 
 
 # ------------------------------------------------------------------------------- finished
@@ -628,7 +603,6 @@ class FinishedRequest(_Request):
     names the caller in the log."""
 
     op = "finished"
-    _what = "finished"
 
     iteration: int | None
     #: required by a shadow; the controller takes the newest its shadows serve when None
@@ -641,10 +615,7 @@ class FinishedReply(_Reply):
     """``finished``'s reply: a shadow's carries the record it keeps (``{"iteration",
     "generation", "requester"}``, as its status's ``finished``); the controller's none."""
 
-    _what = "finished"
-
     finished: Mapping[str, Any] | None = _omit()
-    raw: Mapping[str, Any] = _raw()
 
 
 # ------------------------------------------------------------------------------- controller
@@ -667,8 +638,6 @@ class ControllerStatus(_Reply):
     typed further: what the shadows say about the ``trainers``, the ``shadows`` by id (their
     state as members), the ``switch``'s last convergence, the ``finished`` record."""
 
-    _what = "controller status"
-
     state: str
     reason: str
     istar: Mapping[str, Any] | None
@@ -687,7 +656,6 @@ class ControllerStatus(_Reply):
     finished: Mapping[str, Any] | None = None
     shadows: Mapping[str, Any] | None = None
     switch: Mapping[str, Any] | None = None
-    raw: Mapping[str, Any] = _raw()
 
 
 @dataclass(frozen=True)
@@ -696,7 +664,6 @@ class RestorePointRequest(_Request):
     ``failed`` (left out when None): the iteration the caller was given and could not fetch."""
 
     op = "restore_point"
-    _what = "restore_point"
 
     requester: str = "client"
     failed: int | None = _omit()
@@ -708,8 +675,6 @@ class RestorePointReply(_Reply):
     ``held`` I* on and the newest generation the shadows have seen). ``istar`` is -1 and
     ``source`` empty when ``fresh``."""
 
-    _what = "restore_point"
-
     istar: int
     source: tuple[int, ...]
     usable: tuple[int, ...]
@@ -719,7 +684,6 @@ class RestorePointReply(_Reply):
     layout: str | None
     held: tuple[int, ...]
     generation_seen: int
-    raw: Mapping[str, Any] = _raw()
 
 
 @dataclass(frozen=True)
@@ -734,10 +698,7 @@ class ControllerReleaseRequest(_Request):
 class ControllerReleaseReply(_Reply):
     """The controller's ``release`` reply: the shadows whose holds it released."""
 
-    _what = "controller release"
-
     released: tuple[int, ...]
-    raw: Mapping[str, Any] = _raw()
 
 
 #: the reply classes under the op's name (the classes keep their established names)
@@ -765,6 +726,8 @@ CONTROLLER_OPS: Mapping[str, tuple[type[_Request], type[_Reply]]] = {
     "release": (ControllerReleaseRequest, ControllerReleaseReply),
 }
 
+for _request, _reply in (*SHADOW_OPS.values(), *CONTROLLER_OPS.values()):
+    _reply._what = _request._what
 
 #: how a field is read, by its annotation (``from __future__ import annotations``: a string)
 _READERS: dict[str, Callable[[_Reader, str], Any]] = {

@@ -14,11 +14,12 @@ programs a P4Runtime switch) and satisfy these Protocols structurally.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 from shadowgrad.messages import StatusLike
 
-__all__ = ["ConvergeResult", "ShadowStatusSource", "SwitchDriver"]
+__all__ = ["ConvergeCounts", "ConvergeResult", "ShadowStatusSource", "SwitchDriver"]
 
 
 # ------------------------------------------------------------------------------ switch driver
@@ -44,6 +45,21 @@ class ConvergeResult(Protocol):
 
     @property
     def deleted(self) -> int: ...
+
+
+@dataclass
+class ConvergeCounts:
+    """A :class:`ConvergeResult` as plain fields (the fake driver's; the P4Runtime driver's
+    report adds the multicast groups)."""
+
+    pipeline_pushed: bool = False
+    inserted: int = 0
+    modified: int = 0
+    deleted: int = 0
+
+    @property
+    def writes(self) -> int:
+        return self.inserted + self.modified + self.deleted
 
 
 @runtime_checkable

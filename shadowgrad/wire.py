@@ -35,7 +35,7 @@ import struct
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import NamedTuple, NotRequired, TypedDict, Unpack
 
 from crc32c import crc32c as _crc32c
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
@@ -73,6 +73,7 @@ __all__ = [
     "mac_key",
     "seal",
     "seal_in_place",
+    "SendFields",
     "Kind",
     "Flag",
     "DType",
@@ -317,133 +318,86 @@ def _check_range(name: str, value: int) -> None:
         raise BadFieldError(f"header field {name} = {value!r} out of range 0..{_LIMITS[name]}")
 
 
+class SendFields(TypedDict):
+    """The header fields a sender gives every encoder below, by keyword (the others are the
+    kind, the payload, the MAC key and what the encoder computes)."""
+
+    job: int
+    sender: int
+    iteration: int
+    seq: int
+    layout: int
+    flags: NotRequired[Flag | int]
+    dtype: NotRequired[DType]
+    bucket: NotRequired[int]
+    offset: NotRequired[int]
+
+
 def encode_header(
     kind: Kind,
     *,
-    job: int,
-    sender: int,
-    iteration: int,
-    seq: int,
-    layout: int,
     payload: bytes | bytearray | memoryview = b"",
-    flags: Flag | int = 0,
-    dtype: DType = DType.NONE,
-    bucket: int = 0,
-    offset: int = 0,
     version: int = VERSION,
+    **fields: Unpack[SendFields],
 ) -> bytes:
     """Pack the 56-byte header for ``payload`` (checksum included). Does not copy ``payload``.
 
     Validates what the decoder would reject (ranges, flags, dtype alignment), so a sender never
     emits a datagram its peers will drop. For an authenticated datagram use :func:`seal`.
     """
-    return _header(
-        kind,
-        job=job,
-        sender=sender,
-        iteration=iteration,
-        seq=seq,
-        layout=layout,
-        payload=payload,
-        flags=flags,
-        dtype=dtype,
-        bucket=bucket,
-        offset=offset,
-        version=version,
-        key=None,
-    )[0]
+    return _header(kind, payload, key=None, version=version, **fields)[0]
 
 
 def seal(
     kind: Kind,
     *,
     key: bytes,
-    job: int,
-    sender: int,
-    iteration: int,
-    seq: int,
-    layout: int,
     payload: bytes | bytearray | memoryview = b"",
-    flags: Flag | int = 0,
-    dtype: DType = DType.NONE,
-    bucket: int = 0,
-    offset: int = 0,
+    **fields: Unpack[SendFields],
 ) -> tuple[bytes, bytes]:
     """``(header, trailer)`` of an authenticated datagram: send ``header + payload + trailer``.
     The header has ``Flag.MAC`` and a length counting the :data:`MAC_SIZE`-byte trailer (a fresh
     nonce, then the GMAC tag over header and payload under ``key``); its CRC covers the header
     only."""
-    return _header(
-        kind,
-        job=job,
-        sender=sender,
-        iteration=iteration,
-        seq=seq,
-        layout=layout,
-        payload=payload,
-        flags=int(flags) | _MAC_BIT,
-        dtype=dtype,
-        bucket=bucket,
-        offset=offset,
-        version=VERSION,
-        key=key,
-    )
+    return _header(kind, payload, key=key, **fields)
 
 
 def encode_parts(
     kind: Kind,
     *,
     key: bytes | None,
-    job: int,
-    sender: int,
-    iteration: int,
-    seq: int,
-    layout: int,
     payload: bytes | bytearray | memoryview = b"",
-    flags: Flag | int = 0,
-    dtype: DType = DType.NONE,
-    bucket: int = 0,
-    offset: int = 0,
+    **fields: Unpack[SendFields],
 ) -> tuple[bytes, bytes]:
     """``(header, tag)``: :func:`seal`'s with ``key``, else :func:`encode_header`'s and an empty
     tag. Send ``header + payload + tag`` (for a sender that authenticates when it has a key)."""
-    return _header(
-        kind,
-        job=job,
-        sender=sender,
-        iteration=iteration,
-        seq=seq,
-        layout=layout,
-        payload=payload,
-        flags=flags if key is None else int(flags) | _MAC_BIT,
-        dtype=dtype,
-        bucket=bucket,
-        offset=offset,
-        version=VERSION,
-        key=key,
-    )
+    return _header(kind, payload, key=key, **fields)
 
 
 def _header(
     kind: Kind,
+    payload: bytes | bytearray | memoryview,
     *,
+    key: bytes | None,
     job: int,
     sender: int,
     iteration: int,
     seq: int,
     layout: int,
-    payload: bytes | bytearray | memoryview,
-    flags: Flag | int,
-    dtype: DType,
-    bucket: int,
-    offset: int,
-    version: int,
-    key: bytes | None,
+    flags: Flag | int = 0,
+    dtype: DType = DType.NONE,
+    bucket: int = 0,
+    offset: int = 0,
+    version: int = VERSION,
     room: tuple[memoryview, int] | None = None,
 ) -> tuple[bytes, bytes]:
+    """The one encoder: with ``key`` the header is sealed (``Flag.MAC`` set here)."""
     flags = int(flags)
-    if key is None and flags & _MAC_BIT:
-        raise BadFieldError("Flag.MAC is set by seal(), which computes the tag")
+    if key is None:
+        if flags & _MAC_BIT:
+            raise BadFieldError("Flag.MAC is set by seal(), which computes the tag")
+    else:
+        flags |= _MAC_BIT
     kind_ = _KINDS.get(kind)
     if kind_ is None:
         kind_ = Kind(kind)  # raises ValueError naming the code
@@ -506,15 +460,7 @@ def seal_in_place(
     buf: memoryview,
     at: int,
     length: int,
-    job: int,
-    sender: int,
-    iteration: int,
-    seq: int,
-    layout: int,
-    flags: Flag | int = 0,
-    dtype: DType = DType.NONE,
-    bucket: int = 0,
-    offset: int = 0,
+    **fields: Unpack[SendFields],
 ) -> tuple[memoryview, bytes]:
     """:func:`seal` for a payload at ``buf[at : at + length]`` with writable room before it:
     the header is written to ``buf[at - HEADER_SIZE : at]`` (the caller keeps what was there if
@@ -525,56 +471,20 @@ def seal_in_place(
             f"payload [{at}, {at + length}) needs {HEADER_SIZE} bytes of room before it inside "
             f"a buffer of {buf.nbytes}"
         )
-    _, trailer = _header(
-        kind,
-        job=job,
-        sender=sender,
-        iteration=iteration,
-        seq=seq,
-        layout=layout,
-        payload=buf[at : at + length],
-        flags=int(flags) | _MAC_BIT,
-        dtype=dtype,
-        bucket=bucket,
-        offset=offset,
-        version=VERSION,
-        key=key,
-        room=(buf, at),
-    )
+    _, trailer = _header(kind, buf[at : at + length], key=key, room=(buf, at), **fields)
     return buf[at - HEADER_SIZE : at + length], trailer
 
 
 def encode(
     kind: Kind,
     *,
-    job: int,
-    sender: int,
-    iteration: int,
-    seq: int,
-    layout: int,
     payload: bytes | bytearray | memoryview = b"",
-    flags: Flag | int = 0,
-    dtype: DType = DType.NONE,
-    bucket: int = 0,
-    offset: int = 0,
     key: bytes | None = None,
+    **fields: Unpack[SendFields],
 ) -> bytes:
     """Header + payload (+ MAC tag with ``key``) as one ``bytes`` (a copy; for small control
     messages, tests and pcaps)."""
-    header, tag = encode_parts(
-        kind,
-        key=key,
-        job=job,
-        sender=sender,
-        iteration=iteration,
-        seq=seq,
-        layout=layout,
-        payload=payload,
-        flags=flags,
-        dtype=dtype,
-        bucket=bucket,
-        offset=offset,
-    )
+    header, tag = _header(kind, payload, key=key, **fields)
     return header + bytes(payload) + tag
 
 

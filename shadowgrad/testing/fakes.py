@@ -18,6 +18,7 @@ from shadowgrad.p4target.dataplane import (
     NotFoundError,
     TableEntry,
 )
+from shadowgrad.seams import ConvergeCounts
 
 if TYPE_CHECKING:
     from p4.config.v1 import p4info_pb2
@@ -32,18 +33,8 @@ __all__ = [
 
 
 # ------------------------------------------------------------------------------ switch driver
-@dataclass
-class FakeConvergeReport:
-    """A :class:`~shadowgrad.seams.ConvergeResult` as plain fields."""
-
-    pipeline_pushed: bool = False
-    inserted: int = 0
-    modified: int = 0
-    deleted: int = 0
-
-    @property
-    def writes(self) -> int:
-        return self.inserted + self.modified + self.deleted
+class FakeConvergeReport(ConvergeCounts):
+    """What :meth:`FakeSwitchDriver.converge` wrote."""
 
 
 @dataclass
