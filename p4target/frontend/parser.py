@@ -485,7 +485,7 @@ class Parser:
         return A.VarDecl(loc, ty, n.text, init, anns)
 
     def const_decl(self, anns: list[A.Annotation]) -> A.VarDecl:
-        """``const T name = value;``, local to a block."""
+        """``const T name = value;`` declared in a control or in a block."""
         loc = self.expect("const").loc
         ty = self.type_ref()
         n = self.ident("a constant name")
