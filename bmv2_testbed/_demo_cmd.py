@@ -25,6 +25,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from shadowgrad._cli import flag, seconds
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -42,9 +44,9 @@ def configure(p: argparse.ArgumentParser) -> None:
         help="auto: netns as root, else loopback; mininet: Mininet hosts behind a Mininet "
         "P4RuntimeSwitch (root, Debian's mininet)",
     )
-    p.add_argument(
+    flag(
+        p,
         "--cli",
-        action="store_true",
         help="with --topology mininet: open Mininet's CLI once the faulted run's job is up; "
         "the network stays until you leave it (exit or Ctrl-D), then the report",
     )
@@ -68,13 +70,13 @@ def configure(p: argparse.ArgumentParser) -> None:
         help="cache of the reference and plain runs (default: $SHADOWGRAD_CACHE or "
         "$XDG_CACHE_HOME/shadowgrad or OUT/.cache/shadowgrad)",
     )
-    p.add_argument("--timeout", type=float, default=900.0, help="seconds per run")
-    p.add_argument(
+    seconds(p, "--timeout", 900.0, "seconds per run")
+    flag(
+        p,
         "--no-progress",
-        action="store_true",
         help="no progress on stderr (a live line on a terminal, plain lines elsewhere)",
     )
-    p.add_argument("--json", action="store_true", help="print report.json's summary as JSON")
+    flag(p, "--json", help="print report.json's summary as JSON")
 
 
 def _scenario_path(name: str) -> Path:

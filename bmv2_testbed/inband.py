@@ -27,7 +27,7 @@ import tempfile
 import weakref
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypedDict, Unpack
 
 from shadowgrad.config import JobSpec
 from shadowgrad.controller.p4runtime import P4RuntimeClient
@@ -36,7 +36,14 @@ from shadowgrad.errors import ConfigError
 from shadowgrad.layout import Layout
 from shadowgrad.p4target.pipeline import Pipeline
 
-__all__ = ["AttachedSwitch", "JobSwitch", "PRODUCT_PROGRAM", "compile_product", "switch_options"]
+__all__ = [
+    "AttachedSwitch",
+    "JobSwitch",
+    "PRODUCT_PROGRAM",
+    "SwitchOptions",
+    "compile_product",
+    "switch_options",
+]
 
 #: the ToR program, in the source tree
 PRODUCT_PROGRAM = Path(__file__).resolve().parent.parent / "p4" / "shadowgrad.p4"
@@ -61,6 +68,20 @@ class AttachedSwitch(Protocol):
     def argv(self) -> list[str]: ...
 
     def stop_datapath(self) -> None: ...
+
+
+class SwitchOptions(TypedDict, total=False):
+    """The keyword arguments of :func:`switch_options` (their defaults are there), as
+    :class:`JobSwitch` takes them and passes them on."""
+
+    loss: Mapping[int, float] | None
+    rate: Mapping[int, str] | None
+    delay: Mapping[int, str] | None
+    lossless: bool
+    pause_timeout_s: float
+    queue_capacity: int
+    headroom: int
+    extra_args: Sequence[str]
 
 
 def switch_options(
@@ -127,20 +148,13 @@ class JobSwitch:
         spec: JobSpec,
         layout: Layout,
         *,
-        loss: Mapping[int, float] | None = None,
-        rate: Mapping[int, str] | None = None,
-        delay: Mapping[int, str] | None = None,
-        lossless: bool = True,
-        pause_timeout_s: float = 1.0,
-        queue_capacity: int = 1024,
-        headroom: int = 4096,
-        extra_args: Sequence[str] = (),
         switch_cmd: Sequence[str] | None = None,
         start_timeout_s: float = 60.0,
         request_log: str | Path | None = None,
         tap: bool = True,
         interfaces: Mapping[int, str] | None = None,
         attached: AttachedSwitch | None = None,
+        **options: Unpack[SwitchOptions],
     ) -> None:
         sw = spec.switch
         if sw.loopback is None and interfaces is None and attached is None:
@@ -156,17 +170,7 @@ class JobSwitch:
         self._state: dict[str, Any] = {}
         self._finalizer = weakref.finalize(self, _reap, self._state)
         self.attached = attached
-        opts = switch_options(
-            spec,
-            loss=loss,
-            rate=rate,
-            delay=delay,
-            lossless=lossless,
-            pause_timeout_s=pause_timeout_s,
-            queue_capacity=queue_capacity,
-            headroom=headroom,
-            extra_args=extra_args,
-        )
+        opts = switch_options(spec, **options)
         cmd = list(switch_cmd or [sys.executable, "-m", "shadowgrad.p4target._switch_cmd"])
         cmd += ["--no-p4", "--device-id", str(sw.device_id)]
         hosts = [

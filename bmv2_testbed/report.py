@@ -199,6 +199,30 @@ def _faults(record: Mapping[str, Any]) -> list[Mapping[str, Any]]:
     return sorted(faults, key=lambda f: _num(f.get("t_inject")) or math.inf)
 
 
+def _time_marks(faults: list[Mapping[str, Any]], started: float) -> list[tuple[float, str]]:
+    """(seconds since ``started``, kind) of each fault with an injection time."""
+    return [
+        (t - started, str(f.get("kind")))
+        for f in faults
+        if (t := _num(f.get("t_inject"))) is not None
+    ]
+
+
+def _shade_faults(axes: Sequence[Any], faults: list[Mapping[str, Any]], started: float) -> None:
+    """Shade each fault's outage (injected to recovered) on every axis, in its kind's colour."""
+    for f in faults:
+        t0, t1 = _num(f.get("t_inject")), _num(f.get("t_recovered"))
+        if t0 is not None and t1 is not None and t1 > t0:
+            for a in axes:
+                a.axvspan(
+                    t0 - started,
+                    t1 - started,
+                    color=_KIND_COLOURS.get(str(f.get("kind")), "#444444"),
+                    alpha=0.08,
+                    zorder=0,
+                )
+
+
 def _counts(value: Any) -> dict[str, int]:
     out: dict[str, int] = {}
     for reason, n in _map(value).items():
@@ -828,23 +852,20 @@ def _plot_loss(record: Mapping[str, Any], summary: Mapping[str, Any]) -> Figure 
     if not run and not ref:
         return "no losses recorded"
     fig, (ax, dax) = _figure(2, height=5.6, ratios=(3, 1))
-    if ref:
-        ax.plot(
-            list(ref),
-            [_loss_value(v) for v in ref.values()],
-            color="#999999",
-            linewidth=4,
-            alpha=0.55,
-            label="reference (no faults)",
-        )
-    if run:
-        ax.plot(
-            list(run),
-            [_loss_value(v) for v in run.values()],
-            color="#1f77b4",
-            linewidth=1.3,
-            label="run (faults injected)",
-        )
+    curves: list[tuple[dict[int, str], str, float, str, dict[str, Any]]] = [
+        (ref, "#999999", 4, "reference (no faults)", {"alpha": 0.55}),
+        (run, "#1f77b4", 1.3, "run (faults injected)", {}),
+    ]
+    for losses, colour, width, label, style in curves:
+        if losses:
+            ax.plot(
+                list(losses),
+                [_loss_value(v) for v in losses.values()],
+                color=colour,
+                linewidth=width,
+                label=label,
+                **style,
+            )
     bad = [m["iteration"] for m in summary.get("loss_mismatches", ()) if m.get("run") is not None]
     if bad:
         ax.plot(
@@ -939,39 +960,18 @@ def _plot_step_time(record: Mapping[str, Any], summary: Mapping[str, Any]) -> Fi
     over = _map(summary.get("faulted_vs_unfaulted") or summary.get("trainer_overhead"))
     mean, ref = _num(over.get("run_mean_step_s")), _num(over.get("reference_mean_step_s"))
     plain = _num(_map(summary.get("trainer_overhead")).get("plain_mean_step_s"))
-    if mean is not None:
-        ax.axhline(
-            mean * 1000.0,
-            color="#1f77b4",
-            linewidth=1.0,
-            label=f"faulted run mean {mean * 1000.0:.1f} ms",
-        )
-    if ref is not None:
-        ax.axhline(
-            ref * 1000.0,
-            color="#555555",
-            linewidth=1.0,
-            linestyle=":",
-            label=f"unfaulted run mean {ref * 1000.0:.1f} ms",
-        )
-    if plain is not None:
-        ax.axhline(
-            plain * 1000.0,
-            color="#2ca02c",
-            linewidth=1.0,
-            linestyle="--",
-            label=f"without shadowgrad {plain * 1000.0:.1f} ms",
-        )
-    for f in faults:
-        t0, t1 = _num(f.get("t_inject")), _num(f.get("t_recovered"))
-        if t0 is not None and t1 is not None and t1 > t0:
-            ax.axvspan(
-                t0 - started,
-                t1 - started,
-                color=_KIND_COLOURS.get(str(f.get("kind")), "#444444"),
-                alpha=0.08,
-                zorder=0,
+    means: list[tuple[float | None, str, str, dict[str, Any]]] = [
+        (mean, "faulted run mean", "#1f77b4", {}),
+        (ref, "unfaulted run mean", "#555555", {"linestyle": ":"}),
+        (plain, "without shadowgrad", "#2ca02c", {"linestyle": "--"}),
+    ]
+    for value, what, color, style in means:
+        if value is not None:
+            ms_value = value * 1000.0
+            ax.axhline(
+                ms_value, color=color, linewidth=1.0, label=f"{what} {ms_value:.1f} ms", **style
             )
+    _shade_faults([ax], faults, started)
     ax.set_xlabel("wall time since start (s)")
     ax.set_ylabel("trainer step time, rank 0 (ms)")
     ratio = _num(over.get("ratio"))
@@ -1001,11 +1001,7 @@ def _plot_step_time(record: Mapping[str, Any], summary: Mapping[str, Any]) -> Fi
         )
     else:
         ax.set_ylim(bottom=0)
-    marks = [
-        (t - started, str(f.get("kind")))
-        for f in faults
-        if (t := _num(f.get("t_inject"))) is not None
-    ]
+    marks = _time_marks(faults, started)
     _fault_markers(ax, marks)
     if not marks:
         ax.legend(fontsize=8, loc="best")
@@ -1026,23 +1022,20 @@ def _plot_lag(record: Mapping[str, Any], summary: Mapping[str, Any]) -> Figure |
     nshadows = max((len(s[3]) for s in samples), default=0)
     fig, (ax, lax) = _figure(2, height=6.4, ratios=(3, 2))
     xs = [s[0] - started for s in samples]
-    ax.step(
-        xs,
-        [_nan(s[1]) for s in samples],
-        where="post",
-        color="black",
-        linewidth=1.6,
-        label="trainer iteration",
-    )
-    ax.step(
-        xs,
-        [_nan(s[2]) for s in samples],
-        where="post",
-        color="#d4a017",
-        linewidth=1.4,
-        linestyle="--",
-        label="I* (committed)",
-    )
+    lines: list[tuple[list[int | None], str, float, str, dict[str, Any]]] = [
+        ([s[1] for s in samples], "black", 1.6, "trainer iteration", {}),
+        ([s[2] for s in samples], "#d4a017", 1.4, "I* (committed)", {"linestyle": "--"}),
+    ]
+    for ys, colour, width, label, style in lines:
+        ax.step(
+            xs,
+            [_nan(y) for y in ys],
+            where="post",
+            color=colour,
+            linewidth=width,
+            label=label,
+            **style,
+        )
     for j in range(nshadows):
         colour = _SHADOW_COLOURS[j % len(_SHADOW_COLOURS)]
         applied = [_nan(s[3][j]) if j < len(s[3]) else math.nan for s in samples]
@@ -1061,17 +1054,7 @@ def _plot_lag(record: Mapping[str, Any], summary: Mapping[str, Any]) -> Figure |
         if down:
             lax.plot(down, [0.0] * len(down), "|", color=colour, markersize=8)
     faults = _faults(record)
-    for f in faults:
-        t0, t1 = _num(f.get("t_inject")), _num(f.get("t_recovered"))
-        if t0 is not None and t1 is not None and t1 > t0:
-            for a in (ax, lax):
-                a.axvspan(
-                    t0 - started,
-                    t1 - started,
-                    color=_KIND_COLOURS.get(str(f.get("kind")), "#444444"),
-                    alpha=0.08,
-                    zorder=0,
-                )
+    _shade_faults([ax, lax], faults, started)
     ax.set_ylabel("iteration")
     ax.set_title(_title(summary, "Trainer, I* and shadows"))
     lax.set_ylabel("lag (iterations)")
@@ -1081,11 +1064,7 @@ def _plot_lag(record: Mapping[str, Any], summary: Mapping[str, Any]) -> Figure |
     )
     ax.grid(alpha=0.3)
     lax.grid(alpha=0.3)
-    marks = [
-        (t - started, str(f.get("kind")))
-        for f in faults
-        if (t := _num(f.get("t_inject"))) is not None
-    ]
+    marks = _time_marks(faults, started)
     _fault_markers(ax, marks)
     _fault_markers(lax, marks, label=False)
     if not marks:

@@ -633,14 +633,7 @@ class Runner:
                 elif cli_thread is not None and not cli_thread.is_alive() and self.progress:
                     self.progress.quiet = False  # the user left the CLI: the live line again
                 time.sleep(0.1)
-            if self.progress is not None:
-                self.progress.end()
-            codes = [r.p.returncode for r in ranks]
-            if codes != [0] * len(ranks):
-                tails = "\n".join(
-                    f"--- {r.log.name}\n{r.log.read_text(errors='replace')[-2000:]}" for r in ranks
-                )
-                raise ShadowgradError(f"{label}: trainer exit codes {codes}\n{tails}")
+            self._ranks_done(label, ranks)
             time.sleep(0.5)  # the controller's last status and events
             obs["events"] = _events(d / "controller.log")
             obs["final_status"] = self._final_status(path, spec, env)
@@ -672,6 +665,18 @@ class Runner:
             return obs
         finally:
             self._teardown()
+
+    def _ranks_done(self, label: str, ranks: list[_Proc]) -> None:
+        """The ranks have exited: end the progress line; any rank that failed is an error
+        that carries the tails of the ranks' logs."""
+        if self.progress is not None:
+            self.progress.end()
+        codes = [r.p.returncode for r in ranks]
+        if codes != [0] * len(ranks):
+            tails = "\n".join(
+                f"--- {r.log.name}\n{r.log.read_text(errors='replace')[-2000:]}" for r in ranks
+            )
+            raise ShadowgradError(f"{label}: trainer exit codes {codes}\n{tails}")
 
     def _fresh_dir(self, label: str) -> Path:
         """``work/label``, emptied: a run's logs are opened for appending (a restarted process
@@ -720,14 +725,7 @@ class Runner:
                     last = found[-1] if found else last
                     self.progress.step(last)
                 time.sleep(0.2)
-            if self.progress is not None:
-                self.progress.end()
-            codes = [r.p.returncode for r in ranks]
-            if codes != [0] * len(ranks):
-                tails = "\n".join(
-                    f"--- {r.log.name}\n{r.log.read_text(errors='replace')[-2000:]}" for r in ranks
-                )
-                raise ShadowgradError(f"{label}: trainer exit codes {codes}\n{tails}")
+            self._ranks_done(label, ranks)
             text = ranks[0].log.read_text(errors="replace")
             obs["steps"] = [
                 [float(m[4]), int(m[1]), float(m[3]), m[2], 0] for m in _STEP.finditer(text)

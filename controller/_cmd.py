@@ -21,6 +21,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from shadowgrad._cli import flag, seconds
+
 
 def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("action", choices=("plan", "program", "counters", "remove"))
@@ -33,13 +35,11 @@ def configure(p: argparse.ArgumentParser) -> None:
         help="device config of the pipeline (bmv2 JSON or the target's .bin)",
     )
     p.add_argument("--request-log", type=Path, help="append every P4Runtime write request here")
-    p.add_argument(
-        "--no-tap",
-        action="store_true",
-        help="program everything but the tap (the ring runs through, nothing copied)",
+    flag(
+        p, "--no-tap", help="program everything but the tap (the ring runs through, nothing copied)"
     )
-    p.add_argument("--timeout", type=float, default=10.0, help="seconds per P4Runtime call")
-    p.add_argument("--json", action="store_true", help="machine-readable output")
+    seconds(p, "--timeout", 10.0, "seconds per P4Runtime call")
+    flag(p, "--json", help="machine-readable output")
 
 
 def _pipeline(args: argparse.Namespace, spec: Any) -> tuple[Any, bytes] | None:

@@ -20,6 +20,7 @@ import sys
 from pathlib import Path
 from typing import Literal
 
+from shadowgrad._cli import flag, seconds
 from shadowgrad.errors import ConfigError, ShadowgradError
 
 
@@ -31,12 +32,12 @@ def configure(p: argparse.ArgumentParser) -> None:
         help="iteration to export, or 'latest' (the restore point I*; default)",
     )
     p.add_argument("--out", type=Path, help="directory to write (must not exist or be empty)")
-    p.add_argument("--force", action="store_true", help="replace a non-empty --out")
-    p.add_argument(
+    flag(p, "--force", help="replace a non-empty --out")
+    seconds(
+        p,
         "--timeout",
-        type=float,
-        default=None,
-        help="seconds per control call (default: the spec's timeouts.rpc; fetches "
+        None,
+        "seconds per control call (default: the spec's timeouts.rpc; fetches "
         "get more time by size)",
     )
     p.add_argument(
@@ -46,11 +47,7 @@ def configure(p: argparse.ArgumentParser) -> None:
         default=None,
         help="check the export DIR instead of writing one",
     )
-    p.add_argument(
-        "--json",
-        action="store_true",
-        help="print the manifest (export) or the findings (--verify) as JSON",
-    )
+    flag(p, "--json", help="print the manifest (export) or the findings (--verify) as JSON")
 
 
 def _iteration(text: str) -> int | Literal["latest"]:

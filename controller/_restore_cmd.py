@@ -17,24 +17,18 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from shadowgrad._cli import flag
+
 if TYPE_CHECKING:
     from shadowgrad.messages import ShadowStatus
 
 
 def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--spec", required=True, type=Path, help="job spec (TOML)")
-    p.add_argument("--json", action="store_true", help="machine-readable output")
-    p.add_argument("--no-hold", action="store_true", help="only show I*, hold nothing")
-    p.add_argument(
-        "--release",
-        action="store_true",
-        help="release the holds placed by an earlier 'shadowgrad restore'",
-    )
-    p.add_argument(
-        "--no-controller",
-        action="store_true",
-        help="ask the shadows directly even when a controller is configured",
-    )
+    flag(p, "--json", help="machine-readable output")
+    flag(p, "--no-hold", help="only show I*, hold nothing")
+    flag(p, "--release", help="release the holds placed by an earlier 'shadowgrad restore'")
+    flag(p, "--no-controller", help="ask the shadows directly even when a controller is configured")
     p.add_argument(
         "--exec",
         dest="exec_cmd",

@@ -20,6 +20,8 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from shadowgrad._cli import flag, seconds
+
 if TYPE_CHECKING:
     from shadowgrad.seams import SwitchDriver as SwitchDriverSeam
 
@@ -32,11 +34,7 @@ def configure(p: argparse.ArgumentParser) -> None:
         help="control endpoint, e.g. tcp://0.0.0.0:47600 "
         "(default: [controller] address of the spec)",
     )
-    p.add_argument(
-        "--no-switch",
-        action="store_true",
-        help="do not program or watch the switch (another process owns it)",
-    )
+    flag(p, "--no-switch", help="do not program or watch the switch (another process owns it)")
     p.add_argument("--p4info", type=Path, help="P4Info (text) of the pipeline (real p4c)")
     p.add_argument("--device-config", type=Path, help="device config of the pipeline")
     p.add_argument("--request-log", type=Path, help="append every P4Runtime write request here")
@@ -46,28 +44,17 @@ def configure(p: argparse.ArgumentParser) -> None:
         default=1,
         help="P4Runtime election id (the highest connected client is the primary)",
     )
-    p.add_argument(
-        "--poll",
-        type=float,
-        default=None,
-        help="seconds between polls of the shadows (default: min(heartbeat, 0.25))",
+    seconds(
+        p, "--poll", None, "seconds between polls of the shadows (default: min(heartbeat, 0.25))"
     )
     p.add_argument(
         "--status-json",
         type=Path,
         help="rewrite this file with the controller's status every --status-interval",
     )
-    p.add_argument(
-        "--status-interval",
-        type=float,
-        default=1.0,
-        help="seconds between --status-json rewrites (default 1)",
-    )
-    p.add_argument(
-        "--duration",
-        type=float,
-        default=None,
-        help="stop after this many seconds (default: run until SIGINT/SIGTERM)",
+    seconds(p, "--status-interval", 1.0, "seconds between --status-json rewrites (default 1)")
+    seconds(
+        p, "--duration", None, "stop after this many seconds (default: run until SIGINT/SIGTERM)"
     )
 
 

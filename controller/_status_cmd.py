@@ -16,6 +16,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from shadowgrad._cli import flag, seconds
+
 EPILOG = """\
 exit status:
   0  healthy: every shadow answers, is loaded, not diverged and keeps up; trainers running,
@@ -37,27 +39,11 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.formatter_class = argparse.RawDescriptionHelpFormatter
     p.epilog = EPILOG
     p.add_argument("--spec", required=True, type=Path, help="job spec (TOML)")
-    p.add_argument(
-        "--json",
-        action="store_true",
-        help="print the view as one JSON object (one per line with --watch)",
-    )
-    p.add_argument(
-        "--watch", action="store_true", help="refresh every --interval seconds until Ctrl-C"
-    )
-    p.add_argument(
-        "--interval",
-        type=float,
-        default=1.0,
-        help="seconds between refreshes with --watch (default 1)",
-    )
+    flag(p, "--json", help="print the view as one JSON object (one per line with --watch)")
+    flag(p, "--watch", help="refresh every --interval seconds until Ctrl-C")
+    seconds(p, "--interval", 1.0, "seconds between refreshes with --watch (default 1)")
     p.add_argument("--count", type=int, default=None, help="with --watch: stop after N refreshes")
-    p.add_argument(
-        "--timeout",
-        type=float,
-        default=None,
-        help="seconds to wait for each shadow's reply (default: timeouts.rpc)",
-    )
+    seconds(p, "--timeout", None, "seconds to wait for each shadow's reply (default: timeouts.rpc)")
 
 
 def _check(args: argparse.Namespace) -> None:

@@ -26,6 +26,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from shadowgrad._cli import repeated
+
 
 def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("source", type=Path, help="the P4_16 program (v1model)")
@@ -41,12 +43,8 @@ def configure(p: argparse.ArgumentParser) -> None:
         default="",
         help="comma-separated P4Info outputs (.txtpb, .txt, .json, .bin)",
     )
-    p.add_argument(
-        "-I", dest="include", action="append", type=Path, default=[], help="add an include folder"
-    )
-    p.add_argument(
-        "-D", dest="define", action="append", default=[], help="define a macro, NAME or NAME=VALUE"
-    )
+    repeated(p, "-I", help="add an include folder", type=Path, dest="include")
+    repeated(p, "-D", help="define a macro, NAME or NAME=VALUE", dest="define")
     p.add_argument("--target", default="bmv2", help="accepted for p4c compatibility (bmv2)")
     p.add_argument("--arch", default="v1model", help="accepted for p4c compatibility (v1model)")
     p.add_argument("--std", default="p4-16", help="accepted for p4c compatibility (p4-16)")

@@ -25,6 +25,7 @@ import json
 from dataclasses import asdict
 from pathlib import Path
 
+from shadowgrad._cli import flag
 from shadowgrad.errors import ShadowgradError
 
 
@@ -33,7 +34,7 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "stf", type=Path, nargs="?", default=None, help="the STF file (default: PROGRAM.stf)"
     )
-    p.add_argument("-v", "--verbose", action="store_true", help="a folder: list every program")
+    flag(p, "-v", "--verbose", help="a folder: list every program")
     p.add_argument("--json", type=Path, default=None, help="a folder: write every result")
 
 

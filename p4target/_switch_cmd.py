@@ -29,6 +29,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from shadowgrad._cli import flag, repeated
+
 from .queues import QueueConfig
 from .v1model import DEFAULT_DROP_PORT, MAX_PORT
 
@@ -97,25 +99,19 @@ def build_parser() -> argparse.ArgumentParser:
         "(a stand-in for simple_switch_grpc). Target options go after '--'.",
     )
     p.add_argument("program", nargs="?", help="P4 source (.p4) or pipeline artefact (.bin)")
-    p.add_argument(
-        "--no-p4",
-        action="store_true",
-        help="start without a program; it arrives by SetForwardingPipelineConfig",
-    )
-    p.add_argument(
+    flag(p, "--no-p4", help="start without a program; it arrives by SetForwardingPipelineConfig")
+    repeated(
+        p,
         "-i",
         "--interface",
-        action="append",
-        default=[],
-        metavar="N@IFACE",
         help="attach a Linux interface as port N (AF_PACKET)",
+        metavar="N@IFACE",
     )
-    p.add_argument(
+    repeated(
+        p,
         "--loopback-port",
-        action="append",
-        default=[],
-        metavar="N@HOST:PORT[=PEER:PORT]",
         help="port N as a UDP endpoint; each datagram is one Ethernet frame",
+        metavar="N@HOST:PORT[=PEER:PORT]",
     )
     p.add_argument("--device-id", type=int, default=0)
     p.add_argument(
@@ -124,9 +120,9 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="accepted for compatibility; there is no Thrift server",
     )
-    p.add_argument("--log-console", action="store_true", help="log packet events to stderr")
+    flag(p, "--log-console", help="log packet events to stderr")
     p.add_argument("--log-file", default=None, help="log to this file instead of stderr")
-    p.add_argument("--log-flush", action="store_true", help="accepted (always flushed)")
+    flag(p, "--log-flush", help="accepted (always flushed)")
     p.add_argument("-L", "--log-level", default="info", choices=sorted(_LEVELS))
     p.add_argument(
         "--pcap",
@@ -139,35 +135,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dump-packet-data", type=int, default=None, help="accepted, ignored")
     for opt in ("--nanolog", "--notifications-addr", "--restore-state", "--state-file"):
         p.add_argument(opt, default=None, help="bmv2 option: accepted, ignored")
-    p.add_argument("--debugger", action="store_true", help="bmv2 option: accepted, ignored")
-    p.add_argument(
-        "--port-rate",
-        action="append",
-        default=[],
-        metavar="N:RATE",
-        help="egress rate of port N in bit/s (100m, 1g)",
+    flag(p, "--debugger", help="bmv2 option: accepted, ignored")
+    repeated(p, "--port-rate", help="egress rate of port N in bit/s (100m, 1g)", metavar="N:RATE")
+    repeated(p, "--port-delay", help="constant egress delay of port N (5ms)", metavar="N:DELAY")
+    repeated(
+        p, "--port-loss", help="egress loss probability of port N (0.01 or 1%%)", metavar="N:P"
     )
-    p.add_argument(
-        "--port-delay",
-        action="append",
-        default=[],
-        metavar="N:DELAY",
-        help="constant egress delay of port N (5ms)",
-    )
-    p.add_argument(
-        "--port-loss",
-        action="append",
-        default=[],
-        metavar="N:P",
-        help="egress loss probability of port N (0.01 or 1%%)",
-    )
-    p.add_argument(
+    repeated(
+        p,
         "--lossless-port",
-        action="append",
-        default=[],
-        type=int,
-        metavar="N",
         help="make port N's egress queue lossless (pause, never tail-drop)",
+        metavar="N",
+        type=int,
     )
     p.add_argument(
         "--queue-capacity",
@@ -192,9 +171,9 @@ def build_parser() -> argparse.ArgumentParser:
         "drops (default 4096)",
     )
     p.add_argument("--seed", type=int, default=0, help="seed of the loss RNGs")
-    p.add_argument(
+    flag(
+        p,
         "--pfc",
-        action="store_true",
         help="emit 802.1Qbb PFC XOFF/XON frames out of an ingress port while a "
         "lossless queue pauses it",
     )

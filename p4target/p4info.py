@@ -120,25 +120,33 @@ def build_p4info(m: ProgramModel) -> Any:
     p = p4info_pb2.P4Info()
     p.pkg_info.arch = "v1model"
 
-    def pre(msg: Any, o: Any, annotations: list[str] | None = None) -> None:
+    def add(entries: Any, o: Any, annotations: list[str] | None = None) -> Any:
+        """A new message in ``entries`` with the preamble of ``o``."""
+        msg = entries.add()
         msg.preamble.id = o.id
         msg.preamble.name = o.name
         msg.preamble.alias = o.alias
         for a in annotations or []:
             msg.preamble.annotations.append(a)
+        return msg
+
+    def add_field(entries: Any, fid: int, name: str, bitwidth: int) -> Any:
+        """A new match field, action parameter or packet-metadata field in ``entries``."""
+        f = entries.add()
+        f.id = fid
+        f.name = name
+        f.bitwidth = bitwidth
+        return f
+
+    def by_id(objs: list[Any]) -> list[Any]:
+        """``objs`` in id order, without those p4c leaves out of the P4Info."""
+        return [o for o in sorted(objs, key=lambda o: o.id) if getattr(o, "in_p4info", True)]
 
     aname = {a.id: a for a in m.actions}
-    for t in sorted(m.tables, key=lambda t: t.id):
-        if not t.in_p4info:
-            continue
-        tm = p.tables.add()
-        pre(tm, t, t.annotations)
+    for t in by_id(m.tables):
+        tm = add(p.tables, t, t.annotations)
         for k in t.keys:
-            mf = tm.match_fields.add()
-            mf.id = k.id
-            mf.name = k.name
-            mf.bitwidth = k.bitwidth
-            mf.match_type = _MATCH[k.match_kind]
+            add_field(tm.match_fields, k.id, k.name, k.bitwidth).match_type = _MATCH[k.match_kind]
         for a in t.action_ids:
             ar = tm.action_refs.add()
             ar.id = a
@@ -165,42 +173,28 @@ def build_p4info(m: ProgramModel) -> Any:
             tm.is_const_table = True
         if t.const_entries:
             tm.has_initial_entries = True
-    for act in sorted(m.actions, key=lambda a: a.id):
-        if not act.in_p4info:
-            continue
-        am = p.actions.add()
-        pre(am, act, act.annotations)
+    for act in by_id(m.actions):
+        am = add(p.actions, act, act.annotations)
         for prm in act.params:
-            pm = am.params.add()
-            pm.id = prm.id
-            pm.name = prm.name
-            pm.bitwidth = prm.bitwidth
-    for c in sorted(m.counters, key=lambda c: c.id):
-        cm = p.counters.add()
-        pre(cm, c)
+            add_field(am.params, prm.id, prm.name, prm.bitwidth)
+    for c in by_id(m.counters):
+        cm = add(p.counters, c)
         cm.spec.unit = _UNIT[c.unit]
         cm.size = c.size
-    for c in sorted(m.direct_counters, key=lambda c: c.id):
-        dm = p.direct_counters.add()
-        pre(dm, c)
+    for c in by_id(m.direct_counters):
+        dm = add(p.direct_counters, c)
         dm.spec.unit = _UNIT[c.unit]
         dm.direct_table_id = c.direct_table_id
-    for ch in sorted(m.controller_headers, key=lambda c: c.id):
-        hm = p.controller_packet_metadata.add()
-        pre(hm, ch, [f'@controller_header("{ch.name}")'])
+    for ch in by_id(m.controller_headers):
+        hm = add(p.controller_packet_metadata, ch, [f'@controller_header("{ch.name}")'])
         for fid, fname, bw in ch.fields:
-            md = hm.metadata.add()
-            md.id = fid
-            md.name = fname
-            md.bitwidth = bw
-    for r in sorted(m.registers, key=lambda r: r.id):
-        rm = p.registers.add()
-        pre(rm, r)
+            add_field(hm.metadata, fid, fname, bw)
+    for r in by_id(m.registers):
+        rm = add(p.registers, r)
         rm.type_spec.bitstring.bit.bitwidth = r.bitwidth
         rm.size = r.size
-    for d in sorted(m.digests, key=lambda d: d.id):
-        dg = p.digests.add()
-        pre(dg, d)
+    for d in by_id(m.digests):
+        dg = add(p.digests, d)
         dg.type_spec.struct.name = d.name
         st = p.type_info.structs[d.name]
         for mname, bw in d.members:

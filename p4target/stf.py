@@ -100,14 +100,22 @@ def _digits(v: str) -> tuple[str, int, str]:
     return v, 0, ""
 
 
+def _key_pair(v: str, sep: str, whole: int) -> tuple[int, int] | None:
+    """A ternary or lpm key given as numbers: ``a SEP b`` as (a, b), a plain number (no
+    0x/0b/0o prefix) as (it, ``whole``); None for prefixed digits (they may hold ``*``)."""
+    if sep in v:
+        a, b = v.split(sep, 1)
+        return _int(a), _int(b)
+    if not _digits(v)[1]:
+        return _int(v), whole
+    return None
+
+
 def _ternary(v: str, width: int) -> Ternary:
-    if "&&&" in v:
-        a, b = v.split("&&&", 1)
-        return Ternary(_int(a), _int(b))
+    pair = _key_pair(v, "&&&", (1 << width) - 1)
+    if pair is not None:
+        return Ternary(*pair)
     digits, bits, _prefix = _digits(v)
-    if not bits:
-        val = _int(v)
-        return Ternary(val, (1 << width) - 1)
     radix = 1 << bits
     value = int(digits.replace("*", "0"), radix)
     mask = 0
@@ -117,12 +125,10 @@ def _ternary(v: str, width: int) -> Ternary:
 
 
 def _lpm(v: str, width: int) -> Lpm:
-    if "/" in v:
-        a, b = v.split("/", 1)
-        return Lpm(_int(a), _int(b))
+    pair = _key_pair(v, "/", width)
+    if pair is not None:
+        return Lpm(*pair)
     digits, bits, _prefix = _digits(v)
-    if not bits:
-        return Lpm(_int(v), width)
     n = (len(digits) - digits.count("*")) * bits
     value = int(digits.replace("*", "0"), 1 << bits)
     return Lpm(value, min(n, width))

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 
+from shadowgrad._cli import flag
 from shadowgrad.errors import ConfigError
 
 
@@ -48,7 +49,7 @@ def configure(p: argparse.ArgumentParser) -> None:
         default="0s",
         help="shadowgrad's per-iteration trainer overhead (measured; default 0)",
     )
-    p.add_argument("--json", action="store_true", help="machine-readable output")
+    flag(p, "--json", help="machine-readable output")
 
 
 def run(args: argparse.Namespace) -> int:

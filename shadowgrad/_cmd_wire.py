@@ -7,6 +7,7 @@ import json
 import sys
 
 from shadowgrad import wire
+from shadowgrad._cli import flag
 from shadowgrad.errors import WireError
 
 
@@ -14,7 +15,7 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("hex", nargs="*", help="datagrams in hex (UDP payloads); stdin lines if none")
     p.add_argument("--job", type=int, help="reject datagrams of other jobs")
     p.add_argument("--layout", type=lambda s: int(s, 0), help="expected layout digest64")
-    p.add_argument("--json", action="store_true", help="one JSON object per datagram")
+    flag(p, "--json", help="one JSON object per datagram")
 
 
 def _describe(msg: wire.Message) -> dict[str, object]:

@@ -306,20 +306,20 @@ class _Builder:
     @staticmethod
     def _sub_call(st: ast.stmt) -> tuple[str, str, list[ast.expr]] | None:
         """``_rN = sub_K(C, args...)``: (``_rN``, ``sub_K``, args); None for anything else."""
+        found = _assigned_call(st, "sub_")
+        if found is None:
+            return None
+        assign, call, func = found
+        target = assign.targets[0]
         if not (
-            isinstance(st, ast.Assign)
-            and len(st.targets) == 1
-            and isinstance(st.targets[0], ast.Name)
-            and isinstance(st.value, ast.Call)
-            and isinstance(st.value.func, ast.Name)
-            and st.value.func.id.startswith("sub_")
-            and st.value.args
-            and isinstance(st.value.args[0], ast.Name)
-            and st.value.args[0].id == "C"
-            and not st.value.keywords
+            isinstance(target, ast.Name)
+            and call.args
+            and isinstance(call.args[0], ast.Name)
+            and call.args[0].id == "C"
+            and not call.keywords
         ):
             return None
-        return st.targets[0].id, st.value.func.id, st.value.args[1:]
+        return target.id, func, call.args[1:]
 
     def sub_control(
         self,
@@ -1038,6 +1038,20 @@ def _drop_aliases(fn: ast.FunctionDef) -> None:
     Rewrite().visit(fn)
 
 
+def _assigned_call(st: ast.stmt, prefix: str) -> tuple[ast.Assign, ast.Call, str] | None:
+    """``target = f(...)`` (one target) where ``f`` is a name starting with ``prefix``: the
+    assignment, the call and ``f``; None for anything else."""
+    if not (
+        isinstance(st, ast.Assign)
+        and len(st.targets) == 1
+        and isinstance(st.value, ast.Call)
+        and isinstance(st.value.func, ast.Name)
+        and st.value.func.id.startswith(prefix)
+    ):
+        return None
+    return st, st.value, st.value.func.id
+
+
 def _raw_extracts(
     stmts: list[ast.stmt], mod: _Module, raw: dict[str, int], extract_ids: set[int]
 ) -> list[ast.stmt]:
@@ -1053,16 +1067,14 @@ def _raw_extracts(
         if isinstance(st, ast.If):
             st.body = _raw_extracts(st.body, mod, raw, extract_ids)
             st.orelse = _raw_extracts(st.orelse, mod, raw, extract_ids)
+        found = _assigned_call(st, "_SU_")
+        target = found[0].targets[0] if found is not None else None
         if (
-            isinstance(st, ast.Assign)
-            and len(st.targets) == 1
-            and isinstance(st.targets[0], ast.Tuple)
-            and isinstance(st.value, ast.Call)
-            and isinstance(st.value.func, ast.Name)
-            and st.value.func.id.startswith("_SU_")
-            and all(isinstance(e, ast.Name) for e in st.targets[0].elts)
+            found is not None
+            and isinstance(target, ast.Tuple)
+            and all(isinstance(e, ast.Name) for e in target.elts)
         ):
-            temps = [e.id for e in st.targets[0].elts if isinstance(e, ast.Name)]
+            temps = [e.id for e in target.elts if isinstance(e, ast.Name)]
             j = i + 1
             header = None
             while j < len(stmts):
@@ -1086,7 +1098,7 @@ def _raw_extracts(
             if header is not None and raw.get(header, len(temps)) == len(temps):
                 raw[header] = len(temps)
                 names = {t: f"r_{header}_{k}" for k, t in enumerate(temps)}
-                st.targets[0] = ast.Tuple(
+                found[0].targets[0] = ast.Tuple(
                     [ast.Name(names[t], ast.Store()) for t in temps], ast.Store()
                 )
                 out.append(st)

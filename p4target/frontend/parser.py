@@ -6,9 +6,14 @@ this parser keeps the set of type names declared so far (declarations precede us
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import TypeVar
+
 from . import ast as A  # noqa: N812
 from .diagnostics import Diagnostic, Loc
 from .lexer import KEYWORDS, Token
+
+T = TypeVar("T")
 
 BUILTIN_TYPES = {"bit", "int", "varbit", "bool", "void", "error", "string", "tuple"}
 
@@ -142,14 +147,7 @@ class Parser:
             self.i += 1
             name = self.ident("a type name").text
             self.types.add(name)
-            self.expect("{")
-            fields: list[A.Field] = []
-            while not self.accept("}"):
-                fanns = self.annotations()
-                ft = self.type_ref()
-                fname = self.ident("a field name")
-                self.expect(";")
-                fields.append(A.Field(fname.loc, ft, fname.text, fanns))
+            fields = self.braced(self.field_decl)
             return A.HeaderDecl(loc, name, anns, fields, kw == "header", kw == "header_union")
         if kw in {"typedef", "type"}:
             self.i += 1
@@ -362,6 +360,22 @@ class Parser:
         self.types = saved | {name}
         return A.ParserDecl(loc, name, anns, tps, ps, ctor, locs, states, False)
 
+    def field_decl(self) -> A.Field:
+        """A field of a header, header union or struct."""
+        fanns = self.annotations()
+        ft = self.type_ref()
+        fname = self.ident("a field name")
+        self.expect(";")
+        return A.Field(fname.loc, ft, fname.text, fanns)
+
+    def select_case(self) -> A.SelectCase:
+        cloc = self.tok.loc
+        ks = self.keyset()
+        self.expect(":")
+        st = self.ident("a state name").text
+        self.expect(";")
+        return A.SelectCase(cloc, ks, st)
+
     def transition(self) -> A.Transition:
         loc = self.expect("transition").loc
         if self.accept("select"):
@@ -370,15 +384,7 @@ class Parser:
             while self.accept(","):
                 exprs.append(self.expression())
             self.expect(")")
-            self.expect("{")
-            cases: list[A.SelectCase] = []
-            while not self.accept("}"):
-                cloc = self.tok.loc
-                ks = self.keyset()
-                self.expect(":")
-                st = self.ident("a state name").text
-                self.expect(";")
-                cases.append(A.SelectCase(cloc, ks, st))
+            cases = self.braced(self.select_case)
             return A.Transition(loc, None, exprs, cases)
         st = self.ident("a state name").text
         self.expect(";")
@@ -452,13 +458,7 @@ class Parser:
         if self.at("table"):
             return self.table_decl(anns)
         if self.at("const"):
-            self.i += 1
-            ty = self.type_ref()
-            n = self.ident("a constant name")
-            self.expect("=")
-            v = self.expression()
-            self.expect(";")
-            return A.VarDecl(t.loc, ty, n.text, v, anns, const=True)
+            return self.const_decl(anns)
         if self.is_type_start():
             s = self.decl_after_type(anns)
             self.expect(";")
@@ -484,6 +484,16 @@ class Parser:
             init = self.expression()
         return A.VarDecl(loc, ty, n.text, init, anns)
 
+    def const_decl(self, anns: list[A.Annotation]) -> A.VarDecl:
+        """``const T name = value;`` declared in a control or in a block."""
+        loc = self.expect("const").loc
+        ty = self.type_ref()
+        n = self.ident("a constant name")
+        self.expect("=")
+        v = self.expression()
+        self.expect(";")
+        return A.VarDecl(loc, ty, n.text, v, anns, const=True)
+
     def table_decl(self, anns: list[A.Annotation]) -> A.TableDecl:
         loc = self.expect("table").loc
         name = self.ident("a table name").text
@@ -501,56 +511,65 @@ class Parser:
             pname = pn.text
             self.expect("=") if pname != "entries" or self.at("=") else None
             if pname == "key":
-                self.expect("{")
-                keys: list[A.KeyElement] = []
-                while not self.accept("}"):
-                    kloc = self.tok.loc
-                    e = self.expression()
-                    self.expect(":")
-                    mk = self.ident("a match kind").text
-                    kanns = self.annotations()
-                    self.expect(";")
-                    keys.append(A.KeyElement(kloc, e, mk, kanns))
+                keys = self.braced(self.key_element)
                 props.append(A.TableProperty(ploc, pname, const, keys=keys))
             elif pname == "actions":
-                self.expect("{")
-                acts: list[A.ActionRef] = []
-                while not self.accept("}"):
-                    aanns = self.annotations()
-                    aloc = self.tok.loc
-                    an = self.dotted_name()
-                    args = self.arguments() if self.at("(") else []
-                    self.expect(";")
-                    acts.append(A.ActionRef(aloc, an, args, aanns))
+                acts = self.braced(self.action_ref)
                 props.append(A.TableProperty(ploc, pname, const, actions=acts))
             elif pname == "entries":
-                self.expect("{")
-                ents: list[A.TableEntryDecl] = []
-                while not self.accept("}"):
-                    eanns = self.annotations()
-                    eloc = self.tok.loc
-                    prio: A.Expr | None = None
-                    if self.accept("priority"):
-                        self.expect("=")
-                        prio = self.expression()
-                        self.expect(":")
-                    ks = self.keyset()
-                    keys_l = ks.items if isinstance(ks, A.ListExpr) else [ks]
-                    self.expect(":")
-                    aloc = self.tok.loc
-                    an = self.dotted_name()
-                    args = self.arguments() if self.at("(") else []
-                    eanns += self.annotations()  # p4c's @priority(n) goes here
-                    self.expect(";")
-                    ents.append(
-                        A.TableEntryDecl(eloc, keys_l, A.ActionRef(aloc, an, args, []), eanns, prio)
-                    )
+                ents = self.braced(self.table_entry)
                 props.append(A.TableProperty(ploc, pname, const, entries=ents))
             else:
                 v = self.expression()
                 self.expect(";")
                 props.append(A.TableProperty(ploc, pname, const, value=v))
         return A.TableDecl(loc, name, anns, props)
+
+    def braced(self, item: Callable[[], T]) -> list[T]:
+        """``{ item item ... }``: the items up to the closing brace."""
+        self.expect("{")
+        items: list[T] = []
+        while not self.accept("}"):
+            items.append(item())
+        return items
+
+    def key_element(self) -> A.KeyElement:
+        kloc = self.tok.loc
+        e = self.expression()
+        self.expect(":")
+        mk = self.ident("a match kind").text
+        kanns = self.annotations()
+        self.expect(";")
+        return A.KeyElement(kloc, e, mk, kanns)
+
+    def action_ref(self) -> A.ActionRef:
+        """An action of a table's ``actions`` list."""
+        ref = self.action_call(self.annotations())
+        self.expect(";")
+        return ref
+
+    def action_call(self, anns: list[A.Annotation]) -> A.ActionRef:
+        """``name`` or ``name(args)``: an action as a table lists it or an entry runs it."""
+        aloc = self.tok.loc
+        an = self.dotted_name()
+        args = self.arguments() if self.at("(") else []
+        return A.ActionRef(aloc, an, args, anns)
+
+    def table_entry(self) -> A.TableEntryDecl:
+        eanns = self.annotations()
+        eloc = self.tok.loc
+        prio: A.Expr | None = None
+        if self.accept("priority"):
+            self.expect("=")
+            prio = self.expression()
+            self.expect(":")
+        ks = self.keyset()
+        keys_l = ks.items if isinstance(ks, A.ListExpr) else [ks]
+        self.expect(":")
+        action = self.action_call([])
+        eanns += self.annotations()  # p4c's @priority(n) goes here
+        self.expect(";")
+        return A.TableEntryDecl(eloc, keys_l, action, eanns, prio)
 
     def dotted_name(self) -> str:
         top = self.accept(".")
@@ -655,13 +674,7 @@ class Parser:
                 self.expect(";")
                 return A.Return(loc, v)
             if kw == "const":
-                self.i += 1
-                ty = self.type_ref()
-                n = self.ident("a constant name")
-                self.expect("=")
-                v = self.expression()
-                self.expect(";")
-                return A.VarDecl(loc, ty, n.text, v, anns, const=True)
+                return self.const_decl(anns)
             if kw == "transition":
                 raise Diagnostic(loc, "'transition' is only allowed at the end of a parser state")
             if self.is_type_start() and (
