@@ -37,25 +37,11 @@ def _check(spec_path: str, final_path: str, steps: int) -> int:
     import torch
 
     from shadowgrad.config import load_spec
-    from shadowgrad.layout import Layout
-    from shadowgrad.shadow.control import ShadowClient
-    from shadowgrad.shadow.replay import assemble_full
+    from shadowgrad.testing.cluster import fetch_from_shadows
 
     spec = load_spec(spec_path)
     final = torch.load(final_path, weights_only=True)
-    layout: Layout | None = None
-    exports: dict[int, Any] = {}
-    status = []
-    for k in range(spec.shadows.count):
-        with ShadowClient(f"tcp://{spec.shadows.control_endpoint(k)}", TOKEN, timeout_s=30.0) as c:
-            res = c.fetch(steps - 1)
-            status.append(c.status(timeline=0))
-            if layout is None:
-                layout = Layout.from_json(c.config().layout)
-            shard = layout.shard_of_shadow(k)[0]
-            exports.setdefault(shard, [res.states[b] for b in range(len(res.states))])
-    assert layout is not None
-    params, opt = assemble_full(layout, [exports[s] for s in range(layout.num_shards)])
+    _layout, params, opt, status = fetch_from_shadows(spec, TOKEN, steps - 1)
     bad = [n for n, t in params.items() if not torch.equal(t, final["model"][n])]
     for i, n in enumerate(final["model"]):
         for sk, v in final["optimizer"]["state"][i].items():

@@ -12,7 +12,6 @@ import pytest
 import torch
 
 from shadowgrad.config import parse_spec
-from shadowgrad.layout import Layout, from_module
 from shadowgrad.specs import loopback_spec, spec_toml
 from shadowgrad.testing.cluster import shadow_cluster
 from shadowgrad.testing.processes import Ranks
@@ -34,20 +33,6 @@ def test_example_adds_at_most_15_lines() -> None:
     mirror = _code_lines(EXAMPLES / "train_mirror.py")
     added = [ln for ln in difflib.ndiff(plain, mirror) if ln.startswith("+ ")]
     assert 0 < len(added) <= 15, added
-
-
-def _model() -> torch.nn.Module:
-    # the example's model, for its layout
-    from torch import nn
-
-    return nn.Sequential(
-        nn.Linear(64, 128),
-        nn.GELU(),
-        nn.Linear(128, 128),
-        nn.GELU(),
-        nn.LayerNorm(128),
-        nn.Linear(128, 2),
-    )
 
 
 def losses_of(out: str) -> dict[int, str]:
@@ -91,18 +76,19 @@ def test_example_4_ranks_50_iterations_bit_exact(tmp_path: Path) -> None:
     with shadow_cluster(spec) as cluster:
         text, _ = run_example(spec_path, 4, steps, tmp_path / "final.pt")
         assert cluster.wait_applied(steps - 1, timeout_s=60), cluster.status()
-        params, buckets = from_module(_model())
-        layout = Layout.build(params, buckets, 3, 1)
-        it, shadow_params, shadow_opt = cluster.full_state(layout)
+        # in the layout the example's trainers loaded the shadows with
+        it, shadow_params, shadow_opt = cluster.full_state()
         sts = cluster.status()
     assert it == steps - 1
     final = torch.load(tmp_path / "final.pt", weights_only=True)
     model = final["model"]
+    assert set(shadow_params) == set(model)
     for name, t in shadow_params.items():
         assert torch.equal(t, model[name]), name
-    # optimizer state: the trainer's state_dict is by index in param-group order
-    names_in_opt = [n for n, _ in _model().named_parameters() if n.endswith("weight")] + [
-        n for n, _ in _model().named_parameters() if not n.endswith("weight")
+    # optimizer state: the trainer's state_dict is by index in param-group order (the
+    # example's groups: the weights, then the rest, each in module order)
+    names_in_opt = [n for n in model if n.endswith("weight")] + [
+        n for n in model if not n.endswith("weight")
     ]
     opt_state = final["optimizer"]["state"]
     for i, name in enumerate(names_in_opt):

@@ -311,22 +311,9 @@ def _shadow_state_matches(spec_path: Path, final: dict[str, Any], steps: int) ->
     import torch
 
     from shadowgrad.config import load_spec
-    from shadowgrad.layout import Layout
-    from shadowgrad.shadow.control import ShadowClient
-    from shadowgrad.shadow.replay import assemble_full
+    from shadowgrad.testing.cluster import fetch_from_shadows
 
-    spec = load_spec(spec_path)
-    layout: Layout | None = None
-    exports: dict[int, list[dict[str, torch.Tensor]]] = {}
-    for k in range(spec.shadows.count):
-        with ShadowClient(f"tcp://{spec.shadows.control_endpoint(k)}", TOKEN, timeout_s=30.0) as c:
-            res = c.fetch(steps - 1)
-            if layout is None:
-                layout = Layout.from_json(c.config().layout)
-            shard = layout.shard_of_shadow(k)[0]
-            exports.setdefault(shard, [res.states[b] for b in range(len(res.states))])
-    assert layout is not None
-    params, opt = assemble_full(layout, [exports[s] for s in range(layout.num_shards)])
+    _layout, params, opt, _status = fetch_from_shadows(load_spec(spec_path), TOKEN, steps - 1)
     bad = [
         f"param {n}"
         for n, t in params.items()

@@ -28,7 +28,9 @@ from shadowgrad import wire
 from shadowgrad.boxes import assemble_full
 from shadowgrad.config import JobSpec, parse_spec
 from shadowgrad.control_client import ShadowClient
+from shadowgrad.errors import ControlError
 from shadowgrad.layout import Layout
+from shadowgrad.messages import ShadowStatus
 from shadowgrad.optspec import OptimizerSpec, state_by_name
 from shadowgrad.shadow.node import NodeOptions, ShadowNode
 
@@ -36,7 +38,7 @@ from .producer import Faults, Producer
 from .specs import TOKEN, bound_spec
 from .training import RefTrainer, bucket_bytes, compare_shard, initial_states
 
-__all__ = ["ShadowCluster", "producer_cluster", "shadow_cluster"]
+__all__ = ["ShadowCluster", "fetch_from_shadows", "producer_cluster", "shadow_cluster"]
 
 #: what :meth:`ShadowCluster.brief` keeps of a shadow's status
 _BRIEF = ("shadow", "last_ready", "last_applied", "istar", "diverged_at", "counters", "peers")
@@ -130,9 +132,14 @@ class ShadowCluster:
         self.close()
 
     def _layout(self, layout: Layout | None) -> Layout:
+        """``layout``, else the cluster's own, else the one its shadows were loaded with (the
+        trainers' load: shadow 0's ``config``)."""
         got = layout if layout is not None else self.layout
         if got is None:
-            raise ValueError("no layout: pass one (this cluster was not built for a layout)")
+            try:
+                got = Layout.from_json(self.clients[0].config().layout)
+            except ControlError as e:
+                raise ValueError(f"no layout: none given and shadow 0 has none ({e})") from None
         return got
 
     # -- status and waiting ------------------------------------------------------------------
@@ -319,3 +326,29 @@ def producer_cluster(
         raise
     with c:
         yield c
+
+
+def fetch_from_shadows(
+    spec: JobSpec, token: str, iteration: int, *, timeout_s: float = 30.0
+) -> tuple[Layout, dict[str, torch.Tensor], dict[str, dict[str, torch.Tensor]], list[ShadowStatus]]:
+    """What a job's running shadows hold of ``iteration``, over their control endpoints: the
+    layout (from the first shadow's ``config``), the full parameters and optimizer state
+    (every shadow fetched, the first replica of each shard assembled) and every shadow's
+    status after its fetch."""
+    layout: Layout | None = None
+    exports: dict[int, list[dict[str, torch.Tensor]]] = {}
+    statuses: list[ShadowStatus] = []
+    for k in range(spec.shadows.count):
+        with ShadowClient(
+            f"tcp://{spec.shadows.control_endpoint(k)}", token, timeout_s=timeout_s
+        ) as c:
+            res = c.fetch(iteration)
+            statuses.append(c.status(timeline=0))
+            if layout is None:
+                layout = Layout.from_json(c.config().layout)
+            shard = layout.shard_of_shadow(k)[0]
+            exports.setdefault(shard, [res.states[b] for b in range(len(res.states))])
+    if layout is None:
+        raise ValueError("the spec has no shadows")
+    params, opt = assemble_full(layout, [exports[s] for s in range(layout.num_shards)])
+    return layout, params, opt, statuses
