@@ -28,8 +28,11 @@ from ..frontend.types import (
     BoolT,
     EnumT,
     ErrorT,
+    StackT,
     StructT,
+    TupleT,
     Ty,
+    UnionT,
     VarbitT,
     bit_width,
     scalar_default,
@@ -85,10 +88,20 @@ class Emitter:
         self.ind -= 1
 
 
+def class_name(t: StructT) -> str:
+    """The Python class that holds values of the struct-like type ``t`` in generated code."""
+    if isinstance(t, StackT):
+        assert t.elem is not None
+        return f"T_{t.elem.name}_{t.size}"
+    if isinstance(t, TupleT):
+        return f"T_tuple_{t.index}"
+    return ("H_" if t.is_header else "U_" if isinstance(t, UnionT) else "S_") + t.name
+
+
 def default_value(t: Ty) -> str:
     """Python for the initial value of a variable of type ``t``."""
     if isinstance(t, StructT):
-        return f"{t.pyname}()"
+        return f"{class_name(t)}()"
     if isinstance(t, BoolT):
         return "False"
     if isinstance(t, (BitT, ErrorT, EnumT)):
@@ -161,7 +174,7 @@ def types_code(structs: list[StructT], codecs: dict[str, HeaderCodec], too_short
     # packet creates every header, most are extracted, i.e. fully written, or never
     # touched); structs keep __slots__ and write every field at creation.
     for t in structs:
-        with o.block(f"class {t.pyname}:"):
+        with o.block(f"class {class_name(t)}:"):
             if t.is_header:
                 o("_v_ = False")
                 nested = [(n, ft) for n, ft in t.fields if isinstance(ft, StructT)]
@@ -178,7 +191,7 @@ def types_code(structs: list[StructT], codecs: dict[str, HeaderCodec], too_short
                     for n, ft in t.fields:
                         o(f"self.{attr(n)} = {default_value(ft)}")
             with o.block("def copy(self):"):
-                o(f"n = _new({t.pyname})")
+                o(f"n = _new({class_name(t)})")
                 if t.is_header:
                     o("n._v_ = self._v_")
                 for n, ft in t.fields:
@@ -214,7 +227,7 @@ def _codec_code(o: Emitter, t: StructT, codec: HeaderCodec, too_short: int) -> N
         for line in unpack:
             o(line)
     with o.block(f"def _look_{t.name}(C):"):
-        o(f"h = {t.pyname}()")
+        o(f"h = {class_name(t)}()")
         o(f"_unpack_{t.name}(h, _peek(C, {total}))")
         o("return h")
     with o.block(f"def _pk_{t.name}(h):"):
@@ -402,7 +415,7 @@ def runtime_code(
     headers egress and compute may write (None: any), which a replica copies; ``field_lists``:
     the metadata fields of each field list index that ``preserve`` copies."""
     o = Emitter()
-    ht, mt, st = headers_t.pyname, meta_t.pyname, std_t.pyname
+    ht, mt, st = class_name(headers_t), class_name(meta_t), class_name(std_t)
     with o.block("def new_ctx(frame):"):
         o("C = PacketCtx()")
         o(f"C.hdr = {ht}()")

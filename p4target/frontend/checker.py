@@ -428,7 +428,6 @@ class Checker:
             d.name,
             d.is_header,
             annotations=d.annotations,
-            pyname=("H_" if d.is_header else "U_" if d.is_union else "S_") + d.name,
         )
         seen: set[str] = set()
         for f in d.fields:
@@ -597,7 +596,7 @@ class Checker:
                 key,
                 False,
                 [(f"f{i}", it) for i, it in enumerate(items)],
-                pyname=f"T_tuple_{len(self.tuple_types)}",
+                index=len(self.tuple_types),
             )
             self.tuple_types[key] = tt
             self.structs.append(tt)
@@ -618,7 +617,6 @@ class Checker:
                 f"{elem.name}[{key[1]}]",
                 False,
                 [*((f"e{i}", elem) for i in range(key[1])), ("nidx", BitT(32))],
-                pyname=f"T_{elem.name}_{key[1]}",
                 elem=elem,
                 size=key[1],
             )

@@ -82,7 +82,6 @@ class StructT(Ty):
     fields: list[tuple[str, Ty]] = field(default_factory=list)
     field_anns: dict[str, list[A.Annotation]] = field(default_factory=dict)
     annotations: list[A.Annotation] = field(default_factory=list)
-    pyname: str = ""
 
     def __str__(self) -> str:
         return f"{'header' if self.is_header else 'struct'} {self.name}"
@@ -137,7 +136,9 @@ class StackT(StructT):
 @dataclass(eq=False)
 class TupleT(StructT):
     """``tuple<T1, ...>``: held as a struct of its elements (fields ``f0`` ..), read by a
-    constant index."""
+    constant index. ``index``: the program's n-th distinct tuple type (a name for it)."""
+
+    index: int = 0
 
     def __str__(self) -> str:
         return "tuple<" + ", ".join(str(t) for _, t in self.fields) + ">"
