@@ -282,7 +282,7 @@ class Runner:
                     "control_port": 47480,
                 },
                 "switch": {
-                    "target": "bmv2_testbed",
+                    "target": "p4target",
                     "trainer_ports": list(range(1, world + 1)),
                     "shadow_ports": list(range(world + 1, world + shadows + 1)),
                 },

@@ -10,7 +10,7 @@ with the controller's switch driver (docs/switch.md).
 
 The layout comes from ``shadowgrad layout --spec job.toml --model M:F -o layout.json``. The
 pipeline: ``--p4info F --device-config F`` (real p4c's ``.p4info.txtpb`` and ``.json``, or
-``shadowgrad p4c``'s ``.bin``); without them, with ``switch.target = "bmv2_testbed"``, the spec's
+``shadowgrad p4c``'s ``.bin``); without them, with ``switch.target = "p4target"``, the spec's
 ``p4_program`` is compiled for the P4 target.
 """
 
@@ -56,7 +56,7 @@ def _pipeline(args: argparse.Namespace, spec: Any) -> tuple[Any, bytes] | None:
         return info, args.device_config.read_bytes()
     if args.action != "program":
         return None
-    if spec.switch.target != "bmv2_testbed":
+    if spec.switch.target != "p4target":
         raise ConfigError(
             "switch.target",
             spec.switch.target,

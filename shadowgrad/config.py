@@ -55,9 +55,10 @@ Keys (``*`` = required; default otherwise):
     across ``trainer_ports``, ``shadow_ports`` and ``cpu_port``. In ``"in-band"`` mode every
     trainer and shadow address must be an IPv4 literal, since the switch matches and rewrites IPv4
     headers.
-    ``target`` -- ``"bmv2_testbed"``, ``"simple_switch_grpc"`` or ``"none"``; ``"bmv2_testbed"``:
-    shadowgrad's P4 software target; ``"simple_switch_grpc"``: real bmv2; ``"none"``: no
-    programmable switch (only with ``job.mode = "mirror"``). Default ``"bmv2_testbed"``.
+    ``target`` -- ``"p4target"``, ``"simple_switch_grpc"`` or ``"none"``; ``"p4target"``:
+    shadowgrad's P4 software target (:mod:`shadowgrad.p4target`; ``"bmv2_testbed"``, its former
+    name, is read as it); ``"simple_switch_grpc"``: real bmv2; ``"none"``: no programmable switch
+    (only with ``job.mode = "mirror"``). Default ``"p4target"``.
     ``grpc_addr`` -- ``"host:port"``; the P4Runtime server. Default ``"127.0.0.1:9559"``.
     ``device_id`` -- integer 0..2**64-1; P4Runtime device id. Default ``0``.
     ``p4_program`` -- path; P4_16 source to load. Default ``"p4/shadowgrad.p4"``.
@@ -152,11 +153,13 @@ _log = logging.getLogger(__name__)
 
 Mode = Literal["in-band", "mirror"]
 Backend = Literal["gloo", "nccl"]
-Target = Literal["bmv2_testbed", "simple_switch_grpc", "none"]
+Target = Literal["p4target", "simple_switch_grpc", "none"]
 
 MODES: Final[tuple[Mode, ...]] = ("in-band", "mirror")
 BACKENDS: Final[tuple[Backend, ...]] = ("gloo", "nccl")
-TARGETS: Final[tuple[Target, ...]] = ("bmv2_testbed", "simple_switch_grpc", "none")
+TARGETS: Final[tuple[Target, ...]] = ("p4target", "simple_switch_grpc", "none")
+#: former spellings of ``switch.target`` still read (the P4 target lived in bmv2_testbed/)
+TARGET_ALIASES: Final[tuple[tuple[str, Target], ...]] = (("bmv2_testbed", "p4target"),)
 
 #: whether DATA chunks carry a MAC by default (docs/security.md: the measured cost)
 DEFAULT_AUTHENTICATE_DATA: Final = True
@@ -349,6 +352,8 @@ class _Key:
     length: str | None = None
     #: ``"choice"``: the allowed strings
     choices: tuple[str, ...] = ()
+    #: ``"choice"``: former spellings still accepted, each read as its choice (with a warning)
+    aliases: tuple[tuple[str, str], ...] = ()
     #: durations: the unit of the field, ``"s"`` (float seconds; the key drops the ``_s``)
     unit: str | None = None
     #: strings: a regular expression the whole value must match, and the error if it does not
@@ -546,14 +551,16 @@ class SwitchSection:
     """
 
     target: Target = field(
-        default="bmv2_testbed",
+        default="p4target",
         metadata={
             "schema": _Key(
                 "choice",
-                '``"bmv2_testbed"``: shadowgrad\'s P4 software target; '
+                '``"p4target"``: shadowgrad\'s P4 software target (:mod:`shadowgrad.p4target`;'
+                ' ``"bmv2_testbed"``, its former name, is read as it); '
                 '``"simple_switch_grpc"``: real bmv2; ``"none"``: no programmable switch '
                 '(only with ``job.mode = "mirror"``).',
                 choices=TARGETS,
+                aliases=TARGET_ALIASES,
             )
         },
     )
@@ -1065,8 +1072,12 @@ def _parse_value(schema: _Key, value: object, key: str, parsed: Mapping[str, Any
         if not isinstance(value, str):
             raise ConfigError(key, value, f"expected a string, got {_type_name(value)}")
         if kind == "choice" and value not in schema.choices:
-            options = ", ".join(repr(o) for o in schema.choices)
-            raise ConfigError(key, value, f"must be one of {options}")
+            now = dict(schema.aliases).get(value)
+            if now is None:
+                options = ", ".join(repr(o) for o in schema.choices)
+                raise ConfigError(key, value, f"must be one of {options}")
+            _log.warning("%s = %r is a former name of %r: read as %r", key, value, now, now)
+            value = now
         if kind == "path" and (not value or "\x00" in value):
             raise ConfigError(key, value, "expected a non-empty path")
         if schema.pattern is not None and not re.fullmatch(schema.pattern, value):

@@ -33,7 +33,7 @@ def loopback_spec(
     switch: dict[str, Any] = {"target": "none"}
     if mode == "in-band":  # switch ports are required; nothing here talks to a switch
         switch = {
-            "target": "bmv2_testbed",
+            "target": "p4target",
             "trainer_ports": list(range(1, world + 1)),
             "shadow_ports": list(range(world + 1, world + shadows + 1)),
         }
@@ -106,7 +106,7 @@ def switch_spec(
         [f"127.{n}.{t}.{i + 1}" for i in range(world)],
         [f"127.{n}.{t}.{101 + i}" for i in range(shadows)],
         {
-            "target": "bmv2_testbed",
+            "target": "p4target",
             "trainer_ports": tports,
             "shadow_ports": sports,
             "loopback": f"127.0.0.1:{base}",

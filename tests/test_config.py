@@ -55,7 +55,7 @@ def mirror() -> dict[str, Any]:
 def test_reference_example_loads() -> None:
     spec = load_spec(EXAMPLES / "job.toml", env=NOENV)
     assert spec.job.mode == "in-band"
-    assert spec.switch.target == "bmv2_testbed"
+    assert spec.switch.target == "p4target"
     assert spec.trainers.world_size == 4
     assert [str(a) for a in spec.trainers.addresses] == [
         f"10.0.0.{i}:{DEFAULT_UDP_PORT}" for i in range(1, 5)
@@ -84,6 +84,20 @@ def test_loopback_example_loads() -> None:
         spec.shadows.control_endpoint(3)
 
 
+def test_the_targets_former_name_is_read_as_p4target(caplog: pytest.LogCaptureFixture) -> None:
+    """Specs written when the P4 target lived in bmv2_testbed/ keep working, with a warning;
+    any other unknown target is still refused."""
+    raw = base()
+    raw["switch"]["target"] = "bmv2_testbed"
+    with caplog.at_level("WARNING", logger="shadowgrad.config"):
+        spec = parse_spec(raw, env=NOENV)
+    assert spec.switch.target == "p4target"
+    assert "former name" in caplog.text and "switch.target" in caplog.text
+    raw["switch"]["target"] = "bmv2"
+    with pytest.raises(ConfigError, match="must be one of 'p4target'"):
+        parse_spec(raw, env=NOENV)
+
+
 def test_defaults() -> None:
     spec = parse_spec(base(), env=NOENV)
     assert spec.job.mode == "in-band"
@@ -91,7 +105,7 @@ def test_defaults() -> None:
     assert spec.shadows.replication == 1
     assert spec.shadows.control_port == 47480
     assert spec.shadows.snapshot_every == 0 and spec.shadows.snapshot_dir is None
-    assert spec.switch.target == "bmv2_testbed"
+    assert spec.switch.target == "p4target"
     assert spec.switch.grpc_addr == Endpoint("127.0.0.1", 9559)
     assert spec.switch.device_id == 0
     assert spec.switch.p4_program == Path("p4/shadowgrad.p4")

@@ -298,7 +298,7 @@ def test_import_scan_sees_every_form(tmp_path: Path) -> None:
 
 #: (file, module) imports of another package allowed anyway, with the reason
 PEER_ALLOWED = {
-    # `shadowgrad switch program` with switch.target = "bmv2_testbed" compiles p4/ with the
+    # `shadowgrad switch program` with switch.target = "p4target" compiles p4/ with the
     # software target's compiler (where a user of real bmv2 runs p4c), through the testbed's
     # cached compile of the product program, imported lazily there
     ("controller/_cmd.py", "shadowgrad.bmv2_testbed.inband"),

@@ -90,7 +90,7 @@ def _spec_doc() -> dict[str, Any]:
             "control_port": 47480,
         },
         "switch": {
-            "target": "bmv2_testbed",
+            "target": "p4target",
             "trainer_ports": [1, 2, 3, 4],
             "shadow_ports": [5, 6, 7, 8],
         },

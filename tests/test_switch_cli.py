@@ -36,7 +36,7 @@ def test_switch_cli_programs_idempotently_and_removes(
             "trainers": {"world_size": 2, "addresses": ["10.0.0.1", "10.0.0.2"]},
             "shadows": {"count": 2, "addresses": ["10.0.1.1", "10.0.1.2"]},
             "switch": {
-                "target": "bmv2_testbed",
+                "target": "p4target",
                 "grpc_addr": f"127.0.0.1:{sw.server.port}",
                 "p4_program": str(ROOT / "p4" / "shadowgrad.p4"),
                 "trainer_ports": [1, 2],

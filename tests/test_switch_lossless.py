@@ -39,7 +39,7 @@ def _job() -> tuple[Any, Layout]:
         "job": {"id": 3, "name": "lossless", "mode": "in-band"},
         "trainers": {"world_size": 2, "addresses": ["10.0.0.1", "10.0.0.2"]},
         "shadows": {"count": 2, "replication": 1, "addresses": ["10.0.1.1", "10.0.1.2"]},
-        "switch": {"target": "bmv2_testbed", "trainer_ports": [1, 2], "shadow_ports": [3, 4]},
+        "switch": {"target": "p4target", "trainer_ports": [1, 2], "shadow_ports": [3, 4]},
         "security": {"token_env": "X"},
     }
     spec = parse_spec(doc, env={})
