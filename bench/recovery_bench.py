@@ -70,13 +70,14 @@ import datetime as dt
 import functools
 import gc
 import os
+import resource
 import shutil
 import statistics
 import sys
 import tempfile
 import time
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -188,6 +189,22 @@ def sg_step(model: Any, sg: Any, size: str, it: int) -> None:
 
 
 # --------------------------------------------------------------------------- the variants
+
+
+def _cpu_s(pids: Sequence[int] = ()) -> float:
+    """CPU seconds (user + system, every thread) of this process and of the processes
+    ``pids`` so far (a gone one counts 0)."""
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    total = r.ru_utime + r.ru_stime
+    tick = os.sysconf("SC_CLK_TCK")
+    for pid in pids:
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            continue
+        fields = stat.rpartition(")")[2].split()
+        total += (int(fields[11]) + int(fields[12])) / tick  # utime, stime
+    return total
 
 
 class Timer:
@@ -368,9 +385,22 @@ class ShadowVariant:
             model, opt = build(self.size, seed)
         with tm.phase("attach"):
             sg = self.attach(model, opt)
+        pids = [p.pid for p in getattr(self.cluster, "procs", ())]
+        cpu: dict[str, float] = {}
+        restore = sg._restore
+
+        def fetch_load(*a: Any, **kw: Any) -> Any:
+            # the CPU the fetch takes on this machine's cores: this process (its threads: the
+            # shadows too when they are threads here) and the shadow processes
+            c0, t0 = _cpu_s(pids), _now()
+            try:
+                return restore(*a, **kw)
+            finally:
+                cpu["cpu_s"], cpu["wall_s"] = _cpu_s(pids) - c0, _now() - t0
+
         try:
             sg._survey = tm.wrap("survey", sg._survey)
-            sg._restore = tm.wrap("fetch_load", sg._restore)
+            sg._restore = tm.wrap("fetch_load", fetch_load)
             sg._load_shadows = tm.wrap("reseed", sg._load_shadows)
             start = sg.restore_or_start()
             restore_ms = 1000 * (_now() - t0)
@@ -400,6 +430,7 @@ class ShadowVariant:
             "restore_ms": restore_ms,
             "first_iter_ms": first_ms,
             "phases_ms": tm.phases,
+            "fetch_cores": cpu["cpu_s"] / cpu["wall_s"] if cpu.get("wall_s") else None,
             "close_ms": close_ms,
             "tensors_checked": tensors,
         }
@@ -699,6 +730,13 @@ def bench_size(
             "first_iter_ms": _stats(first),
             "restore_plus_first_ms": _stats(both),
             "phases_ms_median": phases,
+            # cores the fetch kept busy (CPU seconds of the restoring process and the shadows
+            # over the fetch's wall time): what more shadows can gain on this machine
+            "fetch_cores_median": (
+                statistics.median(c for x in rs if (c := x.get("fetch_cores")) is not None)
+                if any(x.get("fetch_cores") is not None for x in rs)
+                else None
+            ),
             "ratio_to_dcp_load": {
                 "restore": statistics.median(restore)
                 / statistics.median(x["restore_ms"] for x in bs),
