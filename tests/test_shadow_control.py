@@ -395,3 +395,35 @@ def test_fetch_returns_the_commit_and_load_keeps_the_one_given() -> None:
             assert cl.fetch(None).commit == sent[5]
         assert all(sorted(n._commits) == [5] for n in c.nodes)
         assert not c.check(5, trainer)
+
+
+def test_a_fetch_of_the_live_state_holds_the_next_step_until_its_reply_has_left() -> None:
+    """The current iteration is served from the live tensors, not a copy (issue 23): the next
+    step waits until the reply has left the node (its tracker), and past ``timeouts.rpc``
+    goes ahead anyway and says so (the requester's checksums refuse what changed)."""
+    trainer = RefTrainer(Case("live", "mlp", "adamw", iterations=4), seed=3)
+    layout = trainer.layout(num_shadows=1)
+    with loaded_cluster(trainer, layout) as c:
+        node = c.nodes[0]
+        _run(c, trainer, layout, range(2))
+        res = c.clients[0].fetch(None)
+        assert res.iteration == 1
+        assert not compare_shard(layout, 0, res.states, *trainer_state(trainer))
+        assert node.ev["cut_copies"] == 0  # no snapshot of 1 was made for it
+        # a reply over the live state still in flight: the step of 2 waits for it
+        serve = node._serve_live()
+        grads, commit = trainer.step(2)
+        c.producer.send_iteration(2, bucket_bytes(layout, grads), commit)
+        time.sleep(0.5)
+        assert node.status_reply().last_applied == 1
+        serve.sent(None)  # gone (or never sent): the step goes ahead
+        c.expect_applied(2)
+        # one that never leaves: after timeouts.rpc the step goes ahead, counted
+        t = dataclasses.replace(node.spec.timeouts, rpc_s=0.3)
+        node.spec = dataclasses.replace(node.spec, timeouts=t)
+        node._serve_live()
+        grads, commit = trainer.step(3)
+        c.producer.send_iteration(3, bucket_bytes(layout, grads), commit)
+        c.expect_applied(3)
+        assert node.ev["serve_overrun"] == 1
+        assert not compare_shard(layout, 0, c.clients[0].fetch(3).states, *trainer_state(trainer))
