@@ -62,6 +62,8 @@ MAX_SLOTS = 1024
 #: optimizer state: ~3x), at most FETCH_IN_FLIGHT requests at once
 FETCH_PIECE_BYTES = 8 * 2**20
 FETCH_IN_FLIGHT = 6
+#: ZeroMQ I/O threads of a restore (their kernel copies run in parallel on as many cores)
+FETCH_IO_THREADS = 2
 
 
 class _FetchFailedError(ShadowgradError):
@@ -645,7 +647,7 @@ class Shadowgrad:
         order = [(g.rank + j) % layout.num_shards for j in range(layout.num_shards)]
         pieces = [(shard, grp) for shard in order for grp in _box_groups(layout, shard)]
         commit: dict[str, Any] | None = None
-        ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+        ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context(io_threads=FETCH_IO_THREADS)
 
         def fetch(shard: int, boxes: list[int]) -> dict[str, Any] | None:
             k = source[shard]
