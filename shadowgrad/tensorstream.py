@@ -40,8 +40,6 @@ __all__ = [
 
 #: largest binary frame of a tensor stream
 CHUNK_BYTES = 4 * 2**20
-#: what copy_verified copies and then checksums at a time (fits a core's L2 cache)
-_VERIFY_BLOCK = 512 * 2**10
 
 #: what a tensor stream carries: every dtype of the one table (:mod:`shadowgrad.torch_dtypes`)
 _DTYPES = TORCH_DTYPES
@@ -151,20 +149,12 @@ def copy_verified(t: StreamTensor, dest: torch.Tensor) -> None:
     if not dest.is_contiguous() or dest.numel() * dest.element_size() != t.nbytes:
         raise ControlError("bad_request", f"{t.key!r} of box {t.box}: destination does not fit")
     flat = dest.reshape(-1).view(torch.uint8) if t.nbytes else dest
-    raw = dest.reshape(-1).view(torch.uint8).numpy().data.cast("B") if t.nbytes else None
     lo = 0
     for k, (chunk, crc) in enumerate(t.chunks):
-        # copy, then checksum the copy while it is still in the cache, a block at a time: one
-        # pass over the frame's memory instead of two (a wrong chunk fails all the same)
-        got = 0
-        src = _frame_tensor(chunk)
-        for b in range(0, chunk.nbytes, _VERIFY_BLOCK):
-            e = min(b + _VERIFY_BLOCK, chunk.nbytes)
-            flat[lo + b : lo + e].copy_(src[b:e])
-            assert raw is not None
-            got = wire.crc(raw[lo + b : lo + e], got)
-        if got != crc:
+        if wire.crc(chunk) != crc:
             raise ControlError("checksum", f"chunk {k} of {t.key!r} (box {t.box}) fails CRC-32")
+        if chunk.nbytes:
+            flat[lo : lo + chunk.nbytes].copy_(_frame_tensor(chunk))
         lo += chunk.nbytes
 
 
