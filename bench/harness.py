@@ -628,7 +628,7 @@ def render_reseed(d: Doc) -> list[str]:
             "then the trainer's re-seed `load` of its shard, the first one into the fresh "
             "process and the median of warm ones; *transfer*: the round trip less the install "
             "time the shadow reports (`trainer.reseed`'s `send_mb_s`). Baseline: a bare zmq "
-            "round trip of the same frames to a ROUTER in another process, same run"
+            "round trip of the same frames to a REP socket in another process, same run"
             + (f"; {hog} busy loops ran meanwhile" if hog else "")
             + f". Goals: transfer ≥ {GOAL_RESEED_MB_S:.0f} MB/s, answers ≤ "
             f"{GOAL_ANSWER_S:.0f} s.",

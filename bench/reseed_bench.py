@@ -19,7 +19,7 @@ trainer's re-seed ``load`` of the shard (``Shadowgrad._send_load`` over the heal
 kind of connection, which the status polls opened) — the first one into the fresh process and
 warm ones after it; whole round trips, and the transfer alone (less the install time the shadow
 reports: ``trainer.reseed``'s send_mb_s) — against a bare zmq round trip of the same frames
-to a ROUTER in another process (the loopback baseline, same run). ``--hog N`` runs N busy
+to a REP socket in another process (the loopback baseline, same run). ``--hog N`` runs N busy
 loops meanwhile (a loaded machine).
 
     .venv/bin/python bench/reseed_bench.py --sections load --load-models transformer,10M --hog 2
@@ -104,15 +104,16 @@ def bench(size: str, repeat: int) -> dict[str, Any]:
 
 TOKEN = "reseed-bench-token"
 
-#: a ROUTER answering every request with a small reply: the loopback baseline of a load
+#: a bare REP socket answering every request with a small reply: the loopback baseline of a
+#: load (no shadowgrad code; the project's one ROUTER loop is shadowgrad._control_server)
 _ECHO = """
 import zmq
 ctx = zmq.Context()
-s = ctx.socket(zmq.ROUTER)
+s = ctx.socket(zmq.REP)
 print(s.bind_to_random_port("tcp://127.0.0.1"), flush=True)
 while True:
-    parts = s.recv_multipart(copy=False)
-    s.send_multipart([parts[0].bytes, b"", b'{"ok": true}'])
+    s.recv_multipart(copy=False)
+    s.send(b'{"ok": true}')
 """
 
 
@@ -158,7 +159,7 @@ def _trainer(model_name: str) -> tuple[Any, int, list[dict[str, Any]], Any]:
 
 
 def _zmq_baseline(frames: list[Any], repeat: int) -> float:
-    """Median seconds of a bare zmq round trip carrying ``frames`` to a ROUTER in another
+    """Median seconds of a bare zmq round trip carrying ``frames`` to a REP socket in another
     process (REQ, as the control client)."""
     import zmq
 
