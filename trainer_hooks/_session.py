@@ -1252,13 +1252,25 @@ def attach(
     model: torch.nn.Module,
     optimizer: torch.optim.Optimizer,
     spec: JobSpec | str | os.PathLike[str],
+    *,
+    lr_scheduler: Any = None,
+    grad_scaler: Any = None,
+    max_grad_norm: float | None = None,
     **options: Any,
 ) -> Shadowgrad:
     """Attach shadowgrad to a (DDP-wrapped) model and its optimizer; see :class:`Shadowgrad`.
 
-    ``spec`` is a :class:`~shadowgrad.config.JobSpec` or the path of its TOML file; ``options``
-    are :class:`Shadowgrad`'s keywords (``lr_scheduler``, ``grad_scaler``, ``max_grad_norm``,
-    ...). Then call :meth:`Shadowgrad.restore_or_start` once and :meth:`Shadowgrad.step` every
-    iteration.
+    ``spec`` is a :class:`~shadowgrad.config.JobSpec` or the path of its TOML file; the LR
+    scheduler, the AMP grad scaler and the clipping norm are restored and replayed with the
+    optimizer; ``options`` are :class:`Shadowgrad`'s other keywords. Then call
+    :meth:`Shadowgrad.restore_or_start` once and :meth:`Shadowgrad.step` every iteration.
     """
-    return Shadowgrad(model, optimizer, spec, **options)
+    return Shadowgrad(
+        model,
+        optimizer,
+        spec,
+        lr_scheduler=lr_scheduler,
+        grad_scaler=grad_scaler,
+        max_grad_norm=max_grad_norm,
+        **options,
+    )
