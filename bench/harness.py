@@ -95,6 +95,37 @@ def _ratio(x: Any) -> str:
     return "-" if not isinstance(x, int | float) else f"{x:.3f}"
 
 
+#: what each of the ranks' threads does, for the in-band CPU sentence
+_THREAD_ROLES = {
+    "shadowgrad-ring": "the ring engine (sealing and verifying every datagram, retaining the "
+    "FINAL bytes, the DDP hook's futures)",
+    "MainThread": "the training thread (shadowgrad's step and COMMIT)",
+    "shadowgrad-health": "the health monitor (status polls of every shadow)",
+    "shadowgrad-mirror": "the COMMIT sender",
+}
+
+
+def _thread_excess_sentence(x: Doc) -> str:
+    """Where the in-band ranks' extra CPU runs, by thread (inband_bench's per-thread CPU),
+    and the clean ring with the session's MACs alone where it ran."""
+    ex = x.get("thread_cpu_excess_ms") or {}
+    parts = [f"{_THREAD_ROLES.get(n, n)} {v:+.2f}" for n, v in ex.items() if abs(v) >= 0.05][:5]
+    out = ""
+    if parts:
+        out += (
+            " All ranks' CPU per iteration against the clean ring, by thread (ms): "
+            + "; ".join(parts)
+            + "."
+        )
+    mac = x.get("mac_cpu_ratio")
+    if mac is not None:
+        out += (
+            f" The clean ring with the session's MACs alone (`ring_mac`) uses "
+            f"{_pct(mac - 1)} more CPU than without."
+        )
+    return out
+
+
 def _ratio4(x: Any) -> str:
     return "-" if _num(x) is None else f"{x:.4f}"
 
@@ -909,6 +940,17 @@ def analyze(found: dict[str, tuple[Path, Doc | None]]) -> Doc:
                 "shadows_at_last": r.get("shadows_at_last"),
                 "bytes_met": nbytes is not None and nbytes - 1 <= GOAL_INBAND_BYTES,
                 "cpu_met": cpu is not None and cpu - 1 <= GOAL_INBAND,
+                # all ranks' CPU ms per iteration by thread, in-band less the clean ring
+                "thread_cpu_excess_ms": {
+                    n: v * 1e3 for n, v in (vs.get("thread_cpu_excess_s") or {}).items()
+                },
+                "mac_cpu_ratio": _num(
+                    _get(
+                        rows.get((size, "ring_mac" + ("@" + pin if pin else ""))) or {},
+                        "vs_ring",
+                        "rusage_cpu_per_iter",
+                    )
+                ),
             }
         )
     from shadowgrad.wire import MAC_SIZE
@@ -1181,7 +1223,10 @@ def render_goals(g: Doc) -> list[str]:
                 f"{where}, CPU: the ranks use {_pct((x.get('cpu_ratio') or 1) - 1)} more CPU "
                 f"per iteration than on the clean ring; the switch process used "
                 f"{_f(x.get('switch_cores'), 2)} cores during the in-band iterations, on the "
-                "same CPUs" + ("" if not x.get("pinned") else " (pinned: others)") + ".",
+                "same CPUs"
+                + ("" if not x.get("pinned") else " (pinned: others)")
+                + "."
+                + _thread_excess_sentence(x),
             ]
     rows = [
         [
@@ -1595,7 +1640,14 @@ BENCHES: tuple[Bench, ...] = (
         "inband_bench",
         "In-band through the P4 target vs the clean ring and plain DDP",
         ("--sizes", "100K", "--iters", "10", "--warmup", "2", "--rounds", "1"),
-        ("--rounds", "3", "--pin", "both"),
+        (
+            "--rounds",
+            "3",
+            "--pin",
+            "both",
+            "--variants",
+            "ddp,ring,ring_mac,mirror,inband_notap,inband",
+        ),
         render=render_inband,
         timeout_quick_s=400,
         timeout_full_s=3600,

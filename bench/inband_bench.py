@@ -267,6 +267,16 @@ def tcp_bytes_sent() -> int | None:
     return total
 
 
+def _by_thread(cpu: dict[str, float]) -> dict[str, float]:
+    """CPU seconds by thread name, the ranks' suffixes (``shadowgrad-ring-r2``) dropped, so
+    the ranks and the variants line up; threads under 0.1 ms left out."""
+    out: dict[str, float] = {}
+    for name, v in cpu.items():
+        key = re.sub(r"-r\d+$", "", name)
+        out[key] = out.get(key, 0.0) + v
+    return {k: v for k, v in out.items() if abs(v) >= 1e-4}
+
+
 def _rusage_cpu_s() -> float:
     """user + system CPU seconds of this whole process so far (every thread), getrusage."""
     ru = resource.getrusage(resource.RUSAGE_SELF)
@@ -305,6 +315,7 @@ def worker(args: argparse.Namespace) -> None:
     times: list[float] = []
     phases: list[tuple[float, float, float]] = []  # forward, backward (+ reduction), step
     cpu0 = wall0 = ru0 = 0.0
+    threads0: dict[str, float] = {}
     tcp0: int | None = None
     sent0 = [0, 0]
     for it in range(args.warmup + args.iters):
@@ -313,6 +324,7 @@ def worker(args: argparse.Namespace) -> None:
                 print("MEASURE begin", flush=True)
             tcp0, sent0 = tcp_bytes_sent(), list(sent or (0, 0))
             cpu0, ru0, wall0 = time.process_time(), _rusage_cpu_s(), time.perf_counter()
+            threads0 = _common.thread_cpu_s()
         x, y = batch(it, rank, args.batch, args.width)
         t0 = time.perf_counter()
         loss = torch.nn.functional.cross_entropy(model(x), y)
@@ -338,6 +350,8 @@ def worker(args: argparse.Namespace) -> None:
         "rank_loop_cpu_s": time.process_time() - cpu0,
         "rank_loop_wall_s": time.perf_counter() - wall0,
         "rank_loop_rusage_cpu_s": _rusage_cpu_s() - ru0,
+        # where it went, by thread (the rank suffix of shadowgrad's thread names dropped)
+        "rank_thread_cpu_s": _by_thread(_common.cpu_delta(threads0, _common.thread_cpu_s(), 1)),
     }
     tcp1 = tcp_bytes_sent()
     mine["rank_tcp_bytes"] = None if tcp0 is None or tcp1 is None else tcp1 - tcp0
@@ -702,6 +716,23 @@ def _per_rank(runs: list[dict[str, Any]], key: str, per: int) -> list[float | No
     return out
 
 
+def _threads_per_iter(runs: list[dict[str, Any]], per: int) -> dict[str, float] | None:
+    """CPU seconds per iteration by thread name, all ranks together (``rank_thread_cpu_s``),
+    the median over the rounds; the largest first."""
+    names = {n for r in runs for per_rank in r.get("rank_thread_cpu_s") or [] for n in per_rank}
+    if not names:
+        return None
+    out = {}
+    for n in names:
+        vals = [
+            sum(per_rank.get(n, 0.0) for per_rank in r["rank_thread_cpu_s"]) / per
+            for r in runs
+            if r.get("rank_thread_cpu_s")
+        ]
+        out[n] = statistics.median(vals)
+    return dict(sorted(out.items(), key=lambda kv: -kv[1]))
+
+
 def _ring_per_rank(runs: list[dict[str, Any]], counter: str, per: int) -> list[float | None] | None:
     """Ring counter ``counter`` of every rank (whole run) / ``per``, the median over the rounds."""
     vals = []
@@ -781,6 +812,8 @@ def summarize(size: str, variant: str, runs: list[dict[str, Any]], buckets: int)
         "process_cpu_s": _per_rank(runs, "rank_process_cpu_s", 1),
     }
     entry["per_rank_per_iter"] = pr
+    # all ranks' CPU per iteration by thread: where an in-band rank's CPU goes beyond the ring's
+    entry["thread_cpu_per_iter_s"] = _threads_per_iter(runs, its)
     if "switch_rx_packets" in first:
         # the software switch's load: every frame it received (all ports) per iteration
         # run, that over the mean measured iteration (the rate while training), that over
@@ -807,10 +840,21 @@ def summarize(size: str, variant: str, runs: list[dict[str, Any]], buckets: int)
     return entry
 
 
-def compare(entry: dict[str, Any], base: dict[str, Any]) -> dict[str, float | None]:
+def thread_excess(entry: dict[str, Any], base: dict[str, Any]) -> dict[str, float] | None:
+    """``entry``'s CPU seconds per iteration (all ranks) by thread less ``base``'s, the
+    largest first: which threads the in-band ranks' extra CPU runs on (the ring engine, the
+    training thread, the health monitor, the COMMIT sender, ZeroMQ's I/O threads)."""
+    a, b = entry.get("thread_cpu_per_iter_s"), base.get("thread_cpu_per_iter_s")
+    if not a or not b:
+        return None
+    d = {n: a.get(n, 0.0) - b.get(n, 0.0) for n in set(a) | set(b)}
+    return dict(sorted(d.items(), key=lambda kv: -abs(kv[1])))
+
+
+def compare(entry: dict[str, Any], base: dict[str, Any]) -> dict[str, Any]:
     """``entry`` against ``base`` (the clean ring): ratios of the median iteration, of the
     bytes per iteration (all ranks: into the switch, out of the ring links) and of the ranks'
-    CPU seconds per iteration."""
+    CPU seconds per iteration, and the CPU difference by thread (``thread_cpu_excess_s``)."""
 
     def ratio(a: float | None, b: float | None) -> float | None:
         return None if a is None or not b else a / b
@@ -827,6 +871,7 @@ def compare(entry: dict[str, Any], base: dict[str, Any]) -> dict[str, float | No
         ),
         "cpu_per_iter": ratio(_total(pe["cpu_s"]), _total(pb["cpu_s"])),
         "rusage_cpu_per_iter": ratio(_total(pe["rusage_cpu_s"]), _total(pb["rusage_cpu_s"])),
+        "thread_cpu_excess_s": thread_excess(entry, base),
     }
 
 
@@ -875,8 +920,17 @@ def print_row(e: dict[str, Any]) -> None:
         vs = e.get(f"vs_{base}")
         if vs:
             line += f"; vs {base}: " + ", ".join(
-                f"{k} {'-' if v is None else f'{v:.4f}x'}" for k, v in vs.items() if k != "median"
+                f"{k} {'-' if v is None else f'{v:.4f}x'}"
+                for k, v in vs.items()
+                if k not in ("median", "thread_cpu_excess_s")
             )
+            excess = vs.get("thread_cpu_excess_s")
+            if excess:
+                line += (
+                    " (CPU ms/iter by thread: "
+                    + ", ".join(f"{n} {v * 1e3:+.2f}" for n, v in list(excess.items())[:6])
+                    + ")"
+                )
     print(line, flush=True)
 
 

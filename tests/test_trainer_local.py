@@ -121,7 +121,7 @@ def test_queued_work_wakes_the_idle_sender_at_once() -> None:
             sender = sg._sender
             assert sender is not None
             assert sg.flush(10)
-            sender._IDLE_POLL_S = 60.0
+            sender._idle_timeout = lambda: 60.0  # type: ignore[method-assign]
             time.sleep(0.1)  # let the thread enter the long select
             for it in range(5):
                 _train(model, sg, 1, start=it)

@@ -397,9 +397,10 @@ class MirrorSender:
 
     _sending = False
     _in_rx = False
-    #: how long the idle thread waits in select() before looking at heartbeats; queued work and
-    #: NACKs wake it at once
-    _IDLE_POLL_S = 0.02
+    #: the idle thread sleeps in select() until the next heartbeat or summary is due, at most
+    #: this long (queued work, close and NACKs wake it at once): no periodic wake-ups that cost
+    #: a training core CPU for nothing
+    _IDLE_POLL_MAX_S = 0.25
     #: the longest a send waits for room in a full socket buffer
     _SEND_WAIT_S = 0.05
     #: at most this many datagrams are drained per receive poll (the queue is served between)
@@ -542,7 +543,7 @@ class MirrorSender:
                     self._sending = item is not None
                     self._idle = item is None
                 if item is None:
-                    self._poll_rx(self._IDLE_POLL_S, wake=True)
+                    self._poll_rx(self._idle_timeout(), wake=True)
                     with self._lock:
                         self._idle = False
                     self._maybe_heartbeat()
@@ -712,6 +713,13 @@ class MirrorSender:
             else:
                 self._sendto(data, b"", addr, retx)
         self._last_send = time.monotonic()
+
+    def _idle_timeout(self) -> float:
+        """Seconds until the next heartbeat or summary is due (1 ms to ``_IDLE_POLL_MAX_S``)."""
+        due = self._next_summary
+        if self.commits and self._last_commit is not None:
+            due = min(due, self._last_send + self.heartbeat_s)
+        return min(self._IDLE_POLL_MAX_S, max(0.001, due - time.monotonic()))
 
     def _maybe_heartbeat(self) -> None:
         if not self.commits or self._last_commit is None:
