@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from shadowgrad import events
 from shadowgrad._control_server import TrackedFrames
+from shadowgrad.bulk import STREAM_CHUNK_BYTES
 from shadowgrad.layout import Layout
 from shadowgrad.messages import (
     FetchReply,
@@ -35,6 +36,7 @@ from shadowgrad.messages import (
 )
 from shadowgrad.optspec import OptimizerSpec
 from shadowgrad.shadow.control import (
+    CHUNK_BYTES,
     ControlError,
     commit_from_json,
     commit_to_json,
@@ -177,19 +179,36 @@ class ControlHandlers:
                 serve = n._serve_live()
             else:
                 raise ControlError("unavailable", f"iteration {it} not available here")
+        # the bulk channel when asked for (shadowgrad.bulk): the manifest here, the bytes on a
+        # connection of their own; the live-serve bookkeeping ends when that send ends
+        bulk = n._bulk() if r.stream else None
         try:
             ids = {
                 k: (box.name, box.offsets)
                 for k, box in enumerate(ld.geom.boxes + ld.geom.state_boxes)
             }
-            entries, frames = encode_states(states, ids)
-            reply = FetchReply(it, ld.shard, tuple(entries), commit, n._generation)
+            chunk = STREAM_CHUNK_BYTES if bulk is not None else CHUNK_BYTES
+            entries, frames = encode_states(states, ids, chunk_bytes=chunk)
+            stream: dict[str, Any] | None = None
+            if bulk is not None:
+                nbytes = sum(f.nbytes for f in frames)
+                ticket = bulk.offer(
+                    frames,
+                    (lambda _ok: serve.sent(None)) if serve is not None else (lambda _ok: None),
+                    send_timeout_s=n.spec.timeouts.connect_s + nbytes / (20 * 2**20),
+                )
+                if ticket is not None:
+                    stream = {"port": bulk.port, "ticket": ticket, "chunk": chunk}
+                    frames = []
+            reply = FetchReply(it, ld.shard, tuple(entries), commit, n._generation, stream=stream)
             head = reply.to_json()
         except BaseException:
             if serve is not None:
                 serve.sent(None)
             raise
-        return head, frames if serve is None else TrackedFrames(frames, serve.sent)
+        if stream is not None or serve is None:
+            return head, frames
+        return head, TrackedFrames(frames, serve.sent)
 
     def config(self, req: dict[str, Any], _f: list[memoryview]) -> tuple[dict[str, Any], list[Any]]:
         """What a restarted replica needs to clone this shard: layout, optimizer, generation."""

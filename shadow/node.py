@@ -48,6 +48,7 @@ import zmq
 from shadowgrad import events
 from shadowgrad._control_server import bind_router
 from shadowgrad._log import event
+from shadowgrad.bulk import BulkServer, endpoint_host
 from shadowgrad.config import JobSpec
 from shadowgrad.errors import LayoutError, ShadowgradError
 from shadowgrad.layout import Layout
@@ -223,6 +224,9 @@ class ShadowNode:
         #: fetch replies sent from the live tensors, without a copy (under _lock): the apply
         #: thread waits for them before it writes those tensors again (:meth:`_quiesce_serves`)
         self._serving: list[_Serve] = []
+        #: the bulk channel of streamed fetches (shadowgrad.bulk), made by the first one
+        self._bulk_server: BulkServer | None = None
+        self._bulk_failed = False
         self._cond = threading.Condition(self._lock)
         self._stop = threading.Event()
         self.ev: Counter[str] = Counter()
@@ -376,6 +380,8 @@ class ShadowNode:
         with contextlib.suppress(OSError):
             self.sock.close()
         self._control.close(0.0)
+        if self._bulk_server is not None:
+            self._bulk_server.close(max(0.0, deadline - time.monotonic()))
         if alive:
             raise ShadowgradError(f"shadow {self.id}: threads {alive} did not stop in {timeout_s}s")
         with self._lock:
@@ -415,6 +421,23 @@ class ShadowNode:
         with self._lock:
             self._serving.append(serve)
         return serve
+
+    def _bulk(self) -> BulkServer | None:
+        """The bulk channel's server, listening on the control host (made by the first
+        streamed fetch, on the control thread); None when it cannot listen (the fetch is then
+        answered with frames, as by a shadow without one)."""
+        if self._bulk_server is None and not self._bulk_failed and not self._stop.is_set():
+            try:
+                self._bulk_server = BulkServer(
+                    endpoint_host(self.control_endpoint),
+                    ticket_ttl_s=self.spec.timeouts.rpc_s,
+                    counters=self.ev,
+                    name=f"shadow{self.id}-bulk",
+                )
+            except OSError as e:
+                self._bulk_failed = True
+                log.warning("shadow %d: no bulk channel (%s): fetches send frames", self.id, e)
+        return self._bulk_server
 
     def _quiesce_serves(self) -> None:
         """Before the live tensors are written (the caller holds ``_state_lock``): wait until

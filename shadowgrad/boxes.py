@@ -16,15 +16,25 @@ parameters (``load``, ``fetch``, snapshots, exports).
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from shadowgrad.errors import ShadowgradError
 from shadowgrad.layout import Box, Layout
-from shadowgrad.tensorstream import copy_verified, iter_stream
+from shadowgrad.tensorstream import (
+    StreamEntry,
+    StreamTensor,
+    copy_verified,
+    dest_bytes,
+    iter_stream,
+    parse_entry,
+)
 from shadowgrad.torch_dtypes import LAYOUT_TORCH_DTYPES, TORCH_DTYPES
+
+if TYPE_CHECKING:
+    from shadowgrad.bulk import StreamReader
 
 __all__ = [
     "ReplayError",
@@ -270,38 +280,78 @@ class FullStateSink:
     ) -> None:
         """Shard ``shard``'s stream (a ``fetch`` reply's ``entries`` and frames) of the box
         indices ``boxes`` (None: all of the shard's; a stream of other boxes is refused)."""
+        allowed = None if boxes is None else frozenset(boxes)
+        for t in iter_stream(entries, frames):
+            dest, post = self._target(shard, t, allowed)
+            copy_verified(t, dest)
+            self._done(shard, t, post)
+
+    def receive(
+        self,
+        shard: int,
+        entries: Sequence[Mapping[str, Any]],
+        reader: StreamReader,
+        *,
+        boxes: Sequence[int] | None = None,
+    ) -> None:
+        """Like :meth:`write`, the bytes from a bulk stream (:mod:`shadowgrad.bulk`): each
+        tensor received straight into its place, every chunk checked as it lands."""
+        allowed = None if boxes is None else frozenset(boxes)
+        for entry in entries:
+            t = parse_entry(entry)
+            dest, post = self._target(shard, t, allowed)
+            reader.read_into(dest_bytes(t, dest), t.crcs, f"{t.key!r} of box {t.box}")
+            self._done(shard, t, post)
+
+    def _done(
+        self,
+        shard: int,
+        t: StreamEntry | StreamTensor,
+        post: Callable[[], None] | None,
+    ) -> None:
+        if post is not None:
+            post()
+        with self._lock:
+            self._keys.setdefault((shard, t.box), set()).add(t.key)
+            self.nbytes += t.nbytes
+
+    def _target(
+        self,
+        shard: int,
+        t: StreamEntry | StreamTensor,
+        allowed: frozenset[int] | None,
+    ) -> tuple[torch.Tensor, Callable[[], None] | None]:
+        """Where tensor ``t`` of shard ``shard``'s stream goes (contiguous, its size), and what
+        to do once it is there (None: nothing), or ReplayInputError."""
         shard_boxes = self.layout.shard_entries(shard)
         nparam = len(self.layout.shard_boxes(shard))
-        allowed = range(len(shard_boxes)) if boxes is None else set(boxes)
-        for t in iter_stream(entries, frames):
-            if t.box not in allowed or not 0 <= t.box < len(shard_boxes):
-                raise ReplayInputError(f"shard {shard}: box {t.box} was not asked for")
-            box = shard_boxes[t.box]
-            if "name" in t.entry and (
-                t.entry.get("name") != box.name
-                or tuple(t.entry.get("offsets") or ()) != box.offsets
-            ):
+        if (allowed is not None and t.box not in allowed) or not 0 <= t.box < len(shard_boxes):
+            raise ReplayInputError(f"shard {shard}: box {t.box} was not asked for")
+        box = shard_boxes[t.box]
+        if "name" in t.entry and (
+            t.entry.get("name") != box.name or tuple(t.entry.get("offsets") or ()) != box.offsets
+        ):
+            raise ReplayInputError(
+                f"shard {shard} box {t.box} is {box_where(box)}, the stream says "
+                f"{t.entry.get('name')!r} at {t.entry.get('offsets')}"
+            )
+        dtype = TORCH_DTYPES[t.dtype]
+        if t.box >= nparam:  # module state: the whole tensor, no optimizer state
+            if t.key != "param" or t.shape != box.lengths or dtype != TORCH_DTYPES[box.dtype]:
                 raise ReplayInputError(
-                    f"shard {shard} box {t.box} is {box_where(box)}, the stream says "
-                    f"{t.entry.get('name')!r} at {t.entry.get('offsets')}"
+                    f"shard {shard} module state {box.name!r}: bad {t.key!r} ({t.shape}, {t.dtype})"
                 )
-            dtype = TORCH_DTYPES[t.dtype]
-            if t.box >= nparam:  # module state: the whole tensor, no optimizer state
-                if t.key != "param" or t.shape != box.lengths or dtype != TORCH_DTYPES[box.dtype]:
-                    raise ReplayInputError(
-                        f"shard {shard} module state {box.name!r}: bad {t.key!r}"
-                        f" ({t.shape}, {t.dtype})"
-                    )
-                copy_verified(t, self.params[box.name])
-            elif t.key == "param":
-                if t.shape != box.lengths or dtype != LAYOUT_TORCH_DTYPES[box.dtype]:
-                    raise ReplayInputError(
-                        f"shard {shard} box {box_where(box)}: bad 'param' ({t.shape}, {t.dtype})"
-                    )
-                copy_verified(t, box_rows(self.params[box.name], box))
-            elif box.lengths and t.shape == ():  # a scalar shared by every box ("step")
-                value = torch.empty((), dtype=dtype)
-                copy_verified(t, value)
+            return self.params[box.name], None
+        if t.key == "param":
+            if t.shape != box.lengths or dtype != LAYOUT_TORCH_DTYPES[box.dtype]:
+                raise ReplayInputError(
+                    f"shard {shard} box {box_where(box)}: bad 'param' ({t.shape}, {t.dtype})"
+                )
+            return box_rows(self.params[box.name], box), None
+        if box.lengths and t.shape == ():  # a scalar shared by every box ("step")
+            value = torch.empty((), dtype=dtype)
+
+            def keep() -> None:
                 with self._lock:
                     st = self.states.setdefault(box.name, {})
                     prev = st.get(t.key)
@@ -312,15 +362,13 @@ class FullStateSink:
                             f"boxes of {box.name!r} disagree on {t.key!r}: {prev.item()} vs"
                             f" {value.item()} ({box_where(box)})"
                         )
-            elif t.shape == box.lengths:
-                copy_verified(t, box_rows(self._state_tensor(box.name, t.key, dtype), box))
-            else:
-                raise ReplayInputError(
-                    f"shard {shard} box {box_where(box)}: state {t.key!r} has shape {t.shape}"
-                )
-            with self._lock:
-                self._keys.setdefault((shard, t.box), set()).add(t.key)
-                self.nbytes += t.nbytes
+
+            return value, keep
+        if t.shape == box.lengths:
+            return box_rows(self._state_tensor(box.name, t.key, dtype), box), None
+        raise ReplayInputError(
+            f"shard {shard} box {box_where(box)}: state {t.key!r} has shape {t.shape}"
+        )
 
     def finish(self) -> tuple[dict[str, torch.Tensor], dict[str, dict[str, torch.Tensor]]]:
         """Check completeness and agreement; ``(params_by_name, optim_state_by_name)`` (the

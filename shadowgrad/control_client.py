@@ -25,6 +25,7 @@ side is the shadow node (``shadowgrad.shadow.node``) and the controller service.
 from __future__ import annotations
 
 import json
+import time
 import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any, Self
@@ -32,6 +33,7 @@ from typing import Any, Self
 import torch
 import zmq
 
+from shadowgrad.bulk import StreamReader, connect_stream, endpoint_host
 from shadowgrad.errors import ShadowgradTimeout
 from shadowgrad.messages import (
     ConfigRequest,
@@ -60,7 +62,8 @@ from shadowgrad.messages import (
     StatusRequest,
     _Request,
 )
-from shadowgrad.tensorstream import ControlError, encode_states
+from shadowgrad.tensorstream import ControlError, dest_bytes, encode_states, parse_entry
+from shadowgrad.torch_dtypes import TORCH_DTYPES
 
 __all__ = [
     "ControlClient",
@@ -261,21 +264,51 @@ class ShadowClient(ControlClient):
         timeout_s: float | None = None,
         *,
         copy: bool = True,
+        stream: bool = False,
     ) -> FetchReply:
         """Like :meth:`fetch`, without decoding: the stream as it came (see :class:`FetchReply`;
-        ``copy=False``: its frames are views of zmq's receive buffers)."""
-        request = FetchRequest(iteration, None if boxes is None else tuple(boxes))
+        ``copy=False``: its frames are views of zmq's receive buffers). ``stream``: ask for
+        the bytes on a bulk connection (:mod:`shadowgrad.bulk`); when the reply offers one
+        (``reply.stream``: a shadow without it sends frames) the caller must read it, within
+        the ticket's life, with :meth:`open_stream`."""
+        request = FetchRequest(
+            iteration, None if boxes is None else tuple(boxes), True if stream else None
+        )
         header, frames = self.call(request.op, (), timeout_s, copy=copy, **request.to_json())
         return FetchReply.from_wire_frames(header, frames)
+
+    def open_stream(self, reply: FetchReply, deadline: float) -> StreamReader:
+        """Connect to the bulk stream ``reply`` offers (on this shadow's control host) and
+        present its ticket; everything, reading included, by ``deadline`` (monotonic)."""
+        if reply.stream is None:
+            raise ControlError("bad_reply", "fetch reply offers no stream")
+        return connect_stream(endpoint_host(self.endpoint), reply.stream, deadline)
 
     def fetch(
         self,
         iteration: int | None = None,
         boxes: Sequence[int] | None = None,
         timeout_s: float | None = None,
+        *,
+        stream: bool = False,
     ) -> FetchResult:
-        """State at ``iteration`` (None: the newest applied) of ``boxes`` (None: all)."""
-        return self.fetch_raw(iteration, boxes, timeout_s).decode()
+        """State at ``iteration`` (None: the newest applied) of ``boxes`` (None: all), in new
+        tensors. ``stream``: the bytes over the bulk channel when the shadow offers it (the
+        whole call then has ``timeout_s`` for the request and as much again for the bytes)."""
+        reply = self.fetch_raw(iteration, boxes, timeout_s, stream=stream)
+        if reply.stream is None:
+            return reply.decode()
+        timeout = self.timeout_s if timeout_s is None else timeout_s
+        states: dict[int, dict[str, torch.Tensor]] = {}
+        with self.open_stream(reply, time.monotonic() + timeout) as reader:
+            for entry in reply.entries:
+                t = parse_entry(entry)
+                buf = torch.empty(t.nbytes, dtype=torch.uint8)
+                reader.read_into(dest_bytes(t, buf), t.crcs, f"{t.key!r} of box {t.box}")
+                states.setdefault(t.box, {})[t.key] = buf.view(TORCH_DTYPES[t.dtype]).reshape(
+                    t.shape
+                )
+        return FetchResult(reply.iteration, states, reply.commit)
 
     def load(
         self,

@@ -468,12 +468,15 @@ class ReleaseReply(_Reply):
 @dataclass(frozen=True)
 class FetchRequest(_Request):
     """``fetch``: the state at ``iteration`` (None: the newest applied) of ``boxes`` (None:
-    all; parameter boxes, then module-state boxes)."""
+    all; parameter boxes, then module-state boxes). ``stream`` (left out unless true): send
+    the bytes on a bulk connection of their own (:mod:`shadowgrad.bulk`) rather than as reply
+    frames; a shadow without the bulk channel ignores it and sends frames."""
 
     op = "fetch"
 
     iteration: int | None = None
     boxes: tuple[int, ...] | None = None
+    stream: bool | None = _omit()
 
 
 @dataclass(frozen=True)
@@ -492,7 +495,9 @@ class FetchReply(_Reply):
     """``fetch``'s reply before decoding: the tensor stream's ``entries`` and chunk ``frames``
     as they came (for a caller that forwards them; :meth:`decode` verifies and decodes; the
     frames are not part of the JSON), the COMMIT record of ``iteration`` (None when the shadow
-    has none), and the ``shard`` and ``generation`` the shadow serves."""
+    has none), and the ``shard`` and ``generation`` the shadow serves. ``stream`` (only when
+    the request asked for one and the shadow offers it): ``{"port", "ticket", "chunk"}`` of the
+    bulk connection that carries the bytes instead of frames (:mod:`shadowgrad.bulk`)."""
 
     iteration: int
     shard: int
@@ -500,6 +505,7 @@ class FetchReply(_Reply):
     commit: dict[str, Any] | None
     generation: int
     frames: Sequence[Any] = field(default=(), repr=False, compare=False, metadata={"wire": False})
+    stream: Mapping[str, Any] | None = _omit()
 
     @classmethod
     def from_wire_frames(cls, header: Mapping[str, Any], frames: Sequence[Any]) -> FetchReply:
@@ -512,6 +518,8 @@ class FetchReply(_Reply):
         """Verify every chunk and decode the states (ControlError)."""
         from shadowgrad.tensorstream import decode_states
 
+        if self.stream is not None:
+            raise ControlError("bad_reply", "fetch reply: the bytes are on a stream, not frames")
         states = decode_states([dict(e) for e in self.entries], list(self.frames))
         return FetchResult(self.iteration, states, self.commit)
 

@@ -32,7 +32,10 @@ __all__ = [
     "encode_states",
     "decode_states",
     "iter_stream",
+    "parse_entry",
     "copy_verified",
+    "dest_bytes",
+    "StreamEntry",
     "StreamTensor",
     "commit_to_json",
     "commit_from_json",
@@ -60,8 +63,11 @@ def _raw(t: torch.Tensor) -> memoryview:
 def encode_states(
     states: Sequence[tuple[int, Mapping[str, torch.Tensor]]],
     box_ids: Mapping[int, tuple[str, tuple[int, ...]]] | None = None,
+    *,
+    chunk_bytes: int = CHUNK_BYTES,
 ) -> tuple[list[dict[str, Any]], list[memoryview]]:
-    """``[(box index, {key: tensor})]`` -> (entries for the JSON header, chunk frames)."""
+    """``[(box index, {key: tensor})]`` -> (entries for the JSON header, chunk frames of at
+    most ``chunk_bytes`` each, views of the tensors where they are contiguous)."""
     entries: list[dict[str, Any]] = []
     frames: list[memoryview] = []
     for box, state in states:
@@ -69,8 +75,8 @@ def encode_states(
             t = state[key]
             raw = _raw(t)
             crcs: list[int] = []
-            for lo in range(0, raw.nbytes, CHUNK_BYTES):
-                chunk = raw[lo : lo + CHUNK_BYTES]
+            for lo in range(0, raw.nbytes, chunk_bytes):
+                chunk = raw[lo : lo + chunk_bytes]
                 crcs.append(wire.crc(chunk))
                 frames.append(chunk)
             entry: dict[str, Any] = {
@@ -97,6 +103,20 @@ def _frame_tensor(chunk: memoryview) -> torch.Tensor:
         return torch.frombuffer(chunk, dtype=torch.uint8)
 
 
+class StreamEntry(NamedTuple):
+    """One entry of a tensor stream, validated (:func:`parse_entry`): ``box``, ``key``,
+    ``dtype`` (its name in the one dtype table), ``shape``, ``nbytes`` and the CRC-32C of each
+    chunk, ``crcs``."""
+
+    box: int
+    key: str
+    dtype: str
+    shape: tuple[int, ...]
+    nbytes: int
+    crcs: list[int]
+    entry: Mapping[str, Any]
+
+
 class StreamTensor(NamedTuple):
     """One tensor of a tensor stream, its entry validated: ``box``, ``key``, ``dtype`` (its
     name in the one dtype table), ``shape``, ``nbytes`` and its ``chunks`` as ``(frame, CRC)``
@@ -111,6 +131,25 @@ class StreamTensor(NamedTuple):
     entry: Mapping[str, Any]
 
 
+def parse_entry(entry: Mapping[str, Any]) -> StreamEntry:
+    """One entry of a stream's manifest, checked (fields, dtype, shape against ``nbytes``;
+    ControlError ``bad_request``)."""
+    try:
+        box = int(entry["box"])
+        key = str(entry["key"])
+        dtype = str(entry["dtype"])
+        _DTYPES[dtype]
+        shape = tuple(int(d) for d in entry["shape"])
+        nbytes = int(entry["nbytes"])
+        crcs = [int(c) for c in entry["crc"]]
+    except (KeyError, TypeError, ValueError) as e:
+        raise ControlError("bad_request", f"malformed tensor entry {entry!r}: {e}") from None
+    itemsize = DTYPES[dtype].itemsize
+    if nbytes < 0 or nbytes % itemsize or nbytes // itemsize != _numel(shape):
+        raise ControlError("bad_request", f"{key!r} of box {box}: shape {shape} vs {nbytes} B")
+    return StreamEntry(box, key, dtype, shape, nbytes, crcs, entry)
+
+
 def iter_stream(
     entries: Sequence[Mapping[str, Any]], frames: Sequence[memoryview | bytes]
 ) -> Iterator[StreamTensor]:
@@ -118,27 +157,16 @@ def iter_stream(
     dtype; ControlError ``bad_request``); CRCs are checked by whoever consumes the chunks."""
     pos = 0
     for entry in entries:
-        try:
-            box = int(entry["box"])
-            key = str(entry["key"])
-            dtype = str(entry["dtype"])
-            _DTYPES[dtype]
-            shape = tuple(int(d) for d in entry["shape"])
-            nbytes = int(entry["nbytes"])
-            crcs = [int(c) for c in entry["crc"]]
-        except (KeyError, TypeError, ValueError) as e:
-            raise ControlError("bad_request", f"malformed tensor entry {entry!r}: {e}") from None
+        e = parse_entry(entry)
+        box, key, nbytes, crcs = e.box, e.key, e.nbytes, e.crcs
         if pos + len(crcs) > len(frames):
             raise ControlError("bad_request", f"tensor stream ends inside {key!r} of box {box}")
         chunks = [(memoryview(frames[pos + k]).cast("B"), crc) for k, crc in enumerate(crcs)]
         pos += len(crcs)
         if sum(c.nbytes for c, _ in chunks) != nbytes:
             got = sum(c.nbytes for c, _ in chunks)
-            raise ControlError("bad_request", f"{key!r} of box {box}: {got} of {nbytes} bytes")
-        itemsize = DTYPES[dtype].itemsize
-        if nbytes % itemsize or nbytes // itemsize != _numel(shape):
-            raise ControlError("bad_request", f"{key!r} of box {box}: shape {shape} vs {nbytes} B")
-        yield StreamTensor(box, key, dtype, shape, nbytes, chunks, entry)
+            raise ControlError("bad_request", f"{key!r} of box {box}: {got} of {nbytes} B")
+        yield StreamTensor(box, key, e.dtype, e.shape, nbytes, chunks, entry)
     if pos != len(frames):
         raise ControlError("bad_request", f"{len(frames) - pos} unexpected trailing frames")
 
@@ -156,6 +184,22 @@ def copy_verified(t: StreamTensor, dest: torch.Tensor) -> None:
         if chunk.nbytes:
             flat[lo : lo + chunk.nbytes].copy_(_frame_tensor(chunk))
         lo += chunk.nbytes
+
+
+def dest_bytes(t: StreamEntry | StreamTensor, dest: torch.Tensor) -> memoryview:
+    """``dest`` (contiguous CPU, ``t.nbytes`` bytes) as a writable byte memoryview, no copy
+    (ControlError ``bad_request`` when it does not fit)."""
+    if (
+        dest.device.type != "cpu"
+        or not dest.is_contiguous()
+        or dest.numel() * dest.element_size() != t.nbytes
+    ):
+        raise ControlError("bad_request", f"{t.key!r} of box {t.box}: destination does not fit")
+    if t.nbytes == 0:
+        return memoryview(bytearray())
+    flat = dest.reshape(-1).view(torch.uint8)
+    view: memoryview = flat.numpy().data
+    return view.cast("B")
 
 
 def decode_states(

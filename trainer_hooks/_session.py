@@ -64,6 +64,9 @@ FETCH_PIECE_BYTES = 8 * 2**20
 FETCH_IN_FLIGHT = 6
 #: ZeroMQ I/O threads of a restore (their kernel copies run in parallel on as many cores)
 FETCH_IO_THREADS = 2
+#: ask the shadows for the bulk channel (shadowgrad.bulk): each piece received straight into
+#: the parameters and optimizer state, no zmq message in between
+FETCH_STREAM = True
 
 
 class _FetchFailedError(ShadowgradError):
@@ -653,11 +656,21 @@ class Shadowgrad:
             k = source[shard]
             ep = f"tcp://{self.spec.shadows.control_endpoint(k)}"
             timeout = self._bulk_timeout(3 * layout.shard_bytes(shard))
+            deadline = time.monotonic() + timeout
             with ShadowClient(ep, self._token, timeout_s=timeout, context=ctx) as c:
-                reply = c.fetch_raw(istar, boxes=boxes, copy=False)
+                # the bytes on the shadow's bulk channel, straight into their place; a shadow
+                # without one answers with frames (zmq's buffers, then one copy)
+                reply = c.fetch_raw(istar, boxes=boxes, copy=False, stream=FETCH_STREAM)
+                reader = c.open_stream(reply, deadline) if reply.stream is not None else None
             if reply.iteration != istar:
+                if reader is not None:
+                    reader.close()
                 raise ShadowgradError(f"shadow {k} answered iteration {reply.iteration}")
-            sink.write(shard, reply.entries, reply.frames, boxes=boxes)
+            if reader is None:
+                sink.write(shard, reply.entries, reply.frames, boxes=boxes)
+            else:
+                with reader:
+                    sink.receive(shard, reply.entries, reader, boxes=boxes)
             return reply.commit
 
         error: str | None = None
