@@ -1458,8 +1458,9 @@ def render_goals(g: Doc) -> list[str]:
         out += [
             "",
             "Where it is slower: a restore surveys the shadows, holds I\\*, fetches every "
-            "shard over loopback TCP (each chunk CRC-checked and copied once into place, "
-            "new memory for the optimizer state) and starts the sender; DCP reads files in "
+            "shard over loopback TCP (the bulk channel: received by the kernel straight into "
+            "the parameters and new optimizer-state tensors, each 1 MiB chunk CRC-checked as "
+            "it lands) and starts the sender; DCP reads files in "
             "the page cache. The phases under recovery_bench say which part took the time.",
         ]
     slow4 = [

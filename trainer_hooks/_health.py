@@ -40,7 +40,7 @@ from shadowgrad._log import event
 from shadowgrad.layout import Layout
 from shadowgrad.messages import ShadowStatus
 
-__all__ = ["HealthMonitor", "ShadowView"]
+__all__ = ["HealthMonitor", "ShadowView", "health_interval"]
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +69,12 @@ class ShadowView:
     seeded: tuple[int, float] | None = None
     #: re-seed asked for (a NACK history could not answer), with the reason
     requested: str | None = None
+
+
+def health_interval(failure_detect_s: float) -> float:
+    """Seconds between the monitor's looks at the shadows: six per ``failure_detect`` (what
+    bounds noticing a failed shadow), between 0.1 and 0.5 s."""
+    return max(0.1, min(0.5, failure_detect_s / 6))
 
 
 def classify(st: ShadowStatus | None, generation: int) -> str:

@@ -39,7 +39,7 @@ from shadowgrad.wire import (
 )
 
 from ._dist import Group
-from ._health import HealthMonitor, reseed_event
+from ._health import HealthMonitor, health_interval, reseed_event
 from ._mirror import CommitInfo, MirrorSender
 from ._plan import RankPlan, param_map
 from .hooks import LayoutReducer, layout_hook
@@ -891,7 +891,10 @@ class Shadowgrad:
             generation=self.generation,
             status=status,
             load=load,
-            interval_s=max(0.1, min(0.5, t.heartbeat_s)),
+            # six looks per failure_detect (what bounds noticing a failed shadow), at most every
+            # 0.1 s and at least every 0.5 s: each look is a status call to every shadow, CPU
+            # on a core the training needs (the trainers' heartbeat has nothing to do with it)
+            interval_s=health_interval(t.failure_detect_s),
             grace_s=t.failure_detect_s,
             reseed_timeout_s=max(10.0, 3 * t.failure_detect_s),
             progress=lambda: self._iteration,
