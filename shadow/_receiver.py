@@ -17,14 +17,23 @@ record keys (set once), the source cache and the READY/NACK sequence number (und
 
 from __future__ import annotations
 
+import bisect
 import logging
+import os
+import select
+import socket
+import sys
+import threading
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from crc32c import crc32c
+
 from shadowgrad import events, wire
 from shadowgrad._addr import canonical, resolve
 from shadowgrad._log import event
+from shadowgrad.dtypes import WIRE_ITEMSIZE
 from shadowgrad.errors import WireError
 from shadowgrad.frames import decode_frame
 from shadowgrad.shadow.assembly import IntervalSet, IterBuffer
@@ -33,6 +42,10 @@ from shadowgrad.shadow.control import commit_to_json
 if TYPE_CHECKING:
     from shadowgrad.shadow._applier import _Loaded
     from shadowgrad.shadow.node import ShadowNode
+
+    #: a direct receive's reservation (Receiver._reserve): (rec, buf, ls, le, dest view,
+    #: sealed, header fields, buf's epoch, session)
+    _Reserved = tuple["_Iter", IterBuffer, int, int, memoryview, int, tuple[int, ...], int, _Loaded]
 
 __all__ = ["NONE_ITER", "Receiver"]
 
@@ -44,6 +57,18 @@ NONE_ITER = (1 << 64) - 1
 
 _FINAL = int(wire.Flag.FINAL)
 _RETX = int(wire.Flag.RETX)
+_MAC = int(wire.Flag.MAC)
+_DATA = int(wire.Kind.DATA)
+_DATA_FLAGS = wire.ALLOWED_FLAGS[wire.Kind.DATA]
+_HDR = wire.HEADER_STRUCT
+_HSIZE = wire.HEADER_SIZE
+_CSUM_AT = wire.CHECKSUM_AT
+_ITEMSIZE = {int(k): v for k, v in WIRE_ITEMSIZE.items()}
+#: the direct receive peeks at the header (MSG_TRUNC: the call returns the datagram's size);
+#: Linux semantics
+_DIRECT_OK = sys.platform.startswith("linux") and hasattr(socket, "MSG_TRUNC")
+_PEEK = (socket.MSG_PEEK | getattr(socket, "MSG_TRUNC", 0)) if _DIRECT_OK else 0
+_MSG_TRUNC = getattr(socket, "MSG_TRUNC", 0)
 
 
 def _enc(i: int) -> int:
@@ -118,9 +143,28 @@ class Receiver:
             self._switch_ep = (ep.host, ep.port)
         self._next_refresh = 0.0
         self._seq = 0
+        # direct receive (:meth:`_loop_direct`): the rx threads peek and receive under
+        # _rx_lock (a peek and the receive after it are one step); a thread placing a chunk
+        # from its scratch buffer waits on _inflight while another receives into those bytes
+        self._direct = _DIRECT_OK and node.opts.direct_rx
+        self._rx_lock = threading.Lock()
+        self._inflight_cond: threading.Condition | None = None  # on the node's _lock, built late
+        self._data_mac = wire.Kind.DATA in self._require
+
+    @property
+    def _inflight(self) -> threading.Condition:
+        """Signalled when a direct receive releases its reservation (on the node's ``_lock``,
+        which the node creates after its receiver; every caller holds that lock)."""
+        c = self._inflight_cond
+        if c is None:
+            c = self._inflight_cond = threading.Condition(self.node._lock)
+        return c
 
     def loop(self, index: int = 0) -> None:
         """Receive thread ``index``; thread 0 also runs the timers."""
+        if self._direct:
+            self._loop_direct(index)
+            return
         n = self.node
         sock = n.sock
         buf = bytearray(wire.MAX_DATAGRAM + 1)  # one byte more: oversize datagrams show up
@@ -151,6 +195,193 @@ class Receiver:
                 if now >= next_timer:
                     self._timers(now)
                     next_timer = now + n.opts.tick_s
+
+    def _loop_direct(self, index: int) -> None:
+        """:meth:`loop` receiving DATA straight into the iteration buffer.
+
+        Under ``_rx_lock``: peek at the next datagram's header; when it is a well-formed FINAL
+        DATA chunk from a known trainer whose bytes lie inside one box of an iteration buffered
+        here and are neither covered nor being received by another thread, reserve them
+        (:meth:`_reserve`) and ``recvmsg_into`` header, box bytes and MAC trailer: the kernel
+        writes the payload into its final place. Then, without the lock, verify it there (the
+        received header must be the peeked one; its CRC; the GMAC over header + payload, or
+        the CRC over both without a MAC) and only then cover the bytes (:meth:`_finish`). A
+        datagram that fails leaves the bytes uncovered (the genuine one overwrites them later;
+        a covered byte is never received into). Everything else (the first chunk of an
+        iteration, duplicates, straddling chunks, other kinds, frames from the switch, first
+        datagrams from an address) is received into the scratch buffer and :meth:`handle` d.
+        """
+        n = self.node
+        # a non-blocking twin of the socket: no poll() before every call (the node's socket
+        # has a timeout); closed when the loop ends
+        dsock = socket.socket(fileno=os.dup(n.sock.fileno()))
+        try:
+            dsock.setblocking(False)
+            poller = select.poll()
+            poller.register(dsock.fileno(), select.POLLIN)
+            tick_ms = max(1, round(n.opts.tick_s * 1000))
+            buf = bytearray(wire.MAX_DATAGRAM + 1)  # one byte more: oversize datagrams show up
+            mv = memoryview(buf)
+            peek = bytearray(_HSIZE)
+            hdr = bytearray(_HSIZE)
+            tail = bytearray(wire.MAC_SIZE)
+            iov_mac: list[Any] = [memoryview(hdr), None, memoryview(tail)]
+            iov_crc: list[Any] = [memoryview(hdr), None]
+            lock = self._rx_lock
+            switch = self._switch_ep
+            next_timer = 0.0
+            while not n._stop.is_set():
+                size = -1
+                src: Any = None
+                res: _Reserved | None = None
+                got = 0
+                mflags = 0
+                with lock:
+                    try:
+                        size, src = dsock.recvfrom_into(peek, _HSIZE, _PEEK)
+                    except (BlockingIOError, InterruptedError):
+                        size = -1
+                    if size >= 0:
+                        if size >= _HSIZE and src != switch:
+                            res = self._reserve(peek, size, src)
+                        if res is None:
+                            size, src = dsock.recvfrom_into(buf)
+                        else:
+                            iov = iov_mac if res[5] else iov_crc
+                            iov[1] = res[4]
+                            try:
+                                got, _, mflags, _ = dsock.recvmsg_into(iov)
+                            except BaseException:
+                                self._finish(res, False, "direct_mismatch")
+                                raise
+                            finally:
+                                iov[1] = None
+                if res is not None:
+                    ok = got == size and not mflags & _MSG_TRUNC and hdr == peek
+                    reason = "wire.checksum"
+                    if not ok:
+                        reason = "direct_mismatch"
+                    elif res[5]:  # sealed: the header's CRC was checked on the peek
+                        ok = wire.verify_parts(self._key, hdr, res[4], tail)
+                        reason = "wire.bad_mac"
+                    else:
+                        ok = crc32c(res[4], crc32c(memoryview(hdr)[:_CSUM_AT])) == res[6][13]
+                    self._finish(res, ok, reason)
+                elif size < 0:
+                    poller.poll(tick_ms)
+                elif switch is not None and (src[0], src[1]) == switch:
+                    frame = decode_frame(mv[:size])
+                    if frame is None or frame.dst != self._me:
+                        with n._lock:
+                            n.rx["bad_frame"] += 1
+                    else:  # the copy keeps the trainer's source address
+                        self.handle(frame.payload, frame.src)
+                else:
+                    self.handle(mv[:size], src)
+                if index == 0:
+                    now = time.monotonic()
+                    if now >= next_timer:
+                        self._timers(now)
+                        next_timer = now + n.opts.tick_s
+        finally:
+            dsock.close()
+
+    def _reserve(self, peek: bytearray, size: int, src: Any) -> _Reserved | None:
+        """Where the datagram whose header is ``peek`` (``size`` bytes in all) goes, when it can
+        be received straight into an iteration buffer: ``(rec, buf, ls, le, dest, sealed,
+        fields, epoch, ld)`` with the shard-local bytes ``[ls, le)`` reserved in ``buf``
+        (``dest`` views them); else None (the caller takes the scratch path). Changes nothing
+        else: what the datagram does to the protocol state happens once it verified."""
+        f = _HDR.unpack_from(peek)
+        magic, version, kind, flags, dtype, _, job, bucket, it, _, offset, layout, length, csum = f
+        if (
+            magic != wire.MAGIC
+            or version != wire.VERSION
+            or kind != _DATA
+            or size != _HSIZE + length
+            or length > wire.MAX_PAYLOAD
+            or flags & ~_DATA_FLAGS
+            or not flags & _FINAL
+        ):
+            return None
+        sealed = flags & _MAC
+        if sealed:
+            length -= wire.MAC_SIZE
+            if crc32c(memoryview(peek)[:_CSUM_AT]) != csum:
+                return None
+        elif self._data_mac:
+            return None
+        item = _ITEMSIZE.get(dtype)
+        if item is None or length <= 0 or length % item or offset % item:
+            return None
+        n = self.node
+        with n._lock:
+            ld = n._ld
+            if ld is None or job != n._job or layout != n._digest:
+                return None
+            known = self._src_cache.get(src)
+            if known is None or not known[0]:
+                return None
+            la = n._last_applied
+            if it <= la or it > la + ld.window:
+                return None
+            geom = ld.geom
+            if (
+                bucket >= len(geom.bucket_nbytes)
+                or offset + length > geom.bucket_nbytes[bucket]
+                or dtype != geom.bucket_dtype[bucket]
+            ):
+                return None
+            rec = n._iters.get(it)
+            if rec is None or rec.buf is None:
+                return None
+            buf = rec.buf
+            i = bisect.bisect_right(geom._starts[bucket], offset) - 1
+            if i < 0:
+                return None
+            seg = geom.segments[bucket][i]
+            if offset + length > seg.end:
+                return None
+            ls = seg.local + (offset - seg.start)
+            le = ls + length
+            if not buf.cov.disjoint(ls, le):
+                return None
+            for x, y in buf.inflight:
+                if x < le and ls < y:
+                    return None
+            buf.inflight.append((ls, le))
+            return rec, buf, ls, le, buf.mv[ls:le], sealed, f, buf.epoch, ld
+
+    def _finish(self, res: _Reserved, ok: bool, reason: str) -> None:
+        """Release a reservation of :meth:`_reserve`; a datagram that verified (``ok``) is
+        handled as :meth:`handle` would have (its bytes are in place), else counted under
+        ``reason``."""
+        rec, buf, ls, le, _, _, f, epoch, ld = res
+        n = self.node
+        with n._lock:
+            buf.inflight.remove((ls, le))
+            self._inflight.notify_all()
+            if ok:
+                sender, it = f[5], f[8]
+                if n._ld is not ld or n._iters.get(it) is not rec or rec.buf is not buf:
+                    reason = "stale"  # the iteration was dropped while the bytes came in
+                elif buf.epoch != epoch:
+                    reason = "stale"
+                else:
+                    n._trainer_rx_at = n._rank_rx_at[sender] = time.monotonic()
+                    reason = self._data(
+                        f[3],
+                        it,
+                        sender,
+                        f[7],
+                        offset=f[10],
+                        length=le - ls,
+                        dtype=f[4],
+                        payload=None,
+                        direct=(buf, ls, le),
+                    )
+                    n.ev["direct_datagrams"] += 1
+            n.rx[reason] += 1
 
     def handle(
         self, data: memoryview | bytes | bytearray, src: tuple[str, int] | None = None
@@ -212,56 +443,96 @@ class Receiver:
         return rec
 
     def _on_data(self, h: wire.Header, payload: memoryview) -> str:
+        return self._data(
+            h.flags._value_,  # int arithmetic: IntFlag operators run in Python
+            h.iteration,
+            h.sender,
+            h.bucket,
+            offset=h.offset,
+            length=h.length,
+            dtype=h.dtype,
+            payload=payload,
+            direct=None,
+        )
+
+    def _data(
+        self,
+        flags: int,
+        it: int,
+        sender: int,
+        bucket: int,
+        *,
+        offset: int,
+        length: int,
+        dtype: int,
+        payload: memoryview | None,
+        direct: tuple[IterBuffer, int, int] | None,
+    ) -> str:
+        """A verified DATA chunk: ``payload`` is placed from where it was received, or
+        (``direct``) it was received into shard-local bytes ``[ls, le)`` of ``buf``, which
+        this covers. Under the node's lock."""
         n = self.node
-        ld = n._ld
-        assert ld is not None
-        flags = h.flags._value_  # int arithmetic: IntFlag operators run in Python
-        if not flags & _FINAL:
-            return "not_final"
-        it = h.iteration
-        if it <= n._last_applied:
-            return "stale"
-        if it > n._rank_newest.get(h.sender, -1):
-            n._rank_newest[h.sender] = it
-        if it > n._last_applied + ld.window:
-            return "ahead_of_window"
-        geom = ld.geom
-        if (
-            h.bucket >= len(geom.bucket_nbytes)
-            or h.offset + h.length > geom.bucket_nbytes[h.bucket]
-        ):
-            return "out_of_layout"
-        if h.dtype != geom.bucket_dtype[h.bucket]:
-            return "dtype_mismatch"
-        if not geom.owns_any(h.bucket, h.offset, h.length):
+        while True:
+            ld = n._ld
+            assert ld is not None
+            if not flags & _FINAL:
+                return "not_final"
+            if it <= n._last_applied:
+                return "stale"
+            if it > n._rank_newest.get(sender, -1):
+                n._rank_newest[sender] = it
+            if it > n._last_applied + ld.window:
+                return "ahead_of_window"
+            geom = ld.geom
+            if bucket >= len(geom.bucket_nbytes) or offset + length > geom.bucket_nbytes[bucket]:
+                return "out_of_layout"
+            if dtype != geom.bucket_dtype[bucket]:
+                return "dtype_mismatch"
+            if not geom.owns_any(bucket, offset, length):
+                return "not_mine"
+            now = time.monotonic()
+            rec = self._rec(it, now)
+            if direct is not None:
+                buf, ls, le = direct
+                owned = le - ls
+                new = 0
+                for x, y in buf.cov.add(ls, le):  # reserved while received: nothing covered it
+                    new += y - x
+                break
+            if rec.buf is None:
+                rec.buf = self._take_buf(ld)
+                if rec.buf is None:  # cannot happen while the window bounds the buffers in use
+                    return "no_buffer"
+            buf = rec.buf
+            if buf.inflight and buf.reserved(bucket, offset, length) and not n._stop.is_set():
+                # another rx thread is receiving into these bytes: place after it verified
+                # (or failed), never under it
+                self._inflight.wait(n.opts.tick_s)
+                continue
+            assert payload is not None
+            res = buf.place(bucket, offset, payload)
+            owned, new = res.owned, res.new
+            break
+        if owned == 0:
             return "not_mine"
-        now = time.monotonic()
-        rec = self._rec(it, now)
-        if rec.buf is None:
-            rec.buf = self._take_buf(ld)
-            if rec.buf is None:  # cannot happen while the window bounds the buffers in use
-                return "no_buffer"
-        res = rec.buf.place(h.bucket, h.offset, payload)
-        if res.owned == 0:
-            return "not_mine"
-        senders = n._bucket_senders.get(h.bucket)
+        senders = n._bucket_senders.get(bucket)
         if senders is None:
-            senders = n._bucket_senders[h.bucket] = set()
-        senders.add(h.sender)
-        if res.new == 0:
-            n.ev["duplicate_bytes"] += res.owned
+            senders = n._bucket_senders[bucket] = set()
+        senders.add(sender)
+        if new == 0:
+            n.ev["duplicate_bytes"] += owned
             return "duplicate"
-        if res.new < res.owned:
-            n.ev["duplicate_bytes"] += res.owned - res.new
-        n.ev["data_bytes"] += res.new
+        if new < owned:
+            n.ev["duplicate_bytes"] += owned - new
+        n.ev["data_bytes"] += new
         wall = time.time()
         if rec.t_first is None:
             rec.t_first = wall
         rec.t_last = wall
         rec.activity = now
         if flags & _RETX:
-            n.ev["repaired_bytes"] += res.new
-        if rec.buf.complete:
+            n.ev["repaired_bytes"] += new
+        if buf.complete:
             self._maybe_ready(rec)
         return "retx" if flags & _RETX else "data"
 
