@@ -43,9 +43,22 @@ if TYPE_CHECKING:
     from shadowgrad.shadow._applier import _Loaded
     from shadowgrad.shadow.node import ShadowNode
 
-    #: a direct receive's reservation (Receiver._reserve): (rec, buf, ls, le, dest view,
-    #: sealed, header fields, buf's epoch, session)
-    _Reserved = tuple["_Iter", IterBuffer, int, int, memoryview, int, tuple[int, ...], int, _Loaded]
+    #: a direct receive's reservation (Receiver._reserve): (rec, buf, inflight entry, ls,
+    #: le, mode, slot, dest, whole, header fields, buf's epoch, session)
+    _Reserved = tuple[
+        "_Iter",
+        IterBuffer,
+        tuple[int, int],
+        int,
+        int,
+        int,
+        memoryview,
+        memoryview,
+        memoryview,
+        tuple[int, ...],
+        int,
+        _Loaded,
+    ]
 
 __all__ = ["NONE_ITER", "Receiver"]
 
@@ -69,6 +82,8 @@ _ITEMSIZE = {int(k): v for k, v in WIRE_ITEMSIZE.items()}
 _DIRECT_OK = sys.platform.startswith("linux") and hasattr(socket, "MSG_TRUNC")
 _PEEK = (socket.MSG_PEEK | getattr(socket, "MSG_TRUNC", 0)) if _DIRECT_OK else 0
 _MSG_TRUNC = getattr(socket, "MSG_TRUNC", 0)
+#: how a direct receive is verified (Receiver._reserve)
+_CRC, _SPLIT, _IN_SLOT = 0, 1, 2
 
 
 def _enc(i: int) -> int:
@@ -148,6 +163,7 @@ class Receiver:
         # from its scratch buffer waits on _inflight while another receives into those bytes
         self._direct = _DIRECT_OK and node.opts.direct_rx
         self._rx_lock = threading.Lock()
+        self._waiting = 0  # threads waiting on _inflight (under the node's _lock)
         self._inflight_cond: threading.Condition | None = None  # on the node's _lock, built late
         self._data_mac = wire.Kind.DATA in self._require
 
@@ -224,11 +240,14 @@ class Receiver:
             mv = memoryview(buf)
             peek = bytearray(_HSIZE)
             hdr = bytearray(_HSIZE)
+            save = bytearray(_HSIZE)
             tail = bytearray(wire.MAC_SIZE)
-            iov_mac: list[Any] = [memoryview(hdr), None, memoryview(tail)]
+            hdr_at = memoryview(hdr)[:_CSUM_AT]
+            iov: list[Any] = [memoryview(hdr), None, memoryview(tail)]
             iov_crc: list[Any] = [memoryview(hdr), None]
             lock = self._rx_lock
             switch = self._switch_ep
+            key = self._key
             next_timer = 0.0
             while not n._stop.is_set():
                 size = -1
@@ -247,25 +266,43 @@ class Receiver:
                         if res is None:
                             size, src = dsock.recvfrom_into(buf)
                         else:
-                            iov = iov_mac if res[5] else iov_crc
-                            iov[1] = res[4]
+                            mode, slot, dest = res[5], res[6], res[7]
+                            if mode == _IN_SLOT:  # the header lands on covered bytes: keep them
+                                save[:] = slot
+                                iov[0] = slot
+                            io = iov_crc if mode == _CRC else iov
+                            io[1] = dest
                             try:
-                                got, _, mflags, _ = dsock.recvmsg_into(iov)
+                                got, _, mflags, _ = dsock.recvmsg_into(io)
                             except BaseException:
+                                if mode == _IN_SLOT:
+                                    slot[:] = save
                                 self._finish(res, False, "direct_mismatch")
                                 raise
                             finally:
-                                iov[1] = None
+                                io[1] = None
+                                iov[0] = iov_crc[0]
                 if res is not None:
-                    ok = got == size and not mflags & _MSG_TRUNC and hdr == peek
-                    reason = "wire.checksum"
-                    if not ok:
-                        reason = "direct_mismatch"
-                    elif res[5]:  # sealed: the header's CRC was checked on the peek
-                        ok = wire.verify_parts(self._key, hdr, res[4], tail)
-                        reason = "wire.bad_mac"
+                    mode, slot, dest = res[5], res[6], res[7]
+                    reason = "direct_mismatch"
+                    ok = got == size and not mflags & _MSG_TRUNC
+                    if mode == _IN_SLOT:
+                        # header + payload are one contiguous view: the one-shot GMAC
+                        if ok and slot == peek:
+                            ok = wire.verify_mac(key, res[8], tail)
+                            reason = "wire.bad_mac"
+                        else:
+                            ok = False
+                        slot[:] = save
+                    elif ok and hdr == peek:
+                        if mode == _SPLIT:  # sealed: the header's CRC was checked on the peek
+                            ok = wire.verify_parts(key, hdr, dest, tail)
+                            reason = "wire.bad_mac"
+                        else:
+                            ok = crc32c(dest, crc32c(hdr_at)) == res[9][13]
+                            reason = "wire.checksum"
                     else:
-                        ok = crc32c(res[4], crc32c(memoryview(hdr)[:_CSUM_AT])) == res[6][13]
+                        ok = False
                     self._finish(res, ok, reason)
                 elif size < 0:
                     poller.poll(tick_ms)
@@ -288,10 +325,16 @@ class Receiver:
 
     def _reserve(self, peek: bytearray, size: int, src: Any) -> _Reserved | None:
         """Where the datagram whose header is ``peek`` (``size`` bytes in all) goes, when it can
-        be received straight into an iteration buffer: ``(rec, buf, ls, le, dest, sealed,
-        fields, epoch, ld)`` with the shard-local bytes ``[ls, le)`` reserved in ``buf``
-        (``dest`` views them); else None (the caller takes the scratch path). Changes nothing
-        else: what the datagram does to the protocol state happens once it verified."""
+        be received straight into an iteration buffer: ``(rec, buf, entry, ls, le, mode, slot,
+        dest, whole, fields, epoch, ld)``: the shard-local payload bytes ``[ls, le)`` of
+        ``buf`` (``dest`` views them) are reserved (``entry`` in ``buf.inflight``); ``mode``
+        says how it is verified: :data:`_CRC` (no MAC), :data:`_SPLIT` (header received into
+        the thread's own buffer) or :data:`_IN_SLOT` (the :data:`wire.HEADER_SIZE` bytes before
+        ``dest`` are covered: the header is received there, ``slot``, after their bytes were
+        saved, so header and payload are one view, ``whole``, for the one-shot GMAC; the
+        reservation includes them until they are restored). Else None (the caller takes the
+        scratch path). Changes nothing else: what the datagram does to the protocol state
+        happens once it verified."""
         f = _HDR.unpack_from(peek)
         magic, version, kind, flags, dtype, _, job, bucket, it, _, offset, layout, length, csum = f
         if (
@@ -344,23 +387,52 @@ class Receiver:
                 return None
             ls = seg.local + (offset - seg.start)
             le = ls + length
-            if not buf.cov.disjoint(ls, le):
+            cov = buf.cov
+            if not cov.disjoint(ls, le):
                 return None
             for x, y in buf.inflight:
                 if x < le and ls < y:
                     return None
-            buf.inflight.append((ls, le))
-            return rec, buf, ls, le, buf.mv[ls:le], sealed, f, buf.epoch, ld
+            mv = buf.mv
+            if not sealed:
+                mode = _CRC
+            elif ls >= _HSIZE and cov.covers(ls - _HSIZE, ls):
+                # covered bytes are never written and not read before the iteration is
+                # complete, which it is not while [ls, le) is uncovered
+                entry = (ls - _HSIZE, le)
+                buf.inflight.append(entry)
+                whole = mv[ls - _HSIZE : le]
+                return (
+                    rec,
+                    buf,
+                    entry,
+                    ls,
+                    le,
+                    _IN_SLOT,
+                    whole[:_HSIZE],
+                    whole[_HSIZE:],
+                    whole,
+                    f,
+                    buf.epoch,
+                    ld,
+                )
+            else:
+                mode = _SPLIT
+            entry = (ls, le)
+            buf.inflight.append(entry)
+            dest = mv[ls:le]
+            return rec, buf, entry, ls, le, mode, dest, dest, dest, f, buf.epoch, ld
 
     def _finish(self, res: _Reserved, ok: bool, reason: str) -> None:
         """Release a reservation of :meth:`_reserve`; a datagram that verified (``ok``) is
         handled as :meth:`handle` would have (its bytes are in place), else counted under
         ``reason``."""
-        rec, buf, ls, le, _, _, f, epoch, ld = res
+        rec, buf, entry, ls, le, _, _, _, _, f, epoch, ld = res
         n = self.node
         with n._lock:
-            buf.inflight.remove((ls, le))
-            self._inflight.notify_all()
+            buf.inflight.remove(entry)
+            if self._waiting:
+                self._inflight.notify_all()
             if ok:
                 sender, it = f[5], f[8]
                 if n._ld is not ld or n._iters.get(it) is not rec or rec.buf is not buf:
@@ -507,7 +579,11 @@ class Receiver:
             if buf.inflight and buf.reserved(bucket, offset, length) and not n._stop.is_set():
                 # another rx thread is receiving into these bytes: place after it verified
                 # (or failed), never under it
-                self._inflight.wait(n.opts.tick_s)
+                self._waiting += 1
+                try:
+                    self._inflight.wait(n.opts.tick_s)
+                finally:
+                    self._waiting -= 1
                 continue
             assert payload is not None
             res = buf.place(bucket, offset, payload)

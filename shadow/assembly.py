@@ -107,6 +107,14 @@ class IntervalSet:
             out.append((cur, e))
         return out
 
+    def covers(self, s: int, e: int) -> bool:
+        """Whether every byte of ``[s, e)`` is covered (``s < e``)."""
+        starts, ends = self._starts, self._ends
+        if starts and starts[-1] <= s:  # in-order arrival: the last interval
+            return e <= ends[-1]
+        i = bisect.bisect_right(starts, s) - 1
+        return i >= 0 and e <= ends[i]
+
     def disjoint(self, s: int, e: int) -> bool:
         """Whether no byte of ``[s, e)`` is covered (``s < e``)."""
         starts, ends = self._starts, self._ends

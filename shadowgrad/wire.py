@@ -92,6 +92,7 @@ __all__ = [
     "encode",
     "decode",
     "verify_parts",
+    "verify_mac",
     "HEADER_STRUCT",
     "CHECKSUM_AT",
     "ALLOWED_FLAGS",
@@ -262,6 +263,18 @@ def _verify(key: bytes, aad: memoryview, trailer: memoryview) -> bool:
     nonce = bytes(trailer[:NONCE_SIZE])
     tag = _aead(key).encrypt(nonce, b"", aad)
     return hmac.compare_digest(tag, trailer[NONCE_SIZE:])
+
+
+def verify_mac(
+    key: bytes, datagram: bytes | bytearray | memoryview, trailer: bytes | bytearray | memoryview
+) -> bool:
+    """:func:`decode`'s MAC check: the tag in ``trailer`` (nonce, tag) must be the GMAC under
+    ``key`` of ``datagram`` (header and payload, contiguous, without the trailer). The caller
+    checked everything else :func:`decode` checks."""
+    t = memoryview(trailer)
+    if t.nbytes != MAC_SIZE:
+        return False
+    return _verify(key, memoryview(datagram), t)
 
 
 _GCM_KEYS: dict[bytes, algorithms.AES] = {}

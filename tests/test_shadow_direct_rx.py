@@ -142,12 +142,23 @@ def _segments(node: ShadowNode) -> list[Any]:
     return list(node._ld.geom.segments[0])
 
 
+def _counting(f: Any, name: str, calls: dict[str, int]) -> Any:
+    def counted(*a: Any) -> bool:
+        calls[name] += 1
+        return bool(f(*a))
+
+    return counted
+
+
 @pytest.mark.parametrize("rx_threads", [1, 2])
 @pytest.mark.parametrize("auth", [True, False])
 def test_direct_receive_lands_exact_refuses_forgeries_and_never_overwrites(
-    auth: bool, rx_threads: int
+    auth: bool, rx_threads: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     g = torch.Generator().manual_seed(3)
+    calls = {"verify_mac": 0, "verify_parts": 0}
+    for name in calls:
+        monkeypatch.setattr(wire, name, _counting(getattr(wire, name), name, calls))
     with _node(auth=auth, rx_threads=rx_threads) as (node, trainer, layout):
         segs = _segments(node)
         assert len(segs) >= 1
@@ -194,6 +205,11 @@ def test_direct_receive_lands_exact_refuses_forgeries_and_never_overwrites(
         assert node.ev["direct_datagrams"] == ev["direct_datagrams"] + 1
         assert bytes(buf.mv[local : local + chunk]) == piece(hole)
         assert not buf.cov.disjoint(local, local + chunk)
+        # the header of a sealed chunk is received onto the covered bytes before it (saved and
+        # restored around the receive, so header + payload are one GMAC input): they are intact
+        for off in (seg.start, *offs):
+            for local2, want in _owned(node, off, piece(off)):
+                assert bytes(buf.mv[local2 : local2 + len(want)]) == want, off
         # a genuine (authenticated) datagram with other bytes for a covered range: a duplicate,
         # never received into the box
         other = bytes(b ^ 0xFF for b in piece(hole))
@@ -203,6 +219,10 @@ def test_direct_receive_lands_exact_refuses_forgeries_and_never_overwrites(
         assert node.rx["duplicate"] == rx.get("duplicate", 0) + 1
         assert node.ev["duplicate_bytes"] == ev_dup + chunk
         assert bytes(buf.mv[local : local + chunk]) == piece(hole)
+        if auth:  # both ways of verifying in place were taken
+            assert calls["verify_mac"] > 0 and calls["verify_parts"] > 0, calls
+        else:
+            assert calls == {"verify_mac": 0, "verify_parts": 0}
         # a chunk straddling this shard's box and bytes it does not own places the owned part
         bucket_end = layout.bucket_nbytes[0]
         edge = seg.end if seg.end < bucket_end else seg.start
