@@ -224,8 +224,9 @@ class Receiver:
         the CRC over both without a MAC) and only then cover the bytes (:meth:`_finish`). A
         datagram that fails leaves the bytes uncovered (the genuine one overwrites them later;
         a covered byte is never received into). Everything else (the first chunk of an
-        iteration, duplicates, straddling chunks, other kinds, frames from the switch, first
-        datagrams from an address) is received into the scratch buffer and :meth:`handle` d.
+        iteration, duplicates, straddling chunks, other kinds, anything when in-band frames
+        come from the switch) is received into the scratch buffer and :meth:`handle` d. The
+        source is checked after the verification, as :meth:`handle` does.
         """
         n = self.node
         # a non-blocking twin of the socket: no poll() before every call (the node's socket
@@ -243,6 +244,7 @@ class Receiver:
             save = bytearray(_HSIZE)
             tail = bytearray(wire.MAC_SIZE)
             hdr_at = memoryview(hdr)[:_CSUM_AT]
+            peek_at = memoryview(peek)[:_CSUM_AT]
             iov: list[Any] = [memoryview(hdr), None, memoryview(tail)]
             iov_crc: list[Any] = [memoryview(hdr), None]
             lock = self._rx_lock
@@ -257,12 +259,15 @@ class Receiver:
                 mflags = 0
                 with lock:
                     try:
-                        size, src = dsock.recvfrom_into(peek, _HSIZE, _PEEK)
+                        if switch is None:  # the source is checked once the datagram verified
+                            size = dsock.recv_into(peek, _HSIZE, _PEEK)
+                        else:
+                            size, src = dsock.recvfrom_into(peek, _HSIZE, _PEEK)
                     except (BlockingIOError, InterruptedError):
                         size = -1
                     if size >= 0:
-                        if size >= _HSIZE and src != switch:
-                            res = self._reserve(peek, size, src)
+                        if size >= _HSIZE and (switch is None or src != switch):
+                            res = self._reserve(peek, peek_at, size, src)
                         if res is None:
                             size, src = dsock.recvfrom_into(buf)
                         else:
@@ -273,11 +278,11 @@ class Receiver:
                             io = iov_crc if mode == _CRC else iov
                             io[1] = dest
                             try:
-                                got, _, mflags, _ = dsock.recvmsg_into(io)
+                                got, _, mflags, src = dsock.recvmsg_into(io)
                             except BaseException:
                                 if mode == _IN_SLOT:
                                     slot[:] = save
-                                self._finish(res, False, "direct_mismatch")
+                                self._finish(res, None, False, "direct_mismatch")
                                 raise
                             finally:
                                 io[1] = None
@@ -303,7 +308,7 @@ class Receiver:
                             reason = "wire.checksum"
                     else:
                         ok = False
-                    self._finish(res, ok, reason)
+                    self._finish(res, src, ok, reason)
                 elif size < 0:
                     poller.poll(tick_ms)
                 elif switch is not None and (src[0], src[1]) == switch:
@@ -323,8 +328,11 @@ class Receiver:
         finally:
             dsock.close()
 
-    def _reserve(self, peek: bytearray, size: int, src: Any) -> _Reserved | None:
-        """Where the datagram whose header is ``peek`` (``size`` bytes in all) goes, when it can
+    def _reserve(
+        self, peek: bytearray, peek_at: memoryview, size: int, src: Any
+    ) -> _Reserved | None:
+        """Where the datagram whose header is ``peek`` (``size`` bytes in all; ``peek_at``: its
+        bytes before the checksum; ``src``: its source when known) goes, when it can
         be received straight into an iteration buffer: ``(rec, buf, entry, ls, le, mode, slot,
         dest, whole, fields, epoch, ld)``: the shard-local payload bytes ``[ls, le)`` of
         ``buf`` (``dest`` views them) are reserved (``entry`` in ``buf.inflight``); ``mode``
@@ -350,7 +358,7 @@ class Receiver:
         sealed = flags & _MAC
         if sealed:
             length -= wire.MAC_SIZE
-            if crc32c(memoryview(peek)[:_CSUM_AT]) != csum:
+            if crc32c(peek_at) != csum:
                 return None
         elif self._data_mac:
             return None
@@ -362,9 +370,10 @@ class Receiver:
             ld = n._ld
             if ld is None or job != n._job or layout != n._digest:
                 return None
-            known = self._src_cache.get(src)
-            if known is None or not known[0]:
-                return None
+            if src is not None:
+                known = self._src_cache.get(src)
+                if known is None or not known[0]:
+                    return None
             la = n._last_applied
             if it <= la or it > la + ld.window:
                 return None
@@ -423,10 +432,10 @@ class Receiver:
             dest = mv[ls:le]
             return rec, buf, entry, ls, le, mode, dest, dest, dest, f, buf.epoch, ld
 
-    def _finish(self, res: _Reserved, ok: bool, reason: str) -> None:
-        """Release a reservation of :meth:`_reserve`; a datagram that verified (``ok``) is
-        handled as :meth:`handle` would have (its bytes are in place), else counted under
-        ``reason``."""
+    def _finish(self, res: _Reserved, src: Any, ok: bool, reason: str) -> None:
+        """Release a reservation of :meth:`_reserve`; a datagram from ``src`` that verified
+        (``ok``) is handled as :meth:`handle` would have (its bytes are in place), else counted
+        under ``reason``."""
         rec, buf, entry, ls, le, _, _, _, _, f, epoch, ld = res
         n = self.node
         with n._lock:
@@ -435,22 +444,25 @@ class Receiver:
                 self._inflight.notify_all()
             if ok:
                 sender, it = f[5], f[8]
-                if n._ld is not ld or n._iters.get(it) is not rec or rec.buf is not buf:
+                if not self._source_ok(wire.Kind.DATA, src):
+                    reason = "foreign_source"
+                elif n._ld is not ld or n._iters.get(it) is not rec or rec.buf is not buf:
                     reason = "stale"  # the iteration was dropped while the bytes came in
                 elif buf.epoch != epoch:
                     reason = "stale"
                 else:
-                    n._trainer_rx_at = n._rank_rx_at[sender] = time.monotonic()
-                    reason = self._data(
-                        f[3],
-                        it,
-                        sender,
-                        f[7],
-                        offset=f[10],
-                        length=le - ls,
-                        dtype=f[4],
-                        payload=None,
-                        direct=(buf, ls, le),
+                    # what _data checks held at the reservation and still do: the session
+                    # and the iteration's buffer are the same, and the iteration cannot have
+                    # been applied with these bytes uncovered
+                    now = time.monotonic()
+                    n._trainer_rx_at = n._rank_rx_at[sender] = now
+                    if it > n._rank_newest.get(sender, -1):
+                        n._rank_newest[sender] = it
+                    new = 0
+                    for x, y in buf.cov.add(ls, le):  # reserved meanwhile: nothing covered it
+                        new += y - x
+                    reason = self._account(
+                        rec, buf, f[3], sender, bucket=f[7], owned=le - ls, new=new, now=now
                     )
                     n.ev["direct_datagrams"] += 1
             n.rx[reason] += 1
@@ -524,7 +536,6 @@ class Receiver:
             length=h.length,
             dtype=h.dtype,
             payload=payload,
-            direct=None,
         )
 
     def _data(
@@ -537,12 +548,10 @@ class Receiver:
         offset: int,
         length: int,
         dtype: int,
-        payload: memoryview | None,
-        direct: tuple[IterBuffer, int, int] | None,
+        payload: memoryview,
     ) -> str:
-        """A verified DATA chunk: ``payload`` is placed from where it was received, or
-        (``direct``) it was received into shard-local bytes ``[ls, le)`` of ``buf``, which
-        this covers. Under the node's lock."""
+        """A verified DATA chunk: its ``payload`` is placed from where it was received (a
+        direct receive's is in place already: :meth:`_finish`). Under the node's lock."""
         n = self.node
         while True:
             ld = n._ld
@@ -564,13 +573,6 @@ class Receiver:
                 return "not_mine"
             now = time.monotonic()
             rec = self._rec(it, now)
-            if direct is not None:
-                buf, ls, le = direct
-                owned = le - ls
-                new = 0
-                for x, y in buf.cov.add(ls, le):  # reserved while received: nothing covered it
-                    new += y - x
-                break
             if rec.buf is None:
                 rec.buf = self._take_buf(ld)
                 if rec.buf is None:  # cannot happen while the window bounds the buffers in use
@@ -585,12 +587,28 @@ class Receiver:
                 finally:
                     self._waiting -= 1
                 continue
-            assert payload is not None
             res = buf.place(bucket, offset, payload)
-            owned, new = res.owned, res.new
-            break
-        if owned == 0:
-            return "not_mine"
+            if res.owned == 0:
+                return "not_mine"
+            return self._account(
+                rec, buf, flags, sender, bucket=bucket, owned=res.owned, new=res.new, now=now
+            )
+
+    def _account(
+        self,
+        rec: _Iter,
+        buf: IterBuffer,
+        flags: int,
+        sender: int,
+        *,
+        bucket: int,
+        owned: int,
+        new: int,
+        now: float,
+    ) -> str:
+        """Count a placed DATA chunk (``owned`` bytes of this shard, ``new`` of them not
+        there before) and move its iteration on; the rx counter reason."""
+        n = self.node
         senders = n._bucket_senders.get(bucket)
         if senders is None:
             senders = n._bucket_senders[bucket] = set()
