@@ -1,7 +1,9 @@
 """The shadow node's receiver: the ``rx`` threads' side of :class:`ShadowNode`.
 
-:class:`Receiver` receives (``recv_into`` a preallocated buffer, socket timeout ``tick_s``),
-verifies and decodes every datagram (:meth:`Receiver.handle`: no per-element Python), places
+:class:`Receiver` receives DATA chunks straight into their place in the iteration buffers
+where it can (:meth:`Receiver._loop_direct`: peek at the header, reserve the bytes, receive,
+verify in place, then cover) and everything else into a preallocated buffer, which it
+verifies and decodes (:meth:`Receiver.handle`: no per-element Python), places
 DATA bytes into the iteration buffers, keeps COMMIT records, takes the peers' READY records,
 and announces this shard's own READY; receive thread 0 also runs the timers: gap repair (NACK
 with backoff, divergence when it fails) and the READY refresh to the peer shadows.

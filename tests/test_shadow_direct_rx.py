@@ -290,3 +290,47 @@ def test_interval_set_disjoint_matches_a_bitmap() -> None:
             a = rng.randrange(64)
             b = rng.randrange(a + 1, 65)
             assert s.disjoint(a, b) == (not any(bits[a:b]))
+
+
+def test_two_rx_threads_forged_genuine_and_duplicate_copies_of_every_chunk() -> None:
+    """Two receive threads, every chunk of a box sent three times back to back (a forged copy
+    with other bytes, the genuine one, a genuine retransmission): whichever thread gets which,
+    every byte ends up genuine and each copy is counted once under its reason."""
+    with _node(auth=True, rx_threads=2) as (node, trainer, layout):
+        seg = _segments(node)[0]
+        chunk = 256
+        grad = torch.randn(layout.bucket_nbytes[0] // 4, generator=torch.Generator().manual_seed(9))
+        data = grad.numpy().tobytes()
+        _send(
+            node,
+            trainer,
+            _datagram(layout, 0, seg.start, data[seg.start : seg.start + chunk], auth=True),
+        )
+        offs = list(range(seg.start + chunk, seg.end - chunk + 1, chunk))
+        dgrams: list[bytes] = []
+        for off in offs:
+            good = _datagram(layout, 0, off, data[off : off + chunk], auth=True)
+            forged = bytearray(_datagram(layout, 0, off, bytes(chunk), auth=True))
+            forged[-1] ^= 1  # the tag
+            dgrams += [
+                bytes(forged),
+                good,
+                _datagram(layout, 0, off, data[off : off + chunk], auth=True, retx=True),
+            ]
+        before = sum(node.rx.values())
+        dest = node.sock.getsockname()
+        for d in dgrams:
+            trainer.sendto(d, dest)
+        deadline = time.monotonic() + 20
+        while sum(node.rx.values()) < before + len(dgrams):
+            assert time.monotonic() < deadline, dict(node.rx)
+            time.sleep(0.005)
+        n = len(offs)
+        assert node.rx["wire.bad_mac"] == n
+        assert node.rx["data"] == 1 + n
+        assert node.rx["duplicate"] == n
+        buf = _buf(node, 0)
+        for off in (seg.start, *offs):
+            for local, want in _owned(node, off, data[off : off + chunk]):
+                assert bytes(buf.mv[local : local + len(want)]) == want, off
+        assert node.ev["direct_datagrams"] > 0
