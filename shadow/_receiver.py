@@ -1,7 +1,9 @@
 """The shadow node's receiver: the ``rx`` threads' side of :class:`ShadowNode`.
 
-:class:`Receiver` receives (``recv_into`` a preallocated buffer, socket timeout ``tick_s``),
-verifies and decodes every datagram (:meth:`Receiver.handle`: no per-element Python), places
+:class:`Receiver` receives DATA chunks straight into their place in the iteration buffers
+where it can (:meth:`Receiver._loop_direct`: peek at the header, reserve the bytes, receive,
+verify in place, then cover) and everything else into a preallocated buffer, which it
+verifies and decodes (:meth:`Receiver.handle`: no per-element Python), places
 DATA bytes into the iteration buffers, keeps COMMIT records, takes the peers' READY records,
 and announces this shard's own READY; receive thread 0 also runs the timers: gap repair (NACK
 with backoff, divergence when it fails) and the READY refresh to the peer shadows.
@@ -17,14 +19,23 @@ record keys (set once), the source cache and the READY/NACK sequence number (und
 
 from __future__ import annotations
 
+import bisect
 import logging
+import os
+import select
+import socket
+import sys
+import threading
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from crc32c import crc32c
+
 from shadowgrad import events, wire
 from shadowgrad._addr import canonical, resolve
 from shadowgrad._log import event
+from shadowgrad.dtypes import WIRE_ITEMSIZE
 from shadowgrad.errors import WireError
 from shadowgrad.frames import decode_frame
 from shadowgrad.shadow.assembly import IntervalSet, IterBuffer
@@ -33,6 +44,23 @@ from shadowgrad.shadow.control import commit_to_json
 if TYPE_CHECKING:
     from shadowgrad.shadow._applier import _Loaded
     from shadowgrad.shadow.node import ShadowNode
+
+    #: a direct receive's reservation (Receiver._reserve): (rec, buf, inflight entry, ls,
+    #: le, mode, slot, dest, whole, header fields, buf's epoch, session)
+    _Reserved = tuple[
+        "_Iter",
+        IterBuffer,
+        tuple[int, int],
+        int,
+        int,
+        int,
+        memoryview,
+        memoryview,
+        memoryview,
+        tuple[int, ...],
+        int,
+        _Loaded,
+    ]
 
 __all__ = ["NONE_ITER", "Receiver"]
 
@@ -44,6 +72,20 @@ NONE_ITER = (1 << 64) - 1
 
 _FINAL = int(wire.Flag.FINAL)
 _RETX = int(wire.Flag.RETX)
+_MAC = int(wire.Flag.MAC)
+_DATA = int(wire.Kind.DATA)
+_DATA_FLAGS = wire.ALLOWED_FLAGS[wire.Kind.DATA]
+_HDR = wire.HEADER_STRUCT
+_HSIZE = wire.HEADER_SIZE
+_CSUM_AT = wire.CHECKSUM_AT
+_ITEMSIZE = {int(k): v for k, v in WIRE_ITEMSIZE.items()}
+#: the direct receive peeks at the header (MSG_TRUNC: the call returns the datagram's size);
+#: Linux semantics
+_DIRECT_OK = sys.platform.startswith("linux") and hasattr(socket, "MSG_TRUNC")
+_PEEK = (socket.MSG_PEEK | getattr(socket, "MSG_TRUNC", 0)) if _DIRECT_OK else 0
+_MSG_TRUNC = getattr(socket, "MSG_TRUNC", 0)
+#: how a direct receive is verified (Receiver._reserve)
+_CRC, _SPLIT, _IN_SLOT = 0, 1, 2
 
 
 def _enc(i: int) -> int:
@@ -118,9 +160,29 @@ class Receiver:
             self._switch_ep = (ep.host, ep.port)
         self._next_refresh = 0.0
         self._seq = 0
+        # direct receive (:meth:`_loop_direct`): the rx threads peek and receive under
+        # _rx_lock (a peek and the receive after it are one step); a thread placing a chunk
+        # from its scratch buffer waits on _inflight while another receives into those bytes
+        self._direct = _DIRECT_OK and node.opts.direct_rx
+        self._rx_lock = threading.Lock()
+        self._waiting = 0  # threads waiting on _inflight (under the node's _lock)
+        self._inflight_cond: threading.Condition | None = None  # on the node's _lock, built late
+        self._data_mac = wire.Kind.DATA in self._require
+
+    @property
+    def _inflight(self) -> threading.Condition:
+        """Signalled when a direct receive releases its reservation (on the node's ``_lock``,
+        which the node creates after its receiver; every caller holds that lock)."""
+        c = self._inflight_cond
+        if c is None:
+            c = self._inflight_cond = threading.Condition(self.node._lock)
+        return c
 
     def loop(self, index: int = 0) -> None:
         """Receive thread ``index``; thread 0 also runs the timers."""
+        if self._direct:
+            self._loop_direct(index)
+            return
         n = self.node
         sock = n.sock
         buf = bytearray(wire.MAX_DATAGRAM + 1)  # one byte more: oversize datagrams show up
@@ -151,6 +213,261 @@ class Receiver:
                 if now >= next_timer:
                     self._timers(now)
                     next_timer = now + n.opts.tick_s
+
+    def _loop_direct(self, index: int) -> None:
+        """:meth:`loop` receiving DATA straight into the iteration buffer.
+
+        Under ``_rx_lock``: peek at the next datagram's header; when it is a well-formed FINAL
+        DATA chunk from a known trainer whose bytes lie inside one box of an iteration buffered
+        here and are neither covered nor being received by another thread, reserve them
+        (:meth:`_reserve`) and ``recvmsg_into`` header, box bytes and MAC trailer: the kernel
+        writes the payload into its final place. Then, without the lock, verify it there (the
+        received header must be the peeked one; its CRC; the GMAC over header + payload, or
+        the CRC over both without a MAC) and only then cover the bytes (:meth:`_finish`). A
+        datagram that fails leaves the bytes uncovered (the genuine one overwrites them later;
+        a covered byte is never received into). Everything else (the first chunk of an
+        iteration, duplicates, straddling chunks, other kinds, anything when in-band frames
+        come from the switch) is received into the scratch buffer and :meth:`handle` d. The
+        source is checked after the verification, as :meth:`handle` does.
+        """
+        n = self.node
+        # a non-blocking twin of the socket: no poll() before every call (the node's socket
+        # has a timeout); closed when the loop ends
+        dsock = socket.socket(fileno=os.dup(n.sock.fileno()))
+        try:
+            dsock.setblocking(False)
+            poller = select.poll()
+            poller.register(dsock.fileno(), select.POLLIN)
+            tick_ms = max(1, round(n.opts.tick_s * 1000))
+            buf = bytearray(wire.MAX_DATAGRAM + 1)  # one byte more: oversize datagrams show up
+            mv = memoryview(buf)
+            peek = bytearray(_HSIZE)
+            hdr = bytearray(_HSIZE)
+            save = bytearray(_HSIZE)
+            tail = bytearray(wire.MAC_SIZE)
+            hdr_at = memoryview(hdr)[:_CSUM_AT]
+            peek_at = memoryview(peek)[:_CSUM_AT]
+            iov: list[Any] = [memoryview(hdr), None, memoryview(tail)]
+            iov_crc: list[Any] = [memoryview(hdr), None]
+            lock = self._rx_lock
+            switch = self._switch_ep
+            key = self._key
+            next_timer = 0.0
+            while not n._stop.is_set():
+                size = -1
+                src: Any = None
+                res: _Reserved | None = None
+                got = 0
+                mflags = 0
+                with lock:
+                    try:
+                        if switch is None:  # the source is checked once the datagram verified
+                            size = dsock.recv_into(peek, _HSIZE, _PEEK)
+                        else:
+                            size, src = dsock.recvfrom_into(peek, _HSIZE, _PEEK)
+                    except (BlockingIOError, InterruptedError):
+                        size = -1
+                    if size >= 0:
+                        if size >= _HSIZE and (switch is None or src != switch):
+                            res = self._reserve(peek, peek_at, size, src)
+                        if res is None:
+                            size, src = dsock.recvfrom_into(buf)
+                        else:
+                            mode, slot, dest = res[5], res[6], res[7]
+                            if mode == _IN_SLOT:  # the header lands on covered bytes: keep them
+                                save[:] = slot
+                                iov[0] = slot
+                            io = iov_crc if mode == _CRC else iov
+                            io[1] = dest
+                            try:
+                                got, _, mflags, src = dsock.recvmsg_into(io)
+                            except BaseException:
+                                if mode == _IN_SLOT:
+                                    slot[:] = save
+                                self._finish(res, None, False, "direct_mismatch")
+                                raise
+                            finally:
+                                io[1] = None
+                                iov[0] = iov_crc[0]
+                if res is not None:
+                    mode, slot, dest = res[5], res[6], res[7]
+                    reason = "direct_mismatch"
+                    ok = got == size and not mflags & _MSG_TRUNC
+                    if mode == _IN_SLOT:
+                        # header + payload are one contiguous view: the one-shot GMAC
+                        if ok and slot == peek:
+                            ok = wire.verify_mac(key, res[8], tail)
+                            reason = "wire.bad_mac"
+                        else:
+                            ok = False
+                        slot[:] = save
+                    elif ok and hdr == peek:
+                        if mode == _SPLIT:  # sealed: the header's CRC was checked on the peek
+                            ok = wire.verify_parts(key, hdr, dest, tail)
+                            reason = "wire.bad_mac"
+                        else:
+                            ok = crc32c(dest, crc32c(hdr_at)) == res[9][13]
+                            reason = "wire.checksum"
+                    else:
+                        ok = False
+                    self._finish(res, src, ok, reason)
+                elif size < 0:
+                    poller.poll(tick_ms)
+                elif switch is not None and (src[0], src[1]) == switch:
+                    frame = decode_frame(mv[:size])
+                    if frame is None or frame.dst != self._me:
+                        with n._lock:
+                            n.rx["bad_frame"] += 1
+                    else:  # the copy keeps the trainer's source address
+                        self.handle(frame.payload, frame.src)
+                else:
+                    self.handle(mv[:size], src)
+                if index == 0:
+                    now = time.monotonic()
+                    if now >= next_timer:
+                        self._timers(now)
+                        next_timer = now + n.opts.tick_s
+        finally:
+            dsock.close()
+
+    def _reserve(
+        self, peek: bytearray, peek_at: memoryview, size: int, src: Any
+    ) -> _Reserved | None:
+        """Where the datagram whose header is ``peek`` (``size`` bytes in all; ``peek_at``: its
+        bytes before the checksum; ``src``: its source when known) goes, when it can
+        be received straight into an iteration buffer: ``(rec, buf, entry, ls, le, mode, slot,
+        dest, whole, fields, epoch, ld)``: the shard-local payload bytes ``[ls, le)`` of
+        ``buf`` (``dest`` views them) are reserved (``entry`` in ``buf.inflight``); ``mode``
+        says how it is verified: :data:`_CRC` (no MAC), :data:`_SPLIT` (header received into
+        the thread's own buffer) or :data:`_IN_SLOT` (the :data:`wire.HEADER_SIZE` bytes before
+        ``dest`` are covered: the header is received there, ``slot``, after their bytes were
+        saved, so header and payload are one view, ``whole``, for the one-shot GMAC; the
+        reservation includes them until they are restored). Else None (the caller takes the
+        scratch path). Changes nothing else: what the datagram does to the protocol state
+        happens once it verified."""
+        f = _HDR.unpack_from(peek)
+        magic, version, kind, flags, dtype, _, job, bucket, it, _, offset, layout, length, csum = f
+        if (
+            magic != wire.MAGIC
+            or version != wire.VERSION
+            or kind != _DATA
+            or size != _HSIZE + length
+            or length > wire.MAX_PAYLOAD
+            or flags & ~_DATA_FLAGS
+            or not flags & _FINAL
+        ):
+            return None
+        sealed = flags & _MAC
+        if sealed:
+            length -= wire.MAC_SIZE
+            if crc32c(peek_at) != csum:
+                return None
+        elif self._data_mac:
+            return None
+        item = _ITEMSIZE.get(dtype)
+        if item is None or length <= 0 or length % item or offset % item:
+            return None
+        n = self.node
+        with n._lock:
+            ld = n._ld
+            if ld is None or job != n._job or layout != n._digest:
+                return None
+            if src is not None:
+                known = self._src_cache.get(src)
+                if known is None or not known[0]:
+                    return None
+            la = n._last_applied
+            if it <= la or it > la + ld.window:
+                return None
+            geom = ld.geom
+            if (
+                bucket >= len(geom.bucket_nbytes)
+                or offset + length > geom.bucket_nbytes[bucket]
+                or dtype != geom.bucket_dtype[bucket]
+            ):
+                return None
+            rec = n._iters.get(it)
+            if rec is None or rec.buf is None:
+                return None
+            buf = rec.buf
+            i = bisect.bisect_right(geom._starts[bucket], offset) - 1
+            if i < 0:
+                return None
+            seg = geom.segments[bucket][i]
+            if offset + length > seg.end:
+                return None
+            ls = seg.local + (offset - seg.start)
+            le = ls + length
+            cov = buf.cov
+            if not cov.disjoint(ls, le):
+                return None
+            for x, y in buf.inflight:
+                if x < le and ls < y:
+                    return None
+            mv = buf.mv
+            if not sealed:
+                mode = _CRC
+            elif ls >= _HSIZE and cov.covers(ls - _HSIZE, ls):
+                # covered bytes are never written and not read before the iteration is
+                # complete, which it is not while [ls, le) is uncovered
+                entry = (ls - _HSIZE, le)
+                buf.inflight.append(entry)
+                whole = mv[ls - _HSIZE : le]
+                return (
+                    rec,
+                    buf,
+                    entry,
+                    ls,
+                    le,
+                    _IN_SLOT,
+                    whole[:_HSIZE],
+                    whole[_HSIZE:],
+                    whole,
+                    f,
+                    buf.epoch,
+                    ld,
+                )
+            else:
+                mode = _SPLIT
+            entry = (ls, le)
+            buf.inflight.append(entry)
+            dest = mv[ls:le]
+            return rec, buf, entry, ls, le, mode, dest, dest, dest, f, buf.epoch, ld
+
+    def _finish(self, res: _Reserved, src: Any, ok: bool, reason: str) -> None:
+        """Release a reservation of :meth:`_reserve`; a datagram from ``src`` that verified
+        (``ok``) is handled as :meth:`handle` would have (its bytes are in place), else counted
+        under ``reason``."""
+        rec, buf, entry, ls, le, _, _, _, _, f, epoch, ld = res
+        n = self.node
+        with n._lock:
+            buf.inflight.remove(entry)
+            if self._waiting:
+                self._inflight.notify_all()
+            if ok:
+                sender, it = f[5], f[8]
+                if not self._source_ok(wire.Kind.DATA, src):
+                    reason = "foreign_source"
+                elif n._ld is not ld or n._iters.get(it) is not rec or rec.buf is not buf:
+                    reason = "stale"  # the iteration was dropped while the bytes came in
+                elif buf.epoch != epoch:
+                    reason = "stale"
+                else:
+                    # what _data checks held at the reservation and still do: the session
+                    # and the iteration's buffer are the same, and the iteration cannot have
+                    # been applied with these bytes uncovered
+                    now = time.monotonic()
+                    n._trainer_rx_at = n._rank_rx_at[sender] = now
+                    if it > n._rank_newest.get(sender, -1):
+                        n._rank_newest[sender] = it
+                    new = 0
+                    for x, y in buf.cov.add(ls, le):  # reserved meanwhile: nothing covered it
+                        new += y - x
+                    reason = self._account(
+                        rec, buf, f[3], sender, bucket=f[7], owned=le - ls, new=new, now=now
+                    )
+                    n.ev["direct_datagrams"] += 1
+            n.rx[reason] += 1
 
     def handle(
         self, data: memoryview | bytes | bytearray, src: tuple[str, int] | None = None
@@ -212,56 +529,106 @@ class Receiver:
         return rec
 
     def _on_data(self, h: wire.Header, payload: memoryview) -> str:
+        return self._data(
+            h.flags._value_,  # int arithmetic: IntFlag operators run in Python
+            h.iteration,
+            h.sender,
+            h.bucket,
+            offset=h.offset,
+            length=h.length,
+            dtype=h.dtype,
+            payload=payload,
+        )
+
+    def _data(
+        self,
+        flags: int,
+        it: int,
+        sender: int,
+        bucket: int,
+        *,
+        offset: int,
+        length: int,
+        dtype: int,
+        payload: memoryview,
+    ) -> str:
+        """A verified DATA chunk: its ``payload`` is placed from where it was received (a
+        direct receive's is in place already: :meth:`_finish`). Under the node's lock."""
         n = self.node
-        ld = n._ld
-        assert ld is not None
-        flags = h.flags._value_  # int arithmetic: IntFlag operators run in Python
-        if not flags & _FINAL:
-            return "not_final"
-        it = h.iteration
-        if it <= n._last_applied:
-            return "stale"
-        if it > n._rank_newest.get(h.sender, -1):
-            n._rank_newest[h.sender] = it
-        if it > n._last_applied + ld.window:
-            return "ahead_of_window"
-        geom = ld.geom
-        if (
-            h.bucket >= len(geom.bucket_nbytes)
-            or h.offset + h.length > geom.bucket_nbytes[h.bucket]
-        ):
-            return "out_of_layout"
-        if h.dtype != geom.bucket_dtype[h.bucket]:
-            return "dtype_mismatch"
-        if not geom.owns_any(h.bucket, h.offset, h.length):
-            return "not_mine"
-        now = time.monotonic()
-        rec = self._rec(it, now)
-        if rec.buf is None:
-            rec.buf = self._take_buf(ld)
-            if rec.buf is None:  # cannot happen while the window bounds the buffers in use
-                return "no_buffer"
-        res = rec.buf.place(h.bucket, h.offset, payload)
-        if res.owned == 0:
-            return "not_mine"
-        senders = n._bucket_senders.get(h.bucket)
+        while True:
+            ld = n._ld
+            assert ld is not None
+            if not flags & _FINAL:
+                return "not_final"
+            if it <= n._last_applied:
+                return "stale"
+            if it > n._rank_newest.get(sender, -1):
+                n._rank_newest[sender] = it
+            if it > n._last_applied + ld.window:
+                return "ahead_of_window"
+            geom = ld.geom
+            if bucket >= len(geom.bucket_nbytes) or offset + length > geom.bucket_nbytes[bucket]:
+                return "out_of_layout"
+            if dtype != geom.bucket_dtype[bucket]:
+                return "dtype_mismatch"
+            if not geom.owns_any(bucket, offset, length):
+                return "not_mine"
+            now = time.monotonic()
+            rec = self._rec(it, now)
+            if rec.buf is None:
+                rec.buf = self._take_buf(ld)
+                if rec.buf is None:  # cannot happen while the window bounds the buffers in use
+                    return "no_buffer"
+            buf = rec.buf
+            if buf.inflight and buf.reserved(bucket, offset, length) and not n._stop.is_set():
+                # another rx thread is receiving into these bytes: place after it verified
+                # (or failed), never under it
+                self._waiting += 1
+                try:
+                    self._inflight.wait(n.opts.tick_s)
+                finally:
+                    self._waiting -= 1
+                continue
+            res = buf.place(bucket, offset, payload)
+            if res.owned == 0:
+                return "not_mine"
+            return self._account(
+                rec, buf, flags, sender, bucket=bucket, owned=res.owned, new=res.new, now=now
+            )
+
+    def _account(
+        self,
+        rec: _Iter,
+        buf: IterBuffer,
+        flags: int,
+        sender: int,
+        *,
+        bucket: int,
+        owned: int,
+        new: int,
+        now: float,
+    ) -> str:
+        """Count a placed DATA chunk (``owned`` bytes of this shard, ``new`` of them not
+        there before) and move its iteration on; the rx counter reason."""
+        n = self.node
+        senders = n._bucket_senders.get(bucket)
         if senders is None:
-            senders = n._bucket_senders[h.bucket] = set()
-        senders.add(h.sender)
-        if res.new == 0:
-            n.ev["duplicate_bytes"] += res.owned
+            senders = n._bucket_senders[bucket] = set()
+        senders.add(sender)
+        if new == 0:
+            n.ev["duplicate_bytes"] += owned
             return "duplicate"
-        if res.new < res.owned:
-            n.ev["duplicate_bytes"] += res.owned - res.new
-        n.ev["data_bytes"] += res.new
+        if new < owned:
+            n.ev["duplicate_bytes"] += owned - new
+        n.ev["data_bytes"] += new
         wall = time.time()
         if rec.t_first is None:
             rec.t_first = wall
         rec.t_last = wall
         rec.activity = now
         if flags & _RETX:
-            n.ev["repaired_bytes"] += res.new
-        if rec.buf.complete:
+            n.ev["repaired_bytes"] += new
+        if buf.complete:
             self._maybe_ready(rec)
         return "retx" if flags & _RETX else "data"
 

@@ -107,6 +107,24 @@ class IntervalSet:
             out.append((cur, e))
         return out
 
+    def covers(self, s: int, e: int) -> bool:
+        """Whether every byte of ``[s, e)`` is covered (``s < e``)."""
+        starts, ends = self._starts, self._ends
+        if starts and starts[-1] <= s:  # in-order arrival: the last interval
+            return e <= ends[-1]
+        i = bisect.bisect_right(starts, s) - 1
+        return i >= 0 and e <= ends[i]
+
+    def disjoint(self, s: int, e: int) -> bool:
+        """Whether no byte of ``[s, e)`` is covered (``s < e``)."""
+        starts, ends = self._starts, self._ends
+        if not starts or s >= ends[-1]:  # in-order arrival: past everything
+            return True
+        i = bisect.bisect_right(starts, s) - 1  # the last interval starting at or before s
+        if i >= 0 and ends[i] > s:
+            return False
+        return i + 1 >= len(starts) or starts[i + 1] >= e
+
 
 @dataclass(frozen=True)
 class Segment:
@@ -256,16 +274,38 @@ class ShardGeometry:
 
 
 class IterBuffer:
-    """One preallocated shard-local gradient buffer and its exact coverage."""
+    """One preallocated shard-local gradient buffer and its exact coverage.
+
+    ``inflight``: shard-local ranges a receive thread is receiving straight into (uncovered
+    when reserved, covered only once the datagram verified; see ``Receiver``); nothing else
+    writes them meanwhile. They outlive :meth:`reset` (the receive may still be writing when
+    the buffer is recycled), whose ``epoch`` tells the receiver its datagram lost its place.
+    """
 
     def __init__(self, geom: ShardGeometry) -> None:
         self.geom = geom
         self.tensor = torch.zeros(geom.local_nbytes, dtype=torch.uint8)
         self.mv = self.tensor.numpy().data.cast("B")
         self.cov = IntervalSet()
+        self.inflight: list[tuple[int, int]] = []
+        self.epoch = 0
 
     def reset(self) -> None:
         self.cov = IntervalSet()
+        self.epoch += 1
+
+    def reserved(self, bucket: int, offset: int, length: int) -> bool:
+        """Whether an owned byte of the chunk lies in a range being received into."""
+        inflight = self.inflight
+        if not inflight:
+            return False
+        for seg, a, b in self.geom.overlaps(bucket, offset, length):
+            s = seg.local + (a - seg.start)
+            e = s + (b - a)
+            for x, y in inflight:
+                if x < e and s < y:
+                    return True
+        return False
 
     @property
     def complete(self) -> bool:

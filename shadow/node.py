@@ -106,6 +106,10 @@ class NodeOptions:
     #: receive threads on the data socket: decoding (CRC-32) runs without the GIL, so a second
     #: thread overlaps one datagram's CRC with the next one's receive on a multi-core host
     rx_threads: int = 1
+    #: receive DATA straight into the iteration buffer (peek at the header, then the kernel
+    #: copies the payload into its box; docs/shadow.md): no user-space copy of the payload.
+    #: False: every datagram goes through the scratch buffer (one copy more)
+    direct_rx: bool = True
     #: receive buffer asked for (SO_RCVBUFFORCE when permitted, else SO_RCVBUF)
     rcvbuf_bytes: int = 64 * 2**20
     #: iterations kept in the status timeline

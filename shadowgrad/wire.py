@@ -38,6 +38,8 @@ from dataclasses import dataclass
 from typing import NamedTuple, NotRequired, TypedDict, Unpack
 
 from crc32c import crc32c as _crc32c
+from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from shadowgrad.dtypes import WIRE_ITEMSIZE, DType
@@ -89,6 +91,11 @@ __all__ = [
     "encode_parts",
     "encode",
     "decode",
+    "verify_parts",
+    "verify_mac",
+    "HEADER_STRUCT",
+    "CHECKSUM_AT",
+    "ALLOWED_FLAGS",
     "peek_header",
     "crc",
     "session_digest",
@@ -134,6 +141,11 @@ MAX_PAYLOAD = MAX_DATAGRAM - HEADER_SIZE
 _CSUM_AT = HEADER_SIZE - 4
 _PREFIX = struct.Struct("!" + "".join(_CODES[w] for _, w in HEADER_FIELDS[:-1]))
 _LIMITS = {name: (1 << width) - 1 for name, width in HEADER_FIELDS}
+#: the header as a :class:`struct.Struct` (:data:`HEADER_FIELDS` in order), for a receiver that
+#: checks a header it peeked at before receiving the payload (shadow/_receiver.py)
+HEADER_STRUCT = _STRUCT
+#: byte offset of the header's checksum field
+CHECKSUM_AT = _CSUM_AT
 
 
 class Kind(enum.IntEnum):
@@ -253,6 +265,51 @@ def _verify(key: bytes, aad: memoryview, trailer: memoryview) -> bool:
     return hmac.compare_digest(tag, trailer[NONCE_SIZE:])
 
 
+def verify_mac(
+    key: bytes, datagram: bytes | bytearray | memoryview, trailer: bytes | bytearray | memoryview
+) -> bool:
+    """:func:`decode`'s MAC check: the tag in ``trailer`` (nonce, tag) must be the GMAC under
+    ``key`` of ``datagram`` (header and payload, contiguous, without the trailer). The caller
+    checked everything else :func:`decode` checks."""
+    t = memoryview(trailer)
+    if t.nbytes != MAC_SIZE:
+        return False
+    return _verify(key, memoryview(datagram), t)
+
+
+_GCM_KEYS: dict[bytes, algorithms.AES] = {}
+
+
+def verify_parts(
+    key: bytes,
+    header: bytes | bytearray | memoryview,
+    payload: bytes | bytearray | memoryview,
+    trailer: bytes | bytearray | memoryview,
+) -> bool:
+    """:func:`decode`'s MAC check of a sealed datagram received in parts: the tag in ``trailer``
+    (nonce, tag) must be the GMAC under ``key`` of ``header`` (all :data:`HEADER_SIZE` bytes)
+    followed by ``payload``, wherever each lies (fed to GHASH in two pieces: no copy). The
+    caller checked everything else :func:`decode` checks."""
+    alg = _GCM_KEYS.get(key)
+    if alg is None:
+        if len(key) != 32:
+            raise BadFieldError(f"a MAC key is 32 bytes (wire.mac_key), got {len(key)}")
+        if len(_GCM_KEYS) >= 64:
+            _GCM_KEYS.clear()
+        alg = _GCM_KEYS[key] = algorithms.AES(key)
+    t = memoryview(trailer)
+    if t.nbytes != MAC_SIZE:
+        return False
+    d = Cipher(alg, modes.GCM(bytes(t[:NONCE_SIZE]), bytes(t[NONCE_SIZE:]))).decryptor()
+    d.authenticate_additional_data(header)
+    d.authenticate_additional_data(payload)
+    try:
+        d.finalize()  # compares the tag in constant time
+    except InvalidTag:
+        return False
+    return True
+
+
 #: itemsize of every wire dtype code. DType (re-exported here) and its itemsizes live in the one
 #: dtype table, :mod:`shadowgrad.dtypes`
 _ITEMSIZE = WIRE_ITEMSIZE
@@ -311,6 +368,8 @@ _KINDS: dict[int, Kind] = {int(k): k for k in Kind}
 _ALLOWED_INT: dict[Kind, int] = {k: int(v) for k, v in _ALLOWED_FLAGS.items()}
 _FLAGS: dict[int, Flag] = {v: Flag(v) for v in range(256)}
 _MAC_BIT = int(Flag.MAC)  # int & IntFlag runs IntFlag.__rand__ in Python
+#: the flag bits each kind allows, as ints (for a receiver checking a header itself)
+ALLOWED_FLAGS: dict[Kind, int] = dict(_ALLOWED_INT)
 
 
 def _check_range(name: str, value: int) -> None:
