@@ -145,45 +145,6 @@ def _node(layout: Any, authenticate_data: bool, window: int) -> Any:
     )
 
 
-def _warm(node: Any, layout: Any, iterations: int, authenticate_data: bool) -> int:
-    """Steady state: feed iterations ``0..iterations-1`` and their COMMITs through the node's
-    own receive entry point (``handle_datagram``, in-process) and wait until they are applied,
-    so the measured pass places into recycled iteration buffers as a running job does (a fresh
-    node allocates and zeroes one per iteration on its first chunk). Returns the first
-    iteration to measure."""
-    from shadowgrad import wire
-
-    key = wire.mac_key(TOKEN, JOB)
-    src = (node.spec.trainers.addresses[0].host, node.spec.trainers.addresses[0].port)
-    seq = 0
-    zeros = bytes(CHUNK)
-    for it in range(iterations):
-        for b, nbytes in enumerate(layout.bucket_nbytes):
-            for off in range(0, nbytes, CHUNK):
-                seq += 1
-                p = zeros[: min(CHUNK, nbytes - off)]
-                d = wire.encode(
-                    wire.Kind.DATA,
-                    key=key if authenticate_data else None,
-                    **ING.data_fields(layout, it, seq, b, off, payload=p),
-                )
-                node.handle_datagram(d, src)
-    for it in range(iterations):
-        seq += 1
-        node.handle_datagram(
-            wire.CommitRecord((1e-3,)).encode(
-                job=JOB, sender=0, iteration=it, seq=seq, layout=layout.digest64, key=key
-            ),
-            src,
-        )
-    deadline = time.monotonic() + 120
-    while node.status(timeline=0)["last_applied"] < iterations - 1:
-        if time.monotonic() > deadline or node.failed is not None:
-            raise RuntimeError(f"warm-up not applied: {node.status(timeline=0)['counters']}")
-        time.sleep(0.02)
-    return iterations
-
-
 def _thread_cpu(name: str) -> Callable[[], float]:
     """CPU-time clock of the live thread called ``name``."""
     for t in threading.enumerate():
@@ -229,7 +190,7 @@ def _pass_node(layout: Any, iterations: int, authenticate_data: bool) -> dict[st
     node = _node(layout, authenticate_data, window=iterations)
     prod = None
     try:
-        first = _warm(node, layout, iterations, authenticate_data)
+        first = ING.warm(node, layout, iterations, TOKEN, authenticate_data)
         rx_cpu = _thread_cpu("shadow0-rx0")
         prod = _Producer(
             layout,

@@ -798,9 +798,10 @@ def render_recovery(d: Doc) -> list[str]:
         "Where a restore's time goes (median ms per phase; `survey`: status of every shadow "
         "and the settle, which ends at once when nothing is left to apply, else polls every "
         f"`timeouts.gap_repair` = {t.get('gap_repair', '?')}, then the hold of I\\*; "
-        "`fetch load`: fetch every shard at once, each chunk verified and copied once into "
-        "the parameters and optimizer state; `reseed`: the shadows start the new session from "
-        "their own state of I\\*, sent again only to one that has not got it; *cores busy in "
+        "`fetch load`: fetch every shard at once, received straight into the parameters and "
+        "optimizer state (the bulk channel), each chunk verified as it lands; `reseed`: the "
+        "shadows start the new session from their own state of I\\*, sent again only to one "
+        "that has not got it; *cores busy in "
         "fetch*: CPU seconds of the restoring process and of the shadows during `fetch load`, "
         "over its wall time — near the machine's cores, more shadows cannot make it faster):",
         "",
