@@ -6,9 +6,10 @@ A. **Ingest vs bare receive.** A producer process (pre-encoded 64 KiB DATA datag
    flat out with ``sendto``) streams the same bytes twice: once at a bare ``recv_into`` loop,
    once at a real :class:`~shadowgrad.shadow.node.ShadowNode` (decode + GMAC + placement +
    coverage), warmed to steady state first (:func:`warm`: its iterations applied, so the
-   measured ones place into recycled buffers, as in a running job). Each side's MB/s is the bytes it *processed* over the time between its first and
-   last datagram; both see the same offered load (the producer's own rate is printed too), so
-   loss under overload shows up as a lower rate, not a wrong one.
+   measured ones place into recycled buffers, as in a running job). Each side's MB/s is the
+   bytes it *processed* over the time between its first and last datagram; both see the same
+   offered load (the producer's own rate is printed too), so loss under overload shows up as a
+   lower rate, not a wrong one.
 B. **Streaming a 100M-parameter gradient per iteration.** A producer process computes the
    headers (CRC) of a fresh iteration's 64 KiB chunks while pacing them at ``--rate`` MB/s,
    sends the COMMIT, and answers NACKs with RETX; one shadow owns the whole model and replays
@@ -468,13 +469,14 @@ def _part_a(n_params: int, iterations: int) -> dict[str, Any]:
                 bind_port=node.spec.trainers.addresses[0].port,
             )
             rx0 = sum(node.rx.values())
+            bytes0 = node.status(timeline=0)["events"].get("data_bytes", 0)  # the warm-up's
             prod.go()
             sent2 = prod.result(60)
             wait_rx_quiet(node, 0.3)
             st = node.status(timeline=iterations)
             firsts = [p["first_chunk"] for p in st["pending"].values() if p["first_chunk"]]
             lasts = [p["last_chunk"] for p in st["pending"].values() if p["last_chunk"]]
-            data_bytes = st["events"].get("data_bytes", 0)
+            data_bytes = st["events"].get("data_bytes", 0) - bytes0
             shadow[rx_threads] = {
                 "mbps": data_bytes / max(1e-9, max(lasts) - min(firsts)) / 1e6,
                 "counted": sum(node.rx.values()) - rx0,
