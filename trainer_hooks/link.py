@@ -90,6 +90,11 @@ class UdpLink:
             return None
         return n, addr
 
+    def fileno(self) -> int:
+        """The socket's descriptor: readable when a datagram waits (a transport that idles
+        waits on it, with its own wake-up, instead of polling :meth:`recv_into`)."""
+        return self.sock.fileno()
+
     def close(self) -> None:
         self.sock.close()
 

@@ -33,7 +33,10 @@ from __future__ import annotations
 
 import bisect
 import collections
+import contextlib
 import logging
+import os
+import select
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -191,6 +194,16 @@ class RingAllReduce:
         self._cv = threading.Condition()
         self._stop = False
         self._thread: threading.Thread | None = None
+        # an idle engine sleeps in select() on the link's socket and a self-pipe that submit
+        # and close write to (under _cv, while _idle): a job starts at once and an idle rank
+        # costs no CPU; a link without a descriptor (FaultyLink's held datagrams need recv
+        # calls) is polled every IDLE_POLL_S instead
+        fileno = getattr(link, "fileno", None)
+        self._link_fd: int | None = fileno() if callable(fileno) else None
+        self._idle = False
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        os.set_blocking(self._wake_w, False)
 
     # -- engine thread ---------------------------------------------------------------------
 
@@ -209,18 +222,63 @@ class RingAllReduce:
                 raise ShadowgradError("ring engine stopped")
             self._jobs.append(job)
             self._cv.notify()
+            self._wake_locked()
         return job.fut
+
+    def _wake_locked(self) -> None:
+        if self._idle:
+            self._idle = False
+            with contextlib.suppress(OSError):  # full: a wake-up is pending anyway
+                os.write(self._wake_w, b"x")
 
     def close(self, timeout_s: float = 5.0) -> None:
         """Stop the engine after it drained its jobs and its unacknowledged data (bounded)."""
         with self._cv:
             self._stop = True
             self._cv.notify_all()
+            self._wake_locked()
         if self._thread is not None:
             self._thread.join(timeout_s + self.cfg.timeout_s)
         else:
             self._drain(timeout_s)
         self.link.close()
+        if self._thread is None or not self._thread.is_alive():
+            for fd in (self._wake_r, self._wake_w):
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+
+    #: the longest an idle engine sleeps (nothing to retransmit, no job, nothing received)
+    IDLE_MAX_S = 0.25
+    #: the poll period of an idle engine on a link without a descriptor
+    IDLE_POLL_S = 0.005
+
+    def _idle_wait(self) -> None:
+        """No job: sleep until a datagram, a job or close arrives, or the next retransmission
+        is due; then receive, ACK and retransmit (:meth:`_pump`)."""
+        fd = self._link_fd
+        if fd is None:
+            self._pump(self.IDLE_POLL_S)
+            return
+        timeout = 0.0 if self._ack_due else self.IDLE_MAX_S
+        if timeout and self._unacked:
+            due = min(out.sent + out.rto for out in self._unacked.values())
+            timeout = min(timeout, max(0.0, due - time.monotonic()))
+        if timeout > 0:
+            with self._cv:
+                if self._jobs or self._stop:
+                    return
+                self._idle = True
+            try:
+                select.select([fd, self._wake_r], [], [], timeout)
+            except (OSError, ValueError):  # closed under us: the loop sees _stop
+                pass
+            finally:
+                with self._cv:
+                    self._idle = False
+            with contextlib.suppress(OSError):
+                while os.read(self._wake_r, 64):
+                    pass
+        self._pump(0.0)
 
     def _run(self) -> None:
         while True:
@@ -232,7 +290,7 @@ class RingAllReduce:
                     self._drain(2.0)
                     return
                 try:
-                    self._pump(0.005)
+                    self._idle_wait()
                 except ShadowgradError as exc:  # a peer vanished between jobs
                     log.warning("ring rank %d idle: %s", self.rank, exc)
                     self._unacked.clear()
