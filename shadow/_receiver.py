@@ -188,7 +188,6 @@ class Receiver:
         buf = bytearray(wire.MAX_DATAGRAM + 1)  # one byte more: oversize datagrams show up
         mv = memoryview(buf)
         next_timer = 0.0
-        switch = self._switch_ep
         while not n._stop.is_set():
             src: Any = None
             try:
@@ -199,20 +198,33 @@ class Receiver:
                 if n._stop.is_set():
                     return
                 raise
-            if size >= 0 and switch is not None and (src[0], src[1]) == switch:
-                frame = decode_frame(mv[:size])
-                if frame is None or frame.dst != self._me:
-                    with n._lock:
-                        n.rx["bad_frame"] += 1
-                else:  # the copy keeps the trainer's source address
-                    self.handle(frame.payload, frame.src)
-            elif size >= 0:
-                self.handle(mv[:size], src)
+            if size >= 0:
+                self._scratch(mv[:size], src)
             if index == 0:
-                now = time.monotonic()
-                if now >= next_timer:
-                    self._timers(now)
-                    next_timer = now + n.opts.tick_s
+                next_timer = self._tick(next_timer)
+
+    def _scratch(self, data: memoryview, src: Any) -> None:
+        """A datagram received into the scratch buffer from ``src``: in-band, a frame the
+        switch copied here (its payload keeps the trainer's source address); else the datagram
+        itself (:meth:`handle`)."""
+        switch = self._switch_ep
+        if switch is not None and (src[0], src[1]) == switch:
+            frame = decode_frame(data)
+            if frame is None or frame.dst != self._me:
+                with self.node._lock:
+                    self.node.rx["bad_frame"] += 1
+            else:
+                self.handle(frame.payload, frame.src)
+        else:
+            self.handle(data, src)
+
+    def _tick(self, next_timer: float) -> float:
+        """Receive thread 0 runs the timers every ``tick_s``: the next time they are due."""
+        now = time.monotonic()
+        if now < next_timer:
+            return next_timer
+        self._timers(now)
+        return now + self.node.opts.tick_s
 
     def _loop_direct(self, index: int) -> None:
         """:meth:`loop` receiving DATA straight into the iteration buffer.
@@ -313,20 +325,10 @@ class Receiver:
                     self._finish(res, src, ok, reason)
                 elif size < 0:
                     poller.poll(tick_ms)
-                elif switch is not None and (src[0], src[1]) == switch:
-                    frame = decode_frame(mv[:size])
-                    if frame is None or frame.dst != self._me:
-                        with n._lock:
-                            n.rx["bad_frame"] += 1
-                    else:  # the copy keeps the trainer's source address
-                        self.handle(frame.payload, frame.src)
                 else:
-                    self.handle(mv[:size], src)
+                    self._scratch(mv[:size], src)
                 if index == 0:
-                    now = time.monotonic()
-                    if now >= next_timer:
-                        self._timers(now)
-                        next_timer = now + n.opts.tick_s
+                    next_timer = self._tick(next_timer)
         finally:
             dsock.close()
 

@@ -25,16 +25,8 @@ from shadowgrad.bulk import (
 )
 from shadowgrad.errors import ControlError, ShadowgradTimeout
 from shadowgrad.tensorstream import dest_bytes, encode_states, parse_entry
-from shadowgrad.testing.loaded import loaded_cluster, trainer_state
-from shadowgrad.testing.training import Case, RefTrainer, bucket_bytes, compare_shard
-
-
-def _run(c: Any, trainer: RefTrainer, layout: Any, its: range) -> None:
-    for it in its:
-        grads, commit = trainer.step(it)
-        c.producer.send_iteration(it, bucket_bytes(layout, grads), commit)
-        c.expect_applied(it)
-
+from shadowgrad.testing.loaded import loaded_cluster, run_applied, trainer_state
+from shadowgrad.testing.training import Case, RefTrainer, compare_shard
 
 # ------------------------------------------------------------------ the channel alone
 
@@ -216,12 +208,12 @@ def test_streamed_fetch_from_shadows_bit_exact() -> None:
     trainer = RefTrainer(Case("bulk", "mlp", "adamw", iterations=8), seed=2)
     layout = trainer.layout(num_shadows=2)
     with loaded_cluster(trainer, layout) as c:
-        _run(c, trainer, layout, range(3))
+        run_applied(c, trainer, layout, range(3))
         c.expect_istar(2)
         at2 = trainer_state(trainer)
         for cl in c.clients:
             cl.hold(2)
-        _run(c, trainer, layout, range(3, 5))
+        run_applied(c, trainer, layout, range(3, 5))
         now = trainer_state(trainer)
         for shard, cl in enumerate(c.clients):
             # a held copy and the live state, each bit for bit as over zmq
@@ -260,7 +252,7 @@ def test_live_serve_ends_when_stream_ends() -> None:
     trainer = RefTrainer(Case("bulkq", "mlp", "sgd", iterations=8), seed=4)
     layout = trainer.layout(num_shadows=1)
     with loaded_cluster(trainer, layout) as c:
-        _run(c, trainer, layout, range(2))
+        run_applied(c, trainer, layout, range(2))
         n, cl = c.nodes[0], c.clients[0]
         reply = cl.fetch_raw(None, stream=True)
         assert reply.stream is not None
@@ -270,7 +262,7 @@ def test_live_serve_ends_when_stream_ends() -> None:
             sink = FullStateSink(layout)
             sink.receive(0, reply.entries, reader)
         assert serve.queued.wait(2)  # ended with the send
-        _run(c, trainer, layout, range(2, 3))
+        run_applied(c, trainer, layout, range(2, 3))
         # never claimed: the serve ends when the ticket expires (timeouts.rpc)
         cl.fetch_raw(None, stream=True)
         (serve,) = n._serving
@@ -278,4 +270,4 @@ def test_live_serve_ends_when_stream_ends() -> None:
         assert serve.queued.wait(n.spec.timeouts.rpc_s + 2)
         assert time.monotonic() - t0 <= n.spec.timeouts.rpc_s + 1
         assert n.ev["bulk_expired"] == 1
-        _run(c, trainer, layout, range(3, 4))
+        run_applied(c, trainer, layout, range(3, 4))

@@ -19,7 +19,6 @@ import zmq
 
 from shadowgrad.errors import ShadowgradTimeout
 from shadowgrad.freeports import free_port
-from shadowgrad.layout import Layout
 from shadowgrad.optspec import state_by_name
 from shadowgrad.shadow.control import (
     ControlError,
@@ -29,8 +28,8 @@ from shadowgrad.shadow.control import (
     encode_states,
 )
 from shadowgrad.shadow.snapshot import SnapshotError, list_snapshots, read_snapshot
-from shadowgrad.testing.cluster import ShadowCluster, producer_cluster
-from shadowgrad.testing.loaded import loaded_cluster, trainer_state
+from shadowgrad.testing.cluster import producer_cluster
+from shadowgrad.testing.loaded import loaded_cluster, run_applied, trainer_state
 from shadowgrad.testing.specs import TOKEN
 from shadowgrad.testing.training import (
     Case,
@@ -39,13 +38,6 @@ from shadowgrad.testing.training import (
     compare_shard,
     initial_states,
 )
-
-
-def _run(c: ShadowCluster, trainer: RefTrainer, layout: Layout, its: range) -> None:
-    for it in its:
-        grads, commit = trainer.step(it)
-        c.producer.send_iteration(it, bucket_bytes(layout, grads), commit)
-        c.expect_applied(it)
 
 
 def test_token_status_hold_release_fetch() -> None:
@@ -68,7 +60,7 @@ def test_token_status_hold_release_fetch() -> None:
         assert ei.value.code == "bad_request"
 
         c.load(trainer.named, trainer.optimizer_spec())
-        _run(c, trainer, layout, range(3))
+        run_applied(c, trainer, layout, range(3))
         c.expect_istar(2)
         at2 = trainer_state(trainer)
         st = c.clients[0].status(timeline=8)
@@ -84,7 +76,7 @@ def test_token_status_hold_release_fetch() -> None:
         with pytest.raises(ControlError) as ei:
             c.clients[0].hold(0)
         assert ei.value.code == "unavailable"
-        _run(c, trainer, layout, range(3, 6))
+        run_applied(c, trainer, layout, range(3, 6))
         for shard, cl in enumerate(c.clients):
             res = cl.fetch(2)
             assert res.iteration == 2
@@ -110,11 +102,11 @@ def test_a_keep_load_starts_a_session_from_the_shadows_own_state() -> None:
     layout = trainer.layout(num_shadows=2)
     opt = trainer.optimizer_spec().to_json()
     with loaded_cluster(trainer, layout) as c:
-        _run(c, trainer, layout, range(3))
+        run_applied(c, trainer, layout, range(3))
         at2 = trainer_state(trainer)
         for cl in c.clients:
             cl.hold(2)
-        _run(c, trainer, layout, range(3, 5))  # live at 4, 2 a held snapshot
+        run_applied(c, trainer, layout, range(3, 5))  # live at 4, 2 a held snapshot
         for shard, (n, cl) in enumerate(zip(c.nodes, c.clients, strict=True)):
             with pytest.raises(ControlError) as ei:
                 cl.load(1, None, opt, layout.to_json(), generation=7)
@@ -141,9 +133,9 @@ def test_a_reseed_older_than_what_the_shadow_applied_changes_nothing() -> None:
     layout = trainer.layout(num_shadows=2)
     opt = trainer.optimizer_spec().to_json()
     with loaded_cluster(trainer, layout) as c:
-        _run(c, trainer, layout, range(2))
+        run_applied(c, trainer, layout, range(2))
         at1 = [cl.fetch(1).states for cl in c.clients]
-        _run(c, trainer, layout, range(2, 5))
+        run_applied(c, trainer, layout, range(2, 5))
         at4 = trainer_state(trainer)
         for shard, (n, cl) in enumerate(zip(c.nodes, c.clients, strict=True)):
             states = [at1[shard][k] for k in range(len(at1[shard]))]
@@ -152,7 +144,7 @@ def test_a_reseed_older_than_what_the_shadow_applied_changes_nothing() -> None:
             assert n.ev["seed_behind"] == 1 and n.ev["seeded"] == 0
             assert cl.status().last_applied == 4
             assert not compare_shard(layout, shard, cl.fetch(4).states, *at4)
-        _run(c, trainer, layout, range(5, 7))  # the session goes on from its own state
+        run_applied(c, trainer, layout, range(5, 7))  # the session goes on from its own state
         for shard, (n, cl) in enumerate(zip(c.nodes, c.clients, strict=True)):
             here = cl.fetch(6).states
             reply = cl.load(6, [here[k] for k in range(len(here))], opt, reseed=True)
@@ -195,7 +187,7 @@ def test_background_snapshots_are_atomic_and_verified(tmp_path: Path) -> None:
     trainer = RefTrainer(Case("snap", "mlp", "sgd", iterations=10), seed=2)
     layout = trainer.layout(num_shadows=2)
     with loaded_cluster(trainer, layout, snapshot_every=2, snapshot_dir=str(tmp_path)) as c:
-        _run(c, trainer, layout, range(5))
+        run_applied(c, trainer, layout, range(5))
         assert c.wait(lambda n, _s: n.ev["snapshots"] >= 2, 10.0)
         for n in c.nodes:
             snaps = list_snapshots(tmp_path, n.id)
@@ -297,7 +289,7 @@ def test_state_at_istar_is_kept_while_another_shard_lags() -> None:
     trainer = RefTrainer(Case("cut", "mlp", "adamw", iterations=4), seed=5)
     layout = trainer.layout(num_shadows=2)
     with loaded_cluster(trainer, layout) as c:
-        _run(c, trainer, layout, range(2))
+        run_applied(c, trainer, layout, range(2))
         at1 = trainer_state(trainer)
         lagging = c.nodes[1]
         with lagging._state_lock:  # shard 1 cannot step: it stays at 1, ready for 2
@@ -405,7 +397,7 @@ def test_a_fetch_of_the_live_state_holds_the_next_step_until_its_reply_has_left(
     layout = trainer.layout(num_shadows=1)
     with loaded_cluster(trainer, layout) as c:
         node = c.nodes[0]
-        _run(c, trainer, layout, range(2))
+        run_applied(c, trainer, layout, range(2))
         res = c.clients[0].fetch(None)
         assert res.iteration == 1
         assert not compare_shard(layout, 0, res.states, *trainer_state(trainer))

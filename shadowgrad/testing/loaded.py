@@ -7,7 +7,7 @@ copy of the trainer's state as it stands, which a shard's fetched state is compa
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -16,9 +16,9 @@ import torch
 from shadowgrad.layout import Layout
 from shadowgrad.optspec import state_by_name
 from shadowgrad.testing.cluster import ShadowCluster, producer_cluster
-from shadowgrad.testing.training import RefTrainer
+from shadowgrad.testing.training import RefTrainer, bucket_bytes
 
-__all__ = ["loaded_cluster", "trainer_state"]
+__all__ = ["loaded_cluster", "run_applied", "trainer_state"]
 
 
 @contextmanager
@@ -38,3 +38,13 @@ def trainer_state(
     named = {k: v.detach().clone() for k, v in trainer.named.items()}
     st = copy.deepcopy(state_by_name(trainer.opt, trainer.model.named_parameters()))
     return named, st
+
+
+def run_applied(c: ShadowCluster, trainer: RefTrainer, layout: Layout, its: Iterable[int]) -> None:
+    """Step ``trainer`` through iterations ``its``, stream each to the shadows (gradients and
+    COMMIT) and wait until they applied it."""
+    assert c.producer is not None, "a producer_cluster streams through its producer"
+    for it in its:
+        grads, commit = trainer.step(it)
+        c.producer.send_iteration(it, bucket_bytes(layout, grads), commit)
+        c.expect_applied(it)
