@@ -345,10 +345,9 @@ class RingAllReduce:
             self._recv_chunk(ctx, (r - s - 1) % world, add=True)
         for s in range(world - 1):  # all-gather
             c = (r + 1 - s) % world
-            if s == 0 and keep:
-                lo, hi = ctx.bounds[c], ctx.bounds[c + 1]
-                finals.append((lo, dtype, bytes(raw[lo:hi])))
-            self._send_chunk(ctx, c, int(Flag.FINAL) if s == 0 else 0)
+            sent = self._send_chunk(ctx, c, int(Flag.FINAL) if s == 0 else 0)
+            if s == 0 and keep:  # the FINAL datagrams' own payloads: no copy of their own
+                finals.extend((off, dtype, payload) for off, payload in sent)
             self._recv_chunk(ctx, (r - s) % world, add=False)
         if keep:
             self._retain(iteration, bucket, finals)
@@ -371,8 +370,10 @@ class RingAllReduce:
             yield off, end
             off = end
 
-    def _send_chunk(self, ctx: _Ctx, c: int, flags: int) -> None:
+    def _send_chunk(self, ctx: _Ctx, c: int, flags: int) -> list[tuple[int, bytes]]:
+        """Send chunk ``c`` of the bucket; its datagrams' ``(offset, payload)``."""
         lo, hi = ctx.bounds[c], ctx.bounds[c + 1]
+        sent: list[tuple[int, bytes]] = []
         for off, end in self._spans(ctx.bucket, lo, hi):
             f = flags | (int(Flag.LAST) if end >= hi else 0)
             if len(self._unacked) >= self.cfg.window:
@@ -381,7 +382,10 @@ class RingAllReduce:
                     self._pump(self.cfg.rto_s / 4)
                 #: the longest a send waited for window space (a paused switch port shows here)
                 self.max_send_wait_s = max(self.max_send_wait_s, time.monotonic() - t0)
-            self._send_data(ctx, off, bytes(ctx.raw[off:end]), f)
+            payload = bytes(ctx.raw[off:end])
+            self._send_data(ctx, off, payload, f)
+            sent.append((off, payload))
+        return sent
 
     def _recv_chunk(self, ctx: _Ctx, c: int, *, add: bool) -> None:
         lo, hi = ctx.bounds[c], ctx.bounds[c + 1]
