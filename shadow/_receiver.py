@@ -28,7 +28,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from crc32c import crc32c
 
@@ -45,22 +45,6 @@ if TYPE_CHECKING:
     from shadowgrad.shadow._applier import _Loaded
     from shadowgrad.shadow.node import ShadowNode
 
-    #: a direct receive's reservation (Receiver._reserve): (rec, buf, inflight entry, ls,
-    #: le, mode, slot, dest, whole, header fields, buf's epoch, session)
-    _Reserved = tuple[
-        "_Iter",
-        IterBuffer,
-        tuple[int, int],
-        int,
-        int,
-        int,
-        memoryview,
-        memoryview,
-        memoryview,
-        tuple[int, ...],
-        int,
-        _Loaded,
-    ]
 
 __all__ = ["NONE_ITER", "Receiver"]
 
@@ -118,6 +102,27 @@ class _Iter:
 
     def ready(self) -> bool:
         return self.commit is not None and self.complete()
+
+
+class _Reserved(NamedTuple):
+    """A direct receive's reservation (:meth:`Receiver._reserve`): the shard-local payload
+    bytes ``[ls, le)`` of iteration ``rec``'s buffer ``buf``, reserved as ``entry`` in its
+    ``inflight``; how the datagram is verified (``mode``); where its header goes (``slot``),
+    where its payload goes (``dest``), both as one view (``whole``, :data:`_IN_SLOT` only);
+    the peeked header's fields, the buffer's epoch and the session at the reservation."""
+
+    rec: _Iter
+    buf: IterBuffer
+    entry: tuple[int, int]
+    ls: int
+    le: int
+    mode: int
+    slot: memoryview
+    dest: memoryview
+    whole: memoryview
+    fields: tuple[int, ...]
+    epoch: int
+    ld: _Loaded
 
 
 class Receiver:
@@ -285,7 +290,7 @@ class Receiver:
                         if res is None:
                             size, src = dsock.recvfrom_into(buf)
                         else:
-                            mode, slot, dest = res[5], res[6], res[7]
+                            mode, slot, dest = res.mode, res.slot, res.dest
                             if mode == _IN_SLOT:  # the header lands on covered bytes: keep them
                                 save[:] = slot
                                 iov[0] = slot
@@ -302,13 +307,13 @@ class Receiver:
                                 io[1] = None
                                 iov[0] = iov_crc[0]
                 if res is not None:
-                    mode, slot, dest = res[5], res[6], res[7]
+                    mode, slot, dest = res.mode, res.slot, res.dest
                     reason = "direct_mismatch"
                     ok = got == size and not mflags & _MSG_TRUNC
                     if mode == _IN_SLOT:
                         # header + payload are one contiguous view: the one-shot GMAC
                         if ok and slot == peek:
-                            ok = wire.verify_mac(key, res[8], tail)
+                            ok = wire.verify_mac(key, res.whole, tail)
                             reason = "wire.bad_mac"
                         else:
                             ok = False
@@ -318,7 +323,7 @@ class Receiver:
                             ok = wire.verify_parts(key, hdr, dest, tail)
                             reason = "wire.bad_mac"
                         else:
-                            ok = crc32c(dest, crc32c(hdr_at)) == res[9][13]
+                            ok = crc32c(dest, crc32c(hdr_at)) == res.fields[13]
                             reason = "wire.checksum"
                     else:
                         ok = False
@@ -336,17 +341,16 @@ class Receiver:
         self, peek: bytearray, peek_at: memoryview, size: int, src: Any
     ) -> _Reserved | None:
         """Where the datagram whose header is ``peek`` (``size`` bytes in all; ``peek_at``: its
-        bytes before the checksum; ``src``: its source when known) goes, when it can
-        be received straight into an iteration buffer: ``(rec, buf, entry, ls, le, mode, slot,
-        dest, whole, fields, epoch, ld)``: the shard-local payload bytes ``[ls, le)`` of
-        ``buf`` (``dest`` views them) are reserved (``entry`` in ``buf.inflight``); ``mode``
-        says how it is verified: :data:`_CRC` (no MAC), :data:`_SPLIT` (header received into
-        the thread's own buffer) or :data:`_IN_SLOT` (the :data:`wire.HEADER_SIZE` bytes before
-        ``dest`` are covered: the header is received there, ``slot``, after their bytes were
-        saved, so header and payload are one view, ``whole``, for the one-shot GMAC; the
-        reservation includes them until they are restored). Else None (the caller takes the
-        scratch path). Changes nothing else: what the datagram does to the protocol state
-        happens once it verified."""
+        bytes before the checksum; ``src``: its source when known) goes, when it can be
+        received straight into an iteration buffer: a :class:`_Reserved`, whose shard-local
+        payload bytes ``[ls, le)`` of ``buf`` (``dest`` views them) are reserved (``entry`` in
+        ``buf.inflight``); ``mode`` says how it is verified: :data:`_CRC` (no MAC),
+        :data:`_SPLIT` (header received into the thread's own buffer) or :data:`_IN_SLOT` (the
+        :data:`wire.HEADER_SIZE` bytes before ``dest`` are covered: the header is received
+        there, ``slot``, after their bytes were saved, so header and payload are one view,
+        ``whole``, for the one-shot GMAC; the reservation includes them until they are
+        restored). Else None (the caller takes the scratch path). Changes nothing else: what
+        the datagram does to the protocol state happens once it verified."""
         f = _HDR.unpack_from(peek)
         magic, version, kind, flags, dtype, _, job, bucket, it, _, offset, layout, length, csum = f
         if (
@@ -415,7 +419,7 @@ class Receiver:
                 entry = (ls - _HSIZE, le)
                 buf.inflight.append(entry)
                 whole = mv[ls - _HSIZE : le]
-                return (
+                return _Reserved(
                     rec,
                     buf,
                     entry,
@@ -434,7 +438,7 @@ class Receiver:
             entry = (ls, le)
             buf.inflight.append(entry)
             dest = mv[ls:le]
-            return rec, buf, entry, ls, le, mode, dest, dest, dest, f, buf.epoch, ld
+            return _Reserved(rec, buf, entry, ls, le, mode, dest, dest, dest, f, buf.epoch, ld)
 
     def _finish(self, res: _Reserved, src: Any, ok: bool, reason: str) -> None:
         """Release a reservation of :meth:`_reserve`; a datagram from ``src`` that verified
@@ -455,7 +459,7 @@ class Receiver:
                 elif buf.epoch != epoch:
                     reason = "stale"
                 else:
-                    # what _data checks held at the reservation and still do: the session
+                    # what _on_data checks held at the reservation and still do: the session
                     # and the iteration's buffer are the same, and the iteration cannot have
                     # been applied with these bytes uncovered
                     now = time.monotonic()
@@ -531,31 +535,11 @@ class Receiver:
         return rec
 
     def _on_data(self, h: wire.Header, payload: memoryview) -> str:
-        return self._data(
-            h.flags._value_,  # int arithmetic: IntFlag operators run in Python
-            h.iteration,
-            h.sender,
-            h.bucket,
-            offset=h.offset,
-            length=h.length,
-            dtype=h.dtype,
-            payload=payload,
-        )
-
-    def _data(
-        self,
-        flags: int,
-        it: int,
-        sender: int,
-        bucket: int,
-        *,
-        offset: int,
-        length: int,
-        dtype: int,
-        payload: memoryview,
-    ) -> str:
-        """A verified DATA chunk: its ``payload`` is placed from where it was received (a
-        direct receive's is in place already: :meth:`_finish`). Under the node's lock."""
+        """A verified DATA chunk received into the scratch buffer: place its ``payload``
+        (a direct receive's is in place already: :meth:`_finish`). Under the node's lock."""
+        flags = h.flags._value_  # int arithmetic: IntFlag operators run in Python
+        it, sender, bucket = h.iteration, h.sender, h.bucket
+        offset, length, dtype = h.offset, h.length, h.dtype
         n = self.node
         while True:
             ld = n._ld

@@ -33,9 +33,9 @@ import itertools
 import os
 import struct
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import NamedTuple, NotRequired, TypedDict, Unpack
+from typing import NamedTuple, NotRequired, TypedDict, TypeVar, Unpack
 
 from crc32c import crc32c as _crc32c
 from cryptography.exceptions import InvalidTag
@@ -199,19 +199,27 @@ def mac_key(token: str | bytes, job: int) -> bytes:
     ).digest()
 
 
+_T = TypeVar("_T")
 _AEADS: dict[bytes, AESGCM] = {}
+#: the key's AES for the incremental GCM of :func:`verify_parts`
+_GCM_KEYS: dict[bytes, algorithms.AES] = {}
 
 
-def _aead(key: bytes) -> AESGCM:
-    """The key's AES-GCM context (the key schedule once per key, not per datagram)."""
-    a = _AEADS.get(key)
+def _per_key(cache: dict[bytes, _T], key: bytes, make: Callable[[bytes], _T]) -> _T:
+    """``make(key)`` once per key (the key schedule once per key, not per datagram)."""
+    a = cache.get(key)
     if a is None:
         if len(key) != 32:
             raise BadFieldError(f"a MAC key is 32 bytes (wire.mac_key), got {len(key)}")
-        if len(_AEADS) >= 64:  # a process holds a handful of job keys; bound it anyway
-            _AEADS.clear()
-        a = _AEADS[key] = AESGCM(key)
+        if len(cache) >= 64:  # a process holds a handful of job keys; bound it anyway
+            cache.clear()
+        a = cache[key] = make(key)
     return a
+
+
+def _aead(key: bytes) -> AESGCM:
+    """The key's AES-GCM context."""
+    return _per_key(_AEADS, key, AESGCM)
 
 
 class _Nonces:
@@ -277,9 +285,6 @@ def verify_mac(
     return _verify(key, memoryview(datagram), t)
 
 
-_GCM_KEYS: dict[bytes, algorithms.AES] = {}
-
-
 def verify_parts(
     key: bytes,
     header: bytes | bytearray | memoryview,
@@ -290,13 +295,7 @@ def verify_parts(
     (nonce, tag) must be the GMAC under ``key`` of ``header`` (all :data:`HEADER_SIZE` bytes)
     followed by ``payload``, wherever each lies (fed to GHASH in two pieces: no copy). The
     caller checked everything else :func:`decode` checks."""
-    alg = _GCM_KEYS.get(key)
-    if alg is None:
-        if len(key) != 32:
-            raise BadFieldError(f"a MAC key is 32 bytes (wire.mac_key), got {len(key)}")
-        if len(_GCM_KEYS) >= 64:
-            _GCM_KEYS.clear()
-        alg = _GCM_KEYS[key] = algorithms.AES(key)
+    alg = _per_key(_GCM_KEYS, key, algorithms.AES)
     t = memoryview(trailer)
     if t.nbytes != MAC_SIZE:
         return False
