@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any
 
 from shadowgrad.errors import ShadowgradError
 from shadowgrad.freeports import free_port
+from shadowgrad.wire import chunk_for
 
 from .progress import Progress
 from .report import DETECT_SLACK_S
@@ -52,7 +53,9 @@ __all__ = ["OUT_MARKER", "Runner", "choose_target", "prepare_out", "run_scenario
 
 log = logging.getLogger(__name__)
 
-NETNS_CHUNK = MTU - 20 - 8 - 56 - 16 - (MTU - 20 - 8 - 56 - 16) % 64  # header + MAC, x64
+#: the ring's DATA payload on the namespaces' veths: the largest whose datagram, MAC'd, fits one
+#: IPv4 packet of their MTU (a fragmented FINAL chunk is never copied to the shadows)
+NETNS_CHUNK = chunk_for(MTU - 28, mac=True)
 _STEP = re.compile(r"^step (\d+) loss (\S+) dt (\S+) wall (\S+)$", re.M)
 _START = re.compile(r"^start (\d+) (\d)$", re.M)
 
@@ -971,6 +974,16 @@ class Runner:
             },
             "events": obs.get("events", []),
             "final_status_summary": fs.get("summary"),
+            # what each shadow received and how (its rx counters and events: the share that
+            # arrived by NACK repair instead of the switch's copy shows here)
+            "shadow_rx": [
+                {
+                    "id": row.get("id"),
+                    "drops": row.get("drops") or {},
+                    "events": {k: v for k, v in (row.get("events") or {}).items() if v},
+                }
+                for row in fs.get("shadows") or []
+            ],
             "shadow_repaired_bytes": sum(
                 int((row.get("events") or {}).get("repaired_bytes", 0))
                 for row in fs.get("shadows") or []

@@ -67,6 +67,7 @@ __all__ = [
     "MAX_PAYLOAD",
     "DEFAULT_UDP_PORT",
     "DEFAULT_CHUNK_BYTES",
+    "chunk_for",
     "MAC_SIZE",
     "NONCE_SIZE",
     "TAG_SIZE",
@@ -187,6 +188,18 @@ MAC_SIZE = NONCE_SIZE + TAG_SIZE
 #: kinds a receiver holding the job's key accepts only with a valid MAC
 AUTHENTICATED_KINDS = frozenset({Kind.COMMIT, Kind.READY, Kind.ACK, Kind.NACK})
 _MAC_PERSON = b"shadowgrad-gmac"
+
+
+def chunk_for(room: int, *, mac: bool) -> int:
+    """The largest DATA payload, in whole 64-byte granules, of a datagram whose UDP payload may
+    be ``room`` bytes: what is left after the header and, with ``mac`` (DATA authenticated),
+    the trailer (:data:`MAC_SIZE`: nonce + tag). For a path MTU ``m`` over IPv4, ``room`` is
+    ``m - 28``; a larger chunk is IP-fragmented, and the switch's parser (and so its tap) sees
+    only first fragments: the shadows then get no copy of it and must repair it by NACK."""
+    n = (room - HEADER_SIZE - (MAC_SIZE if mac else 0)) // 64 * 64
+    if n <= 0:
+        raise ValueError(f"a datagram of {room} bytes has no room for DATA (mac={mac})")
+    return n
 
 
 def mac_key(token: str | bytes, job: int) -> bytes:

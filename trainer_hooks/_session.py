@@ -31,9 +31,8 @@ from shadowgrad.restore import fix_restore_point
 from shadowgrad.tensorstream import commit_to_json
 from shadowgrad.wire import (
     DEFAULT_CHUNK_BYTES,
-    HEADER_SIZE,
-    MAC_SIZE,
     MAX_DATAGRAM,
+    chunk_for,
     peek_header,
     session_digest,
 )
@@ -53,7 +52,7 @@ _T = TypeVar("_T")
 #: the UDP payload of a datagram in one 1500-byte-MTU IPv4 packet (no fragmentation: the
 #: switch's parser, and the tap, see only first fragments)
 NETWORK_DATAGRAM = 1500 - 20 - 8
-assert (NETWORK_DATAGRAM - HEADER_SIZE) // 64 * 64 == DEFAULT_CHUNK_BYTES
+assert chunk_for(NETWORK_DATAGRAM, mac=False) == DEFAULT_CHUNK_BYTES
 #: default memory for staging + retransmit slots, per rank (allocated as needed)
 DEFAULT_BUFFER_BYTES = 256 * 2**20
 #: most staging + retransmit slots (iterations) a rank keeps
@@ -193,8 +192,7 @@ class Shadowgrad:
                 if all(map(_is_loopback, hosts))
                 else NETWORK_DATAGRAM
             )
-            tag = MAC_SIZE if self.spec.security.authenticate_data else 0
-            chunk_bytes = (room - HEADER_SIZE - tag) // 64 * 64
+            chunk_bytes = chunk_for(room, mac=self.spec.security.authenticate_data)
         self.chunk_bytes = chunk_bytes
         per_slot = max(1, self.plan.staging_nbytes)
         self.slots = int(min(MAX_SLOTS, max(4, buffer_bytes // per_slot)))
