@@ -657,9 +657,11 @@ def render_reseed(d: Doc) -> list[str]:
             "started per repeat; *answers*: its first `status` reply (the control socket is "
             "bound before torch is imported), *ready*: the first reply no longer `starting`; "
             "then the trainer's re-seed `load` of its shard, the first one into the fresh "
-            "process and the median of warm ones; *transfer*: the round trip less the install "
-            "time the shadow reports (`trainer.reseed`'s `send_mb_s`). Baseline: a bare zmq "
-            "round trip of the same frames to a REP socket in another process, same run"
+            "process and the median of warm ones; *transfer*: one way, from the call until the "
+            "shadow took the request off its socket, its clock related to the trainer's by "
+            "status polls (`trainer.reseed`'s `send_mb_s`; the round trip less the install "
+            "before). Baseline: a bare zmq round trip of the same frames to a REP socket in "
+            "another process, same run (the load's round trip is what compares with it)"
             + (f"; {hog} busy loops ran meanwhile" if hog else "")
             + f". Goals: transfer ≥ {GOAL_RESEED_MB_S:.0f} MB/s, answers ≤ "
             f"{GOAL_ANSWER_S:.0f} s.",

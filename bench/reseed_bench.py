@@ -17,8 +17,9 @@ the first ``status`` reply (``status_s``: its control endpoint answers, still ``
 the first reply no longer ``starting`` (``ready_s``: torch imported, the node up), then the
 trainer's re-seed ``load`` of the shard (``Shadowgrad._send_load`` over the health monitor's
 kind of connection, which the status polls opened) — the first one into the fresh process and
-warm ones after it; whole round trips, and the transfer alone (less the install time the shadow
-reports: ``trainer.reseed``'s send_mb_s) — against a bare zmq round trip of the same frames
+warm ones after it; whole round trips, and the transfer alone (one way, until the shadow took
+the request off its socket, its clock related to ours by status polls:
+``trainer.reseed``'s send_mb_s) — against a bare zmq round trip of the same frames
 to a REP socket in another process (the loopback baseline, same run). ``--hog N`` runs N busy
 loops meanwhile (a loaded machine).
 
@@ -213,6 +214,7 @@ def _restart_and_load(
     from shadowgrad.control_client import ShadowClient
     from shadowgrad.errors import ShadowgradTimeout
     from shadowgrad.messages import ShadowStatus
+    from shadowgrad.trainer_hooks._health import PeerClock, _send_fields
 
     k = shard
     ep = f"tcp://{sg.spec.shadows.control_endpoint(k)}"
@@ -234,12 +236,22 @@ def _restart_and_load(
             with contextlib.suppress(ShadowgradTimeout):
                 st = c.status(timeline=0)
         ready_s = time.monotonic() - t0
+        # the shadow's clock against ours, from status polls, as the health monitor keeps it
+        clock = PeerClock()
+        for _ in range(5):
+            a = time.monotonic()
+            st = c.status(timeline=0)
+            if st.clock is not None:
+                clock.add(a, time.monotonic(), st.clock, st.incarnation)
         loads, sends = [], []
         for it in range(warm + 1):
-            t1 = time.perf_counter()
-            install = sg._send_load(k, it, states, None, reseed=True, client=c)
-            loads.append(time.perf_counter() - t1)
-            sends.append(loads[-1] - min(install or 0.0, loads[-1]))  # as trainer.reseed splits
+            t1 = time.monotonic()
+            install, received = sg._send_load(k, it, states, None, reseed=True, client=c)
+            loads.append(time.monotonic() - t1)
+            # as trainer.reseed splits the round trip: one way, to the shadow's receipt
+            at = None if received is None else clock.ours(received)
+            f = _send_fields(1, loads[-1], install, None if at is None else at - t1)
+            sends.append(f["send_ms"] / 1000)
     return {
         "status_s": status_s,
         "ready_s": ready_s,
@@ -285,8 +297,8 @@ def bench_load(model_name: str, repeat: int, warm: int = 3) -> dict[str, Any]:
         "first_load_MB_s": nbytes / first / 1e6,
         "warm_load_MB_s": nbytes / warm_s / 1e6,
         "zmq_MB_s": nbytes / base / 1e6,
-        # the transfer alone (the round trip less the shadow's install): trainer.reseed's
-        # send_mb_s
+        # the transfer alone (one way, to the shadow's receipt): trainer.reseed's send_mb_s;
+        # against zmq's round trip it flatters by the reply's way back (load_vs_zmq does not)
         "first_send_MB_s": nbytes / first_send / 1e6,
         "warm_send_MB_s": nbytes / warm_send / 1e6,
         "first_send_vs_zmq": base / first_send,

@@ -126,6 +126,7 @@ def starting_status(
         finished=None,
         starting=True,
         incarnation=incarnation,
+        clock=time.monotonic(),
     )
 
 

@@ -278,7 +278,8 @@ class ControlHandlers:
         )
         # the sender splits its round trip into the transfer and this (trainer.reseed)
         install_ms = round(1000 * (time.perf_counter() - t0), 3)
-        return replace(reply, install_ms=install_ms).to_json(), []
+        received = n._control.received_at
+        return replace(reply, install_ms=install_ms, received_at=received).to_json(), []
 
     def snapshot(
         self, req: dict[str, Any], _f: list[memoryview]

@@ -548,6 +548,7 @@ class ShadowNode:
                 # the process is up (EarlyControl answers true while it imports torch)
                 starting=False,
                 incarnation=self.incarnation,
+                clock=time.monotonic(),
                 loaded=ld is not None,
                 shard=None if ld is None else ld.shard,
                 replica=None if ld is None else ld.replica,

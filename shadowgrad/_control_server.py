@@ -194,6 +194,9 @@ class ControlServer:
         self.endpoint: str = last.decode() if isinstance(last, bytes) else str(last)
         #: when the request being served was received (``time.perf_counter``); None between
         self.request_at: float | None = None
+        #: the same request's receipt on the monotonic clock (a peer relates it to its own
+        #: clock: ``LoadReply.received_at``); the last request's once it is served
+        self.received_at: float | None = None
         #: requests kept unanswered (``defer``), oldest first
         self.backlog: list[Request] = []
         #: what ended the server's own thread (:meth:`start`), if anything did
@@ -229,15 +232,18 @@ class ControlServer:
                 parts = sock.recv_multipart(zmq.NOBLOCK, copy=False)
             except zmq.Again:
                 continue
-            self.handle(parts)
+            self.handle(parts, time.monotonic())
 
-    def handle(self, parts: Sequence[zmq.Frame]) -> None:
-        """Serve one request as the ROUTER received it and send the reply (or keep it)."""
+    def handle(self, parts: Sequence[zmq.Frame], received_at: float | None = None) -> None:
+        """Serve one request as the ROUTER received it and send the reply (or keep it).
+        ``received_at``: when it was taken off the socket (``time.monotonic()``; a handler
+        reads it as :attr:`received_at`); now, for a kept one."""
         sep = next((k for k, p in enumerate(parts) if len(p) == 0), None)
         if sep is None or sep + 1 >= len(parts):
             self.ev["control_malformed"] += 1
             return
         self.request_at = time.perf_counter()
+        self.received_at = time.monotonic() if received_at is None else received_at
         try:
             reply = self._dispatch(parts[sep + 1].bytes, [p.buffer for p in parts[sep + 2 :]])
         finally:

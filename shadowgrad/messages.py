@@ -400,6 +400,10 @@ class ShadowStatus(_Reply):
     incarnation: str | None = None
     #: true while the shadow process starts (``EarlyControl`` answers), false from the node
     starting: bool = False
+    #: the shadow's monotonic clock (seconds) as it built the reply: with the caller's own
+    #: send and receive times, the offset of the two clocks (the re-seed's one-way transfer
+    #: time, trainer.reseed) (optional: an older shadow has no such key)
+    clock: float | None = None
     #: the newest iterations' timings (``{"iteration": ..., "first_chunk": ..., ...}``, at most
     #: the request's ``timeline``) -- not typed further
     timeline: tuple[Mapping[str, Any], ...] = ()
@@ -558,6 +562,9 @@ class LoadReply(_Reply):
     generation: int
     install_ms: float = 0.0
     behind: bool | None = _omit()
+    #: the shadow's monotonic clock when it took the request off its socket (the end of the
+    #: transfer, on its clock; see ``ShadowStatus.clock``)
+    received_at: float | None = _omit()
 
 
 @dataclass(frozen=True)

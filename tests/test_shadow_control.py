@@ -419,3 +419,59 @@ def test_a_fetch_of_the_live_state_holds_the_next_step_until_its_reply_has_left(
         c.expect_applied(3)
         assert node.ev["serve_overrun"] == 1
         assert not compare_shard(layout, 0, c.clients[0].fetch(3).states, *trainer_state(trainer))
+
+
+def test_status_and_load_carry_the_shadows_clock_for_a_one_way_transfer_time() -> None:
+    """``status`` carries the shadow's monotonic clock and a ``load`` reply the time the shadow
+    took the request off its socket: the trainer relates the two clocks by its status polls
+    (``PeerClock``) and times the re-seed's transfer one way (``trainer.reseed``'s send_ms),
+    without the reply's way back. Here both ends share one clock, so the readings must fall
+    inside the caller's own send and receive times."""
+    from shadowgrad.trainer_hooks._health import PeerClock, _send_fields
+
+    trainer = RefTrainer(Case("clock", "mlp", "adamw", iterations=4), seed=5)
+    layout = trainer.layout(num_shadows=2)
+    opt = trainer.optimizer_spec().to_json()
+    with loaded_cluster(trainer, layout) as c:
+        run_applied(c, trainer, layout, range(2))
+        cl = c.clients[0]
+        clock = PeerClock()
+        for _ in range(3):
+            a = time.monotonic()
+            st = cl.status()
+            b = time.monotonic()
+            assert st.clock is not None and a <= st.clock <= b, (a, st.clock, b)
+            clock.add(a, b, st.clock, st.incarnation)
+        assert clock.offset is not None and abs(clock.offset) <= clock.err < 0.5
+        here = cl.fetch(1).states
+        t0 = time.monotonic()
+        reply = cl.load(1, [here[k] for k in range(len(here))], opt, reseed=True)
+        t1 = time.monotonic()
+        assert reply.received_at is not None and t0 <= reply.received_at <= t1
+        arrived = clock.ours(reply.received_at)
+        assert arrived is not None
+        f = _send_fields(1000, t1 - t0, reply.install_ms / 1000, arrived - t0, clock.err)
+        assert 0 <= f["send_ms"] + f["reply_ms"] + f["install_ms"] <= 1000 * (t1 - t0) + 0.2
+
+
+def test_peer_clock_keeps_the_shortest_round_trip_and_starts_over_for_a_new_process() -> None:
+    from shadowgrad.trainer_hooks._health import PeerClock, _send_fields
+
+    pc = PeerClock(max_age_s=30.0)
+    assert pc.ours(5.0) is None
+    pc.add(10.0, 10.2, 110.1, "a")  # offset 100 +- 0.1
+    pc.add(11.0, 11.02, 111.0, "a")  # offset 99.99 +- 0.01: better
+    pc.add(12.0, 12.5, 113.0, "a")  # worse: kept the last
+    assert pc.offset == pytest.approx(99.99) and pc.err == pytest.approx(0.01)
+    assert pc.ours(200.0) == pytest.approx(100.01)
+    pc.add(13.0, 13.5, 20.0, "b")  # another process (another host's clock): starts over
+    assert pc.offset == pytest.approx(6.75) and pc.incarnation == "b"
+    pc.add(50.0, 50.4, 56.95, "b")  # the kept sample is older than max_age_s: replaced
+    assert pc.at == 50.4
+    # one way: the transfer is until the shadow had the request, the rest is the way back
+    f = _send_fields(250_000, 0.050, 0.010, 0.0025, 0.0001)
+    assert (f["send_ms"], f["install_ms"], f["reply_ms"]) == (2.5, 10.0, 37.5)
+    assert f["send_mb_s"] == 100.0 and f["clock_err_ms"] == 0.1
+    # a shadow without a clock: round trip less install, as before
+    f = _send_fields(250_000, 0.050, 0.010)
+    assert f["send_ms"] == 40.0 and "reply_ms" not in f

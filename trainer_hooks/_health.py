@@ -21,7 +21,10 @@ re-seed at once (``request``).
 
 Events (once per change): ``trainer.shadow_health`` (shadow, state, previous), ``trainer.reseed``
 (shadow, iteration, pause_ms; rtt_ms: the ``load``'s round trip; install_ms: the part of it the
-shadow spent installing the state, as it reports; send_ms = rtt_ms - install_ms: the transfer;
+shadow spent installing the state, as it reports; send_ms: the transfer, from the call's start
+until the shadow took the request off its socket, on the shadow's clock related to ours by the
+status polls (:class:`PeerClock`, within clock_err_ms); reply_ms: the rest of the round trip
+(the reply's way back); from a shadow that reports no clock, send_ms = rtt_ms - install_ms;
 bytes: the tensor data it carried; send_mb_s: bytes / send_ms), ``trainer.reseed_failed``,
 ``trainer.fenced``.
 """
@@ -29,10 +32,11 @@ bytes: the tensor data it carried; send_mb_s: bytes / send_ms), ``trainer.reseed
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from shadowgrad import events
@@ -56,6 +60,36 @@ HEALTHY, UNLOADED, STARTING, DIVERGED, STALE, FENCED, UNREACHABLE = (
 
 
 @dataclass
+class PeerClock:
+    """Where a peer's monotonic clock stands against ours, from calls whose replies carry it:
+    a call sent at ``a`` and answered at ``b`` (our clock) with the peer's reading ``c`` puts
+    the offset at ``c - (a + b) / 2``, within ``(b - a) / 2``. The sample of the shortest
+    round trip is kept (NTP's minimum filter) until one as short comes, or it is older than
+    ``max_age_s`` (drift), or the peer is another process (``incarnation``)."""
+
+    offset: float | None = None
+    err: float = math.inf
+    at: float = 0.0
+    incarnation: str | None = None
+    max_age_s: float = 30.0
+
+    def add(self, a: float, b: float, c: float, incarnation: str | None = None) -> None:
+        err = (b - a) / 2
+        if (
+            self.offset is None
+            or incarnation != self.incarnation
+            or err <= self.err
+            or b - self.at > self.max_age_s
+        ):
+            self.offset, self.err, self.at = c - (a + b) / 2, err, b
+            self.incarnation = incarnation
+
+    def ours(self, c: float) -> float | None:
+        """The peer's reading ``c`` on our clock (None until a sample came)."""
+        return None if self.offset is None else c - self.offset
+
+
+@dataclass
 class ShadowView:
     """What the monitor last saw of one shadow."""
 
@@ -69,6 +103,8 @@ class ShadowView:
     seeded: tuple[int, float] | None = None
     #: re-seed asked for (a NACK history could not answer), with the reason
     requested: str | None = None
+    #: its clock against ours (from the status polls), for the re-seed's one-way time
+    clock: PeerClock = field(default_factory=PeerClock)
 
 
 def health_interval(failure_detect_s: float) -> float:
@@ -119,24 +155,41 @@ def reseed_event(
     event(logger, name, logging.WARNING, rank=rank, shadow=shadow, **more)
 
 
-def _send_fields(nbytes: int, rtt_s: float, install_s: float | None) -> dict[str, Any]:
-    """The timing fields of ``trainer.reseed``: the round trip split into the transfer and the
-    shadow's install (``install_s`` as the shadow reported it; None from a shadow that does not
-    report it: the whole round trip counts as the transfer)."""
+def _send_fields(
+    nbytes: int,
+    rtt_s: float,
+    install_s: float | None,
+    arrived_s: float | None = None,
+    clock_err_s: float | None = None,
+) -> dict[str, Any]:
+    """The timing fields of ``trainer.reseed``. ``install_s``: the shadow's own time on the
+    request, as it reported it (None from a shadow that does not). ``arrived_s``: when the
+    shadow had the whole request, from the start of the call, on our clock (its
+    ``received_at`` through :class:`PeerClock`, within ``clock_err_s``): the transfer is that
+    (one way); the rest of the round trip, less the install, is the reply's way back
+    (``reply_ms``: the reply and the wake-up of this thread, on a busy machine most of it).
+    Without it (a shadow that reports no clock) the whole round trip less the install counts
+    as the transfer."""
     inst = min(max(0.0, install_s or 0.0), rtt_s)
-    send_s = rtt_s - inst
-    return {
+    send_s = rtt_s - inst if arrived_s is None else min(max(0.0, arrived_s), rtt_s - inst)
+    out: dict[str, Any] = {
         "rtt_ms": round(1000 * rtt_s, 1),
         "install_ms": None if install_s is None else round(1000 * inst, 1),
         "send_ms": round(1000 * send_s, 1),
-        "bytes": nbytes,
-        "send_mb_s": round(nbytes / send_s / 1e6, 1) if send_s > 0 else None,
     }
+    if arrived_s is not None:
+        out["reply_ms"] = round(1000 * (rtt_s - inst - send_s), 1)
+        out["clock_err_ms"] = None if clock_err_s is None else round(1000 * clock_err_s, 2)
+    out["bytes"] = nbytes
+    out["send_mb_s"] = round(nbytes / send_s / 1e6, 1) if send_s > 0 else None
+    return out
 
 
 class HealthMonitor:
     """See the module docstring. ``status(k)`` returns shadow ``k``'s status or raises;
-    ``load(k, iteration, states, commit)`` sends a re-seed ``load`` to shadow ``k``."""
+    ``load(k, iteration, states, commit)`` sends a re-seed ``load`` to shadow ``k`` and returns
+    the install seconds and the receipt time (its clock) the shadow reports (None: not
+    reported)."""
 
     def __init__(
         self,
@@ -146,7 +199,10 @@ class HealthMonitor:
         world: int,
         generation: int,
         status: Callable[[int], ShadowStatus],
-        load: Callable[[int, int, list[dict[str, Any]], dict[str, Any] | None], float | None],
+        load: Callable[
+            [int, int, list[dict[str, Any]], dict[str, Any] | None],
+            tuple[float | None, float | None],
+        ],
         interval_s: float,
         grace_s: float,
         reseed_timeout_s: float,
@@ -310,7 +366,7 @@ class HealthMonitor:
             for k in shadows:
                 t0 = time.monotonic()
                 try:
-                    install_s = self._load(k, iteration, states, commit)
+                    install_s, received_at = self._load(k, iteration, states, commit)
                     rtt_s = time.monotonic() - t0
                 except Exception as exc:
                     self.reseed_failures += 1
@@ -323,6 +379,8 @@ class HealthMonitor:
                     v = self.views[k]
                     v.seeded = (iteration, time.monotonic())
                     v.requested = None
+                    at = None if received_at is None else v.clock.ours(received_at)
+                    err = v.clock.err if at is not None else None
                 reseed_event(
                     log,
                     self.rank,
@@ -330,7 +388,7 @@ class HealthMonitor:
                     iteration,
                     shard=self.layout.shard_of_shadow(k)[0],
                     pause_ms=round(1000 * self.pauses[-1], 3) if self.pauses else None,
-                    **_send_fields(nbytes, rtt_s, install_s),
+                    **_send_fields(nbytes, rtt_s, install_s, None if at is None else at - t0, err),
                 )
 
     def _poll(self) -> None:
@@ -338,10 +396,15 @@ class HealthMonitor:
         for k in range(self.layout.num_shadows):
             if self._stop.is_set():
                 return
+            a = time.monotonic()
             try:
-                sts[k] = self._status(k)
+                got = sts[k] = self._status(k)
             except Exception:
                 sts[k] = None
+                continue
+            if got.clock is not None:
+                with self._lock:
+                    self.views[k].clock.add(a, time.monotonic(), got.clock, got.incarnation)
         self.polls += 1
         now = time.monotonic()
         changes: list[tuple[int, str, str, ShadowStatus | None]] = []

@@ -459,12 +459,12 @@ class Shadowgrad:
         *,
         reseed: bool,
         client: ShadowClient | None = None,
-    ) -> float | None:
+    ) -> tuple[float | None, float | None]:
         """``load`` the box states of shadow ``k``'s shard (``states=None``: a keep load, the
         shadow installs its own state of ``iteration``). ``client``: one already connected
         to shadow ``k`` (the health monitor's), used and kept open; else a new connection.
-        Returns the seconds the shadow says it spent installing the state (None if it does
-        not say)."""
+        Returns the seconds the shadow says it spent installing the state and when it took
+        the request off its socket (its monotonic clock); each None if it does not say."""
         shard, _ = self.layout.shard_of_shadow(k)
         timeout = self._bulk_timeout(3 * self.layout.shard_bytes(shard))
         c = client if client is not None else self._client(k, timeout)
@@ -483,7 +483,8 @@ class Shadowgrad:
         finally:
             if client is None:
                 c.close()
-        return reply.install_ms / 1000 if "install_ms" in reply.raw else None
+        install = reply.install_ms / 1000 if "install_ms" in reply.raw else None
+        return install, reply.received_at
 
     def _load_shadows(
         self, iteration: int, commit: dict[str, Any] | None = None, *, keep: bool = False
@@ -879,7 +880,7 @@ class Shadowgrad:
 
         def load(
             k: int, iteration: int, states: list[dict[str, Any]], commit: dict[str, Any] | None
-        ) -> float | None:
+        ) -> tuple[float | None, float | None]:
             return self._send_load(k, iteration, states, commit, reseed=True, client=client(k))
 
         self.health = HealthMonitor(
