@@ -503,3 +503,22 @@ def test_seal_in_place_equals_seal_and_copies_no_payload() -> None:
         wire.seal_in_place(
             Kind.DATA, key=KEY, buf=buf, at=8, length=64, dtype=DType.FLOAT32, **fields
         )
+
+
+def test_chunk_for_fits_the_datagram_and_a_fragmenting_chunk_is_refused() -> None:
+    """``chunk_for`` leaves room for the header and (authenticated) the MAC trailer; a chunk
+    whose datagrams would be IP-fragmented on the way is refused with the size that fits (the
+    switch parses first fragments only, so it would never copy those FINAL chunks)."""
+    from shadowgrad.errors import ConfigError
+    from shadowgrad.trainer_hooks._session import check_unfragmented, path_mtu
+
+    assert wire.chunk_for(9000 - 28, mac=True) == 8832  # 8896 + 56 + 28 + 28 = 9008 > 9000
+    assert wire.chunk_for(1500 - 28, mac=False) == wire.DEFAULT_CHUNK_BYTES
+    with pytest.raises(ValueError, match="no room"):
+        wire.chunk_for(wire.HEADER_SIZE + wire.MAC_SIZE + 63, mac=True)
+    mtu = path_mtu("127.0.0.1", 9)
+    assert mtu is not None and mtu >= 1500
+    fits = wire.chunk_for(mtu - 28, mac=True)
+    check_unfragmented(fits, True, [("127.0.0.1", 9)])
+    with pytest.raises(ConfigError, match=f"MTU {mtu} .* largest that fits: {fits}"):
+        check_unfragmented(fits + 64, True, [("127.0.0.1", 9)])
