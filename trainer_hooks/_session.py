@@ -235,12 +235,12 @@ class Shadowgrad:
             chunk_bytes = chunk_for(room, mac=self.spec.security.authenticate_data)
         if self.via_switch and not self.frames:
             # the ring's FINAL chunks go to the next rank through the switch, which taps them
-            ring = self.spec.trainers.addresses
-            nxt = ring[(self.group.rank + 1) % len(ring)]
+            ring = [(a.host, a.port) for a in self.spec.trainers.addresses]
+            nxt = ring[(self.group.rank + 1) % len(ring)] if ring else None
             check_unfragmented(
                 chunk_bytes,
                 self.spec.security.authenticate_data,
-                [(nxt.host, nxt.port), *((a.host, a.port) for a in self.spec.shadows.addresses)],
+                [*([nxt] if nxt else []), *((a.host, a.port) for a in self.spec.shadows.addresses)],
             )
         self.chunk_bytes = chunk_bytes
         per_slot = max(1, self.plan.staging_nbytes)
