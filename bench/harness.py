@@ -1795,8 +1795,6 @@ BENCHES: tuple[Bench, ...] = (
 )
 
 NOT_MEASURED = (
-    "**A clean in-band baseline**: the ring through the switch with no shadow traffic at all "
-    "(today's untagged baseline still sends COMMITs to shadows that never get data, see Goals).",
     "**In-band at 100M parameters**: the in-band bench runs at 100K and 1M parameters here "
     "(the ring through a Python switch on 2 cores is too slow for 100M); the trainer and "
     "recovery benches run at 100M.",
