@@ -403,7 +403,7 @@ class ShadowStatus(_Reply):
     #: the shadow's monotonic clock (seconds) as it built the reply: with the caller's own
     #: send and receive times, the offset of the two clocks (the re-seed's one-way transfer
     #: time, trainer.reseed) (optional: an older shadow has no such key)
-    clock: float | None = None
+    clock: float | None = _omit()
     #: the newest iterations' timings (``{"iteration": ..., "first_chunk": ..., ...}``, at most
     #: the request's ``timeline``) -- not typed further
     timeline: tuple[Mapping[str, Any], ...] = ()
