@@ -9,7 +9,7 @@ from __future__ import annotations
 import random
 import socket
 
-__all__ = ["free_port", "free_ports", "free_tcp_base", "free_udp_base"]
+__all__ = ["free_listen_port", "free_port", "free_ports", "free_tcp_base", "free_udp_base"]
 
 
 def free_port(kind: int = socket.SOCK_STREAM, host: str = "127.0.0.1") -> int:
@@ -17,6 +17,34 @@ def free_port(kind: int = socket.SOCK_STREAM, host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, kind) as s:
         s.bind((host, 0))
         return int(s.getsockname()[1])
+
+
+def _ephemeral_low() -> int:
+    """The lowest port the kernel hands out for outgoing connections (Linux's
+    ``ip_local_port_range``; 32768 where it cannot be read)."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range", encoding="ascii") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+def free_listen_port(host: str = "127.0.0.1", tries: int = 200) -> int:
+    """A free TCP port for a server another process binds later (torch's rendezvous store):
+    below the kernel's ephemeral range, so no outgoing connection is given it meanwhile (a
+    :func:`free_port` is an ephemeral port: seen in CI, another connection took one between
+    the pick and the bind, and the rendezvous failed with EADDRINUSE)."""
+    low = _ephemeral_low()
+    rng = random.Random()
+    for _ in range(tries):
+        port = rng.randrange(10000, max(10001, low))
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind((host, port))
+            except OSError:
+                continue
+            return port
+    return free_port(host=host)
 
 
 def free_ports(n: int, kind: int = socket.SOCK_DGRAM, host: str = "127.0.0.1") -> list[int]:

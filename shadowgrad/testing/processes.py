@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO
 
-from shadowgrad.freeports import free_port
+from shadowgrad.freeports import free_listen_port
 
 __all__ = ["Ranks", "run_soak", "spawn_switch", "switch_argv", "wait_for"]
 
@@ -37,7 +37,7 @@ class Ranks:
     """``world`` child processes of one torchrun-style job (RANK/WORLD_SIZE/MASTER_* set)."""
 
     def __init__(self, argv: list[str], world: int, env: dict[str, str], cwd: str) -> None:
-        port = free_port()
+        port = free_listen_port()  # below the ephemeral range: not taken before torch binds it
         self.procs: list[subprocess.Popen[bytes]] = []
         self.logs: list[IO[bytes]] = []
         for r in range(world):
