@@ -442,7 +442,8 @@ def test_status_and_load_carry_the_shadows_clock_for_a_one_way_transfer_time() -
             b = time.monotonic()
             assert st.clock is not None and a <= st.clock <= b, (a, st.clock, b)
             clock.add(a, b, st.clock, st.incarnation)
-        assert clock.offset is not None and abs(clock.offset) <= clock.err < 0.5
+        # one clock on both ends: the offset is zero within its error bound
+        assert clock.offset is not None and abs(clock.offset) <= clock.err
         here = cl.fetch(1).states
         t0 = time.monotonic()
         reply = cl.load(1, [here[k] for k in range(len(here))], opt, reseed=True)
