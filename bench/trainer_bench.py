@@ -387,6 +387,11 @@ def main() -> int:
     args = _common.parse_bench_args(ap, worker)
     if args is None:  # a rank, done
         return 0
+    import torch
+
+    # the in-process real shadows replay with one intra-op thread, as `shadowgrad shadow` does
+    # by default (--threads 1): idle OpenMP workers would spin on the cores the ranks use
+    torch.set_num_threads(1)
     variants = args.variants.split(",")
     for v in variants:
         _, k = split_variant(v)

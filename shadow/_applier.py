@@ -142,7 +142,9 @@ class Applier:
                     return
             n._quiesce_serves()  # the step writes the tensors a fetch may still be sending
             if retain:
-                snap = ld.replayer.export()  # clones
+                with n._lock:
+                    spare, n._snap_spare = n._snap_spare, None
+                snap = ld.replayer.export(into=spare)  # copies
                 with n._lock:
                     n._snaps[i - 1] = snap
                     n.ev["cut_copies"] += 1
@@ -358,7 +360,7 @@ class Applier:
                 rec = n._iters.pop(it)
                 if rec.buf is not None:
                     ld.pool.append(rec.buf)
-            n._snaps.clear()
+            n._drop_snaps()
             n._commits.clear()
             if commit is not None:
                 try:
@@ -401,7 +403,7 @@ class Applier:
             it = n._cut.istar
             if ld is None or it < 0 or (not force and it < self._snap_next):
                 return None
-            states = n._snaps.get(it)
+            states = n._lend_snap(it)
             current = it == n._last_applied
         if states is None and not current:
             return None
@@ -453,7 +455,7 @@ class Applier:
         n = self.node
         ld = n._ld
         with n._lock:
-            last, snap, div = n._last_applied, n._snaps.get(iteration), n._diverged_at
+            last, snap, div = n._last_applied, n._lend_snap(iteration), n._diverged_at
         if ld is None or ld.layout != layout:
             raise ControlError("unavailable", "keep: this shadow holds no state of this layout")
         if div is not None and div <= iteration:
@@ -605,7 +607,7 @@ class Applier:
         n._move(Trigger.LOAD)
         n._applying = None
         n._trainer_rx_at = time.monotonic()  # a LOAD comes from the trainers
-        n._snaps.clear()
+        n._drop_snaps()
         n._commits = {iteration: commit} if commit is not None else {}
         if not keep:
             # the senders of the old job (e.g. ranks 2, 3 before a 4 -> 2 restore) are gone

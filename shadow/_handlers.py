@@ -163,7 +163,7 @@ class ControlHandlers:
         with n._state_lock:
             with n._lock:
                 it = n._last_applied if want is None else want
-                snap = n._snaps.get(it)
+                snap = n._lend_snap(it)
                 current = it == n._last_applied
                 if n._diverged_at is not None and n._diverged_at <= it:
                     raise ControlError("unavailable", f"diverged at {n._diverged_at}")

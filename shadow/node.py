@@ -260,6 +260,11 @@ class ShadowNode:
         self._gen = 0  # bumped by load/resync: a step chosen before one is discarded
         self._newest_seen = -1
         self._snaps: dict[int, list[dict[str, torch.Tensor]]] = {}
+        #: iterations of _snaps whose tensors were handed out (a fetch, the snapshot writer, a
+        #: ``keep`` load): never recycled. A retained state dropped unlent becomes the spare
+        #: set the next retention copies into (no fresh allocation, no page faults per step)
+        self._snaps_lent: set[int] = set()
+        self._snap_spare: list[dict[str, torch.Tensor]] | None = None
         # COMMIT(i) (control.commit_to_json form) of every iteration whose state can be fetched:
         # last_applied and the retained/held states in _snaps (see _gc_snaps)
         self._commits: dict[int, dict[str, Any]] = {}
@@ -475,10 +480,29 @@ class ShadowNode:
     def _gc_snaps(self) -> None:
         for it in list(self._snaps):
             if not self._cut.keeps(it):
-                del self._snaps[it]
+                snap = self._snaps.pop(it)
+                if it in self._snaps_lent:
+                    self._snaps_lent.discard(it)
+                elif self._snap_spare is None:
+                    self._snap_spare = snap
         for it in list(self._commits):
             if it != self._last_applied and it not in self._snaps:
                 del self._commits[it]
+
+    def _drop_snaps(self) -> None:
+        """Forget every retained and held state (a load or resync replaced the state; its
+        shapes may differ): nothing of them is recycled."""
+        self._snaps.clear()
+        self._snaps_lent.clear()
+        self._snap_spare = None
+
+    def _lend_snap(self, it: int) -> list[dict[str, torch.Tensor]] | None:
+        """The retained or held state of ``it`` for a reader outside the lock (never recycled
+        after this), or None."""
+        snap = self._snaps.get(it)
+        if snap is not None:
+            self._snaps_lent.add(it)
+        return snap
 
     def _diverge(self, it: int, covered: int) -> None:
         if not self._cut.diverge(it):

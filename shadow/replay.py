@@ -283,15 +283,20 @@ class ShardReplayer:
                     f" expected {box.lengths} {self._dtypes[i]}"
                 )
 
-    def export(self, *, copy: bool = True) -> list[BoxState]:
+    def export(
+        self, *, copy: bool = True, into: Sequence[BoxState] | None = None
+    ) -> list[BoxState]:
         """Per box (``shard_boxes`` order): ``"param"`` and the optimizer state torch holds.
 
-        With ``copy=True`` (default) every tensor is a fresh clone the caller owns. With
-        ``copy=False`` the tensors are the live ones, detached: the caller must not modify them,
-        and they change at the next :meth:`step` or :meth:`load` (cheap, for a caller that
-        serialises them before stepping again).
+        With ``copy=True`` (default) every tensor is a copy the caller owns: fresh clones, or
+        with ``into`` (an earlier export of the same shard that nobody else uses any more) the
+        same tensors overwritten, in one pass and without allocating — when its keys, shapes
+        and dtypes all match, else it is ignored. With ``copy=False`` the tensors are the live
+        ones, detached: the caller must not modify them, and they change at the next
+        :meth:`step` or :meth:`load` (cheap, for a caller that serialises them before stepping
+        again).
         """
-        out: list[BoxState] = []
+        live: list[BoxState] = []
         for p in self._params:
             st: BoxState = {"param": p.detach()}
             if self._opt is not None:
@@ -300,10 +305,17 @@ class ShardReplayer:
                     for k, v in self._opt.state.get(p, {}).items()
                     if isinstance(v, torch.Tensor)
                 )
-            out.append({k: v.clone() for k, v in st.items()} if copy else st)
-        for t in self._mstate:
-            out.append({"param": t.clone() if copy else t.detach()})
-        return out
+            live.append(st)
+        live.extend({"param": t.detach()} for t in self._mstate)
+        if not copy:
+            return live
+        if into is not None and _same_structure(live, into):
+            out = [dict(st) for st in into]
+            dsts = [t for st in out for t in st.values()]
+            srcs = [st_live[k] for st_live, st in zip(live, out, strict=True) for k in st]
+            torch._foreach_copy_(dsts, srcs)
+            return out
+        return [{k: v.clone() for k, v in st.items()} for st in live]
 
     # -- the step --------------------------------------------------------------------------------
 
@@ -526,3 +538,17 @@ class ShardReplayer:
                 for attr in ("grad_scale", "found_inf"):
                     if hasattr(opt, attr):
                         delattr(opt, attr)
+
+
+def _same_structure(a: Sequence[BoxState], b: Sequence[BoxState]) -> bool:
+    """Whether two exports have the same boxes, keys (in order), shapes, dtypes and devices."""
+    if len(a) != len(b):
+        return False
+    for x, y in zip(a, b, strict=True):
+        if list(x) != list(y):
+            return False
+        for k, t in x.items():
+            u = y[k]
+            if t.shape != u.shape or t.dtype != u.dtype or t.device != u.device:
+                return False
+    return True

@@ -606,6 +606,34 @@ def test_bad_step_input(mutate: Callable[..., Any], match: str) -> None:
     )
 
 
+def test_export_into_an_earlier_copy_overwrites_it_and_a_mismatch_clones() -> None:
+    """The retained state of the consistent cut is copied into the previous retained copy
+    (no allocation per step): same tensors, the live values, independent of the live state."""
+    rep, _, _ = _loaded()
+    first = rep.export()  # before the first step: no optimizer state yet
+    grads = [torch.full(b.lengths, 0.5) for b in rep.boxes]
+    rep.step(0, grads, CommitRecord((1e-3, 1e-3)))
+    older = rep.export()
+    rep.step(1, grads, CommitRecord((1e-3, 1e-3)))
+    live = rep.export(copy=False)
+    ptrs = [t.data_ptr() for st in older for t in st.values()]
+    got = rep.export(into=older)
+    assert [t.data_ptr() for st in got for t in st.values()] == ptrs  # reused, not allocated
+    assert all(torch.equal(a[k], b[k]) for a, b in zip(got, live, strict=True) for k in a)
+    assert all(
+        a[k].data_ptr() != b[k].data_ptr() for a, b in zip(got, live, strict=True) for k in a
+    )
+    # a copy whose structure differs (no optimizer state: another step count) is not used
+    assert any(set(a) != set(b) for a, b in zip(first, got, strict=True))
+    fresh = rep.export(into=first)
+    assert all(
+        t.data_ptr() not in {u.data_ptr() for st in first for u in st.values()}
+        for st in fresh
+        for t in st.values()
+    )
+    assert all(torch.equal(a[k], b[k]) for a, b in zip(fresh, live, strict=True) for k in a)
+
+
 def test_nonfinite_gradient_in_unskipped_step_is_divergence() -> None:
     rep, _, _ = _loaded()
     grads = _zeros(rep)

@@ -286,7 +286,7 @@ target = "none"
 def test_state_at_istar_is_kept_while_another_shard_lags() -> None:
     """Invariant 2: a shard that applied i while another shard is still at i-1 can still
     produce its state at I* = i-1, and drops that copy once every shard has applied i."""
-    trainer = RefTrainer(Case("cut", "mlp", "adamw", iterations=4), seed=5)
+    trainer = RefTrainer(Case("cut", "mlp", "adamw", iterations=5), seed=5)
     layout = trainer.layout(num_shadows=2)
     with loaded_cluster(trainer, layout) as c:
         run_applied(c, trainer, layout, range(2))
@@ -306,11 +306,36 @@ def test_state_at_istar_is_kept_while_another_shard_lags() -> None:
             assert res.commit is not None and res.commit["iteration"] == 1
             assert c.clients[0].fetch(2).commit == commit_to_json(2, commit)
             assert lagging.status(timeline=0)["last_applied"] == 1
+            # the fetched copy (kept alive here, so its memory cannot be handed out again)
+            lent_states = c.nodes[0]._snaps[1]
+            lent_values = [t.clone() for st in lent_states for t in st.values()]
+            lent = [t.data_ptr() for st in lent_states for t in st.values()]
         c.expect_applied(2)
         assert c.wait(lambda _n, st: st["istar"] == 2 and st["available"] == [2], 5.0)
         with pytest.raises(ControlError):
             c.clients[0].fetch(1)
         assert c.nodes[0].ev["cut_copies"] >= 1
+
+        # a retained state that was fetched is never written again (its bytes may still be on
+        # their way); one nobody was lent is the copy the next retention writes into
+        def retained_while_lagging(it: int) -> list[int]:
+            with lagging._state_lock:
+                grads, commit = trainer.step(it)
+                c.producer.send_iteration(it, bucket_bytes(layout, grads), commit)
+                c.expect_applied(it, nodes=[0])
+                with c.nodes[0]._lock:
+                    ptrs = [t.data_ptr() for st in c.nodes[0]._snaps[it - 1] for t in st.values()]
+            c.expect_applied(it)
+            return ptrs
+
+        at3 = retained_while_lagging(3)
+        assert not set(at3) & set(lent)
+        at4 = retained_while_lagging(4)
+        assert at4 == at3  # the unlent copy of 2 became the copy of 3
+        now = [t for st in lent_states for t in st.values()]
+        assert all(torch.equal(a, b) for a, b in zip(lent_values, now, strict=True))
+        assert c.wait(lambda _n, st: st["istar"] == 4, 5.0)
+        assert not compare_shard(layout, 0, c.clients[0].fetch(4).states, *trainer_state(trainer))
 
 
 def test_fetch_returns_the_commit_and_load_keeps_the_one_given() -> None:
