@@ -106,7 +106,8 @@ class ControlHandlers:
 
     def status(self, req: dict[str, Any], _f: list[memoryview]) -> tuple[dict[str, Any], list[Any]]:
         n = self.node
-        return n.status_reply(StatusRequest.from_json(req).timeline).to_json(), []
+        r = StatusRequest.from_json(req)
+        return n.status_reply(r.timeline, brief=bool(r.brief)).to_json(), []
 
     def hold(self, req: dict[str, Any], _f: list[memoryview]) -> tuple[dict[str, Any], list[Any]]:
         n = self.node

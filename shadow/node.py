@@ -39,7 +39,7 @@ import time
 import traceback
 from collections import Counter, OrderedDict
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -548,11 +548,44 @@ class ShadowNode:
         """What ``status`` answers, as its JSON header (also usable in-process)."""
         return self.status_reply(timeline).to_json()
 
-    def status_reply(self, timeline: int = 16) -> ShadowStatus:
+    def status_reply(self, timeline: int = 16, *, brief: bool = False) -> ShadowStatus:
         """The ``status`` reply; ``timeline``: how many entries of the timeline and of the
-        iterations pending it carries."""
+        iterations pending it carries; ``brief``: the health check's fields only (the maps and
+        lists of the full status empty, :class:`~shadowgrad.messages.StatusRequest`)."""
         with self._lock:
             ld = self._ld
+            now = time.monotonic()
+            head = ShadowStatus(
+                shadow=self.id,
+                # the process is up (EarlyControl answers true while it imports torch)
+                starting=False,
+                incarnation=self.incarnation,
+                clock=now,
+                loaded=ld is not None,
+                shard=None if ld is None else ld.shard,
+                replica=None if ld is None else ld.replica,
+                layout=None if ld is None else ld.layout.digest,
+                owned_bytes=None if ld is None else ld.geom.owned_nbytes,
+                last_ready=self._cut.ready_through() if ld is not None else None,
+                last_applied=self._last_applied if ld is not None else None,
+                istar=None if self._cut.istar == _UNKNOWN else self._cut.istar,
+                newest_seen=self._newest_seen,
+                lag=max(0, self._newest_seen - self._last_applied),
+                diverged_at=self._diverged_at,
+                trainers_silent_s=round(max(0.0, now - self._trainer_rx_at), 3),
+                generation=self._generation,
+                window=None if ld is None else ld.window,
+                buffered=len(self._iters),
+                finished=self._finished_now(),
+                ranks={},
+                holds=(),
+                available=(),
+                counters={},
+                events={},
+                peers={},
+            )
+            if brief:
+                return head
             tl = list(self._timeline.items())[-timeline:] if timeline > 0 else []
             pending = {
                 str(k): {
@@ -566,32 +599,12 @@ class ShadowNode:
                 for k, r in sorted(self._iters.items())[:timeline]
                 if timeline > 0
             }
-            now = time.monotonic()
-            return ShadowStatus(
-                shadow=self.id,
-                # the process is up (EarlyControl answers true while it imports torch)
-                starting=False,
-                incarnation=self.incarnation,
-                clock=time.monotonic(),
-                loaded=ld is not None,
-                shard=None if ld is None else ld.shard,
-                replica=None if ld is None else ld.replica,
-                layout=None if ld is None else ld.layout.digest,
-                owned_bytes=None if ld is None else ld.geom.owned_nbytes,
-                last_ready=self._cut.ready_through() if ld is not None else None,
-                last_applied=self._last_applied if ld is not None else None,
-                istar=None if self._cut.istar == _UNKNOWN else self._cut.istar,
-                newest_seen=self._newest_seen,
-                lag=max(0, self._newest_seen - self._last_applied),
-                diverged_at=self._diverged_at,
-                trainers_silent_s=round(max(0.0, now - self._trainer_rx_at), 3),
+            return replace(
+                head,
                 ranks={
                     r: RankStatus(self._rank_newest.get(r), round(max(0.0, now - t), 3))
                     for r, t in sorted(self._rank_rx_at.items())
                 },
-                generation=self._generation,
-                window=None if ld is None else ld.window,
-                buffered=len(self._iters),
                 holds=tuple(sorted(self._cut.holds)),
                 available=tuple(sorted({*self._snaps, self._last_applied}))
                 if ld is not None
@@ -605,7 +618,6 @@ class ShadowNode:
                 timeline=tuple({"iteration": k, **v} for k, v in tl),
                 pending=pending,
                 last_snapshot=self._applier.last_snapshot,
-                finished=self._finished_now(),
             )
 
     def _finished_now(self) -> dict[str, Any] | None:

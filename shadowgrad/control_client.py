@@ -226,10 +226,11 @@ class ShadowClient(ControlClient):
 
     # -- ops -----------------------------------------------------------------------------
 
-    def status(self, timeline: int = 16) -> ShadowStatus:
+    def status(self, timeline: int = 16, *, brief: bool = False) -> ShadowStatus:
         """The shadow's status, typed (ControlError ``bad_reply`` when malformed); its
-        ``timeline`` and ``pending`` carry ``timeline`` entries each."""
-        out, _ = self.ask(StatusRequest(timeline), ShadowStatus)
+        ``timeline`` and ``pending`` carry ``timeline`` entries each; ``brief``: a health
+        check's fields only (:class:`~shadowgrad.messages.StatusRequest`)."""
+        out, _ = self.ask(StatusRequest(timeline, brief or None), ShadowStatus)
         return out
 
     def status_typed(self, timeline: int = 16) -> ShadowStatus:

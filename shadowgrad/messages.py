@@ -330,11 +330,15 @@ ReplyT = TypeVar("ReplyT", bound=_Reply)
 @dataclass(frozen=True)
 class StatusRequest(_Request):
     """``status``: the shadow's state; ``timeline``: how many entries of its timeline (and of
-    ``pending``) the reply carries."""
+    ``pending``) the reply carries; ``brief``: only what a health check reads (the trainers'
+    polls): ``ranks``, ``holds``, ``available``, ``counters``, ``events``, ``peers``,
+    ``timeline``, ``pending`` and ``last_snapshot`` come back empty (a shadow that does not
+    know the flag answers in full)."""
 
     op = "status"
 
     timeline: int = 16
+    brief: bool | None = _omit()
 
 
 @dataclass(frozen=True)

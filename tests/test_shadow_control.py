@@ -501,3 +501,84 @@ def test_peer_clock_keeps_the_shortest_round_trip_and_starts_over_for_a_new_proc
     # a shadow without a clock: round trip less install, as before
     f = _send_fields(250_000, 0.050, 0.010)
     assert f["send_ms"] == 40.0 and "reply_ms" not in f
+
+
+def test_a_brief_status_carries_the_health_fields_and_leaves_the_rest_empty() -> None:
+    """The trainers' health polls ask ``brief``: every field a health check reads is the full
+    status's, the maps and lists are empty (cheaper to build, send and parse)."""
+    trainer = RefTrainer(Case("brief", "mlp", "adamw", iterations=3), seed=7)
+    layout = trainer.layout(num_shadows=2)
+    with loaded_cluster(trainer, layout) as c:
+        run_applied(c, trainer, layout, range(2))
+        full = c.clients[0].status(timeline=4)
+        brief = c.clients[0].status(timeline=4, brief=True)
+        assert full.counters and full.peers and full.available and full.timeline
+        same = {f.name for f in dataclasses.fields(full)} - {
+            "ranks",
+            "holds",
+            "available",
+            "counters",
+            "events",
+            "peers",
+            "timeline",
+            "pending",
+            "last_snapshot",
+            "clock",
+            "trainers_silent_s",
+            "raw",
+        }
+        assert {k: getattr(brief, k) for k in same} == {k: getattr(full, k) for k in same}
+        assert brief.clock is not None and brief.clock >= full.clock
+        assert (brief.ranks, brief.counters, brief.events, brief.peers) == ({}, {}, {}, {})
+        assert (brief.holds, brief.available, brief.timeline, brief.pending) == ((), (), (), {})
+        assert brief.last_applied == 1 and brief.loaded and brief.incarnation
+
+
+def test_the_health_monitor_polls_another_ranks_healthy_shadows_every_few_rounds() -> None:
+    """Each rank polls its own shadows (``k % world == rank``) and any shadow not healthy every
+    round, another rank's healthy shadows every ``OTHERS_EVERY`` rounds: every rank still sees
+    every shadow, and a shadow answers far fewer polls than one per rank per round."""
+    from shadowgrad.layout import Layout, ParamSpec
+    from shadowgrad.messages import ShadowStatus
+    from shadowgrad.trainer_hooks._health import HealthMonitor
+
+    layout = Layout.build([ParamSpec("w", (64,), "float32")], [["w"]], num_shadows=4)
+    calls = {k: 0 for k in range(4)}
+    down = {3}
+
+    def status(k: int) -> ShadowStatus:
+        calls[k] += 1
+        if k in down:
+            raise ShadowgradTimeout("down")
+        return ShadowStatus(
+            shadow=k, loaded=True, shard=k, replica=0, layout=None, owned_bytes=0,
+            last_ready=0, last_applied=0, istar=0, newest_seen=0, lag=0, diverged_at=None,
+            trainers_silent_s=0.0, ranks={}, generation=1, window=1, buffered=0, holds=(),
+            available=(), counters={}, events={}, peers={},
+        )  # fmt: skip
+
+    mon = HealthMonitor(
+        layout,
+        rank=0,
+        world=2,
+        generation=1,
+        status=status,
+        load=lambda *_a: (None, None),
+        interval_s=60.0,
+        grace_s=60.0,
+        reseed_timeout_s=60.0,
+    )
+    rounds = 4 * HealthMonitor.OTHERS_EVERY
+    for _ in range(rounds):
+        mon._poll()
+    assert calls[0] == calls[2] == rounds  # this rank's own
+    assert calls[1] == rounds // HealthMonitor.OTHERS_EVERY  # another rank's, healthy
+    assert calls[3] == rounds  # another rank's, unreachable: every round
+    assert mon.views[1].state == "healthy" and mon.views[3].state == "unreachable"
+    down.clear()  # shadow 3 answers again: healthy, then polled like shadow 1
+    mon._poll()
+    assert mon.views[3].state == "healthy"
+    before = dict(calls)
+    for _ in range(HealthMonitor.OTHERS_EVERY):
+        mon._poll()
+    assert calls[3] - before[3] == calls[1] - before[1] == 1

@@ -1,12 +1,14 @@
 """The trainers' view of the checkpoint's health, and self-healing by re-seeding (DESIGN inv. 7).
 
-One :class:`HealthMonitor` thread per rank polls every shadow's ``status`` (short timeouts, never
-on the training thread) and classifies each shadow: ``healthy``, ``unloaded`` (a restarted shadow
-with no state), ``starting`` (a restarted shadow process that answers but is still importing
-torch: not re-seeded until it is ``unloaded``, so the state sent is the newest and its ``load``
-does not wait), ``diverged``, ``stale`` (it serves an older generation of the job),
-``fenced`` (it serves a *newer* one: another instance took over and this one must not touch the
-shadows), or ``unreachable``. A shard is healthy while one of its replicas is.
+One :class:`HealthMonitor` thread per rank polls every shadow's ``status`` (a brief one, short
+timeouts, never on the training thread; another rank's healthy shadow every
+:attr:`HealthMonitor.OTHERS_EVERY` rounds) and classifies each shadow: ``healthy``,
+``unloaded`` (a restarted shadow with no state), ``starting`` (a restarted shadow process that
+answers but is still importing torch: not re-seeded until it is ``unloaded``, so the state sent
+is the newest and its ``load`` does not wait), ``diverged``, ``stale`` (it serves an older
+generation of the job), ``fenced`` (it serves a *newer* one: another instance took over and this
+one must not touch the shadows), or ``unreachable``.
+A shard is healthy while one of its replicas is.
 
 A shadow that cannot heal by itself is **re-seeded** from the trainers: the rank responsible for
 it (``shadow % world == rank``, as for the initial load) captures the shard's parameters and
@@ -391,9 +393,30 @@ class HealthMonitor:
                     **_send_fields(nbytes, rtt_s, install_s, None if at is None else at - t0, err),
                 )
 
+    #: another rank's shadow that looks healthy is polled every this many rounds (its own
+    #: rank polls it every round and re-seeds it): each shadow answers about 1 + (world - 1) /
+    #: OTHERS_EVERY polls a round instead of ``world``, and every rank still sees every shadow
+    OTHERS_EVERY = 4
+
+    def _due(self, k: int, now: float) -> bool:
+        """Whether this round polls shadow ``k`` (lock held): this rank's own shadows, any
+        that is not healthy or that this rank was asked to re-seed, every round; another
+        rank's healthy one every :attr:`OTHERS_EVERY` rounds."""
+        v = self.views[k]
+        return (
+            k % self.world == self.rank
+            or self.polls % self.OTHERS_EVERY == 0
+            or v.state != HEALTHY
+            or v.requested is not None
+            or self._seed_pending(v, now)
+        )
+
     def _poll(self) -> None:
         sts: dict[int, ShadowStatus | None] = {}
-        for k in range(self.layout.num_shadows):
+        with self._lock:
+            now = time.monotonic()
+            due = [k for k in range(self.layout.num_shadows) if self._due(k, now)]
+        for k in due:
             if self._stop.is_set():
                 return
             a = time.monotonic()

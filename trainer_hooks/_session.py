@@ -925,7 +925,7 @@ class Shadowgrad:
             return c
 
         def status(k: int) -> ShadowStatus:
-            return client(k).status(timeline=0)
+            return client(k).status(timeline=0, brief=True)
 
         def load(
             k: int, iteration: int, states: list[dict[str, Any]], commit: dict[str, Any] | None
