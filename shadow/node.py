@@ -483,8 +483,8 @@ class ShadowNode:
                 snap = self._snaps.pop(it)
                 if it in self._snaps_lent:
                     self._snaps_lent.discard(it)
-                elif self._snap_spare is None:
-                    self._snap_spare = snap
+                elif self._snap_spare is None and self._cut.retain_before(self._last_applied + 1):
+                    self._snap_spare = snap  # the next step retains again: its copy goes here
         for it in list(self._commits):
             if it != self._last_applied and it not in self._snaps:
                 del self._commits[it]

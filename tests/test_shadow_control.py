@@ -582,3 +582,19 @@ def test_the_health_monitor_polls_another_ranks_healthy_shadows_every_few_rounds
     for _ in range(HealthMonitor.OTHERS_EVERY):
         mon._poll()
     assert calls[3] - before[3] == calls[1] - before[1] == 1
+
+
+def test_a_single_shard_keeps_no_spare_copy_after_a_hold() -> None:
+    """A single-shard job retains a state only while it is held: once released, its copy is
+    freed, not kept as a spare for retentions that never come."""
+    trainer = RefTrainer(Case("spare1", "mlp", "adamw", iterations=4), seed=3)
+    layout = trainer.layout(num_shadows=1)
+    with loaded_cluster(trainer, layout) as c:
+        run_applied(c, trainer, layout, range(2))
+        node, cl = c.nodes[0], c.clients[0]
+        cl.hold(1)
+        run_applied(c, trainer, layout, range(2, 3))  # steps past the held 1: retains it
+        assert node.ev["cut_copies"] == 1 and 1 in node._snaps
+        cl.release(1)
+        with node._lock:
+            assert 1 not in node._snaps and node._snap_spare is None
