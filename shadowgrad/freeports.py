@@ -29,22 +29,15 @@ def _ephemeral_low() -> int:
         return 32768
 
 
-def free_listen_port(host: str = "127.0.0.1", tries: int = 200) -> int:
+def free_listen_port(host: str = "127.0.0.1") -> int:
     """A free TCP port for a server another process binds later (torch's rendezvous store):
     below the kernel's ephemeral range, so no outgoing connection is given it meanwhile (a
     :func:`free_port` is an ephemeral port: seen in CI, another connection took one between
     the pick and the bind, and the rendezvous failed with EADDRINUSE)."""
-    low = _ephemeral_low()
-    rng = random.Random()
-    for _ in range(tries):
-        port = rng.randrange(10000, max(10001, low))
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            try:
-                s.bind((host, port))
-            except OSError:
-                continue
-            return port
-    return free_port(host=host)
+    try:
+        return free_tcp_base(1, host=host, low=10000, high=max(10002, _ephemeral_low()))
+    except RuntimeError:
+        return free_port(host=host)
 
 
 def free_ports(n: int, kind: int = socket.SOCK_DGRAM, host: str = "127.0.0.1") -> list[int]:
@@ -61,16 +54,19 @@ def free_ports(n: int, kind: int = socket.SOCK_DGRAM, host: str = "127.0.0.1") -
             s.close()
 
 
-def free_tcp_base(n: int, tries: int = 200) -> int:
-    """A base such that ``base .. base + n - 1`` are free TCP ports on 127.0.0.1."""
+def free_tcp_base(
+    n: int, tries: int = 200, *, host: str = "127.0.0.1", low: int = 20000, high: int = 60000
+) -> int:
+    """A base in ``low .. high - n - 1`` such that ``base .. base + n - 1`` are free TCP ports
+    on ``host``."""
     rng = random.Random()
     for _ in range(tries):
-        base = rng.randrange(20000, 60000 - n)
+        base = rng.randrange(low, high - n)
         ok = True
         for k in range(n):
             with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
                 try:
-                    s.bind(("127.0.0.1", base + k))
+                    s.bind((host, base + k))
                 except OSError:
                     ok = False
                     break
