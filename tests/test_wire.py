@@ -505,6 +505,88 @@ def test_seal_in_place_equals_seal_and_copies_no_payload() -> None:
         )
 
 
+@given(
+    seq=st.integers(0, 2**32 - 1),
+    iteration=st.integers(0, 2**32 - 1),
+    bucket=st.integers(0, 2**16 - 1),
+    offset=st.integers(0, 2**40).map(lambda x: x * 4),
+    n=st.integers(1, 300).map(lambda x: x * 4),
+    last=st.booleans(),
+    retx=st.booleans(),
+)
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+def test_data_sealer_writes_seal_in_place_s_header_and_a_tag_that_verifies(
+    seq: int, iteration: int, bucket: int, offset: int, n: int, last: bool, retx: bool
+) -> None:
+    """The sender's fast DATA sealer: the same header bytes as seal_in_place (the one encoder),
+    a trailer that decode() verifies, and the payload untouched (a view, no copy)."""
+    fields = {"job": 7, "sender": 3, "layout": 2**63 + 5}
+    flags = Flag.FINAL | (Flag.LAST if last else 0) | (Flag.RETX if retx else 0)
+    sealer = wire.DataSealer(KEY, **fields)
+    a = memoryview(bytearray(range(256)) * 8)
+    b = memoryview(bytearray(a))
+    at = 100
+    payload = bytes(a[at : at + n])
+    trailer = sealer.seal(
+        a,
+        at,
+        n,
+        iteration=iteration,
+        seq=seq,
+        flags=int(flags),
+        dtype=int(DType.FLOAT32),
+        bucket=bucket,
+        offset=offset,
+    )
+    _, ref = wire.seal_in_place(
+        Kind.DATA,
+        key=KEY,
+        buf=b,
+        at=at,
+        length=n,
+        iteration=iteration,
+        seq=seq,
+        flags=flags,
+        dtype=DType.FLOAT32,
+        bucket=bucket,
+        offset=offset,
+        **fields,
+    )
+    assert bytes(a) == bytes(b)  # header written in place, the same bytes; payload untouched
+    assert len(trailer) == len(ref) == wire.MAC_SIZE and trailer[:12] != ref[:12]  # own nonce
+    dgram = bytes(a[at - wire.HEADER_SIZE : at + n]) + trailer
+    msg = wire.decode(dgram, job=7, layout=2**63 + 5, key=KEY, require=frozenset(Kind))
+    assert bytes(msg.payload) == payload and msg.header.offset == offset
+    assert msg.header.seq == seq and msg.header.flags == flags | Flag.MAC
+    bad = bytearray(dgram)
+    bad[-1] ^= 1
+    with pytest.raises(errors.WireError):
+        wire.decode(bytes(bad), key=KEY)
+
+
+def test_data_sealer_refuses_what_seal_in_place_refuses_by_name() -> None:
+    sealer = wire.DataSealer(KEY, job=7, sender=3, layout=9)
+    buf = memoryview(bytearray(4096))
+    ok = {
+        "iteration": 1,
+        "seq": 1,
+        "flags": int(Flag.FINAL),
+        "dtype": int(DType.FLOAT32),
+        "bucket": 0,
+        "offset": 0,
+    }
+    with pytest.raises(errors.BadFieldError, match="room"):
+        sealer.seal(buf, 8, 64, **ok)
+    with pytest.raises(errors.BadFieldError, match="itemsize"):
+        sealer.seal(buf, 128, 62, **ok)
+    with pytest.raises(errors.BadFieldError, match="seq"):
+        sealer.seal(buf, 128, 64, **{**ok, "seq": 2**64})
+    with pytest.raises(errors.BadFieldError, match="flags"):
+        sealer.seal(buf, 128, 64, **{**ok, "flags": int(Flag.SKIPPED)})
+    with pytest.raises(errors.BadFieldError, match="job"):
+        wire.DataSealer(KEY, job=-1, sender=3, layout=9)
+
+
 def test_chunk_for_fits_the_datagram_and_a_fragmenting_chunk_is_refused() -> None:
     """``chunk_for`` leaves room for the header and (authenticated) the MAC trailer; a chunk
     whose datagrams would be IP-fragmented on the way is refused with the size that fits (the

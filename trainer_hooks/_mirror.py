@@ -40,12 +40,12 @@ from shadowgrad.wire import (
     HEADER_SIZE,
     MAX_DATAGRAM,
     CommitRecord,
+    DataSealer,
     Flag,
     Kind,
     NackRecord,
     decode,
     encode_parts,
-    seal_in_place,
 )
 
 from ._guard import Peers, RepairBudget
@@ -188,6 +188,8 @@ class MirrorSender:
         #: with ``authenticate_data``. None: nothing is authenticated (tests of the bare path)
         self.key = key
         self.authenticate_data = authenticate_data and key is not None
+        self._sealer: DataSealer | None = None  # see _data_sealer
+        self._sealer_for: tuple[bytes, int, int, int] | None = None
         #: NACKs are answered only from the job's shadows, within a resend budget per shadow
         self._shadows = Peers(self.shadow_addrs)
         self.repair_budget = repair_budget or RepairBudget()
@@ -613,8 +615,12 @@ class MirrorSender:
         )
         step = self.chunk_bytes
         flags_base = _FINAL | (_RETX if retx else 0)
-        key = self.key if self.authenticate_data else None
+        sealer = self._data_sealer()
         mv = slot.mv
+        iteration = slot.iteration
+        dtype_code = int(dtype)
+        dests = [only] if only is not None else self._dest[run.shard]
+        seqs = self._seq
         for off in range(start, end, step):
             n = min(step, end - off)
             at = _LEAD + staging + (off - start)
@@ -622,32 +628,41 @@ class MirrorSender:
             if only is not None and not self.repair_budget.take(only, n):
                 self._count("repair_rate_limited")
                 return
-            for addr in [only] if only is not None else self._dest[run.shard]:
-                seq = self._seq[addr]
-                self._seq[addr] = seq + 1
-                fields: dict[str, Any] = {
-                    "job": self.job,
-                    "sender": self.rank,
-                    "iteration": slot.iteration,
-                    "seq": seq,
-                    "layout": self.digest,
-                    "flags": flags,
-                    "dtype": dtype,
-                    "bucket": bucket,
-                    "offset": off,
-                }
-                if key is not None:
+            for addr in dests:
+                seq = seqs[addr]
+                seqs[addr] = seq + 1
+                if sealer is not None:
                     # the header in front of the payload, over the previous chunk's last bytes
                     # (kept and put back: a retransmission needs them): no payload copy
-                    kept = bytes(mv[at - HEADER_SIZE : at])
+                    head = at - HEADER_SIZE
+                    kept = bytes(mv[head:at])
                     try:
-                        datagram, trailer = seal_in_place(
-                            Kind.DATA, key=key, buf=mv, at=at, length=n, **fields
+                        trailer = sealer.seal(
+                            mv,
+                            at,
+                            n,
+                            iteration=iteration,
+                            seq=seq,
+                            flags=flags,
+                            dtype=dtype_code,
+                            bucket=bucket,
+                            offset=off,
                         )
-                        ok = self._sendto(datagram, b"", addr, retx, trailer)
+                        ok = self._sendto(mv[head : at + n], b"", addr, retx, trailer)
                     finally:
-                        mv[at - HEADER_SIZE : at] = kept
+                        mv[head:at] = kept
                 else:
+                    fields: dict[str, Any] = {
+                        "job": self.job,
+                        "sender": self.rank,
+                        "iteration": iteration,
+                        "seq": seq,
+                        "layout": self.digest,
+                        "flags": flags,
+                        "dtype": dtype,
+                        "bucket": bucket,
+                        "offset": off,
+                    }
                     payload = mv[at : at + n]
                     header, _ = encode_parts(Kind.DATA, key=None, payload=payload, **fields)
                     ok = self._sendto(header, payload, addr, retx)
@@ -658,6 +673,18 @@ class MirrorSender:
                         self.counters.data_chunks += 1
                         self.counters.data_bytes += n
             self._poll_rx(0.0)
+
+    def _data_sealer(self) -> DataSealer | None:
+        """The DATA sealer for this sender's key and header fields (made again if one of them
+        changed); None when DATA is not authenticated."""
+        key = self.key
+        if not self.authenticate_data or key is None:
+            return None
+        ident = (key, self.job, self.rank, self.digest)
+        if self._sealer is None or self._sealer_for != ident:
+            self._sealer = DataSealer(key, job=self.job, sender=self.rank, layout=self.digest)
+            self._sealer_for = ident
+        return self._sealer
 
     def _send_slot(self, slot: _Slot) -> None:
         if slot.ready is not None:
