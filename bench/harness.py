@@ -431,7 +431,8 @@ def render_trainer(d: Doc) -> list[str]:
         "iterations); *durable*: `async_save` called until its future is done. "
         "`mirror` with `real` shadows runs them on the same 2 cores as the ranks (the "
         "whole-machine cost); `sink` shadows only drain their sockets (the trainer's own "
-        "critical path).",
+        "critical path; one thread, `MSG_TRUNC`: the kernel frees each datagram without "
+        "copying it out, as little of the ranks' cores as a receiver can take).",
         "",
     ]
     rows = []
@@ -1337,7 +1338,7 @@ def render_goals(g: Doc) -> list[str]:
         "where the CPU goes, per iteration, all ranks together: the ranks' CPU without and "
         "with mirror, of it the sender threads, the growth of the training threads' own CPU "
         "(`MainThread`, capture included), and the sinks' (UDP receivers in another "
-        "process on the same cores).",
+        "process on the same cores, draining with `MSG_TRUNC`).",
         "",
     ]
     out += _table_or_not_measured(

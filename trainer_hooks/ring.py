@@ -51,9 +51,11 @@ from shadowgrad.errors import ShadowgradError, ShadowgradTimeout, WireError
 from shadowgrad.torch_dtypes import GRAD_WIRE_DTYPES
 from shadowgrad.wire import (
     AUTHENTICATED_KINDS,
+    HEADER_SIZE,
     MAX_DATAGRAM,
     MAX_PAYLOAD,
     AckRecord,
+    DataSealer,
     DType,
     Flag,
     Kind,
@@ -112,11 +114,14 @@ class RingConfig:
 @dataclass
 class _Out:
     header: dict[str, Any]
-    payload: bytes
+    payload: bytes | memoryview
     flags: int
     sent: float
     rto: float
     first: float
+    #: sealed DATA: the datagram's own buffer, :data:`HEADER_SIZE` bytes of room for the
+    #: header and then the payload (``payload`` views it), so the GMAC reads one buffer
+    room: memoryview | None = None
 
 
 @dataclass
@@ -169,9 +174,9 @@ class RingAllReduce:
         self._ack_due = False
         self._rx = bytearray(MAX_DATAGRAM + 1)
         # shadows
-        self._retained: collections.OrderedDict[int, list[tuple[int, int, DType, bytes]]] = (
-            collections.OrderedDict()
-        )
+        self._retained: collections.OrderedDict[
+            int, list[tuple[int, int, DType, bytes | memoryview]]
+        ] = collections.OrderedDict()
         self._aux_seq = 0
         #: ``tap(header, payload)`` for every FINAL DATA datagram sent (incl. retransmissions)
         self.tap: Callable[[bytes, bytes], None] | None = None
@@ -185,6 +190,12 @@ class RingAllReduce:
         self.max_send_wait_s = 0.0
         self._key = config.key
         self._auth_data = config.authenticate_data and config.key is not None
+        #: seals DATA into the room in front of the payload (None: DATA is not authenticated)
+        self._sealer = (
+            DataSealer(config.key, job=config.job, sender=self.rank, layout=config.layout)
+            if self._auth_data and config.key is not None
+            else None
+        )
         self._shadows = Peers(config.shadows)
         self._next_addr = canonical(self.next)
         self._prev_canon = canonical(self._prev_addr)
@@ -339,7 +350,7 @@ class RingAllReduce:
             iteration, bucket, host, raw, dtype, [(n * k // world) * item for k in range(world + 1)]
         )
         r = self.rank
-        finals: list[tuple[int, DType, bytes]] = []
+        finals: list[tuple[int, DType, bytes | memoryview]] = []
         for s in range(world - 1):  # reduce-scatter
             self._send_chunk(ctx, (r - s) % world, 0)
             self._recv_chunk(ctx, (r - s - 1) % world, add=True)
@@ -370,10 +381,10 @@ class RingAllReduce:
             yield off, end
             off = end
 
-    def _send_chunk(self, ctx: _Ctx, c: int, flags: int) -> list[tuple[int, bytes]]:
+    def _send_chunk(self, ctx: _Ctx, c: int, flags: int) -> list[tuple[int, bytes | memoryview]]:
         """Send chunk ``c`` of the bucket; its datagrams' ``(offset, payload)``."""
         lo, hi = ctx.bounds[c], ctx.bounds[c + 1]
-        sent: list[tuple[int, bytes]] = []
+        sent: list[tuple[int, bytes | memoryview]] = []
         for off, end in self._spans(ctx.bucket, lo, hi):
             f = flags | (int(Flag.LAST) if end >= hi else 0)
             if len(self._unacked) >= self.cfg.window:
@@ -382,8 +393,15 @@ class RingAllReduce:
                     self._pump(self.cfg.rto_s / 4)
                 #: the longest a send waited for window space (a paused switch port shows here)
                 self.max_send_wait_s = max(self.max_send_wait_s, time.monotonic() - t0)
-            payload = bytes(ctx.raw[off:end])
-            self._send_data(ctx, off, payload, f)
+            room: memoryview | None = None
+            payload: bytes | memoryview
+            if self._sealer is not None:  # one copy into the datagram's own buffer
+                room = memoryview(bytearray(HEADER_SIZE + end - off))
+                room[HEADER_SIZE:] = ctx.raw[off:end]
+                payload = room[HEADER_SIZE:]
+            else:
+                payload = bytes(ctx.raw[off:end])
+            self._send_data(ctx, off, payload, f, room)
             sent.append((off, payload))
         return sent
 
@@ -426,7 +444,14 @@ class RingAllReduce:
 
     # -- transport -------------------------------------------------------------------------
 
-    def _send_data(self, ctx: _Ctx, off: int, payload: bytes, flags: int) -> None:
+    def _send_data(
+        self,
+        ctx: _Ctx,
+        off: int,
+        payload: bytes | memoryview,
+        flags: int,
+        room: memoryview | None = None,
+    ) -> None:
         seq = self._tx_seq
         self._tx_seq += 1
         hdr = {
@@ -440,24 +465,42 @@ class RingAllReduce:
             "offset": off,
         }
         now = time.monotonic()
-        self._unacked[seq] = _Out(hdr, payload, flags, now, self.cfg.rto_s, now)
+        self._unacked[seq] = _Out(hdr, payload, flags, now, self.cfg.rto_s, now, room)
         self._transmit(seq, retx=False)
 
     def _transmit(self, seq: int, *, retx: bool) -> None:
         out = self._unacked[seq]
         flags = out.flags | (int(Flag.RETX) if retx else 0)
-        if self._auth_data:
+        room, sealer = out.room, self._sealer
+        if room is not None and sealer is not None:
+            # the header is (re)written in the room in front of the payload: no copy for the MAC
+            h = out.header
+            tag = sealer.seal(
+                room,
+                HEADER_SIZE,
+                room.nbytes - HEADER_SIZE,
+                iteration=h["iteration"],
+                seq=h["seq"],
+                flags=flags,
+                dtype=int(h["dtype"]),
+                bucket=h["bucket"],
+                offset=h["offset"],
+            )
+            if flags & Flag.FINAL and self.tap is not None:
+                self.tap(bytes(room[:HEADER_SIZE]), bytes(out.payload) + tag)
+            self.link.send([room, tag], self.next)
+        elif self._auth_data:
             assert self._key is not None
             header, tag = seal(
                 Kind.DATA, key=self._key, payload=out.payload, flags=flags, **out.header
             )
             if flags & Flag.FINAL and self.tap is not None:
-                self.tap(header, out.payload + tag)
+                self.tap(header, bytes(out.payload) + tag)
             self.link.send([header, out.payload, tag], self.next)
         else:
             header = encode_header(Kind.DATA, payload=out.payload, flags=flags, **out.header)
             if flags & Flag.FINAL and self.tap is not None:
-                self.tap(header, out.payload)
+                self.tap(header, bytes(out.payload))
             self.link.send([header, out.payload], self.next)
         self.stats["retx" if retx else "data_sent"] += 1
 
@@ -568,7 +611,9 @@ class RingAllReduce:
 
     # -- shadows ---------------------------------------------------------------------------
 
-    def _retain(self, iteration: int, bucket: int, finals: list[tuple[int, DType, bytes]]) -> None:
+    def _retain(
+        self, iteration: int, bucket: int, finals: list[tuple[int, DType, bytes | memoryview]]
+    ) -> None:
         lst = self._retained.setdefault(iteration, [])
         lst.extend((bucket, off, dt, data) for off, dt, data in finals)
         while len(self._retained) > self.cfg.retain:
