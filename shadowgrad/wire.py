@@ -585,7 +585,7 @@ class DataSealer:
         flags = int(flags) | _MAC_BIT
         size = _ITEMSIZE_INT.get(dtype, 0)
         h = at - HEADER_SIZE
-        if (
+        if not (
             flags & ~_DATA_ALLOWED
             or not size
             or length <= 0
@@ -595,65 +595,31 @@ class DataSealer:
             or h < 0
             or at + length > buf.nbytes
         ):
-            return self._slow(
-                buf,
-                at,
-                length,
-                iteration=iteration,
-                seq=seq,
-                flags=flags,
-                dtype=dtype,
-                bucket=bucket,
-                offset=offset,
-            )
-        try:
-            _PREFIX.pack_into(
-                buf,
-                h,
-                MAGIC,
-                VERSION,
-                _DATA_CODE,
-                flags,
-                dtype,
-                self._sender,
-                self._job,
-                bucket,
-                iteration,
-                seq,
-                offset,
-                self._layout,
-                length + MAC_SIZE,
-            )
-        except struct.error:
-            return self._slow(
-                buf,
-                at,
-                length,
-                iteration=iteration,
-                seq=seq,
-                flags=flags,
-                dtype=dtype,
-                bucket=bucket,
-                offset=offset,
-            )
-        _CSUM.pack_into(buf, h + _CSUM_AT, _crc32c(buf[h : h + _CSUM_AT]))
-        nonce = _NONCES.next()
-        return nonce + self._aead.encrypt(nonce, b"", buf[h : at + length])
-
-    def _slow(
-        self,
-        buf: memoryview,
-        at: int,
-        length: int,
-        *,
-        iteration: int,
-        seq: int,
-        flags: int,
-        dtype: int,
-        bucket: int,
-        offset: int,
-    ) -> bytes:
-        """What :func:`seal_in_place` does with these fields: it raises the precise error."""
+            try:
+                _PREFIX.pack_into(
+                    buf,
+                    h,
+                    MAGIC,
+                    VERSION,
+                    _DATA_CODE,
+                    flags,
+                    dtype,
+                    self._sender,
+                    self._job,
+                    bucket,
+                    iteration,
+                    seq,
+                    offset,
+                    self._layout,
+                    length + MAC_SIZE,
+                )
+            except struct.error:
+                pass  # a field out of range: seal_in_place below names it
+            else:
+                _CSUM.pack_into(buf, h + _CSUM_AT, _crc32c(buf[h : h + _CSUM_AT]))
+                nonce = _NONCES.next()
+                return nonce + self._aead.encrypt(nonce, b"", buf[h : at + length])
+        # something is wrong with the fields: seal_in_place raises the precise error
         _, trailer = seal_in_place(
             Kind.DATA,
             key=self._key,
