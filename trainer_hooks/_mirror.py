@@ -188,8 +188,12 @@ class MirrorSender:
         #: with ``authenticate_data``. None: nothing is authenticated (tests of the bare path)
         self.key = key
         self.authenticate_data = authenticate_data and key is not None
-        self._sealer: DataSealer | None = None  # see _data_sealer
-        self._sealer_for: tuple[bytes, int, int, int] | None = None
+        #: seals DATA into the room in front of each chunk (None: DATA is not authenticated)
+        self._sealer = (
+            DataSealer(key, job=job, sender=self.rank, layout=self.digest)
+            if self.authenticate_data and key is not None
+            else None
+        )
         #: NACKs are answered only from the job's shadows, within a resend budget per shadow
         self._shadows = Peers(self.shadow_addrs)
         self.repair_budget = repair_budget or RepairBudget()
@@ -615,7 +619,7 @@ class MirrorSender:
         )
         step = self.chunk_bytes
         flags_base = _FINAL | (_RETX if retx else 0)
-        sealer = self._data_sealer()
+        sealer = self._sealer
         mv = slot.mv
         iteration = slot.iteration
         dtype_code = int(dtype)
@@ -673,18 +677,6 @@ class MirrorSender:
                         self.counters.data_chunks += 1
                         self.counters.data_bytes += n
             self._poll_rx(0.0)
-
-    def _data_sealer(self) -> DataSealer | None:
-        """The DATA sealer for this sender's key and header fields (made again if one of them
-        changed); None when DATA is not authenticated."""
-        key = self.key
-        if not self.authenticate_data or key is None:
-            return None
-        ident = (key, self.job, self.rank, self.digest)
-        if self._sealer is None or self._sealer_for != ident:
-            self._sealer = DataSealer(key, job=self.job, sender=self.rank, layout=self.digest)
-            self._sealer_for = ident
-        return self._sealer
 
     def _send_slot(self, slot: _Slot) -> None:
         if slot.ready is not None:

@@ -471,8 +471,10 @@ class RingAllReduce:
     def _transmit(self, seq: int, *, retx: bool) -> None:
         out = self._unacked[seq]
         flags = out.flags | (int(Flag.RETX) if retx else 0)
-        room, sealer = out.room, self._sealer
-        if room is not None and sealer is not None:
+        sealer = self._sealer
+        if sealer is not None:  # authenticated: _send_chunk gave every datagram its room
+            room = out.room
+            assert room is not None
             # the header is (re)written in the room in front of the payload: no copy for the MAC
             h = out.header
             tag = sealer.seal(
@@ -489,14 +491,6 @@ class RingAllReduce:
             if flags & Flag.FINAL and self.tap is not None:
                 self.tap(bytes(room[:HEADER_SIZE]), bytes(out.payload) + tag)
             self.link.send([room, tag], self.next)
-        elif self._auth_data:
-            assert self._key is not None
-            header, tag = seal(
-                Kind.DATA, key=self._key, payload=out.payload, flags=flags, **out.header
-            )
-            if flags & Flag.FINAL and self.tap is not None:
-                self.tap(header, bytes(out.payload) + tag)
-            self.link.send([header, out.payload, tag], self.next)
         else:
             header = encode_header(Kind.DATA, payload=out.payload, flags=flags, **out.header)
             if flags & Flag.FINAL and self.tap is not None:
