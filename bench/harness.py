@@ -150,6 +150,20 @@ def _table(head: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
     return out
 
 
+def _faults_note(x: dict[str, Any]) -> str:
+    """The page faults per iteration of ``none`` and ``mirror_sink`` (a trainer_bench stall
+    row): whether the training threads' growth is the kernel zeroing fresh pages."""
+    a, b = x.get("none_faults_per_iter"), x.get("sink_faults_per_iter")
+    growth = x.get("main_thread_growth_s")
+    if a is None or b is None or growth is None:
+        return ""
+    return (
+        f" Page faults per iteration, all ranks: {a:,.0f} without mirror, {b:,.0f} with it"
+        f" ({(b - a) * 4096 / 1e6:+,.0f} MB of pages the kernel zeroes), against the training"
+        f" threads' {_f(growth, 1, 1e3)} ms of extra CPU."
+    )
+
+
 def _table_or_not_measured(head: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
     return _table(head, rows) if rows else ["Not measured."]
 
@@ -1025,6 +1039,9 @@ def analyze(found: dict[str, tuple[Path, Doc | None]]) -> Doc:
                     _get(none, "thread_cpu_per_iter_s", "MainThread"),
                 ),
                 "sink_median_s": _num(_get(sink, "median_s")),
+                # page faults per iteration, all ranks: each a page the kernel zeroes
+                "none_faults_per_iter": _num(_get(none, "ranks_faults_per_iter")),
+                "sink_faults_per_iter": _num(_get(sink, "ranks_faults_per_iter")),
                 "cpus": (tb or {}).get("cpus"),
                 "meets_goal": (
                     sd is not None and sm is not None and sm > 0 and sd / sm >= GOAL_STALL
@@ -1319,7 +1336,8 @@ def render_goals(g: Doc) -> list[str]:
             _f(x.get("iteration_s"), 1, 1e3),
             _f(x.get("sink_median_s"), 1, 1e3),
             _ratio(x.get("sink_ratio")),
-            _ratio(x.get("mirror_ratio")),
+            _ratio(x.get("mirror_ratio"))
+            + ("" if x.get("mirror_shadows") in (None, "real") else f" ({x['mirror_shadows']})"),
             _ratio(x.get("dcp_ratio")),
             _f(x.get("none_cpu_per_iter_s"), 1, 1e3),
             _f(x.get("sink_cpu_per_iter_s"), 1, 1e3),
@@ -1379,7 +1397,7 @@ def render_goals(g: Doc) -> list[str]:
             f"{cpus} cores busy; mirror adds {_f(extra, 1, 1e3)} ms of CPU per iteration "
             f"({_f(b - a, 1, 1e3)} ms in the ranks, {_f(rx, 1, 1e3)} ms in the sinks) and "
             f"{room}: on this machine the checkpoint's bytes cost CPU the trainers need, so "
-            "wall time grows with it.",
+            "wall time grows with it." + _faults_note(x),
         ]
     out += [
         "",
