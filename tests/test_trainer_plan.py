@@ -86,6 +86,30 @@ def test_blob_roundtrip_and_rejects_garbage() -> None:
         unpack_blob(b"not a torch archive")
 
 
+def test_blob_is_small_and_zip_blobs_still_load() -> None:
+    """A blob is torch.save's plain pickle (a few hundred bytes for a few scalars, not a zip
+    archive of over a kilobyte): every COMMIT carries one. Blobs packed as a zip archive (by
+    earlier versions, kept in shadows' snapshots) still load, code-free both ways."""
+    import io
+
+    blob = pack_blob(3, None, None, {"step": 3})
+    assert not blob.startswith(b"PK") and len(blob) < 400
+    buf = io.BytesIO()
+    doc = {"v": 1, "iteration": 3, "scheduler": None, "scaler": None, "user": {"step": 3}}
+    torch.save({**doc, "module": None}, buf)  # the zip archive
+    assert buf.getvalue().startswith(b"PK")
+    assert unpack_blob(buf.getvalue())["user"] == {"step": 3}
+
+    class Evil:
+        def __reduce__(self) -> tuple[object, tuple[str]]:
+            return (print, ("ran",))
+
+    bad = io.BytesIO()
+    torch.save({**doc, "user": Evil()}, bad, _use_new_zipfile_serialization=False)
+    with pytest.raises(ShadowgradError):
+        unpack_blob(bad.getvalue())
+
+
 def test_faulty_link_drops_duplicates_and_reorders_deterministically() -> None:
     rx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     rx.bind(("127.0.0.1", 0))
