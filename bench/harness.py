@@ -152,14 +152,14 @@ def _table(head: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
 
 def _faults_note(x: dict[str, Any]) -> str:
     """The page faults per iteration of ``none`` and ``mirror_sink`` (a trainer_bench stall
-    row): whether the training threads' growth is the kernel zeroing fresh pages."""
+    row): whether the training threads' growth is the kernel faulting in fresh pages."""
     a, b = x.get("none_faults_per_iter"), x.get("sink_faults_per_iter")
     growth = x.get("main_thread_growth_s")
     if a is None or b is None or growth is None:
         return ""
     return (
         f" Page faults per iteration, all ranks: {a:,.0f} without mirror, {b:,.0f} with it"
-        f" ({(b - a) * 4096 / 1e6:+,.0f} MB of pages the kernel zeroes), against the training"
+        f" ({(b - a) * 4096 / 1e6:+,.0f} MB of 4 KiB pages faulted in), against the training"
         f" threads' {_f(growth, 1, 1e3)} ms of extra CPU."
     )
 
