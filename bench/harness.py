@@ -1006,6 +1006,7 @@ def analyze(found: dict[str, tuple[Path, Doc | None]]) -> Doc:
         mirror, dcp = trows.get((size, "mirror")), trows.get((size, "dcp_async"))
         sm, sd = _excess(mirror, none), _excess(dcp, none)
         sink = trows.get((size, "mirror_sink"))
+        ss = _excess(sink, none) if sink else None  # the trainer's own stall (sinks)
         stall.append(
             {
                 "size": size,
@@ -1013,7 +1014,7 @@ def analyze(found: dict[str, tuple[Path, Doc | None]]) -> Doc:
                 "iteration_s": t,
                 "mirror_stall_s": sm,
                 "mirror_shadows": _get(mirror, "shadows"),
-                "trainer_only_stall_s": _excess(sink, none) if sink else None,
+                "trainer_only_stall_s": ss,
                 "dcp_every_iteration_stall_s": sd,
                 "dcp_over_mirror": (sd / sm) if sm and sd is not None and sm > 0 else None,
                 # the checkpoint's own time on the training thread (mirror: the capture;
@@ -1063,8 +1064,8 @@ def analyze(found: dict[str, tuple[Path, Doc | None]]) -> Doc:
         # (sharing this machine's cores), also at the trainer's own stall (sinks): the shadows
         # on machines of their own, as the design deploys them
         sg_rows = [("shadowgrad mirror", sm)]
-        if _get(mirror, "shadows") == "real" and sink is not None:
-            sg_rows.append(("shadowgrad mirror, shadows elsewhere (sinks)", _excess(sink, none)))
+        if _get(mirror, "shadows") == "real":
+            sg_rows.append(("shadowgrad mirror, shadows elsewhere (sinks)", ss))
         for name, stall_s in sg_rows:
             if stall_s is None:
                 continue
