@@ -24,6 +24,7 @@ import logging
 import os
 import select
 import socket
+import struct
 import sys
 import threading
 import time
@@ -70,6 +71,17 @@ _PEEK = (socket.MSG_PEEK | getattr(socket, "MSG_TRUNC", 0)) if _DIRECT_OK else 0
 _MSG_TRUNC = getattr(socket, "MSG_TRUNC", 0)
 #: how a direct receive is verified (Receiver._reserve)
 _CRC, _SPLIT, _IN_SLOT = 0, 1, 2
+#: a direct run (Receiver._run_recv) covers what verified every this many datagrams
+_RUN_FLUSH = 16
+#: and keeps this many chunks ahead reserved
+_RUN_WINDOW = 32
+#: the header's offset, layout and length fields (then comes the checksum)
+_HDR_TAIL = struct.Struct("!QQI")
+_HDR_TAIL_AT = _CSUM_AT - _HDR_TAIL.size
+_HDR_CSUM = struct.Struct("!I")
+#: the header's bytes before ``seq``: magic, version, kind, flags, dtype, sender, job, bucket,
+#: iteration (the same for every chunk of a run)
+_RUN_PREFIX = _HDR_TAIL_AT - 8
 
 
 def _enc(i: int) -> int:
@@ -104,6 +116,51 @@ class _Iter:
         return self.commit is not None and self.complete()
 
 
+class _Run:
+    """A direct run (:meth:`Receiver._run_recv`): the chunks after a direct receive of a
+    sealed (or, without DATA authentication, CRC-checked) FINAL chunk, expected in order in
+    the same box: each next one at ``off`` (bucket offset), shard-local ``ls``, ``chunk``
+    bytes or what is left of the box (``seg_end``), from ``src``, with the header bytes
+    ``prefix`` up to ``seq``. ``[done, ls)`` verified but not yet covered; ``entry`` =
+    ``(lo, end)`` the reservation in ``buf.inflight`` (``lo``: the 56 covered bytes before
+    ``ls`` where the next header is received, when sealed)."""
+
+    __slots__ = (
+        "bucket",
+        "buf",
+        "chunk",
+        "done",
+        "end",
+        "entry",
+        "epoch",
+        "flags",
+        "layout",
+        "ld",
+        "ls",
+        "off",
+        "prefix",
+        "rec",
+        "sealed",
+        "seg_end",
+        "sender",
+        "src",
+    )
+
+    def __init__(
+        self, res: _Reserved, src: Any, prefix: bytes, sealed: bool, entry: tuple[int, int]
+    ) -> None:
+        f = res.fields
+        self.rec, self.buf, self.epoch, self.ld = res.rec, res.buf, res.epoch, res.ld
+        self.flags, self.sender, self.bucket, self.layout = f[3], f[5], f[7], f[11]
+        self.src, self.prefix, self.sealed = src, prefix, sealed
+        self.chunk = res.le - res.ls
+        self.off = f[10] + self.chunk
+        self.ls = self.done = res.le
+        self.seg_end = res.seg_end
+        self.entry = entry
+        self.end = entry[1]
+
+
 class _Reserved(NamedTuple):
     """A direct receive's reservation (:meth:`Receiver._reserve`): the shard-local payload
     bytes ``[ls, le)`` of iteration ``rec``'s buffer ``buf``, reserved as ``entry`` in its
@@ -123,6 +180,7 @@ class _Reserved(NamedTuple):
     fields: tuple[int, ...]
     epoch: int
     ld: _Loaded
+    seg_end: int  # shard-local end of the box
 
 
 class Receiver:
@@ -266,13 +324,32 @@ class Receiver:
             peek_at = memoryview(peek)[:_CSUM_AT]
             iov: list[Any] = [memoryview(hdr), None, memoryview(tail)]
             iov_crc: list[Any] = [memoryview(hdr), None]
+            over = bytearray(wire.MAX_DATAGRAM + 1)  # a run's datagram that is longer
             lock = self._rx_lock
             switch = self._switch_ep
             key = self._key
             next_timer = 0.0
+            run: _Run | None = None
+            src: Any = None
             while not n._stop.is_set():
+                if run is not None:
+                    run, size, src = self._run_recv(
+                        run,
+                        dsock,
+                        scratch=buf,
+                        over=over,
+                        hdr=hdr,
+                        save=save,
+                        tail=tail,
+                        timer_at=next_timer if index == 0 else None,
+                    )
+                    if size >= 0:
+                        self._scratch(mv[:size], src)
+                    if index == 0:
+                        next_timer = self._tick(next_timer)
+                    continue
                 size = -1
-                src: Any = None
+                src = None
                 res: _Reserved | None = None
                 got = 0
                 mflags = 0
@@ -327,7 +404,7 @@ class Receiver:
                             reason = "wire.checksum"
                     else:
                         ok = False
-                    self._finish(res, src, ok, reason)
+                    run = self._finish(res, src, ok, reason, peek)
                 elif size < 0:
                     poller.poll(tick_ms)
                 else:
@@ -335,7 +412,11 @@ class Receiver:
                 if index == 0:
                     next_timer = self._tick(next_timer)
         finally:
-            dsock.close()
+            try:
+                if run is not None:  # the node stops: release the reservation
+                    self._run_flush(run, 0, 0, keep=False)
+            finally:
+                dsock.close()
 
     def _reserve(
         self, peek: bytearray, peek_at: memoryview, size: int, src: Any
@@ -432,24 +513,31 @@ class Receiver:
                     f,
                     buf.epoch,
                     ld,
+                    seg.local + (seg.end - seg.start),
                 )
             else:
                 mode = _SPLIT
             entry = (ls, le)
             buf.inflight.append(entry)
             dest = mv[ls:le]
-            return _Reserved(rec, buf, entry, ls, le, mode, dest, dest, dest, f, buf.epoch, ld)
+            seg_end = seg.local + (seg.end - seg.start)
+            return _Reserved(
+                rec, buf, entry, ls, le, mode, dest, dest, dest, f, buf.epoch, ld, seg_end
+            )
 
-    def _finish(self, res: _Reserved, src: Any, ok: bool, reason: str) -> None:
+    def _finish(
+        self, res: _Reserved, src: Any, ok: bool, reason: str, peek: bytearray | None = None
+    ) -> _Run | None:
         """Release a reservation of :meth:`_reserve`; a datagram from ``src`` that verified
         (``ok``) is handled as :meth:`handle` would have (its bytes are in place), else counted
-        under ``reason``."""
-        rec, buf, entry, ls, le, _, _, _, _, f, epoch, ld = res
+        under ``reason``. With ``peek`` (its header), a first-time FINAL chunk that verified
+        opens a direct run at the chunk after it (:meth:`_run_recv`) where there is room: the
+        run, else None."""
+        rec, buf, entry, ls, le, mode, _, _, _, f, epoch, ld, seg_end = res
         n = self.node
+        run = None
         with n._lock:
             buf.inflight.remove(entry)
-            if self._waiting:
-                self._inflight.notify_all()
             if ok:
                 sender, it = f[5], f[8]
                 if not self._source_ok(wire.Kind.DATA, src):
@@ -473,7 +561,200 @@ class Receiver:
                         rec, buf, f[3], sender, bucket=f[7], owned=le - ls, new=new, now=now
                     )
                     n.ev["direct_datagrams"] += 1
+                    if peek is not None and reason == "data" and le < seg_end:
+                        sealed = mode != _CRC
+                        lo = le - _HSIZE if sealed else le
+                        room = self._run_room(buf, le, lo, seg_end, le - ls)
+                        if room > le and (not sealed or buf.cov.covers(lo, le)):
+                            entry = (lo, room)
+                            buf.inflight.append(entry)
+                            run = _Run(res, src, bytes(peek[:_RUN_PREFIX]), sealed, entry)
             n.rx[reason] += 1
+            if self._waiting:
+                self._inflight.notify_all()
+        return run
+
+    @staticmethod
+    def _run_room(buf: IterBuffer, ls: int, lo: int, seg_end: int, chunk: int) -> int:
+        """Where a run's reservation at ``ls`` (from ``lo``: its header slot) may end: up to
+        :data:`_RUN_WINDOW` chunks of ``chunk`` bytes, not past the box (``seg_end``), the
+        first covered byte or another reservation; ``ls`` when not even the next chunk (or
+        the rest of the box) fits. Under the node's lock."""
+        want = min(seg_end, ls + _RUN_WINDOW * chunk)
+        gaps = buf.cov.gaps(ls, want)
+        if not gaps or gaps[0][0] != ls:
+            return ls
+        end = gaps[0][1]
+        for x, y in buf.inflight:
+            if x < end and y > lo:
+                if x <= ls:
+                    return ls
+                end = x
+        return end if end - ls >= min(chunk, seg_end - ls) else ls
+
+    def _run_flush(self, run: _Run, count: int, bad: int, *, keep: bool) -> bool:
+        """Cover the run's verified bytes ``[done, ls)`` (``count`` chunks; ``bad`` more failed
+        their MAC or CRC) and count them as :meth:`_finish` does; with ``keep``, reserve the
+        room ahead again (:meth:`_run_room`) and say whether the run goes on, else release
+        the reservation. The run ends where its iteration's buffer changed meanwhile."""
+        n = self.node
+        buf = run.buf
+        with n._lock:
+            buf.inflight.remove(run.entry)
+            rec = run.rec
+            valid = (
+                n._ld is run.ld
+                and n._iters.get(rec.it) is rec
+                and rec.buf is buf
+                and buf.epoch == run.epoch
+            )
+            if count:
+                if valid:
+                    now = time.monotonic()
+                    sender, it = run.sender, rec.it
+                    n._trainer_rx_at = n._rank_rx_at[sender] = now
+                    if it > n._rank_newest.get(sender, -1):
+                        n._rank_newest[sender] = it
+                    new = 0
+                    for x, y in buf.cov.add(run.done, run.ls):
+                        new += y - x
+                    reason = self._account(
+                        rec,
+                        buf,
+                        run.flags,
+                        sender,
+                        bucket=run.bucket,
+                        owned=run.ls - run.done,
+                        new=new,
+                        now=now,
+                    )
+                    n.ev["direct_datagrams"] += count
+                else:
+                    reason = "stale"
+                n.rx[reason] += count
+            if bad:
+                n.rx["wire.bad_mac" if run.sealed else "wire.checksum"] += bad
+            run.done = run.ls
+            keep = keep and valid and run.ls < run.seg_end
+            if keep:
+                lo = run.ls - _HSIZE if run.sealed else run.ls
+                end = self._run_room(buf, run.ls, lo, run.seg_end, run.chunk)
+                keep = end > run.ls
+                if keep:
+                    run.entry = (lo, end)
+                    run.end = end
+                    buf.inflight.append(run.entry)
+            if self._waiting:
+                self._inflight.notify_all()
+        return keep
+
+    def _run_recv(
+        self,
+        run: _Run,
+        dsock: socket.socket,
+        *,
+        scratch: bytearray,
+        over: bytearray,
+        hdr: bytearray,
+        save: bytearray,
+        tail: bytearray,
+        timer_at: float | None,
+    ) -> tuple[_Run | None, int, Any]:
+        """Receive a run's chunks without peeking: each straight into where the next chunk
+        of the box goes (``recvmsg_into([header slot, box bytes, trailer, over])``), then
+        check that it is that chunk (size, source, header fields) and verify it there, the
+        GMAC over header and payload in one piece (the header lands on the 56 bytes before,
+        saved and restored as in :meth:`_loop_direct`), without a MAC the CRC-32C. Covered
+        in batches (:meth:`_run_flush`). Returns ``(run, -1, None)`` when the thread's timers
+        are due (``timer_at``; the run goes on); ``(None, -1, None)`` when the run ended (the
+        socket is empty, the box or the reservation is used up, the buffer changed, the node
+        stops); ``(None, size, src)`` when a datagram that is not the expected chunk came:
+        gathered into ``scratch`` for the caller's scratch path, the run ended before it."""
+        n = self.node
+        buf = run.buf
+        box = buf.mv
+        sealed = run.sealed
+        # the GMAC check bound to the trailer's place (sealed runs)
+        verify = wire.gmac_verifier(self._key, tail) if sealed else None
+        prefix, chunk, seg_end, epoch, src0 = run.prefix, run.chunk, run.seg_end, run.epoch, run.src
+        mac = wire.MAC_SIZE if sealed else 0
+        layout = run.layout
+        hdr_mv, tail_mv, over_mv = memoryview(hdr), memoryview(tail), memoryview(over)
+        hdr_at = hdr_mv[:_CSUM_AT]
+        iov: list[Any] = [hdr_mv, None, tail_mv, over_mv] if sealed else [hdr_mv, None, over_mv]
+        lock, stop, unpack = self._rx_lock, n._stop, _HDR_TAIL.unpack_from
+        slot: memoryview | None = None
+        count = bad = 0
+        ls, off, end = run.ls, run.off, run.end
+        while True:
+            size = min(chunk, seg_end - ls)
+            if count >= _RUN_FLUSH or ls + size > end or size <= 0:
+                # between batches: the timers, the node's stop, the buffer's epoch
+                due = timer_at is not None and time.monotonic() >= timer_at
+                run.ls, run.off = ls, off
+                keep = size > 0 and buf.epoch == epoch and not stop.is_set()
+                if not self._run_flush(run, count, bad, keep=keep):
+                    return None, -1, None
+                count = bad = 0
+                end = run.end
+                if due:
+                    return run, -1, None
+                continue
+            dest = box[ls : ls + size]
+            if sealed:
+                slot = box[ls - _HSIZE : ls]
+                save[:] = slot
+                iov[0] = slot
+            iov[1] = dest
+            with lock:
+                try:
+                    got, _, _, src = dsock.recvmsg_into(iov)
+                except (BlockingIOError, InterruptedError):
+                    got = -1
+                except BaseException:
+                    if slot is not None:
+                        slot[:] = save
+                    run.ls, run.off = ls, off
+                    self._run_flush(run, count, bad, keep=False)
+                    raise
+            if got < 0:  # the socket is empty: cover what verified and end the run
+                run.ls, run.off = ls, off
+                self._run_flush(run, count, bad, keep=False)
+                return None, -1, None
+            if slot is not None:
+                hdr[:] = slot
+            if (
+                got == _HSIZE + size + mac
+                and src == src0
+                and hdr.startswith(prefix)
+                and unpack(hdr, _HDR_TAIL_AT) == (off, layout, size + mac)
+            ):
+                if verify is not None and slot is not None:
+                    ok = verify(box[ls - _HSIZE : ls + size])
+                    slot[:] = save
+                else:
+                    ok = crc32c(dest, crc32c(hdr_at)) == _HDR_CSUM.unpack_from(hdr, _CSUM_AT)[0]
+                if ok:
+                    ls += size
+                    off += size
+                    count += 1
+                else:
+                    bad += 1
+                continue
+            # not the chunk expected here: gather it for the scratch path, the run ends
+            out = memoryview(scratch)
+            pos = 0
+            for part in (hdr_mv, dest, tail_mv, over_mv) if sealed else (hdr_mv, dest, over_mv):
+                k = min(part.nbytes, got - pos)
+                if k <= 0:
+                    break
+                out[pos : pos + k] = part[:k]
+                pos += k
+            if slot is not None:
+                slot[:] = save
+            run.ls, run.off = ls, off
+            self._run_flush(run, count, bad, keep=False)
+            return None, got, src
 
     def handle(
         self, data: memoryview | bytes | bytearray, src: tuple[str, int] | None = None

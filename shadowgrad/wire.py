@@ -95,6 +95,7 @@ __all__ = [
     "decode",
     "verify_parts",
     "verify_mac",
+    "gmac_verifier",
     "HEADER_STRUCT",
     "CHECKSUM_AT",
     "ALLOWED_FLAGS",
@@ -285,6 +286,26 @@ def _verify(key: bytes, aad: memoryview, trailer: memoryview) -> bool:
     nonce = bytes(trailer[:NONCE_SIZE])
     tag = _aead(key).encrypt(nonce, b"", aad)
     return hmac.compare_digest(tag, trailer[NONCE_SIZE:])
+
+
+def gmac_verifier(
+    key: bytes, trailer: bytearray | memoryview
+) -> Callable[[bytes | bytearray | memoryview], bool]:
+    """:func:`verify_mac` bound to the key's AES-GCM context and to a trailer's place:
+    ``verify(datagram)`` checks ``datagram`` against the :data:`MAC_SIZE` bytes that are in
+    ``trailer`` at the time of the call, for a receiver that receives trailer after trailer
+    into one buffer."""
+    t = memoryview(trailer)
+    if t.nbytes != MAC_SIZE:
+        raise ValueError(f"a trailer is {MAC_SIZE} bytes, got {t.nbytes}")
+    nonce, tag = t[:NONCE_SIZE], t[NONCE_SIZE:]
+    enc = _aead(key).encrypt
+    same = hmac.compare_digest
+
+    def verify(datagram: bytes | bytearray | memoryview) -> bool:
+        return same(enc(bytes(nonce), b"", datagram), tag)
+
+    return verify
 
 
 def verify_mac(

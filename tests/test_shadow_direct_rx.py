@@ -334,3 +334,93 @@ def test_two_rx_threads_forged_genuine_and_duplicate_copies_of_every_chunk() -> 
             for local, want in _owned(node, off, data[off : off + chunk]):
                 assert bytes(buf.mv[local : local + len(want)]) == want, off
         assert node.ev["direct_datagrams"] > 0
+
+
+@pytest.mark.parametrize("rx_threads", [1, 2])
+@pytest.mark.parametrize("auth", [True, False])
+def test_direct_runs_take_in_order_chunks_and_hand_on_everything_else(
+    auth: bool, rx_threads: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A burst of in-order chunks is received as a direct run (no peek: each straight into the
+    next chunk's place). What breaks the order comes in the middle of the run and must be handed
+    on intact: a gap (a chunk sent only later), two chunks swapped, a copy from an address that
+    is not the trainer's, a forged copy of the expected chunk, a short chunk where a full one was
+    expected, a longer datagram than the chunk. Every byte ends up genuine, each datagram is
+    counted once under its reason, and with one receive thread the runs covered a third of the
+    chunks or more (each disruption ends a run; the next chunk that goes the peek path opens the
+    next one)."""
+    from shadowgrad.shadow._receiver import Receiver
+
+    covered = [0]
+    flush = Receiver._run_flush
+
+    def counting(self: Receiver, run: Any, count: int, bad: int, *, keep: bool) -> bool:
+        covered[0] += count
+        return flush(self, run, count, bad, keep=keep)
+
+    monkeypatch.setattr(Receiver, "_run_flush", counting)
+    with _node(auth=auth, rx_threads=rx_threads) as (node, trainer, layout):
+        seg = _segments(node)[0]
+        chunk = 64
+        gen = torch.Generator().manual_seed(11)
+        data = torch.randn(layout.bucket_nbytes[0] // 4, generator=gen).numpy().tobytes()
+
+        def good(off: int, n: int = chunk) -> bytes:
+            return _datagram(layout, 0, off, data[off : off + n], auth=auth)
+
+        _send(node, trainer, good(seg.start))
+        offs = list(range(seg.start + chunk, seg.end - chunk + 1, chunk))
+        assert len(offs) >= 30
+        later = [offs[5], offs[17]]
+        burst: list[tuple[socket.socket, bytes]] = []
+        stranger = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        stranger.bind(("127.0.0.1", 0))
+        expect = {"foreign_source": 1}
+        for k, off in enumerate(offs):
+            if off in later:
+                continue
+            if k == 9:  # swapped with the next one
+                burst.append((trainer, good(offs[10])))
+                burst.append((trainer, good(off)))
+                continue
+            if k == 10:
+                continue
+            if k == 13:
+                burst.append((stranger, good(off)))
+            if k == 21:
+                forged = bytearray(_datagram(layout, 0, off, bytes(chunk), auth=auth))
+                forged[-1 if auth else 60] ^= 1
+                burst.append((trainer, bytes(forged)))
+                expect["wire.bad_mac" if auth else "wire.checksum"] = 1
+            if k == 25:  # the first half alone, then the whole chunk
+                burst.append((trainer, good(off, chunk // 2)))
+            if k == 27:  # a datagram longer than the chunk the run expects here
+                burst.append((trainer, good(off, 2 * chunk)))
+                continue
+            if k == 28:
+                continue  # came with the long one
+            burst.append((trainer, good(off)))
+        before = sum(node.rx.values())
+        dest = node.sock.getsockname()
+        with node._receiver._rx_lock:  # the burst queues up whole before the rx threads read it
+            for s, d in burst:
+                s.sendto(d, dest)
+        deadline = time.monotonic() + 20
+        while sum(node.rx.values()) < before + len(burst):
+            assert time.monotonic() < deadline, dict(node.rx)
+            time.sleep(0.005)
+        for off in later:
+            _send(node, trainer, good(off))
+        stranger.close()
+        for reason, n in expect.items():
+            assert node.rx[reason] == n, (reason, dict(node.rx))
+        buf = _buf(node, 0)
+        for off in (seg.start, *offs):
+            for local, want in _owned(node, off, data[off : off + chunk]):
+                assert bytes(buf.mv[local : local + len(want)]) == want, off
+        assert not buf.inflight
+        # the whole box is covered: the chunk after the last offset too, when it fits
+        tail_end = offs[-1] + chunk
+        assert buf.cov.covers(seg.local, seg.local + (tail_end - seg.start))
+        if rx_threads == 1:  # two threads take turns and so break runs at random
+            assert covered[0] >= len(offs) // 3, covered[0]
