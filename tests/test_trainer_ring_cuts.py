@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from shadowgrad.layout import Layout, ParamSpec, ddp_buckets
 from shadowgrad.trainer_hooks.ring import RingAllReduce, RingConfig
-from shadowgrad.wire import Flag, peek_header
+from shadowgrad.wire import Flag, Kind, peek_header
 
 
 @st.composite
@@ -50,6 +50,7 @@ class _Net:
 
     def __init__(self, n: int) -> None:
         self.q: list[queue.Queue[tuple[bytes, Any]]] = [queue.Queue() for _ in range(n)]
+        self.sent: list[bytes] = []  # every datagram, in the order sent
 
     def link(self, i: int) -> _Link:
         return _Link(self, i)
@@ -64,7 +65,9 @@ class _Link:
         return ("mem", self.i)
 
     def send(self, parts: Sequence[Any], addr: tuple[str, int]) -> bool:
-        self.net.q[addr[1]].put((b"".join(bytes(p) for p in parts), self.address))
+        data = b"".join(bytes(p) for p in parts)
+        self.net.sent.append(data)
+        self.net.q[addr[1]].put((data, self.address))
         return True
 
     def recv_into(self, buf: bytearray, timeout_s: float) -> tuple[int, Any] | None:
@@ -103,6 +106,9 @@ def test_spans_never_straddle_a_shard_boundary(case: tuple[Layout, int], step: i
                 assert 0 < z - a <= step
                 r = _owner(lay, b, a)
                 assert z <= r.end, (a, z, r)
+            # the ring's other datagrams (cut=False) are cut by size alone
+            uncut = list(ring._spans(b, lo, hi, cut=False))
+            assert uncut == [(a, min(hi, a + step)) for a in range(lo, hi, step)]
 
 
 @settings(
@@ -166,3 +172,10 @@ def test_the_rings_final_datagrams_each_belong_to_one_shard(case: tuple[Layout, 
         covered[b] = covered.get(b, 0) + length
     # every reduced byte was tagged FINAL exactly once
     assert covered == {b: n * 4 for b, n in enumerate(sizes) if n}
+    # the other DATA datagrams are cut by size alone: each is a whole 700-byte chunk or ends
+    # where its ring chunk ends, whatever shard boundary it crosses
+    ends = {(b, (n * (k + 1) // world) * 4) for b, n in enumerate(sizes) for k in range(world)}
+    for data in net.sent:
+        h = peek_header(data)
+        if h.kind == Kind.DATA and not h.flags & Flag.FINAL:
+            assert h.length == 700 or (h.bucket, h.offset + h.length) in ends, h

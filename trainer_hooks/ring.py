@@ -94,9 +94,10 @@ class RingConfig:
     max_rto_s: float = 0.5
     timeout_s: float = 30.0
     retain: int = 4  #: iterations of FINAL bytes kept for shadow NACKs (0: none, never copied)
-    #: per bucket, the byte offsets where a datagram must end (the layout's shard boundaries,
-    #: ``Layout.bucket_routes`` ends): the switch maps a FINAL datagram to the one shard that
-    #: owns its first byte, so none may straddle a boundary
+    #: per bucket, the byte offsets where a FINAL datagram must end (the layout's shard
+    #: boundaries, ``Layout.bucket_routes`` ends): the switch maps a FINAL datagram to the one
+    #: shard that owns its first byte, so none may straddle a boundary (the ring's other
+    #: datagrams are not mapped and are not cut)
     cuts: tuple[tuple[int, ...], ...] = ()
     #: the job's record key (``wire.mac_key``): ACKs and NACKs carry / need a MAC, DATA too
     #: with ``authenticate_data``; None authenticates nothing (tests of the bare transport)
@@ -365,10 +366,14 @@ class RingAllReduce:
         if flat is not host:
             flat.copy_(host)
 
-    def _spans(self, bucket: int, lo: int, hi: int) -> Iterator[tuple[int, int]]:
+    def _spans(
+        self, bucket: int, lo: int, hi: int, *, cut: bool = True
+    ) -> Iterator[tuple[int, int]]:
         """Datagram spans of bytes ``[lo, hi)`` of ``bucket``: at most ``chunk_bytes`` each,
-        cut at the bucket's shard boundaries (``cuts``)."""
-        cuts = self.cfg.cuts[bucket] if bucket < len(self.cfg.cuts) else ()
+        with ``cut`` (FINAL datagrams, the ones the switch maps to a shard) also cut at the
+        bucket's shard boundaries (``cuts``); the other datagrams cross them (fewer
+        datagrams: fewer headers and MAC trailers)."""
+        cuts = (self.cfg.cuts[bucket] if bucket < len(self.cfg.cuts) else ()) if cut else ()
         k = bisect.bisect_right(cuts, lo)
         step = self.cfg.chunk_bytes
         off = lo
@@ -385,7 +390,7 @@ class RingAllReduce:
         """Send chunk ``c`` of the bucket; its datagrams' ``(offset, payload)``."""
         lo, hi = ctx.bounds[c], ctx.bounds[c + 1]
         sent: list[tuple[int, bytes | memoryview]] = []
-        for off, end in self._spans(ctx.bucket, lo, hi):
+        for off, end in self._spans(ctx.bucket, lo, hi, cut=bool(flags & Flag.FINAL)):
             f = flags | (int(Flag.LAST) if end >= hi else 0)
             if len(self._unacked) >= self.cfg.window:
                 t0 = time.monotonic()
