@@ -600,7 +600,8 @@ class Receiver:
         n = self.node
         buf = run.buf
         with n._lock:
-            buf.inflight.remove(run.entry)
+            if run.entry in buf.inflight:  # released already where a flush failed midway
+                buf.inflight.remove(run.entry)
             rec = run.rec
             valid = (
                 n._ld is run.ld
