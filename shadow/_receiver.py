@@ -75,6 +75,11 @@ _CRC, _SPLIT, _IN_SLOT = 0, 1, 2
 _RUN_FLUSH = 16
 #: and keeps this many chunks ahead reserved
 _RUN_WINDOW = 32
+#: a run that ends on another datagram before this many chunks verified was not worth it (two
+#: senders interleaving, reordering): the next runs wait, :data:`_RUN_BACKOFF` direct
+#: receives at most
+_RUN_MIN = 4
+_RUN_BACKOFF = 1024
 #: the header's offset, layout and length fields (then comes the checksum)
 _HDR_TAIL = struct.Struct("!QQI")
 _HDR_TAIL_AT = _CSUM_AT - _HDR_TAIL.size
@@ -144,6 +149,7 @@ class _Run:
         "seg_end",
         "sender",
         "src",
+        "total",
     )
 
     def __init__(
@@ -159,6 +165,7 @@ class _Run:
         self.seg_end = res.seg_end
         self.entry = entry
         self.end = entry[1]
+        self.total = 0  # chunks covered so far
 
 
 class _Reserved(NamedTuple):
@@ -331,8 +338,11 @@ class Receiver:
             next_timer = 0.0
             run: _Run | None = None
             src: Any = None
+            # direct receives left before a run may open again, and the last such wait
+            skip = backoff = 0
             while not n._stop.is_set():
                 if run is not None:
+                    ended = run
                     run, size, src = self._run_recv(
                         run,
                         dsock,
@@ -344,6 +354,10 @@ class Receiver:
                         timer_at=next_timer if index == 0 else None,
                     )
                     if size >= 0:
+                        if ended.total < _RUN_MIN:
+                            backoff = skip = min(_RUN_BACKOFF, max(8, 2 * backoff))
+                        else:
+                            backoff = 0
                         self._scratch(mv[:size], src)
                     if index == 0:
                         next_timer = self._tick(next_timer)
@@ -404,7 +418,11 @@ class Receiver:
                             reason = "wire.checksum"
                     else:
                         ok = False
-                    run = self._finish(res, src, ok, reason, peek)
+                    if skip:
+                        skip -= 1
+                        self._finish(res, src, ok, reason)
+                    else:
+                        run = self._finish(res, src, ok, reason, peek)
                 elif size < 0:
                     poller.poll(tick_ms)
                 else:
@@ -619,6 +637,7 @@ class Receiver:
                     new = 0
                     for x, y in buf.cov.add(run.done, run.ls):
                         new += y - x
+                    run.total += count
                     reason = self._account(
                         rec,
                         buf,

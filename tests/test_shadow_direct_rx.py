@@ -424,3 +424,57 @@ def test_direct_runs_take_in_order_chunks_and_hand_on_everything_else(
         assert buf.cov.covers(seg.local, seg.local + (tail_end - seg.start))
         if rx_threads == 1:  # two threads take turns and so break runs at random
             assert covered[0] >= len(offs) // 3, covered[0]
+
+
+@pytest.mark.parametrize("auth", [True, False])
+def test_interleaved_streams_back_runs_off(auth: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two streams interleaved chunk by chunk (here two iterations from one trainer; two ranks
+    sending to one shadow look the same) break every run at its first chunk, and each break
+    costs a datagram gathered from the wrong place. The receiver stops opening runs for a
+    while after a run that verified fewer than 4 chunks, doubling the wait each time: a few
+    breaks over the whole burst, and every byte lands exact."""
+    from shadowgrad.shadow._receiver import Receiver
+
+    breaks = [0]
+    recv = Receiver._run_recv
+
+    def counting(self: Receiver, *a: Any, **k: Any) -> Any:
+        out = recv(self, *a, **k)
+        breaks[0] += out[1] >= 0
+        return out
+
+    monkeypatch.setattr(Receiver, "_run_recv", counting)
+    with _node(auth=auth, rx_threads=1) as (node, trainer, layout):
+        seg = _segments(node)[0]
+        chunk = 64
+        gen = torch.Generator().manual_seed(12)
+        data = [
+            torch.randn(layout.bucket_nbytes[0] // 4, generator=gen).numpy().tobytes()
+            for _ in range(2)
+        ]
+
+        def good(it: int, off: int) -> bytes:
+            return _datagram(layout, it, off, data[it][off : off + chunk], auth=auth)
+
+        for it in range(2):
+            _send(node, trainer, good(it, seg.start))
+        offs = list(range(seg.start + chunk, seg.end - chunk + 1, chunk))
+        burst = [good(it, off) for off in offs for it in range(2)]
+        before = sum(node.rx.values())
+        dest = node.sock.getsockname()
+        with node._receiver._rx_lock:
+            for d in burst:
+                trainer.sendto(d, dest)
+        deadline = time.monotonic() + 20
+        while sum(node.rx.values()) < before + len(burst):
+            assert time.monotonic() < deadline, dict(node.rx)
+            time.sleep(0.005)
+        assert node.rx["data"] == 2 + len(burst), dict(node.rx)
+        for it in range(2):
+            buf = _buf(node, it)
+            for off in (seg.start, *offs):
+                for local, want in _owned(node, off, data[it][off : off + chunk]):
+                    assert bytes(buf.mv[local : local + len(want)]) == want, (it, off)
+            assert not buf.inflight
+        # without the wait, every other datagram of the burst would break a run
+        assert 1 <= breaks[0] <= 4, (breaks[0], len(burst))
