@@ -4,6 +4,7 @@ verified there, and only then covered. A real UDP socket, a real node."""
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import threading
 import time
@@ -120,6 +121,20 @@ def _send(node: ShadowNode, trainer: socket.socket, dgram: bytes) -> None:
     while sum(node.rx.values()) == before:
         assert time.monotonic() < deadline, "the datagram was never counted"
         time.sleep(0.002)
+
+
+def _burst(node: ShadowNode, sends: list[tuple[socket.socket, bytes]], *, queued: bool) -> None:
+    """Send every ``(socket, datagram)`` back to back and wait until the node counted them
+    all; ``queued``: while the rx threads are held off, so the whole burst queues up first."""
+    before = sum(node.rx.values())
+    dest = node.sock.getsockname()
+    with node._receiver._rx_lock if queued else contextlib.nullcontext():
+        for sock, d in sends:
+            sock.sendto(d, dest)
+    deadline = time.monotonic() + 20
+    while sum(node.rx.values()) < before + len(sends):
+        assert time.monotonic() < deadline, dict(node.rx)
+        time.sleep(0.005)
 
 
 def _owned(node: ShadowNode, offset: int, payload: bytes) -> list[tuple[int, bytes]]:
@@ -317,14 +332,7 @@ def test_two_rx_threads_forged_genuine_and_duplicate_copies_of_every_chunk() -> 
                 good,
                 _datagram(layout, 0, off, data[off : off + chunk], auth=True, retx=True),
             ]
-        before = sum(node.rx.values())
-        dest = node.sock.getsockname()
-        for d in dgrams:
-            trainer.sendto(d, dest)
-        deadline = time.monotonic() + 20
-        while sum(node.rx.values()) < before + len(dgrams):
-            assert time.monotonic() < deadline, dict(node.rx)
-            time.sleep(0.005)
+        _burst(node, [(trainer, d) for d in dgrams], queued=False)
         n = len(offs)
         assert node.rx["wire.bad_mac"] == n
         assert node.rx["data"] == 1 + n
@@ -400,15 +408,7 @@ def test_direct_runs_take_in_order_chunks_and_hand_on_everything_else(
             if k == 28:
                 continue  # came with the long one
             burst.append((trainer, good(off)))
-        before = sum(node.rx.values())
-        dest = node.sock.getsockname()
-        with node._receiver._rx_lock:  # the burst queues up whole before the rx threads read it
-            for s, d in burst:
-                s.sendto(d, dest)
-        deadline = time.monotonic() + 20
-        while sum(node.rx.values()) < before + len(burst):
-            assert time.monotonic() < deadline, dict(node.rx)
-            time.sleep(0.005)
+        _burst(node, burst, queued=True)
         for off in later:
             _send(node, trainer, good(off))
         stranger.close()
@@ -460,15 +460,7 @@ def test_interleaved_streams_back_runs_off(auth: bool, monkeypatch: pytest.Monke
             _send(node, trainer, good(it, seg.start))
         offs = list(range(seg.start + chunk, seg.end - chunk + 1, chunk))
         burst = [good(it, off) for off in offs for it in range(2)]
-        before = sum(node.rx.values())
-        dest = node.sock.getsockname()
-        with node._receiver._rx_lock:
-            for d in burst:
-                trainer.sendto(d, dest)
-        deadline = time.monotonic() + 20
-        while sum(node.rx.values()) < before + len(burst):
-            assert time.monotonic() < deadline, dict(node.rx)
-            time.sleep(0.005)
+        _burst(node, [(trainer, d) for d in burst], queued=True)
         assert node.rx["data"] == 2 + len(burst), dict(node.rx)
         for it in range(2):
             buf = _buf(node, it)
