@@ -128,7 +128,7 @@ class _Run:
     bytes or what is left of the box (``seg_end``), from ``src``, with the header bytes
     ``prefix`` up to ``seq``. ``[done, ls)`` verified but not yet covered; ``entry`` =
     ``(lo, end)`` the reservation in ``buf.inflight`` (``lo``: the 56 covered bytes before
-    ``ls`` where the next header is received, when sealed)."""
+    ``ls`` where the next header is received, when sealed), None while it holds none."""
 
     __slots__ = (
         "bucket",
@@ -152,9 +152,7 @@ class _Run:
         "total",
     )
 
-    def __init__(
-        self, res: _Reserved, src: Any, prefix: bytes, sealed: bool, entry: tuple[int, int]
-    ) -> None:
+    def __init__(self, res: _Reserved, src: Any, prefix: bytes, sealed: bool) -> None:
         f = res.fields
         self.rec, self.buf, self.epoch, self.ld = res.rec, res.buf, res.epoch, res.ld
         self.flags, self.sender, self.bucket, self.layout = f[3], f[5], f[7], f[11]
@@ -163,8 +161,8 @@ class _Run:
         self.off = f[10] + self.chunk
         self.ls = self.done = res.le
         self.seg_end = res.seg_end
-        self.entry = entry
-        self.end = entry[1]
+        self.entry: tuple[int, int] | None = None  # none held yet (Receiver._run_extend)
+        self.end = self.ls
         self.total = 0  # chunks covered so far
 
 
@@ -557,40 +555,76 @@ class Receiver:
         with n._lock:
             buf.inflight.remove(entry)
             if ok:
-                sender, it = f[5], f[8]
                 if not self._source_ok(wire.Kind.DATA, src):
                     reason = "foreign_source"
-                elif n._ld is not ld or n._iters.get(it) is not rec or rec.buf is not buf:
+                elif not self._placed(ld, rec, buf, epoch):
                     reason = "stale"  # the iteration was dropped while the bytes came in
-                elif buf.epoch != epoch:
-                    reason = "stale"
                 else:
-                    # what _on_data checks held at the reservation and still do: the session
-                    # and the iteration's buffer are the same, and the iteration cannot have
-                    # been applied with these bytes uncovered
-                    now = time.monotonic()
-                    n._trainer_rx_at = n._rank_rx_at[sender] = now
-                    if it > n._rank_newest.get(sender, -1):
-                        n._rank_newest[sender] = it
-                    new = 0
-                    for x, y in buf.cov.add(ls, le):  # reserved meanwhile: nothing covered it
-                        new += y - x
-                    reason = self._account(
-                        rec, buf, f[3], sender, bucket=f[7], owned=le - ls, new=new, now=now
+                    reason = self._cover(
+                        rec, buf, flags=f[3], sender=f[5], bucket=f[7], ls=ls, le=le, count=1
                     )
-                    n.ev["direct_datagrams"] += 1
                     if peek is not None and reason == "data" and le < seg_end:
                         sealed = mode != _CRC
-                        lo = le - _HSIZE if sealed else le
-                        room = self._run_room(buf, le, lo, seg_end, le - ls)
-                        if room > le and (not sealed or buf.cov.covers(lo, le)):
-                            entry = (lo, room)
-                            buf.inflight.append(entry)
-                            run = _Run(res, src, bytes(peek[:_RUN_PREFIX]), sealed, entry)
+                        run = _Run(res, src, bytes(peek[:_RUN_PREFIX]), sealed)
+                        # the next header lands on the 56 bytes before: covered ones
+                        if (sealed and not buf.cov.covers(le - _HSIZE, le)) or not (
+                            self._run_extend(run)
+                        ):
+                            run = None
             n.rx[reason] += 1
             if self._waiting:
                 self._inflight.notify_all()
         return run
+
+    def _placed(self, ld: _Loaded, rec: _Iter, buf: IterBuffer, epoch: int) -> bool:
+        """Whether a direct receive's bytes still belong where they were received: the same
+        session, ``rec`` still the iteration's record with ``buf`` (at ``epoch``) its buffer,
+        as :meth:`_on_data` checks. Under the node's lock."""
+        n = self.node
+        return n._ld is ld and n._iters.get(rec.it) is rec and rec.buf is buf and buf.epoch == epoch
+
+    def _cover(
+        self,
+        rec: _Iter,
+        buf: IterBuffer,
+        *,
+        flags: int,
+        sender: int,
+        bucket: int,
+        ls: int,
+        le: int,
+        count: int,
+    ) -> str:
+        """Cover the shard-local bytes ``[ls, le)`` of ``buf``, received in place by ``count``
+        verified datagrams from ``sender`` and reserved meanwhile (nothing covered them), and
+        count them as :meth:`_on_data` would (:meth:`_account`): the rx counter reason. The
+        iteration cannot have been applied with these bytes uncovered. Under the node's
+        lock, after :meth:`_placed`."""
+        n = self.node
+        now = time.monotonic()
+        it = rec.it
+        n._trainer_rx_at = n._rank_rx_at[sender] = now
+        if it > n._rank_newest.get(sender, -1):
+            n._rank_newest[sender] = it
+        new = 0
+        for x, y in buf.cov.add(ls, le):
+            new += y - x
+        n.ev["direct_datagrams"] += count
+        owned = le - ls
+        return self._account(rec, buf, flags, sender, bucket=bucket, owned=owned, new=new, now=now)
+
+    def _run_extend(self, run: _Run) -> bool:
+        """Reserve the room ahead of the run's next chunk (:meth:`_run_room`, from the 56
+        bytes its header lands on when sealed): whether there is any. Under the node's
+        lock, with the run holding no reservation."""
+        lo = run.ls - _HSIZE if run.sealed else run.ls
+        end = self._run_room(run.buf, run.ls, lo, run.seg_end, run.chunk)
+        if end <= run.ls:
+            return False
+        run.entry = (lo, end)
+        run.end = end
+        run.buf.inflight.append(run.entry)
+        return True
 
     @staticmethod
     def _run_room(buf: IterBuffer, ls: int, lo: int, seg_end: int, chunk: int) -> int:
@@ -618,52 +652,31 @@ class Receiver:
         n = self.node
         buf = run.buf
         with n._lock:
-            if run.entry in buf.inflight:  # released already where a flush failed midway
+            if run.entry is not None:
                 buf.inflight.remove(run.entry)
+                run.entry = None
             rec = run.rec
-            valid = (
-                n._ld is run.ld
-                and n._iters.get(rec.it) is rec
-                and rec.buf is buf
-                and buf.epoch == run.epoch
-            )
+            valid = self._placed(run.ld, rec, buf, run.epoch)
             if count:
                 if valid:
-                    now = time.monotonic()
-                    sender, it = run.sender, rec.it
-                    n._trainer_rx_at = n._rank_rx_at[sender] = now
-                    if it > n._rank_newest.get(sender, -1):
-                        n._rank_newest[sender] = it
-                    new = 0
-                    for x, y in buf.cov.add(run.done, run.ls):
-                        new += y - x
-                    run.total += count
-                    reason = self._account(
+                    reason = self._cover(
                         rec,
                         buf,
-                        run.flags,
-                        sender,
+                        flags=run.flags,
+                        sender=run.sender,
                         bucket=run.bucket,
-                        owned=run.ls - run.done,
-                        new=new,
-                        now=now,
+                        ls=run.done,
+                        le=run.ls,
+                        count=count,
                     )
-                    n.ev["direct_datagrams"] += count
+                    run.total += count
                 else:
                     reason = "stale"
                 n.rx[reason] += count
             if bad:
                 n.rx["wire.bad_mac" if run.sealed else "wire.checksum"] += bad
             run.done = run.ls
-            keep = keep and valid and run.ls < run.seg_end
-            if keep:
-                lo = run.ls - _HSIZE if run.sealed else run.ls
-                end = self._run_room(buf, run.ls, lo, run.seg_end, run.chunk)
-                keep = end > run.ls
-                if keep:
-                    run.entry = (lo, end)
-                    run.end = end
-                    buf.inflight.append(run.entry)
+            keep = keep and valid and run.ls < run.seg_end and self._run_extend(run)
             if self._waiting:
                 self._inflight.notify_all()
         return keep
