@@ -14,9 +14,9 @@ CPU, one intra-op thread each) once per variant and round:
                       timeout and shard cuts, but no MAC key, nothing retained for NACKs
                       (``retain=0``: the FINAL bytes are never copied), no shadows (none run)
                       and no COMMITs
-* ``ring_mac`` (only when asked for) -- the clean ring with the session's MAC key and
-                      ``security.authenticate_data`` (the MACs on ACKs and DATA that in-band
-                      carries): in-band rows get ``vs_ring_mac`` too
+* ``ring_mac`` (only when asked for) -- the clean ring with the session's MAC key,
+                      ``security.authenticate_data`` and ``authenticate_ring`` (the MACs on
+                      ACKs and DATA that in-band carries): in-band rows get ``vs_ring_mac`` too
 * ``mirror``       -- shadowgrad mirror mode: gloo all-reduce, then every rank sends its slice
                       of the reduced gradients to the shadows itself
 * ``inband_notap`` -- in-band mode: the ring all-reduce crosses ``sg-switch-grpc`` running
@@ -207,6 +207,7 @@ def clean_ring(ddp: Any, spec_path: str, rank: int, *, macs: bool = False) -> An
         cuts=RingConfig.shard_cuts(layout.bucket_routes),
         key=spec.mac_key() if macs else None,
         authenticate_data=macs and spec.security.authenticate_data,
+        authenticate_ring=spec.security.authenticate_ring,
         shadows=(),
     )
     addrs = [(a.host, a.port) for a in spec.trainers.addresses]

@@ -102,6 +102,10 @@ Keys (``*`` = required; default otherwise):
     ``authenticate_data`` -- ``true`` or ``false``; DATA chunks carry a MAC too (COMMIT, NACK,
     READY and ACK always do; docs/security.md gives the cost and what ``false`` leaves open).
     Default ``true``.
+    ``authenticate_ring`` -- ``true`` or ``false``; in-band mode, with ``authenticate_data``: the
+    ring's DATA that only trainers receive (reduce-scatter, all-gather forwards) carries a MAC
+    too, not only the FINAL chunks the shadows receive (docs/security.md: what ``false`` leaves
+    open, and the cost). Default ``false``.
 
 ``[controller]`` (optional): the job's controller; without it (``address = None``) the trainers
 find the restore point themselves.
@@ -705,6 +709,19 @@ class SecuritySection:
                 "bool",
                 "DATA chunks carry a MAC too (COMMIT, NACK, READY and ACK always do; "
                 "docs/security.md gives the cost and what ``false`` leaves open).",
+            )
+        },
+    )
+    #: in-band: the ring's trainer-to-trainer DATA carries a MAC too (not only the FINAL chunks)
+    authenticate_ring: bool = field(
+        default=False,
+        metadata={
+            "schema": _Key(
+                "bool",
+                "in-band mode, with ``authenticate_data``: the ring's DATA that only trainers "
+                "receive (reduce-scatter, all-gather forwards) carries a MAC too, not only the "
+                "FINAL chunks the shadows receive (docs/security.md: what ``false`` leaves open, "
+                "and the cost).",
             )
         },
     )

@@ -144,7 +144,11 @@ def test_round_trip_token_file_and_replication() -> None:
     assert spec.num_shards == 2
     assert spec.timeouts.failure_detect_s == 120.0
     d = spec.to_dict()
-    assert d["security"] == {"token_file": "/run/secrets/tok", "authenticate_data": True}
+    assert d["security"] == {
+        "token_file": "/run/secrets/tok",
+        "authenticate_data": True,
+        "authenticate_ring": False,
+    }
     assert d["timeouts"]["heartbeat"] == "1500ms"
     assert d["timeouts"]["gap_repair"] == "500us"
     assert parse_spec(d, env=NOENV) == spec

@@ -1,7 +1,8 @@
-"""The in-band ring cuts its datagrams at the layout's shard boundaries: the switch maps a FINAL
-datagram to the one shard owning its first byte (p4/ingress_tap.p4), so no FINAL datagram may
-straddle a boundary. Property tests over random layouts and world sizes: the span function
-alone (many cases), and the real ring engine over an in-memory link (threads, fewer cases)."""
+"""The in-band ring's datagrams. It cuts them at the layout's shard boundaries: the switch maps a
+FINAL datagram to the one shard owning its first byte (p4/ingress_tap.p4), so no FINAL datagram
+may straddle a boundary. Property tests over random layouts and world sizes: the span function
+alone (many cases), and the real ring engine over an in-memory link (threads, fewer cases). And
+it seals (MACs) what shadows receive, the rest of its DATA only when asked to."""
 
 from __future__ import annotations
 
@@ -10,13 +11,16 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
+import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from shadowgrad.layout import Layout, ParamSpec, ddp_buckets
 from shadowgrad.trainer_hooks.ring import RingAllReduce, RingConfig
-from shadowgrad.wire import Flag, Kind, peek_header
+from shadowgrad.wire import DType, Flag, Kind, encode, mac_key, peek_header
+
+KEY = mac_key("ring-cuts-token", 1)
 
 
 @st.composite
@@ -179,3 +183,64 @@ def test_the_rings_final_datagrams_each_belong_to_one_shard(case: tuple[Layout, 
         h = peek_header(data)
         if h.kind == Kind.DATA and not h.flags & Flag.FINAL:
             assert h.length == 700 or (h.bucket, h.offset + h.length) in ends, h
+
+
+@pytest.mark.parametrize("whole_ring", [False, True])
+def test_the_ring_seals_what_shadows_receive(whole_ring: bool) -> None:
+    """With ``authenticate_data`` the FINAL datagrams (the switch's copies go to the shadows)
+    carry the MAC; the ring's other DATA does only with ``authenticate_ring``. A FINAL datagram
+    without a MAC is refused by the next rank as well, and with ``authenticate_ring`` any DATA
+    without one; the sums are exact either way."""
+    world, n = 4, 5000  # a power of two: the ring's mean is exact
+    net = _Net(world)
+    addrs = [("mem", i) for i in range(world)]
+    cfg = RingConfig(
+        job=1,
+        chunk_bytes=1024,
+        rto_s=0.05,
+        timeout_s=20,
+        key=KEY,
+        authenticate_data=True,
+        authenticate_ring=whole_ring,
+    )
+    rings = [RingAllReduce(r, world, net.link(r), addrs, cfg) for r in range(world)]
+    inputs = [torch.arange(n, dtype=torch.float32) * (r + 1) for r in range(world)]
+    outs: list[torch.Tensor | None] = [None] * world
+    errors: list[BaseException] = []
+
+    def run(r: int) -> None:
+        try:
+            t = inputs[r].clone()
+            rings[r].allreduce(0, 0, t)
+            outs[r] = t
+            rings[r]._drain(0.3)
+        except BaseException as e:
+            errors.append(e)
+
+    threads = [threading.Thread(target=run, args=(r,)) for r in range(world)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors, errors
+    want = sum(inputs) / world
+    for out in outs:
+        assert out is not None and torch.equal(out, want)
+    data = [peek_header(d) for d in net.sent if peek_header(d).kind == Kind.DATA]
+    finals = [h for h in data if h.flags & Flag.FINAL]
+    others = [h for h in data if not h.flags & Flag.FINAL]
+    assert finals and others
+    assert all(h.flags & Flag.MAC for h in finals)
+    assert all(bool(h.flags & Flag.MAC) == whole_ring for h in others)
+    # the receive side: unsealed DATA from the previous rank
+    ring = rings[1]
+    fields: dict[str, Any] = dict(job=1, sender=0, iteration=9, layout=0, dtype=DType.FLOAT32)
+    before = ring.stats["rx_unauthenticated"]
+    final = encode(Kind.DATA, seq=ring._rx_cum, flags=Flag.FINAL, payload=bytes(64), **fields)
+    ring._on_datagram(memoryview(final), addrs[0])
+    assert ring.stats["rx_unauthenticated"] == before + 1
+    other = encode(Kind.DATA, seq=ring._rx_cum, payload=bytes(64), **fields)
+    taken = ring.stats["rx_data"]
+    ring._on_datagram(memoryview(other), addrs[0])
+    assert ring.stats["rx_unauthenticated"] == before + 1 + whole_ring
+    assert ring.stats["rx_data"] == taken + (not whole_ring)

@@ -969,6 +969,7 @@ class Shadowgrad:
             cuts=RingConfig.shard_cuts(self.layout.bucket_routes),
             key=self._key,
             authenticate_data=self.spec.security.authenticate_data,
+            authenticate_ring=self.spec.security.authenticate_ring,
             shadows=tuple(shadow_addrs),
         )
         ring = RingAllReduce(self.rank, self.group.world, link, addrs, cfg)

@@ -27,6 +27,12 @@ forwards are untagged, so each reduced byte is tagged exactly once per iteration
 a shadow's NACK for them is answered with FINAL|RETX DATA sent straight to the shadow. With
 ``retain=0`` (a ring without shadows) they are never copied and every NACK is unavailable; the
 FINAL tagging, a header bit, is the same.
+
+**MACs.** With ``authenticate_data`` the DATA a shadow receives carries the GMAC trailer: the
+FINAL datagrams (the switch copies them to the shadows) and the NACK repairs; a FINAL datagram
+without one is refused here too. The rest of the ring's DATA goes from trainer to trainer only,
+as a collective library's does, and carries none unless ``authenticate_ring`` (docs/security.md
+says what that leaves open). ACKs always carry one.
 """
 
 from __future__ import annotations
@@ -78,6 +84,8 @@ _WIRE_DTYPE = GRAD_WIRE_DTYPES
 
 
 _REQUIRE_DATA = AUTHENTICATED_KINDS | {Kind.DATA}
+#: a FINAL datagram without a MAC: ``flags & _FINAL_UNSEALED == Flag.FINAL``
+_FINAL_UNSEALED = Flag.FINAL | Flag.MAC
 
 
 class TransportError(ShadowgradError):
@@ -99,10 +107,14 @@ class RingConfig:
     #: shard that owns its first byte, so none may straddle a boundary (the ring's other
     #: datagrams are not mapped and are not cut)
     cuts: tuple[tuple[int, ...], ...] = ()
-    #: the job's record key (``wire.mac_key``): ACKs and NACKs carry / need a MAC, DATA too
-    #: with ``authenticate_data``; None authenticates nothing (tests of the bare transport)
+    #: the job's record key (``wire.mac_key``): ACKs and NACKs carry / need a MAC, and with
+    #: ``authenticate_data`` the DATA a shadow receives (FINAL datagrams, the switch's copies,
+    #: and NACK repairs); None authenticates nothing (tests of the bare transport)
     key: bytes | None = None
     authenticate_data: bool = False
+    #: with ``authenticate_data``, the ring's other DATA too (reduce-scatter and the all-gather's
+    #: forwards, which only trainers receive): 28 more bytes and a GMAC on each end per datagram
+    authenticate_ring: bool = False
     #: the job's shadows: only they may NACK (empty: NACKs are not answered)
     shadows: tuple[tuple[str, int], ...] = ()
 
@@ -191,6 +203,8 @@ class RingAllReduce:
         self.max_send_wait_s = 0.0
         self._key = config.key
         self._auth_data = config.authenticate_data and config.key is not None
+        #: every DATA datagram is sealed and must be (not only the FINAL ones)
+        self._auth_ring = self._auth_data and config.authenticate_ring
         #: seals DATA into the room in front of the payload (None: DATA is not authenticated)
         self._sealer = (
             DataSealer(config.key, job=config.job, sender=self.rank, layout=config.layout)
@@ -400,7 +414,8 @@ class RingAllReduce:
                 self.max_send_wait_s = max(self.max_send_wait_s, time.monotonic() - t0)
             room: memoryview | None = None
             payload: bytes | memoryview
-            if self._sealer is not None:  # one copy into the datagram's own buffer
+            if self._sealer is not None and (self._auth_ring or flags & Flag.FINAL):
+                # sealed (what a shadow receives): one copy into the datagram's own buffer
                 room = memoryview(bytearray(HEADER_SIZE + end - off))
                 room[HEADER_SIZE:] = ctx.raw[off:end]
                 payload = room[HEADER_SIZE:]
@@ -477,9 +492,9 @@ class RingAllReduce:
         out = self._unacked[seq]
         flags = out.flags | (int(Flag.RETX) if retx else 0)
         sealer = self._sealer
-        if sealer is not None:  # authenticated: _send_chunk gave every datagram its room
-            room = out.room
-            assert room is not None
+        room = out.room
+        if room is not None:  # sealed: _send_chunk gave the datagram its room
+            assert sealer is not None
             # the header is (re)written in the room in front of the payload: no copy for the MAC
             h = out.header
             tag = sealer.seal(
@@ -529,12 +544,15 @@ class RingAllReduce:
                 job=self.cfg.job,
                 layout=self.cfg.layout,
                 key=self._key,
-                require=_REQUIRE_DATA if self._auth_data else AUTHENTICATED_KINDS,
+                require=_REQUIRE_DATA if self._auth_ring else AUTHENTICATED_KINDS,
             )
         except WireError as exc:
             self.stats["rx_" + exc.reason] += 1
             return
         h = msg.header
+        if self._auth_data and h.flags & _FINAL_UNSEALED == Flag.FINAL:
+            self.stats["rx_unauthenticated"] += 1  # FINAL bytes are what shadows checkpoint
+            return
         if h.kind is Kind.DATA and h.sender == self.prev_rank and from_prev:
             self._on_data(h, msg.payload)
         elif h.kind is Kind.ACK and h.sender == (self.rank + 1) % self.world and from_next:
