@@ -14,6 +14,7 @@ IPv4): the shadowgrad header carries its own CRC-32C over header and payload.
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import struct
 from typing import NamedTuple
@@ -22,11 +23,14 @@ __all__ = [
     "FRAME_OVERHEAD",
     "MAX_FRAMED_DATAGRAM",
     "Frame",
+    "FrameHeader",
     "port_mac",
     "parse_mac",
     "csum16",
     "format_mac",
+    "frame_header",
     "encode_frame",
+    "decode_frame_header",
     "decode_frame",
 ]
 
@@ -82,6 +86,46 @@ def csum16(data: bytes) -> int:
     return ~s & 0xFFFF
 
 
+@functools.lru_cache(maxsize=4096)
+def _packed(host: str) -> bytes:
+    return ipaddress.IPv4Address(host).packed
+
+
+@functools.lru_cache(maxsize=4096)
+def _text(packed: bytes) -> str:
+    return str(ipaddress.IPv4Address(packed))
+
+
+def frame_header(
+    length: int,
+    *,
+    src: tuple[str, int],
+    dst: tuple[str, int],
+    src_mac: int,
+    dst_mac: int,
+    ident: int = 0,
+) -> bytes:
+    """The :data:`FRAME_OVERHEAD` bytes (Ethernet, IPv4, UDP) that precede a ``length``-byte
+    datagram from ``src`` (IPv4, UDP port) to ``dst`` in its frame: send them and the
+    datagram's parts in one gather (``sendmsg``) and the datagram is never copied."""
+    if length > MAX_FRAMED_DATAGRAM:
+        raise ValueError(
+            f"datagram of {length} bytes does not fit a framed loopback datagram "
+            f"(at most {MAX_FRAMED_DATAGRAM})"
+        )
+    sip, dip = _packed(src[0]), _packed(dst[0])
+    total = _IP.size + _UDP.size + length
+    ip0 = _IP.pack(0x45, 0, total, ident & 0xFFFF, 0x4000, 64, _PROTO_UDP, 0, sip, dip)
+    ip = _IP.pack(0x45, 0, total, ident & 0xFFFF, 0x4000, 64, _PROTO_UDP, csum16(ip0), sip, dip)
+    return b"".join(
+        (
+            _ETH.pack(dst_mac.to_bytes(6, "big"), src_mac.to_bytes(6, "big"), _ETHERTYPE_IPV4),
+            ip,
+            _UDP.pack(src[1], dst[1], _UDP.size + length, 0),
+        )
+    )
+
+
 def encode_frame(
     datagram: bytes | bytearray | memoryview,
     *,
@@ -92,33 +136,28 @@ def encode_frame(
     ident: int = 0,
 ) -> bytes:
     """The frame carrying ``datagram`` from ``src`` (IPv4, UDP port) to ``dst``."""
-    n = len(datagram)
-    if n > MAX_FRAMED_DATAGRAM:
-        raise ValueError(
-            f"datagram of {n} bytes does not fit a framed loopback datagram "
-            f"(at most {MAX_FRAMED_DATAGRAM})"
-        )
-    sip = ipaddress.IPv4Address(src[0]).packed
-    dip = ipaddress.IPv4Address(dst[0]).packed
-    total = _IP.size + _UDP.size + n
-    ip0 = _IP.pack(0x45, 0, total, ident & 0xFFFF, 0x4000, 64, _PROTO_UDP, 0, sip, dip)
-    ip = _IP.pack(0x45, 0, total, ident & 0xFFFF, 0x4000, 64, _PROTO_UDP, csum16(ip0), sip, dip)
-    return b"".join(
-        (
-            _ETH.pack(dst_mac.to_bytes(6, "big"), src_mac.to_bytes(6, "big"), _ETHERTYPE_IPV4),
-            ip,
-            _UDP.pack(src[1], dst[1], _UDP.size + n, 0),
-            bytes(datagram),
-        )
+    head = frame_header(
+        len(datagram), src=src, dst=dst, src_mac=src_mac, dst_mac=dst_mac, ident=ident
     )
+    return head + bytes(datagram)
 
 
-def decode_frame(frame: bytes | bytearray | memoryview) -> Frame | None:
-    """The UDP payload and addresses of an Ethernet/IPv4/UDP frame, or None when ``frame`` is
-    anything else (ARP, TCP, IPv4 options or fragments, a truncated or inconsistent frame).
-    The IPv4 header checksum is verified (a frame with a bad one is None)."""
-    mv = memoryview(frame)
-    if len(mv) < FRAME_OVERHEAD:
+class FrameHeader(NamedTuple):
+    """A frame's parsed headers: addresses (IPv4 as text), ports, the UDP payload's length."""
+
+    dst_mac: int
+    src_mac: int
+    src: tuple[str, int]
+    dst: tuple[str, int]
+    length: int
+
+
+def decode_frame_header(head: bytes | bytearray | memoryview, size: int) -> FrameHeader | None:
+    """The headers of a ``size``-byte frame whose first :data:`FRAME_OVERHEAD` bytes are
+    ``head`` (its payload received elsewhere), or None when it is not an Ethernet/IPv4/UDP
+    frame :func:`decode_frame` would take."""
+    mv = memoryview(head)
+    if size < FRAME_OVERHEAD or len(mv) < FRAME_OVERHEAD:
         return None
     dmac, smac, etype = _ETH.unpack_from(mv, 0)
     if etype != _ETHERTYPE_IPV4:
@@ -129,13 +168,23 @@ def decode_frame(frame: bytes | bytearray | memoryview) -> Frame | None:
     if csum16(bytes(mv[_ETH.size : _ETH.size + _IP.size])) != 0:
         return None
     sport, dport, ulen, _uc = _UDP.unpack_from(mv, _ETH.size + _IP.size)
-    if total != _IP.size + ulen or _ETH.size + total > len(mv) or ulen < _UDP.size:
+    if total != _IP.size + ulen or _ETH.size + total > size or ulen < _UDP.size:
         return None
-    start = FRAME_OVERHEAD
-    return Frame(
+    return FrameHeader(
         int.from_bytes(dmac, "big"),
         int.from_bytes(smac, "big"),
-        (str(ipaddress.IPv4Address(sip)), sport),
-        (str(ipaddress.IPv4Address(dip)), dport),
-        mv[start : start + ulen - _UDP.size],
+        (_text(bytes(sip)), sport),
+        (_text(bytes(dip)), dport),
+        ulen - _UDP.size,
     )
+
+
+def decode_frame(frame: bytes | bytearray | memoryview) -> Frame | None:
+    """The UDP payload and addresses of an Ethernet/IPv4/UDP frame, or None when ``frame`` is
+    anything else (ARP, TCP, IPv4 options or fragments, a truncated or inconsistent frame).
+    The IPv4 header checksum is verified (a frame with a bad one is None)."""
+    mv = memoryview(frame)
+    h = decode_frame_header(mv[:FRAME_OVERHEAD], len(mv))
+    if h is None:
+        return None
+    return Frame(h.dst_mac, h.src_mac, h.src, h.dst, mv[FRAME_OVERHEAD : FRAME_OVERHEAD + h.length])

@@ -18,7 +18,7 @@ import socket
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
-from shadowgrad.frames import decode_frame, encode_frame
+from shadowgrad.frames import FRAME_OVERHEAD, decode_frame_header, frame_header
 
 __all__ = ["Address", "Link", "UdpLink", "FrameLink", "FaultyLink", "TapLink"]
 
@@ -123,7 +123,7 @@ class FrameLink(UdpLink):
         self.mac = mac
         self.peers = dict(peers)
         self._ident = 0
-        self._scratch = bytearray(65536)
+        self._head = bytearray(FRAME_OVERHEAD)  # a received frame's headers
         self.rx_bad_frames = 0
         self.tx_frames = 0
         self.rx_frames = 0
@@ -133,40 +133,59 @@ class FrameLink(UdpLink):
         if dmac is None:
             return super().send(parts, addr)
         self._ident = (self._ident + 1) & 0xFFFF
-        frame = encode_frame(
-            b"".join(parts),
+        head = frame_header(
+            sum(memoryview(p).nbytes for p in parts),
             src=self.me,
             dst=addr,
             src_mac=self.mac,
             dst_mac=dmac,
             ident=self._ident,
         )
-        try:
-            self.sock.sendto(frame, self.switch)
-        except (BlockingIOError, OSError):
-            self.send_errors += 1
+        if not super().send([head, *parts], self.switch):  # one gather: nothing copied
             return False
         self.tx_frames += 1
         return True
 
     def recv_into(self, buf: bytearray, timeout_s: float) -> tuple[int, Address] | None:
+        """A frame's payload lands straight in ``buf``: its headers in a buffer of their own
+        (one ``recvmsg_into``); a plain datagram (not from the switch) is put back together."""
+        head = self._head
+        parts = [head, buf]
         while True:
-            got = super().recv_into(self._scratch, timeout_s)
+            got = self._recv_parts(parts, timeout_s)
             if got is None:
                 return None
             n, src = got
-            if (src[0], src[1]) != self.switch:
-                buf[:n] = memoryview(self._scratch)[:n]
-                return n, src
-            f = decode_frame(memoryview(self._scratch)[:n])
-            if f is None or f.dst != self.me:
+            if (src[0], src[1]) != self.switch:  # its first FRAME_OVERHEAD bytes are in head
+                k = min(n, len(buf))
+                if k > FRAME_OVERHEAD:
+                    buf[FRAME_OVERHEAD:k] = buf[: k - FRAME_OVERHEAD]
+                buf[: min(k, FRAME_OVERHEAD)] = head[: min(k, FRAME_OVERHEAD)]
+                return k, src
+            f = decode_frame_header(head, n)
+            if f is None or f.dst != self.me or f.length > len(buf):  # len(buf): truncated
                 self.rx_bad_frames += 1
                 timeout_s = 0.0
                 continue
-            k = len(f.payload)
-            buf[:k] = f.payload
             self.rx_frames += 1
-            return k, f.src
+            return f.length, f.src
+
+    def _recv_parts(self, parts: list[bytearray], timeout_s: float) -> tuple[int, Address] | None:
+        try:
+            n, _anc, _flags, addr = self.sock.recvmsg_into(parts)
+            return n, addr
+        except BlockingIOError:
+            pass
+        if timeout_s <= 0:
+            return None
+        ready, _, _ = select.select([self.sock], [], [], timeout_s)
+        if not ready:
+            return None
+        try:
+            n, _anc, _flags, addr = self.sock.recvmsg_into(parts)
+        except BlockingIOError:
+            return None
+        return n, addr
 
 
 class FaultyLink:
