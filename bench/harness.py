@@ -97,8 +97,8 @@ def _ratio(x: Any) -> str:
 
 #: what each of the ranks' threads does, for the in-band CPU sentence
 _THREAD_ROLES = {
-    "shadowgrad-ring": "the ring engine (sealing and verifying every datagram, retaining the "
-    "FINAL bytes, the DDP hook's futures)",
+    "shadowgrad-ring": "the ring engine (sealing and verifying the FINAL datagrams and the "
+    "ACKs, retaining the FINAL bytes, answering NACKs, the DDP hook's futures)",
     "MainThread": "the training thread (shadowgrad's step and COMMIT)",
     "shadowgrad-health": "the health monitor (status polls of every shadow)",
     "shadowgrad-mirror": "the COMMIT sender",
@@ -978,9 +978,10 @@ def analyze(found: dict[str, tuple[Path, Doc | None]]) -> Doc:
         r = rows[(x["size"], "inband" + ("@pinned" if x["pinned"] else ""))]
         mine = _get(r, "per_rank_per_iter", "link_bytes") or []
         theirs = x.get("ring_bytes_per_rank_iter") or []
-        grams = _get(r, "per_rank_per_iter", "link_datagrams") or []
-        if all(_num(v) is not None for v in [*mine, *theirs, *grams]) and mine and theirs:
-            # every datagram an in-band rank sends (DATA, ACK, COMMIT) carries a MAC trailer
+        # the datagrams with a MAC trailer (FINAL DATA, ACKs, COMMITs; runs before the count
+        # existed have none, and no breakdown)
+        grams = _get(r, "per_rank_per_iter", "link_sealed") or []
+        if all(_num(v) is not None for v in [*mine, *theirs, *grams]) and mine and theirs and grams:
             excess = sum(mine) - sum(theirs)
             macs = sum(grams) * MAC_SIZE
             x["bytes_excess_breakdown"] = {
@@ -1327,10 +1328,10 @@ def render_goals(g: Doc) -> list[str]:
                 "",
                 f"{where}, bytes: in-band sends {_f(extra.get('excess'))} B more per "
                 f"iteration; {_f(extra.get('mac_bytes'))} B of them are the MAC trailers of "
-                f"{_f(extra.get('datagrams'), 1)} DATA datagrams ({extra.get('mac_size')} B "
-                "each, the authentication the shadows verify, which the clean ring does not "
-                f"carry), the other {_f(extra.get('other'))} B the COMMIT records and what "
-                "else the session sends.",
+                f"{_f(extra.get('datagrams'), 1)} datagrams ({extra.get('mac_size')} B "
+                "each: the FINAL DATA the shadows verify, the ACKs and the COMMITs carry one, "
+                f"the clean ring's none), the other {_f(extra.get('other'))} B the COMMIT "
+                "records and what else the session sends.",
             ]
         if not x.get("cpu_met"):
             out += [

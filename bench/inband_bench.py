@@ -223,14 +223,22 @@ def clean_ring(ddp: Any, spec_path: str, rank: int, *, macs: bool = False) -> An
 
 
 def count_sends(link: Any) -> list[int]:
-    """Count every datagram ``link`` sends from now on: ``[datagrams, bytes]`` (UDP payload
-    bytes; a frame through the switch adds its Ethernet/IPv4/UDP headers on the switch port)."""
-    sent = [0, 0]
+    """Count every datagram ``link`` sends from now on: ``[datagrams, bytes, sealed]`` (UDP
+    payload bytes; a frame through the switch adds its Ethernet/IPv4/UDP headers on the switch
+    port; ``sealed``: those whose header has the MAC flag, i.e. carry a MAC trailer)."""
+    from shadowgrad.wire import HEADER_FIELDS, Flag
+
+    # the header's flags byte (every part list starts with the header)
+    at = sum(w for _n, w in HEADER_FIELDS[: [n for n, _w in HEADER_FIELDS].index("flags")]) // 8
+    mac = int(Flag.MAC)
+    sent = [0, 0, 0]
     inner = link.send
 
     def send(parts: Any, addr: Any) -> bool:
         sent[0] += 1
         sent[1] += sum(map(len, parts))
+        if len(parts[0]) > at and parts[0][at] & mac:
+            sent[2] += 1
         ok: bool = inner(parts, addr)
         return ok
 
@@ -358,6 +366,7 @@ def worker(args: argparse.Namespace) -> None:
     mine["rank_tcp_bytes"] = None if tcp0 is None or tcp1 is None else tcp1 - tcp0
     mine["rank_link_datagrams"] = None if sent is None else sent[0] - sent0[0]
     mine["rank_link_bytes"] = None if sent is None else sent[1] - sent0[1]
+    mine["rank_link_sealed"] = None if sent is None else sent[2] - sent0[2]
     if rank == 0:
         print("MEASURE end", flush=True)
     extra: dict[str, Any] = {}
@@ -802,6 +811,7 @@ def summarize(size: str, variant: str, runs: list[dict[str, Any]], buckets: int)
         "switch_rx_packets": _per_rank(runs, "switch_rank_rx_packets", ran),
         "link_bytes": _per_rank(runs, "rank_link_bytes", its),
         "link_datagrams": _per_rank(runs, "rank_link_datagrams", its),
+        "link_sealed": _per_rank(runs, "rank_link_sealed", its),
         "ring_data": _ring_per_rank(runs, "data_sent", ran),
         "ring_retx": _ring_per_rank(runs, "retx", ran),
         "ring_acks": _ring_per_rank(runs, "ack_sent", ran),
