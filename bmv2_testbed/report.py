@@ -1189,6 +1189,18 @@ def _overhead_lines(s: Mapping[str, Any]) -> list[str]:
             f"trainer overhead: x{ratio:.3f} ({pct:+.1f} %), {ckpt * 1000:.2f} ms/step with "
             f"shadowgrad vs {base * 1000:.2f} ms without (unfaulted runs{cached})"
         )
+        if ratio < 1:
+            mode = s.get("mode") or _map(s.get("scenario")).get("mode")
+            lines.append(
+                "  below x1: "
+                + (
+                    "in-band, the job with shadowgrad all-reduces over its own UDP ring through "
+                    "the switch, the job without it over gloo's TCP; that ring was the faster here"
+                    if mode == "in-band"
+                    else "both runs all-reduce with gloo and shadowgrad only adds work: the "
+                    "difference is the step times' noise"
+                )
+            )
     mean, ref = _num(fvu.get("run_mean_step_s")), _num(fvu.get("reference_mean_step_s"))
     f_ratio = _num(fvu.get("ratio"))
     f_pct = _num(fvu.get("overhead_pct" if legacy else "pct"))

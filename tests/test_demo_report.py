@@ -634,3 +634,23 @@ def test_a_shadow_kill_training_outran_is_a_note_not_a_problem() -> None:
     assert obs["faults"][0]["observable_s"] == pytest.approx(3.5)
     s = rp.summarize({**make_record(), "faults": obs["faults"]})
     assert any("not detected, although down 3.5 s" in n for n in s["problems"]), s["problems"]
+
+
+@pytest.mark.parametrize("mode", ["in-band", "mirror"])
+def test_an_overhead_below_one_says_why(mode: str) -> None:
+    s = rp.summarize(make_record())
+    s["mode"] = mode
+    s["trainer_overhead"] = {
+        **s["trainer_overhead"],
+        "checkpointed_mean_step_s": 0.06895,
+        "plain_mean_step_s": 0.07717,
+        "ratio": 0.893,
+        "overhead_pct": -10.7,
+    }
+    text = rp.render_summary(s)
+    assert "trainer overhead: x0.893 (-10.7 %), 68.95 ms/step with shadowgrad vs 77.17" in text
+    why = "own UDP ring through the switch" if mode == "in-band" else "the step times' noise"
+    assert "below x1: " in text and why in text
+    # at x1 or above there is nothing to explain
+    s["trainer_overhead"]["ratio"] = 1.02
+    assert "below x1" not in rp.render_summary(s)
