@@ -1195,7 +1195,8 @@ def _overhead_lines(s: Mapping[str, Any]) -> list[str]:
                 "  below x1: "
                 + (
                     "in-band, the job with shadowgrad all-reduces over its own UDP ring through "
-                    "the switch, the job without it over gloo's TCP; that ring was the faster here"
+                    "the switch, the job without it over gloo's TCP: their difference and the "
+                    "step times' noise show here, no saving from checkpointing"
                     if mode == "in-band"
                     else "both runs all-reduce with gloo and shadowgrad only adds work: the "
                     "difference is the step times' noise"
