@@ -45,16 +45,6 @@ _ETHERTYPE_IPV4 = 0x0800
 _PROTO_UDP = 17
 
 
-class Frame(NamedTuple):
-    """A decoded frame: addresses (IPv4 as text), ports, and the UDP payload (a view)."""
-
-    dst_mac: int
-    src_mac: int
-    src: tuple[str, int]
-    dst: tuple[str, int]
-    payload: memoryview
-
-
 def port_mac(port: int) -> int:
     """The default MAC of the host on switch port ``port``: ``02:53:47:00:0p:pp``
     (locally administered, "SG"), used when the job spec names no MAC for it."""
@@ -152,6 +142,25 @@ class FrameHeader(NamedTuple):
     length: int
 
 
+class Frame(NamedTuple):
+    """A decoded frame: its headers and the UDP payload (a view)."""
+
+    header: FrameHeader
+    payload: memoryview
+
+    @property
+    def src(self) -> tuple[str, int]:
+        return self.header.src
+
+    @property
+    def dst(self) -> tuple[str, int]:
+        return self.header.dst
+
+    @property
+    def dst_mac(self) -> int:
+        return self.header.dst_mac
+
+
 def decode_frame_header(head: bytes | bytearray | memoryview, size: int) -> FrameHeader | None:
     """The headers of a ``size``-byte frame whose first :data:`FRAME_OVERHEAD` bytes are
     ``head`` (its payload received elsewhere), or None when it is not an Ethernet/IPv4/UDP
@@ -187,4 +196,4 @@ def decode_frame(frame: bytes | bytearray | memoryview) -> Frame | None:
     h = decode_frame_header(mv[:FRAME_OVERHEAD], len(mv))
     if h is None:
         return None
-    return Frame(h.dst_mac, h.src_mac, h.src, h.dst, mv[FRAME_OVERHEAD : FRAME_OVERHEAD + h.length])
+    return Frame(h, mv[FRAME_OVERHEAD : FRAME_OVERHEAD + h.length])

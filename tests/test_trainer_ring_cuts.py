@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import queue
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import pytest
@@ -90,6 +90,24 @@ class _Link:
         pass
 
 
+def _on_every_rank(world: int, run: Callable[[int], None]) -> None:
+    """``run(rank)`` for every rank at once, one thread each; raises what any of them raised."""
+    errors: list[BaseException] = []
+
+    def guarded(r: int) -> None:
+        try:
+            run(r)
+        except BaseException as e:
+            errors.append(e)
+
+    threads = [threading.Thread(target=guarded, args=(r,)) for r in range(world)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors, errors
+
+
 @settings(max_examples=300, deadline=None)
 @given(layouts(), st.sampled_from([64, 256, 1000, 8192]))
 def test_spans_never_straddle_a_shard_boundary(case: tuple[Layout, int], step: int) -> None:
@@ -152,23 +170,14 @@ def test_the_rings_final_datagrams_each_belong_to_one_shard(case: tuple[Layout, 
         ring.tap = tap
         rings.append(ring)
     sizes = [routes[-1].end // 4 for routes in lay.bucket_routes]
-    errors: list[BaseException] = []
 
     def run(r: int) -> None:
-        try:
-            for b, n in enumerate(sizes):
-                rings[r].allreduce(0, b, torch.ones(n))
-            rings[r]._drain(0.5)
-        except BaseException as e:
-            errors.append(e)
+        for b, n in enumerate(sizes):
+            rings[r].allreduce(0, b, torch.ones(n))
+        rings[r]._drain(0.5)
 
     # a datagram that straddles raises in tap() on the sending rank's thread
-    threads = [threading.Thread(target=run, args=(r,)) for r in range(world)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
-    assert not errors, errors
+    _on_every_rank(world, run)
     covered: dict[int, int] = {}
     for b, off, length in finals:
         r = _owner(lay, b, off)
@@ -206,23 +215,14 @@ def test_the_ring_seals_what_shadows_receive(whole_ring: bool) -> None:
     rings = [RingAllReduce(r, world, net.link(r), addrs, cfg) for r in range(world)]
     inputs = [torch.arange(n, dtype=torch.float32) * (r + 1) for r in range(world)]
     outs: list[torch.Tensor | None] = [None] * world
-    errors: list[BaseException] = []
 
     def run(r: int) -> None:
-        try:
-            t = inputs[r].clone()
-            rings[r].allreduce(0, 0, t)
-            outs[r] = t
-            rings[r]._drain(0.3)
-        except BaseException as e:
-            errors.append(e)
+        t = inputs[r].clone()
+        rings[r].allreduce(0, 0, t)
+        outs[r] = t
+        rings[r]._drain(0.3)
 
-    threads = [threading.Thread(target=run, args=(r,)) for r in range(world)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
-    assert not errors, errors
+    _on_every_rank(world, run)
     want = sum(inputs) / world
     for out in outs:
         assert out is not None and torch.equal(out, want)

@@ -74,9 +74,15 @@ class UdpLink:
         return True
 
     def recv_into(self, buf: bytearray, timeout_s: float) -> tuple[int, Address] | None:
+        return self._wait(lambda: self.sock.recvfrom_into(buf), timeout_s)
+
+    def _wait(
+        self, recv: Callable[[], tuple[int, Address]], timeout_s: float
+    ) -> tuple[int, Address] | None:
+        """``recv()`` now, else once the socket is readable within ``timeout_s``; None if
+        nothing came."""
         try:
-            n, addr = self.sock.recvfrom_into(buf)
-            return n, addr
+            return recv()
         except BlockingIOError:
             pass
         if timeout_s <= 0:
@@ -85,10 +91,9 @@ class UdpLink:
         if not ready:
             return None
         try:
-            n, addr = self.sock.recvfrom_into(buf)
+            return recv()
         except BlockingIOError:
             return None
-        return n, addr
 
     def fileno(self) -> int:
         """The socket's descriptor: readable when a datagram waits (a transport that idles
@@ -171,21 +176,11 @@ class FrameLink(UdpLink):
             return f.length, f.src
 
     def _recv_parts(self, parts: list[bytearray], timeout_s: float) -> tuple[int, Address] | None:
-        try:
+        def recv() -> tuple[int, Address]:
             n, _anc, _flags, addr = self.sock.recvmsg_into(parts)
             return n, addr
-        except BlockingIOError:
-            pass
-        if timeout_s <= 0:
-            return None
-        ready, _, _ = select.select([self.sock], [], [], timeout_s)
-        if not ready:
-            return None
-        try:
-            n, _anc, _flags, addr = self.sock.recvmsg_into(parts)
-        except BlockingIOError:
-            return None
-        return n, addr
+
+        return self._wait(recv, timeout_s)
 
 
 class FaultyLink:
