@@ -182,8 +182,8 @@ def decode_frame_header(head: bytes | bytearray | memoryview, size: int) -> Fram
     return FrameHeader(
         int.from_bytes(dmac, "big"),
         int.from_bytes(smac, "big"),
-        (_text(bytes(sip)), sport),
-        (_text(bytes(dip)), dport),
+        (_text(sip), sport),
+        (_text(dip), dport),
         ulen - _UDP.size,
     )
 
