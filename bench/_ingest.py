@@ -300,18 +300,28 @@ def _udp(rcvbuf: int = 64 * 2**20) -> socket.socket:
     return s
 
 
-def recv_all(sock: socket.socket, expected: int) -> tuple[int, int, float, float]:
+def recv_all(
+    sock: socket.socket, expected: int, dest: bytearray | None = None
+) -> tuple[int, int, float, float]:
     """Receive until ``expected`` datagrams came or none for 0.5 s: how many, their bytes, and
-    when the first and the last came (``perf_counter``)."""
-    buf = bytearray(65536)
+    when the first and the last came (``perf_counter``). Into one 64 KiB buffer, or with
+    ``dest`` each datagram right after the last one in it (from the start again at its end)."""
     sock.settimeout(0.5)
     got = nbytes = 0
     t_first = t_last = 0.0
+    if dest is None:
+        buf = memoryview(bytearray(65536))
+        view, span = buf, 0
+    else:
+        view, span = memoryview(dest), len(dest) - 65536
+    pos = 0
     while got < expected:
         try:
-            n = sock.recv_into(buf)
+            n = sock.recv_into(view[pos : pos + 65536] if span else buf)
         except TimeoutError:
             break
+        if span:
+            pos = pos + n if pos + n < span else 0
         t_last = time.perf_counter()
         if got == 0:
             t_first = t_last

@@ -273,3 +273,26 @@ def test_goals_follow_from_the_bench_json_by_the_planner() -> None:
     assert sg["useful"] > dcp["useful"]
     text = "\n".join(harness.render_goals(g))
     assert "every 150 it." in text and "## Goals" in text
+
+
+def test_bare_loop_into_a_box_places_datagrams_one_after_another() -> None:
+    """auth_bench's ``bare_box`` receiver: each datagram lands right after the last in the
+    buffer, and the loop starts again at its start where the next might not fit."""
+    import socket
+
+    ing = _load("_ingest")
+    rx = ing._udp(rcvbuf=2**20)
+    tx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        sizes = [1000, 65000, 600, 7]
+        for i, n in enumerate(sizes):
+            tx.sendto(bytes([i + 1]) * n, rx.getsockname())
+        box = bytearray(65536 + 66500)  # the third ends past 66,500: the fourth at the start
+        got, nbytes, t0, t1 = ing.recv_all(rx, len(sizes), dest=box)
+        assert (got, nbytes) == (4, sum(sizes)) and t1 >= t0
+        assert box[:7] == b"\x04" * 7 and box[7:1000] == b"\x01" * 993
+        assert box[1000:66000] == b"\x02" * 65000 and box[66000:66600] == b"\x03" * 600
+        assert box[66600:] == bytes(len(box) - 66600)
+    finally:
+        rx.close()
+        tx.close()
