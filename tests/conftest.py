@@ -14,6 +14,7 @@ import threading
 import time
 import warnings
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -67,6 +68,14 @@ def reap_children() -> Iterator[None]:
     if leaked:
         warnings.warn(f"test left child processes {sorted(leaked)}; reaping them", stacklevel=1)
         _reap(leaked)
+
+
+@pytest.fixture(scope="session")
+def plain_refs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Where the soaks of this session keep ``examples/train_plain.py``'s references (one per
+    step count, ``tools/soak.py --plain-dir``): a step count's reference is computed once,
+    not once per soak."""
+    return tmp_path_factory.mktemp("plain-refs")
 
 
 @pytest.fixture(autouse=True)

@@ -18,9 +18,13 @@ from shadowgrad.testing.processes import run_soak
 
 
 @pytest.mark.slow
-def test_a_stranger_can_neither_change_the_checkpoint_nor_pull_gradients(tmp_path: Path) -> None:
+def test_a_stranger_can_neither_change_the_checkpoint_nor_pull_gradients(
+    tmp_path: Path, plain_refs: Path
+) -> None:
     out = tmp_path / "report.json"
-    r = run_soak(tmp_path / "work", out, "--steps", "200", "--attack", timeout_s=900)
+    r = run_soak(
+        tmp_path / "work", out, "--steps", "200", "--attack", timeout_s=900, plain_dir=plain_refs
+    )
     (rep,) = json.loads(out.read_text())
     assert rep["ok"], rep["failures"]
     a = rep["attack"]

@@ -16,6 +16,7 @@ import socket
 import threading
 import time
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -354,9 +355,10 @@ def test_session_digest_is_the_layout_digest_for_generation_zero() -> None:
 # --------------------------------------------------------------------------- the soak
 
 
-def _soak(tmp: Path, *args: str) -> list[dict[str, Any]]:
+def _soak(tmp: Path, *args: str, refs: Path) -> list[dict[str, Any]]:
+    """``tools/soak.py ARGS`` in ``tmp``, train_plain.py's references kept in ``refs``."""
     out = tmp / "soak.json"
-    proc = run_soak(tmp, out, *args, timeout_s=1500)
+    proc = run_soak(tmp, out, *args, timeout_s=1500, plain_dir=refs)
     reports: list[dict[str, Any]] = json.loads(out.read_text())
     assert proc.returncode == 0, json.dumps(reports)[:4000]
     return reports
@@ -376,7 +378,7 @@ def _check_job_kills(kills: list[dict[str, Any]]) -> None:
 
 @pytest.mark.slow
 @pytest.mark.timeout(1800)
-def test_documented_example_soak(tmp_path: Path) -> None:
+def test_documented_examplesoak(tmp_path: Path, plain_refs: Path) -> None:
     """The documented example (2 ranks, 3 ``shadowgrad shadow`` processes, torchrun) at full
     speed, as a user runs it: 1,500 iterations clean; a shadow SIGSTOPped for 3 s; a shadow
     SIGKILLed and restarted (r = 1, re-seeded by the trainers; r = 2 is in the controller
@@ -384,32 +386,33 @@ def test_documented_example_soak(tmp_path: Path) -> None:
     that it always meets them) and an immediate rerun (fenced); the
     whole job SIGKILLed three times and rerun 8 s later. Every run ends bit-identical to
     ``examples/train_plain.py`` with every shadow at the last iteration."""
-    clean = _soak(tmp_path / "clean", "--steps", "1500")[0]
+    soak = partial(_soak, refs=plain_refs)
+    clean = soak(tmp_path / "clean", "--steps", "1500")[0]
     assert clean["degraded_lines"] == 0
-    stop = _soak(
+    stop = soak(
         tmp_path / "stop", "--steps", "1500", "--stop-shadow", "1", "--at", "4", "--settle", "3"
     )[0]
     # settled: the stopped shadow caught up and stopped NACKing (the soak then fails on more
     # than 5 % retransmitted chunks: a repair that never ends)
     assert "retx_after_settle" in stop, stop
-    kill1 = _soak(
+    kill1 = soak(
         tmp_path / "kill1", "--steps", "1000", "--kill-shadow", "1", "--at", "4", "--for", "0.5"
     )[0]
     assert kill1["shadows"][1]["reseeds"] >= 1
     # r = 2 (the restarted shadow clones its replica): test_documented_example_with_the_
     # controller below, which also checks the controller's view of it
-    fence = _soak(tmp_path / "fence", "--steps", "2500", "--fence", "--at", "4")[0]
+    fence = soak(tmp_path / "fence", "--steps", "2500", "--fence", "--at", "4")[0]
     assert fence["fault"]["rerun_rc"] != 0 and fence["fault"]["generation_unchanged"]
     # the job stays dead 8 s before each rerun (longer than a shard's NACK rounds last): a
     # partial iteration left by the kill must not be declared a divergence (seen in CI when the
     # rerun was slow to start), and the rerun's restore replaces it
-    jobs = _soak(tmp_path / "jobs", "--steps", "600", "--kill-job", "3", "--down", "8")[0]
+    jobs = soak(tmp_path / "jobs", "--steps", "600", "--kill-job", "3", "--down", "8")[0]
     _check_job_kills(jobs["job_kills"])
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(1800)
-def test_documented_example_with_the_controller(tmp_path: Path) -> None:
+def test_documented_example_with_the_controller(tmp_path: Path, plain_refs: Path) -> None:
     """The documented example with ``shadowgrad controller`` running (issue 12's trials):
     20 whole-job SIGKILLs at random points, each detected by the controller from the shadows'
     view of the trainers' silence, I* fixed, held and taken by the rerun from the controller,
@@ -417,7 +420,8 @@ def test_documented_example_with_the_controller(tmp_path: Path) -> None:
     in place by ``torchrun --max-restarts``; a shadow SIGKILLed with r = 2 (failed, back,
     rejoined; no trainer failure). Every run ends bit-identical to ``examples/train_plain.py``
     and the normal end of training is no failure (``job_finished``)."""
-    many = _soak(tmp_path / "many", "--steps", "2000", "--controller", "--kill-job", "20")[0]
+    soak = partial(_soak, refs=plain_refs)
+    many = soak(tmp_path / "many", "--steps", "2000", "--controller", "--kill-job", "20")[0]
     c = many["controller"]
     assert c["trainer_failed"] == c["recovered"] == 20 and c["job_finished"] == 1, c
     # SIGKILL -> the controller's event: failure_detect (2 s) + one heartbeat (250 ms) by
@@ -425,11 +429,11 @@ def test_documented_example_with_the_controller(tmp_path: Path) -> None:
     print("detect_s", sorted(c["detect_s"]))
     assert len(c["detect_s"]) == 20
     _check_job_kills(many["job_kills"])
-    ranks = _soak(tmp_path / "ranks", "--steps", "600", "--controller", "--kill-rank", "3")[0]
+    ranks = soak(tmp_path / "ranks", "--steps", "600", "--controller", "--kill-rank", "3")[0]
     assert len(ranks["rank_kills"]) == 3, ranks
     assert ranks["controller"]["recovered"] == 3
     assert all(k.get("repeated", 99) <= 2 for k in ranks["rank_kills"]), ranks["rank_kills"]
-    shadow = _soak(
+    shadow = soak(
         tmp_path / "shadow",
         # long enough for the restarted shadow to start (torch's import: seconds on a busy
         # machine), clone its replica and settle with the job still running (in CI 1,200

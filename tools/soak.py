@@ -12,9 +12,10 @@ repeated at once), runs ``torchrun --nproc-per-node 2 examples/train_mirror.py``
 injects the requested shadow fault (SIGSTOP/SIGCONT, or SIGKILL + restart with the same
 command), then checks: every shadow applied the last iteration, none diverged, nothing dropped,
 the final trainer state equals ``examples/train_plain.py``'s bit for bit (run once per step
-count, cached under the work directory), and the shadows' state equals it too. Prints a JSON
-report (max lag, NACK/retransmit counts, retransmissions after the fault settled) and exits 1
-when a check failed. Every process it starts is reaped, also on Ctrl-C.
+count, cached under the work directory or ``--plain-dir``, which soaks can share), and the
+shadows' state equals it too. Prints a JSON report (max lag, NACK/retransmit counts,
+retransmissions after the fault settled) and exits 1 when a check failed. Every process it
+starts is reaped, also on Ctrl-C.
 """
 
 from __future__ import annotations
@@ -258,21 +259,24 @@ def _first_step(log: Path) -> int:
     return int(m[1]) if m else -1
 
 
-def _plain(work: Path, steps: int) -> Path:
-    out = work / f"plain-{steps}.pt"
-    if not out.exists():
-        p = _torchrun(
-            "train_plain.py",
-            ["--steps", str(steps), "--out", str(out)],
-            work / f"plain-{steps}.log",
-        )
+def _plain(refs: Path, steps: int) -> Path:
+    """``train_plain.py --steps STEPS``'s final state (and its log beside it) in ``refs``, run
+    once per step count: written under temporary names and renamed when complete, so that a
+    killed run leaves nothing that a later soak sharing ``refs`` (``--plain-dir``) takes for a
+    reference."""
+    out = refs / f"plain-{steps}.pt"
+    log = refs / f"plain-{steps}.log"
+    if not (out.exists() and log.exists()):
+        part, part_log = out.with_suffix(f".pt.{os.getpid()}"), log.with_suffix(f".{os.getpid()}")
+        p = _torchrun("train_plain.py", ["--steps", str(steps), "--out", str(part)], part_log)
         try:
             rc = p.wait(3600)
         finally:
             _reap(p)
-        log = work / f"plain-{steps}.log"
-        if rc != 0 and not (out.exists() and _last_step(log) == steps - 1):
-            raise SystemExit(f"train_plain.py failed: see {log}")
+        if rc != 0 and not (part.exists() and _last_step(part_log) == steps - 1):
+            raise SystemExit(f"train_plain.py failed: see {part_log}")
+        os.replace(part_log, log)
+        os.replace(part, out)
     return out
 
 
@@ -336,6 +340,8 @@ def _shadow_state_matches(spec_path: Path, final: dict[str, Any], steps: int) ->
 
 
 def soak(args: argparse.Namespace, work: Path, run: int) -> dict[str, Any]:
+    refs = Path(args.plain_dir) if args.plain_dir else work
+    refs.mkdir(parents=True, exist_ok=True)
     spec = work / f"job-{run}.toml"
     spec.write_text(
         _spec_text(
@@ -690,11 +696,11 @@ def soak(args: argparse.Namespace, work: Path, run: int) -> dict[str, Any]:
             import torch
 
             mine = torch.load(final, weights_only=True)
-            ref = torch.load(_plain(work, args.steps), weights_only=True)
+            ref = torch.load(_plain(refs, args.steps), weights_only=True)
             bad = _compare(mine, ref)
             if bad:
                 fails.append(f"final state differs from train_plain.py: {bad[:5]}")
-            ref_loss = _losses((work / f"plain-{args.steps}.log").read_text(errors="replace"))
+            ref_loss = _losses((refs / f"plain-{args.steps}.log").read_text(errors="replace"))
             for log in sorted(logs.glob("trainer*.log")):
                 diff = [
                     st
@@ -988,6 +994,12 @@ def main() -> int:
     )
     ap.add_argument("--timeout", type=float, default=1800.0)
     ap.add_argument("--work", default=None, help="work directory (default: a temp dir)")
+    ap.add_argument(
+        "--plain-dir",
+        default=None,
+        help="where train_plain.py's references are kept, one per step count, for soaks to "
+        "share (default: the work directory)",
+    )
     ap.add_argument("--json", default=None, help="write the reports here")
     args = ap.parse_args()
     if args.shadow_threads is not None:

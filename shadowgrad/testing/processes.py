@@ -118,15 +118,25 @@ def spawn_switch(*args: str) -> subprocess.Popen[str]:
 
 
 def run_soak(
-    work: Path, out: Path, *args: str, timeout_s: float
+    work: Path, out: Path, *args: str, timeout_s: float, plain_dir: Path | None = None
 ) -> subprocess.CompletedProcess[str]:
-    """``tools/soak.py ARGS --work WORK --json OUT`` from the source checkout's root; asserts
-    that it wrote its JSON report (else shows the tails of its output)."""
+    """``tools/soak.py ARGS --work WORK --json OUT`` from the source checkout's root, with
+    ``--plain-dir`` where given (soaks that share train_plain.py's references); asserts that
+    it wrote its JSON report (else shows the tails of its output)."""
     soak = ROOT / "tools" / "soak.py"
     if not soak.exists():
         raise FileNotFoundError(f"{soak}: run_soak needs a source checkout (an editable install)")
     proc = subprocess.run(
-        [sys.executable, str(soak), *args, "--work", str(work), "--json", str(out)],
+        [
+            sys.executable,
+            str(soak),
+            *args,
+            "--work",
+            str(work),
+            "--json",
+            str(out),
+            *(["--plain-dir", str(plain_dir)] if plain_dir is not None else []),
+        ],
         capture_output=True,
         text=True,
         timeout=timeout_s,
