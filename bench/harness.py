@@ -1263,8 +1263,9 @@ def _throughput_goals(found: dict[str, tuple[Path, Doc | None]]) -> list[Doc]:
                         if box_r < goal
                         else ""
                     )
-                    + f"; the shadow's checks and bookkeeping take the other "
-                    f"{us(cpu - box_cpu)} (ingest "
+                    + "; the shadow's own work takes the other "
+                    f"{us(cpu - box_cpu)} (the scattered receive of header, payload and trailer "
+                    "in place of one buffer, the checks, the per-datagram bookkeeping; ingest "
                     + ("-" if r_box is None else f"{r_box:.3f}{TIMES}")
                     + " `bare_box`), on one core while the producer takes the other"
                 )
