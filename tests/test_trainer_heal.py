@@ -378,7 +378,7 @@ def _check_job_kills(kills: list[dict[str, Any]]) -> None:
 
 @pytest.mark.slow
 @pytest.mark.timeout(1800)
-def test_documented_examplesoak(tmp_path: Path, plain_refs: Path) -> None:
+def test_documented_example_soak(tmp_path: Path, plain_refs: Path) -> None:
     """The documented example (2 ranks, 3 ``shadowgrad shadow`` processes, torchrun) at full
     speed, as a user runs it: 1,500 iterations clean; a shadow SIGSTOPped for 3 s; a shadow
     SIGKILLed and restarted (r = 1, re-seeded by the trainers; r = 2 is in the controller
