@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib.metadata
+import itertools
 import json
 import os
 import platform
@@ -79,6 +80,64 @@ def machine(**extra: Any) -> dict[str, Any]:
         "platform": platform.platform(),
         "machine": platform.machine(),
         "loadavg_at_start": list(os.getloadavg()),
+    }
+
+
+#: a sample of :func:`cpu_speed` counts as slow at this multiple of the fastest sample of any CPU
+SLOW_AT = 1.2
+
+
+def _loop_ms(n: int) -> float:
+    """Milliseconds of this thread's CPU time for a fixed Python loop (no memory traffic)."""
+    t0 = time.thread_time()
+    x = 0
+    for i in range(n):
+        x += i * i
+    return (time.thread_time() - t0) * 1e3
+
+
+def cpu_speed(seconds: float = 5.0, n: int = 200_000) -> dict[str, Any]:
+    """How steady a CPU second is on this machine: the same fixed loop (``n`` iterations,
+    :func:`_loop_ms`) timed again and again for ``seconds`` on each CPU this process may use,
+    one CPU at a time, this process pinned to it (its affinity restored afterwards). Per CPU:
+    the samples in the order taken (ms), the fastest, median and slowest, the fraction at
+    least :data:`SLOW_AT` times the fastest sample of any CPU, and how often consecutive
+    samples changed between the two. On a quiet host every sample is about the same; a VM
+    whose CPUs share their host cores with other work shows two speeds. Run it when nothing
+    else of the caller's runs."""
+    mine = os.sched_getaffinity(0)
+    taken: dict[int, list[float]] = {}
+    try:
+        for cpu in sorted(mine):
+            os.sched_setaffinity(0, {cpu})
+            _loop_ms(n // 10)  # warm
+            ms: list[float] = []
+            end = time.monotonic() + seconds
+            while time.monotonic() < end:
+                ms.append(_loop_ms(n))
+            taken[cpu] = ms
+    finally:
+        os.sched_setaffinity(0, mine)
+    fastest = min(min(ms) for ms in taken.values())
+    per: dict[str, Any] = {}
+    for cpu, ms in taken.items():
+        slow = [x >= SLOW_AT * fastest for x in ms]  # in the order taken
+        srt = sorted(ms)
+        per[str(cpu)] = {
+            "samples": len(ms),
+            "min_ms": round(srt[0], 3),
+            "median_ms": round(srt[len(srt) // 2], 3),
+            "max_ms": round(srt[-1], 3),
+            "slow_fraction": round(sum(slow) / len(ms), 3),
+            "changes": sum(a != b for a, b in itertools.pairwise(slow)),
+            "ms": [round(x, 2) for x in ms],
+        }
+    return {
+        "loop_iterations": n,
+        "seconds_per_cpu": seconds,
+        "slow_at": SLOW_AT,
+        "fastest_ms": round(fastest, 3),
+        "cpus": per,
     }
 
 

@@ -1302,7 +1302,7 @@ def _throughput_goals(found: dict[str, tuple[Path, Doc | None]]) -> list[Doc]:
     return rows
 
 
-def render_goals(g: Doc) -> list[str]:
+def render_goals(g: Doc, speed_spread: float | None = None) -> list[str]:
     """The *Goals* section: each goal of issue 14 against its anchor, met or not, and why."""
     out = [
         "## Goals",
@@ -1382,7 +1382,15 @@ def render_goals(g: Doc) -> list[str]:
                 "same CPUs"
                 + ("" if not x.get("pinned") else " (pinned: others)")
                 + "."
-                + _thread_excess_sentence(x),
+                + _thread_excess_sentence(x)
+                + (
+                    ""
+                    if speed_spread is None
+                    else f" The CPU speed probe (above) saw the CPU time of one fixed piece "
+                    f"of work move by {TIMES}{_f(speed_spread, 2)} on one CPU: a "
+                    f"{_pct(GOAL_INBAND)} difference is far inside what a run's mix of CPU "
+                    "speeds moves."
+                ),
             ]
     rows = [
         [
@@ -2098,6 +2106,9 @@ def run_all(mode: str, command: str, only: Sequence[str] | None = None) -> dict[
         "git": _git(),
         "benches": [],
     }
+    # before any bench: how steady a CPU second is on this machine right now
+    print("cpu speed probe ...", flush=True)
+    doc["machine"]["cpu_speed"] = _common.cpu_speed()
     for b in BENCHES:
         if only is None or b.name in only:
             doc["benches"].append(run_bench(b, mode, out_dir))
@@ -2157,6 +2168,51 @@ def _entries(harness: Doc | None) -> dict[str, Doc]:
 def _found(harness: Doc | None) -> dict[str, tuple[Path, Doc | None]]:
     entries = _entries(harness)
     return {b.name: _bench_json(b, harness, entries.get(b.name)) for b in BENCHES}
+
+
+def cpu_speed_of(harness: Doc | None) -> tuple[Doc, str] | None:
+    """The newest CPU speed probe in ``harness`` (``machine.cpu_speed`` of the latest rerun
+    that has one, else of the run) and where it comes from; None when no record has one."""
+    if harness is None:
+        return None
+    reruns = [r for r in harness.get("reruns") or [] if isinstance(r, dict)]
+    for i in range(len(reruns), 0, -1):
+        got = _get(reruns[i - 1], "machine", "cpu_speed")
+        if isinstance(got, dict) and got.get("cpus"):
+            return got, f"rerun {i}"
+    got = _get(harness, "machine", "cpu_speed")
+    return (got, "the run") if isinstance(got, dict) and got.get("cpus") else None
+
+
+def cpu_speed_spread(probe: Doc) -> float | None:
+    """The slowest sample of a :func:`_common.cpu_speed` probe over its fastest, any CPU: how
+    far the CPU time of one fixed piece of work moved on this machine."""
+    cpus = (probe.get("cpus") or {}).values()
+    lo = [v for v in (_num(c.get("min_ms")) for c in cpus) if v]
+    hi = [v for v in (_num(c.get("max_ms")) for c in cpus) if v]
+    return max(hi) / min(lo) if lo and hi else None
+
+
+def speed_sentence(probe: Doc, where: str) -> str:
+    """The page's account of the CPU speed probe (:func:`_common.cpu_speed`)."""
+    parts = []
+    for cpu, c in sorted((probe.get("cpus") or {}).items(), key=lambda kv: int(kv[0])):
+        parts.append(
+            f"CPU {cpu} {_f(c.get('min_ms'), 1)}{DASH}{_f(c.get('max_ms'), 1)} ms (median "
+            f"{_f(c.get('median_ms'), 1)}; {_pct(c.get('slow_fraction') or 0)} of its samples "
+            f"at {probe.get('slow_at')}{TIMES} the fastest of any CPU or slower, "
+            f"{c.get('changes')} changes between the two)"
+        )
+    spread = cpu_speed_spread(probe)
+    return (
+        f"CPU speed (`_common.cpu_speed` at the start of {where}: a fixed Python loop of "
+        f"{_f(probe.get('loop_iterations'))} iterations timed again and again for "
+        f"{_f(probe.get('seconds_per_cpu'), 0)} s on each CPU, nothing else of the harness "
+        "running): " + "; ".join(parts) + ". The same work's CPU time moved by up to "
+        f"{TIMES}{_f(spread, 2)} from one sample to another, and each CPU changes speed on "
+        "its own: a CPU-time or wall-time ratio between two runs is only as good as the "
+        "mix of speeds each run happened to get."
+    )
 
 
 def render_page(harness: Doc | None) -> str:
@@ -2242,6 +2298,9 @@ def render_page(harness: Doc | None) -> str:
             f"end; the benches ran at nice {m.get('nice')}.",
             "",
         ]
+        speed = cpu_speed_of(harness)
+        if speed is not None:
+            lines += [speed_sentence(*speed), ""]
     lines += [
         "Every ratio is against a baseline measured in the same run of the same bench; "
         "timings are reported, never asserted.",
@@ -2274,7 +2333,9 @@ def render_page(harness: Doc | None) -> str:
             ok = f"ok (rerun {e['rerun']})" if e.get("rerun") else "ok"
             rows.append([link, ok, _f(e.get("wall_s"), 1), f"`{e.get('json')}`"])
     lines += [*_table(["bench", "status", "wall s", "JSON"], rows), ""]
-    lines += [*render_goals(analyze(found)), ""]
+    speed = cpu_speed_of(harness)
+    spread = cpu_speed_spread(speed[0]) if speed is not None else None
+    lines += [*render_goals(analyze(found), spread), ""]
 
     for b in BENCHES:
         e = entries.get(b.name)

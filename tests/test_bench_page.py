@@ -296,3 +296,39 @@ def test_bare_loop_into_a_box_places_datagrams_one_after_another() -> None:
     finally:
         rx.close()
         tx.close()
+
+
+def test_cpu_speed_probe_and_its_sentence_on_the_page() -> None:
+    """The harness's CPU speed probe times a fixed loop on every CPU this process may use (its
+    affinity back as it was); the page and the in-band CPU sentence quote the newest probe."""
+    import os
+
+    common = _load("_common")
+    harness = _load("harness")
+    before = os.sched_getaffinity(0)
+    probe = common.cpu_speed(0.2, n=20_000)
+    assert os.sched_getaffinity(0) == before
+    assert set(probe["cpus"]) == {str(c) for c in before}
+    for c in probe["cpus"].values():
+        assert c["samples"] >= 1 and 0 < c["min_ms"] <= c["median_ms"] <= c["max_ms"]
+        assert 0 <= c["slow_fraction"] <= 1 and 0 <= c["changes"] < c["samples"]
+        assert len(c["ms"]) == c["samples"] and min(c["ms"]) >= probe["fastest_ms"] - 0.01
+    made = {
+        "loop_iterations": 200_000,
+        "seconds_per_cpu": 5.0,
+        "slow_at": 1.2,
+        "cpus": {
+            "0": {"min_ms": 12.0, "median_ms": 17.0, "max_ms": 18.0, "slow_fraction": 0.5,
+                  "changes": 3, "samples": 300},
+            "1": {"min_ms": 10.0, "median_ms": 11.0, "max_ms": 12.0, "slow_fraction": 0.0,
+                  "changes": 0, "samples": 300},
+        },
+    }  # fmt: skip
+    assert harness.cpu_speed_spread(made) == 1.8  # the slowest of any CPU / the fastest
+    rec = {"mode": "full", "command": "c", "machine": {"cores": 2}, "benches": []}
+    assert harness.cpu_speed_of(rec) is None
+    rerun = {"machine": {"cpu_speed": made}, "benches": []}
+    assert harness.cpu_speed_of({**rec, "reruns": [rerun, {"machine": {}}]}) == (made, "rerun 1")
+    page = harness.render_page({**rec, "reruns": [rerun]})
+    assert "CPU 0 12.0\u201318.0 ms (median 17.0; 50.0 % of its samples at 1.2" in page
+    assert "moved by up to \u00d71.80" in page
