@@ -19,8 +19,11 @@ Where the JSON goes: ``--full`` writes each bench's JSON where the bench itself 
 (``bench/results/<bench>.json``, the files docs/*.md quote); ``--quick`` writes them under
 ``bench/results/quick/``, so a quick run never replaces full-run figures. Both write
 ``bench/results/harness.json`` (mode, command, start time, wall times, exit statuses, output
-tails, machine) and then the page. The page is a pure function of the JSON files: every date on
-it comes from the JSON, so ``--page-only`` regenerates it byte for byte
+tails, machine) and then the page. Before the first bench the harness times one fixed Python loop
+again and again on each CPU for a few seconds (``_common.cpu_speed``, ``machine.cpu_speed``): the
+page says how far the CPU time of the same work moved, since every ratio on it compares runs
+that each got their own mix of the machine's speeds. The page is a pure function of the JSON
+files: every date on it comes from the JSON, so ``--page-only`` regenerates it byte for byte
 (``tests/test_bench_page.py`` checks that the committed page is what the committed JSON gives).
 
 ``--only NAME[,NAME]`` runs just those benches (in the same mode) and merges their entries into
