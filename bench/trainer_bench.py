@@ -11,6 +11,10 @@ For each model size it launches ``--world`` DDP ranks (gloo, CPU) once per varia
 * ``mirror_sink`` -- mirror mode against sinks whatever ``--shadows`` says, so one run gives
                     both the whole-machine cost (real shadows on the same cores) and the
                     trainer's own critical path
+* ``paired``     -- ``none`` and ``mirror_sink`` in the same rank processes, in alternating
+                    blocks of ``--block`` iterations (``--pairs`` of each): both see the same
+                    seconds of a machine whose speed moves from second to second (opt-in; the
+                    ratio of the pooled medians and every pair's ratio)
 * ``dcp_async``  -- ``torch.distributed.checkpoint.async_save`` of model + optimizer every
                     iteration (waiting for the previous save first, as one must)
 * ``torch_save`` -- rank 0 ``torch.save`` of model + optimizer state every iteration
@@ -53,6 +57,7 @@ import _common
 from _common import SIZES  # model size -> (width, depth) of the MLP
 
 ROOT = Path(__file__).resolve().parents[1]
+TIMES = "\u00d7"
 VARIANTS = ("none", "mirror", "dcp_async", "torch_save", "dcp_async:5", "torch_save:5")
 
 
@@ -60,9 +65,9 @@ def split_variant(variant: str) -> tuple[str, int]:
     """``"dcp_async:5"`` -> ``("dcp_async", 5)``; a plain name checkpoints every iteration."""
     name, _, every = variant.partition(":")
     k = int(every) if every else 1
-    if name not in ("none", "mirror", "mirror_sink", "dcp_async", "torch_save") or k < 1:
+    if name not in ("none", "mirror", "mirror_sink", "paired", "dcp_async", "torch_save") or k < 1:
         raise ValueError(f"unknown variant {variant!r}")
-    if name in ("none", "mirror", "mirror_sink") and every:
+    if name in ("none", "mirror", "mirror_sink", "paired") and every:
         raise ValueError(f"{name} has no interval: {variant!r}")
     return name, k
 
@@ -79,6 +84,10 @@ def worker(args: argparse.Namespace) -> None:
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     width = SIZES[args.size][0]
+    if args.variant == "paired":
+        _paired(args)
+        dist.destroy_process_group()
+        return
     net = _common.mlp(args.size)
     nparams = sum(p.numel() for p in net.parameters())
     model = DistributedDataParallel(net)
@@ -204,6 +213,85 @@ def worker(args: argparse.Namespace) -> None:
     dist.destroy_process_group()
 
 
+def _paired(args: argparse.Namespace) -> None:
+    """Variant ``paired``: ``none`` and ``mirror_sink`` in the same rank processes, in
+    alternating blocks of ``--block`` iterations (``--pairs`` blocks of each, which goes first
+    alternating too), so both see the same minutes of the machine. Two copies of the model from
+    the same seed: plain DDP + AdamW + clipping (``none``) and DDP + ``attach`` against the sinks
+    (``mirror_sink``). The first iteration of every block is not timed; a mirror block ends
+    with ``sg.flush`` (untimed), so every timed mirror iteration runs beside the previous one's
+    send, as in a run of its own, and no plain iteration does."""
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    from shadowgrad.trainer_hooks import attach
+
+    width = SIZES[args.size][0]
+    plain = DistributedDataParallel(_common.mlp(args.size))
+    opt_a = torch.optim.AdamW(plain.parameters(), lr=1e-4)
+    model = DistributedDataParallel(_common.mlp(args.size))
+    opt_b = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    sg = attach(model, opt_b, args.spec, max_grad_norm=1.0)
+    sg.restore_or_start()
+
+    def one(mirror: bool) -> float:
+        x = torch.randn(args.batch, width)
+        t0 = time.perf_counter()
+        if mirror:
+            loss = model(x).square().mean()
+            sg.backward(loss)
+            sg.step()
+        else:
+            loss = plain(x).square().mean()
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(plain.parameters(), 1.0)
+            opt_a.step()
+            opt_a.zero_grad(set_to_none=True)
+        return time.perf_counter() - t0
+
+    for _ in range(args.warmup):
+        one(False)
+        one(True)
+    sg.flush(60)
+    blocks: list[dict[str, Any]] = []
+    for p in range(args.pairs):
+        for mirror in (False, True) if p % 2 == 0 else (True, False):
+            ts = [one(mirror) for _ in range(args.block)][1:]
+            if mirror:
+                sg.flush(60)
+            blocks.append({"pair": p, "variant": "mirror_sink" if mirror else "none", "times": ts})
+    stats = sg.stats()
+    sg.flush(30)
+    sg.close()
+    dist.barrier()
+    if dist.get_rank() == 0:
+        base = [t for b in blocks if b["variant"] == "none" for t in b["times"]]
+        mine = [t for b in blocks if b["variant"] == "mirror_sink" for t in b["times"]]
+        pair_ratios = []
+        for p in range(args.pairs):
+            m = {b["variant"]: statistics.median(b["times"]) for b in blocks if b["pair"] == p}
+            pair_ratios.append(m["mirror_sink"] / m["none"])
+        _common.print_result(
+            {
+                "size": args.size,
+                "variant": "paired",
+                "params": sum(p.numel() for p in plain.parameters()),
+                "times": mine,
+                "base_times": base,
+                "blocks": blocks,
+                "pair_ratios": pair_ratios,
+                "ratio": statistics.median(mine) / statistics.median(base),
+                "pair_ratio_median": statistics.median(pair_ratios),
+                "block": args.block,
+                "checkpointed": [False] * len(mine),
+                "blocked_s": [],
+                "world": args.world,
+                "extra": {"mirror": stats.get("mirror", {})},
+            }
+        )
+
+
 # --------------------------------------------------------------------------- launcher
 
 
@@ -287,7 +375,15 @@ def run_variant(
     args: argparse.Namespace, size: str, variant: str, spec_path: Path, ckdir: Path
 ) -> dict[str, Any]:
     ranks = _common.start_ranks(
-        __file__, args, size=size, variant=variant, world=args.world, spec=spec_path, ckdir=ckdir
+        __file__,
+        args,
+        size=size,
+        variant=variant,
+        world=args.world,
+        spec=spec_path,
+        ckdir=ckdir,
+        block=args.block,
+        pairs=args.pairs,
     )
     try:
         codes = ranks.wait(args.timeout)
@@ -375,6 +471,22 @@ def summarize(runs: list[dict[str, Any]], base_runs: list[dict[str, Any]]) -> di
     return out
 
 
+def paired_summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Variant ``paired`` over its rounds: the ratio of the pooled medians (mirror iterations
+    over plain ones, all blocks of all rounds) and every pair of blocks' ratio of medians."""
+    mine = [t for r in runs for t in r["times"]]
+    base = [t for r in runs for t in r["base_times"]]
+    pairs = [x for r in runs for x in r["pair_ratios"]]
+    return {
+        "ratio": statistics.median(mine) / statistics.median(base),
+        "base_median_s": statistics.median(base),
+        "pair_ratios": pairs,
+        "pair_ratio_median": statistics.median(pairs),
+        "pair_ratio_quartiles": statistics.quantiles(pairs, n=4) if len(pairs) > 1 else None,
+        "block": runs[0].get("block"),
+    }
+
+
 def _ms(label: str, secs: float | None) -> str:
     return "" if secs is None else f"{label} {secs * 1e3:.1f} ms"
 
@@ -418,6 +530,8 @@ def main() -> int:
         help="auto: real shadows where this machine's available memory holds them "
         f"({REAL_BYTES_PER_PARAM} bytes per parameter), else sinks",
     )
+    ap.add_argument("--block", type=int, default=4, help="paired: iterations per block")
+    ap.add_argument("--pairs", type=int, default=8, help="paired: blocks of each variant")
     ap.add_argument("--timeout", type=float, default=1800.0)
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "trainer_bench.json"))
     args = _common.parse_bench_args(ap, worker)
@@ -467,7 +581,15 @@ def main() -> int:
                         print(
                             f"{size:>5} world {world} round {rnd + 1}/{args.rounds} "
                             f"{variant:<13}{'' if nshadows is None else f' {nshadows} shadows'}"
-                            f" median {statistics.median(res['times']) * 1000:9.1f} ms/iter",
+                            f" median {statistics.median(res['times']) * 1000:9.1f} ms/iter"
+                            + (
+                                f" (none {statistics.median(res['base_times']) * 1000:.1f}: "
+                                f"{TIMES}{res['ratio']:.3f}; per pair "
+                                + " ".join(f"{x:.3f}" for x in res["pair_ratios"])
+                                + ")"
+                                if variant == "paired"
+                                else ""
+                            ),
                             flush=True,
                         )
                 base_runs = runs.get(("none", None), [])
@@ -489,7 +611,9 @@ def main() -> int:
                         "sink_bytes": rs[-1].get("sink_bytes"),
                     }
                     entry.update(summarize(rs, base_runs if variant != "none" else rs))
-                    if variant != "none" and not base_runs:
+                    if variant == "paired":
+                        entry.update(paired_summary(rs))
+                    elif variant != "none" and not base_runs:
                         entry["ratio"] = None
                     report["results"].append(entry)
                     ratio = "-" if entry.get("ratio") is None else f"{entry['ratio']:.3f}x"
@@ -557,10 +681,10 @@ def _one(
     doc = _spec_doc(world, nshadows or args.num_shadows)
     spec_path = tmp / f"{tag}.toml"
     spec_path.write_text(spec_toml(doc))
-    mode = "sink" if kind == "mirror_sink" else args.shadows
+    mode = "sink" if kind in ("mirror_sink", "paired") else args.shadows
     if mode == "auto":
         mode = "real" if _real_fits(SIZES[size][0] ** 2 * SIZES[size][1]) else "sink"
-    if kind == "mirror_sink":
+    if kind in ("mirror_sink", "paired"):
         kind = "mirror"
     wargs = argparse.Namespace(**{**vars(args), "world": world})
     t0 = time.monotonic()
