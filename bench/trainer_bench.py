@@ -363,12 +363,17 @@ class Sinks:
             s.close()
 
 
-def _spec_doc(world: int, shadows: int) -> dict[str, Any]:
+def _spec_doc(world: int, shadows: int, data_mac: bool = True) -> dict[str, Any]:
+    """The job's spec: loopback, ``world`` trainers, ``shadows`` shadows; ``data_mac=False``
+    turns ``security.authenticate_data`` off (DATA with the CRC-32C only)."""
     from shadowgrad.specs import loopback_spec
 
-    return loopback_spec(
+    doc = loopback_spec(
         world=world, shadows=shadows, rpc="1s", heartbeat="200ms", gap_repair="100ms"
     )
+    if not data_mac:
+        doc.setdefault("security", {})["authenticate_data"] = False
+    return doc
 
 
 def run_variant(
@@ -530,6 +535,12 @@ def main() -> int:
         help="auto: real shadows where this machine's available memory holds them "
         f"({REAL_BYTES_PER_PARAM} bytes per parameter), else sinks",
     )
+    ap.add_argument(
+        "--data-mac",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="security.authenticate_data of the job (--no-data-mac: DATA with the CRC only)",
+    )
     ap.add_argument("--block", type=int, default=4, help="paired: iterations per block")
     ap.add_argument("--pairs", type=int, default=8, help="paired: blocks of each variant")
     ap.add_argument("--timeout", type=float, default=1800.0)
@@ -678,7 +689,7 @@ def _one(
     tag = f"{size}-w{world}-{variant.replace(':', '_')}-s{nshadows}-r{rnd}"
     ckdir = tmp / tag
     ckdir.mkdir()
-    doc = _spec_doc(world, nshadows or args.num_shadows)
+    doc = _spec_doc(world, nshadows or args.num_shadows, data_mac=args.data_mac)
     spec_path = tmp / f"{tag}.toml"
     spec_path.write_text(spec_toml(doc))
     mode = "sink" if kind in ("mirror_sink", "paired") else args.shadows
