@@ -332,3 +332,21 @@ def test_cpu_speed_probe_and_its_sentence_on_the_page() -> None:
     page = harness.render_page({**rec, "reruns": [rerun]})
     assert "CPU 0 12.0\u201318.0 ms (median 17.0; 50.0 % of its samples at 1.2" in page
     assert "moved by up to \u00d71.80" in page
+
+
+def test_mirror_goal_needs_the_paired_run_too() -> None:
+    """The mirror-cost goal is met only where trainer_bench's ``mirror_sink`` ratio and, where
+    trainer_paired ran for the size, its ratio both are within it; the page shows both."""
+    harness = _load("harness")
+    met = harness._mirror_met
+    assert met({"sink_ratio": 1.03, "paired_ratio": None})
+    assert met({"sink_ratio": 1.03, "paired_ratio": 1.04})
+    assert not met({"sink_ratio": 1.03, "paired_ratio": 1.09})
+    assert not met({"sink_ratio": 1.12, "paired_ratio": 1.01})
+    assert not met({"sink_ratio": None, "paired_ratio": 1.01})
+    found = harness._found(harness._load(harness.HARNESS_JSON))
+    g = harness.analyze(found)
+    by_size = {p["size"]: p for p in g.get("mirror_paired") or []}
+    for x in g["stall"]:
+        if x["size"] in by_size:
+            assert x["paired_ratio"] == by_size[x["size"]]["ratio"]
