@@ -216,7 +216,7 @@ def worker(args: argparse.Namespace) -> None:
 def _paired(args: argparse.Namespace) -> None:
     """Variant ``paired``: ``none`` and ``mirror_sink`` in the same rank processes, in
     alternating blocks of ``--block`` iterations (``--pairs`` blocks of each, which goes first
-    alternating too), so both see the same minutes of the machine. Two copies of the model from
+    alternating too), so both see the same seconds of the machine. Two copies of the model from
     the same seed: plain DDP + AdamW + clipping (``none``) and DDP + ``attach`` against the sinks
     (``mirror_sink``). The first iteration of every block is not timed; a mirror block ends
     with ``sg.flush`` (untimed), so every timed mirror iteration runs beside the previous one's
@@ -554,6 +554,8 @@ def main() -> int:
     # by default (--threads 1): idle OpenMP workers would spin on the cores the ranks use
     torch.set_num_threads(1)
     variants = args.variants.split(",")
+    if "paired" in variants and (args.block < 2 or args.pairs < 1):
+        ap.error("paired needs --block 2 or more (a block's first iteration is not timed)")
     for v in variants:
         _, k = split_variant(v)
         if args.iters % k:
