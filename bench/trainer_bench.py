@@ -133,10 +133,7 @@ def worker(args: argparse.Namespace) -> None:
             sg.backward(loss)
             sg.step()
         else:
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            opt.step()
-            opt.zero_grad(set_to_none=True)
+            plain_step(model, opt, loss)
             tb = time.perf_counter()
             if kind == "dcp_async" and save:
                 import torch.distributed.checkpoint as dcp
@@ -213,6 +210,17 @@ def worker(args: argparse.Namespace) -> None:
     dist.destroy_process_group()
 
 
+def plain_step(model: Any, opt: Any, loss: Any) -> None:
+    """The rest of a plain iteration without shadowgrad (variant ``none`` and the plain half of
+    ``paired``): backward, clipping at 1.0, the optimizer step, gradients set to None."""
+    import torch
+
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+
+
 def _paired(args: argparse.Namespace) -> None:
     """Variant ``paired``: ``none`` and ``mirror_sink`` in the same rank processes, in
     alternating blocks of ``--block`` iterations (``--pairs`` blocks of each, which goes first
@@ -244,10 +252,7 @@ def _paired(args: argparse.Namespace) -> None:
             sg.step()
         else:
             loss = plain(x).square().mean()
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(plain.parameters(), 1.0)
-            opt_a.step()
-            opt_a.zero_grad(set_to_none=True)
+            plain_step(plain, opt_a, loss)
         return time.perf_counter() - t0
 
     for _ in range(args.warmup):
