@@ -1108,6 +1108,17 @@ def analyze(found: dict[str, tuple[Path, Doc | None]]) -> Doc:
         sm, sd = _excess(mirror, none), _excess(dcp, none)
         sink = trows.get((size, "mirror_sink"))
         ss = _excess(sink, none) if sink else None  # the trainer's own stall (sinks)
+        # trainer_paired's excess, as its ratio of this run's none (the same machine window
+        # as the DCP stall it is set against; the paired run's own seconds are of another)
+        pr = next((p["ratio"] for p in paired if str(p.get("size")) == str(size)), None)
+        sp = None if pr is None else (pr - 1.0) * t
+        # the stall the 10x goal is about: the trainer's own critical path, the shadows on
+        # machines of their own as the design deploys them (sinks here), the larger of
+        # trainer_bench's and trainer_paired's; without either, the co-located shadows' stall
+        # (an upper bound: their ingest and replay share the ranks' cores)
+        own = [v for v in (ss, sp) if v is not None]
+        st = max(own) if own else sm
+        real_ok = None if sm is None or sd is None else sm <= sd
         stall.append(
             {
                 "size": size,
@@ -1116,8 +1127,13 @@ def analyze(found: dict[str, tuple[Path, Doc | None]]) -> Doc:
                 "mirror_stall_s": sm,
                 "mirror_shadows": _get(mirror, "shadows"),
                 "trainer_only_stall_s": ss,
+                "paired_stall_s": sp,
+                "trainer_stall_s": st,
                 "dcp_every_iteration_stall_s": sd,
                 "dcp_over_mirror": (sd / sm) if sm and sd is not None and sm > 0 else None,
+                "dcp_over_trainer": (sd / st) if st and sd is not None and st > 0 else None,
+                # with real shadows co-located on the ranks' cores: no worse than DCP
+                "real_within_dcp": real_ok,
                 # the checkpoint's own time on the training thread (mirror: the capture;
                 # DCP: get_state_dict + waiting for the previous save + async_save's staging)
                 # and the CPU mirror's sender threads use off the critical path, all ranks
@@ -1150,9 +1166,10 @@ def analyze(found: dict[str, tuple[Path, Doc | None]]) -> Doc:
                 "sink_faults_per_iter": _num(_get(sink, "ranks_faults_per_iter")),
                 "cpus": (tb or {}).get("cpus"),
                 "meets_goal": (
-                    sd is not None and sm is not None and sm > 0 and sd / sm >= GOAL_STALL
+                    (sd is not None and st is not None and st > 0 and sd / st >= GOAL_STALL)
+                    or (st is not None and st <= 0 and (sd or 0) > 0)
                 )
-                or (sm is not None and sm <= 0 and (sd or 0) > 0),
+                and real_ok is not False,
             }
         )
         # 3.-4. achievable frequency, Young-Daly interval, work lost per failure, ledger
@@ -1169,8 +1186,8 @@ def analyze(found: dict[str, tuple[Path, Doc | None]]) -> Doc:
         # (sharing this machine's cores), also at the trainer's own stall (sinks): the shadows
         # on machines of their own, as the design deploys them
         sg_rows = [("shadowgrad mirror", sm)]
-        if _get(mirror, "shadows") == "real":
-            sg_rows.append(("shadowgrad mirror, shadows elsewhere (sinks)", ss))
+        if _get(mirror, "shadows") == "real" and own:
+            sg_rows.append(("shadowgrad mirror, shadows elsewhere (sinks)", st))
         for name, stall_s in sg_rows:
             if stall_s is None:
                 continue
@@ -1562,20 +1579,30 @@ def render_goals(g: Doc, speed_spread: float | None = None) -> list[str]:
     out += [
         "",
         f"**Per-iteration stall against DCP `async_save` every iteration** (goal "
-        f"{GOAL_STALL:.0f}{TIMES} lower): excess over `none` per iteration (trainer_bench); "
-        "*with sinks*: the same against UDP sinks, the trainer's own critical path without "
-        "the shadows' CPU (`mirror_sink`).",
+        f"{GOAL_STALL:.0f}{TIMES} lower for the trainer with its shadows elsewhere; with real "
+        "shadows co-located on the ranks' cores no more than DCP's): excess over `none` per "
+        "iteration. *with sinks*: against UDP sinks, the trainer's own critical path without "
+        "the shadows' CPU (trainer_bench `mirror_sink`); *paired*: trainer_paired's "
+        "ratio (same processes, alternating blocks) times this `none`; *DCP / trainer* "
+        "takes the larger of the two. *co-located*: `mirror` "
+        "with its shadows (trainer_bench).",
         "",
     ]
     rows = [
         [
             str(x["size"]),
             _f(x.get("iteration_s"), 1, 1e3),
-            _f(x.get("mirror_stall_s"), 1, 1e3),
-            str(x.get("mirror_shadows") or "-"),
             _f(x.get("trainer_only_stall_s"), 1, 1e3),
+            _f(x.get("paired_stall_s"), 1, 1e3),
             _f(x.get("dcp_every_iteration_stall_s"), 1, 1e3),
-            _ratio(x.get("dcp_over_mirror")),
+            _ratio(x.get("dcp_over_trainer")),
+            _f(x.get("mirror_stall_s"), 1, 1e3)
+            + (
+                f" ({x['mirror_shadows']})" if x.get("mirror_shadows") not in (None, "real") else ""
+            ),
+            "-"
+            if x.get("real_within_dcp") is None
+            else ("yes" if x["real_within_dcp"] else "**no**"),
             _f(x.get("mirror_blocked_s"), 1, 1e3),
             _f(x.get("dcp_blocked_s"), 1, 1e3),
             _f(x.get("sender_cpu_per_iter_s"), 1, 1e3),
@@ -1587,11 +1614,12 @@ def render_goals(g: Doc, speed_spread: float | None = None) -> list[str]:
         [
             "size",
             "none ms/iter",
-            "mirror stall ms",
-            "shadows",
             "with sinks ms",
+            "paired ms",
             "DCP stall ms",
-            "DCP / mirror",
+            f"DCP / trainer {TIMES}",
+            "co-located ms",
+            "co-located ≤ DCP",
             "mirror blocked ms",
             "DCP blocked ms",
             "sender CPU ms/iter",
@@ -1809,11 +1837,12 @@ def render_readme(g: Doc, mode: str | None) -> list[str]:
         )
     for x in g.get("stall") or []:
         out.append(
-            f"- mirror-mode stall per iteration, {x['size']} parameters: "
-            f"{_f(x.get('mirror_stall_s'), 1, 1e3)} ms vs DCP `async_save` every "
+            f"- mirror-mode stall per iteration, {x['size']} parameters: the trainer "
+            f"{_f(x.get('trainer_stall_s'), 1, 1e3)} ms vs DCP `async_save` every "
             f"iteration {_f(x.get('dcp_every_iteration_stall_s'), 1, 1e3)} ms "
-            f"({_ratio(x.get('dcp_over_mirror'))}{TIMES}; goal {GOAL_STALL:.0f}{TIMES}; "
-            f"{'met' if x.get('meets_goal') else 'missed'})"
+            f"({_ratio(x.get('dcp_over_trainer'))}{TIMES}; goal {GOAL_STALL:.0f}{TIMES}), "
+            f"with co-located shadows {_f(x.get('mirror_stall_s'), 1, 1e3)} ms (goal: no "
+            f"more than DCP's); {'met' if x.get('meets_goal') else 'missed'}"
         )
     for p in g.get("policies") or []:
         parts = [

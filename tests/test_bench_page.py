@@ -7,6 +7,7 @@ import importlib.util
 import sys
 from pathlib import Path
 from types import ModuleType
+from typing import Any, cast
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -350,3 +351,56 @@ def test_mirror_goal_needs_the_paired_run_too() -> None:
     for x in g["stall"]:
         if x["size"] in by_size:
             assert x["paired_ratio"] == by_size[x["size"]]["ratio"]
+
+
+def test_stall_goal_is_the_trainers_own_stall_and_co_located_no_worse_than_dcp() -> None:
+    """The stall goal, as issue 22 states it: the trainer's own stall (shadows elsewhere:
+    sinks; the larger of trainer_bench's ``mirror_sink`` excess and trainer_paired's ratio
+    times this run's ``none``) at least 10x below DCP's every-iteration stall, and with real
+    co-located shadows no more than DCP's."""
+    harness = _load("harness")
+
+    def goal(real: float, sink: float, paired: float | None) -> dict[str, Any]:
+        rows = [
+            {"size": "10M", "variant": "none", "median_s": 0.2, "params": 10},
+            {
+                "size": "10M",
+                "variant": "mirror",
+                "median_s": 0.2 + real,
+                "shadows": "real",
+                "excess_per_iteration_s": {"median": real},
+            },
+            {
+                "size": "10M",
+                "variant": "mirror_sink",
+                "median_s": 0.2 + sink,
+                "shadows": "sink",
+                "excess_per_iteration_s": {"median": sink},
+            },
+            {
+                "size": "10M",
+                "variant": "dcp_async",
+                "median_s": 0.3,
+                "excess_per_iteration_s": {"median": 0.1},
+            },
+        ]
+        found: dict[str, Any] = {"trainer_bench": (Path("t"), {"world": 2, "results": rows})}
+        if paired is not None:
+            found["trainer_paired"] = (
+                Path("p"),
+                {"results": [{"size": "10M", "ratio": paired, "pair_ratios": [paired]}]},
+            )
+        g = harness.analyze(found)
+        text = "\n".join(harness.render_goals(g) + harness.render_readme(g, None))
+        assert "co-located" in text and "DCP / trainer" in text
+        (stall,) = g["stall"]
+        return cast(dict[str, Any], stall)
+
+    s = goal(real=0.05, sink=0.005, paired=1.04)  # paired: 0.04 x 0.2 s = 8 ms, the larger
+    assert abs(s["trainer_stall_s"] - 0.008) < 1e-9 and abs(s["dcp_over_trainer"] - 12.5) < 1e-6
+    assert s["real_within_dcp"] and s["meets_goal"]
+    assert not goal(real=0.05, sink=0.005, paired=1.1)["meets_goal"]  # 20 ms: 5x
+    assert not goal(real=0.05, sink=0.02, paired=None)["meets_goal"]  # sinks alone: 5x
+    assert goal(real=0.05, sink=0.005, paired=None)["meets_goal"]  # 20x, co-located 50 ms
+    s = goal(real=0.15, sink=0.005, paired=None)  # co-located worse than DCP's 100 ms
+    assert s["real_within_dcp"] is False and not s["meets_goal"]
