@@ -1646,6 +1646,39 @@ def render_goals(g: Doc, speed_spread: float | None = None) -> list[str]:
             "fill (see the cost table above); with `real` shadows their ingest and replay "
             "run on the same cores too.",
         ]
+        for x in g.get("stall") or []:
+            st, sd = x.get("trainer_stall_s"), x.get("dcp_every_iteration_stall_s")
+            if x.get("meets_goal") or st is None or sd is None or st <= 0:
+                continue
+            bl = x.get("mirror_blocked_s")
+            parts = [
+                f"{x['size']}: the goal allows the trainer {_f(sd / GOAL_STALL, 1, 1e3)} ms "
+                f"per iteration and it stalled {_f(st, 1, 1e3)} ms"
+            ]
+            if bl is not None:
+                rest = st - bl
+                parts.append(
+                    f"the capture on the training thread (*blocked*) took {_f(bl, 1, 1e3)} ms "
+                    + (
+                        "of it, the rest, "
+                        f"{_f(rest, 1, 1e3)} ms, is wall time lost on the cores the ranks "
+                        "fill: all ranks' sender threads used "
+                        f"{_f(x.get('sender_cpu_per_iter_s'), 1, 1e3)} ms of CPU per "
+                        "iteration, the sinks "
+                        f"{_f(x.get('sink_receiver_cpu_per_iter_s'), 1, 1e3)} ms, and the "
+                        "training threads' own CPU grew by "
+                        f"{_f(x.get('main_thread_growth_s'), 1, 1e3)} ms (the captures "
+                        "included; trainer_bench `mirror_sink` against `none`)"
+                        if rest > 0
+                        else "(more than the whole stall: the rest is within the run's noise)"
+                    )
+                )
+            if x.get("real_within_dcp") is False:
+                parts.append(
+                    f"with co-located shadows the stall, {_f(x.get('mirror_stall_s'), 1, 1e3)}"
+                    f" ms, exceeds DCP's {_f(sd, 1, 1e3)} ms"
+                )
+            out += ["", "; ".join(parts) + "."]
     out += [
         "",
         "**Checkpoint frequency achievable at 1 % trainer overhead, work lost per "
