@@ -548,7 +548,13 @@ def _paired_sentence(paired: list[Doc]) -> str:
     parts = [
         f"{x['size']} {_ratio(x.get('ratio'))}{TIMES} (pooled; the median pair "
         f"{_ratio(x.get('pair_median'))}{TIMES}, quartiles {_ratio(x.get('pair_q1'))}{DASH}"
-        f"{_ratio(x.get('pair_q3'))}, {x.get('pairs')} pairs)"
+        f"{_ratio(x.get('pair_q3'))}, {x.get('pairs')} pairs"
+        + (
+            f"; rank 0's training thread's own CPU {_ratio(x['main_cpu_ratio'])}{TIMES}"
+            if x.get("main_cpu_ratio") is not None
+            else ""
+        )
+        + ")"
         for x in paired
     ]
     return (
@@ -567,7 +573,9 @@ def render_paired(d: Doc) -> list[str]:
         "block ends with an untimed flush, so every timed mirror iteration runs beside the "
         "previous one's send and no plain one does). Per-iteration time on rank 0; "
         f"{TIMES} none: the pooled medians' ratio; per pair: each pair of blocks' ratio of "
-        "medians.",
+        "medians. *training thread CPU*: rank 0's training thread's own CPU per timed "
+        "iteration (`time.thread_time`; mirror: the capture included), medians: where it "
+        "grows by more than the capture, the training itself ran slower beside the sender.",
         "",
     ]
     rows = []
@@ -583,6 +591,9 @@ def render_paired(d: Doc) -> list[str]:
                 _ratio(r.get("ratio")),
                 _ratio(r.get("pair_ratio_median")),
                 f"{_ratio(q[0])}{DASH}{_ratio(q[2])}",
+                _f(r.get("base_main_cpu_s"), 1, 1e3),
+                _f(r.get("main_cpu_s"), 1, 1e3),
+                _ratio(_ratio_of(r.get("main_cpu_s"), r.get("base_main_cpu_s"))),
                 " ".join(_ratio(x) for x in r.get("pair_ratios") or []),
             ]
         )
@@ -596,6 +607,9 @@ def render_paired(d: Doc) -> list[str]:
             f"{TIMES} none",
             "median pair",
             "quartiles",
+            "none training thread CPU ms",
+            "mirror_sink training thread CPU ms",
+            f"CPU {TIMES}",
             "every pair",
         ],
         rows,
@@ -979,6 +993,11 @@ def _delta(a: Any, b: Any) -> float | None:
     return None if x is None or y is None else x - y
 
 
+def _ratio_of(a: Any, b: Any) -> float | None:
+    x, y = _num(a), _num(b)
+    return None if x is None or y is None or y <= 0 else x / y
+
+
 def _excess(r: Doc | None, base: Doc | None) -> float | None:
     """Median per-iteration time over the baseline's (older JSON: difference of medians)."""
     ex = _num(_get(r, "excess_per_iteration_s", "median"))
@@ -1020,6 +1039,8 @@ def analyze(found: dict[str, tuple[Path, Doc | None]]) -> Doc:
                 "pair_q1": _num(q[0]),
                 "pair_q3": _num(q[2]),
                 "pairs": len(r.get("pair_ratios") or []),
+                # rank 0's training thread's own CPU per iteration, mirror over plain
+                "main_cpu_ratio": _ratio_of(r.get("main_cpu_s"), r.get("base_main_cpu_s")),
             }
         )
     if paired:

@@ -243,8 +243,11 @@ def _paired(args: argparse.Namespace) -> None:
     sg = attach(model, opt_b, args.spec, max_grad_norm=1.0)
     sg.restore_or_start()
 
+    cpu: list[float] = []  # the training thread's own CPU of the last iteration (one item)
+
     def one(mirror: bool) -> float:
         x = torch.randn(args.batch, width)
+        c0 = time.thread_time()
         t0 = time.perf_counter()
         if mirror:
             loss = model(x).square().mean()
@@ -253,7 +256,9 @@ def _paired(args: argparse.Namespace) -> None:
         else:
             loss = plain(x).square().mean()
             plain_step(plain, opt_a, loss)
-        return time.perf_counter() - t0
+        t = time.perf_counter() - t0
+        cpu[:] = [time.thread_time() - c0]
+        return t
 
     for _ in range(args.warmup):
         one(False)
@@ -262,10 +267,20 @@ def _paired(args: argparse.Namespace) -> None:
     blocks: list[dict[str, Any]] = []
     for p in range(args.pairs):
         for mirror in (False, True) if p % 2 == 0 else (True, False):
-            ts = [one(mirror) for _ in range(args.block)][1:]
+            ts, cs = [], []
+            for _ in range(args.block):
+                ts.append(one(mirror))
+                cs.append(cpu[0])
             if mirror:
                 sg.flush(60)
-            blocks.append({"pair": p, "variant": "mirror_sink" if mirror else "none", "times": ts})
+            blocks.append(
+                {
+                    "pair": p,
+                    "variant": "mirror_sink" if mirror else "none",
+                    "times": ts[1:],
+                    "cpu": cs[1:],
+                }
+            )
     stats = sg.stats()
     sg.flush(30)
     sg.close()
@@ -273,6 +288,9 @@ def _paired(args: argparse.Namespace) -> None:
     if dist.get_rank() == 0:
         base = [t for b in blocks if b["variant"] == "none" for t in b["times"]]
         mine = [t for b in blocks if b["variant"] == "mirror_sink" for t in b["times"]]
+        # the training thread's own CPU per timed iteration (rank 0; the capture included)
+        base_cpu = [c for b in blocks if b["variant"] == "none" for c in b["cpu"]]
+        mine_cpu = [c for b in blocks if b["variant"] == "mirror_sink" for c in b["cpu"]]
         pair_ratios = []
         for p in range(args.pairs):
             m = {b["variant"]: statistics.median(b["times"]) for b in blocks if b["pair"] == p}
@@ -284,6 +302,8 @@ def _paired(args: argparse.Namespace) -> None:
                 "params": sum(p.numel() for p in plain.parameters()),
                 "times": mine,
                 "base_times": base,
+                "main_cpu": mine_cpu,
+                "base_main_cpu": base_cpu,
                 "blocks": blocks,
                 "pair_ratios": pair_ratios,
                 "ratio": statistics.median(mine) / statistics.median(base),
@@ -487,9 +507,14 @@ def paired_summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
     mine = [t for r in runs for t in r["times"]]
     base = [t for r in runs for t in r["base_times"]]
     pairs = [x for r in runs for x in r["pair_ratios"]]
+    cpu = [c for r in runs for c in r.get("main_cpu") or []]
+    base_cpu = [c for r in runs for c in r.get("base_main_cpu") or []]
     return {
         "ratio": statistics.median(mine) / statistics.median(base),
         "base_median_s": statistics.median(base),
+        # rank 0's training thread's own CPU per iteration, medians (mirror: capture included)
+        "main_cpu_s": statistics.median(cpu) if cpu else None,
+        "base_main_cpu_s": statistics.median(base_cpu) if base_cpu else None,
         "pair_ratios": pairs,
         "pair_ratio_median": statistics.median(pairs),
         "pair_ratio_quartiles": statistics.quantiles(pairs, n=4) if len(pairs) > 1 else None,
