@@ -1,9 +1,10 @@
 """A/B of the mirror sender's receive polling while it sends, in one process: the sender
 thread's CPU per captured slot with a poll after every datagram (``_POLL_BYTES = 0``, as
 before 2026-12-06) against the shipped interval, alternating blocks of slots, against a UDP
-sink in another process (``MSG_TRUNC``). A developer's check, not a user's benchmark.
+sink in another process (``MSG_TRUNC``); DATA sealed (GMAC) as by default, CRC-32C only with
+``--no-mac``. A developer's check, not a user's benchmark.
 
-    python tools/sender_poll_ab.py [--chunk 65408] [--rounds 10] [--slots 5]
+    python tools/sender_poll_ab.py [--chunk 65408] [--rounds 10] [--slots 5] [--no-mac]
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ def main() -> int:
     ap.add_argument("--chunk", type=int, default=wire.chunk_for(65507, mac=True))
     ap.add_argument("--rounds", type=int, default=10)
     ap.add_argument("--slots", type=int, default=5, help="slots per block")
+    ap.add_argument("--no-mac", action="store_true", help="DATA with CRC-32C only")
     args = ap.parse_args()
     sink = subprocess.Popen([sys.executable, "-c", _SINK], stdout=subprocess.PIPE, text=True)
     try:
@@ -55,6 +57,7 @@ def main() -> int:
             shadow_addrs=[("127.0.0.1", port)],
             chunk_bytes=args.chunk,
             key=wire.mac_key("ab", 7),
+            authenticate_data=not args.no_mac,
         )
         grads = {n: torch.randn_like(p) for n, p in model.named_parameters()}
         shipped = MirrorSender._POLL_BYTES
