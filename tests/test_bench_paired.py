@@ -32,4 +32,4 @@ def test_paired_variant_times_both_jobs_in_alternating_blocks(tmp_path: Path) ->
     assert r["ratio"] > 0 and r["base_median_s"] > 0 and r["sink_bytes"] > 0
     assert r["extra"]["mirror"]["data_chunks"] > 0
     # rank 0's training thread's own CPU per timed iteration, both jobs
-    assert 0 < r["base_main_cpu_s"] and 0 < r["main_cpu_s"]
+    assert r["base_main_cpu_s"] > 0 and r["main_cpu_s"] > 0
