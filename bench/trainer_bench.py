@@ -243,9 +243,8 @@ def _paired(args: argparse.Namespace) -> None:
     sg = attach(model, opt_b, args.spec, max_grad_norm=1.0)
     sg.restore_or_start()
 
-    cpu: list[float] = []  # the training thread's own CPU of the last iteration (one item)
-
-    def one(mirror: bool) -> float:
+    def one(mirror: bool) -> tuple[float, float]:
+        """One iteration: its wall time and the training thread's own CPU time."""
         x = torch.randn(args.batch, width)
         c0 = time.thread_time()
         t0 = time.perf_counter()
@@ -256,9 +255,7 @@ def _paired(args: argparse.Namespace) -> None:
         else:
             loss = plain(x).square().mean()
             plain_step(plain, opt_a, loss)
-        t = time.perf_counter() - t0
-        cpu[:] = [time.thread_time() - c0]
-        return t
+        return time.perf_counter() - t0, time.thread_time() - c0
 
     for _ in range(args.warmup):
         one(False)
@@ -267,18 +264,15 @@ def _paired(args: argparse.Namespace) -> None:
     blocks: list[dict[str, Any]] = []
     for p in range(args.pairs):
         for mirror in (False, True) if p % 2 == 0 else (True, False):
-            ts, cs = [], []
-            for _ in range(args.block):
-                ts.append(one(mirror))
-                cs.append(cpu[0])
+            timed = [one(mirror) for _ in range(args.block)][1:]
             if mirror:
                 sg.flush(60)
             blocks.append(
                 {
                     "pair": p,
                     "variant": "mirror_sink" if mirror else "none",
-                    "times": ts[1:],
-                    "cpu": cs[1:],
+                    "times": [t for t, _ in timed],
+                    "cpu": [c for _, c in timed],
                 }
             )
     stats = sg.stats()
