@@ -1,10 +1,11 @@
 """A/B of the mirror sender's receive polling while it sends, in one process: the sender
 thread's CPU per captured slot with a poll after every datagram (``_POLL_BYTES = 0``, as
-before 2026-12-06) against the shipped interval, alternating blocks of slots, against a UDP
-sink in another process (``MSG_TRUNC``); DATA sealed (GMAC) as by default, CRC-32C only with
-``--no-mac``. A developer's check, not a user's benchmark.
+before 2026-12-06) against the shipped interval, alternating blocks of slots, against
+trainer_bench's UDP sink (:class:`trainer_bench.Sinks`, ``MSG_TRUNC``); DATA sealed (GMAC) as
+by default, CRC-32C only with ``--no-mac``. A developer's check, not one of the harness's
+benches (its ratio is shadowgrad against shadowgrad).
 
-    python tools/sender_poll_ab.py [--chunk 65408] [--rounds 10] [--slots 5] [--no-mac]
+    python bench/sender_poll_ab.py [--chunk 65408] [--rounds 10] [--slots 5] [--no-mac]
 """
 
 from __future__ import annotations
@@ -12,26 +13,15 @@ from __future__ import annotations
 import argparse
 import socket
 import statistics
-import subprocess
-import sys
 
 import torch
+from trainer_bench import Sinks
 
 from shadowgrad import wire
+from shadowgrad.freeports import free_ports
 from shadowgrad.layout import Layout, from_module
 from shadowgrad.trainer_hooks._mirror import MirrorSender
 from shadowgrad.trainer_hooks._plan import RankPlan
-
-_SINK = r"""
-import socket
-s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8 << 20)
-s.bind(("127.0.0.1", 0))
-print(s.getsockname()[1], flush=True)
-b = bytearray(1)
-while True:
-    s.recv_into(b, 1, socket.MSG_TRUNC)
-"""
 
 
 def main() -> int:
@@ -41,10 +31,9 @@ def main() -> int:
     ap.add_argument("--slots", type=int, default=5, help="slots per block")
     ap.add_argument("--no-mac", action="store_true", help="DATA with CRC-32C only")
     args = ap.parse_args()
-    sink = subprocess.Popen([sys.executable, "-c", _SINK], stdout=subprocess.PIPE, text=True)
+    (port,) = free_ports(1, socket.SOCK_DGRAM)
+    sink = Sinks([port])
     try:
-        assert sink.stdout is not None
-        port = int(sink.stdout.readline())
         model = torch.nn.Sequential(*[torch.nn.Linear(1024, 1024) for _ in range(10)])  # 10.5M
         params, buckets = from_module(model)
         layout = Layout.build(params, buckets, 1, 1)
@@ -87,8 +76,7 @@ def main() -> int:
             + f"; median {statistics.median(ratios):.3f}"
         )
     finally:
-        sink.kill()
-        sink.wait()
+        sink.close()
     return 0
 
 
