@@ -15,10 +15,12 @@ Python loop shape:
                        ``bytes`` (a copy);
 * ``decode``        -- :func:`wire.decode` of the pre-encoded datagrams with ``job`` and
                        ``layout`` checks (CRC-32C verified, payload returned as a view);
-* ``seal``          -- :func:`wire.seal`: header + keyed BLAKE2b-128 tag + CRC (the senders'
-                       path with ``security.authenticate_data``, the shipped default);
+* ``seal``          -- :func:`wire.seal`: the header (its CRC-32C over the header only) and the
+                       28-byte trailer, a fresh nonce and the AES-256-GCM tag over header and
+                       payload used as a MAC (the senders' path with
+                       ``security.authenticate_data``, the shipped default);
 * ``decode_mac``    -- :func:`wire.decode` of the sealed datagrams with the job's key, DATA
-                       required to carry a MAC (CRC-32C and the tag verified).
+                       required to carry a MAC (the header's CRC-32C and the GMAC verified).
 
 ``memcpy_bulk`` (the whole payload in one slice assignment) is given for scale; it is not the
 baseline. Sizes (``--sizes``, default): 1344 B (the MTU chunk with the DATA MAC: what a trainer
