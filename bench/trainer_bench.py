@@ -28,7 +28,10 @@ For each model size it launches ``--world`` DDP ranks (gloo, CPU) once per varia
 and reports, per size, world size and shadow count, the per-iteration time on rank 0 (median of
 the pooled measured iterations, and the medians of each round), its ratio to ``none`` and, for
 the periodic variants, the cost per checkpoint. ``--rounds`` runs of every variant are
-interleaved (round-robin), so a slow minute of a shared machine hits every variant alike.
+interleaved (round-robin), so a slow minute of a shared machine hits every variant alike. The
+mirror variants start timing once the sender's staging slots are all allocated (``attach``
+prefaults ``buffer_bytes`` of them in the background, which at 1M outlasts the warm-up): the
+steady state of a job past its first seconds.
 Results go to a JSON file (``--out``); ``bench/harness.py`` makes docs/benchmarks.md from it.
 
     .venv/bin/python bench/trainer_bench.py --sizes 10M,100M --iters 10 --world 2
@@ -75,6 +78,27 @@ def split_variant(variant: str) -> tuple[str, int]:
 # --------------------------------------------------------------------------- worker
 
 
+def _wait_prefault(sg: Any, timeout_s: float = 60.0) -> None:
+    """Before the timed iterations: wait until the mirror sender's staging slots are all
+    allocated (its prefault thread touches ``buffer_bytes`` of them in the background from
+    ``attach``: at small sizes that outlasts the warm-up), so the timing is the steady state
+    a job reaches in its first seconds; or until their count stops growing (out of memory)."""
+    if sg is None:
+        return
+    deadline = time.monotonic() + timeout_s
+    last, since = -1, time.monotonic()
+    while time.monotonic() < deadline:
+        st = sg.stats()
+        have = st.get("mirror", {}).get("slots_allocated", 0)
+        if have >= st["slots"]:
+            return
+        if have != last:
+            last, since = have, time.monotonic()
+        elif time.monotonic() - since > 2.0:
+            return
+        time.sleep(0.02)
+
+
 def worker(args: argparse.Namespace) -> None:
     import torch
     import torch.distributed as dist
@@ -118,6 +142,7 @@ def worker(args: argparse.Namespace) -> None:
     mirror0: dict[str, Any] = {}
     for it in range(args.warmup + args.iters):
         if it == args.warmup:
+            _wait_prefault(sg)
             cpu0 = time.process_time()
             flt0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
             threads0 = _common.thread_cpu_s()
@@ -260,6 +285,7 @@ def _paired(args: argparse.Namespace) -> None:
     for _ in range(args.warmup):
         one(False)
         one(True)
+    _wait_prefault(sg)
     sg.flush(60)
     blocks: list[dict[str, Any]] = []
     for p in range(args.pairs):
