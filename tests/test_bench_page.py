@@ -404,3 +404,21 @@ def test_stall_goal_is_the_trainers_own_stall_and_co_located_no_worse_than_dcp()
     assert goal(real=0.05, sink=0.005, paired=None)["meets_goal"]  # 20x, co-located 50 ms
     s = goal(real=0.15, sink=0.005, paired=None)  # co-located worse than DCP's 100 ms
     assert s["real_within_dcp"] is False and not s["meets_goal"]
+
+
+def test_ingest_limit_splits_the_shadows_own_work_by_the_same_runs_micro_figures() -> None:
+    """Where an ingest goal is missed, the shadow's own time per datagram (beyond ``bare_box``)
+    is split into the check itself (auth_bench part B, same run: the GMAC or the CRC-32C of a
+    64 KiB chunk) and the receive loop around it; without part B's figure no split is made."""
+    harness = _load("harness")
+    hashes = {"wire_gmac_us": 4.8, "crc32c_us": 3.7}
+    mac = harness._own_work(hashes, "ingest_mac", 12.9)
+    assert "GMAC" in mac and "4.8 µs" in mac and "8.1 µs the receive loop" in mac
+    crc = harness._own_work(hashes, "ingest_crc", 11.3)
+    assert "CRC-32C 3.7 µs" in crc and "7.6 µs the receive loop" in crc
+    assert harness._own_work({}, "ingest_mac", 12.9) == ""
+    found = harness._found(harness._load(harness.HARNESS_JSON))
+    rows = harness._throughput_goals(found)
+    for row in rows:
+        if row.get("limit") and "ingest" in row["goal"]:
+            assert "the receive loop around it" in row["limit"], row["limit"]
