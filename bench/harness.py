@@ -1344,9 +1344,9 @@ def _own_work(hashes: Doc, variant: str, own_us: float) -> str:
     return (
         f": {what} {check:.1f} µs of it (auth_bench's micro figure for a 64 KiB chunk in "
         f"cache, same run), the other {max(0.0, own_us - check):.1f} µs the receive loop "
-        "around it: Python per datagram (the header's fields and source checked, the "
-        "reservation and coverage bookkeeping) and `recvmsg_into` scattering header, payload "
-        "and trailer where `recv_into` fills one buffer"
+        "around it: CPython running the loop per datagram (the header's fields and source "
+        "checked, the reservation and coverage bookkeeping, the calls into the kernel and the "
+        "MAC)"
     )
 
 
