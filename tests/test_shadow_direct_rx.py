@@ -270,26 +270,29 @@ def test_direct_receive_lands_exact_refuses_forgeries_and_never_overwrites(
 def test_the_other_thread_takes_a_chunk_a_run_reserved(
     auth: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Two receive threads: the one that opened a run is slow to receive (delayed here), so
-    the other takes the chunk the run reserved, finds its bytes reserved and places it from its
-    scratch buffer once the run released them. Everything the test above checks still holds
-    (the race a loaded machine runs into by chance)."""
+    """Two receive threads: the one that opened a run does not receive (held here until the
+    other thread found a chunk's bytes reserved), so the other takes the chunk the run
+    reserved and places it from its scratch buffer once the run released them. Everything the
+    test above checks still holds (the race a loaded machine runs into by chance)."""
     from shadowgrad.shadow._receiver import Receiver
 
     run_recv = Receiver._run_recv
-
-    def slow(self: Receiver, *a: Any, **k: Any) -> Any:
-        time.sleep(0.05)
-        return run_recv(self, *a, **k)
-
     reserved = IterBuffer.reserved
+    taken = threading.Event()
     found: list[bool] = []
+
+    def held(self: Receiver, *a: Any, **k: Any) -> Any:
+        taken.wait(10)  # the first run waits for the other thread; later ones go straight on
+        taken.set()
+        return run_recv(self, *a, **k)
 
     def seen(self: IterBuffer, *a: Any) -> bool:
         found.append(bool(reserved(self, *a)))
+        if found[-1]:
+            taken.set()
         return found[-1]
 
-    monkeypatch.setattr(Receiver, "_run_recv", slow)
+    monkeypatch.setattr(Receiver, "_run_recv", held)
     monkeypatch.setattr(IterBuffer, "reserved", seen)
     test_direct_receive_lands_exact_refuses_forgeries_and_never_overwrites(auth, 2, monkeypatch)
     assert any(found), "no chunk found its bytes reserved by the other thread's run"

@@ -389,6 +389,9 @@ class MirrorSender:
         out = {k: v for k, v in vars(c).items() if k != "by_reason"}
         out["last_drop"] = self.last_drop
         out["slots_allocated"] = len(self._slots)
+        # what the prefault thread allocates up to (fewer once an allocation failed): equal
+        # to slots_allocated once it is done
+        out["slots_max"] = self._max_slots
         # CPU seconds of the sender thread so far (encode, MAC, send, NACKs): off the critical
         # path, but on a machine without a spare core it competes with training
         out["thread_cpu_s"] = None
