@@ -405,13 +405,7 @@ def worker(args: argparse.Namespace) -> None:
             default=str,
         )
     dist.barrier()
-    dist.destroy_process_group()
-    # the DDP module still holds the gloo process group; its worker threads were torn down at
-    # interpreter exit, after Python, and that aborted a rank now and then ("terminate called
-    # without an active exception", exit -6, in every variant, plain DDP included): leave at once
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    dist.destroy_process_group()  # the rank then leaves at once (_common.parse_bench_args)
 
 
 # --------------------------------------------------------------------------- launcher
@@ -1013,9 +1007,7 @@ def main() -> int:
         "(rows named VARIANT@pinned); both: every variant unpinned and pinned",
     )
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "inband_bench.json"))
-    args = _common.parse_bench_args(ap, worker)
-    if args is None:  # a rank, done
-        return 0
+    args = _common.parse_bench_args(ap, worker)  # a rank never returns from it
     import torch
 
     from shadowgrad.bmv2_testbed.inband import compile_product
