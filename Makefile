@@ -7,7 +7,7 @@ PYTHON      ?= python3
 VENV        ?= .venv
 PY          := $(VENV)/bin/python
 PIP         := $(PY) -m pip
-APT_PKGS    := mininet iproute2 ethtool iputils-ping tcpdump
+APT_PKGS    := mininet iproute2 ethtool iputils-ping tcpdump gcc libc6-dev libssl-dev
 PYTEST_ARGS ?=
 SCENARIO    ?= default
 DEMO_ARGS   ?=
@@ -42,7 +42,7 @@ $(VENV)/.torch:
 	$(PIP) install -q torch==2.13.0
 	touch $@
 
-$(VENV)/.installed: $(VENV)/.torch pyproject.toml
+$(VENV)/.installed: $(VENV)/.torch pyproject.toml shadow/_rxnative.c
 	$(PIP) install -q -e '.[all,dev]'
 	touch $@
 

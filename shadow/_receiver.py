@@ -20,6 +20,7 @@ record keys (set once), the source cache and the READY/NACK sequence number (und
 from __future__ import annotations
 
 import bisect
+import importlib
 import logging
 import os
 import select
@@ -29,6 +30,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
+from types import ModuleType
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from crc32c import crc32c
@@ -41,6 +43,12 @@ from shadowgrad.errors import WireError
 from shadowgrad.frames import decode_frame
 from shadowgrad.shadow.assembly import IntervalSet, IterBuffer
 from shadowgrad.shadow.control import commit_to_json
+
+_rxnative: ModuleType | None
+try:
+    _rxnative = importlib.import_module("shadowgrad.shadow._rxnative")
+except ImportError:  # not built (no C compiler or OpenSSL headers): the Python loop
+    _rxnative = None
 
 if TYPE_CHECKING:
     from shadowgrad.shadow._applier import _Loaded
@@ -80,6 +88,10 @@ _RUN_WINDOW = 32
 #: receives at most
 _RUN_MIN = 4
 _RUN_BACKOFF = 1024
+#: Runner.run's outcomes (_rxnative.c): cover and go on; the socket is empty; another datagram
+#: came (in the scratch buffer); a socket error
+_NATIVE_FLUSH, _NATIVE_EMPTY, _NATIVE_OTHER = 0, 1, 2
+
 #: the header's offset, layout and length fields (then comes the checksum)
 _HDR_TAIL = struct.Struct("!QQI")
 _HDR_TAIL_AT = _CSUM_AT - _HDR_TAIL.size
@@ -236,6 +248,21 @@ class Receiver:
         self._waiting = 0  # threads waiting on _inflight (under the node's _lock)
         self._inflight_cond: threading.Condition | None = None  # on the node's _lock, built late
         self._data_mac = wire.Kind.DATA in self._require
+        # a direct run's receive loop in C (_rxnative.c), when built and not turned off
+        self._native: Any = None
+        if self._direct and node.opts.native_rx:
+            if _rxnative is None:
+                log.info("shadow %d: the C receive loop is not built; runs use Python", shadow_id)
+            else:
+                self._native = _rxnative.Runner(
+                    self._key,
+                    _HSIZE,
+                    _HDR_TAIL_AT,
+                    _CSUM_AT,
+                    wire.MAC_SIZE,
+                    wire.NONCE_SIZE,
+                    wire.MAX_DATAGRAM,
+                )
 
     @property
     def _inflight(self) -> threading.Condition:
@@ -719,6 +746,8 @@ class Receiver:
         slot: memoryview | None = None
         count = bad = 0
         ls, off, end = run.ls, run.off, run.end
+        native = self._native
+        fd = dsock.fileno()
         while True:
             size = min(chunk, seg_end - ls)
             if count >= _RUN_FLUSH or ls + size > end or size <= 0:
@@ -733,6 +762,24 @@ class Receiver:
                 if due:
                     return run, -1, None
                 continue
+            if native is not None:
+                # the same loop in C, up to the batch's end (_rxnative.c's Runner.run)
+                with lock:
+                    st, ls, off, k, b, got, src = native.run(
+                        fd, box, ls, end, seg_end, chunk, off, layout, prefix, src0,
+                        _RUN_FLUSH - count, scratch, sealed,
+                    )  # fmt: skip
+                count += k
+                bad += b
+                if st == _NATIVE_FLUSH:
+                    continue
+                run.ls, run.off = ls, off
+                self._run_flush(run, count, bad, keep=False)
+                if st == _NATIVE_EMPTY:
+                    return None, -1, None
+                if st == _NATIVE_OTHER:
+                    return None, got, src
+                raise OSError(got, os.strerror(got))
             dest = box[ls : ls + size]
             if sealed:
                 slot = box[ls - _HSIZE : ls]

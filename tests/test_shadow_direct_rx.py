@@ -24,6 +24,13 @@ from shadowgrad.optspec import OptimizerSpec, ParamGroupSpec
 from shadowgrad.shadow.assembly import IntervalSet, IterBuffer
 from shadowgrad.shadow.node import NodeOptions, ShadowNode
 
+try:
+    from shadowgrad.shadow import _rxnative  # noqa: F401
+
+    _NATIVE_BUILT = True
+except ImportError:
+    _NATIVE_BUILT = False
+
 JOB = 77
 TOKEN = "direct-rx-token"
 KEY = wire.mac_key(TOKEN, JOB)
@@ -35,7 +42,9 @@ def _layout() -> Layout:
 
 
 @contextmanager
-def _node(*, auth: bool, rx_threads: int) -> Iterator[tuple[ShadowNode, socket.socket, Layout]]:
+def _node(
+    *, auth: bool, rx_threads: int, native: bool = True
+) -> Iterator[tuple[ShadowNode, socket.socket, Layout]]:
     layout = _layout()
     sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     sock.bind(("127.0.0.1", 0))
@@ -64,7 +73,7 @@ def _node(*, auth: bool, rx_threads: int) -> Iterator[tuple[ShadowNode, socket.s
         token=TOKEN,
         sock=sock,
         control_bind="tcp://127.0.0.1:*",
-        options=NodeOptions(rx_threads=rx_threads),
+        options=NodeOptions(rx_threads=rx_threads, native_rx=native),
     ).start()
     try:
         names = tuple(p.name for p in layout.params)
@@ -383,10 +392,11 @@ def test_two_rx_threads_forged_genuine_and_duplicate_copies_of_every_chunk() -> 
         assert node.ev["direct_datagrams"] > 0
 
 
+@pytest.mark.parametrize("native", [True, False], ids=["c-loop", "py-loop"])
 @pytest.mark.parametrize("rx_threads", [1, 2])
 @pytest.mark.parametrize("auth", [True, False])
 def test_direct_runs_take_in_order_chunks_and_hand_on_everything_else(
-    auth: bool, rx_threads: int, monkeypatch: pytest.MonkeyPatch
+    auth: bool, rx_threads: int, native: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A burst of in-order chunks is received as a direct run (no peek: each straight into the
     next chunk's place). What breaks the order comes in the middle of the run and must be handed
@@ -395,7 +405,7 @@ def test_direct_runs_take_in_order_chunks_and_hand_on_everything_else(
     expected, a longer datagram than the chunk. Every byte ends up genuine, each datagram is
     counted once under its reason, and with one receive thread the runs covered a third of the
     chunks or more (each disruption ends a run; the next chunk that goes the peek path opens the
-    next one)."""
+    next one). The same with the run loop in C (shadow/_rxnative.c, where built) and in Python."""
     from shadowgrad.shadow._receiver import Receiver
 
     covered = [0]
@@ -406,7 +416,8 @@ def test_direct_runs_take_in_order_chunks_and_hand_on_everything_else(
         return flush(self, run, count, bad, keep=keep)
 
     monkeypatch.setattr(Receiver, "_run_flush", counting)
-    with _node(auth=auth, rx_threads=rx_threads) as (node, trainer, layout):
+    with _node(auth=auth, rx_threads=rx_threads, native=native) as (node, trainer, layout):
+        assert (node._receiver._native is not None) == (native and _NATIVE_BUILT)
         seg = _segments(node)[0]
         chunk = 64
         gen = torch.Generator().manual_seed(11)
