@@ -378,6 +378,13 @@ def render_auth(d: Doc) -> list[str]:
                 if h.get("gmac_over_blake2b_speed") is not None
                 else ". "
             )
+            + (
+                "The shadow checks its runs of DATA in C (shadow/_rxnative.c): `rx_gmac` and "
+                "`rx_crc32c` are that loop's own checks (its GMAC through the system's "
+                "OpenSSL, the same tag as `wire_gmac`). "
+                if h.get("rx_loop") == "c"
+                else ""
+            )
             + "DATA per MB:",
             "",
         ]
@@ -1336,18 +1343,35 @@ def _own_work(hashes: Doc, variant: str, own_us: float) -> str:
     """What of the shadow's own per-datagram time (``own_us``, beyond ``bare_box``) the check
     itself takes, from auth_bench part B in the same run (the same 64 KiB chunk in cache: the
     GMAC with its nonce handling, or the CRC-32C), and what is left to the receive loop."""
-    key = "wire_gmac_gbps" if variant == "ingest_mac" else "crc32c_gbps"
+    in_c = hashes.get("rx_loop") == "c"
+    mac = variant == "ingest_mac"
+    if in_c:
+        key = "rx_gmac_gbps" if mac else "rx_crc32c_gbps"
+    else:
+        key = "wire_gmac_gbps" if mac else "crc32c_gbps"
     gbps = _num(hashes.get(key))
     if not gbps:
         return ""
     check = _DGRAM / (gbps * 1e3)  # µs per datagram payload at the micro figure's rate
-    what = "the GMAC over header and payload" if variant == "ingest_mac" else "the CRC-32C"
+    what = "the GMAC over header and payload" if mac else "the CRC-32C"
+    if in_c:
+        loop = (
+            "the receive loop in C (shadow/_rxnative.c: one recvmsg and the header's "
+            "fields and source checked per datagram) and, every 16 datagrams, CPython "
+            "covering what verified (the reservation and coverage bookkeeping)"
+        )
+        if mac:
+            what += " (the system's OpenSSL, which the C loop links)"
+    else:
+        loop = (
+            "CPython running the loop per datagram (the header's fields and source "
+            "checked, the reservation and coverage bookkeeping, the calls into the kernel "
+            "and the MAC)"
+        )
     return (
         f": {what} {check:.1f} µs of it (auth_bench's micro rate on a 64 KiB chunk in "
         f"cache, same run), the other {max(0.0, own_us - check):.1f} µs the receive loop "
-        "around it: CPython running the loop per datagram (the header's fields and source "
-        "checked, the reservation and coverage bookkeeping, the calls into the kernel and the "
-        "MAC)"
+        f"around it: {loop}"
     )
 
 
@@ -1358,18 +1382,27 @@ def _throughput_goals(found: dict[str, tuple[Path, Doc | None]]) -> list[Doc]:
     rows: list[Doc] = []
     h = _get(ab, "micro", "hashes") or {}
     gmac, over = _num(h.get("wire_gmac_gbps")), _num(h.get("gmac_over_blake2b_speed"))
+    # the shadow's C receive loop verifies with its own GMAC (the system's OpenSSL): the goal
+    # holds for the data path only where both meet it
+    rx_gmac, b2 = _num(h.get("rx_gmac_gbps")), _num(h.get("blake2b128_keyed_gbps"))
+    rx_over = rx_gmac / b2 if rx_gmac is not None and b2 else None
+    met = (
+        gmac is not None
+        and over is not None
+        and gmac >= GOAL_AUTH_GBPS
+        and over >= GOAL_AUTH_VS_BLAKE2B
+    )
+    measured = None if gmac is None or over is None else f"{gmac:.1f} GB/s, {over:.1f}{TIMES}"
+    if measured is not None and rx_gmac is not None and rx_over is not None:
+        measured += f"; the shadow's C loop {rx_gmac:.1f} GB/s, {rx_over:.1f}{TIMES}"
+        met = met and rx_gmac >= GOAL_AUTH_GBPS and rx_over >= GOAL_AUTH_VS_BLAKE2B
     rows.append(
         {
             "goal": f"data-path MAC ≥ {GOAL_AUTH_GBPS:g} GB/s and "
             f"≥ {GOAL_AUTH_VS_BLAKE2B:g}{TIMES} keyed BLAKE2b (64 KiB)",
             "bench": "auth_bench",
-            "measured": None
-            if gmac is None or over is None
-            else f"{gmac:.1f} GB/s, {over:.1f}{TIMES}",
-            "met": gmac is not None
-            and over is not None
-            and gmac >= GOAL_AUTH_GBPS
-            and over >= GOAL_AUTH_VS_BLAKE2B,
+            "measured": measured,
+            "met": met,
         }
     )
     summ = _get(ab, "ingest", "summary") or {}

@@ -729,7 +729,10 @@ class Receiver:
         are due (``timer_at``; the run goes on); ``(None, -1, None)`` when the run ended (the
         socket is empty, the box or the reservation is used up, the buffer changed, the node
         stops); ``(None, size, src)`` when a datagram that is not the expected chunk came:
-        gathered into ``scratch`` for the caller's scratch path, the run ended before it."""
+        gathered into ``scratch`` for the caller's scratch path, the run ended before it.
+        Where the C loop was built (``self._native``: ``_rxnative.Runner.run``), it receives,
+        checks and verifies each batch instead, without the GIL: the header into a buffer of
+        its own (its GMAC takes header and payload in two pieces), the same checks."""
         n = self.node
         buf = run.buf
         box = buf.mv
