@@ -697,6 +697,8 @@ class Receiver:
                         count=count,
                     )
                     run.total += count
+                    if self._native is not None:  # received by the C loop
+                        n.ev["direct_native"] += count
                 else:
                     reason = "stale"
                 n.rx[reason] += count

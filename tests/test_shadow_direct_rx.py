@@ -474,6 +474,8 @@ def test_direct_runs_take_in_order_chunks_and_hand_on_everything_else(
         assert buf.cov.covers(seg.local, seg.local + (tail_end - seg.start))
         if rx_threads == 1:  # two threads take turns and so break runs at random
             assert covered[0] >= len(offs) // 3, covered[0]
+        # what the runs covered came through the C loop where it runs, else none of it
+        assert node.ev["direct_native"] == (covered[0] if native and _NATIVE_BUILT else 0)
 
 
 @pytest.mark.parametrize("auth", [True, False])
