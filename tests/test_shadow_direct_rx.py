@@ -522,3 +522,61 @@ def test_interleaved_streams_back_runs_off(auth: bool, monkeypatch: pytest.Monke
             assert not buf.inflight
         # without the wait, every other datagram of the burst would break a run
         assert 1 <= breaks[0] <= 4, (breaks[0], len(burst))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_soak_full_size_chunks_at_full_speed_with_loss_duplicates_and_reordering() -> None:
+    """The direct path at a user's size and speed: a 4M-parameter AdamW model (16 MB of
+    gradient per iteration) cut into the largest sealed chunks (65,280 B, as a trainer on
+    loopback sends them), 200 iterations streamed to 2 shards as fast as they apply, with 0.1 %
+    of the datagrams lost, 0.5 % duplicated and 0.5 % reordered. Most chunks are received in
+    place, most of them by runs (with the C loop where it is built), the losses are repaired,
+    and the shards' state at the end is bit-identical to torch's AdamW stepped with the same
+    gradients."""
+    from shadowgrad.layout import from_module
+    from shadowgrad.testing.cluster import producer_cluster
+    from shadowgrad.testing.producer import Faults
+    from shadowgrad.testing.training import bucket_bytes
+
+    model = torch.nn.ParameterDict(
+        {f"w{i}": torch.nn.Parameter(torch.randn(1 << 20) * 0.02) for i in range(4)}
+    )
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01, foreach=False)
+    params, _ = from_module(model, bucket_cap_mb=1000)
+    layout = Layout.build(params, [[p.name for p in params]], 2)
+    named = dict(model.named_parameters())
+    spec = OptimizerSpec.from_optimizer(opt, model.named_parameters())
+    chunk = wire.chunk_for(wire.MAX_DATAGRAM, mac=True)
+    faults = Faults(drop=0.001, dup=0.005, reorder=0.005, seed=7, commits=False)
+    gen = torch.Generator().manual_seed(5)
+    iterations = 200
+    with producer_cluster(layout, faults=faults, chunk_bytes=chunk) as c:
+        c.load(named, spec)
+        for it in range(iterations):
+            grads = {n: torch.randn(p.shape, generator=gen) for n, p in named.items()}
+            for n, p in named.items():
+                p.grad = grads[n]
+            opt.step()
+            assert c.producer is not None
+            c.producer.send_iteration(it, bucket_bytes(layout, grads), wire.CommitRecord((1e-3,)))
+            if it >= 4:  # the trainer runs ahead of its shadows by a few iterations at most
+                c.expect_applied(it - 4, timeout_s=60)
+        c.expect_applied(iterations - 1, timeout_s=60)
+        got_it, got_params, got_opt = c.full_state()
+        assert got_it == iterations - 1
+        for n, p in named.items():
+            assert torch.equal(got_params[n], p.detach()), n
+            for k, v in opt.state[p].items():
+                assert torch.equal(got_opt[n][k], v), (n, k)
+        ev = [n.status(timeline=0)["events"] for n in c.nodes]
+    chunks = iterations * -(-layout.bucket_nbytes[0] // chunk)
+    direct = sum(e.get("direct_datagrams", 0) for e in ev)
+    native = sum(e.get("direct_native", 0) for e in ev)
+    print("chunks", chunks, "direct", direct, "native", native, "events", ev)
+    assert direct >= 0.8 * chunks, ev
+    # a run ends on a duplicate, a reordered chunk and whenever the socket is empty (the
+    # receiver caught up with the sender), and one that ended early backs off: 57 % of the
+    # chunks came through runs here when this test was written, on 2 busy cores
+    assert native >= (0.25 * chunks if _NATIVE_BUILT else 0), ev
+    assert all(e.get("diverged", 0) == 0 for e in ev), ev
