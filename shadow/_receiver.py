@@ -377,6 +377,7 @@ class Receiver:
                         save=save,
                         tail=tail,
                         timer_at=next_timer if index == 0 else None,
+                        poller=poller,
                     )
                     if size >= 0:
                         if ended.total < _RUN_MIN:
@@ -710,6 +711,26 @@ class Receiver:
                 self._inflight.notify_all()
         return keep
 
+    def _run_idle(
+        self, run: _Run, count: int, bad: int, poller: Any, timer_at: float | None
+    ) -> bool:
+        """The socket went empty during a run: cover what verified (:meth:`_run_flush`, the
+        room ahead reserved again) and wait up to a tick (``poller``: the socket's), no later
+        than the timers (``timer_at``), for the next datagram; whether the run goes on (else
+        its reservation is released). A sender that keeps up less than the receiver (every
+        trainer) would otherwise end its runs between every two chunks."""
+        n = self.node
+        keep = run.buf.epoch == run.epoch and not n._stop.is_set() and run.ls < run.seg_end
+        if not self._run_flush(run, count, bad, keep=keep):
+            return False
+        wait_s = n.opts.tick_s
+        if timer_at is not None:
+            wait_s = min(wait_s, timer_at - time.monotonic())
+        if wait_s > 0 and poller.poll(max(1, round(wait_s * 1000))):
+            return True
+        self._run_flush(run, 0, 0, keep=False)
+        return False
+
     def _run_recv(
         self,
         run: _Run,
@@ -721,6 +742,7 @@ class Receiver:
         save: bytearray,
         tail: bytearray,
         timer_at: float | None,
+        poller: Any,
     ) -> tuple[_Run | None, int, Any]:
         """Receive a run's chunks without peeking: each straight into where the next chunk
         of the box goes (``recvmsg_into([header slot, box bytes, trailer, over])``), then
@@ -728,10 +750,11 @@ class Receiver:
         GMAC over header and payload in one piece (the header lands on the 56 bytes before,
         saved and restored as in :meth:`_loop_direct`), without a MAC the CRC-32C. Covered
         in batches (:meth:`_run_flush`). Returns ``(run, -1, None)`` when the thread's timers
-        are due (``timer_at``; the run goes on); ``(None, -1, None)`` when the run ended (the
-        socket is empty, the box or the reservation is used up, the buffer changed, the node
-        stops); ``(None, size, src)`` when a datagram that is not the expected chunk came:
-        gathered into ``scratch`` for the caller's scratch path, the run ended before it.
+        are due (``timer_at``; the run goes on); ``(None, -1, None)`` when the run ended
+        (the socket stayed empty for a tick, :meth:`_run_idle`; the box or the reservation
+        is used up, the buffer changed, the node stops); ``(None, size, src)`` when a
+        datagram that is not the expected chunk came: gathered into ``scratch`` for the
+        caller's scratch path, the run ended before it.
         Where the C loop was built (``self._native``: ``_rxnative.Runner.run``), it receives,
         checks and verifies each batch instead, without the GIL: the header into a buffer of
         its own (its GMAC takes header and payload in two pieces), the same checks."""
@@ -779,9 +802,13 @@ class Receiver:
                 if st == _NATIVE_FLUSH:
                     continue
                 run.ls, run.off = ls, off
-                self._run_flush(run, count, bad, keep=False)
                 if st == _NATIVE_EMPTY:
-                    return None, -1, None
+                    if not self._run_idle(run, count, bad, poller, timer_at):
+                        return None, -1, None
+                    count = bad = 0
+                    end = run.end
+                    continue
+                self._run_flush(run, count, bad, keep=False)
                 if st == _NATIVE_OTHER:
                     return None, got, src
                 raise OSError(got, os.strerror(got))
@@ -802,10 +829,13 @@ class Receiver:
                     run.ls, run.off = ls, off
                     self._run_flush(run, count, bad, keep=False)
                     raise
-            if got < 0:  # the socket is empty: cover what verified and end the run
+            if got < 0:  # the socket is empty: cover what verified, wait a tick for more
                 run.ls, run.off = ls, off
-                self._run_flush(run, count, bad, keep=False)
-                return None, -1, None
+                if not self._run_idle(run, count, bad, poller, timer_at):
+                    return None, -1, None
+                count = bad = 0
+                end = run.end
+                continue
             if slot is not None:
                 hdr[:] = slot
             if (

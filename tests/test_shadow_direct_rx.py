@@ -575,8 +575,8 @@ def test_soak_full_size_chunks_at_full_speed_with_loss_duplicates_and_reordering
     native = sum(e.get("direct_native", 0) for e in ev)
     print("chunks", chunks, "direct", direct, "native", native, "events", ev)
     assert direct >= 0.8 * chunks, ev
-    # a run ends on a duplicate, a reordered chunk and whenever the socket is empty (the
-    # receiver caught up with the sender), and one that ended early backs off: 57 % of the
-    # chunks came through runs here when this test was written, on 2 busy cores
-    assert native >= (0.25 * chunks if _NATIVE_BUILT else 0), ev
+    # a run ends on a duplicate or a reordered chunk (and one that ended early backs off) and
+    # when the socket stays empty for a tick: 86 % of the chunks came through the C loop here
+    # when this test was written, on 2 busy cores (57 % when a run ended on an empty socket)
+    assert native >= (0.5 * chunks if _NATIVE_BUILT else 0), ev
     assert all(e.get("diverged", 0) == 0 for e in ev), ev
