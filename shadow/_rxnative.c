@@ -145,6 +145,31 @@ static uint32_t crc_sw(uint32_t crc, const unsigned char *p, size_t len) {
 }
 
 #if defined(__x86_64__)
+/* one step of the three interleaved streams: the CRC of 3 * block bytes at *pp continuing c0,
+   the two later streams joined by the zeros operator of `block` bytes; *pp moves past them */
+__attribute__((target("sse4.2"))) static inline uint64_t crc_3way(uint64_t c0,
+                                                                  const unsigned char **pp,
+                                                                  size_t block,
+                                                                  uint32_t zeros[][256]) {
+    const unsigned char *p = *pp;
+    const unsigned char *end = p + block;
+    uint64_t c1 = 0, c2 = 0;
+    do {
+        uint64_t a, b, c;
+        memcpy(&a, p, 8);
+        memcpy(&b, p + block, 8);
+        memcpy(&c, p + 2 * block, 8);
+        c0 = _mm_crc32_u64(c0, a);
+        c1 = _mm_crc32_u64(c1, b);
+        c2 = _mm_crc32_u64(c2, c);
+        p += 8;
+    } while (p < end);
+    c0 = crc_shift(zeros, (uint32_t)c0) ^ c1;
+    c0 = crc_shift(zeros, (uint32_t)c0) ^ c2;
+    *pp = p + 2 * block;
+    return c0;
+}
+
 /* three interleaved streams of the SSE4.2 crc32 instruction, joined by the zeros operators */
 __attribute__((target("sse4.2"))) static uint32_t crc_hw(uint32_t crc, const unsigned char *p,
                                                          size_t len) {
@@ -153,42 +178,10 @@ __attribute__((target("sse4.2"))) static uint32_t crc_hw(uint32_t crc, const uns
         c0 = _mm_crc32_u8((uint32_t)c0, *p++);
         len--;
     }
-    while (len >= 3 * LONG_BLOCK) {
-        uint64_t c1 = 0, c2 = 0;
-        const unsigned char *end = p + LONG_BLOCK;
-        do {
-            uint64_t a, b, c;
-            memcpy(&a, p, 8);
-            memcpy(&b, p + LONG_BLOCK, 8);
-            memcpy(&c, p + 2 * LONG_BLOCK, 8);
-            c0 = _mm_crc32_u64(c0, a);
-            c1 = _mm_crc32_u64(c1, b);
-            c2 = _mm_crc32_u64(c2, c);
-            p += 8;
-        } while (p < end);
-        c0 = crc_shift(crc_long, (uint32_t)c0) ^ c1;
-        c0 = crc_shift(crc_long, (uint32_t)c0) ^ c2;
-        p += 2 * LONG_BLOCK;
-        len -= 3 * LONG_BLOCK;
-    }
-    while (len >= 3 * SHORT_BLOCK) {
-        uint64_t c1 = 0, c2 = 0;
-        const unsigned char *end = p + SHORT_BLOCK;
-        do {
-            uint64_t a, b, c;
-            memcpy(&a, p, 8);
-            memcpy(&b, p + SHORT_BLOCK, 8);
-            memcpy(&c, p + 2 * SHORT_BLOCK, 8);
-            c0 = _mm_crc32_u64(c0, a);
-            c1 = _mm_crc32_u64(c1, b);
-            c2 = _mm_crc32_u64(c2, c);
-            p += 8;
-        } while (p < end);
-        c0 = crc_shift(crc_short, (uint32_t)c0) ^ c1;
-        c0 = crc_shift(crc_short, (uint32_t)c0) ^ c2;
-        p += 2 * SHORT_BLOCK;
-        len -= 3 * SHORT_BLOCK;
-    }
+    for (; len >= 3 * LONG_BLOCK; len -= 3 * LONG_BLOCK)
+        c0 = crc_3way(c0, &p, LONG_BLOCK, crc_long);
+    for (; len >= 3 * SHORT_BLOCK; len -= 3 * SHORT_BLOCK)
+        c0 = crc_3way(c0, &p, SHORT_BLOCK, crc_short);
     while (len >= 8) {
         uint64_t a;
         memcpy(&a, p, 8);
