@@ -417,6 +417,11 @@ def test_ingest_limit_splits_the_shadows_own_work_by_the_same_runs_micro_figures
     crc = harness._own_work(hashes, "ingest_crc", 11.3)
     assert "CRC-32C 3.7 µs" in crc and "7.6 µs the receive loop" in crc
     assert harness._own_work({}, "ingest_mac", 12.9) == ""
+    # where the shadow's runs are checked in C, the split takes that loop's own check rates
+    c_loop = {**hashes, "rx_loop": "c", "rx_gmac_gbps": 8.7, "rx_crc32c_gbps": 15.0}
+    mac = harness._own_work(c_loop, "ingest_mac", 12.9)
+    assert "7.5 µs" in mac and "5.4 µs the receive loop" in mac and "in C" in mac, mac
+    assert "CRC-32C 4.4 µs" in harness._own_work(c_loop, "ingest_crc", 11.3)
     found = harness._found(harness._load(harness.HARNESS_JSON))
     rows = harness._throughput_goals(found)
     for row in rows:
