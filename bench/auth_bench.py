@@ -365,6 +365,7 @@ def part_b() -> dict[str, Any]:
     # the shadow's receive loop checks runs of DATA in C (shadow/_rxnative.c) with its own GMAC
     # (the system's OpenSSL libcrypto) and CRC-32C, where that extension was built
     rx_loop = "python"
+    rx_crc_impl: str | None = None
     try:
         from shadowgrad.shadow import _rxnative
         from shadowgrad.shadow._receiver import _HDR_TAIL_AT
@@ -385,6 +386,7 @@ def part_b() -> dict[str, Any]:
         candidates["rx_gmac"] = lambda: runner.verify(rx_hdr, rx_pay, rx_tr)
         candidates["rx_crc32c"] = lambda: _rxnative.crc32c(buf)
         rx_loop = "c"
+        rx_crc_impl = _rxnative.crc32c_impls()[-1]  # the one it picks for 64 KiB
     except ImportError:
         pass
     times = {name: _per_call(f) for name, f in candidates.items()}
@@ -395,6 +397,7 @@ def part_b() -> dict[str, Any]:
         # where the shadow's runs are checked: "c" (rx_gmac, rx_crc32c) or "python" (wire_gmac,
         # crc32c)
         "rx_loop": rx_loop,
+        "rx_crc32c_impl": rx_crc_impl,
         **{f"{name}_gbps": len(buf) / t / 1e9 for name, t in times.items()},
         **{f"{name}_us": t * 1e6 for name, t in times.items()},
         "blake2b_over_crc32c_time": t_b2 / t_crc,

@@ -69,6 +69,12 @@ KILL_GRACE_S = 10.0
 Doc = dict[str, Any]
 DASH = "\u2013"  # en dash of ranges, kept out of the source as RUF001 asks
 TIMES = "\u00d7"  # multiplication sign of ratios
+#: auth_bench's ``rx_crc32c_impl``: how the shadow's C loop computes the CRC-32C on this CPU
+_CRC_IMPLS = {
+    "fold": "by carry-less-multiply folding (VPCLMULQDQ)",
+    "sse42": "with the SSE4.2 crc32 instruction",
+    "table": "by table (slicing-by-8)",
+}
 MINMAX = f"min {DASH} max"
 Renderer = Callable[[Doc], list[str]]
 
@@ -381,7 +387,13 @@ def render_auth(d: Doc) -> list[str]:
             + (
                 "The shadow checks its runs of DATA in C (shadow/_rxnative.c): `rx_gmac` and "
                 "`rx_crc32c` are that loop's own checks (its GMAC through the system's "
-                "OpenSSL, the same tag as `wire_gmac`). "
+                "OpenSSL, the same tag as `wire_gmac`"
+                + (
+                    f"; its CRC-32C {_CRC_IMPLS.get(h['rx_crc32c_impl'], h['rx_crc32c_impl'])}"
+                    if h.get("rx_crc32c_impl")
+                    else ""
+                )
+                + "). "
                 if h.get("rx_loop") == "c"
                 else ""
             )

@@ -6,8 +6,9 @@
  * In Python that loop costs ~8 us of interpreter time per datagram. Runner.run does the same
  * loop for up to `max_count` chunks with the GIL released: one recvmsg per datagram into
  * [header, box bytes, trailer, overflow], the checks, the GMAC (OpenSSL's AES-256-GCM over
- * the header and the payload as associated data, no plaintext) or the CRC-32C (SSE4.2 where
- * the CPU has it), and returns to Python to cover what verified.
+ * the header and the payload as associated data, no plaintext) or the CRC-32C (folded with
+ * VPCLMULQDQ, or the SSE4.2 instruction, where the CPU has them), and returns to Python to
+ * cover what verified.
  *
  * The wire format is not defined here: the header size, where its offset/layout/length fields
  * and its checksum lie, the MAC trailer's size come from shadowgrad.wire through the Runner's
@@ -30,7 +31,7 @@
 #include <openssl/evp.h>
 
 #if defined(__x86_64__)
-#include <nmmintrin.h>
+#include <immintrin.h>
 #endif
 
 /* ------------------------------------------------------------------------------------------ */
@@ -44,6 +45,9 @@ static uint32_t crc_table[8][256];
 static uint32_t crc_long[4][256];
 static uint32_t crc_short[4][256];
 static int have_sse42;
+static int have_vpclmul; /* AVX-512 with VPCLMULQDQ: the carry-less-multiply fold below */
+/* fold constants: {for the first 8 bytes of a 16-byte lane, for its last 8}, by distance */
+static uint64_t fold_2048[2], fold_512[2], fold_128[2];
 
 static uint32_t gf2_times(const uint32_t *mat, uint32_t vec) {
     uint32_t sum = 0;
@@ -99,6 +103,32 @@ static inline uint32_t crc_shift(uint32_t zeros[][256], uint32_t crc) {
            zeros[3][crc >> 24];
 }
 
+/* x^n mod P, P = x^32 + 0x1edc6f41 (the Castagnoli polynomial, not bit-reflected) */
+static uint32_t xpow_mod(unsigned n) {
+    uint32_t r = 1;
+    while (n--)
+        r = (r << 1) ^ (r & 0x80000000u ? 0x1edc6f41u : 0);
+    return r;
+}
+
+static uint64_t reflect64(uint64_t v) {
+    uint64_t r = 0;
+    for (int i = 0; i < 64; i++, v >>= 1)
+        r = (r << 1) | (v & 1);
+    return r;
+}
+
+/* The constants that move a 16-byte lane `bits` further along the message. A lane loaded
+   little-endian holds, in the bit-reflected order of this CRC, L(x) x^64 + H(x) (L: its first
+   8 bytes); moved by `bits` it is L x^(64+bits) + H x^bits, which mod P is L k0 + H k1 with
+   k0 = x^(64+bits) mod P, k1 = x^bits mod P, each of degree < 32. A carry-less multiply of two
+   bit-reflected 64-bit words yields their product times x (its 127 bits sit in the low end of
+   the 128), hence the constants' x^-1. */
+static void fold_constants(uint64_t k[2], unsigned bits) {
+    k[0] = reflect64(xpow_mod(64 + bits - 1));
+    k[1] = reflect64(xpow_mod(bits - 1));
+}
+
 static void crc_init(void) {
     for (uint32_t n = 0; n < 256; n++) {
         uint32_t crc = n;
@@ -115,9 +145,14 @@ static void crc_init(void) {
     }
     zeros_table(crc_long, LONG_BLOCK);
     zeros_table(crc_short, SHORT_BLOCK);
+    fold_constants(fold_2048, 2048);
+    fold_constants(fold_512, 512);
+    fold_constants(fold_128, 128);
 #if defined(__x86_64__)
     __builtin_cpu_init();
     have_sse42 = __builtin_cpu_supports("sse4.2") != 0;
+    have_vpclmul = have_sse42 && __builtin_cpu_supports("avx512f") &&
+                   __builtin_cpu_supports("vpclmulqdq");
 #endif
 }
 
@@ -195,8 +230,69 @@ __attribute__((target("sse4.2"))) static uint32_t crc_hw(uint32_t crc, const uns
 }
 #endif
 
+#if defined(__x86_64__)
+#define FOLD_TARGET __attribute__((target("sse4.2,pclmul,avx512f,vpclmulqdq")))
+
+FOLD_TARGET static inline __m512i fold512(__m512i acc, __m512i k, __m512i next) {
+    /* acc's lanes moved by the constants' distance, xor next: (a ^ b ^ c) is 0x96 */
+    return _mm512_ternarylogic_epi64(_mm512_clmulepi64_epi128(acc, k, 0x00),
+                                     _mm512_clmulepi64_epi128(acc, k, 0x11), next, 0x96);
+}
+
+FOLD_TARGET static inline __m128i fold128(__m128i acc, __m128i k, __m128i next) {
+    return _mm_xor_si128(_mm_xor_si128(_mm_clmulepi64_si128(acc, k, 0x00),
+                                       _mm_clmulepi64_si128(acc, k, 0x11)),
+                         next);
+}
+
+/* The CRC of len >= 256 bytes by folding: four 64-byte accumulators of four 16-byte lanes each
+   move 256 bytes along the message per step (VPCLMULQDQ), are folded into one lane, and the
+   crc32 instruction reduces that lane (16 bytes whose polynomial equals, mod P, what came
+   before) and CRCs the last len % 64 bytes. The value to continue is xored into the first four
+   bytes, as appending to it would do. */
+FOLD_TARGET static uint32_t crc_fold(uint32_t crc, const unsigned char *p, size_t len) {
+    const __m512i k2048 = _mm512_broadcast_i32x4(_mm_set_epi64x((long long)fold_2048[1],
+                                                                (long long)fold_2048[0]));
+    const __m512i k512 = _mm512_broadcast_i32x4(_mm_set_epi64x((long long)fold_512[1],
+                                                               (long long)fold_512[0]));
+    const __m128i k128 = _mm_set_epi64x((long long)fold_128[1], (long long)fold_128[0]);
+    __m512i a0 = _mm512_xor_si512(_mm512_loadu_si512((const void *)p),
+                                  _mm512_castsi128_si512(_mm_cvtsi32_si128((int)~crc)));
+    __m512i a1 = _mm512_loadu_si512((const void *)(p + 64));
+    __m512i a2 = _mm512_loadu_si512((const void *)(p + 128));
+    __m512i a3 = _mm512_loadu_si512((const void *)(p + 192));
+    p += 256;
+    len -= 256;
+    for (; len >= 256; p += 256, len -= 256) {
+        a0 = fold512(a0, k2048, _mm512_loadu_si512((const void *)p));
+        a1 = fold512(a1, k2048, _mm512_loadu_si512((const void *)(p + 64)));
+        a2 = fold512(a2, k2048, _mm512_loadu_si512((const void *)(p + 128)));
+        a3 = fold512(a3, k2048, _mm512_loadu_si512((const void *)(p + 192)));
+    }
+    a1 = fold512(a0, k512, a1);
+    a2 = fold512(a1, k512, a2);
+    a0 = fold512(a2, k512, a3);
+    for (; len >= 64; p += 64, len -= 64)
+        a0 = fold512(a0, k512, _mm512_loadu_si512((const void *)p));
+    __m128i x = _mm512_extracti32x4_epi32(a0, 0);
+    x = fold128(x, k128, _mm512_extracti32x4_epi32(a0, 1));
+    x = fold128(x, k128, _mm512_extracti32x4_epi32(a0, 2));
+    x = fold128(x, k128, _mm512_extracti32x4_epi32(a0, 3));
+    uint64_t c = _mm_crc32_u64(0, (uint64_t)_mm_cvtsi128_si64(x));
+    c = _mm_crc32_u64(c, (uint64_t)_mm_extract_epi64(x, 1));
+    return crc_hw(~(uint32_t)c, p, len); /* the last len % 64 bytes, from that state */
+}
+
+/* the fold at any length (it needs 256 bytes; shorter goes to the crc32 instruction) */
+static uint32_t crc_fold_any(uint32_t crc, const unsigned char *p, size_t len) {
+    return len >= 256 ? crc_fold(crc, p, len) : crc_hw(crc, p, len);
+}
+#endif
+
 static uint32_t crc32c(uint32_t crc, const unsigned char *p, size_t len) {
 #if defined(__x86_64__)
+    if (have_vpclmul && len >= 256)
+        return crc_fold(crc, p, len);
     if (have_sse42)
         return crc_hw(crc, p, len);
 #endif
@@ -503,15 +599,44 @@ done:
 static PyObject *Runner_crc32c(PyObject *self, PyObject *args) {
     Py_buffer data = {0};
     unsigned int value = 0;
+    const char *impl = "auto";
     (void)self;
-    if (!PyArg_ParseTuple(args, "y*|I", &data, &value))
+    if (!PyArg_ParseTuple(args, "y*|Is", &data, &value, &impl))
         return NULL;
+    /* each implementation by name, so that the tests reach those this CPU does not pick */
+    uint32_t (*fn)(uint32_t, const unsigned char *, size_t) = NULL;
+    if (strcmp(impl, "auto") == 0)
+        fn = crc32c;
+    else if (strcmp(impl, "table") == 0)
+        fn = crc_sw;
+#if defined(__x86_64__)
+    else if (strcmp(impl, "sse42") == 0 && have_sse42)
+        fn = crc_hw;
+    else if (strcmp(impl, "fold") == 0 && have_vpclmul)
+        fn = crc_fold_any;
+#endif
+    if (fn == NULL) {
+        PyBuffer_Release(&data);
+        PyErr_Format(PyExc_ValueError, "CRC-32C implementation %s is unknown or not on this CPU",
+                     impl);
+        return NULL;
+    }
     uint32_t crc;
     Py_BEGIN_ALLOW_THREADS;
-    crc = crc32c(value, data.buf, (size_t)data.len);
+    crc = fn(value, data.buf, (size_t)data.len);
     Py_END_ALLOW_THREADS;
     PyBuffer_Release(&data);
     return PyLong_FromUnsignedLong(crc);
+}
+
+static PyObject *Runner_crc32c_impls(PyObject *self, PyObject *noargs) {
+    (void)self;
+    (void)noargs;
+    if (have_vpclmul)
+        return Py_BuildValue("(sss)", "table", "sse42", "fold");
+    if (have_sse42)
+        return Py_BuildValue("(ss)", "table", "sse42");
+    return Py_BuildValue("(s)", "table");
 }
 
 PyDoc_STRVAR(Runner_verify_doc,
@@ -561,8 +686,11 @@ static PyTypeObject RunnerType = {
 
 static PyMethodDef module_methods[] = {
     {"crc32c", Runner_crc32c, METH_VARARGS,
-     "crc32c(data, value=0): the CRC-32C of data continuing value (the crc32c package's "
-     "values); the loop's own implementation, exposed for its tests"},
+     "crc32c(data, value=0, impl='auto'): the CRC-32C of data continuing value (the crc32c "
+     "package's values); the loop's own implementation, exposed for its tests, which name each "
+     "of 'table', 'sse42' and 'fold' (those of crc32c_impls())"},
+    {"crc32c_impls", Runner_crc32c_impls, METH_NOARGS,
+     "crc32c_impls(): the CRC-32C implementations this CPU runs, the one 'auto' prefers last"},
     {NULL, NULL, 0, NULL},
 };
 

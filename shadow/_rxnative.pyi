@@ -10,7 +10,8 @@ OTHER: int
 ERROR: int
 SSE42: int
 
-def crc32c(data: Buffer, value: int = 0) -> int: ...
+def crc32c(data: Buffer, value: int = 0, impl: str = "auto") -> int: ...
+def crc32c_impls() -> tuple[str, ...]: ...
 
 class Runner:
     def __init__(

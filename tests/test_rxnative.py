@@ -6,6 +6,7 @@ anything that is not the chunk expected comes back whole in the scratch buffer."
 from __future__ import annotations
 
 import os
+import random
 import shutil
 import socket
 import sysconfig
@@ -56,13 +57,66 @@ def test_outcomes_match_the_receivers_names() -> None:
     )
 
 
+IMPLS = ("auto", *native.crc32c_impls())
+
+
+def test_the_crc_implementations_this_cpu_runs() -> None:
+    """Slicing-by-8 everywhere; the crc32 instruction with SSE4.2; the carry-less-multiply fold
+    with AVX-512 and VPCLMULQDQ. An implementation the CPU lacks is refused by name."""
+    impls = native.crc32c_impls()
+    assert impls[0] == "table" and set(impls) <= {"table", "sse42", "fold"}
+    assert ("sse42" in impls) == bool(native.SSE42)
+    for name in {"table", "sse42", "fold", "crc"} - set(impls):
+        with pytest.raises(ValueError, match=name):
+            native.crc32c(b"x", 0, name)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("start", [0, 1, 3, 7])
-def test_crc32c_matches_the_crc32c_package(start: int) -> None:
+def test_crc32c_matches_the_crc32c_package(impl: str, start: int) -> None:
     rng = os.urandom(3 * 8192 * 2 + 4096)
-    for n in (0, 1, 7, 8, 9, 255, 767, 768, 769, 3 * 8192 - 1, 3 * 8192, 3 * 8192 + 1, 65280):
+    # around every block size of every implementation: 8, 3 * 256, 3 * 8192; the fold's 256
+    # (four 64-byte accumulators), 64 (its single-accumulator steps) and 16 (its lanes)
+    for n in (
+        0,
+        1,
+        7,
+        8,
+        9,
+        63,
+        64,
+        65,
+        255,
+        256,
+        257,
+        319,
+        320,
+        321,
+        511,
+        512,
+        527,
+        528,
+        767,
+        768,
+        769,
+        3 * 8192 - 1,
+        3 * 8192,
+        3 * 8192 + 1,
+        65280,
+    ):
         data = rng[start : start + n]
         for value in (0, 0xFFFFFFFF, int.from_bytes(rng[:4], "little")):
-            assert native.crc32c(data, value) == crc32c(data, value), (n, value)
+            assert native.crc32c(data, value, impl) == crc32c(data, value), (n, value)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_crc32c_at_random_lengths_alignments_and_values(impl: str) -> None:
+    rng = random.Random(f"crc32c-{impl}")
+    data = rng.randbytes(8192)
+    for _ in range(2000):
+        start, n, value = rng.randrange(64), rng.randrange(4096), rng.getrandbits(32)
+        piece = data[start : start + n]
+        assert native.crc32c(piece, value, impl) == crc32c(piece, value), (start, n, value)
 
 
 def test_gmac_matches_wire_seal_and_refuses_any_change() -> None:
