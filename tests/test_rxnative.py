@@ -58,6 +58,13 @@ def test_outcomes_match_the_receivers_names() -> None:
 
 
 IMPLS = ("auto", *native.crc32c_impls())
+#: 0, 1 and 7 to 9 bytes, 65,280, and either side of every block size of every implementation: 8,
+#: 3 * 256 and 3 * 8192 (the crc32 instruction's streams); the fold's 16 (its lanes), 64 (its
+#: single-accumulator steps) and 256 (four accumulators)
+LENGTHS = sorted(
+    {0, 1, 7, 8, 9, 65280}
+    | {edge + d for edge in (64, 256, 320, 512, 528, 768, 3 * 8192) for d in (-1, 0, 1)}
+)
 
 
 def test_the_crc_implementations_this_cpu_runs() -> None:
@@ -75,35 +82,7 @@ def test_the_crc_implementations_this_cpu_runs() -> None:
 @pytest.mark.parametrize("start", [0, 1, 3, 7])
 def test_crc32c_matches_the_crc32c_package(impl: str, start: int) -> None:
     rng = os.urandom(3 * 8192 * 2 + 4096)
-    # around every block size of every implementation: 8, 3 * 256, 3 * 8192; the fold's 256
-    # (four 64-byte accumulators), 64 (its single-accumulator steps) and 16 (its lanes)
-    for n in (
-        0,
-        1,
-        7,
-        8,
-        9,
-        63,
-        64,
-        65,
-        255,
-        256,
-        257,
-        319,
-        320,
-        321,
-        511,
-        512,
-        527,
-        528,
-        767,
-        768,
-        769,
-        3 * 8192 - 1,
-        3 * 8192,
-        3 * 8192 + 1,
-        65280,
-    ):
+    for n in LENGTHS:
         data = rng[start : start + n]
         for value in (0, 0xFFFFFFFF, int.from_bytes(rng[:4], "little")):
             assert native.crc32c(data, value, impl) == crc32c(data, value), (n, value)
