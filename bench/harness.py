@@ -173,6 +173,20 @@ def _faults_note(x: dict[str, Any]) -> str:
     )
 
 
+def _background_note(x: dict[str, Any]) -> str:
+    """How rank 0's mirror sender spent its captures in ``mirror_sink`` (a stall row)."""
+    bg = x.get("sink_background") or {}
+    n, low = bg.get("captures"), bg.get("background_slots")
+    if not isinstance(n, int) or not isinstance(low, int) or n <= 0:
+        return ""
+    behind, overdue = bg.get("background_behind") or 0, bg.get("background_overdue") or 0
+    return (
+        f" Rank 0's sender sent {low} of its {n} captures at `SCHED_IDLE` (the cycles training"
+        f" leaves); {behind} of them went back to normal priority because the next capture"
+        f" came first, {overdue} because they were in the background longer than a heartbeat."
+    )
+
+
 def _table_or_not_measured(head: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
     return _table(head, rows) if rows else ["Not measured."]
 
@@ -1204,6 +1218,18 @@ def analyze(found: dict[str, tuple[Path, Doc | None]]) -> Doc:
                 # page faults per iteration, all ranks: each a page the kernel zeroes
                 "none_faults_per_iter": _num(_get(none, "ranks_faults_per_iter")),
                 "sink_faults_per_iter": _num(_get(sink, "ranks_faults_per_iter")),
+                # rank 0's mirror sender: captures, of them sent at SCHED_IDLE, and of those put
+                # back to normal priority early (a newer capture came; in the background longer
+                # than a heartbeat); absent in runs before the sender had a priority
+                "sink_background": {
+                    k: _get(sink, "extra", "mirror", k)
+                    for k in (
+                        "captures",
+                        "background_slots",
+                        "background_behind",
+                        "background_overdue",
+                    )
+                },
                 "cpus": (tb or {}).get("cpus"),
                 "meets_goal": (
                     (sd is not None and st is not None and st > 0 and sd / st >= GOAL_STALL)
@@ -1658,7 +1684,7 @@ def render_goals(g: Doc, speed_spread: float | None = None) -> list[str]:
             f"{cpus} cores busy; mirror adds {_f(extra, 1, 1e3)} ms of CPU per iteration "
             f"({_f(b - a, 1, 1e3)} ms in the ranks, {_f(rx, 1, 1e3)} ms in the sinks) and "
             f"{room}: on this machine the checkpoint's bytes cost CPU the trainers need, so "
-            "wall time grows with it." + _faults_note(x),
+            "wall time grows with it." + _faults_note(x) + _background_note(x),
         ]
     if g.get("mirror_paired"):
         out += ["", _paired_sentence(g["mirror_paired"])]

@@ -50,6 +50,7 @@ from shadowgrad.wire import (
 
 from ._guard import Peers, RepairBudget
 from ._plan import RankPlan, Run, torch_dtype
+from ._priority import ThreadPriority
 
 __all__ = ["CommitInfo", "MirrorSender"]
 
@@ -160,6 +161,7 @@ class MirrorSender:
         key: bytes | None = None,
         authenticate_data: bool = False,
         repair_budget: RepairBudget | None = None,
+        background: bool = True,
     ) -> None:
         layout = plan.layout
         if chunk_bytes < 64 or chunk_bytes % 8:
@@ -199,6 +201,11 @@ class MirrorSender:
         self.repair_budget = repair_budget or RepairBudget()
         self.heartbeat_s = heartbeat_s
         self.counters = _Counters()
+        #: DATA of a capture is sent at SCHED_IDLE while the sender keeps up (``_priority``);
+        #: back to the thread's own policy when a newer capture arrives before it is done, or
+        #: after ``heartbeat_s`` in the background (the shadows and the controller then hear
+        #: from this rank as soon as they would at normal priority)
+        self.priority = ThreadPriority(background)
         #: fault injection for tests: probability of silently dropping a first (non-RETX) send
         self.drop_first_sends = drop_first_sends
         self._rng = random.Random(seed)
@@ -329,6 +336,9 @@ class MirrorSender:
             slot.ready = ev
         with self._lock:
             self._queue.append(("data", slot))
+            # a capture while the previous one is still being sent in the background: the
+            # sender fell behind, so it gets the CPU it needs again (it never lags more)
+            self.priority.restore(behind=True)
             self._wake_thread_locked()
         return True
 
@@ -400,6 +410,12 @@ class MirrorSender:
             with contextlib.suppress(OSError, AttributeError):
                 out["thread_cpu_s"] = time.clock_gettime(time.pthread_getcpuclockid(ident))
         out["rejected_by_reason"] = dict(c.by_reason)
+        # slots sent in the background (SCHED_IDLE), and of them how many were put back to
+        # normal priority before they were done: a newer capture came (the sender fell behind),
+        # or the slot had been heartbeat_s in the background
+        out["background_slots"] = self.priority.lowered
+        out["background_behind"] = self.priority.behind
+        out["background_overdue"] = self.priority.overdue
         return out
 
     # -- internals -----------------------------------------------------------------------
@@ -548,6 +564,7 @@ class MirrorSender:
             )
 
     def _run(self) -> None:
+        self.priority.bind()
         try:
             while True:
                 with self._lock:
@@ -690,19 +707,32 @@ class MirrorSender:
             if unpolled >= poll_every:
                 unpolled = 0
                 self._poll_rx(0.0)
+                if self.priority.low:
+                    self._background_deadline()
         if unpolled:
             self._poll_rx(0.0)
+
+    def _background_deadline(self) -> None:
+        """Back to normal priority once a slot was ``heartbeat_s`` in the background: training
+        that keeps every core busy for longer (an evaluation pass, another job) must not
+        starve the checkpoint."""
+        if time.monotonic() - self.priority.since >= self.heartbeat_s:
+            with self._lock:
+                self.priority.restore(overdue=True)
 
     def _send_slot(self, slot: _Slot) -> None:
         if slot.ready is not None:
             slot.ready.synchronize()
         with self._lock:
             slot.busy = True
+            if not any(kind == "data" for kind, _ in self._queue):
+                self.priority.lower()  # keeping up: send in the cycles training leaves
         try:
             for run in self.plan.runs:
                 self._send_range(slot, run, retx=False)
         finally:
             with self._lock:
+                self.priority.restore()  # COMMITs, heartbeats and repairs at normal priority
                 slot.busy = False
                 slot.state = _SENT
                 slot.sent_at = time.monotonic()

@@ -162,6 +162,7 @@ class Shadowgrad:
         layout: Layout | None = None,
         layout_reduce: bool = True,
         software_tap: bool = False,
+        background_sender: bool = True,
     ) -> None:
         self.spec = spec if isinstance(spec, JobSpec) else load_spec(Path(spec))
         ddp = model if isinstance(model, torch.nn.parallel.DistributedDataParallel) else None
@@ -246,6 +247,9 @@ class Shadowgrad:
         per_slot = max(1, self.plan.staging_nbytes)
         self.slots = int(min(MAX_SLOTS, max(4, buffer_bytes // per_slot)))
         self._buffer_bytes = buffer_bytes
+        #: mirror: a capture's DATA leaves at SCHED_IDLE while the sender keeps up
+        #: (trainer_hooks/_priority.py); False: always at the training thread's priority
+        self.background_sender = background_sender
         self.mode = self.spec.job.mode
         self._iteration: int | None = None
         self._sender: MirrorSender | None = None
@@ -893,6 +897,7 @@ class Shadowgrad:
             send_parts=link.send if link is not None else None,
             key=self._key,
             authenticate_data=self.spec.security.authenticate_data,
+            background=self.background_sender,
         )
         if inband:
             self._start_ring(shadow_addrs)
