@@ -275,6 +275,28 @@ def thread_cpu_s() -> dict[str, float]:
     return out
 
 
+def thread_faults() -> dict[str, float]:
+    """Minor page faults (pages the kernel had to supply: fresh, zeroed) of every live thread of
+    this process so far, by name as in :func:`thread_cpu_s` (``/proc/self/task/*/stat``)."""
+    import threading
+
+    names = {t.native_id: t.name for t in threading.enumerate() if t.native_id is not None}
+    out: dict[str, float] = {}
+    try:
+        tids = os.listdir("/proc/self/task")
+    except OSError:
+        return out
+    for tid in tids:
+        try:
+            with open(f"/proc/self/task/{tid}/stat", encoding="ascii", errors="replace") as f:
+                head, _, rest = f.read().rpartition(")")
+        except OSError:  # a thread that just ended
+            continue
+        name = names.get(int(tid)) or head.partition("(")[2] or tid
+        out[name] = out.get(name, 0.0) + int(rest.split()[7])  # field 10: minflt
+    return out
+
+
 def cpu_delta(before: dict[str, float], after: dict[str, float], per: int) -> dict[str, float]:
     """``(after - before) / per`` by thread name, the largest first (threads gone by ``after``
     are left out; a thread started between the two counts from zero)."""

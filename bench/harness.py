@@ -166,6 +166,16 @@ def _faults_note(x: dict[str, Any]) -> str:
     growth = x.get("main_thread_growth_s")
     if a is None or b is None or growth is None:
         return ""
+    tn, ts = x.get("none_thread_faults"), x.get("sink_thread_faults")
+    if isinstance(tn, dict) and isinstance(ts, dict) and "MainThread" in tn and "MainThread" in ts:
+        mirror = sum(v for k, v in ts.items() if k.startswith("shadowgrad-"))
+        return (
+            f" Page faults per iteration, all ranks: {a:,.0f} without mirror, {b:,.0f} with it;"
+            f" of them the training threads' (`MainThread`: the tensors training allocates,"
+            f" whose pages the allocator sometimes hands back to the kernel)"
+            f" {tn['MainThread']:,.0f} and {ts['MainThread']:,.0f}, mirror's own threads'"
+            f" {mirror:,.0f}."
+        )
     return (
         f" Page faults per iteration, all ranks: {a:,.0f} without mirror, {b:,.0f} with it"
         f" ({(b - a) * 4096 / 1e6:+,.0f} MB of 4 KiB pages faulted in), against the training"
@@ -1218,6 +1228,9 @@ def analyze(found: dict[str, tuple[Path, Doc | None]]) -> Doc:
                 # page faults per iteration, all ranks: each a page the kernel zeroes
                 "none_faults_per_iter": _num(_get(none, "ranks_faults_per_iter")),
                 "sink_faults_per_iter": _num(_get(sink, "ranks_faults_per_iter")),
+                # the same by thread name (runs before the count existed have none)
+                "none_thread_faults": _get(none, "thread_faults_per_iter"),
+                "sink_thread_faults": _get(sink, "thread_faults_per_iter"),
                 # rank 0's mirror sender: captures, of them sent at SCHED_IDLE, and of those put
                 # back to normal priority early (a newer capture came; in the background longer
                 # than a heartbeat); absent in runs before the sender had a priority

@@ -133,6 +133,7 @@ def worker(args: argparse.Namespace) -> None:
     cpu0 = 0.0
     flt0 = 0
     threads0: dict[str, float] = {}
+    tflt0: dict[str, float] = {}
     mirror0: dict[str, Any] = {}
     for it in range(args.warmup + args.iters):
         if it == args.warmup:
@@ -140,6 +141,7 @@ def worker(args: argparse.Namespace) -> None:
             cpu0 = time.process_time()
             flt0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
             threads0 = _common.thread_cpu_s()
+            tflt0 = _common.thread_faults()
             mirror0 = sg.stats().get("mirror", {}) if sg is not None else {}
         # a periodic policy saves on the first iteration of every window of ``every`` measured
         # ones (so a background write's spill-over falls inside the window it belongs to), and
@@ -186,6 +188,7 @@ def worker(args: argparse.Namespace) -> None:
     cpu = (time.process_time() - cpu0) / args.iters
     faults = (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - flt0) / args.iters
     threads = _common.cpu_delta(threads0, _common.thread_cpu_s(), args.iters)
+    thread_faults = _common.cpu_delta(tflt0, _common.thread_faults(), args.iters)
     mirror1 = sg.stats().get("mirror", {}) if sg is not None else {}
     if fut is not None:
         fut.result()
@@ -207,6 +210,9 @@ def worker(args: argparse.Namespace) -> None:
             "sender_cpu_per_iter_s": sender_cpu,
             # CPU seconds per measured iteration by thread name
             "thread_cpu_per_iter_s": threads,
+            # and page faults: whose allocations they are (the training thread's own tensors,
+            # or mirror's threads)
+            "thread_faults_per_iter": thread_faults,
         }
     )
     dist.barrier()
@@ -500,16 +506,13 @@ def summarize(runs: list[dict[str, Any]], base_runs: list[dict[str, Any]]) -> di
     out["ranks_faults_per_iter"] = per_rank_sum("rank_faults_per_iter")
     # where it goes: CPU per measured iteration by thread name, all ranks summed, the median
     # over the rounds (the main thread is "MainThread"; gloo's, ZeroMQ's by their OS names)
-    names = {n for r in runs for per in r.get("thread_cpu_per_iter_s") or [] for n in per}
-    by_thread = {
-        n: statistics.median(
-            sum(per.get(n, 0.0) for per in r["thread_cpu_per_iter_s"])
-            for r in runs
-            if r.get("thread_cpu_per_iter_s")
-        )
-        for n in names
-    }
-    out["thread_cpu_per_iter_s"] = dict(sorted(by_thread.items(), key=lambda kv: -kv[1]))
+    for key in ("thread_cpu_per_iter_s", "thread_faults_per_iter"):
+        names = {n for r in runs for per in r.get(key) or [] for n in per}
+        by_thread = {
+            n: statistics.median(sum(per.get(n, 0.0) for per in r[key]) for r in runs if r.get(key))
+            for n in names
+        }
+        out[key] = dict(sorted(by_thread.items(), key=lambda kv: -kv[1]))
     rx = [v for r in runs if (v := r.get("receiver_cpu_per_iter_s")) is not None]
     out["receiver_cpu_per_iter_s"] = statistics.median(rx) if rx else None
     return out
