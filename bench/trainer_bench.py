@@ -121,7 +121,9 @@ def worker(args: argparse.Namespace) -> None:
     if kind in ("mirror", "mirror_sink"):
         from shadowgrad.trainer_hooks import attach
 
-        sg = attach(model, opt, args.spec, max_grad_norm=1.0)
+        sg = attach(
+            model, opt, args.spec, max_grad_norm=1.0, background_sender=bool(args.background)
+        )
         sg.restore_or_start()
     times: list[float] = []
     ckpt: list[bool] = []
@@ -265,7 +267,7 @@ def _paired(args: argparse.Namespace) -> None:
     opt_a = torch.optim.AdamW(plain.parameters(), lr=1e-4)
     model = DistributedDataParallel(_common.mlp(args.size))
     opt_b = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    sg = attach(model, opt_b, args.spec, max_grad_norm=1.0)
+    sg = attach(model, opt_b, args.spec, max_grad_norm=1.0, background_sender=bool(args.background))
     sg.restore_or_start()
 
     def one(mirror: bool) -> tuple[float, float]:
@@ -434,6 +436,7 @@ def run_variant(
         ckdir=ckdir,
         block=args.block,
         pairs=args.pairs,
+        background=int(args.background_sender),
     )
     try:
         codes = ranks.wait(args.timeout)
@@ -556,6 +559,7 @@ def main() -> int:
     ap.add_argument("--variant", default="none", help=argparse.SUPPRESS)
     ap.add_argument("--spec", default="", help=argparse.SUPPRESS)
     ap.add_argument("--ckdir", default="", help=argparse.SUPPRESS)
+    ap.add_argument("--background", type=int, default=1, help=argparse.SUPPRESS)
     ap.add_argument("--sizes", default="10M,100M", help="comma list of " + ",".join(SIZES))
     ap.add_argument("--variants", default=",".join(VARIANTS))
     ap.add_argument(
@@ -587,6 +591,13 @@ def main() -> int:
         action=argparse.BooleanOptionalAction,
         default=True,
         help="security.authenticate_data of the job (--no-data-mac: DATA with the CRC only)",
+    )
+    ap.add_argument(
+        "--background-sender",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="mirror: the sender sends at SCHED_IDLE while it keeps up (attach's "
+        "background_sender; --no-background-sender: always at normal priority)",
     )
     ap.add_argument("--block", type=int, default=4, help="paired: iterations per block")
     ap.add_argument("--pairs", type=int, default=8, help="paired: blocks of each variant")
