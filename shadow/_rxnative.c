@@ -715,8 +715,7 @@ PyMODINIT_FUNC PyInit__rxnative(void) {
     if (PyModule_AddIntConstant(m, "FLUSH", ST_FLUSH) < 0 ||
         PyModule_AddIntConstant(m, "EMPTY", ST_EMPTY) < 0 ||
         PyModule_AddIntConstant(m, "OTHER", ST_OTHER) < 0 ||
-        PyModule_AddIntConstant(m, "ERROR", ST_ERROR) < 0 ||
-        PyModule_AddIntConstant(m, "SSE42", have_sse42) < 0) {
+        PyModule_AddIntConstant(m, "ERROR", ST_ERROR) < 0) {
         Py_DECREF(m);
         return NULL;
     }

@@ -8,7 +8,6 @@ FLUSH: int
 EMPTY: int
 OTHER: int
 ERROR: int
-SSE42: int
 
 def crc32c(data: Buffer, value: int = 0, impl: str = "auto") -> int: ...
 def crc32c_impls() -> tuple[str, ...]: ...
