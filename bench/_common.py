@@ -18,7 +18,7 @@ import os
 import platform
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -238,14 +238,32 @@ def rank_result(out: str) -> dict[str, Any]:
     return res
 
 
-def thread_cpu_s() -> dict[str, float]:
-    """CPU seconds (user + system, ``/proc/self/task/*/stat``) of every live thread of this
-    process by name: a Python thread's ``threading`` name (its ``native_id``), else the OS
-    thread name (gloo's, ZeroMQ's, PyTorch's); threads of one name are summed. Two snapshots'
-    difference says where a process's CPU went (``bench/trainer_bench.py``)."""
+def _task_stats() -> Iterator[tuple[int, str, list[str]]]:
+    """``(tid, name, fields)`` of every live thread of this process: its name is the Python
+    thread's ``threading`` name (by ``native_id``), else the OS thread name (gloo's, ZeroMQ's,
+    PyTorch's); ``fields`` are ``/proc/self/task/TID/stat``'s after the name (field 3 first)."""
     import threading
 
     names = {t.native_id: t.name for t in threading.enumerate() if t.native_id is not None}
+    try:
+        tids = os.listdir("/proc/self/task")
+    except OSError:
+        return
+    for tid in tids:
+        try:
+            with open(f"/proc/self/task/{tid}/stat", encoding="ascii", errors="replace") as f:
+                head, _, rest = f.read().rpartition(")")
+        except OSError:  # a thread that just ended
+            continue
+        yield int(tid), names.get(int(tid)) or head.partition("(")[2] or tid, rest.split()
+
+
+def thread_cpu_s() -> dict[str, float]:
+    """CPU seconds (user + system) of every live thread of this process by name
+    (:func:`_task_stats`); threads of one name are summed. Two snapshots' difference says where
+    a process's CPU went (``bench/trainer_bench.py``)."""
+    import threading
+
     # a Python thread's own CPU clock (nanoseconds); /proc's ticks (10 ms) for the others
     exact: dict[int, float] = {}
     for t in threading.enumerate():
@@ -255,45 +273,18 @@ def thread_cpu_s() -> dict[str, float]:
                 exact[t.native_id] = time.clock_gettime(time.pthread_getcpuclockid(t.ident))
     tick = os.sysconf("SC_CLK_TCK")
     out: dict[str, float] = {}
-    try:
-        tids = os.listdir("/proc/self/task")
-    except OSError:
-        return out
-    for tid in tids:
-        if int(tid) in exact:
-            name = names[int(tid)]
-            out[name] = out.get(name, 0.0) + exact[int(tid)]
-            continue
-        try:
-            with open(f"/proc/self/task/{tid}/stat", encoding="ascii", errors="replace") as f:
-                head, _, rest = f.read().rpartition(")")
-        except OSError:  # a thread that just ended
-            continue
-        fields = rest.split()
-        name = names.get(int(tid)) or head.partition("(")[2] or tid
-        out[name] = out.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / tick
+    for tid, name, fields in _task_stats():
+        cpu = exact[tid] if tid in exact else (int(fields[11]) + int(fields[12])) / tick
+        out[name] = out.get(name, 0.0) + cpu
     return out
 
 
 def thread_faults() -> dict[str, float]:
     """Minor page faults (pages the kernel had to supply: fresh, zeroed) of every live thread of
-    this process so far, by name as in :func:`thread_cpu_s` (``/proc/self/task/*/stat``)."""
-    import threading
-
-    names = {t.native_id: t.name for t in threading.enumerate() if t.native_id is not None}
+    this process so far, by name as in :func:`thread_cpu_s`."""
     out: dict[str, float] = {}
-    try:
-        tids = os.listdir("/proc/self/task")
-    except OSError:
-        return out
-    for tid in tids:
-        try:
-            with open(f"/proc/self/task/{tid}/stat", encoding="ascii", errors="replace") as f:
-                head, _, rest = f.read().rpartition(")")
-        except OSError:  # a thread that just ended
-            continue
-        name = names.get(int(tid)) or head.partition("(")[2] or tid
-        out[name] = out.get(name, 0.0) + int(rest.split()[7])  # field 10: minflt
+    for _tid, name, fields in _task_stats():
+        out[name] = out.get(name, 0.0) + int(fields[7])  # field 10: minflt
     return out
 
 
