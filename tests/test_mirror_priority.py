@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import threading
-import time
 
 import pytest
 import torch
@@ -121,7 +120,6 @@ def test_a_slot_in_the_background_longer_than_a_heartbeat_goes_back_to_normal_pr
 def test_background_sender_false_sends_at_normal_priority() -> None:
     with _mirror(background=False) as (model, _layout, _sink, snd, _addr):
         assert snd.capture(0, _grads(model))
-        deadline = time.monotonic() + 10.0
-        assert snd.flush(10.0) and time.monotonic() < deadline
+        assert snd.flush(10.0)
         st = snd.stats()
         assert st["background_slots"] == 0 and st["data_chunks"] > 0
