@@ -45,7 +45,7 @@ def _mininet_shells(tag: str) -> list[int]:
     return _pids_where("cmdline", lambda argv: f"mininet:sg{tag}".encode() in argv.split(b"\0"))
 
 
-def test_switch_class_runs_the_target_on_mininet_interfaces() -> None:
+def test_switch_class_runs_the_target_on_mininet_interfaces(tmp_path: Path) -> None:
     """A two-host Mininet behind P4RuntimeSwitch(sw_path='sg-switch-grpc', json_path=a
     program): the tutorials' command line (``-i N@sX-ethN``, ``--device-id``, the program,
     ``-- --grpc-server-addr``), the hosts configured as the netns topology does, h1 pings h2
@@ -61,6 +61,7 @@ def test_switch_class_runs_the_target_on_mininet_interfaces() -> None:
         json_path=str(WIRE),
         cpu_port=255,
         device_id=3,
+        log_file=str(tmp_path / "switch.log"),  # not the tutorials' /tmp/p4s.NAME.log
     )
     try:
         sw = net.switch
@@ -241,6 +242,7 @@ def test_the_tutorials_compile_and_push_workflow_on_the_target(tmp_path: Path) -
         [(1, "10.0.0.1", 0x020000000001), (2, "10.0.0.2", 0x020000000002)],
         {1: "h1", 2: "h2"},
         tag=tag,
+        log_file=str(tmp_path / "switch.log"),
     )
     try:
         h1 = net.hosts[1]
@@ -282,6 +284,7 @@ def test_the_same_switch_class_runs_real_simple_switch_grpc(tmp_path: Path) -> N
         tag=tag,
         sw_path="simple_switch_grpc",
         json_path=str(tmp_path / "wire.json"),
+        log_file=str(tmp_path / "switch.log"),
     )
     try:
         out = net.hosts[1].cmd("ping -c 3 -i 0.2 -W 2 10.0.0.2")

@@ -155,6 +155,10 @@ def _torchrun(
             *restarts,
             "--master-port",
             str(_free_port()),
+            # torchrun's own logs beside ours (without it every run leaves a
+            # /tmp/torchelastic_* behind)
+            "--log-dir",
+            str(log.parent / "torchrun"),
             str(ROOT / "examples" / script),
             *args,
         ],
