@@ -135,6 +135,61 @@ def _thread_excess_sentence(x: Doc) -> str:
     return out
 
 
+def _sum_of(r: Doc, key: str) -> float | None:
+    """The sum over ranks of ``per_rank_per_iter[key]`` (None where missing)."""
+    total = 0.0
+    vals = _get(r, "per_rank_per_iter", key) or []
+    for v in vals:
+        n = _num(v)
+        if n is None:
+            return None
+        total += n
+    return total if vals else None
+
+
+def _tap_control(inband: Doc, notap: Doc | None) -> Doc | None:
+    """``inband`` against ``inband_notap`` (the same session through the same switch without
+    the tap): the ranks' work is the same (the switch's copies and the shadows' ingest are
+    other processes'), so their CPU ratio is what the machine moves the same work by in this
+    run. None where either lacks a figure."""
+    if not notap:
+        return None
+    out: Doc = {}
+    for key in ("rusage_cpu_s", "link_datagrams", "link_bytes", "ring_data", "ring_retx"):
+        a, b = _sum_of(inband, key), _sum_of(notap, key)
+        out[key] = None if a is None or b is None or not b else a / b
+    if out["rusage_cpu_s"] is None or out["link_bytes"] is None:
+        return None
+    for name, r in (("inband", inband), ("notap", notap)):
+        for proc in ("switch", "shadows"):
+            v = _num(_get(r, "cpu_per_iter_s", proc))
+            out[f"{name}_{proc}_ms"] = None if v is None else v * 1e3
+    return out
+
+
+def _tap_control_sentence(x: Doc) -> str:
+    """The same-work control of the in-band CPU sentence (:func:`_tap_control`)."""
+    c = x.get("tap_control")
+    if not c:
+        return ""
+    data, grams, cpu = c.get("ring_data"), c.get("link_datagrams"), c["rusage_cpu_s"]
+    co = [c.get(f"{n}_{p}_ms") for n in ("inband", "notap") for p in ("switch", "shadows")]
+    load = (
+        ""
+        if any(v is None for v in co)
+        else f" (the switch and the shadows used {_f(co[0] + co[1], 1)} ms of CPU per "
+        f"iteration with the tap, {_f(co[2] + co[3], 1)} ms without)"
+    )
+    return (
+        " Same work, other load, same run: against `inband_notap` (the same session through "
+        f"the same switch without the copies to the shadows) the ranks sent {TIMES}"
+        f"{_f(data, 3)} the DATA datagrams and {TIMES}{_f(c['link_bytes'], 4)} the bytes "
+        f"(all datagrams {TIMES}{_f(grams, 3)}: the ACKs follow the timing), and their CPU "
+        f"per iteration was {TIMES}{_f(cpu, 3)}{load}: the ranks' own work was the same but "
+        f"for the ACKs, their CPU time moved by {100 * (cpu - 1):+.1f} %."
+    )
+
+
 def _ratio4(x: Any) -> str:
     return "-" if _num(x) is None else f"{x:.4f}"
 
@@ -1133,6 +1188,9 @@ def analyze(found: dict[str, tuple[Path, Doc | None]]) -> Doc:
                         "rusage_cpu_per_iter",
                     )
                 ),
+                "tap_control": _tap_control(
+                    r, rows.get((size, "inband_notap" + ("@" + pin if pin else "")))
+                ),
             }
         )
     from shadowgrad.wire import MAC_SIZE
@@ -1624,7 +1682,8 @@ def render_goals(g: Doc, speed_spread: float | None = None) -> list[str]:
                     f"of work move by {TIMES}{_f(speed_spread, 2)} on this machine: a "
                     f"{_pct(GOAL_INBAND)} difference is far inside what a run's mix of CPU "
                     "speeds moves."
-                ),
+                )
+                + _tap_control_sentence(x),
             ]
     rows = [
         [

@@ -427,3 +427,38 @@ def test_ingest_limit_splits_the_shadows_own_work_by_the_same_runs_micro_figures
     for row in rows:
         if row.get("limit") and "ingest" in row["goal"]:
             assert "the receive loop around it" in row["limit"], row["limit"]
+
+
+def test_inband_cpu_has_a_same_work_control_from_the_same_run() -> None:
+    """The in-band CPU sentence compares ``inband`` with ``inband_notap`` of the same run: the
+    ranks' DATA and bytes are the same (the tap is the switch's work), so their CPU ratio is
+    what the other processes' load moved the same work by; a run without the control row, or
+    without per-rank CPU, gets no sentence."""
+    harness = _load("harness")
+
+    def row(cpu: float, shadows: float) -> dict[str, Any]:
+        return {
+            "per_rank_per_iter": {
+                "rusage_cpu_s": [cpu, cpu],
+                "link_datagrams": [10.0, 11.0],
+                "link_bytes": [1000.0, 1000.0],
+                "ring_data": [8.0, 8.0],
+                "ring_retx": [0.0, 0.0],
+            },
+            "cpu_per_iter_s": {"switch": 0.004, "shadows": shadows},
+        }
+
+    c = harness._tap_control(row(0.012, 0.016), row(0.010, 0.002))
+    assert abs(c["rusage_cpu_s"] - 1.2) < 1e-9 and c["ring_data"] == c["link_bytes"] == 1.0
+    assert c["ring_retx"] is None  # 0 / 0: no figure
+    text = harness._tap_control_sentence({"tap_control": c})
+    assert f"{harness.TIMES}1.200" in text and "+20.0 %" in text
+    assert "20.0 ms" in text and "6.0 ms" in text  # the switch and the shadows, with / without
+    assert harness._tap_control(row(0.012, 0.016), None) is None
+    bare = row(0.01, 0.0)
+    del bare["per_rank_per_iter"]["rusage_cpu_s"]
+    assert harness._tap_control(row(0.012, 0.016), bare) is None
+    assert harness._tap_control_sentence({}) == ""
+    # the committed page carries it wherever the CPU goal is missed and the run had the row
+    found = harness.analyze(harness._found(harness._load(harness.HARNESS_JSON)))
+    assert all(x.get("tap_control") for x in found["inband"]["sizes"])
