@@ -122,6 +122,21 @@ def test_base_install_in_a_fresh_venv(tmp_path: Path) -> None:
     )
     assert cli.returncode == 0, cli.stderr
     assert "spec" in cli.stdout and "layout" in cli.stdout
+    # the P4 target's include files came with the wheel (package data, not the checkout)
+    inc = subprocess.run(
+        [
+            py,
+            "-c",
+            "from shadowgrad.p4target.frontend.lexer import BUILTIN_INCLUDE as b;"
+            "print(b.parent.parent.parent, sorted(p.name for p in b.glob('*.p4')))",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
+    assert inc.returncode == 0, inc.stderr
+    assert "site-packages" in inc.stdout and "['core.p4', 'v1model.p4']" in inc.stdout, inc.stdout
 
 
 def test_every_python_folder_is_a_listed_package() -> None:
@@ -140,15 +155,17 @@ def test_every_python_folder_is_a_listed_package() -> None:
 
 def test_p4_include_files_are_package_data() -> None:
     """The P4 target's own core.p4/v1model.p4 (what ``#include <v1model.p4>`` finds) travel in
-    the wheel as package data of ``shadowgrad.p4target``."""
+    the wheel as package data of ``shadowgrad.p4target.p4include``, a data-only package listed
+    in ``packages`` (unlisted, setuptools warns on every install that it would be ignored)."""
     import tomllib
 
     from shadowgrad.p4target.frontend.lexer import BUILTIN_INCLUDE
 
     cfg = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
-    folder = Path(cfg["package-dir"]["shadowgrad.p4target"])
-    patterns = cfg["package-data"]["shadowgrad.p4target"]
+    assert "shadowgrad.p4target.p4include" in cfg["packages"]
+    folder = Path(cfg["package-dir"]["shadowgrad.p4target"]) / "p4include"
+    patterns = cfg["package-data"]["shadowgrad.p4target.p4include"]
     shipped = {f for pat in patterns for f in (ROOT / folder).glob(pat)}
-    assert ROOT / folder / "p4include" == BUILTIN_INCLUDE
+    assert ROOT / folder == BUILTIN_INCLUDE
     assert {f.name for f in shipped} >= {"core.p4", "v1model.p4"}
     assert shipped == set(BUILTIN_INCLUDE.glob("*.p4"))
