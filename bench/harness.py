@@ -641,6 +641,33 @@ def _mirror_met(x: Doc) -> bool:
     )
 
 
+def _ms_of(secs: Any) -> float | None:
+    x = _num(secs)
+    return None if x is None else x * 1e3
+
+
+def _floor_sentence(paired: list[Doc]) -> str:
+    """What the sender's bytes cost the kernel alone (trainer_paired's bare sendmsg loop)."""
+    parts = [
+        f"{x['size']}: {_f(x.get('bare_send_mb'), 1)} MB per capture, a bare loop "
+        f"{_f(x['bare_send_ms'], 1)} ms, the sender {_f(x['sender_cpu_ms'], 1)} ms "
+        f"({TIMES}{_f(x['sender_cpu_ms'] / x['bare_send_ms'], 2)})"
+        for x in paired
+        if x.get("bare_send_ms") and x.get("sender_cpu_ms") is not None
+    ]
+    if not parts:
+        return ""
+    return (
+        " The floor, in the same processes after the blocks: a bare `sendmsg` loop of what "
+        "rank 0's sender sent per capture (datagrams of the same size to a sink, nothing "
+        "sealed, one call each) against the sender thread's own CPU per capture (sealing, its "
+        "Python, COMMITs and heartbeats included) — " + "; ".join(parts) + ". Moving the "
+        "checkpoint's bytes through this machine's kernel costs about the bare loop's CPU "
+        "whatever sends them (a little less from C: one Python call per datagram is in it), "
+        "and on cores the ranks fill that CPU is wall time."
+    )
+
+
 def _paired_sentence(paired: list[Doc]) -> str:
     """The goal section's account of trainer_paired (``analyze``'s ``mirror_paired``)."""
     parts = [
@@ -658,7 +685,10 @@ def _paired_sentence(paired: list[Doc]) -> str:
     return (
         "The same two variants in the same rank processes, in alternating blocks of "
         "iterations ([trainer_paired](#trainer_paired), so both get the same seconds of the "
-        f"machine): `mirror_sink` {TIMES} `none` " + "; ".join(parts) + "."
+        f"machine): `mirror_sink` {TIMES} `none` "
+        + "; ".join(parts)
+        + "."
+        + _floor_sentence(paired)
     )
 
 
@@ -673,7 +703,12 @@ def render_paired(d: Doc) -> list[str]:
         f"{TIMES} none: the pooled medians' ratio; per pair: each pair of blocks' ratio of "
         "medians. *training thread CPU*: rank 0's training thread's own CPU per timed "
         "iteration (`time.thread_time`; mirror: the capture included), medians: where it "
-        "grows by more than the capture, the training itself ran slower beside the sender.",
+        "grows by more than the capture, the training itself ran slower beside the sender. "
+        "*sender CPU*: rank 0's sender thread's CPU per capture (sealing, sending, COMMITs, "
+        "heartbeats); *bare sendmsg*: after the blocks, in the same process, a bare "
+        "`sendmsg` loop of the same bytes per capture in datagrams of the same size to a sink "
+        "(nothing sealed), every rank at once, medians: the kernel's part and one Python call "
+        "per datagram, with nothing sealed or kept.",
         "",
     ]
     rows = []
@@ -692,6 +727,8 @@ def render_paired(d: Doc) -> list[str]:
                 _f(r.get("base_main_cpu_s"), 1, 1e3),
                 _f(r.get("main_cpu_s"), 1, 1e3),
                 _ratio(_ratio_of(r.get("main_cpu_s"), r.get("base_main_cpu_s"))),
+                _f(r.get("sender_cpu_per_capture_s"), 1, 1e3),
+                _f(r.get("bare_send_cpu_s"), 1, 1e3),
                 " ".join(_ratio(x) for x in r.get("pair_ratios") or []),
             ]
         )
@@ -708,6 +745,8 @@ def render_paired(d: Doc) -> list[str]:
             "none training thread CPU ms",
             "mirror_sink training thread CPU ms",
             f"CPU {TIMES}",
+            "sender CPU ms/capture",
+            "bare sendmsg ms",
             "every pair",
         ],
         rows,
@@ -1139,6 +1178,13 @@ def analyze(found: dict[str, tuple[Path, Doc | None]]) -> Doc:
                 "pairs": len(r.get("pair_ratios") or []),
                 # rank 0's training thread's own CPU per iteration, mirror over plain
                 "main_cpu_ratio": _ratio_of(r.get("main_cpu_s"), r.get("base_main_cpu_s")),
+                # rank 0's sender thread's CPU per capture, and a bare sendmsg loop of the same
+                # bytes in the same process (trainer_bench.bare_send_floor)
+                "sender_cpu_ms": _ms_of(r.get("sender_cpu_per_capture_s")),
+                "bare_send_ms": _ms_of(r.get("bare_send_cpu_s")),
+                "bare_send_mb": None
+                if _num(r.get("bare_send_bytes")) is None
+                else r["bare_send_bytes"] / 1e6,
             }
         )
     if paired:

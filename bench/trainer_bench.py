@@ -14,7 +14,9 @@ For each model size it launches ``--world`` DDP ranks (gloo, CPU) once per varia
 * ``paired``     -- ``none`` and ``mirror_sink`` in the same rank processes, in alternating
                     blocks of ``--block`` iterations (``--pairs`` of each): both see the same
                     seconds of a machine whose speed moves from second to second (opt-in; the
-                    ratio of the pooled medians and every pair's ratio)
+                    ratio of the pooled medians and every pair's ratio); after the blocks every
+                    rank times a bare ``sendmsg`` loop of what its sender sent per capture
+                    (:func:`bare_send_floor`: the kernel's part, the floor of the sender's CPU)
 * ``dcp_async``  -- ``torch.distributed.checkpoint.async_save`` of model + optimizer every
                     iteration (waiting for the previous save first, as one must)
 * ``torch_save`` -- rank 0 ``torch.save`` of model + optimizer state every iteration
@@ -306,6 +308,8 @@ def _paired(args: argparse.Namespace) -> None:
     stats = sg.stats()
     sg.flush(30)
     sg.close()
+    dist.barrier()  # every rank's floor runs beside the other ranks' floors, as their senders ran
+    floor = bare_send_floor(args.spec, stats.get("mirror") or {}, args.pairs)
     dist.barrier()
     if dist.get_rank() == 0:
         base = [t for b in blocks if b["variant"] == "none" for t in b["times"]]
@@ -334,9 +338,57 @@ def _paired(args: argparse.Namespace) -> None:
                 "checkpointed": [False] * len(mine),
                 "blocked_s": [],
                 "world": args.world,
-                "extra": {"mirror": stats.get("mirror", {})},
+                "extra": {"mirror": stats.get("mirror", {}), "bare_send": floor},
             }
         )
+
+
+def bare_send_floor(spec_path: str, mirror: dict[str, Any], reps: int) -> dict[str, Any] | None:
+    """What moving the sender's bytes through the kernel costs without shadowgrad: a bare
+    ``sendmsg`` loop, in this process (after its sender closed), of one capture's worth of what
+    the sender sent (``data_bytes / captures``), in datagrams of its size (``data_bytes /
+    data_chunks``: a header's worth of zeros + a slice of one preallocated buffer, nothing
+    sealed or encoded) to the first sink of the spec, ``reps`` times; the loop's thread CPU
+    per capture, median and all, beside the sender thread's own CPU per capture
+    (``thread_cpu_s / captures``: its heartbeats and COMMITs included). None without figures."""
+    from shadowgrad.config import load_spec
+    from shadowgrad.wire import HEADER_SIZE, MAC_SIZE
+
+    captures, chunks = int(mirror.get("captures") or 0), int(mirror.get("data_chunks") or 0)
+    nbytes = int(mirror.get("data_bytes") or 0)
+    if not captures or not chunks or not nbytes:
+        return None
+    per_capture, chunk = nbytes // captures, max(1, nbytes // chunks)
+    spec = load_spec(spec_path)
+    sink = spec.shadows.addresses[0]
+    addr = (sink.host, sink.port)
+    data = memoryview(bytearray(per_capture))  # touched: zeros written by bytearray
+    # the sender's datagram carries the header and, sealed, the MAC trailer around the payload
+    head = bytes(HEADER_SIZE + (MAC_SIZE if spec.security.authenticate_data else 0))
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    cpu: list[float] = []
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 8 * 2**20)
+        for _ in range(max(1, reps)):
+            c0 = time.thread_time()
+            for off in range(0, per_capture, chunk):
+                while True:
+                    try:
+                        sock.sendmsg([head, data[off : off + chunk]], (), 0, addr)
+                        break
+                    except BlockingIOError:  # the sinks' buffers are full: let them drain
+                        time.sleep(0.0005)
+            cpu.append(time.thread_time() - c0)
+            time.sleep(0.05)  # the sinks drain between captures, as between iterations
+    finally:
+        sock.close()
+    return {
+        "bytes_per_capture": per_capture,
+        "datagram_payload": chunk,
+        "cpu_s": cpu,
+        "cpu_median_s": statistics.median(cpu),
+        "sender_cpu_per_capture_s": float(mirror.get("thread_cpu_s") or 0.0) / captures,
+    }
 
 
 # --------------------------------------------------------------------------- launcher
@@ -529,6 +581,7 @@ def paired_summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
     pairs = [x for r in runs for x in r["pair_ratios"]]
     cpu = [c for r in runs for c in r.get("main_cpu") or []]
     base_cpu = [c for r in runs for c in r.get("base_main_cpu") or []]
+    floors = [f for r in runs if (f := (r.get("extra") or {}).get("bare_send"))]
     return {
         "ratio": statistics.median(mine) / statistics.median(base),
         "base_median_s": statistics.median(base),
@@ -539,6 +592,16 @@ def paired_summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
         "pair_ratio_median": statistics.median(pairs),
         "pair_ratio_quartiles": statistics.quantiles(pairs, n=4) if len(pairs) > 1 else None,
         "block": runs[0].get("block"),
+        # rank 0: its sender thread's CPU per capture and a bare sendmsg loop of the same bytes
+        # in the same process (bare_send_floor), medians over the rounds
+        "sender_cpu_per_capture_s": (
+            statistics.median(f["sender_cpu_per_capture_s"] for f in floors) if floors else None
+        ),
+        "bare_send_cpu_s": (
+            statistics.median(f["cpu_median_s"] for f in floors) if floors else None
+        ),
+        "bare_send_bytes": floors[0]["bytes_per_capture"] if floors else None,
+        "bare_send_datagram": floors[0]["datagram_payload"] if floors else None,
     }
 
 
@@ -701,7 +764,9 @@ def main() -> int:
                             f"  faults/iter {entry['ranks_faults_per_iter']:.0f}"
                             if entry.get("ranks_faults_per_iter") is not None
                             else ""
-                        ),
+                        )
+                        + _ms("  rank 0 sender cpu/capture", entry.get("sender_cpu_per_capture_s"))
+                        + _ms(" bare sendmsg of its bytes", entry.get("bare_send_cpu_s")),
                         flush=True,
                     )
     finally:

@@ -33,3 +33,11 @@ def test_paired_variant_times_both_jobs_in_alternating_blocks(tmp_path: Path) ->
     assert r["extra"]["mirror"]["data_chunks"] > 0
     # rank 0's training thread's own CPU per timed iteration, both jobs
     assert r["base_main_cpu_s"] > 0 and r["main_cpu_s"] > 0
+    # the floor: a bare sendmsg loop of one capture's worth of what rank 0's sender sent, in
+    # datagrams of its size, once per pair, beside the sender's own CPU per capture
+    m, floor = r["extra"]["mirror"], r["extra"]["bare_send"]
+    assert floor["bytes_per_capture"] == m["data_bytes"] // m["captures"]
+    assert floor["datagram_payload"] == m["data_bytes"] // m["data_chunks"]
+    assert len(floor["cpu_s"]) == 2 and all(c > 0 for c in floor["cpu_s"])
+    assert r["bare_send_cpu_s"] == floor["cpu_median_s"] > 0
+    assert r["sender_cpu_per_capture_s"] == m["thread_cpu_s"] / m["captures"] > 0
