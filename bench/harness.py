@@ -160,6 +160,8 @@ def _tap_control(inband: Doc, notap: Doc | None) -> Doc | None:
         out[key] = None if a is None or b is None or not b else a / b
     if out["rusage_cpu_s"] is None or out["link_bytes"] is None:
         return None
+    # NACK repairs: work only the tap can cause (the control's shadows never NACK)
+    out["inband_nack_retx"] = _sum_of(inband, "ring_nack_retx")
     for name, r in (("inband", inband), ("notap", notap)):
         for proc in ("switch", "shadows"):
             v = _num(_get(r, "cpu_per_iter_s", proc))
@@ -173,6 +175,7 @@ def _tap_control_sentence(x: Doc) -> str:
     if not c:
         return ""
     data, grams, cpu = c.get("ring_data"), c.get("link_datagrams"), c["rusage_cpu_s"]
+    nack = c.get("inband_nack_retx")
     co = [c.get(f"{n}_{p}_ms") for n in ("inband", "notap") for p in ("switch", "shadows")]
     load = (
         ""
@@ -185,8 +188,14 @@ def _tap_control_sentence(x: Doc) -> str:
         f"the same switch without the copies to the shadows) the ranks sent {TIMES}"
         f"{_f(data, 3)} the DATA datagrams and {TIMES}{_f(c['link_bytes'], 4)} the bytes "
         f"(all datagrams {TIMES}{_f(grams, 3)}: the ACKs follow the timing), and their CPU "
-        f"per iteration was {TIMES}{_f(cpu, 3)}{load}: the ranks' own work was the same but "
-        f"for the ACKs, their CPU time moved by {100 * (cpu - 1):+.1f} %."
+        f"per iteration was {TIMES}{_f(cpu, 3)}{load}"
+        + (
+            f"; with the tap they also answered {_f(nack, 1)} NACK repairs per iteration, so "
+            f"their CPU time moved by {100 * (cpu - 1):+.1f} % with more work to do."
+            if nack
+            else f": the ranks' own work was the same but for the ACKs, their CPU time moved by "
+            f"{100 * (cpu - 1):+.1f} %."
+        )
     )
 
 

@@ -454,6 +454,14 @@ def test_inband_cpu_has_a_same_work_control_from_the_same_run() -> None:
     text = harness._tap_control_sentence({"tap_control": c})
     assert f"{harness.TIMES}1.200" in text and "+20.0 %" in text
     assert "20.0 ms" in text and "6.0 ms" in text  # the switch and the shadows, with / without
+    assert "own work was the same" in text
+    # NACK repairs are work only the tap causes: then the sentence does not claim the same work
+    nacked = row(0.012, 0.016)
+    nacked["per_rank_per_iter"]["ring_nack_retx"] = [1.5, 0.5]
+    text = harness._tap_control_sentence(
+        {"tap_control": harness._tap_control(nacked, row(0.01, 0))}
+    )
+    assert "2.0 NACK repairs per iteration" in text and "own work was the same" not in text
     assert harness._tap_control(row(0.012, 0.016), None) is None
     bare = row(0.01, 0.0)
     del bare["per_rank_per_iter"]["rusage_cpu_s"]
@@ -462,3 +470,19 @@ def test_inband_cpu_has_a_same_work_control_from_the_same_run() -> None:
     # the committed page carries it wherever the CPU goal is missed and the run had the row
     found = harness.analyze(harness._found(harness._load(harness.HARNESS_JSON)))
     assert all(x.get("tap_control") for x in found["inband"]["sizes"])
+
+
+def test_paired_sentence_sets_the_sender_beside_a_bare_sendmsg_loop() -> None:
+    """trainer_paired's floor (a bare sendmsg loop of one capture's bytes, same process) is
+    reported beside the sender thread's CPU per capture, with their ratio; a run without it
+    (older JSON) gets the sentence without the floor."""
+    harness = _load("harness")
+    x = {"size": "10M", "ratio": 1.1, "pair_median": 1.08, "pair_q1": 1.0, "pair_q3": 1.2}
+    floor = {"sender_cpu_ms": 7.2, "bare_send_ms": 4.0, "bare_send_mb": 21.0}
+    text = harness._paired_sentence([{**x, "pairs": 10, **floor}])
+    assert "21.0 MB per capture, a bare loop 4.0 ms, the sender 7.2 ms" in text
+    assert f"{harness.TIMES}1.80)" in text and "The floor" in text
+    assert "The floor" not in harness._paired_sentence([{**x, "pairs": 10}])
+    # the committed run has it for every size
+    found = harness.analyze(harness._found(harness._load(harness.HARNESS_JSON)))
+    assert all(p["bare_send_ms"] and p["sender_cpu_ms"] for p in found["mirror_paired"])
