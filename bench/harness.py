@@ -57,6 +57,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/ is not a package
 import _common
+import inband_bench  # its compare(): the in-band rows' ratios, one rule
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
@@ -135,37 +136,41 @@ def _thread_excess_sentence(x: Doc) -> str:
     return out
 
 
-def _sum_of(r: Doc, key: str) -> float | None:
-    """The sum over ranks of ``per_rank_per_iter[key]`` (None where missing)."""
-    total = 0.0
-    vals = _get(r, "per_rank_per_iter", key) or []
-    for v in vals:
-        n = _num(v)
-        if n is None:
-            return None
-        total += n
-    return total if vals else None
+def _ms_of(secs: Any) -> float | None:
+    x = _num(secs)
+    return None if x is None else x * 1e3
 
 
 def _tap_control(inband: Doc, notap: Doc | None) -> Doc | None:
     """``inband`` against ``inband_notap`` (the same session through the same switch without
-    the tap): the ranks' work is the same (the switch's copies and the shadows' ingest are
-    other processes'), so their CPU ratio is what the machine moves the same work by in this
-    run. None where either lacks a figure."""
+    the tap), by inband_bench's own :func:`inband_bench.compare` (as its ``vs_ring``): the
+    ranks' work is the same (the switch's copies and the shadows' ingest are other processes'),
+    so their CPU ratio is what the machine moves the same work by in this run. None where
+    either lacks a figure (older JSON)."""
     if not notap:
         return None
-    out: Doc = {}
-    for key in ("rusage_cpu_s", "link_datagrams", "link_bytes", "ring_data", "ring_retx"):
-        a, b = _sum_of(inband, key), _sum_of(notap, key)
-        out[key] = None if a is None or b is None or not b else a / b
-    if out["rusage_cpu_s"] is None or out["link_bytes"] is None:
+    try:
+        vs = inband_bench.compare(inband, notap)
+    except (KeyError, TypeError):
         return None
-    # NACK repairs: work only the tap can cause (the control's shadows never NACK)
-    out["inband_nack_retx"] = _sum_of(inband, "ring_nack_retx")
+    if vs["rusage_cpu_per_iter"] is None or vs["link_bytes_per_iter"] is None:
+        return None
+    pe, pn = inband["per_rank_per_iter"], notap["per_rank_per_iter"]
+    data, data_notap = (
+        inband_bench._total(pe.get("ring_data")),
+        inband_bench._total(pn.get("ring_data")),
+    )
+    out: Doc = {
+        "rusage_cpu_s": vs["rusage_cpu_per_iter"],
+        "link_bytes": vs["link_bytes_per_iter"],
+        "link_datagrams": vs["link_datagrams_per_iter"],
+        "ring_data": None if data is None or not data_notap else data / data_notap,
+        # NACK repairs: work only the tap can cause (the control's shadows never NACK)
+        "inband_nack_retx": inband_bench._total(pe.get("ring_nack_retx")),
+    }
     for name, r in (("inband", inband), ("notap", notap)):
         for proc in ("switch", "shadows"):
-            v = _num(_get(r, "cpu_per_iter_s", proc))
-            out[f"{name}_{proc}_ms"] = None if v is None else v * 1e3
+            out[f"{name}_{proc}_ms"] = _ms_of(_get(r, "cpu_per_iter_s", proc))
     return out
 
 
@@ -648,11 +653,6 @@ def _mirror_met(x: Doc) -> bool:
     return all(
         r is None or r <= 1 + GOAL_MIRROR for r in (x.get("sink_ratio") or 9, x.get("paired_ratio"))
     )
-
-
-def _ms_of(secs: Any) -> float | None:
-    x = _num(secs)
-    return None if x is None else x * 1e3
 
 
 def _floor_sentence(paired: list[Doc]) -> str:

@@ -437,20 +437,21 @@ def test_inband_cpu_has_a_same_work_control_from_the_same_run() -> None:
     harness = _load("harness")
 
     def row(cpu: float, shadows: float) -> dict[str, Any]:
-        return {
+        return {  # what inband_bench writes for a row (the fields its compare() reads)
+            "stats_s": {"median": 0.05},
             "per_rank_per_iter": {
+                "cpu_s": [cpu, cpu],
                 "rusage_cpu_s": [cpu, cpu],
+                "switch_rx_bytes": [1100.0, 1100.0],
                 "link_datagrams": [10.0, 11.0],
                 "link_bytes": [1000.0, 1000.0],
                 "ring_data": [8.0, 8.0],
-                "ring_retx": [0.0, 0.0],
             },
             "cpu_per_iter_s": {"switch": 0.004, "shadows": shadows},
         }
 
     c = harness._tap_control(row(0.012, 0.016), row(0.010, 0.002))
     assert abs(c["rusage_cpu_s"] - 1.2) < 1e-9 and c["ring_data"] == c["link_bytes"] == 1.0
-    assert c["ring_retx"] is None  # 0 / 0: no figure
     text = harness._tap_control_sentence({"tap_control": c})
     assert f"{harness.TIMES}1.200" in text and "+20.0 %" in text
     assert "20.0 ms" in text and "6.0 ms" in text  # the switch and the shadows, with / without
