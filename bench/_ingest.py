@@ -6,10 +6,12 @@ A. **Ingest vs bare receive.** A producer process (pre-encoded 64 KiB DATA datag
    flat out with ``sendto``) streams the same bytes twice: once at a bare ``recv_into`` loop,
    once at a real :class:`~shadowgrad.shadow.node.ShadowNode` (decode + GMAC + placement +
    coverage), warmed to steady state first (:func:`warm`: its iterations applied, so the
-   measured ones place into recycled buffers, as in a running job). Each side's MB/s is the
-   bytes it *processed* over the time between its first and last datagram; both see the same
-   offered load (the producer's own rate is printed too), so loss under overload shows up as a
-   lower rate, not a wrong one.
+   measured ones place into recycled buffers, as in a running job), with one and with two
+   receive threads. Each side's MB/s is the bytes it *processed* over the time between its
+   first and last datagram; all see the same offered load (the producer's own rate is printed
+   too), so loss under overload shows up as a lower rate, not a wrong one. The three passes run
+   in ``rounds`` interleaved rounds (:func:`interleaved`, as auth_bench's part A): the ratio is
+   of the medians, and the paired ratio the median of each round's own.
 B. **Streaming a 100M-parameter gradient per iteration.** A producer process computes the
    headers (CRC) of a fresh iteration's 64 KiB chunks while pacing them at ``--rate`` MB/s,
    sends the COMMIT, and answers NACKs with RETX; one shadow owns the whole model and replays
@@ -28,7 +30,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -452,62 +454,146 @@ def warm(node: Any, layout: Any, iterations: int, token: str, authenticate_data:
 # --------------------------------------------------------------------------- the bench
 
 
-def _part_a(n_params: int, iterations: int) -> dict[str, Any]:
-    layout = _layout(n_params)
-    # bare receive loop
+def interleaved(
+    variants: Sequence[str], rounds: int, run: Callable[[str, int], dict[str, Any]]
+) -> dict[str, list[dict[str, Any]]]:
+    """``rounds`` rounds of ``run(variant, round)`` for every variant, the order rotated by one
+    each round (no variant always first or last, when the machine is freshest or most loaded);
+    each result gets its ``round``. Part A here and auth_bench's part A compare this way."""
+    runs: dict[str, list[dict[str, Any]]] = {v: [] for v in variants}
+    for r in range(rounds):
+        k = r % len(variants)
+        for v in [*variants[k:], *variants[:k]]:
+            res = run(v, r)
+            res["round"] = r
+            runs[v].append(res)
+    return runs
+
+
+def paired_median(runs: dict[str, list[dict[str, Any]]], a: str, b: str, key: str) -> float:
+    """The median over the rounds of ``a``'s ``key`` over ``b``'s in the same round (NaN if
+    there is none): a ratio of two passes that ran seconds apart, not hours."""
+    xs = [x[key] / y[key] for x, y in zip(runs[a], runs[b], strict=True) if y[key]]
+    return statistics.median(xs) if xs else float("nan")
+
+
+def _bare_pass(layout: Any, iterations: int) -> dict[str, Any]:
+    """One pass of the producer at a bare ``recv_into`` loop."""
     bare = _udp()
-    prod = _Producer(layout, bare.getsockname()[1], iterations, mode="burst")
-    expected = prod.ready["ready"]
-    prod.go()
-    got, nbytes, t_first, t_last = recv_all(bare, expected)
-    sent = prod.result(30)
-    bare.close()
-    bare_mbps = nbytes / max(1e-9, t_last - t_first) / 1e6
-    # the shadow's receive path, with one and with two receive threads
+    try:
+        prod = _Producer(layout, bare.getsockname()[1], iterations, mode="burst")
+        expected = prod.ready["ready"]
+        prod.go()
+        got, nbytes, t_first, t_last = recv_all(bare, expected)
+        sent = prod.result(30)
+    finally:
+        bare.close()
+    return {
+        "mbps": nbytes / max(1e-9, t_last - t_first) / 1e6,
+        "received": got,
+        "datagrams": expected,
+        "kept_up": got >= expected,
+        "bytes": sent["bytes"],
+        "producer_mbps": sent["bytes"] / sent["seconds"] / 1e6,
+    }
+
+
+def _shadow_pass(layout: Any, iterations: int, rx_threads: int) -> dict[str, Any]:
+    """One pass of the producer at a shadow node with ``rx_threads`` receive threads, warmed to
+    steady state first (as auth_bench: the measured iterations place into recycled buffers)."""
+    node, sock = _node(layout, "sgd", window=iterations, rx_threads=rx_threads)
+    try:
+        first = warm(node, layout, iterations, TOKEN, True)
+        prod = _Producer(
+            layout,
+            sock.getsockname()[1],
+            iterations,
+            mode="burst",
+            first_iteration=first,
+            bind_port=node.spec.trainers.addresses[0].port,
+        )
+        expected = prod.ready["ready"]
+        rx0 = sum(node.rx.values())
+        bytes0 = node.status(timeline=0)["events"].get("data_bytes", 0)  # the warm-up's
+        prod.go()
+        sent = prod.result(60)
+        wait_rx_quiet(node, 0.3)
+        st = node.status(timeline=iterations)
+        firsts = [p["first_chunk"] for p in st["pending"].values() if p["first_chunk"]]
+        lasts = [p["last_chunk"] for p in st["pending"].values() if p["last_chunk"]]
+        data_bytes = st["events"].get("data_bytes", 0) - bytes0
+        counted = sum(node.rx.values()) - rx0
+        return {
+            "mbps": data_bytes / max(1e-9, max(lasts) - min(firsts)) / 1e6,
+            "counted": counted,
+            # every datagram the producer sent was processed: the rate is then the producer's
+            # (a lower bound of the receiver's), not the receiver's own limit
+            "kept_up": counted >= expected,
+            "data_bytes": data_bytes,
+            "producer_mbps": sent["bytes"] / sent["seconds"] / 1e6,
+        }
+    finally:
+        node.stop()
+
+
+#: part A's passes: the bare loop, the shadow with one and with two receive threads
+_A_VARIANTS = ("bare", "rx1", "rx2")
+
+
+def _part_a(n_params: int, iterations: int, rounds: int = 5) -> dict[str, Any]:
+    layout = _layout(n_params)
+
+    def run(v: str, r: int) -> dict[str, Any]:
+        res = (
+            _bare_pass(layout, iterations)
+            if v == "bare"
+            else _shadow_pass(layout, iterations, int(v[2:]))
+        )
+        print(
+            f"  [ingest] round {r} {v:<4} {res['mbps']:7.0f} MB/s (producer "
+            f"{res['producer_mbps']:.0f} MB/s, load {os.getloadavg()[0]:.1f})",
+            flush=True,
+        )
+        return res
+
+    runs = interleaved(_A_VARIANTS, max(1, rounds), run)
+
+    def med(v: str, key: str = "mbps") -> float:
+        return statistics.median(x[key] for x in runs[v])
+
+    bare_mbps = med("bare")
     shadow: dict[int, dict[str, Any]] = {}
-    for rx_threads in (1, 2):
-        node, sock = _node(layout, "sgd", window=iterations, rx_threads=rx_threads)
-        try:
-            # steady state, as auth_bench: the measured iterations place into recycled buffers
-            first = warm(node, layout, iterations, TOKEN, True)
-            prod = _Producer(
-                layout,
-                sock.getsockname()[1],
-                iterations,
-                mode="burst",
-                first_iteration=first,
-                bind_port=node.spec.trainers.addresses[0].port,
-            )
-            rx0 = sum(node.rx.values())
-            bytes0 = node.status(timeline=0)["events"].get("data_bytes", 0)  # the warm-up's
-            prod.go()
-            sent2 = prod.result(60)
-            wait_rx_quiet(node, 0.3)
-            st = node.status(timeline=iterations)
-            firsts = [p["first_chunk"] for p in st["pending"].values() if p["first_chunk"]]
-            lasts = [p["last_chunk"] for p in st["pending"].values() if p["last_chunk"]]
-            data_bytes = st["events"].get("data_bytes", 0) - bytes0
-            shadow[rx_threads] = {
-                "mbps": data_bytes / max(1e-9, max(lasts) - min(firsts)) / 1e6,
-                "counted": sum(node.rx.values()) - rx0,
-                "data_bytes": data_bytes,
-                "producer_mbps": sent2["bytes"] / sent2["seconds"] / 1e6,
-            }
-        finally:
-            node.stop()
+    for v in _A_VARIANTS[1:]:
+        shadow[int(v[2:])] = {
+            "mbps": med(v),
+            "mbps_min": min(x["mbps"] for x in runs[v]),
+            "mbps_max": max(x["mbps"] for x in runs[v]),
+            "counted": min(x["counted"] for x in runs[v]),
+            "data_bytes": med(v, "data_bytes"),
+            "producer_mbps": med(v, "producer_mbps"),
+            "kept_up": sum(bool(x["kept_up"]) for x in runs[v]),
+            "ratio": med(v) / bare_mbps if bare_mbps else None,
+            "paired_ratio": paired_median(runs, v, "bare", "mbps"),
+        }
     best = max(shadow, key=lambda k: shadow[k]["mbps"])
-    shadow_mbps = shadow[best]["mbps"]
     return {
         "datagram_payload": CHUNK,
-        "datagrams": expected,
-        "bytes_per_pass": sent["bytes"],
-        "producer_mbps_bare_run": sent["bytes"] / sent["seconds"] / 1e6,
+        "datagrams": runs["bare"][0]["datagrams"],
+        "bytes_per_pass": runs["bare"][0]["bytes"],
+        "rounds": len(runs["bare"]),
+        "producer_mbps_bare_run": med("bare", "producer_mbps"),
         "bare_recv_mbps": bare_mbps,
-        "bare_received": got,
-        "shadow_ingest_mbps": shadow_mbps,
+        "bare_mbps_min": min(x["mbps"] for x in runs["bare"]),
+        "bare_mbps_max": max(x["mbps"] for x in runs["bare"]),
+        "bare_received": min(x["received"] for x in runs["bare"]),
+        "bare_kept_up": sum(bool(x["kept_up"]) for x in runs["bare"]),
+        "shadow_ingest_mbps": shadow[best]["mbps"],
         "shadow_best_rx_threads": best,
         "shadow_by_rx_threads": shadow,
-        "ratio": shadow_mbps / bare_mbps if bare_mbps else None,
+        # medians over the rounds, as auth_bench's "x bare"; the paired ratio beside it
+        "ratio": shadow[best]["ratio"],
+        "paired_ratio": shadow[best]["paired_ratio"],
+        "runs": runs,
     }
 
 
@@ -607,13 +693,16 @@ def ingest_bench(
     rate_mbps: float = 800.0,
     burst_params: int = 25_000_000,
     burst_iterations: int = 3,
+    rounds: int = 5,
 ) -> dict[str, Any]:
-    """Run part A, then part B once per optimizer; print a summary; return JSON-able results."""
-    a = _part_a(burst_params, burst_iterations)
+    """Run part A (``rounds`` interleaved rounds), then part B once per optimizer; print a
+    summary; return JSON-able results."""
+    a = _part_a(burst_params, burst_iterations, rounds)
     sh = a["shadow_by_rx_threads"]
     print(
         f"[ingest] bare recv_into {a['bare_recv_mbps']:.0f} MB/s, shadow ingest "
-        f"{a['shadow_ingest_mbps']:.0f} MB/s -> {100 * (a['ratio'] or 0):.0f}% (target >= 60%)"
+        f"{a['shadow_ingest_mbps']:.0f} MB/s -> {100 * (a['ratio'] or 0):.0f}% (target >= 60%;"
+        f" paired {100 * a['paired_ratio']:.0f}%; medians of {a['rounds']} rounds)"
         f" [1 rx thread {sh[1]['mbps']:.0f} MB/s, 2 rx threads {sh[2]['mbps']:.0f} MB/s];"
         f" producer offered {a['producer_mbps_bare_run']:.0f} MB/s (bare run); bare got "
         f"{a['bare_received']}/{a['datagrams']} datagrams, shadow counted "
@@ -648,10 +737,15 @@ def main() -> int:
     ap.add_argument("--optimizer", choices=["sgd", "adamw"], action="append", default=None)
     ap.add_argument("--iterations", type=int, default=5)
     ap.add_argument("--rate", type=float, default=800.0, help="producer MB/s within a burst")
+    ap.add_argument("--rounds", type=int, default=5, help="part A's interleaved rounds")
     ap.add_argument("--json", default=None, help="write the results here")
     args = ap.parse_args()
     res = ingest_bench(
-        int(args.params), args.optimizer or ("sgd", "adamw"), args.iterations, rate_mbps=args.rate
+        int(args.params),
+        args.optimizer or ("sgd", "adamw"),
+        args.iterations,
+        rate_mbps=args.rate,
+        rounds=args.rounds,
     )
     if args.json:
         _common.write_json(Path(args.json), res)

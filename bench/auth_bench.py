@@ -252,24 +252,22 @@ def _med(xs: list[float]) -> float:
 
 def part_a(n_params: int, iterations: int, rounds: int) -> dict[str, Any]:
     layout = ING._layout(n_params)
-    runs: dict[str, list[dict[str, Any]]] = {v: [] for v in VARIANTS}
-    for r in range(rounds):
-        k = r % len(VARIANTS)
-        order = VARIANTS[k:] + VARIANTS[:k]
-        for v in order:
-            res = (
-                _pass_bare(layout, iterations, box=v == "bare_box")
-                if v.startswith("bare")
-                else _pass_node(layout, iterations, authenticate_data=v == "ingest_mac")
-            )
-            res["round"] = r
-            runs[v].append(res)
-            print(
-                f"  round {r} {v:<10} {res['mbps']:7.0f} MB/s  {res['cpu_s_per_gb']:.3f} "
-                f"CPU-s/GB  (producer {res['producer_mbps']:.0f} MB/s, load "
-                f"{os.getloadavg()[0]:.1f})",
-                flush=True,
-            )
+
+    def run(v: str, r: int) -> dict[str, Any]:
+        res = (
+            _pass_bare(layout, iterations, box=v == "bare_box")
+            if v.startswith("bare")
+            else _pass_node(layout, iterations, authenticate_data=v == "ingest_mac")
+        )
+        print(
+            f"  round {r} {v:<10} {res['mbps']:7.0f} MB/s  {res['cpu_s_per_gb']:.3f} "
+            f"CPU-s/GB  (producer {res['producer_mbps']:.0f} MB/s, load "
+            f"{os.getloadavg()[0]:.1f})",
+            flush=True,
+        )
+        return res
+
+    runs = ING.interleaved(VARIANTS, rounds, run)
     summary = {
         v: {
             "mbps_median": _med([x["mbps"] for x in rs]),
@@ -282,7 +280,7 @@ def part_a(n_params: int, iterations: int, rounds: int) -> dict[str, Any]:
     }
 
     def paired(a: str, b: str, key: str) -> float:
-        return _med([x[key] / y[key] for x, y in zip(runs[a], runs[b], strict=True) if y[key]])
+        return ING.paired_median(runs, a, b, key)
 
     m = {v: s["mbps_median"] for v, s in summary.items()}
     c = {v: s["cpu_s_per_gb_median"] for v, s in summary.items()}

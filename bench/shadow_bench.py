@@ -235,6 +235,7 @@ def ingest_bench(args: argparse.Namespace) -> dict[str, Any] | None:
         n_params=args.params,
         burst_params=min(args.params, 25_000_000),
         iterations=3 if args.quick else 5,
+        rounds=args.ingest_rounds or (2 if args.quick else 5),
     )
     return result
 
@@ -280,6 +281,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="20M parameters, fewer repetitions")
     parser.add_argument(
         "--reps", type=int, default=0, help="timed rounds (default 10; 5 with --quick)"
+    )
+    parser.add_argument(
+        "--ingest-rounds",
+        type=int,
+        default=0,
+        help="interleaved rounds of the ingest comparison (default 5; 2 with --quick)",
     )
     parser.add_argument("--box-mib", type=int, default=16, help="layout max_piece_bytes in MiB")
     parser.add_argument(

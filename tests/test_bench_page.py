@@ -487,3 +487,75 @@ def test_paired_sentence_sets_the_sender_beside_a_bare_sendmsg_loop() -> None:
     # the committed run has it for every size
     found = harness.analyze(harness._found(harness._load(harness.HARNESS_JSON)))
     assert all(p["bare_send_ms"] and p["sender_cpu_ms"] for p in found["mirror_paired"])
+
+
+def test_ingest_passes_interleave_and_pair_by_round() -> None:
+    """shadow_bench's ingest comparison and auth_bench's run their passes the same way: every
+    variant once per round, the order rotated each round; the paired ratio is the median of
+    each round's own ratio, not the ratio of medians."""
+    ing = _load("_ingest")
+    calls: list[tuple[str, int]] = []
+    mbps = {("a", 0): 10.0, ("b", 0): 5.0, ("a", 1): 20.0, ("b", 1): 4.0, ("a", 2): 30.0}
+    mbps[("b", 2)] = 30.0
+
+    def run(v: str, r: int) -> dict[str, Any]:
+        calls.append((v, r))
+        return {"mbps": mbps[(v, r)]}
+
+    runs = ing.interleaved(("a", "b"), 3, run)
+    assert calls == [("a", 0), ("b", 0), ("b", 1), ("a", 1), ("a", 2), ("b", 2)]
+    assert [x["round"] for x in runs["b"]] == [0, 1, 2]
+    # each round's b/a: 0.5, 0.2, 1.0 -> median 0.5; the ratio of medians would be 5/20
+    assert ing.paired_median(runs, "b", "a", "mbps") == 0.5
+
+
+def test_shadow_ingest_table_shows_rounds_spread_and_paired_ratio() -> None:
+    harness = _load("harness")
+    iv = {
+        "datagram_payload": 65280,
+        "bytes_per_pass": 300_000_000,
+        "rounds": 5,
+        "bare_recv_mbps": 4000.0,
+        "bare_mbps_min": 2000.0,
+        "bare_mbps_max": 4500.0,
+        "bare_kept_up": 5,
+        "shadow_ingest_mbps": 2600.0,
+        "shadow_best_rx_threads": 1,
+        # as JSON gives them back: the thread counts as strings
+        "shadow_by_rx_threads": {
+            "1": {
+                "mbps": 2600.0,
+                "mbps_min": 2500.0,
+                "mbps_max": 2700.0,
+                "kept_up": 2,
+                "ratio": 0.65,
+                "paired_ratio": 0.7,
+            },
+            "2": {
+                "mbps": 2400.0,
+                "mbps_min": 2300.0,
+                "mbps_max": 2500.0,
+                "kept_up": 0,
+                "ratio": 0.6,
+                "paired_ratio": 0.61,
+            },
+        },
+        "ratio": 0.65,
+        "paired_ratio": 0.7,
+    }
+    text = "\n".join(harness.render_shadow({"ingest": {"ingest_vs_bare": iv}}))
+    assert "5 interleaved rounds" in text
+    assert "| bare `recv_into` | 4,000 | 2,000 \u2013 4,500 | 1.000 | - | 5 of 5 |" in text
+    assert (
+        "| shadow node, 1 receive thread (*best*) | 2,600 | 2,500 \u2013 2,700 | 0.650 | 0.700 "
+        "| 2 of 5 |" in text
+    )
+    assert (
+        "| shadow node, 2 receive threads | 2,400 | 2,300 \u2013 2,500 | 0.600 | 0.610 | 0 of 5 |"
+        in text
+    )
+    # a JSON from before the rounds keeps its one-pass table
+    old = {k: iv[k] for k in ("datagram_payload", "bytes_per_pass", "bare_recv_mbps", "ratio")}
+    old["shadow_ingest_mbps"] = 2600.0
+    text = "\n".join(harness.render_shadow({"ingest": {"ingest_vs_bare": old}}))
+    assert "interleaved" not in text and "| shadow node | 2,600 | 0.650 |" in text
