@@ -559,3 +559,25 @@ def test_shadow_ingest_table_shows_rounds_spread_and_paired_ratio() -> None:
     old["shadow_ingest_mbps"] = 2600.0
     text = "\n".join(harness.render_shadow({"ingest": {"ingest_vs_bare": old}}))
     assert "interleaved" not in text and "| shadow node | 2,600 | 0.650 |" in text
+
+
+def test_readme_replay_line_says_when_the_bound_was_disturbed() -> None:
+    """Above 100 % of the bandwidth bound the bound's kernels ran slower than AdamW (other
+    load): README says so and gives the same run's ratio to torch's fused AdamW beside it."""
+    harness = _load("harness")
+    line = next(
+        x
+        for x in harness.render_readme(
+            {"replay_of_bandwidth": 1.021, "replay_vs_fused": 0.996}, "full"
+        )
+        if "optimizer replay" in x
+    )
+    assert "102.1 %" in line and "other load" in line and "0.996" in line
+    line = next(
+        x
+        for x in harness.render_readme(
+            {"replay_of_bandwidth": 0.946, "replay_vs_fused": 1.0}, "full"
+        )
+        if "optimizer replay" in x
+    )
+    assert "other load" not in line and "1.000" in line
