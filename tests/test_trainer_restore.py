@@ -9,6 +9,7 @@ The training script is this file run as a program (``--worker``); the shadows ar
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import random
 import re
@@ -173,6 +174,8 @@ def worker(argv: list[str]) -> None:
     sg.close()
     if ring is not None:  # in-band: the longest a ring send waited for window space
         print(f"ring_wait {rank} {ring.max_send_wait_s:.6f}", flush=True)
+        # its counters (FINAL chunks re-sent after a late ACK: the switch copied them again)
+        print(f"ring_stats {rank} {json.dumps(dict(ring.stats))}", flush=True)
     if args.out and rank == 0:
         save(args.out)
     dist.destroy_process_group()

@@ -517,6 +517,8 @@ class RingAllReduce:
                 self.tap(header, bytes(out.payload))
             self.link.send([header, out.payload], self.next)
         self.stats["retx" if retx else "data_sent"] += 1
+        if retx and flags & Flag.FINAL:  # the switch copies it to the shard's shadows again
+            self.stats["final_retx"] += 1
 
     def _pump(self, timeout_s: float) -> None:
         """Receive what is there (waiting at most ``timeout_s`` for the first), ACK, retransmit."""
