@@ -1,5 +1,6 @@
 """What several bench scripts share: the MLP sizes, shadow AdamW hyperparameters, machine
-facts, the atomic JSON result write, and launching the ranks of a worker, gathering what each
+facts, the order of rounds that compare variants and their medians, the atomic JSON result
+write, and launching the ranks of a worker, gathering what each
 rank measured and writing and reading their ``RESULT`` line.
 
 bench/ is not a package: a script imports this as ``_common`` after putting its own folder on
@@ -16,13 +17,16 @@ import itertools
 import json
 import os
 import platform
+import statistics
 import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 ROOT = Path(__file__).resolve().parents[1]
+
+T = TypeVar("T")
 
 #: model size -> (width, depth) of an MLP of depth x (Linear(width, width), ReLU)
 SIZES = {"1M": (512, 4), "10M": (1024, 10), "100M": (2048, 24)}
@@ -81,6 +85,41 @@ def machine(**extra: Any) -> dict[str, Any]:
         "machine": platform.machine(),
         "loadavg_at_start": list(os.getloadavg()),
     }
+
+
+def rotation(items: Sequence[T], r: int) -> list[T]:
+    """The order of round ``r`` when every item runs once per round: ``items`` rotated left by
+    ``r``, so that no item is always first or last (when the machine is freshest or most
+    loaded) and load from other processes hits every item alike. Every bench that compares
+    variants in rounds takes its order from here."""
+    k = r % len(items) if items else 0
+    return [*items[k:], *items[:k]]
+
+
+def interleaved(
+    variants: Sequence[str], rounds: int, run: Callable[[str, int], dict[str, Any]]
+) -> dict[str, list[dict[str, Any]]]:
+    """``rounds`` rounds of ``run(variant, round)`` for every variant, in :func:`rotation`'s
+    order; each result gets its ``round``, and each variant's results are in round order."""
+    runs: dict[str, list[dict[str, Any]]] = {v: [] for v in variants}
+    for r in range(rounds):
+        for v in rotation(variants, r):
+            res = run(v, r)
+            res["round"] = r
+            runs[v].append(res)
+    return runs
+
+
+def median(xs: Iterable[float]) -> float:
+    """The median of ``xs``; NaN when there is none (a variant that never produced a figure)."""
+    xs = list(xs)
+    return statistics.median(xs) if xs else float("nan")
+
+
+def paired_median(runs: dict[str, list[dict[str, Any]]], a: str, b: str, key: str) -> float:
+    """The median over the rounds of ``a``'s ``key`` over ``b``'s in the same round (NaN if
+    there is none): a ratio of two passes that ran seconds apart, not hours."""
+    return median(x[key] / y[key] for x, y in zip(runs[a], runs[b], strict=True) if y[key])
 
 
 #: a sample of :func:`cpu_speed` counts as slow at this multiple of the fastest sample of any CPU

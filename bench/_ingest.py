@@ -23,6 +23,7 @@ B. **Streaming a 100M-parameter gradient per iteration.** A producer process com
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import socket
@@ -30,7 +31,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -254,7 +255,11 @@ class _Producer:
 
     def _ready_line(self) -> str:
         assert self.proc.stdout is not None
-        return self.proc.stdout.readline()
+        line = self.proc.stdout.readline()
+        if not line:
+            self.proc.wait(10)
+            raise RuntimeError(f"producer exited with {self.proc.returncode} before ready")
+        return line
 
     def go(self) -> None:
         assert self.proc.stdin is not None
@@ -270,6 +275,19 @@ class _Producer:
                 self.proc.wait(10)
         res: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
         return res
+
+    def reap(self) -> None:
+        """Kill the producer if it still runs (a pass that failed midway) and wait for it."""
+        if self.proc.poll() is None:
+            self.proc.kill()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(10)
+
+    def __enter__(self) -> _Producer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.reap()
 
 
 # --------------------------------------------------------------------------- helpers
@@ -454,38 +472,15 @@ def warm(node: Any, layout: Any, iterations: int, token: str, authenticate_data:
 # --------------------------------------------------------------------------- the bench
 
 
-def interleaved(
-    variants: Sequence[str], rounds: int, run: Callable[[str, int], dict[str, Any]]
-) -> dict[str, list[dict[str, Any]]]:
-    """``rounds`` rounds of ``run(variant, round)`` for every variant, the order rotated by one
-    each round (no variant always first or last, when the machine is freshest or most loaded);
-    each result gets its ``round``. Part A here and auth_bench's part A compare this way."""
-    runs: dict[str, list[dict[str, Any]]] = {v: [] for v in variants}
-    for r in range(rounds):
-        k = r % len(variants)
-        for v in [*variants[k:], *variants[:k]]:
-            res = run(v, r)
-            res["round"] = r
-            runs[v].append(res)
-    return runs
-
-
-def paired_median(runs: dict[str, list[dict[str, Any]]], a: str, b: str, key: str) -> float:
-    """The median over the rounds of ``a``'s ``key`` over ``b``'s in the same round (NaN if
-    there is none): a ratio of two passes that ran seconds apart, not hours."""
-    xs = [x[key] / y[key] for x, y in zip(runs[a], runs[b], strict=True) if y[key]]
-    return statistics.median(xs) if xs else float("nan")
-
-
 def _bare_pass(layout: Any, iterations: int) -> dict[str, Any]:
     """One pass of the producer at a bare ``recv_into`` loop."""
     bare = _udp()
     try:
-        prod = _Producer(layout, bare.getsockname()[1], iterations, mode="burst")
-        expected = prod.ready["ready"]
-        prod.go()
-        got, nbytes, t_first, t_last = recv_all(bare, expected)
-        sent = prod.result(30)
+        with _Producer(layout, bare.getsockname()[1], iterations, mode="burst") as prod:
+            expected = prod.ready["ready"]
+            prod.go()
+            got, nbytes, t_first, t_last = recv_all(bare, expected)
+            sent = prod.result(30)
     finally:
         bare.close()
     return {
@@ -504,19 +499,19 @@ def _shadow_pass(layout: Any, iterations: int, rx_threads: int) -> dict[str, Any
     node, sock = _node(layout, "sgd", window=iterations, rx_threads=rx_threads)
     try:
         first = warm(node, layout, iterations, TOKEN, True)
-        prod = _Producer(
+        with _Producer(
             layout,
             sock.getsockname()[1],
             iterations,
             mode="burst",
             first_iteration=first,
             bind_port=node.spec.trainers.addresses[0].port,
-        )
-        expected = prod.ready["ready"]
-        rx0 = sum(node.rx.values())
-        bytes0 = node.status(timeline=0)["events"].get("data_bytes", 0)  # the warm-up's
-        prod.go()
-        sent = prod.result(60)
+        ) as prod:
+            expected = prod.ready["ready"]
+            rx0 = sum(node.rx.values())
+            bytes0 = node.status(timeline=0)["events"].get("data_bytes", 0)  # the warm-up's
+            prod.go()
+            sent = prod.result(60)
         wait_rx_quiet(node, 0.3)
         st = node.status(timeline=iterations)
         firsts = [p["first_chunk"] for p in st["pending"].values() if p["first_chunk"]]
@@ -556,10 +551,10 @@ def _part_a(n_params: int, iterations: int, rounds: int = 5) -> dict[str, Any]:
         )
         return res
 
-    runs = interleaved(_A_VARIANTS, max(1, rounds), run)
+    runs = _common.interleaved(_A_VARIANTS, max(1, rounds), run)
 
     def med(v: str, key: str = "mbps") -> float:
-        return statistics.median(x[key] for x in runs[v])
+        return _common.median(x[key] for x in runs[v])
 
     bare_mbps = med("bare")
     shadow: dict[int, dict[str, Any]] = {}
@@ -573,7 +568,7 @@ def _part_a(n_params: int, iterations: int, rounds: int = 5) -> dict[str, Any]:
             "producer_mbps": med(v, "producer_mbps"),
             "kept_up": sum(bool(x["kept_up"]) for x in runs[v]),
             "ratio": med(v) / bare_mbps if bare_mbps else None,
-            "paired_ratio": paired_median(runs, v, "bare", "mbps"),
+            "paired_ratio": _common.paired_median(runs, v, "bare", "mbps"),
         }
     best = max(shadow, key=lambda k: shadow[k]["mbps"])
     return {
@@ -603,7 +598,7 @@ def _part_b(
     layout = _layout(n_params)
     node, sock = _node(layout, optimizer, window=2)
     try:
-        prod = _Producer(
+        with _Producer(
             layout,
             sock.getsockname()[1],
             iterations,
@@ -612,18 +607,16 @@ def _part_b(
             rate_mbps=rate_mbps,
             drain_s=120.0,
             bind_port=node.spec.trainers.addresses[0].port,
-        )
-        t0 = time.time()
-        prod.go()
-        deadline = time.monotonic() + iterations * period_s + 30
-        while time.monotonic() < deadline:
-            now = node.status(timeline=0)
-            if now["last_applied"] >= iterations - 1 or now["diverged_at"] is not None:
-                break
-            time.sleep(0.05)
-        t_done = time.time()
-        prod.proc.kill()
-        prod.proc.wait(10)
+        ) as prod:
+            t0 = time.time()
+            prod.go()
+            deadline = time.monotonic() + iterations * period_s + 30
+            while time.monotonic() < deadline:
+                now = node.status(timeline=0)
+                if now["last_applied"] >= iterations - 1 or now["diverged_at"] is not None:
+                    break
+                time.sleep(0.05)
+            t_done = time.time()
         st = node.status(timeline=iterations)
     finally:
         node.stop()

@@ -52,7 +52,6 @@ Timings are reported, never asserted. Every child process is reaped (try/finally
 from __future__ import annotations
 
 import argparse
-import contextlib
 import hashlib
 import json
 import os
@@ -111,22 +110,10 @@ def _producer_main(argv: list[str]) -> None:
 
 
 class _Producer(ING._Producer):  # type: ignore[misc]
-    """``_ingest._Producer`` (go / result / kill-on-exit), launching this file's producer."""
+    """``_ingest._Producer`` (go / result / reap, a context manager), launching this file's
+    producer."""
 
     script = os.path.abspath(__file__)
-
-    def _ready_line(self) -> str:
-        line: str = super()._ready_line()
-        if not line:
-            self.proc.wait(10)
-            raise RuntimeError(f"producer exited with {self.proc.returncode} before ready")
-        return line
-
-    def reap(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self.proc.wait(10)
 
 
 # --------------------------------------------------------------------------- part A
@@ -246,10 +233,6 @@ def _pass_node(layout: Any, iterations: int, authenticate_data: bool) -> dict[st
     }
 
 
-def _med(xs: list[float]) -> float:
-    return statistics.median(xs) if xs else float("nan")
-
-
 def part_a(n_params: int, iterations: int, rounds: int) -> dict[str, Any]:
     layout = ING._layout(n_params)
 
@@ -267,20 +250,20 @@ def part_a(n_params: int, iterations: int, rounds: int) -> dict[str, Any]:
         )
         return res
 
-    runs = ING.interleaved(VARIANTS, rounds, run)
+    runs = _common.interleaved(VARIANTS, rounds, run)
     summary = {
         v: {
-            "mbps_median": _med([x["mbps"] for x in rs]),
+            "mbps_median": _common.median([x["mbps"] for x in rs]),
             "mbps_min": min(x["mbps"] for x in rs),
             "mbps_max": max(x["mbps"] for x in rs),
-            "cpu_s_per_gb_median": _med([x["cpu_s_per_gb"] for x in rs]),
-            "producer_mbps_median": _med([x["producer_mbps"] for x in rs]),
+            "cpu_s_per_gb_median": _common.median([x["cpu_s_per_gb"] for x in rs]),
+            "producer_mbps_median": _common.median([x["producer_mbps"] for x in rs]),
         }
         for v, rs in runs.items()
     }
 
     def paired(a: str, b: str, key: str) -> float:
-        return ING.paired_median(runs, a, b, key)
+        return _common.paired_median(runs, a, b, key)
 
     m = {v: s["mbps_median"] for v, s in summary.items()}
     c = {v: s["cpu_s_per_gb_median"] for v, s in summary.items()}

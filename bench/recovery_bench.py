@@ -570,8 +570,7 @@ def _block(
         variants += files
         last: dict[str, float] = {}
         for r in range(warmup + rounds):
-            k = r % len(variants)
-            for v in variants[k:] + variants[:k]:
+            for v in _common.rotation(variants, r):
                 res = v.recover(seed=1000 + r)
                 # what this recovery left (a closed session's reference cycles) goes before the
                 # next one starts (not timed); the heap keeps its free pages, as a process does

@@ -93,10 +93,8 @@ def _interleaved(items: dict[str, _Timed], rounds: int) -> None:
     shared); figures are then taken from each item's best time."""
     for item in items.values():
         item.fn()
-    names = list(items)
     for r in range(rounds):
-        k = r % len(names)
-        for name in names[k:] + names[:k]:
+        for name in _common.rotation(list(items), r):
             items[name].run()
 
 

@@ -185,8 +185,7 @@ def bench_size(chunk: int, total: int, rounds: int, *, seed: int = 14) -> dict[s
     times: dict[str, list[float]] = {name: [] for name in fns}
     names = list(fns)
     for r in range(rounds):
-        k = r % len(names)
-        for name in names[k:] + names[:k]:
+        for name in _common.rotation(names, r):
             t0 = time.perf_counter()
             fns[name]()
             times[name].append(time.perf_counter() - t0)

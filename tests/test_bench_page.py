@@ -493,7 +493,7 @@ def test_ingest_passes_interleave_and_pair_by_round() -> None:
     """shadow_bench's ingest comparison and auth_bench's run their passes the same way: every
     variant once per round, the order rotated each round; the paired ratio is the median of
     each round's own ratio, not the ratio of medians."""
-    ing = _load("_ingest")
+    common = _load("_common")
     calls: list[tuple[str, int]] = []
     mbps = {("a", 0): 10.0, ("b", 0): 5.0, ("a", 1): 20.0, ("b", 1): 4.0, ("a", 2): 30.0}
     mbps[("b", 2)] = 30.0
@@ -502,11 +502,19 @@ def test_ingest_passes_interleave_and_pair_by_round() -> None:
         calls.append((v, r))
         return {"mbps": mbps[(v, r)]}
 
-    runs = ing.interleaved(("a", "b"), 3, run)
+    # the one rotation rule of every bench that runs variants in rounds
+    assert [common.rotation("abc", r) for r in range(4)] == [
+        ["a", "b", "c"],
+        ["b", "c", "a"],
+        ["c", "a", "b"],
+        ["a", "b", "c"],
+    ]
+    runs = common.interleaved(("a", "b"), 3, run)
     assert calls == [("a", 0), ("b", 0), ("b", 1), ("a", 1), ("a", 2), ("b", 2)]
     assert [x["round"] for x in runs["b"]] == [0, 1, 2]
     # each round's b/a: 0.5, 0.2, 1.0 -> median 0.5; the ratio of medians would be 5/20
-    assert ing.paired_median(runs, "b", "a", "mbps") == 0.5
+    assert common.paired_median(runs, "b", "a", "mbps") == 0.5
+    assert common.median([]) != common.median([])  # NaN: a variant with no figure
 
 
 def test_shadow_ingest_table_shows_rounds_spread_and_paired_ratio() -> None:
