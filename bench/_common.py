@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import importlib.metadata
 import itertools
 import json
@@ -100,14 +101,29 @@ def interleaved(
     variants: Sequence[str], rounds: int, run: Callable[[str, int], dict[str, Any]]
 ) -> dict[str, list[dict[str, Any]]]:
     """``rounds`` rounds of ``run(variant, round)`` for every variant, in :func:`rotation`'s
-    order; each result gets its ``round``, and each variant's results are in round order."""
+    order; each result gets its ``round``, and each variant's results are in round order.
+    Before each run, what the previous one left in reference cycles is collected (not
+    timed): :func:`collect`."""
     runs: dict[str, list[dict[str, Any]]] = {v: [] for v in variants}
     for r in range(rounds):
         for v in rotation(variants, r):
+            collect()
             res = run(v, r)
             res["round"] = r
             runs[v].append(res)
     return runs
+
+
+def collect() -> None:
+    """Collect the reference cycles earlier work left, before a measurement starts. A stopped
+    shadow node is such a cycle (its receiver, applier and control handlers refer back to
+    it), with its buffers: a 100M-parameter node holds about 1 GB. Left to Python's cyclic
+    collector, it is freed whenever a collection happens to run, on whichever thread set it
+    off, with the GIL held (one took 0.42 s in shadow_bench). In two of three full
+    shadow_bench runs without this, the first AdamW step of the 100M stream, the part after
+    the SGD one, took 2.0-2.4 s instead of 0.3 s and the stream lost iterations to repair;
+    collected first, it took 0.29-0.32 s and kept up (2 of 2)."""
+    gc.collect()
 
 
 def median(xs: Iterable[float]) -> float:

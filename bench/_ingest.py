@@ -596,6 +596,7 @@ def _part_b(
     n_params: int, iterations: int, optimizer: str, rate_mbps: float, period_s: float
 ) -> dict[str, Any]:
     layout = _layout(n_params)
+    _common.collect()  # the previous part's nodes, before this one allocates its own
     node, sock = _node(layout, optimizer, window=2)
     try:
         with _Producer(
