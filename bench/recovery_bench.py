@@ -737,6 +737,8 @@ def bench_size(
                 else None
             ),
             "ratio_to_dcp_load": {
+                # the baseline of these ratios: the DCP loads of this row's own block
+                "dcp_load_ms": statistics.median(x["restore_ms"] for x in bs),
                 "restore": statistics.median(restore)
                 / statistics.median(x["restore_ms"] for x in bs),
                 "restore_plus_first": statistics.median(both)

@@ -125,6 +125,28 @@ def test_recovery_bench_rendering() -> None:
     assert not any("Recovery time" in x for x in harness.NOT_MEASURED)
 
 
+def test_recovery_goal_rows_give_the_dcp_load_of_the_rows_own_block() -> None:
+    """recovery_bench times DCP load next to each cluster, block by block, and each ratio is
+    to its own block's DCP loads: the goal row and README's line show that baseline, not the
+    median over all blocks (which gave "928 ms vs DCP load 1,020 ms (1.071x)")."""
+    harness = _load("harness")
+    doc = _recovery_doc()
+    variants = doc["sizes"][0]["variants"]  # type: ignore[index]
+    # JSON since the field: the block's DCP median recorded beside the ratio
+    variants[0]["ratio_to_dcp_load"] = {"dcp_load_ms": 250.0, "restore": 1.2}
+    # older JSON: only the ratio, which gives the baseline back (300 / 1.5 = 200)
+    variants[1]["ratio_to_dcp_load"] = {"restore": 1.5}
+    rows = {
+        r["shadows"]: r for r in harness.analyze({"recovery_bench": (Path("r"), doc)})["recovery"]
+    }
+    assert rows[1]["dcp_load_ms"] == 250.0 and rows[1]["ratio"] == 1.2
+    assert rows[4]["dcp_load_ms"] == 200.0 / 1.5
+    assert rows[1]["dcp_load_ms_all_blocks"] == rows[4]["dcp_load_ms_all_blocks"] == 100.0
+    g = {"recovery": [rows[1]]}
+    text = "\n".join(harness.render_readme(g, "full"))
+    assert "300 ms vs DCP load 250 ms in the same block of rounds (1.200" in text, text
+
+
 def test_only_rerun_merges_into_the_recorded_run() -> None:
     harness = _load("harness")
     old = {
