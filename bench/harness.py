@@ -1513,7 +1513,7 @@ def analyze(found: dict[str, tuple[Path, Doc | None]]) -> Doc:
             ms = _num(_get(v, "restore_ms", "median"))
             ratio = _num(_get(v, "ratio_to_dcp_load", "restore"))
             # the ratio's baseline: the DCP loads of the row's own block of rounds (recorded
-            # since b947835; before, the ratio gives it back exactly: restore median / ratio)
+            # since bf7ddd0; from older JSON the ratio gives it back exactly: restore / ratio)
             block_dcp = _num(_get(v, "ratio_to_dcp_load", "dcp_load_ms"))
             if block_dcp is None and ms is not None and ratio:
                 block_dcp = ms / ratio
