@@ -115,14 +115,15 @@ def interleaved(
 
 
 def collect() -> None:
-    """Collect the reference cycles earlier work left, before a measurement starts. A stopped
-    shadow node is such a cycle (its receiver, applier and control handlers refer back to
-    it), with its buffers: a 100M-parameter node holds about 1 GB. Left to Python's cyclic
-    collector, it is freed whenever a collection happens to run, on whichever thread set it
-    off, with the GIL held (one took 0.42 s in shadow_bench). In two of three full
-    shadow_bench runs without this, the first AdamW step of the 100M stream, the part after
-    the SGD one, took 2.0-2.4 s instead of 0.3 s and the stream lost iterations to repair;
-    collected first, it took 0.29-0.32 s and kept up (2 of 2)."""
+    """Collect the reference cycles earlier work left, before a measurement starts, so that
+    they are not freed during it: the cyclic collector runs whenever allocations set it off, on
+    whichever thread, with the GIL held (one pass took 0.42 s in shadow_bench). Found with a
+    stopped shadow node, which was such a cycle with its buffers (about 1 GB at 100M) until
+    ``ShadowNode.stop`` made its parts refer back to it weakly: in two of three full
+    shadow_bench runs the first AdamW step of the 100M stream, the part after the SGD one, took
+    2.0-2.4 s instead of 0.3 s and the stream lost iterations to repair; collected first, it
+    took 0.29-0.32 s and kept up (2 of 2). Other cycles remain (torch's first lazy imports keep
+    their callers' frames until a collection)."""
     gc.collect()
 
 

@@ -68,7 +68,6 @@ import argparse
 import contextlib
 import datetime as dt
 import functools
-import gc
 import os
 import resource
 import shutil
@@ -527,7 +526,7 @@ def _release_memory() -> None:
     first session freed is not counted against the next."""
     import ctypes
 
-    gc.collect()
+    _common.collect()
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL("libc.so.6").malloc_trim(0)
 
@@ -574,7 +573,7 @@ def _block(
                 res = v.recover(seed=1000 + r)
                 # what this recovery left (a closed session's reference cycles) goes before the
                 # next one starts (not timed); the heap keeps its free pages, as a process does
-                gc.collect()
+                _common.collect()
                 last[v.label()] = res["restore_ms"]
                 if r >= warmup:
                     out.append((v.label(), res))

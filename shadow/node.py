@@ -37,10 +37,11 @@ import socket
 import threading
 import time
 import traceback
+import weakref
 from collections import Counter, OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, cast
 
 import torch
 import zmq
@@ -397,9 +398,23 @@ class ShadowNode:
             self._bulk_server.close(max(0.0, deadline - time.monotonic()))
         if alive:
             raise ShadowgradError(f"shadow {self.id}: threads {alive} did not stop in {timeout_s}s")
+        self._detach_parts()
         with self._lock:
             self._move(Trigger.STOP)
         event(log, events.SHADOW_STOP, shadow=self.id)
+
+    def _detach_parts(self) -> None:
+        """With every thread stopped: the receiver, the applier and the control handlers refer
+        back to this node weakly from now on. Each held it strongly (a plain attribute, read on
+        every datagram), so a stopped node was a reference cycle with its buffers (about 1 GB at
+        100M parameters), freed only when Python's cyclic collector next ran, on whichever
+        thread set it off, with the GIL held: in one process that starts another node, in the
+        middle of that node's first optimizer step (docs/shadow.md). Now the last reference to a
+        stopped node frees it. What a caller does with it after ``stop`` (``status``,
+        ``handle_datagram``) goes on working through the weak references."""
+        me = cast("ShadowNode", weakref.proxy(self))
+        for part in (self._receiver, self._applier, self._handlers):
+            part.node = me
 
     def __enter__(self) -> ShadowNode:
         return self.start()

@@ -4,8 +4,10 @@ node driven unloaded -> live -> diverged -> resyncing -> live -> stopped, each m
 
 from __future__ import annotations
 
+import gc
 import itertools
 import logging
+import weakref
 from collections.abc import Iterator
 
 import pytest
@@ -14,7 +16,7 @@ from shadowgrad import events
 from shadowgrad.errors import ShadowgradError
 from shadowgrad.layout import Layout
 from shadowgrad.shadow._state import TABLE, NodeState, StateError, Trigger, transition
-from shadowgrad.shadow.node import NodeOptions
+from shadowgrad.shadow.node import NodeOptions, ShadowNode
 from shadowgrad.testing.cluster import producer_cluster
 from shadowgrad.testing.producer import Faults
 from shadowgrad.testing.training import Case, RefTrainer
@@ -135,3 +137,32 @@ def test_a_node_goes_unloaded_live_diverged_resyncing_live_stopped(states: _Stat
     # the healthy nodes only loaded and stopped
     other = [(o, n, w) for sid, o, n, w in states.moves if sid == 0]
     assert other == [("unloaded", "live", "load"), ("live", "stopped", "stop")], other
+
+
+def test_a_stopped_node_is_freed_with_its_last_reference() -> None:
+    """A stopped node and its buffers go when the last reference to it does, not at the cyclic
+    collector's next pass (which lands on whatever thread runs then: in one process, in the
+    middle of the next node's optimizer step). ``status`` still answers after ``stop``."""
+    case = Case("freed", "mlp", "adamw", iterations=3)
+    trainer = RefTrainer(case, seed=7)
+    layout = trainer.layout(num_shadows=2)
+
+    def run() -> list[weakref.ref[ShadowNode]]:
+        with producer_cluster(layout) as c:
+            c.load(trainer.named, trainer.optimizer_spec())
+            c.send_all(trainer, range(case.iterations))
+            c.expect_applied(case.iterations - 1)
+            nodes = list(c.nodes)
+        for n in nodes:
+            assert n.state is S.STOPPED
+            assert n.status(timeline=0)["last_applied"] == case.iterations - 1
+        return [weakref.ref(n) for n in nodes]
+
+    run()  # a first node pays the process's one-time lazy imports (torch's hold frames a while)
+    gc.collect()
+    gc.disable()
+    try:
+        refs = run()
+        assert [r() for r in refs] == [None, None]
+    finally:
+        gc.enable()
