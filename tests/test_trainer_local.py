@@ -3,8 +3,10 @@ datagrams through NACK/RETX, and invariant 5 (training never waits for shadows).
 
 from __future__ import annotations
 
+import gc
 import statistics
 import time
+import weakref
 from typing import Any
 
 import pytest
@@ -270,3 +272,30 @@ def test_a_clean_close_tells_every_shadow_that_training_finished() -> None:
             _train(model, sg, 1, start=4)
             raise RuntimeError("user code failed")
         assert all(st["finished"] is None for st in cluster.status()), cluster.status()
+
+
+def test_a_closed_session_is_freed_with_its_last_reference() -> None:
+    """The mirror sender, the health monitor and their callbacks refer back to the session
+    weakly: a closed session, with its staging slots, goes when the last reference to it does,
+    not at the cyclic collector's next pass (which lands in whatever runs then: the next
+    session's training)."""
+    spec = _spec(world=1, shadows=2)
+    with shadow_cluster(spec) as cluster:
+
+        def run() -> weakref.ref[Any]:
+            model, _, sg = _setup(spec)
+            with sg:
+                sg.restore_or_start()
+                _train(model, sg, 4)
+                assert cluster.wait_applied(3, timeout_s=30)
+            assert sg.stats()["mirror"]["data_chunks"] > 0  # readable after close
+            return weakref.ref(sg)
+
+        run()  # the process's one-time lazy imports (torch's hold their callers' frames a while)
+        gc.collect()
+        gc.disable()
+        try:
+            ref = run()
+            assert ref() is None
+        finally:
+            gc.enable()

@@ -7,6 +7,7 @@ import logging
 import os
 import socket
 import time
+import weakref
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -283,7 +284,21 @@ class Shadowgrad:
         if self.mode == "in-band":
             if ddp is None:
                 raise ConfigError("job.mode", self.mode, "in-band mode needs a DDP model")
-            self.reducer = LayoutReducer(layout, self.params, pg, reduce=self._ring_reduce)
+            # the DDP model keeps its comm hook (and so the reducer) for its life: the reducer
+            # refers to this session weakly, so a closed session does not live on in the model
+            me = weakref.ref(self)
+
+            def ring_reduce(bucket: int, flat: torch.Tensor) -> torch.futures.Future[Any]:
+                session = me()
+                if session is None:
+                    raise ShadowgradError(
+                        "in-band mode: the shadowgrad session this DDP model was attached to "
+                        "is closed and gone; a DDP model takes one comm hook for its life, so "
+                        "train a new DDP model with a new session"
+                    )
+                return session._ring_reduce(bucket, flat)
+
+            self.reducer = LayoutReducer(layout, self.params, pg, reduce=ring_reduce)
             ddp.register_comm_hook(self.reducer, layout_hook)
         elif ddp is not None and layout_reduce:
             self.reducer = LayoutReducer(layout, self.params, pg)
@@ -891,7 +906,7 @@ class Shadowgrad:
             heartbeat_s=self.spec.timeouts.heartbeat_s,
             pin_memory=pin,
             digest=self._digest,
-            on_unavailable=self._on_history_gone,
+            on_unavailable=_weakly(self._on_history_gone),
             commit_fanout=self.via_switch,
             commit_send=(lambda data, addr: link.send([data], addr)) if link is not None else None,
             send_parts=link.send if link is not None else None,
@@ -913,19 +928,23 @@ class Shadowgrad:
     def _start_health(self) -> None:
         import zmq
 
-        t = self.spec.timeouts
+        spec, token = self.spec, self._token
+        t = spec.timeouts
         # one context and one client per shadow for the monitor's polls and re-seeds (its
         # thread only): a re-seed goes over the connection the polls keep open
         ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
         clients: dict[int, ShadowClient] = {}
         self._health_ctx = (ctx, clients)
+        # the monitor's callbacks refer to this session weakly (it owns the monitor): a closed
+        # session, its mirror slots with it, goes with the last reference to it
+        me = weakref.ref(self)
 
         def client(k: int) -> ShadowClient:
             c = clients.get(k)
             if c is None:
-                ep = self.spec.shadows.control_endpoint(k)
+                ep = spec.shadows.control_endpoint(k)
                 c = clients[k] = ShadowClient(
-                    f"tcp://{ep}", self._token, timeout_s=min(1.0, t.rpc_s), context=ctx
+                    f"tcp://{ep}", token, timeout_s=min(1.0, t.rpc_s), context=ctx
                 )
             return c
 
@@ -935,7 +954,14 @@ class Shadowgrad:
         def load(
             k: int, iteration: int, states: list[dict[str, Any]], commit: dict[str, Any] | None
         ) -> tuple[float | None, float | None]:
-            return self._send_load(k, iteration, states, commit, reseed=True, client=client(k))
+            session = me()
+            if session is None:
+                raise ShadowgradError("the shadowgrad session is gone: nothing to re-seed from")
+            return session._send_load(k, iteration, states, commit, reseed=True, client=client(k))
+
+        def progress() -> int | None:
+            session = me()
+            return None if session is None else session._iteration
 
         self.health = HealthMonitor(
             self.layout,
@@ -950,7 +976,7 @@ class Shadowgrad:
             interval_s=health_interval(t.failure_detect_s),
             grace_s=t.failure_detect_s,
             reseed_timeout_s=max(10.0, 3 * t.failure_detect_s),
-            progress=lambda: self._iteration,
+            progress=progress,
         ).start()
 
     def _start_ring(self, shadow_addrs: list[tuple[str, int]]) -> None:
@@ -1344,3 +1370,18 @@ def attach(
         max_grad_norm=max_grad_norm,
         **options,
     )
+
+
+def _weakly(method: Callable[..., None]) -> Callable[..., None]:
+    """``method`` (bound, returning nothing), called through a weak reference to its object:
+    a callback a session hands to a part it owns, which must not keep the session alive (a
+    closed session and its buffers go with the last reference to it, not at the cyclic
+    collector's next pass). Once the object is gone, a call does nothing."""
+    ref = weakref.WeakMethod(method)
+
+    def call(*args: Any) -> None:
+        m = ref()
+        if m is not None:
+            m(*args)
+
+    return call
