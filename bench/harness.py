@@ -133,6 +133,13 @@ def _thread_excess_sentence(x: Doc) -> str:
             f" The clean ring with the session's MACs alone (`ring_mac`) uses "
             f"{_pct(mac - 1)} more CPU than without."
         )
+    beyond = x.get("beyond_mac_cpu_ratio")
+    if beyond is not None:
+        out += (
+            f" In-band against `ring_mac` (what shadowgrad adds beyond authenticating the"
+            f" bytes the shadows keep), in the same run: {_pct(beyond - 1)} more CPU per"
+            f" iteration."
+        )
     return out
 
 
@@ -1283,6 +1290,9 @@ def analyze(found: dict[str, tuple[Path, Doc | None]]) -> Doc:
                         "rusage_cpu_per_iter",
                     )
                 ),
+                # in-band against the clean ring with the same MACs, in the same run: what
+                # shadowgrad adds beyond authenticating the FINAL bytes (inband_bench's vs_ring_mac)
+                "beyond_mac_cpu_ratio": _num(_get(r, "vs_ring_mac", "rusage_cpu_per_iter")),
                 "tap_control": _tap_control(
                     r, rows.get((size, "inband_notap" + ("@" + pin if pin else "")))
                 ),

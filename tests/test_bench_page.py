@@ -495,6 +495,20 @@ def test_inband_cpu_has_a_same_work_control_from_the_same_run() -> None:
     assert all(x.get("tap_control") for x in found["inband"]["sizes"])
 
 
+def test_inband_cpu_sentence_separates_the_macs_from_the_rest() -> None:
+    """The in-band CPU sentence gives ``ring_mac`` against the clean ring (the MACs alone) and
+    ``inband`` against ``ring_mac`` (what shadowgrad adds beyond them), both from the run's own
+    rows; a run without them gets neither."""
+    harness = _load("harness")
+    text = harness._thread_excess_sentence({"mac_cpu_ratio": 1.05, "beyond_mac_cpu_ratio": 1.009})
+    assert "(`ring_mac`) uses 5.0 % more CPU than without" in text
+    assert "In-band against `ring_mac`" in text and "0.9 % more CPU per iteration" in text
+    assert harness._thread_excess_sentence({}) == ""
+    # the committed run's in-band rows carry the figure (inband_bench writes vs_ring_mac)
+    found = harness.analyze(harness._found(harness._load(harness.HARNESS_JSON)))
+    assert all(x.get("beyond_mac_cpu_ratio") for x in found["inband"]["sizes"])
+
+
 def test_paired_sentence_sets_the_sender_beside_a_bare_sendmsg_loop() -> None:
     """trainer_paired's floor (a bare sendmsg loop of one capture's bytes, same process) is
     reported beside the sender thread's CPU per capture, with their ratio; a run without it
