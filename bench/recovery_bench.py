@@ -571,7 +571,8 @@ def _block(
         for r in range(warmup + rounds):
             for v in _common.rotation(variants, r):
                 res = v.recover(seed=1000 + r)
-                # what this recovery left (a closed session's reference cycles) goes before the
+                # what this recovery left in reference cycles (a closed session and a stopped
+                # node no longer are any, torch's lazy imports' frames may be) goes before the
                 # next one starts (not timed); the heap keeps its free pages, as a process does
                 _common.collect()
                 last[v.label()] = res["restore_ms"]
