@@ -325,6 +325,7 @@ def worker(args: argparse.Namespace) -> None:
     phases: list[tuple[float, float, float]] = []  # forward, backward (+ reduction), step
     cpu0 = wall0 = ru0 = 0.0
     threads0: dict[str, float] = {}
+    faults0: dict[str, float] = {}
     tcp0: int | None = None
     sent0 = [0, 0]
     for it in range(args.warmup + args.iters):
@@ -334,6 +335,7 @@ def worker(args: argparse.Namespace) -> None:
             tcp0, sent0 = tcp_bytes_sent(), list(sent or (0, 0))
             cpu0, ru0, wall0 = time.process_time(), _rusage_cpu_s(), time.perf_counter()
             threads0 = _common.thread_cpu_s()
+            faults0 = _common.thread_faults()
         x, y = batch(it, rank, args.batch, args.width)
         t0 = time.perf_counter()
         loss = torch.nn.functional.cross_entropy(model(x), y)
@@ -361,6 +363,9 @@ def worker(args: argparse.Namespace) -> None:
         "rank_loop_rusage_cpu_s": _rusage_cpu_s() - ru0,
         # where it went, by thread (the rank suffix of shadowgrad's thread names dropped)
         "rank_thread_cpu_s": _by_thread(_common.cpu_delta(threads0, _common.thread_cpu_s(), 1)),
+        # minor page faults by thread (fresh zeroed pages: buffers allocated and freed per
+        # datagram show here)
+        "rank_thread_faults": _by_thread(_common.cpu_delta(faults0, _common.thread_faults(), 1)),
     }
     tcp1 = tcp_bytes_sent()
     mine["rank_tcp_bytes"] = None if tcp0 is None or tcp1 is None else tcp1 - tcp0
@@ -720,19 +725,18 @@ def _per_rank(runs: list[dict[str, Any]], key: str, per: int) -> list[float | No
     return out
 
 
-def _threads_per_iter(runs: list[dict[str, Any]], per: int) -> dict[str, float] | None:
-    """CPU seconds per iteration by thread name, all ranks together (``rank_thread_cpu_s``),
-    the median over the rounds; the largest first."""
-    names = {n for r in runs for per_rank in r.get("rank_thread_cpu_s") or [] for n in per_rank}
+def _threads_per_iter(
+    runs: list[dict[str, Any]], per: int, key: str = "rank_thread_cpu_s"
+) -> dict[str, float] | None:
+    """CPU seconds per iteration by thread name, all ranks together (``rank_thread_cpu_s``;
+    ``key="rank_thread_faults"``: minor page faults), the median over the rounds; the largest
+    first."""
+    names = {n for r in runs for per_rank in r.get(key) or [] for n in per_rank}
     if not names:
         return None
     out = {}
     for n in names:
-        vals = [
-            sum(per_rank.get(n, 0.0) for per_rank in r["rank_thread_cpu_s"]) / per
-            for r in runs
-            if r.get("rank_thread_cpu_s")
-        ]
+        vals = [sum(per_rank.get(n, 0.0) for per_rank in r[key]) / per for r in runs if r.get(key)]
         out[n] = statistics.median(vals)
     return dict(sorted(out.items(), key=lambda kv: -kv[1]))
 
@@ -819,6 +823,7 @@ def summarize(size: str, variant: str, runs: list[dict[str, Any]], buckets: int)
     entry["per_rank_per_iter"] = pr
     # all ranks' CPU per iteration by thread: where an in-band rank's CPU goes beyond the ring's
     entry["thread_cpu_per_iter_s"] = _threads_per_iter(runs, its)
+    entry["thread_faults_per_iter"] = _threads_per_iter(runs, its, "rank_thread_faults")
     if "switch_rx_packets" in first:
         # the software switch's load: every frame it received (all ports) per iteration
         # run, that over the mean measured iteration (the rate while training), that over
@@ -845,11 +850,14 @@ def summarize(size: str, variant: str, runs: list[dict[str, Any]], buckets: int)
     return entry
 
 
-def thread_excess(entry: dict[str, Any], base: dict[str, Any]) -> dict[str, float] | None:
+def thread_excess(
+    entry: dict[str, Any], base: dict[str, Any], key: str = "thread_cpu_per_iter_s"
+) -> dict[str, float] | None:
     """``entry``'s CPU seconds per iteration (all ranks) by thread less ``base``'s, the
     largest first: which threads the in-band ranks' extra CPU runs on (the ring engine, the
-    training thread, the health monitor, the COMMIT sender, ZeroMQ's I/O threads)."""
-    a, b = entry.get("thread_cpu_per_iter_s"), base.get("thread_cpu_per_iter_s")
+    training thread, the health monitor, the COMMIT sender, ZeroMQ's I/O threads);
+    ``key="thread_faults_per_iter"``: the same for minor page faults."""
+    a, b = entry.get(key), base.get(key)
     if not a or not b:
         return None
     d = {n: a.get(n, 0.0) - b.get(n, 0.0) for n in set(a) | set(b)}
@@ -877,6 +885,7 @@ def compare(entry: dict[str, Any], base: dict[str, Any]) -> dict[str, Any]:
         "cpu_per_iter": ratio(_total(pe["cpu_s"]), _total(pb["cpu_s"])),
         "rusage_cpu_per_iter": ratio(_total(pe["rusage_cpu_s"]), _total(pb["rusage_cpu_s"])),
         "thread_cpu_excess_s": thread_excess(entry, base),
+        "thread_faults_excess": thread_excess(entry, base, "thread_faults_per_iter"),
     }
 
 
@@ -927,7 +936,7 @@ def print_row(e: dict[str, Any]) -> None:
             line += f"; vs {base}: " + ", ".join(
                 f"{k} {'-' if v is None else f'{v:.4f}x'}"
                 for k, v in vs.items()
-                if k not in ("median", "thread_cpu_excess_s")
+                if k not in ("median", "thread_cpu_excess_s", "thread_faults_excess")
             )
             excess = vs.get("thread_cpu_excess_s")
             if excess:

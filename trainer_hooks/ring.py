@@ -12,6 +12,13 @@ are buffered, duplicates dropped) and acknowledges cumulatively plus a 64-bit SA
 (``wire.AckRecord``). A stream that makes no progress for ``timeout_s`` raises
 :class:`~shadowgrad.errors.ShadowgradTimeout`.
 
+**Copies.** One per byte each way: a payload sent is copied from the bucket into a datagram
+buffer (the bucket changes before every datagram is acknowledged); a datagram received lands in
+a buffer the inbox keeps until its payload is added to (or stored in) the bucket. The buffers
+come from a pool and go back to it once acknowledged, added or no longer retained, so a ring
+that runs allocates none: a 64 KiB buffer allocated and freed per datagram costs malloc's churn
+and, where the heap shrinks and grows again, the kernel a zeroed page per 4 KiB.
+
 **Ring.** A flat buffer of ``n`` elements is cut into ``N`` chunks ``[n*k//N, n*(k+1)//N)``. Each
 rank first divides its buffer by ``N``. Reduce-scatter step ``s`` (``0..N-2``): rank ``r`` sends
 chunk ``(r-s) % N`` and adds the chunk ``(r-s-1) % N`` it receives into its own; afterwards rank
@@ -135,6 +142,9 @@ class _Out:
     #: sealed DATA: the datagram's own buffer, :data:`HEADER_SIZE` bytes of room for the
     #: header and then the payload (``payload`` views it), so the GMAC reads one buffer
     room: memoryview | None = None
+    #: the payload's pooled buffer goes back to the pool once acknowledged (False: it is
+    #: retained for shadows' NACKs, and goes back when its iteration is dropped)
+    pooled: bool = False
 
 
 @dataclass
@@ -182,14 +192,18 @@ class RingAllReduce:
         self._unacked: collections.OrderedDict[int, _Out] = collections.OrderedDict()
         # rx stream from prev
         self._rx_cum = 0
-        self._rx_ooo: dict[int, tuple[Any, bytearray]] = {}
-        self._inbox: collections.deque[tuple[Any, bytearray]] = collections.deque()
+        self._rx_ooo: dict[int, tuple[Any, memoryview]] = {}
+        self._inbox: collections.deque[tuple[Any, memoryview]] = collections.deque()
         self._ack_due = False
+        #: datagram buffers to reuse (module docstring, *Copies*; :meth:`_take_buf`)
+        self._bufs: list[bytearray] = []
         self._rx = bytearray(MAX_DATAGRAM + 1)
         # shadows
         self._retained: collections.OrderedDict[
             int, list[tuple[int, int, DType, bytes | memoryview]]
         ] = collections.OrderedDict()
+        #: per retained iteration, the sequence number after its last FINAL datagram
+        self._retained_end: dict[int, int] = {}
         self._aux_seq = 0
         #: ``tap(header, payload)`` for every FINAL DATA datagram sent (incl. retransmissions)
         self.tap: Callable[[bytes, bytes], None] | None = None
@@ -412,16 +426,20 @@ class RingAllReduce:
                     self._pump(self.cfg.rto_s / 4)
                 #: the longest a send waited for window space (a paused switch port shows here)
                 self.max_send_wait_s = max(self.max_send_wait_s, time.monotonic() - t0)
+            # one copy into a pooled buffer (the bucket changes before every datagram is
+            # acknowledged); sealed (what a shadow receives): the header is written in front
+            # of the payload, so the GMAC reads one buffer
+            buf = memoryview(self._take_buf())
             room: memoryview | None = None
-            payload: bytes | memoryview
             if self._sealer is not None and (self._auth_ring or flags & Flag.FINAL):
-                # sealed (what a shadow receives): one copy into the datagram's own buffer
-                room = memoryview(bytearray(HEADER_SIZE + end - off))
-                room[HEADER_SIZE:] = ctx.raw[off:end]
+                room = buf[: HEADER_SIZE + end - off]
                 payload = room[HEADER_SIZE:]
             else:
-                payload = bytes(ctx.raw[off:end])
-            self._send_data(ctx, off, payload, f, room)
+                payload = buf[: end - off]
+            payload[:] = ctx.raw[off:end]
+            # a retained FINAL payload's buffer goes back when its iteration is dropped
+            pooled = not (flags & Flag.FINAL and self.cfg.retain > 0)
+            self._send_data(ctx, off, payload, f, room, pooled=pooled)
             sent.append((off, payload))
         return sent
 
@@ -457,8 +475,10 @@ class RingAllReduce:
                 item = host.element_size()
                 src = torch.frombuffer(payload, dtype=host.dtype)
                 host[pos // item : (pos + n) // item].add_(src)
+                del src
             else:
                 ctx.raw[pos : pos + n] = payload
+            self._give_buf(payload)
             pos += n
             last_progress = time.monotonic()
 
@@ -471,6 +491,8 @@ class RingAllReduce:
         payload: bytes | memoryview,
         flags: int,
         room: memoryview | None = None,
+        *,
+        pooled: bool = False,
     ) -> None:
         seq = self._tx_seq
         self._tx_seq += 1
@@ -485,7 +507,7 @@ class RingAllReduce:
             "offset": off,
         }
         now = time.monotonic()
-        self._unacked[seq] = _Out(hdr, payload, flags, now, self.cfg.rto_s, now, room)
+        self._unacked[seq] = _Out(hdr, payload, flags, now, self.cfg.rto_s, now, room, pooled)
         self._transmit(seq, retx=False)
 
     def _transmit(self, seq: int, *, retx: bool) -> None:
@@ -575,11 +597,14 @@ class RingAllReduce:
             if seq - self._rx_cum > 4 * self.cfg.window:
                 self.stats["rx_beyond_window"] += 1
                 return
-            self._rx_ooo[seq] = (h, bytearray(payload))
+            self._rx_ooo[seq] = (h, payload)
+            self._rx = self._take_buf()  # the payload keeps the receive buffer
             self.stats["rx_out_of_order"] += 1
             return
-        # the receive buffer is reused by the next datagram: the inbox keeps a copy
-        self._inbox.append((h, bytearray(payload)))
+        # the inbox keeps the receive buffer (the payload views it); the next datagram is
+        # received into another
+        self._inbox.append((h, payload))
+        self._rx = self._take_buf()
         self._rx_cum += 1
         while self._rx_cum in self._rx_ooo:
             self._inbox.append(self._rx_ooo.pop(self._rx_cum))
@@ -606,14 +631,50 @@ class RingAllReduce:
         self._ack_due = False
 
     def _on_ack(self, cum: int, sack: int) -> None:
-        for seq in [s for s in self._unacked if s < cum]:
-            del self._unacked[seq]
+        unacked = self._unacked
+        # oldest first: sent in sequence order (a retransmission keeps its place)
+        while unacked:
+            seq = next(iter(unacked))
+            if seq >= cum:
+                break
+            self._acked(unacked.pop(seq))
         k = 0
         while sack:
             if sack & 1:
-                self._unacked.pop(cum + 1 + k, None)
+                out = unacked.pop(cum + 1 + k, None)
+                if out is not None:
+                    self._acked(out)
             sack >>= 1
             k += 1
+
+    def _acked(self, out: _Out) -> None:
+        if out.pooled and isinstance(out.payload, memoryview):
+            self._give_buf(out.payload)
+
+    #: datagram buffers (32 MiB) kept for reuse after an acknowledgement or a receive at most
+    #: (more are left to the garbage collector); a dropped iteration's FINAL buffers are kept
+    #: whatever their number: the next iteration's FINAL datagrams take as many
+    MAX_POOLED = 512
+
+    def _take_buf(self) -> bytearray:
+        """A buffer for one datagram (:data:`MAX_DATAGRAM` bytes and one more: a receive that
+        fills it was truncated)."""
+        if self._bufs:
+            return self._bufs.pop()
+        self.stats["buffers_allocated"] += 1
+        return bytearray(MAX_DATAGRAM + 1)
+
+    def _give_buf(self, view: memoryview, *, always: bool = False) -> None:
+        """Back to the pool, the buffer ``view`` is a view of (while the pool holds fewer than
+        :attr:`MAX_POOLED`, or ``always``). Only a buffer nothing reads again: not in the
+        inbox, not unacknowledged, not retained."""
+        buf = view.obj
+        if (
+            isinstance(buf, bytearray)
+            and len(buf) == MAX_DATAGRAM + 1
+            and (always or len(self._bufs) < self.MAX_POOLED)
+        ):
+            self._bufs.append(buf)
 
     def _retransmit_due(self) -> None:
         now = time.monotonic()
@@ -635,8 +696,16 @@ class RingAllReduce:
     ) -> None:
         lst = self._retained.setdefault(iteration, [])
         lst.extend((bucket, off, dt, data) for off, dt, data in finals)
+        self._retained_end[iteration] = self._tx_seq
         while len(self._retained) > self.cfg.retain:
-            self._retained.popitem(last=False)
+            old, dropped = self._retained.popitem(last=False)
+            end = self._retained_end.pop(old, self._tx_seq)
+            # its buffers are reused unless one of its datagrams is still unacknowledged (a
+            # retransmission reads it: then they are left to the garbage collector)
+            if not self._unacked or next(iter(self._unacked)) >= end:
+                for _bucket, _off, _dt, data in dropped:
+                    if isinstance(data, memoryview):
+                        self._give_buf(data, always=True)
 
     def _on_nack(self, iteration: int, nack: NackRecord, addr: Address) -> None:
         self.stats["nack"] += 1
