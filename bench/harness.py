@@ -140,6 +140,19 @@ def _thread_excess_sentence(x: Doc) -> str:
             f" bytes the shadows keep), in the same run: {_pct(beyond - 1)} more CPU per"
             f" iteration."
         )
+    faults, retain, its = (
+        x.get("ring_faults_excess"),
+        x.get("ring_retain"),
+        x.get("measured_iterations"),
+    )
+    if faults is not None and retain is not None and its:
+        out += (
+            f" The ring engine took {faults:+.0f} page faults per iteration (all ranks; a"
+            f" fresh zeroed 4 KiB page each) against the clean ring's: the FINAL bytes kept for"
+            f" the shadows' NACKs take new memory until {retain:.0f} iterations are held"
+            f" (then the ring reuses the oldest's), and this run measured iterations"
+            f" {its[0]}-{its[1]}."
+        )
     return out
 
 
@@ -1293,6 +1306,16 @@ def analyze(found: dict[str, tuple[Path, Doc | None]]) -> Doc:
                 # in-band against the clean ring with the same MACs, in the same run: what
                 # shadowgrad adds beyond authenticating the FINAL bytes (inband_bench's vs_ring_mac)
                 "beyond_mac_cpu_ratio": _num(_get(r, "vs_ring_mac", "rusage_cpu_per_iter")),
+                # the ring engine's minor page faults per iteration (all ranks) against the
+                # clean ring's, and the session's retention depth (iterations of FINAL bytes)
+                "ring_faults_excess": _num(_get(vs, "thread_faults_excess", "shadowgrad-ring")),
+                "ring_retain": _num(_get(r, "runs", 0, "session", "ring_retain")),
+                "measured_iterations": (
+                    None
+                    if _num((ib or {}).get("warmup")) is None
+                    or _num((ib or {}).get("iters")) is None
+                    else [int(ib["warmup"]), int(ib["warmup"]) + int(ib["iters"]) - 1]
+                ),
                 "tap_control": _tap_control(
                     r, rows.get((size, "inband_notap" + ("@" + pin if pin else "")))
                 ),

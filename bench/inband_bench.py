@@ -383,6 +383,9 @@ def worker(args: argparse.Namespace) -> None:
         sg.close(args.close_timeout)
         if ring is not None:
             extra["ring_max_send_wait_s"] = ring.max_send_wait_s
+            # iterations of FINAL bytes kept for the shadows' NACKs: until that many are held,
+            # each iteration's FINAL datagrams take fresh memory (thread_faults_per_iter)
+            extra["ring_retain"] = ring.cfg.retain
     elif ring is not None:
         ring.close(2.0)
         extra["ring_max_send_wait_s"] = ring.max_send_wait_s

@@ -509,6 +509,18 @@ def test_inband_cpu_sentence_separates_the_macs_from_the_rest() -> None:
     assert all(x.get("beyond_mac_cpu_ratio") for x in found["inband"]["sizes"])
 
 
+def test_inband_cpu_sentence_says_when_the_retention_takes_fresh_pages() -> None:
+    """The ring engine's extra page faults (inband_bench's ``thread_faults_excess``) are given
+    with the session's retention depth and the iterations the run measured: a run shorter than
+    the retention measures the ring filling it; older JSON without them gets no clause."""
+    harness = _load("harness")
+    x = {"ring_faults_excess": 1174.6, "ring_retain": 256, "measured_iterations": [5, 44]}
+    text = harness._thread_excess_sentence(x)
+    assert "The ring engine took +1175 page faults per iteration" in text
+    assert "until 256 iterations are held" in text and "measured iterations 5-44." in text
+    assert harness._thread_excess_sentence({**x, "ring_retain": None}) == ""
+
+
 def test_paired_sentence_sets_the_sender_beside_a_bare_sendmsg_loop() -> None:
     """trainer_paired's floor (a bare sendmsg loop of one capture's bytes, same process) is
     reported beside the sender thread's CPU per capture, with their ratio; a run without it
