@@ -401,6 +401,8 @@ def session_digest(layout64: int, generation: int) -> int:
 _KINDS: dict[int, Kind] = {int(k): k for k in Kind}
 _ALLOWED_INT: dict[Kind, int] = {k: int(v) for k, v in _ALLOWED_FLAGS.items()}
 _FLAGS: dict[int, Flag] = {v: Flag(v) for v in range(256)}
+#: header ``dtype`` code -> member (a dict lookup: ``DType(code)`` costs an enum call per datagram)
+_DTYPES: dict[int, DType] = {int(d): d for d in DType}
 _MAC_BIT = int(Flag.MAC)  # int & IntFlag runs IntFlag.__rand__ in Python
 _DATA_CODE = int(Kind.DATA)
 _DATA_ALLOWED = _ALLOWED_INT[Kind.DATA]
@@ -795,10 +797,10 @@ def decode(
         length -= MAC_SIZE
         trailer = payload[length:]
         payload = payload[:length]
-    try:
-        dtype = DType(dtype)
-    except ValueError:
-        raise BadFieldError(f"dtype code {dtype} is not defined") from None
+    dtype_ = _DTYPES.get(dtype)
+    if dtype_ is None:
+        raise BadFieldError(f"dtype code {dtype} is not defined")
+    dtype = dtype_
     _check_data_fields(kind, dtype, offset, length)
     checker = _BODY_CHECKS.get(kind)
     if checker is not None:
