@@ -9,7 +9,12 @@ the receiver's socket buffer, so a slow receiver makes the sender wait instead o
 keeps a copy of each until acknowledged, and retransmits after ``rto_s`` (doubling per try, up to
 ``max_rto_s``) with the RETX flag. The receiver delivers in sequence order (out-of-order datagrams
 are buffered, duplicates dropped) and acknowledges cumulatively plus a 64-bit SACK bitmap
-(``wire.AckRecord``). A stream that makes no progress for ``timeout_s`` raises
+(``wire.AckRecord``): at once after a datagram out of order or a duplicate (a loss, or a lost
+ACK), else after every ``window // 4`` datagrams in order or :attr:`RingAllReduce.ACK_DELAY_S`
+after the first one not yet acknowledged, whichever comes first (an ACK per datagram costs both
+ends a datagram's work and, in-band, the switch a packet; the sender never waits for a delayed
+ACK: a quarter of its window is acknowledged long before it fills, and the delay is a fraction
+of ``rto_s``). A stream that makes no progress for ``timeout_s`` raises
 :class:`~shadowgrad.errors.ShadowgradTimeout`.
 
 **Copies.** One per byte each way: a payload sent is copied from the bucket into a datagram
@@ -197,7 +202,16 @@ class RingAllReduce:
         self._rx_cum = 0
         self._rx_ooo: dict[int, tuple[Any, memoryview]] = {}
         self._inbox: collections.deque[tuple[Any, memoryview]] = collections.deque()
+        #: DATA received and not yet acknowledged; since when, how many, and whether the ACK
+        #: must go at once (a duplicate or a datagram out of order)
         self._ack_due = False
+        self._ack_by = 0.0
+        self._rx_since_ack = 0
+        self._ack_urgent = False
+        self._ack_every = max(1, config.window // 4)
+        self._ack_delay = min(self.ACK_DELAY_S, config.rto_s / 4)
+        #: no unacknowledged datagram is due for retransmission before this (a lower bound)
+        self._next_due = float("inf")
         #: datagram buffers to reuse (module docstring, *Copies*; :meth:`_take_buf`)
         self._bufs: list[bytearray] = []
         self._rx = bytearray(MAX_DATAGRAM + 1)
@@ -292,6 +306,8 @@ class RingAllReduce:
 
     #: the longest an idle engine sleeps (nothing to retransmit, no job, nothing received)
     IDLE_MAX_S = 0.25
+    #: the longest DATA received in order waits for its ACK (at most a quarter of ``rto_s``)
+    ACK_DELAY_S = 0.003
     #: the poll period of an idle engine on a link without a descriptor
     IDLE_POLL_S = 0.005
 
@@ -302,10 +318,12 @@ class RingAllReduce:
         if fd is None:
             self._pump(self.IDLE_POLL_S)
             return
-        timeout = 0.0 if self._ack_due else self.IDLE_MAX_S
+        now = time.monotonic()
+        timeout = self.IDLE_MAX_S
+        if self._ack_due:
+            timeout = 0.0 if self._ack_urgent else max(0.0, self._ack_by - now)
         if timeout and self._unacked:
-            due = min(out.sent + out.rto for out in self._unacked.values())
-            timeout = min(timeout, max(0.0, due - time.monotonic()))
+            timeout = min(timeout, max(0.0, self._next_due - now))
         if timeout > 0:
             with self._cv:
                 if self._jobs or self._stop:
@@ -349,6 +367,7 @@ class RingAllReduce:
             job.fut.set_result(job.flat)
 
     def _drain(self, timeout_s: float) -> None:
+        self._ack_urgent = True  # nothing more is coming to wait for
         deadline = time.monotonic() + timeout_s
         while (self._unacked or self._ack_due) and time.monotonic() < deadline:
             self._pump(0.005)
@@ -512,6 +531,7 @@ class RingAllReduce:
         }
         now = time.monotonic()
         self._unacked[seq] = _Out(hdr, payload, flags, now, self.cfg.rto_s, now, room, pooled)
+        self._next_due = min(self._next_due, now + self.cfg.rto_s)
         self._transmit(seq, retx=False)
 
     def _transmit(self, seq: int, *, retx: bool) -> None:
@@ -547,15 +567,20 @@ class RingAllReduce:
             self.stats["final_retx"] += 1
 
     def _pump(self, timeout_s: float) -> None:
-        """Receive what is there (waiting at most ``timeout_s`` for the first), ACK, retransmit."""
+        """Receive what is there (waiting at most ``timeout_s`` for the first, and not past a
+        delayed ACK's time), ACK what is due, retransmit what is due."""
+        if self._ack_due and timeout_s > 0:
+            timeout_s = min(timeout_s, max(0.0, self._ack_by - time.monotonic()))
         got = self.link.recv_into(self._rx, timeout_s)
         budget = 256
         while got is not None and budget:
             n, addr = got
             self._on_datagram(memoryview(self._rx)[:n], addr)
+            if self._ack_due and (self._ack_urgent or self._rx_since_ack >= self._ack_every):
+                self._send_ack()
             budget -= 1
             got = self.link.recv_into(self._rx, 0.0) if budget else None
-        if self._ack_due:
+        if self._ack_due and (self._ack_urgent or time.monotonic() >= self._ack_by):
             self._send_ack()
         self._retransmit_due()
 
@@ -593,7 +618,11 @@ class RingAllReduce:
 
     def _on_data(self, h: Any, payload: memoryview) -> None:
         seq = h.seq
-        self._ack_due = True
+        if not self._ack_due:
+            self._ack_due = True
+            self._ack_by = time.monotonic() + self._ack_delay
+        if seq != self._rx_cum:
+            self._ack_urgent = True  # a loss or a lost ACK: the sender needs to know now
         if seq < self._rx_cum or seq in self._rx_ooo:
             self.stats["rx_duplicate"] += 1
             return
@@ -610,6 +639,7 @@ class RingAllReduce:
         self._inbox.append((h, payload))
         self._rx = self._take_buf()
         self._rx_cum += 1
+        self._rx_since_ack += 1
         while self._rx_cum in self._rx_ooo:
             self._inbox.append(self._rx_ooo.pop(self._rx_cum))
             self._rx_cum += 1
@@ -617,9 +647,10 @@ class RingAllReduce:
 
     def _send_ack(self) -> None:
         sack = 0
-        for k in range(64):
-            if self._rx_cum + 1 + k in self._rx_ooo:
-                sack |= 1 << k
+        if self._rx_ooo:
+            for k in range(64):
+                if self._rx_cum + 1 + k in self._rx_ooo:
+                    sack |= 1 << k
         data = encode(
             Kind.ACK,
             job=self.cfg.job,
@@ -632,7 +663,8 @@ class RingAllReduce:
         )
         self.link.send([data], self._prev_addr)
         self.stats["ack_sent"] += 1
-        self._ack_due = False
+        self._ack_due = self._ack_urgent = False
+        self._rx_since_ack = 0
 
     def _on_ack(self, cum: int, sack: int) -> None:
         unacked = self._unacked
@@ -682,6 +714,9 @@ class RingAllReduce:
 
     def _retransmit_due(self) -> None:
         now = time.monotonic()
+        if now < self._next_due:  # nothing is due yet (no scan of the window per receive)
+            return
+        nxt = float("inf")
         for seq, out in list(self._unacked.items()):
             if now - out.sent >= out.rto:
                 if now - out.first > self.cfg.timeout_s:
@@ -692,6 +727,8 @@ class RingAllReduce:
                 out.sent = now
                 out.rto = min(out.rto * 2, self.cfg.max_rto_s)
                 self._transmit(seq, retx=True)
+            nxt = min(nxt, out.sent + out.rto)
+        self._next_due = nxt
 
     # -- shadows ---------------------------------------------------------------------------
 
