@@ -345,3 +345,77 @@ def test_pooled_buffers_keep_the_retained_bytes_and_stop_allocating() -> None:
     sent = sum(r.stats["data_sent"] for r in rings) * (iters - retain - 2) // iters
     grown = allocated[-1] - allocated[retain + 2]
     assert allocated[retain + 2] > 0 and sent > 100 and grown <= sent // 10, (sent, allocated)
+
+
+class _QueueLink:
+    """A link fed by hand: ``recv_into`` takes the queued datagrams in order, ``send`` keeps
+    what was sent."""
+
+    def __init__(self) -> None:
+        self.queue: list[tuple[bytes, tuple[str, int]]] = []
+        self.sent: list[tuple[bytes, tuple[str, int]]] = []
+
+    def send(self, parts: Any, addr: tuple[str, int]) -> bool:
+        self.sent.append((b"".join(bytes(p) for p in parts), addr))
+        return True
+
+    def recv_into(self, buf: bytearray, timeout_s: float) -> tuple[int, tuple[str, int]] | None:
+        if not self.queue:
+            return None
+        data, addr = self.queue.pop(0)
+        buf[: len(data)] = data
+        return len(data), addr
+
+    def close(self) -> None:
+        pass
+
+
+def test_acks_are_delayed_in_order_and_sent_at_once_after_a_gap_or_a_duplicate() -> None:
+    """The receiver acknowledges DATA in order every ``window // 4`` datagrams or
+    ``ACK_DELAY_S`` after the first unacknowledged one, and at once (with the SACK bits) after a
+    datagram out of order, one that fills a gap, or a duplicate."""
+    import time
+
+    from shadowgrad.trainer_hooks.ring import RingAllReduce, RingConfig
+    from shadowgrad.wire import AckRecord, DType, Kind, decode, encode_header
+
+    link = _QueueLink()
+    addrs = [("127.0.0.1", 7001), ("127.0.0.1", 7002)]
+    cfg = RingConfig(job=9, chunk_bytes=64, window=64, rto_s=0.04)
+    ring = RingAllReduce(1, 2, link, addrs, cfg)  # receives from rank 0
+
+    def data(seq: int) -> tuple[bytes, tuple[str, int]]:
+        payload = bytes(64)
+        fields: Any = dict(job=9, sender=0, iteration=0, seq=seq, layout=0, dtype=DType.FLOAT32)
+        h = encode_header(Kind.DATA, payload=payload, bucket=0, offset=64 * seq, **fields)
+        return h + payload, addrs[0]
+
+    def acks() -> list[tuple[int, int]]:
+        out = [decode(d, job=9) for d, _ in link.sent]
+        link.sent.clear()
+        return [(m.header.seq, AckRecord.from_message(m).sack) for m in out]
+
+    link.queue = [data(s) for s in range(20)]
+    ring._pump(0.0)
+    assert acks() == [(16, 0)]  # after 16 in order; the other 4 wait
+    ring._pump(0.0)
+    assert acks() == []
+    time.sleep(ring.ACK_DELAY_S * 2)
+    ring._pump(0.0)
+    assert acks() == [(20, 0)]  # the delay passed
+    link.queue = [data(22)]  # 20 and 21 lost: at once, 22 in the SACK bitmap (bit 1)
+    ring._pump(0.0)
+    assert acks() == [(20, 0b10)]
+    link.queue = [data(5)]  # a duplicate (our ACK was lost): at once
+    ring._pump(0.0)
+    assert acks() == [(20, 0b10)]
+    link.queue = [data(20), data(21)]  # each fills (part of) the gap: answered at once
+    ring._pump(0.0)
+    assert acks() == [(21, 0b1), (23, 0)]
+    link.queue = [data(23)]  # in order again: delayed
+    ring._pump(0.0)
+    assert acks() == []
+    time.sleep(ring.ACK_DELAY_S * 2)
+    ring._pump(0.0)
+    assert acks() == [(24, 0)]
+    ring.close(0.1)

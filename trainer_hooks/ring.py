@@ -9,12 +9,13 @@ the receiver's socket buffer, so a slow receiver makes the sender wait instead o
 keeps a copy of each until acknowledged, and retransmits after ``rto_s`` (doubling per try, up to
 ``max_rto_s``) with the RETX flag. The receiver delivers in sequence order (out-of-order datagrams
 are buffered, duplicates dropped) and acknowledges cumulatively plus a 64-bit SACK bitmap
-(``wire.AckRecord``): at once after a datagram out of order or a duplicate (a loss, or a lost
-ACK), else after every ``window // 4`` datagrams in order or :attr:`RingAllReduce.ACK_DELAY_S`
-after the first one not yet acknowledged, whichever comes first (an ACK per datagram costs both
-ends a datagram's work and, in-band, the switch a packet; the sender never waits for a delayed
-ACK: a quarter of its window is acknowledged long before it fills, and the delay is a fraction
-of ``rto_s``). A stream that makes no progress for ``timeout_s`` raises
+(``wire.AckRecord``): at once after a datagram out of order, one that fills a gap or a
+duplicate (a loss, a retransmission, or a lost ACK), else after every ``window // 4``
+datagrams in order or :attr:`RingAllReduce.ACK_DELAY_S` after the first one not yet
+acknowledged, whichever comes first. An ACK per datagram would cost both ends a datagram's work
+and, in-band, the switch a packet; the sender never waits for a delayed ACK: a quarter of its
+window is acknowledged long before it fills, and the delay is a fraction of ``rto_s``. A
+stream that makes no progress for ``timeout_s`` raises
 :class:`~shadowgrad.errors.ShadowgradTimeout`.
 
 **Copies.** One per byte each way: a payload sent is copied from the bucket into a datagram
@@ -634,6 +635,8 @@ class RingAllReduce:
             self._rx = self._take_buf()  # the payload keeps the receive buffer
             self.stats["rx_out_of_order"] += 1
             return
+        if self._rx_ooo:
+            self._ack_urgent = True  # it fills a gap: what the sender resends, answered now
         # the inbox keeps the receive buffer (the payload views it); the next datagram is
         # received into another
         self._inbox.append((h, payload))
