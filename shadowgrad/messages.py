@@ -216,15 +216,34 @@ def _on_wire(f: Field[Any]) -> bool:
     return f.name != "raw" and f.metadata.get("wire", True)
 
 
+#: per message class: (field name, its annotation or None for ``raw``, required), in order
+_PLANS: dict[type, list[tuple[str, str | None, bool]]] = {}
+
+
+def _plan(cls: type) -> list[tuple[str, str | None, bool]]:
+    """How :func:`_read` reads ``cls``, worked out once per class (walking the dataclass
+    fields cost more than the reading, on paths such as the trainers' status polls)."""
+    plan = _PLANS.get(cls)
+    if plan is None:
+        plan = [
+            (f.name, None if f.name == "raw" else str(f.type), _required(f))
+            for f in fields(cls)
+            if f.name == "raw" or _on_wire(f)
+        ]
+        _PLANS[cls] = plan
+    return plan
+
+
 def _read(cls: Any, r: _Reader) -> Any:
     """An instance of the dataclass ``cls``, every field read from ``r`` by its annotation. A
     field with a default is optional: a message without it (an older peer's) takes the default."""
     kw: dict[str, Any] = {}
-    for f in fields(cls):
-        if f.name == "raw":
-            kw["raw"] = r.doc
-        elif _on_wire(f) and (f.name in r.doc or _required(f)):
-            kw[f.name] = _READERS[str(f.type)](r, f.name)
+    doc = r.doc
+    for name, annotation, required in _plan(cls):
+        if annotation is None:
+            kw["raw"] = doc
+        elif name in doc or required:
+            kw[name] = _READERS[annotation](r, name)
     return cls(**kw)
 
 
