@@ -577,7 +577,7 @@ class RingAllReduce:
         while got is not None and budget:
             n, addr = got
             self._on_datagram(memoryview(self._rx)[:n], addr)
-            if self._ack_due and (self._ack_urgent or self._rx_since_ack >= self._ack_every):
+            if self._rx_since_ack >= self._ack_every:  # an urgent one waits for the burst's end
                 self._send_ack()
             budget -= 1
             got = self.link.recv_into(self._rx, 0.0) if budget else None
