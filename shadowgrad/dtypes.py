@@ -29,6 +29,7 @@ __all__ = [
     "DTYPES",
     "LAYOUT_ITEMSIZE",
     "WIRE_ITEMSIZE",
+    "BY_CODE",
     "UnknownDTypeError",
     "dtype_info",
     "layout_itemsize",
@@ -116,6 +117,10 @@ WIRE_ITEMSIZE: Mapping[DType, int] = MappingProxyType(
         **{info.wire: info.itemsize for info in DTYPES.values() if info.wire is not None},
     }
 )
+
+#: the member of every wire code (a header's ``dtype`` field as read): a lookup, where
+#: ``DType(code)`` is an enum call per datagram
+BY_CODE: Mapping[int, DType] = MappingProxyType({int(d): d for d in DType})
 
 if set(WIRE_ITEMSIZE) != set(DType):  # pragma: no cover - a table edit gone wrong
     raise AssertionError(f"wire codes without a table entry: {set(DType) - set(WIRE_ITEMSIZE)}")

@@ -42,7 +42,7 @@ from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
-from shadowgrad.dtypes import WIRE_ITEMSIZE, DType
+from shadowgrad.dtypes import BY_CODE, WIRE_ITEMSIZE, DType
 from shadowgrad.errors import (
     BadFieldError,
     BadMacError,
@@ -401,8 +401,6 @@ def session_digest(layout64: int, generation: int) -> int:
 _KINDS: dict[int, Kind] = {int(k): k for k in Kind}
 _ALLOWED_INT: dict[Kind, int] = {k: int(v) for k, v in _ALLOWED_FLAGS.items()}
 _FLAGS: dict[int, Flag] = {v: Flag(v) for v in range(256)}
-#: header ``dtype`` code -> member (a dict lookup: ``DType(code)`` costs an enum call per datagram)
-_DTYPES: dict[int, DType] = {int(d): d for d in DType}
 _MAC_BIT = int(Flag.MAC)  # int & IntFlag runs IntFlag.__rand__ in Python
 _DATA_CODE = int(Kind.DATA)
 _DATA_ALLOWED = _ALLOWED_INT[Kind.DATA]
@@ -797,7 +795,7 @@ def decode(
         length -= MAC_SIZE
         trailer = payload[length:]
         payload = payload[:length]
-    dtype_ = _DTYPES.get(dtype)
+    dtype_ = BY_CODE.get(dtype)
     if dtype_ is None:
         raise BadFieldError(f"dtype code {dtype} is not defined")
     dtype = dtype_

@@ -33,6 +33,7 @@ CORE_TABLES: dict[str, object] = {
     "dtypes.DTYPES": dtypes.DTYPES,
     "dtypes.LAYOUT_ITEMSIZE": dtypes.LAYOUT_ITEMSIZE,
     "dtypes.WIRE_ITEMSIZE": dtypes.WIRE_ITEMSIZE,
+    "dtypes.BY_CODE": dtypes.BY_CODE,
     "torch_dtypes.TORCH_DTYPES": torch_dtypes.TORCH_DTYPES,
     "torch_dtypes.LAYOUT_TORCH_DTYPES": torch_dtypes.LAYOUT_TORCH_DTYPES,
     "torch_dtypes.DTYPE_NAMES": torch_dtypes.DTYPE_NAMES,
